@@ -1,0 +1,3 @@
+"""compatfs: Ollama model blobs as llama.cpp-compatible GGUF files, over FUSE."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,173 @@
+"""Tensor operations that produce a view's transformed tensors.
+
+An op names its input tensors (as the blob stores them), declares the shape
+and dtype it produces, and computes its bytes with numpy when a reader first
+touches them.  Shapes are ggml shapes: fastest-varying axis first, so the
+numpy array of a tensor has the reversed shape.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from gguf import GGMLQuantizationType as DT
+from gguf import quants
+
+from .gguf_source import TensorInfo, tensor_nbytes
+from .gguf_values import GGUFError
+
+ReadTensor = Callable[[TensorInfo], memoryview]
+
+_FLOAT = {DT.F32: "<f4", DT.F16: "<f2", DT.F64: "<f8"}
+_PLAIN = {**_FLOAT, DT.I8: "<i1", DT.I16: "<i2", DT.I32: "<i4", DT.I64: "<i8", DT.BF16: "<u2"}
+
+
+def as_array(t: TensorInfo, data: memoryview) -> np.ndarray:
+    """The stored elements of an unquantized tensor, numpy-shaped (slow axis first)."""
+    if t.dtype not in _PLAIN:
+        raise GGUFError(f"{t.name}: {t.dtype.name} cannot be reshaped without dequantizing")
+    return np.frombuffer(data, dtype=_PLAIN[t.dtype]).reshape(tuple(reversed(t.shape)))
+
+
+def to_f32(t: TensorInfo, data: memoryview) -> np.ndarray:
+    """The tensor's values as float32, numpy-shaped; any ggml dtype."""
+    if t.dtype == DT.BF16:
+        raw = np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16
+        return raw.view("<f4").reshape(tuple(reversed(t.shape)))
+    if t.dtype in _PLAIN:
+        return as_array(t, data).astype("<f4")
+    flat = quants.dequantize(np.frombuffer(data, dtype=np.uint8), t.dtype)
+    return np.asarray(flat, dtype="<f4").reshape(tuple(reversed(t.shape)))
+
+
+@dataclass(frozen=True)
+class Op:
+    """Base: `inputs` in, a tensor of `shape`/`dtype` out."""
+
+    inputs: tuple[TensorInfo, ...]
+    shape: tuple[int, ...]
+    dtype: DT
+
+    @property
+    def nbytes(self) -> int:
+        return tensor_nbytes(self.shape, self.dtype)
+
+    @property
+    def description(self) -> str:
+        names = ", ".join(t.name for t in self.inputs)
+        return f"{type(self).__name__}({names})"
+
+    def compute(self, read: ReadTensor) -> bytes:
+        out = self._compute([read(t) for t in self.inputs])
+        if len(out) != self.nbytes:
+            raise GGUFError(f"{self.description} produced {len(out)} bytes, expected {self.nbytes}")
+        return out
+
+    def _compute(self, data: list[memoryview]) -> bytes:
+        raise NotImplementedError
+
+
+def _concat_shape(inputs: tuple[TensorInfo, ...]) -> tuple[int, ...]:
+    fast = {t.shape[:-1] for t in inputs}
+    if len(fast) != 1:
+        raise GGUFError(f"cannot concatenate {[t.name for t in inputs]}: shapes {[t.shape for t in inputs]}")
+    return inputs[0].shape[:-1] + (sum(t.shape[-1] for t in inputs),)
+
+
+@dataclass(frozen=True)
+class Promote(Op):
+    """Dtype promotion to F32 (from F16, BF16 or any quantized type)."""
+
+    @classmethod
+    def of(cls, src: TensorInfo) -> "Promote":
+        return cls((src,), src.shape, DT.F32)
+
+    def _compute(self, data):
+        return to_f32(self.inputs[0], data[0]).tobytes()
+
+
+@dataclass(frozen=True)
+class Concat(Op):
+    """Concatenation along the slow axis; same-dtype inputs keep their bytes,
+    mixed dtypes are dequantized and concatenated as F32 (also a QKV merge)."""
+
+    @classmethod
+    def of(cls, *srcs: TensorInfo) -> "Concat":
+        same = len({t.dtype for t in srcs}) == 1
+        return cls(tuple(srcs), _concat_shape(srcs), srcs[0].dtype if same else DT.F32)
+
+    def _compute(self, data):
+        if self.dtype != DT.F32 or all(t.dtype == DT.F32 for t in self.inputs):
+            return b"".join(bytes(d) for d in data)
+        return b"".join(to_f32(t, d).tobytes() for t, d in zip(self.inputs, data))
+
+
+@dataclass(frozen=True)
+class Split(Op):
+    """Elements [start, start+length) of ggml `axis` of one tensor."""
+
+    axis: int = 0
+    start: int = 0
+
+    @classmethod
+    def of(cls, src: TensorInfo, axis: int, start: int, length: int) -> "Split":
+        shape = list(src.shape)
+        if start + length > shape[axis]:
+            raise GGUFError(f"{src.name}: split {start}+{length} exceeds axis {axis} of {shape[axis]}")
+        shape[axis] = length
+        return cls((src,), tuple(shape), src.dtype, axis, start)
+
+    def _compute(self, data):
+        src = self.inputs[0]
+        arr = as_array(src, data[0])
+        np_axis = len(src.shape) - 1 - self.axis
+        index = [slice(None)] * arr.ndim
+        index[np_axis] = slice(self.start, self.start + self.shape[self.axis])
+        return np.ascontiguousarray(arr[tuple(index)]).tobytes()
+
+
+@dataclass(frozen=True)
+class Permute(Op):
+    """Reshape the numpy-ordered array to `view`, transpose it by `axes`
+    (numpy axis order, as llama.cpp's Python converters write permutes),
+    and store it back with the input's ggml shape."""
+
+    view: tuple[int, ...] = ()
+    axes: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, src: TensorInfo, view: tuple[int, ...], axes: tuple[int, ...]) -> "Permute":
+        if int(np.prod(view)) != int(np.prod(src.shape)) or sorted(axes) != list(range(len(view))):
+            raise GGUFError(f"{src.name}: cannot permute shape {src.shape} as {view} by {axes}")
+        return cls((src,), src.shape, src.dtype, tuple(view), tuple(axes))
+
+    def _compute(self, data):
+        arr = as_array(self.inputs[0], data[0]).reshape(self.view)
+        return np.ascontiguousarray(arr.transpose(self.axes)).tobytes()
+
+
+@dataclass(frozen=True)
+class AddScalar(Op):
+    """Elementwise `value` added to every element (e.g. a norm weight shift); F32 out."""
+
+    value: float = 0.0
+
+    @classmethod
+    def of(cls, src: TensorInfo, value: float) -> "AddScalar":
+        return cls((src,), src.shape, DT.F32, value)
+
+    def _compute(self, data):
+        return (to_f32(self.inputs[0], data[0]) + np.float32(self.value)).astype("<f4").tobytes()
+
+
+@dataclass(frozen=True)
+class Zeros(Op):
+    """A tensor of zeros with no input."""
+
+    @classmethod
+    def of(cls, shape: tuple[int, ...], dtype: DT = DT.F32) -> "Zeros":
+        return cls((), tuple(shape), dtype)
+
+    def _compute(self, data):
+        return bytes(self.nbytes)

@@ -1,0 +1,107 @@
+"""`compatfs inspect`: what a translation changes, as a report."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .gguf_source import SourceGGUF
+from .gguf_values import VT, Value
+from .opcache import OpCache
+from .store import Store, StoreError, default_source
+from .views import MMPROJ_FILE, build_view, classify, translation_enabled
+
+_HEX = re.compile(r"^(?:sha256[:-])?([0-9a-fA-F]{64})$")
+
+
+def resolve_target(target: str, source: str | None, clip: bool) -> Path:
+    """A FILE path, a blob digest, or a model name, to the blob it means."""
+    if Path(target).is_file():
+        return Path(target)
+    store = Store(Path(source).expanduser() if source else default_source())
+    m = _HEX.match(target)
+    if m:
+        path = store.blob_path(f"sha256-{m.group(1).lower()}")
+        if not path.is_file():
+            raise StoreError(f"no blob {path.name} in {store.root}")
+        return path
+    scan = store.scan()
+    name = target if ":" in target.rsplit("/", 1)[-1] else target + ":latest"
+    model = scan.models.get(name)
+    if model is None:
+        why = scan.skipped.get(name)
+        raise StoreError(f"no model {name} in {store.root}" + (f" ({why})" if why else ""))
+    layer = model.projector_layer if clip and model.projector_layer else model.model_layer
+    return store.blob_path(layer.digest)
+
+
+def _show(v: Value) -> object:
+    if v.vtype == VT.ARRAY:
+        return f"[{v.element_type.name} x {v.count}]"
+    value = v.decode()
+    return value if not isinstance(value, str) or len(value) <= 60 else value[:57] + "..."
+
+
+def describe(path: Path, kind: str) -> dict:
+    """The translation of the `kind` view of the GGUF at `path`, as plain data."""
+    src = SourceGGUF(path)
+    info = classify(src, translation_enabled())
+    tr = info.clip if kind == MMPROJ_FILE else info.text
+    view = build_view(info, kind, OpCache())
+    report = {"file": str(path), "view": kind, "handler": tr.name if tr else None,
+              "detected_by": tr.detect.text if tr else None,
+              "architecture": {"before": src.architecture, "after": src.architecture},
+              "size": {"blob": src.size, "view": view.size},
+              "kv": {"added": {}, "changed": {}, "removed": []},
+              "tensors": {"renamed": {}, "hidden": [], "ops": {}}}
+    if view.spec is None:
+        return report
+    kvs = dict(view.spec.kvs)
+    arch = kvs.get("general.architecture")
+    report["architecture"]["after"] = arch.decode() if arch else None
+    for key, v in kvs.items():
+        old = src.kvs.get(key)
+        if old is None:
+            report["kv"]["added"][key] = _show(v)
+        elif old.vtype != v.vtype or bytes(old.payload) != bytes(v.payload):
+            report["kv"]["changed"][key] = {"before": _show(old), "after": _show(v)}
+    report["kv"]["removed"] = [k for k in src.kvs if k not in kvs]
+    used = set()
+    for t in view.spec.tensors:
+        if t.op is not None:
+            used.update(i.name for i in t.op.inputs)
+            report["tensors"]["ops"][t.name] = {"op": t.op.description, "shape": list(t.shape),
+                                                "dtype": t.dtype.name, "bytes": t.nbytes}
+        else:
+            used.add(t.source.name)
+            if t.source.name != t.name:
+                report["tensors"]["renamed"][t.source.name] = t.name
+            if t.nbytes != t.source.nbytes:
+                report["tensors"]["ops"][t.name] = {"op": f"rows of {t.source.name}", "shape": list(t.shape),
+                                                    "dtype": t.dtype.name, "bytes": t.nbytes}
+    report["tensors"]["hidden"] = [n for n in src.tensors if n not in used]
+    return report
+
+
+def format_report(r: dict) -> str:
+    lines = [f"{r['file']} as {r['view']}",
+             f"  handler:      {r['handler'] or 'none (served unchanged)'}"]
+    if r["detected_by"]:
+        lines.append(f"  detected by:  {r['detected_by']}")
+    a = r["architecture"]
+    lines.append(f"  architecture: {a['before']} -> {a['after']}")
+    lines.append(f"  size:         {r['size']['blob']} bytes blob, {r['size']['view']} bytes view")
+    kv, ts = r["kv"], r["tensors"]
+    for key, v in kv["added"].items():
+        lines.append(f"  + {key} = {v!r}")
+    for key, v in kv["changed"].items():
+        lines.append(f"  ~ {key}: {v['before']!r} -> {v['after']!r}")
+    for key in kv["removed"]:
+        lines.append(f"  - {key}")
+    for old, new in ts["renamed"].items():
+        lines.append(f"  tensor {old} -> {new}")
+    for name, op in ts["ops"].items():
+        lines.append(f"  tensor {name} = {op['op']} {op['dtype']} {op['shape']} ({op['bytes']} bytes)")
+    if ts["hidden"]:
+        lines.append(f"  hidden tensors ({len(ts['hidden'])}): " + ", ".join(ts["hidden"][:8])
+                     + (" ..." if len(ts["hidden"]) > 8 else ""))
+    return "\n".join(lines)

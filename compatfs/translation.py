@@ -1,0 +1,318 @@
+"""The vocabulary handlers are written in, and how a translation is applied.
+
+A `Translation` is a table: a detector (`Pred`), KV edits and tensor edits,
+applied in the order listed.  `plan(translation, source)` turns it into a
+`ViewSpec`: the ordered KVs and the tensors of the translated file, each
+tensor either a byte range of the blob or an op.  Nothing here reads tensor
+data.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Union
+
+from gguf import GGMLQuantizationType as DT
+
+from .gguf_source import SourceGGUF, TensorInfo, tensor_nbytes
+from .gguf_values import VT, Value
+from .ops import Op, Promote
+
+
+# -- detectors --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Pred:
+    """A named test of a source blob; combine with `|`, `&` and `~`."""
+
+    text: str
+    test: Callable[[SourceGGUF], bool] = field(repr=False, compare=False)
+
+    def __call__(self, src: SourceGGUF) -> bool:
+        return self.test(src)
+
+    def __or__(self, other: "Pred") -> "Pred":
+        return Pred(f"({self.text} or {other.text})", lambda s: self(s) or other(s))
+
+    def __and__(self, other: "Pred") -> "Pred":
+        return Pred(f"{self.text} and {other.text}", lambda s: self(s) and other(s))
+
+    def __invert__(self) -> "Pred":
+        return Pred(f"not {self.text}", lambda s: not self(s))
+
+
+def any_of(*preds: Pred) -> Pred:
+    return Pred("any of [" + ", ".join(p.text for p in preds) + "]", lambda s: any(p(s) for p in preds))
+
+
+def arch_is(name: str) -> Pred:
+    return Pred(f"architecture is {name}", lambda s: s.architecture == name)
+
+
+def has_key(key: str) -> Pred:
+    return Pred(f"has {key}", lambda s: key in s.kvs)
+
+
+def has_true(key: str) -> Pred:
+    return Pred(f"{key} is true", lambda s: s.get(key) is True)
+
+
+def has_tensor(name: str) -> Pred:
+    return Pred(f"has tensor {name}", lambda s: name in s.tensors)
+
+
+def has_tensor_prefix(prefix: str) -> Pred:
+    return Pred(f"has {prefix}* tensors", lambda s: s.has_tensor_prefix(prefix))
+
+
+def value_is(key: str, want) -> Pred:
+    return Pred(f"{key} == {want!r}", lambda s: key in s.kvs and _scalar(s, key) == want)
+
+
+def value_at_least(key: str, n) -> Pred:
+    return Pred(f"{key} >= {n}", lambda s: isinstance(_scalar(s, key), (int, float)) and _scalar(s, key) >= n)
+
+
+def str_contains(key: str, needle: str) -> Pred:
+    def test(s: SourceGGUF) -> bool:
+        value = _scalar(s, key)
+        return isinstance(value, str) and needle in value
+    return Pred(f"{key} contains {needle!r}", test)
+
+
+def missing_or_default(key: str) -> Pred:
+    return Pred(f"{key} missing or default", lambda s: key not in s.kvs or _scalar(s, key) in ("", "default"))
+
+
+def token_is(index: int, text: str) -> Pred:
+    def test(s: SourceGGUF) -> bool:
+        tokens = s.kvs.get("tokenizer.ggml.tokens")
+        return tokens is not None and tokens.string_at(index) == text
+    return Pred(f"token {index} is {text}", test)
+
+
+def _scalar(s: SourceGGUF, key: str):
+    v = s.kvs.get(key)
+    return None if v is None or v.vtype == VT.ARRAY else v.decode()
+
+
+ALWAYS = Pred("always", lambda s: True)
+
+
+# -- KV edits -------------------------------------------------------------------
+
+KVs = dict[str, Value]
+
+
+@dataclass(frozen=True)
+class Copy:
+    """`dst` takes `src`'s value when `dst` is absent and `src` present."""
+    src: str
+    dst: str
+
+    def apply(self, kv: KVs, src: SourceGGUF) -> None:
+        if self.dst not in kv and self.src in kv:
+            kv[self.dst] = kv[self.src]
+
+
+@dataclass(frozen=True)
+class Default:
+    """`key` = `value` when `key` is absent."""
+    key: str
+    value: Value
+
+    def apply(self, kv: KVs, src: SourceGGUF) -> None:
+        kv.setdefault(self.key, self.value)
+
+
+@dataclass(frozen=True)
+class Set:
+    """`key` = `value`, replacing any value in place; only `when` it holds of the blob."""
+    key: str
+    value: Value
+    when: Pred = ALWAYS
+
+    def apply(self, kv: KVs, src: SourceGGUF) -> None:
+        if self.when(src):
+            kv[self.key] = self.value
+
+
+@dataclass(frozen=True)
+class CopyPrefix:
+    """Every `old`* key is copied to `new`* (when not already there)."""
+    old: str
+    new: str
+
+    def apply(self, kv: KVs, src: SourceGGUF) -> None:
+        for key in [k for k in kv if k.startswith(self.old)]:
+            kv.setdefault(self.new + key[len(self.old):], kv[key])
+
+
+@dataclass(frozen=True)
+class Drop:
+    """Every key starting with one of `prefixes` is removed."""
+    prefixes: tuple[str, ...]
+
+    def apply(self, kv: KVs, src: SourceGGUF) -> None:
+        for key in [k for k in kv if k.startswith(self.prefixes)]:
+            del kv[key]
+
+
+@dataclass(frozen=True)
+class TruncateToRows:
+    """Arrays `keys` cut to the row count (ggml axis 1) of `tensor`."""
+    tensor: str
+    keys: tuple[str, ...]
+
+    def apply(self, kv: KVs, src: SourceGGUF) -> None:
+        t = src.tensors.get(self.tensor)
+        if t is None or len(t.shape) < 2:
+            return
+        for key in self.keys:
+            if key in kv:
+                kv[key] = kv[key].truncated(t.shape[1])
+
+
+@dataclass(frozen=True)
+class When:
+    """The `edits` apply only when `pred` holds of the blob."""
+    pred: Pred
+    edits: tuple
+
+    def apply(self, kv: KVs, src: SourceGGUF) -> None:
+        if self.pred(src):
+            for e in self.edits:
+                e.apply(kv, src)
+
+
+KVEdit = Union[Copy, Default, Set, CopyPrefix, Drop, TruncateToRows, When]
+
+
+# -- tensor edits ---------------------------------------------------------------
+
+@dataclass
+class ViewTensor:
+    """A tensor of the translated file: a blob range (`op is None`) or an op."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: DT
+    source: TensorInfo | None = None   # blob tensor whose bytes are served (a prefix, if shorter)
+    op: Op | None = None
+    order: int = 0                     # blob offset that places it in the data section
+
+    @property
+    def nbytes(self) -> int:
+        return tensor_nbytes(self.shape, self.dtype)
+
+
+Tensors = list[ViewTensor]
+
+
+@dataclass(frozen=True)
+class Hide:
+    """Tensors whose names start with one of `prefixes` are left out."""
+    prefixes: tuple[str, ...]
+
+    def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
+        return [t for t in ts if not t.name.startswith(self.prefixes)]
+
+
+@dataclass(frozen=True)
+class KeepOnly:
+    """Only tensors whose names start with one of `prefixes` stay."""
+    prefixes: tuple[str, ...]
+
+    def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
+        return [t for t in ts if t.name.startswith(self.prefixes)]
+
+
+@dataclass(frozen=True)
+class Rename:
+    """The first occurrence of `old` in each tensor name becomes `new`."""
+    old: str
+    new: str
+
+    def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
+        for t in ts:
+            if self.old in t.name:
+                t.name = t.name.replace(self.old, self.new, 1)
+        return ts
+
+
+@dataclass(frozen=True)
+class ToF32:
+    """Tensors named `names` (after renames) are served as F32 when stored as F16/BF16."""
+    names: tuple[str, ...]
+
+    def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
+        for t in ts:
+            if t.name in self.names and t.op is None and t.dtype in (DT.F16, DT.BF16):
+                t.op = Promote.of(t.source)
+                t.dtype = DT.F32
+        return ts
+
+
+@dataclass(frozen=True)
+class Produce:
+    """Tensor `name` is made by `make(src)` from blob tensors; it takes the
+    place of its first input, and the blob tensors in `consumes` are left out."""
+    name: str
+    make: Callable[[SourceGGUF], Op | None]
+    consumes: tuple[str, ...] = ()
+
+    def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
+        op = self.make(src)
+        if op is None:
+            return ts
+        first = op.inputs[0].offset if op.inputs else 0
+        ts = [t for t in ts if t.source is None or t.source.name not in self.consumes]
+        ts.append(ViewTensor(self.name, op.shape, op.dtype, op=op, order=first))
+        return ts
+
+
+TensorEdit = Union[Hide, KeepOnly, Rename, ToF32, Produce]
+
+
+# -- translations ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Translation:
+    """What one handler changes for the files its detector claims."""
+
+    name: str
+    detect: Pred
+    kv: tuple = ()
+    tensors: tuple = ()
+
+    def claims(self, src: SourceGGUF) -> bool:
+        return self.detect(src)
+
+
+@dataclass
+class ViewSpec:
+    """The content of a translated file, before layout."""
+
+    kvs: list[tuple[str, Value]]
+    tensors: list[ViewTensor]
+    alignment: int
+    handler: str
+
+
+def plan(tr: Translation, src: SourceGGUF) -> ViewSpec:
+    """Apply `tr` to `src`: the KVs and tensors of the translated file."""
+    kv: KVs = dict(src.kvs)
+    for edit in tr.kv:
+        edit.apply(kv, src)
+    ts: Tensors = [ViewTensor(t.name, t.shape, t.dtype, source=t, order=t.offset) for t in src.tensors.values()]
+    for edit in tr.tensors:
+        ts = edit.apply(ts, src)
+    names = [t.name for t in ts]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"translation {tr.name} yields duplicate tensor names {dup[:5]}")
+    return ViewSpec(list(kv.items()), ts, src.alignment, tr.name)
+
+
+def first_claim(translations: Iterable[Translation], src: SourceGGUF) -> Translation | None:
+    """The first translation, in dispatch order, whose detector claims `src`."""
+    return next((t for t in translations if t.claims(src)), None)

@@ -1,0 +1,110 @@
+"""The mounted directory tree, derived from a scan of the store.
+
+    /<model>:<tag>/model.gguf            library models at the top
+    /<host>/<namespace>/<model>:<tag>/   everything else nested, as `ollama list` names it
+    /blobs/sha256-<hex>/model.gguf       every model or projector blob a manifest names
+    .../mmproj.gguf                      where the model has a projector view
+
+The store is rescanned at most once per `rescan_seconds`, so models pulled or
+removed while mounted appear and disappear without a remount.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .store import Scan, Store
+from .views import MMPROJ_FILE, MODEL_FILE, BlobViews
+
+BLOBS = "blobs"
+
+
+@dataclass(frozen=True)
+class FileRef:
+    """A virtual file: the `kind` view of the blob at `blob`."""
+
+    blob: Path
+    kind: str
+
+
+@dataclass(frozen=True)
+class _ModelDir:
+    model_blob: Path
+    projector_blob: Path | None
+
+
+class Snapshot:
+    """Directories and model folders of one scan."""
+
+    def __init__(self, store: Store, scan: Scan):
+        self.scan = scan
+        self.model_dirs: dict[str, _ModelDir] = {}
+        self.dirs: dict[str, set[str]] = {"": set()}
+        for name, model in scan.models.items():
+            proj = model.projector_layer
+            self._add_dir(name)
+            self.model_dirs[name] = _ModelDir(store.blob_path(model.model_layer.digest),
+                                              store.blob_path(proj.digest) if proj else None)
+        self.blobs = store.blob_digests(scan)
+        if self.blobs:
+            self.dirs[""].add(BLOBS)
+            self.dirs[BLOBS] = set(self.blobs)
+
+    def _add_dir(self, path: str) -> None:
+        parts = path.split("/")
+        for i in range(len(parts)):
+            parent, child = "/".join(parts[:i]), parts[i]
+            self.dirs.setdefault(parent, set()).add(child)
+            self.dirs.setdefault("/".join(parts[:i + 1]), set())
+
+
+class Tree:
+    def __init__(self, store: Store, views: BlobViews, rescan_seconds: float = 1.0):
+        self.store = store
+        self.views = views
+        self.rescan_seconds = rescan_seconds
+        self._snap: Snapshot | None = None
+        self._stamp = 0.0
+        self._lock = threading.Lock()
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            now = time.monotonic()
+            if self._snap is None or now - self._stamp >= self.rescan_seconds:
+                self._snap = Snapshot(self.store, self.store.scan())
+                self._stamp = now
+            return self._snap
+
+    def _files(self, snap: Snapshot, path: str) -> dict[str, FileRef] | None:
+        """The files of directory `path` (None when `path` holds no GGUF files)."""
+        if path in snap.model_dirs:
+            d = snap.model_dirs[path]
+            files = {MODEL_FILE: FileRef(d.model_blob, MODEL_FILE)}
+            if d.projector_blob is not None:
+                files[MMPROJ_FILE] = FileRef(d.projector_blob, MMPROJ_FILE)
+            elif self.views.has_mmproj(d.model_blob):
+                files[MMPROJ_FILE] = FileRef(d.model_blob, MMPROJ_FILE)
+            return files
+        parent, _, digest = path.rpartition("/")
+        if parent == BLOBS and digest in snap.blobs:
+            blob = snap.blobs[digest]
+            files = {MODEL_FILE: FileRef(blob, MODEL_FILE)}
+            if self.views.has_mmproj(blob):
+                files[MMPROJ_FILE] = FileRef(blob, MMPROJ_FILE)
+            return files
+        return None
+
+    def lookup(self, path: str) -> FileRef | list[str] | None:
+        """A FileRef, a directory listing, or None when nothing is there."""
+        path = path.strip("/")
+        snap = self.snapshot()
+        files = self._files(snap, path)
+        if files is not None:
+            return sorted(set(files) | snap.dirs.get(path, set()))
+        if path in snap.dirs:
+            return sorted(snap.dirs[path])
+        parent, _, leaf = path.rpartition("/")
+        files = self._files(snap, parent)
+        return files.get(leaf) if files else None

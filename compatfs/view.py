@@ -1,0 +1,155 @@
+"""A virtual GGUF file: a synthesised header stitched to ranges of a blob and
+to op tensors, read by (offset, size).
+
+The layout is fixed when the view is built: the GGUF v3 header (KVs, tensor
+infos, padding), then tensor data aligned to `general.alignment`, in the
+blob's data order so that a sequential read of the view is a sequential read
+of the blob.  A read maps to `Piece`s by binary search over the segments.
+"""
+from __future__ import annotations
+
+import bisect
+import struct
+from dataclasses import dataclass
+from typing import Hashable, NamedTuple, Union
+
+from .gguf_source import MAGIC, SourceGGUF
+from .ops import Op
+from .opcache import OpCache
+from .translation import ViewSpec, ViewTensor
+
+
+class FileRange(NamedTuple):
+    """`size` bytes of the blob at absolute `offset`."""
+    offset: int
+    size: int
+
+
+Piece = Union[FileRange, bytes, memoryview]
+
+
+@dataclass(frozen=True)
+class _Segment:
+    start: int
+    size: int
+    kind: str                 # "mem", "zero", "file", "op"
+    arg: object = None        # bytes, blob offset, or (cache key, Op)
+
+
+def _pad(n: int, align: int) -> int:
+    return -n % align
+
+
+def _str(s: str) -> bytes:
+    b = s.encode("utf-8")
+    return struct.pack("<Q", len(b)) + b
+
+
+def render_header(spec: ViewSpec, offsets: dict[str, int]) -> bytes:
+    """The GGUF v3 header of `spec`, with data offsets `offsets`, padded to alignment."""
+    out = bytearray(MAGIC)
+    out += struct.pack("<IQQ", 3, len(spec.tensors), len(spec.kvs))
+    for key, value in spec.kvs:
+        out += _str(key)
+        out += struct.pack("<I", value.vtype)
+        out += value.payload
+    for t in spec.tensors:
+        out += _str(t.name)
+        out += struct.pack(f"<I{len(t.shape)}QIQ", len(t.shape), *t.shape, t.dtype, offsets[t.name])
+    out += bytes(_pad(len(out), spec.alignment))
+    return bytes(out)
+
+
+class View:
+    """The bytes of one translated (or identity) file of one blob."""
+
+    def __init__(self, source: SourceGGUF | None, segments: list[_Segment], size: int,
+                 spec: ViewSpec | None, cache: OpCache | None):
+        self.source = source
+        self.spec = spec
+        self.size = size
+        self._segments = segments
+        self._starts = [s.start for s in segments]
+        self._cache = cache
+
+    # -- construction ------------------------------------------------------
+    @classmethod
+    def identity(cls, size: int) -> "View":
+        """The blob itself, byte for byte."""
+        segs = [_Segment(0, size, "file", 0)] if size else []
+        return cls(None, segs, size, None, None)
+
+    @classmethod
+    def translated(cls, source: SourceGGUF, spec: ViewSpec, cache: OpCache, key: Hashable) -> "View":
+        """Lay out `spec` over `source`; op tensors are cached under (`key`, name)."""
+        align = spec.alignment
+        data_order = sorted(spec.tensors, key=lambda t: t.order)
+        offsets: dict[str, int] = {}
+        rel = 0
+        for t in data_order:
+            offsets[t.name] = rel
+            rel += t.nbytes + _pad(t.nbytes, align)
+        header = render_header(spec, offsets)
+        segs = [_Segment(0, len(header), "mem", header)]
+        pos = len(header)
+        for t in data_order:
+            segs.append(_tensor_segment(t, pos, key))
+            pos += t.nbytes
+            pad = _pad(t.nbytes, align)
+            if pad:
+                segs.append(_Segment(pos, pad, "zero"))
+                pos += pad
+        return cls(source, [s for s in segs if s.size], pos, spec, cache)
+
+    # -- reads ----------------------------------------------------------------
+    def pieces(self, offset: int, size: int) -> list[Piece]:
+        """The bytes at [offset, offset+size), clipped to the file, as pieces."""
+        end = min(offset + size, self.size)
+        out: list[Piece] = []
+        i = bisect.bisect_right(self._starts, offset) - 1
+        while offset < end and i < len(self._segments):
+            seg = self._segments[i]
+            lo = offset - seg.start
+            n = min(seg.size - lo, end - offset)
+            if seg.kind == "file":
+                out.append(FileRange(seg.arg + lo, n))
+            elif seg.kind == "mem":
+                out.append(memoryview(seg.arg)[lo:lo + n])
+            elif seg.kind == "zero":
+                out.append(bytes(n))
+            else:
+                key, op = seg.arg
+                data = self._cache.get(key, lambda: op.compute(self._read_tensor))
+                out.append(memoryview(data)[lo:lo + n])
+            offset += n
+            i += 1
+        return out
+
+    def _read_tensor(self, t) -> memoryview:
+        return self.source.read(t.offset, t.nbytes)
+
+    def read(self, offset: int, size: int) -> bytes:
+        """The bytes at [offset, offset+size) as one bytes object."""
+        parts = []
+        for p in self.pieces(offset, size):
+            if isinstance(p, FileRange):
+                parts.append(self.source_bytes(p))
+            else:
+                parts.append(bytes(p))
+        return b"".join(parts)
+
+    def source_bytes(self, r: FileRange) -> bytes:
+        """Bytes of a blob range (used where no file descriptor is at hand)."""
+        if self.source is None:
+            raise RuntimeError("identity views are read through the blob's file descriptor")
+        return bytes(self.source.read(r.offset, r.size))
+
+    @property
+    def op_tensors(self) -> list[ViewTensor]:
+        return [t for t in (self.spec.tensors if self.spec else []) if t.op is not None]
+
+
+def _tensor_segment(t: ViewTensor, pos: int, key: Hashable) -> _Segment:
+    if t.op is not None:
+        return _Segment(pos, t.nbytes, "op", ((key, t.name), t.op))
+    return _Segment(pos, t.nbytes, "file", t.source.offset)

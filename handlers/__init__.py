@@ -1,0 +1,20 @@
+"""Per-architecture translations, in dispatch order.
+
+`TEXT` is tried in order for a blob's `model.gguf`, `CLIP` for its
+`mmproj.gguf`; the first translation whose detector claims the blob is
+applied, and a blob no translation claims is served unchanged.  Order
+matters where detectors overlap (as in Ollama's dispatch): EmbeddingGemma
+before Gemma 3, Qwen2.5-VL before anything Qwen2-VL, GLM-4.7-Flash on its
+way to deepseek2.
+"""
+from . import gemma3, llama, llava
+
+TEXT = (
+    gemma3.TEXT,
+    llama.LLAMA3,
+)
+
+CLIP = (
+    llava.DEFAULT_PROJECTOR,
+    gemma3.CLIP,
+)

@@ -1,0 +1,103 @@
+"""Gemma 3 as Ollama published it: text view and the clip view of monolithic
+vision blobs.
+
+Older Ollama converters wrote nested rope keys, left out the RMS-norm epsilon
+and rope scaling, kept multimodal tokens past the embedding rows, and stored
+the SigLIP tower and projector (`v.*`, `mm.*`) in the same file under their
+own names.
+"""
+from compatfs.gguf_values import VT, array, boolean, f32, string
+from compatfs.translation import (
+    Copy, Default, Drop, Hide, KeepOnly, Rename, Set, ToF32, Translation, TruncateToRows, When,
+    any_of, arch_is, has_key, has_tensor, has_tensor_prefix, value_at_least,
+)
+
+# Google's published Gemma 3 chat template (Ollama files carry none).
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
+    "{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}"
+)
+
+# Any one of these marks a gemma3 blob as Ollama-written.  Blobs with
+# `dense.0.weight` are EmbeddingGemma, which is a different translation.
+DETECT = arch_is("gemma3") & ~has_tensor("dense.0.weight") & any_of(
+    has_key("gemma3.mm.tokens_per_image"),
+    has_tensor_prefix("v."),
+    has_tensor_prefix("mm."),
+    has_key("gemma3.rope.global.freq_base"),
+    has_key("gemma3.rope.local.freq_base"),
+    has_key("tokenizer.ggml.add_padding_token"),
+    has_key("tokenizer.ggml.add_unknown_token"),
+    ~has_key("gemma3.attention.layer_norm_rms_epsilon"),
+)
+
+TEXT = Translation(
+    name="gemma3",
+    detect=DETECT,
+    kv=(
+        Copy("gemma3.rope.global.freq_base", "gemma3.rope.freq_base"),
+        Copy("gemma3.rope.local.freq_base", "gemma3.rope.freq_base_swa"),
+        Default("gemma3.attention.layer_norm_rms_epsilon", f32(1e-6)),
+        Default("gemma3.rope.freq_base", f32(1_000_000.0)),
+        Default("gemma3.rope.freq_base_swa", f32(10_000.0)),
+        Default("tokenizer.chat_template", string(CHAT_TEMPLATE)),
+        # 4B/12B/27B extend a 16k training context 8x by linear rope scaling.
+        When(value_at_least("gemma3.context_length", 131072), (
+            Default("gemma3.rope.scaling.type", string("linear")),
+            Default("gemma3.rope.scaling.factor", f32(8.0)),
+        )),
+        # Extra multimodal tokens past the embedding rows fail the vocab check.
+        TruncateToRows("token_embd.weight", (
+            "tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
+        )),
+        # Gemma's SentencePiece model adds no dummy prefix; without the key
+        # llama.cpp prepends a space and tokenizes differently.
+        Default("tokenizer.ggml.add_space_prefix", boolean(False)),
+    ),
+    tensors=(Hide(("v.", "mm.")),),
+)
+
+CLIP = Translation(
+    name="gemma3-clip",
+    detect=DETECT & has_tensor_prefix("v."),
+    kv=(
+        Copy("gemma3.vision.block_count", "clip.vision.block_count"),
+        Copy("gemma3.vision.embedding_length", "clip.vision.embedding_length"),
+        Copy("gemma3.vision.feed_forward_length", "clip.vision.feed_forward_length"),
+        Copy("gemma3.vision.image_size", "clip.vision.image_size"),
+        Copy("gemma3.vision.patch_size", "clip.vision.patch_size"),
+        Copy("gemma3.vision.attention.head_count", "clip.vision.attention.head_count"),
+        Copy("gemma3.vision.attention.layer_norm_epsilon", "clip.vision.attention.layer_norm_epsilon"),
+        # The projector's output feeds the language model's embedding.
+        Copy("gemma3.embedding_length", "clip.vision.projection_dim"),
+        Default("clip.vision.image_mean", array(VT.FLOAT32, [0.5, 0.5, 0.5])),
+        Default("clip.vision.image_std", array(VT.FLOAT32, [0.5, 0.5, 0.5])),
+        Default("clip.has_vision_encoder", boolean(True)),
+        Default("clip.use_gelu", boolean(True)),
+        Set("clip.projector_type", string("gemma3")),
+        Set("general.architecture", string("clip")),
+        Set("general.type", string("mmproj")),
+        Drop(("gemma3.", "tokenizer.")),
+    ),
+    tensors=(
+        KeepOnly(("v.", "mm.")),
+        Rename("v.patch_embedding", "v.patch_embd"),
+        Rename("v.position_embedding", "v.position_embd"),
+        Rename("v.post_layernorm", "v.post_ln"),
+        Rename(".layer_norm1", ".ln1"),
+        Rename(".layer_norm2", ".ln2"),
+        Rename(".attn_output", ".attn_out"),
+        # SigLIP fc1 widens (n_embd -> n_ff), fc2 narrows: llama.cpp's
+        # converter names them ffn_up and ffn_down.
+        Rename(".mlp.fc1", ".ffn_up"),
+        Rename(".mlp.fc2", ".ffn_down"),
+        Rename("mm.mm_input_projection", "mm.input_projection"),
+        Rename("mm.mm_soft_emb_norm", "mm.soft_emb_norm"),
+        # llama.cpp keeps the patch and position embeddings in F32.
+        ToF32(("v.patch_embd.weight", "v.position_embd.weight")),
+    ),
+)
