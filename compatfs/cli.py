@@ -57,8 +57,8 @@ def _log_path(mountpoint: Path) -> Path:
 
 def cmd_mount(args) -> int:
     source = Path(args.source).expanduser() if args.source else default_source()
-    store = Store(source)
-    mnt = Path(args.mountpoint)
+    store = Store(source.absolute())
+    mnt = Path(args.mountpoint).absolute()
     _check_mountpoint(mnt)
     _check_fuse()
     from .views import translation_enabled

@@ -46,9 +46,10 @@ class OpCache:
             done.set()
 
     def _lookup(self, key: Hashable) -> bytes | None:
-        if self._last is not None and self._last[0] == key:
-            return self._last[1]
-        return self._lru.get(key)
+        hit = self._lru.get(key)   # first, so that a hit refreshes its LRU place
+        if hit is None and self._last is not None and self._last[0] == key:
+            hit = self._last[1]
+        return hit
 
     def _store(self, key: Hashable, value: bytes) -> None:
         self._last = (key, value)

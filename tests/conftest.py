@@ -1,0 +1,78 @@
+"""Shared test fixtures: stores built from GGUF files, and real mounts served
+by a compatfs daemon in its own process."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared" / "fixtures"
+
+
+def fuse_available() -> bool:
+    return os.path.exists("/dev/fuse") and bool(shutil.which("fusermount3") or shutil.which("fusermount"))
+
+
+needs_fuse = pytest.mark.skipif(not fuse_available(), reason="FUSE (/dev/fuse, fusermount3) not available")
+needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/fixtures is not present")
+
+
+class Mount:
+    """A compatfs daemon serving `store` at `path`, in a separate process."""
+
+    def __init__(self, store: Path, path: Path, *extra: str, env: dict | None = None):
+        self.store, self.path = store, path
+        self.log = path.parent / (path.name + ".log")
+        path.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "compatfs", "mount", "-f", "-v", str(store), str(path), *extra]
+        self._log = open(self.log, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while not os.path.ismount(path):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"mount did not come up: {self.log.read_text()}")
+            time.sleep(0.05)
+
+    def __truediv__(self, rel: str) -> Path:
+        return self.path / rel
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None and os.path.ismount(self.path)
+
+    def log_text(self) -> str:
+        self._log.flush()
+        return self.log.read_text(errors="replace")
+
+    def close(self) -> None:
+        if os.path.ismount(self.path):
+            subprocess.run(["fusermount3", "-u", str(self.path)], capture_output=True)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+@pytest.fixture
+def mount_store(tmp_path):
+    """mount_store(store, *args, env=...) -> Mount; unmounted after the test."""
+    mounts = []
+
+    def make(store: Path, *extra: str, env: dict | None = None) -> Mount:
+        m = Mount(store, tmp_path / f"mnt{len(mounts)}", *extra, env=env)
+        mounts.append(m)
+        return m
+
+    yield make
+    for m in mounts:
+        m.close()

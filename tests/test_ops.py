@@ -1,0 +1,91 @@
+"""Each op against a numpy reference, on tensors of a real GGUF file."""
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as DT
+from gguf import quants
+
+from compatfs.gguf_source import SourceGGUF
+from compatfs.ops import AddScalar, Concat, Permute, Promote, Split, Zeros, to_f32
+
+from ggufs import bf16, write_gguf
+
+rng = np.random.default_rng(0)
+A = rng.standard_normal((6, 32)).astype(np.float32)      # numpy shape: 6 rows of 32
+B = rng.standard_normal((4, 32)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    q8 = quants.quantize(B, DT.Q8_0)
+    path = write_gguf(tmp_path_factory.mktemp("ops") / "ops.gguf", "test", tensors={
+        "a32": A, "a16": A.astype(np.float16), "abf": bf16(A), "b32": B, "b16": B.astype(np.float16),
+        "bq8": (q8, DT.Q8_0),
+    })
+    return SourceGGUF(path)
+
+
+def run(op, src):
+    return op.compute(lambda t: src.read(t.offset, t.nbytes))
+
+
+def arr(op, data):
+    dt = {DT.F32: np.float32, DT.F16: np.float16}[op.dtype]
+    return np.frombuffer(data, dtype=dt).reshape(tuple(reversed(op.shape)))
+
+
+def test_promote_f16_and_bf16(src):
+    for name in ("a16", "abf"):
+        op = Promote.of(src.tensors[name])
+        assert op.dtype == DT.F32 and op.shape == (32, 6)
+        np.testing.assert_allclose(arr(op, run(op, src)), A, rtol=1e-2, atol=1e-2)
+    # F16 promotion is exact.
+    op = Promote.of(src.tensors["a16"])
+    np.testing.assert_array_equal(arr(op, run(op, src)), A.astype(np.float16).astype(np.float32))
+
+
+def test_concat_same_dtype_keeps_bytes(src):
+    op = Concat.of(src.tensors["a32"], src.tensors["b32"])
+    assert op.shape == (32, 10) and op.dtype == DT.F32
+    np.testing.assert_array_equal(arr(op, run(op, src)), np.concatenate([A, B]))
+    op = Concat.of(src.tensors["a16"], src.tensors["b16"])
+    assert op.dtype == DT.F16
+    np.testing.assert_array_equal(arr(op, run(op, src)), np.concatenate([A, B]).astype(np.float16))
+
+
+def test_concat_mixed_dtypes_dequantizes(src):
+    op = Concat.of(src.tensors["a16"], src.tensors["bq8"])
+    assert op.dtype == DT.F32 and op.shape == (32, 10)
+    out = arr(op, run(op, src))
+    np.testing.assert_array_equal(out[:6], A.astype(np.float16).astype(np.float32))
+    np.testing.assert_allclose(out[6:], B, atol=0.05)
+    np.testing.assert_array_equal(out[6:], to_f32(src.tensors["bq8"], src.read(src.tensors["bq8"].offset, src.tensors["bq8"].nbytes)))
+
+
+def test_split_along_each_axis(src):
+    t = src.tensors["a32"]
+    op = Split.of(t, axis=1, start=2, length=3)            # rows
+    np.testing.assert_array_equal(arr(op, run(op, src)), A[2:5])
+    op = Split.of(t, axis=0, start=8, length=16)           # columns
+    np.testing.assert_array_equal(arr(op, run(op, src)), A[:, 8:24])
+
+
+def test_permute_like_llama_cpp_converters(src):
+    t = src.tensors["a32"]
+    # Rows regrouped as (heads=3, 2, 1) with the two inner axes swapped.
+    op = Permute.of(t, view=(3, 2, 1, 32), axes=(0, 2, 1, 3))
+    expect = A.reshape(3, 2, 1, 32).swapaxes(1, 2).reshape(6, 32)
+    np.testing.assert_array_equal(arr(op, run(op, src)), expect)
+
+
+def test_add_scalar_and_zeros(src):
+    op = AddScalar.of(src.tensors["b16"], 1.0)
+    np.testing.assert_array_equal(arr(op, run(op, src)), B.astype(np.float16).astype(np.float32) + 1)
+    z = Zeros.of((32, 2), DT.F16)
+    assert run(z, src) == bytes(32 * 2 * 2)
+
+
+def test_bad_shapes_are_refused(src):
+    with pytest.raises(ValueError):
+        Concat.of(src.tensors["a32"], src.tensors["a32"].__class__("x", (16, 2), DT.F32, 0))
+    with pytest.raises(ValueError):
+        Split.of(src.tensors["a32"], axis=1, start=4, length=4)
