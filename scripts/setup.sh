@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs what compatfs needs on a fresh Debian/Ubuntu machine: libfuse 3
+# (the fuse3 package, with fusermount3) and compatfs itself in .venv.
+#   scripts/setup.sh          the package
+#   scripts/setup.sh test     the package and its test extras
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v fusermount3 >/dev/null || ! ldconfig -p | grep -q 'libfuse3\.so'; then
+    sudo=""
+    [ "$(id -u)" = 0 ] || sudo=sudo
+    echo "setup: installing fuse3 (libfuse 3, fusermount3)" >&2
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq fuse3 >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+extras=""
+[ -n "${1:-}" ] && extras="[$1]"
+.venv/bin/pip install -q --disable-pip-version-check -e ".${extras}"
