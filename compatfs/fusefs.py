@@ -34,16 +34,33 @@ FUSE_BUF_FD_SEEK = 1 << 2
 
 
 class _FuseBuf(ctypes.Structure):
-    # libfuse's struct fuse_buf; the trailing field leaves room for the
-    # `mem_size` that newer libfuse versions append.
+    # libfuse 3's struct fuse_buf.
     _fields_ = [("size", ctypes.c_size_t), ("flags", ctypes.c_int), ("mem", ctypes.c_void_p),
-                ("fd", ctypes.c_int), ("pos", ctypes.c_int64), ("_reserved", ctypes.c_size_t)]
+                ("fd", ctypes.c_int), ("pos", ctypes.c_int64)]
 
 
-class _FuseBufvec(ctypes.Structure):
-    # libfuse declares `struct fuse_buf buf[1]` inline (mfusepy has a pointer).
-    _fields_ = [("count", ctypes.c_size_t), ("idx", ctypes.c_size_t), ("off", ctypes.c_size_t),
-                ("buf", _FuseBuf)]
+def _bufvec_type(n: int) -> type:
+    """struct fuse_bufvec with `n` buffers inline (libfuse declares `buf[1]`
+    inline; mfusepy's declaration has a pointer there)."""
+    return type(f"_FuseBufvec{n}", (ctypes.Structure,), {"_fields_": [
+        ("count", ctypes.c_size_t), ("idx", ctypes.c_size_t), ("off", ctypes.c_size_t),
+        ("buf", _FuseBuf * max(n, 1)), ("_slack", ctypes.c_size_t * 2)]})
+
+
+def _libfuse_version() -> tuple[int, int]:
+    try:
+        lib = fuse._libfuse
+        lib.fuse_pkgversion.restype = ctypes.c_char_p
+        major, minor = lib.fuse_pkgversion().decode().split(".")[:2]
+        return int(major), int(minor)
+    except (AttributeError, ValueError):
+        return (0, 0)
+
+
+# Several buffers in one reply need the exact struct fuse_buf stride, known
+# for libfuse 3.0-3.16; elsewhere a read that spans pieces is gathered into
+# one memory buffer.
+_MULTI_BUF = (3, 0) <= _libfuse_version() < (3, 17)
 
 
 @dataclass
@@ -51,6 +68,17 @@ class _Handle:
     view: View
     fd: int
     blob: str
+
+
+def _malloc_copy(data) -> int:
+    """A malloc'ed copy of `data` (bytes-like), for libfuse to free."""
+    n = len(data)
+    mem = _libc.malloc(max(n, 1))
+    if not mem:
+        raise fuse.FuseOSError(errno.ENOMEM)
+    if n:
+        memoryview((ctypes.c_char * n).from_address(mem)).cast("B")[:] = data
+    return mem
 
 
 def _erofs(*_args, **_kwargs):
@@ -168,26 +196,18 @@ class CompatFS(fuse.Operations):
     def read_buf(self, path, bufpp, size, offset, fi):
         handle = self._handle(fi)
         pieces = self._pieces(handle, size, offset)
-        vec = _FuseBufvec(count=1)
-        if len(pieces) == 1 and isinstance(pieces[0], FileRange):
-            vec.buf.size, vec.buf.flags = pieces[0].size, FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK
-            vec.buf.fd, vec.buf.pos = handle.fd, pieces[0].offset
-        else:
-            chunks = [self._pread(handle, p) if isinstance(p, FileRange) else p for p in pieces]
-            total = sum(len(c) for c in chunks)
-            mem = _libc.malloc(max(total, 1))
-            if not mem:
-                raise fuse.FuseOSError(errno.ENOMEM)
-            dst = memoryview((ctypes.c_char * max(total, 1)).from_address(mem)).cast("B")
-            pos = 0
-            for c in chunks:
-                dst[pos:pos + len(c)] = c
-                pos += len(c)
-            vec.buf.size, vec.buf.mem = total, mem
-        out = _libc.malloc(ctypes.sizeof(_FuseBufvec))
+        if len(pieces) > 1 and not _MULTI_BUF:
+            pieces = [b"".join(self._pread(handle, p) if isinstance(p, FileRange) else p for p in pieces)]
+        vec = _bufvec_type(len(pieces))(count=len(pieces))
+        for buf, piece in zip(vec.buf, pieces):
+            if isinstance(piece, FileRange):   # libfuse reads these from the blob itself
+                buf.size, buf.flags, buf.fd, buf.pos = piece.size, FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK, handle.fd, piece.offset
+            else:                               # libfuse frees these with free()
+                buf.size, buf.mem = len(piece), _malloc_copy(piece)
+        out = _libc.malloc(ctypes.sizeof(vec))
         if not out:
             raise fuse.FuseOSError(errno.ENOMEM)
-        ctypes.memmove(out, ctypes.addressof(vec), ctypes.sizeof(_FuseBufvec))
+        ctypes.memmove(out, ctypes.addressof(vec), ctypes.sizeof(vec))
         ctypes.cast(bufpp, ctypes.POINTER(ctypes.c_void_p))[0] = out
         return 0
 
