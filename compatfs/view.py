@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Hashable, NamedTuple, Union
 
 from .gguf_source import MAGIC, SourceGGUF
-from .ops import Op
 from .opcache import OpCache
 from .translation import ViewSpec, ViewTensor
 

@@ -1,0 +1,90 @@
+"""The command line: mount/umount in the background, ls, inspect, clear errors."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from compatfs.storewriter import add_model
+
+from conftest import needs_fuse
+from ggufs import plain_model, synthetic_gemma3
+
+
+def compatfs(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "compatfs", *map(str, args)], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL, timeout=120)
+
+
+@pytest.fixture
+def store(tmp_path):
+    root = tmp_path / "store"
+    add_model(root, "gemma3x", synthetic_gemma3(tmp_path / "g.gguf"), tag="4b")
+    add_model(root, "plain", plain_model(tmp_path / "p.gguf"))
+    empty = root / "manifests/registry.ollama.ai/library/configonly/latest"
+    empty.parent.mkdir(parents=True)
+    empty.write_text(json.dumps({"layers": [{"mediaType": "application/vnd.ollama.image.license",
+                                             "digest": "sha256:" + "ab" * 32, "size": 3}]}))
+    return root
+
+
+def test_errors_are_one_clear_line(store, tmp_path):
+    cases = [
+        (("mount", store, tmp_path / "nowhere"), "mountpoint"),
+        (("mount", tmp_path, tmp_path), "not an Ollama model store"),
+        (("mount", tmp_path / "missing", tmp_path), "no such directory"),
+        (("ls", tmp_path / "missing"), "no such directory"),
+        (("umount", tmp_path), "is not mounted"),
+        (("inspect", "nosuchmodel:1b", "--source", store), "no model nosuchmodel:1b"),
+    ]
+    for args, words in cases:
+        res = compatfs(*args)
+        assert res.returncode != 0, args
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("compatfs: error:") and words in lines[0], (args, res.stderr)
+        assert "Traceback" not in res.stderr
+
+
+def test_ls_reports_handlers_and_what_is_left_out(store):
+    res = compatfs("ls", store, "--json")
+    doc = json.loads(res.stdout)
+    rows = {r["name"]: r for r in doc["models"]}
+    assert rows["gemma3x:4b"]["text"] == "gemma3" and rows["gemma3x:4b"]["clip"] == "gemma3-clip"
+    assert rows["gemma3x:4b"]["files"] == ["mmproj.gguf", "model.gguf"]
+    assert rows["plain:latest"]["text"] == "-" and rows["plain:latest"]["files"] == ["model.gguf"]
+    assert doc["left_out"] == [{"name": "configonly:latest",
+                                "reason": "no GGUF model layer (application/vnd.ollama.image.license)"}]
+    text = compatfs("ls", store).stdout
+    assert "configonly:latest  left out: no GGUF model layer" in text
+
+
+def test_inspect_shows_the_translation(store):
+    r = json.loads(compatfs("inspect", "gemma3x:4b", "--source", store, "--json").stdout)
+    assert r["handler"] == "gemma3"
+    assert r["kv"]["added"]["gemma3.attention.layer_norm_rms_epsilon"] == pytest.approx(1e-6)
+    assert r["kv"]["added"]["gemma3.rope.scaling.type"] == "linear"
+    assert r["kv"]["changed"]["tokenizer.ggml.tokens"] == {"before": "[STRING x 40]", "after": "[STRING x 37]"}
+    assert "v.patch_embedding.weight" in r["tensors"]["hidden"]
+    c = json.loads(compatfs("inspect", "gemma3x:4b", "--source", store, "--clip", "--json").stdout)
+    assert c["architecture"] == {"before": "gemma3", "after": "clip"}
+    assert c["tensors"]["renamed"]["v.blk.0.mlp.fc1.weight"] == "v.blk.0.ffn_up.weight"
+    assert c["tensors"]["ops"]["v.patch_embd.weight"]["dtype"] == "F32"
+    assert "token_embd.weight" in c["tensors"]["hidden"]
+    plain = compatfs("inspect", store / "blobs" / os.listdir(store / "blobs")[0]).stdout
+    assert "handler:" in plain
+
+
+@needs_fuse
+def test_background_mount_and_umount(store, tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    res = compatfs("mount", store, mnt, "--log", tmp_path / "daemon.log")
+    try:
+        assert res.returncode == 0, res.stderr
+        assert os.path.ismount(mnt) and "gemma3x:4b" in os.listdir(mnt)
+        busy = compatfs("mount", store, mnt)
+        assert busy.returncode == 1 and "busy" in busy.stderr
+    finally:
+        assert compatfs("umount", mnt).returncode == 0
+    assert not os.path.ismount(mnt)
