@@ -1,0 +1,81 @@
+"""Views in-process: layout, alignment, GGUF v2 input, stitched reads."""
+import random
+import struct
+
+import gguf
+import numpy as np
+
+from compatfs.gguf_source import SourceGGUF
+from compatfs.opcache import OpCache
+from compatfs.translation import ALWAYS, Rename, Set, ToF32, Translation, plan
+from compatfs.gguf_values import string
+from compatfs.view import FileRange, View
+
+from ggufs import write_gguf
+
+TR = Translation("t", ALWAYS, kv=(Set("general.architecture", string("renamed")),),
+                 tensors=(Rename("b", "bee"), ToF32(("c",))))
+
+
+def make(tmp_path, alignment=None):
+    w = gguf.GGUFWriter(str(tmp_path / "a.gguf"), "x")
+    if alignment:
+        w.add_custom_alignment(alignment)
+    rng = np.random.default_rng(0)
+    for name, arr in (("a", rng.standard_normal(5).astype(np.float32)),
+                      ("b", rng.standard_normal((3, 7)).astype(np.float16)),
+                      ("c", rng.standard_normal((2, 9)).astype(np.float16))):
+        w.add_tensor(name, arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return tmp_path / "a.gguf"
+
+
+def render(src, view) -> bytes:
+    return b"".join(bytes(src.read(p.offset, p.size)) if isinstance(p, FileRange) else bytes(p)
+                    for p in view.pieces(0, view.size))
+
+
+def test_layout_honours_alignment_and_reads_back(tmp_path):
+    for alignment in (None, 64):
+        path = make(tmp_path, alignment)
+        src = SourceGGUF(path)
+        view = View.translated(src, plan(TR, src), OpCache(), key="k")
+        out = tmp_path / "out.gguf"
+        out.write_bytes(render(src, view))
+        assert out.stat().st_size == view.size
+        r, ref = gguf.GGUFReader(str(out)), gguf.GGUFReader(str(path))
+        assert r.fields["general.architecture"].contents() == "renamed"
+        align = alignment or 32
+        got = {t.name: t for t in r.tensors}
+        assert list(got) == ["a", "bee", "c"]
+        for t in got.values():
+            assert t.data_offset % align == 0
+        want = {t.name: np.asarray(t.data) for t in ref.tensors}
+        np.testing.assert_array_equal(got["a"].data, want["a"])
+        np.testing.assert_array_equal(got["bee"].data, want["b"])
+        assert got["c"].tensor_type == gguf.GGMLQuantizationType.F32
+        np.testing.assert_array_equal(got["c"].data, want["c"].astype(np.float32))
+
+
+def test_gguf_v2_input_gives_v3_output(tmp_path):
+    path = make(tmp_path)
+    data = bytearray(path.read_bytes())
+    data[4:8] = struct.pack("<I", 2)
+    path.write_bytes(bytes(data))
+    src = SourceGGUF(path)
+    assert src.version == 2
+    view = View.translated(src, plan(TR, src), OpCache(), key="k")
+    assert struct.unpack("<I", render(src, view)[4:8])[0] == 3
+
+
+def test_stitched_reads_equal_the_whole(tmp_path):
+    src = SourceGGUF(make(tmp_path))
+    view = View.translated(src, plan(TR, src), OpCache(), key="k")
+    whole, rnd = render(src, view), random.Random(3)
+    assert view.read(0, view.size) == whole
+    for _ in range(2000):
+        off, size = rnd.randrange(view.size + 8), rnd.randrange(1, 200)
+        assert view.read(off, size) == whole[off:off + size]
