@@ -157,10 +157,10 @@ class Store:
         return result
 
     def blob_digests(self, scan: Scan) -> dict[str, Path]:
-        """Every model and projector blob the scanned manifests name."""
+        """Every GGUF blob (model, projector, adapter) the scanned manifests name."""
         out = {}
         for model in scan.models.values():
             for layer in model.layers:
-                if layer.media_type in (MODEL, PROJECTOR):
+                if layer.media_type in (MODEL, PROJECTOR, ADAPTER):
                     out[layer.digest] = self.blob_path(layer.digest)
         return out

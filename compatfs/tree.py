@@ -2,7 +2,7 @@
 
     /<model>:<tag>/model.gguf            library models at the top
     /<host>/<namespace>/<model>:<tag>/   everything else nested, as `ollama list` names it
-    /blobs/sha256-<hex>/model.gguf       every model or projector blob a manifest names
+    /blobs/sha256-<hex>/model.gguf       every GGUF blob (model, projector, adapter) a manifest names
     .../mmproj.gguf                      where the model has a projector view
 
 The store is rescanned at most once per `rescan_seconds`, so models pulled or

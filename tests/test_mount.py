@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compatfs.storewriter import add_model
+from compatfs.storewriter import add_blob, add_model
 from compatfs.view import FileRange
 from compatfs.views import BlobViews
 
 from conftest import needs_fuse
-from ggufs import plain_model, synthetic_gemma3
+from ggufs import plain_model, synthetic_gemma3, write_gguf
 
 pytestmark = needs_fuse
 
@@ -44,14 +44,22 @@ def blob_of(store: Path, manifest_rel: str, media="model") -> Path:
     return store / "blobs" / layer["digest"].replace(":", "-")
 
 
-def test_tree_names_like_ollama_list(store, mount_store):
+def test_tree_names_like_ollama_list(store, mount_store, tmp_path):
+    # An adapter layer (a LoRA GGUF) is a blob of its own too.
+    manifest = store / "manifests/registry.ollama.ai/library/plain/latest"
+    doc = json.loads(manifest.read_text())
+    adapter = write_gguf(tmp_path / "lora.gguf", "llama", kvs={"adapter.type": "lora"})
+    doc["layers"].append({"mediaType": "application/vnd.ollama.image.adapter", **add_blob(store, adapter)})
+    manifest.write_text(json.dumps(doc))
     m = mount_store(store)
     assert sorted(os.listdir(m.path)) == ["blobs", "gemma3x:4b", "hf.co", "plain:latest"]
     assert os.listdir(m / "hf.co/org") == ["repo:Q4"]
     assert sorted(os.listdir(m / "gemma3x:4b")) == ["mmproj.gguf", "model.gguf"]
     assert os.listdir(m / "plain:latest") == ["model.gguf"]
     blobs = os.listdir(m / "blobs")
-    assert len(blobs) == 2 and all(b.startswith("sha256-") for b in blobs)
+    assert len(blobs) == 3 and all(b.startswith("sha256-") for b in blobs)
+    lora = next(b for b in blobs if (m / "blobs" / b / "model.gguf").read_bytes() == adapter.read_bytes())
+    assert os.listdir(m / "blobs" / lora) == ["model.gguf"]
     gem = blob_of(store, "registry.ollama.ai/library/gemma3x/4b")
     assert sorted(os.listdir(m / "blobs" / gem.name)) == ["mmproj.gguf", "model.gguf"]
 
