@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v fusermount3 >/dev/null || ! ldconfig -p | grep -q 'libfuse3\.so'; then
+if ! command -v fusermount3 >/dev/null || ! ldconfig -p | grep 'libfuse3\.so' >/dev/null; then
     sudo=""
     [ "$(id -u)" = 0 ] || sudo=sudo
     echo "setup: installing fuse3 (libfuse 3, fusermount3)" >&2
