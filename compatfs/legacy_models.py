@@ -390,6 +390,23 @@ def _gemma3_text_tensors(rng: np.random.Generator, p: dict, n_vocab: int) -> dic
     return t
 
 
+def _gemma3_hparams(p: dict) -> dict[str, Any]:
+    """The text hyperparameter KVs every Ollama gemma3 converter wrote."""
+    return {
+        "general.file_type": 1,
+        "general.quantization_version": 2,
+        "gemma3.block_count": p["n_layer"],
+        "gemma3.context_length": p["context_length"],
+        "gemma3.embedding_length": p["n_embd"],
+        "gemma3.feed_forward_length": p["n_ff"],
+        "gemma3.attention.head_count": p["n_head"],
+        "gemma3.attention.head_count_kv": p["n_head_kv"],
+        "gemma3.attention.key_length": p["head_dim"],
+        "gemma3.attention.value_length": p["head_dim"],
+        "gemma3.attention.sliding_window": p["sliding_window"],
+    }
+
+
 def _gemma3_tokenizer_kvs(tokens: list[str], scores: list[float], types: list[int], merges: list[str]) -> dict:
     return {
         "tokenizer.ggml.model": "llama",
@@ -442,17 +459,7 @@ def legacy_gemma3_text(path: Path, seed: int = 0, *,
         scores.append(-1000.0)
         types.append(4)
     kvs: dict[str, Any] = {
-        "general.file_type": 1,
-        "general.quantization_version": 2,
-        "gemma3.block_count": p["n_layer"],
-        "gemma3.context_length": p["context_length"],
-        "gemma3.embedding_length": p["n_embd"],
-        "gemma3.feed_forward_length": p["n_ff"],
-        "gemma3.attention.head_count": p["n_head"],
-        "gemma3.attention.head_count_kv": p["n_head_kv"],
-        "gemma3.attention.key_length": p["head_dim"],
-        "gemma3.attention.value_length": p["head_dim"],
-        "gemma3.attention.sliding_window": p["sliding_window"],
+        **_gemma3_hparams(p),
         "gemma3.final_logit_softcapping": p["final_logit_softcapping"],
         "gemma3.rope.global.freq_base": p["rope_global"],
         "gemma3.rope.local.freq_base": p["rope_local"],
@@ -497,17 +504,7 @@ def legacy_gemma3_vision(path: Path, seed: int = 0) -> Path:
         types.append(4)
     assert len(toks) == p["n_vocab"]
     kvs: dict[str, Any] = {
-        "general.file_type": 1,
-        "general.quantization_version": 2,
-        "gemma3.block_count": p["n_layer"],
-        "gemma3.context_length": p["context_length"],
-        "gemma3.embedding_length": p["n_embd"],
-        "gemma3.feed_forward_length": p["n_ff"],
-        "gemma3.attention.head_count": p["n_head"],
-        "gemma3.attention.head_count_kv": p["n_head_kv"],
-        "gemma3.attention.key_length": p["head_dim"],
-        "gemma3.attention.value_length": p["head_dim"],
-        "gemma3.attention.sliding_window": p["sliding_window"],
+        **_gemma3_hparams(p),
         "gemma3.mm.tokens_per_image": p["tokens_per_image"],
         "gemma3.vision.block_count": p["v_n_layer"],
         "gemma3.vision.embedding_length": p["v_n_embd"],

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from compatfs import legacy_models as lm
+from compatfs.storewriter import add_model
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "fixtures"
 
@@ -76,3 +79,22 @@ def mount_store(tmp_path):
     yield make
     for m in mounts:
         m.close()
+
+
+@pytest.fixture(scope="module")
+def legacy(tmp_path_factory):
+    """A store of the legacy writers' models, and the files: name -> path."""
+    d = tmp_path_factory.mktemp("legacy")
+    files = {
+        "gemma3": lm.legacy_gemma3_text(d / "g1.gguf"),
+        "gemma3v": lm.legacy_gemma3_vision(d / "g4.gguf"),
+        "llama3": lm.legacy_llama3_instruct(d / "l3.gguf"),
+        "llava": lm.plain_llama_text(d / "llava.gguf"),
+        "llava-proj": lm.legacy_llava_projector(d / "llava-proj.gguf"),
+    }
+    store = d / "store"
+    add_model(store, "gemma3", files["gemma3"], tag="1b")
+    add_model(store, "gemma3", files["gemma3v"], tag="4b")
+    add_model(store, "llama3", files["llama3"], tag="8b")
+    add_model(store, "llava", files["llava"], files["llava-proj"], tag="7b")
+    return store, files

@@ -2,13 +2,10 @@
 converters wrote them) finds exactly the KVs and tensors each handler promises."""
 import gguf
 import numpy as np
-import pytest
 
-from compatfs import legacy_models as lm
-from compatfs.storewriter import add_model
+from compatfs.handlers.gemma3 import CHAT_TEMPLATE
 
 from conftest import needs_fuse
-from compatfs.handlers.gemma3 import CHAT_TEMPLATE
 
 pytestmark = needs_fuse
 
@@ -30,22 +27,6 @@ def tensors(path) -> dict:
     return {t.name: (t.tensor_type, [int(x) for x in t.shape], np.asarray(t.data)) for t in gguf.GGUFReader(path).tensors}
 
 
-@pytest.fixture(scope="module")
-def legacy(tmp_path_factory):
-    d = tmp_path_factory.mktemp("legacy")
-    files = {
-        "gemma3": lm.legacy_gemma3_text(d / "g1.gguf"),
-        "gemma3v": lm.legacy_gemma3_vision(d / "g4.gguf"),
-        "llama3": lm.legacy_llama3_instruct(d / "l3.gguf"),
-        "llava": lm.plain_llama_text(d / "llava.gguf"),
-        "llava-proj": lm.legacy_llava_projector(d / "llava-proj.gguf"),
-    }
-    store = d / "store"
-    add_model(store, "gemma3", files["gemma3"], tag="1b")
-    add_model(store, "gemma3", files["gemma3v"], tag="4b")
-    add_model(store, "llama3", files["llama3"], tag="8b")
-    add_model(store, "llava", files["llava"], files["llava-proj"], tag="7b")
-    return store, files
 
 
 def assert_passthrough(mounted: dict, blob: dict, names) -> None:

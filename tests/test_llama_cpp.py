@@ -3,7 +3,6 @@ the mount they load and generate; untranslated they fail or misbehave."""
 import pytest
 
 from compatfs import legacy_models as lm
-from compatfs.storewriter import add_model
 
 from conftest import needs_fuse
 from xlc_client import run_job
@@ -13,22 +12,6 @@ pytestmark = needs_fuse
 HELLO = [{"role": "user", "content": "hello"}]
 
 
-@pytest.fixture(scope="module")
-def legacy(tmp_path_factory):
-    d = tmp_path_factory.mktemp("legacy")
-    files = {
-        "gemma3": lm.legacy_gemma3_text(d / "g1.gguf"),
-        "gemma3v": lm.legacy_gemma3_vision(d / "g4.gguf"),
-        "llama3": lm.legacy_llama3_instruct(d / "l3.gguf"),
-        "llava": lm.plain_llama_text(d / "llava.gguf"),
-        "llava-proj": lm.legacy_llava_projector(d / "llava-proj.gguf"),
-    }
-    store = d / "store"
-    add_model(store, "gemma3", files["gemma3"], tag="1b")
-    add_model(store, "gemma3", files["gemma3v"], tag="4b")
-    add_model(store, "llama3", files["llama3"], tag="8b")
-    add_model(store, "llava", files["llava"], files["llava-proj"], tag="7b")
-    return store, files
 
 
 @pytest.fixture(scope="module")

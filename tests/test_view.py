@@ -11,7 +11,6 @@ from compatfs.translation import ALWAYS, Rename, Set, ToF32, Translation, plan
 from compatfs.gguf_values import string
 from compatfs.view import FileRange, View
 
-from ggufs import write_gguf
 
 TR = Translation("t", ALWAYS, kv=(Set("general.architecture", string("renamed")),),
                  tensors=(Rename("b", "bee"), ToF32(("c",))))

@@ -308,6 +308,16 @@ def _top_from_logprobs(choice: dict):
              for c in (entry.get("top_logprobs") or [])] for entry in content]
 
 
+def _with_extras(out: dict, choice: dict, action: dict, response: dict) -> dict:
+    """`out` plus the top log-probabilities, and the raw response when asked."""
+    top = _top_from_logprobs(choice)
+    if top is not None:
+        out["top"] = top
+    if action.get("raw"):
+        out["raw"] = response
+    return out
+
+
 class JobRunner:
     def __init__(self, job: dict):
         self.job = job
@@ -396,12 +406,7 @@ class JobRunner:
                "tokens_predicted": vb.get("tokens_predicted"),
                "tokens_evaluated": vb.get("tokens_evaluated"), "prompt": vb.get("prompt"),
                "usage": r.get("usage")}
-        top = _top_from_logprobs(ch)
-        if top is not None:
-            out["top"] = top
-        if a.get("raw"):
-            out["raw"] = r
-        return out
+        return _with_extras(out, ch, a, r)
 
     def op_chat(self, a):
         srv = self.get_server()
@@ -443,12 +448,7 @@ class JobRunner:
                "stopping_word": vb.get("stopping_word"), "prompt": vb.get("prompt")}
         if msg.get("reasoning_content"):
             out["reasoning_content"] = msg["reasoning_content"]
-        top = _top_from_logprobs(ch)
-        if top is not None:
-            out["top"] = top
-        if a.get("raw"):
-            out["raw"] = r
-        return out
+        return _with_extras(out, ch, a, r)
 
     def op_embed(self, a):
         srv = self.get_server()
