@@ -81,3 +81,13 @@ def test_llava_projector_without_type(legacy, mounted):
     assert generates(res), res.get("error") or res["results"]
     raw = run_job({"model": str(mounted / "llava:7b/model.gguf"), "mmproj": str(legacy[1]["llava-proj"]), "actions": [chat]})
     assert not raw["ok"] and any("unknown projector type" in line for line in raw["log_errors"])
+
+
+def test_mmap_through_the_mount(mounted):
+    """llama.cpp maps the mounted file like any other (its default); the
+    translated view generates the same with mmap on and off."""
+    job = {"model": str(mounted / "gemma3:1b/model.gguf"),
+           "actions": [{"op": "complete", "prompt": "hello", "n_predict": 8}]}
+    with_mmap, without = run_job({**job, "mmap": True}), run_job({**job, "mmap": False})
+    assert generates(with_mmap) and generates(without), (with_mmap.get("error"), without.get("error"))
+    assert with_mmap["results"][0]["tokens"] == without["results"][0]["tokens"]
