@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import mfusepy as fuse
 
-from .gguf_values import GGUFError
 from .tree import FileRef, Tree
 from .view import FileRange, View
 
@@ -108,7 +107,7 @@ class CompatFS(fuse.Operations):
     def _view(self, ref: FileRef) -> View:
         try:
             return self.tree.views.view(ref.blob, ref.kind)
-        except (GGUFError, OSError) as e:
+        except Exception as e:   # a bad blob must never take the mount down
             log.error("cannot present %s of %s: %s", ref.kind, ref.blob, e)
             raise fuse.FuseOSError(errno.EIO) from None
 
@@ -124,7 +123,7 @@ class CompatFS(fuse.Operations):
             times = {}
         try:
             size = self.tree.views.view(node.blob, node.kind).size
-        except (GGUFError, OSError):
+        except Exception:
             size = 0   # shown, so that opening it reports the error
         return {**base, **times, "st_mode": stat.S_IFREG | 0o444, "st_nlink": 1, "st_size": size}
 

@@ -98,9 +98,11 @@ class BlobViews:
         return hit
 
     def has_mmproj(self, path: Path) -> bool:
+        """Whether the blob has a projector view; False for a blob that cannot be read."""
         try:
             return self.info(path).has_mmproj
-        except GGUFError:
+        except Exception as e:   # reported when its model.gguf is opened
+            log.debug("%s: %s", path, e)
             return False
 
     def view(self, path: Path, kind: str) -> View:
