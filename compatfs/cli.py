@@ -184,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("mount", help="mount a store (returns once mounted; -f stays attached)")
     m.add_argument("source", nargs="?", help="the Ollama store (default $OLLAMA_MODELS, else ~/.ollama/models)")
     m.add_argument("mountpoint")
-    m.add_argument("-f", "--foreground", action="store_true", help="stay attached, log to stderr")
+    m.add_argument("-f", "--foreground", action="store_true", help="stay attached (logging to stderr unless --log)")
     m.add_argument("-o", dest="options", action="append", default=[], metavar="opt[,opt]",
                    help="FUSE mount options, e.g. -o allow_other,attr_timeout=600")
     m.add_argument("--op-cache-mb", type=int, default=0, metavar="N",
