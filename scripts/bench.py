@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """compatfs benchmark: prints ratios measured side by side in one run.
 
-    python scripts/bench.py [--model FILE.gguf] [--work DIR]
+    python scripts/bench.py [--model FILE.gguf] [--work DIR] [--llama-server PATH]
 
 * sequential read of a blob through compatfs against a minimal C libfuse3
   passthrough of the same blob (scripts/bench/passthrough.c, built here) and
@@ -13,6 +13,9 @@
   `GGUFReader` opening the same file;
 * op tensor materialisation (F16 -> F32, concat) against a numpy copy of the
   same bytes, and the first read of an op tensor through the mount;
+* llama-server start-to-ready through a fresh mount against a local copy of
+  the same bytes (copied out of the mount), untranslated and translated,
+  when a stock llama-server is at hand (scripts/e2e --build-only builds one);
 * the daemon's resident memory.
 
 The model is the real Gemma 3 270M (262,144-token vocabulary) from the PyPI
@@ -136,6 +139,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, help="a GGUF to read (default: Gemma 3 270M from PyPI)")
     ap.add_argument("--work", type=Path, help="scratch folder (default: a temporary one)")
+    ap.add_argument("--llama-server", type=Path, default=ROOT / ".cache/llama.cpp-b11434/build/bin/llama-server",
+                    help="stock llama-server for the start-to-ready ratio (default: the one scripts/e2e builds)")
     args = ap.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="compatfs-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -197,6 +202,7 @@ def main() -> None:
         print(f"  translated model.gguf              {first_stat_legacy * 1000:7.0f}       {ratio(reader, first_stat_legacy)} faster   (target <= 150 ms)")
 
     op_bench(work)
+    server_bench(args.llama_server, store, work, ["plain:latest"] + (["legacy:latest"] if legacy else []))
     print(f"\ndaemon RSS: {rss_start:.0f} MiB after mount, {rss_after:.0f} MiB after reading "
           f"{len(rows)} x {size_mb:.0f} MB ({rss_after - rss_start:+.0f} MiB)")
 
@@ -238,6 +244,57 @@ def op_bench(work: Path) -> None:
     print(f"  daemon RSS {base:.0f} MiB before, {held:.0f} MiB after ({held - base:+.0f} MiB; "
           f"the op tensor is {2 * mb:.0f} MB as F32, kept in the single-slot cache;\n"
           f"  its {mb:.0f} MB F16 input is counted too, as file-backed pages of the blob's memory map)")
+
+
+def start_to_ready(server: Path, model: Path) -> float:
+    """Seconds from starting llama-server on `model` to its /health answering ok."""
+    import json
+    import socket
+    import urllib.request
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t = time.perf_counter()
+    proc = subprocess.Popen([str(server), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+                             "-c", "512", "-t", "2", "--no-webui"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while proc.poll() is None and time.perf_counter() - t < 300:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                    if json.loads(r.read()).get("status") == "ok":
+                        return time.perf_counter() - t
+            except OSError:
+                time.sleep(0.02)
+        raise RuntimeError(f"llama-server did not become ready on {model}")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def server_bench(server: Path, store: Path, work: Path, models: list[str]) -> None:
+    """llama-server start-to-ready through a fresh mount against a local copy."""
+    if not server.is_file():
+        print(f"\nllama-server start-to-ready: skipped ({server} missing; scripts/e2e --build-only builds it)")
+        return
+    print("\nllama-server start-to-ready             s    through the mount / local copy")
+    for name in models:
+        local = work / f"{name.replace(':', '_')}.local.gguf"
+        d = compatfs_daemon(store, work / "mnt-server")
+        shutil.copyfile(d.mnt / name / "model.gguf", local)
+        d.close()
+        os.sync()
+        d = compatfs_daemon(store, work / "mnt-server")    # fresh: nothing in its page cache
+        try:
+            mounted = start_to_ready(server, d.mnt / name / "model.gguf")
+            warm = start_to_ready(server, d.mnt / name / "model.gguf")
+        finally:
+            d.close()
+        disk = start_to_ready(server, local)
+        label = "translated" if name.startswith("legacy") else "untranslated"
+        print(f"  {label:<12} local copy            {disk:6.2f}")
+        print(f"  {label:<12} mount, first start    {mounted:6.2f}    {mounted / disk:5.2f}x")
+        print(f"  {label:<12} mount, second start   {warm:6.2f}    {warm / disk:5.2f}x")
+        local.unlink()
 
 
 def _timed(fn) -> float:
