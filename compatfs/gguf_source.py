@@ -15,10 +15,11 @@ from pathlib import Path
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as DT
 
-from .gguf_values import VT, GGUFError, Value, skip_value
+from .gguf_values import VT, GGUFError, Value, skip_value, string_starts
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
+MAX_HEADER = 1 << 28    # a header (KVs and tensor infos) larger than this is refused
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 
@@ -67,15 +68,27 @@ class SourceGGUF:
         finally:
             os.close(fd)
         try:
-            self._parse(memoryview(self._map))
+            self._parse_header()
         except GGUFError as e:
             raise GGUFError(f"{self.path}: {e}") from None
         except (struct.error, UnicodeDecodeError, ValueError, KeyError, IndexError) as e:
             raise GGUFError(f"{self.path}: malformed GGUF header ({e})") from None
 
     # -- parsing -------------------------------------------------------------
-    def _parse(self, buf: memoryview) -> None:
-        end = len(buf)
+    def _parse_header(self) -> None:
+        """Parse from a copy of the file's head (walking bytes is several times
+        faster than walking the map), growing it until the header fits."""
+        size = min(self.size, 1 << 22)
+        while True:
+            try:
+                return self._parse(self._map[:size])
+            except (GGUFError, struct.error):
+                if size >= min(self.size, MAX_HEADER):
+                    raise
+                size = min(self.size, MAX_HEADER, size * 4)
+
+    def _parse(self, buf: bytes) -> None:
+        mv, end = memoryview(buf), len(buf)
         if bytes(buf[:4]) != MAGIC:
             raise GGUFError("not a GGUF file (bad magic)")
         version = _U32.unpack_from(buf, 4)[0]
@@ -99,8 +112,13 @@ class SourceGGUF:
             except ValueError:
                 raise GGUFError(f"KV {key!r} has an unknown value type") from None
             start = off + 4
-            off = skip_value(buf, start, vtype, end)
-            kvs[key] = Value(vtype, buf[start:off])
+            if vtype == VT.ARRAY and end >= start + 12 and _U32.unpack_from(buf, start)[0] == VT.STRING:
+                count = _U64.unpack_from(buf, start + 4)[0]
+                starts, off = string_starts(buf, start + 12, count, end, base=start)
+                kvs[key] = Value(vtype, mv[start:off], starts)
+            else:
+                off = skip_value(buf, start, vtype, end)
+                kvs[key] = Value(vtype, mv[start:off])
         self.kvs = kvs
         self.alignment = DEFAULT_ALIGNMENT
         if "general.alignment" in kvs:

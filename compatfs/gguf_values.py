@@ -7,6 +7,8 @@ span and never decoded.
 """
 from __future__ import annotations
 
+import array as _arr
+import bisect
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -42,16 +44,21 @@ def _vtype(raw: int, where: str) -> VT:
         raise GGUFError(f"unknown GGUF value type {raw} at {where}") from None
 
 
-def skip_string_array(buf: memoryview, off: int, count: int, end: int) -> int:
-    """Offset just past `count` length-prefixed strings starting at `off`."""
+def string_starts(buf, off: int, count: int, end: int, base: int = 0) -> tuple[_arr.array, int]:
+    """Offsets (less `base`) of `count` length-prefixed strings starting at
+    `off`, and the offset just past the last one."""
     unpack = _U64.unpack_from
-    for _ in range(count):
-        if off + 8 > end:
-            raise GGUFError("string array runs past the end of the file")
-        off += 8 + unpack(buf, off)[0]
+    starts = _arr.array("Q")
+    add = starts.append
+    try:
+        for _ in range(count):
+            add(off - base)
+            off += 8 + unpack(buf, off)[0]
+    except struct.error:
+        raise GGUFError("string array runs past the end of the file") from None
     if off > end:
         raise GGUFError("string array runs past the end of the file")
-    return off
+    return starts, off
 
 
 def skip_value(buf: memoryview, off: int, vtype: VT, end: int) -> int:
@@ -69,7 +76,7 @@ def skip_value(buf: memoryview, off: int, vtype: VT, end: int) -> int:
         count = _U64.unpack_from(buf, off + 4)[0]
         off += 12
         if etype == VT.STRING:
-            off = skip_string_array(buf, off, count, end)
+            off = string_starts(buf, off, count, end)[1]
         elif etype == VT.ARRAY:
             for _ in range(count):
                 off = skip_value(buf, off, VT.ARRAY, end)
@@ -86,6 +93,17 @@ class Value:
 
     vtype: VT
     payload: bytes | memoryview = field(repr=False)
+    # For a string array: offset in `payload` of each element (see `strings`).
+    starts: _arr.array | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def strings(cls, payload: bytes | memoryview) -> "Value":
+        """A string array value with its element offsets recorded."""
+        count = _U64.unpack_from(payload, 4)[0]
+        return cls(VT.ARRAY, payload, string_starts(payload, 12, count, len(payload))[0])
+
+    def _starts(self) -> _arr.array:
+        return self.starts if self.starts is not None else Value.strings(self.payload).starts
 
     # -- encoding -------------------------------------------------------
     def encoded(self) -> bytes | memoryview:
@@ -131,10 +149,26 @@ class Value:
         """Element `index` of a string array, or None if there is none."""
         if self.element_type != VT.STRING or index >= self.count:
             return None
-        p = self.payload
-        off = skip_string_array(p, 12, index, len(p))
-        n = _U64.unpack_from(p, off)[0]
-        return bytes(p[off + 8:off + 8 + n]).decode("utf-8", "replace")
+        off = self._starts()[index]
+        n = _U64.unpack_from(self.payload, off)[0]
+        return bytes(self.payload[off + 8:off + 8 + n]).decode("utf-8", "replace")
+
+    def indices_of(self, texts: set[str]) -> dict[str, int]:
+        """Index of the first element equal to each of `texts` in a string array."""
+        if self.element_type != VT.STRING:
+            return {}
+        data, starts, found = bytes(self.payload), self._starts(), {}
+        for text in texts:
+            raw = text.encode("utf-8")
+            needle = _U64.pack(len(raw)) + raw
+            pos = data.find(needle)
+            while pos >= 0:   # a match must start an element, not sit inside one
+                i = bisect.bisect_left(starts, pos)
+                if i < len(starts) and starts[i] == pos:
+                    found[text] = i
+                    break
+                pos = data.find(needle, pos + 1)
+        return found
 
     def truncated(self, n: int) -> "Value":
         """The first `n` elements of an array value (itself if it is not longer)."""
@@ -142,12 +176,15 @@ class Value:
             return self
         etype = self.element_type
         if etype == VT.STRING:
-            end = skip_string_array(self.payload, 12, n, len(self.payload))
+            starts = self._starts()
+            end = starts[n]
         elif etype in _SCALAR:
             end = 12 + n * struct.calcsize(_SCALAR[etype])
         else:
             raise GGUFError("nested arrays cannot be truncated")
         head = _U32.pack(etype) + _U64.pack(n)
+        if etype == VT.STRING:
+            return Value(VT.ARRAY, head + bytes(self.payload[12:end]), starts[:n])
         return Value(VT.ARRAY, head + bytes(self.payload[12:end]))
 
 

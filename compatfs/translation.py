@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Union
 from gguf import GGMLQuantizationType as DT
 
 from .gguf_source import SourceGGUF, TensorInfo, tensor_nbytes
-from .gguf_values import VT, Value
+from .gguf_values import VT, Value, array
 from .ops import Op, Promote
 
 
@@ -173,6 +173,26 @@ class TruncateToRows:
 
 
 @dataclass(frozen=True)
+class TokenType:
+    """The tokens whose text is one of `texts` get token type `token_type`
+    (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte)."""
+    texts: tuple[str, ...]
+    token_type: int
+
+    def apply(self, kv: KVs, src: SourceGGUF) -> None:
+        tokens, types = kv.get("tokenizer.ggml.tokens"), kv.get("tokenizer.ggml.token_type")
+        if tokens is None or types is None or types.element_type is None:
+            return
+        found = tokens.indices_of(set(self.texts))
+        current = types.decode()
+        change = [i for i in found.values() if i < len(current) and current[i] != self.token_type]
+        if change:
+            new = current.copy()
+            new[change] = self.token_type
+            kv["tokenizer.ggml.token_type"] = array(types.element_type, new)
+
+
+@dataclass(frozen=True)
 class When:
     """The `edits` apply only when `pred` holds of the blob."""
     pred: Pred
@@ -184,7 +204,7 @@ class When:
                 e.apply(kv, src)
 
 
-KVEdit = Union[Copy, Default, Set, CopyPrefix, Drop, TruncateToRows, When]
+KVEdit = Union[Copy, Default, Set, CopyPrefix, Drop, TruncateToRows, TokenType, When]
 
 
 # -- tensor edits ---------------------------------------------------------------

@@ -8,7 +8,7 @@ own names.
 """
 from compatfs.gguf_values import VT, array, boolean, f32, string
 from compatfs.translation import (
-    Copy, Default, Drop, Hide, KeepOnly, Rename, Set, ToF32, Translation, TruncateToRows, When,
+    Copy, Default, Drop, Hide, KeepOnly, Rename, Set, ToF32, TokenType, Translation, TruncateToRows, When,
     any_of, arch_is, has_key, has_tensor, has_tensor_prefix, value_at_least,
 )
 
@@ -21,6 +21,8 @@ CHAT_TEMPLATE = (
     "{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}"
 )
+
+CONTROL = 3   # tokenizer.ggml.token_type of a control token
 
 # Any one of these marks a gemma3 blob as Ollama-written.  Blobs with
 # `dense.0.weight` are EmbeddingGemma, which is a different translation.
@@ -57,6 +59,9 @@ TEXT = Translation(
         # Gemma's SentencePiece model adds no dummy prefix; without the key
         # llama.cpp prepends a space and tokenizes differently.
         Default("tokenizer.ggml.add_space_prefix", boolean(False)),
+        # Ollama typed the image markers as ordinary text, so llama.cpp would
+        # split "<start_of_image>" into pieces instead of matching the token.
+        TokenType(("<start_of_image>", "<end_of_image>"), CONTROL),
     ),
     tensors=(Hide(("v.", "mm.")),),
 )

@@ -40,6 +40,10 @@ def test_gemma3_text(legacy, mount_store):
     m = mount_store(store)
     blob_kv, got = kvs(files["gemma3"]), kvs(m / "gemma3:1b/model.gguf")
     rows = tensors(files["gemma3"])["token_embd.weight"][1][1]
+    tokens, types = blob_kv["tokenizer.ggml.tokens"][:rows], blob_kv["tokenizer.ggml.token_type"][:rows]
+    for marker in ("<start_of_image>", "<end_of_image>"):    # typed as text by Ollama
+        assert types[tokens.index(marker)] == 1
+        types[tokens.index(marker)] = 3
     expect = dict(blob_kv)
     expect.update({
         "gemma3.attention.layer_norm_rms_epsilon": 1e-6,
@@ -47,9 +51,9 @@ def test_gemma3_text(legacy, mount_store):
         "gemma3.rope.freq_base_swa": blob_kv["gemma3.rope.local.freq_base"],
         "tokenizer.chat_template": CHAT_TEMPLATE,
         "tokenizer.ggml.add_space_prefix": False,
-        "tokenizer.ggml.tokens": blob_kv["tokenizer.ggml.tokens"][:rows],
+        "tokenizer.ggml.tokens": tokens,
         "tokenizer.ggml.scores": blob_kv["tokenizer.ggml.scores"][:rows],
-        "tokenizer.ggml.token_type": blob_kv["tokenizer.ggml.token_type"][:rows],
+        "tokenizer.ggml.token_type": types,
     })
     assert len(blob_kv["tokenizer.ggml.tokens"]) > rows     # the fixture is really legacy
     assert got == expect

@@ -73,3 +73,33 @@ def test_gemma3_vision_loads_in_llama_cpp_through_the_mount(gemma3_vision, mount
     # Untranslated, the same blob loads neither as a model nor as a projector.
     assert not run_job({"model": str(blob)})["ok"]
     assert not run_job({"model": str(SHARED / "upstream/gemma3_vision/model.gguf"), "mmproj": str(blob)})["ok"]
+
+
+def kvs(path) -> dict:
+    r = gguf.GGUFReader(path)
+    return {k: f.contents() for k, f in r.fields.items() if not k.startswith(("GGUF.", "general."))}
+
+
+def test_gemma3_text_matches_llama_cpp_conversion(tmp_path, mount_store):
+    """Ollama's current gemma3 files load as they are, but lack the RMS epsilon
+    and `add_space_prefix` and type the image markers as text; through the
+    mount every KV llama.cpp's conversion has is there with its value (bar the
+    scores and types of other added tokens), tensors equal, and text
+    tokenizes the same."""
+    store = tmp_path / "store"
+    add_model(store, "gemma3", SHARED / "ollama/gemma3.gguf", tag="1b")
+    m = mount_store(store)
+    mounted, upstream, raw = m / "gemma3:1b/model.gguf", SHARED / "upstream/gemma3/model.gguf", SHARED / "ollama/gemma3.gguf"
+    got, want = kvs(mounted), kvs(upstream)
+    loose = {"tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.ggml.add_sep_token"}
+    assert {k: got.get(k) for k in want if k not in loose} == {k: v for k, v in want.items() if k not in loose}
+    tokens, raw_types = want["tokenizer.ggml.tokens"], kvs(raw)["tokenizer.ggml.token_type"]
+    for marker in ("<start_of_image>", "<end_of_image>"):
+        i = tokens.index(marker)
+        assert got["tokenizer.ggml.token_type"][i] == want["tokenizer.ggml.token_type"][i] != raw_types[i]
+    assert_same_tensors(mounted, upstream)
+    tok = {"actions": [{"op": "tokenize", "text": "hello world"}, {"op": "complete", "prompt": "hello", "n_predict": 4}]}
+    through, reference, untranslated = (run_job({"model": str(p), **tok}) for p in (mounted, upstream, raw))
+    assert through["ok"] and reference["ok"] and untranslated["ok"]
+    assert through["results"][0]["ids"] == reference["results"][0]["ids"] != untranslated["results"][0]["ids"]
+    assert through["results"][1]["tokens_predicted"] == 4
