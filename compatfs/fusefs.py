@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import functools
 import itertools
 import logging
 import os
@@ -38,6 +39,7 @@ class _FuseBuf(ctypes.Structure):
                 ("fd", ctypes.c_int), ("pos", ctypes.c_int64)]
 
 
+@functools.lru_cache(maxsize=None)
 def _bufvec_type(n: int) -> type:
     """struct fuse_bufvec with `n` buffers inline (libfuse declares `buf[1]`
     inline; mfusepy's declaration has a pointer there)."""
