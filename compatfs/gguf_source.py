@@ -88,7 +88,7 @@ class SourceGGUF:
                 size = min(self.size, MAX_HEADER, size * 4)
 
     def _parse(self, buf: bytes) -> None:
-        mv, end = memoryview(buf), len(buf)
+        end = len(buf)
         if bytes(buf[:4]) != MAGIC:
             raise GGUFError("not a GGUF file (bad magic)")
         version = _U32.unpack_from(buf, 4)[0]
@@ -102,7 +102,7 @@ class SourceGGUF:
         if n_tensors > end or n_kv > end:
             raise GGUFError("implausible tensor or KV count")
         off = 24
-        kvs: dict[str, Value] = {}
+        spans = []   # (key, type, start, end, string offsets): Values are made once the header is cut out
         for _ in range(n_kv):
             key, off = _read_str(buf, off, end)
             if off + 4 > end:
@@ -111,14 +111,17 @@ class SourceGGUF:
                 vtype = VT(_U32.unpack_from(buf, off)[0])
             except ValueError:
                 raise GGUFError(f"KV {key!r} has an unknown value type") from None
-            start = off + 4
+            start, starts = off + 4, None
             if vtype == VT.ARRAY and end >= start + 12 and _U32.unpack_from(buf, start)[0] == VT.STRING:
                 count = _U64.unpack_from(buf, start + 4)[0]
                 starts, off = string_starts(buf, start + 12, count, end, base=start)
-                kvs[key] = Value(vtype, mv[start:off], starts)
             else:
                 off = skip_value(buf, start, vtype, end)
-                kvs[key] = Value(vtype, mv[start:off])
+            spans.append((key, vtype, start, off, starts))
+        kv_end = off
+        # Keep only the KV bytes, not the rest of the copied head.
+        mv = memoryview(buf[:kv_end] if kv_end < end else buf)
+        kvs = {key: Value(vtype, mv[a:b], starts) for key, vtype, a, b, starts in spans}
         self.kvs = kvs
         self.alignment = DEFAULT_ALIGNMENT
         if "general.alignment" in kvs:
