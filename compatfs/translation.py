@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Union
 from gguf import GGMLQuantizationType as DT
 
 from .gguf_source import SourceGGUF, TensorInfo, tensor_nbytes
-from .gguf_values import VT, Value, array
+from .gguf_values import VT, Value, array, u32
 from .ops import Op, Promote
 
 
@@ -54,6 +54,16 @@ def has_key(key: str) -> Pred:
 
 def has_true(key: str) -> Pred:
     return Pred(f"{key} is true", lambda s: s.get(key) is True)
+
+
+def per_layer_mismatch(key: str, tensor: str) -> Pred:
+    """The per-layer array `key` is nonzero for a layer without `tensor.format(i)`."""
+    def test(s: SourceGGUF) -> bool:
+        value = s.kvs.get(key)
+        if value is None or value.element_type is None:
+            return False
+        return any(n and tensor.format(i) not in s.tensors for i, n in enumerate(value.decode()))
+    return Pred(f"{key} counts layers without {tensor}", test)
 
 
 def has_tensor(name: str) -> Pred:
@@ -96,6 +106,7 @@ def _scalar(s: SourceGGUF, key: str):
 
 
 ALWAYS = Pred("always", lambda s: True)
+NEVER = ~ALWAYS
 
 
 # -- KV edits -------------------------------------------------------------------
@@ -173,6 +184,37 @@ class TruncateToRows:
 
 
 @dataclass(frozen=True)
+class FromShape:
+    """`key` (u32) = axis `axis` of blob tensor `tensor`, when the tensor exists."""
+    key: str
+    tensor: str
+    axis: int
+
+    def apply(self, kv: KVs, src: SourceGGUF) -> None:
+        t = src.tensors.get(self.tensor)
+        if t is not None and len(t.shape) > self.axis:
+            kv[self.key] = u32(t.shape[self.axis])
+
+
+@dataclass(frozen=True)
+class ZeroPerLayer:
+    """In the per-layer array `key`, layer i is set to 0 where blob tensor
+    `tensor.format(i)` is missing (e.g. KV heads of layers without attention)."""
+    key: str
+    tensor: str
+
+    def apply(self, kv: KVs, src: SourceGGUF) -> None:
+        value = kv.get(self.key)
+        if value is None or value.element_type is None:
+            return
+        per_layer = value.decode().copy()
+        for i in range(len(per_layer)):
+            if self.tensor.format(i) not in src.tensors:
+                per_layer[i] = 0
+        kv[self.key] = array(value.element_type, per_layer)
+
+
+@dataclass(frozen=True)
 class TokenType:
     """The tokens whose text is one of `texts` get token type `token_type`
     (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte)."""
@@ -204,7 +246,7 @@ class When:
                 e.apply(kv, src)
 
 
-KVEdit = Union[Copy, Default, Set, CopyPrefix, Drop, TruncateToRows, TokenType, When]
+KVEdit = Union[Copy, Default, Set, CopyPrefix, Drop, TruncateToRows, FromShape, ZeroPerLayer, TokenType, When]
 
 
 # -- tensor edits ---------------------------------------------------------------

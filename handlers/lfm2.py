@@ -1,0 +1,27 @@
+"""LFM2 (Liquid) as Ollama wrote it.
+
+Older converters named the norm before the output projection `output_norm`
+(llama.cpp: `token_embd_norm`) and could write a feed-forward length that
+does not match the tensors.  The current converter, from the LFM2 release
+config layout (`full_attn_idxs`), gives every layer KV heads, so llama.cpp
+looks for attention tensors in the short-convolution layers.
+"""
+from compatfs.gguf_values import string
+from compatfs.translation import (
+    FromShape, Rename, Set, Translation, ZeroPerLayer, any_of, arch_is, has_tensor, per_layer_mismatch,
+)
+
+TEXT = Translation(
+    name="lfm2",
+    detect=arch_is("lfm2") & any_of(
+        has_tensor("output_norm.weight") & ~has_tensor("token_embd_norm.weight"),
+        per_layer_mismatch("lfm2.attention.head_count_kv", "blk.{}.attn_q.weight"),
+    ),
+    kv=(
+        Set("tokenizer.ggml.pre", string("lfm2")),
+        FromShape("lfm2.feed_forward_length", "blk.0.ffn_gate.weight", axis=1),
+        # Only attention layers have KV heads.
+        ZeroPerLayer("lfm2.attention.head_count_kv", "blk.{}.attn_q.weight"),
+    ),
+    tensors=(Rename("output_norm.weight", "token_embd_norm.weight"),),
+)
