@@ -1,5 +1,256 @@
-"""gemma4: placeholder, being written (claims nothing yet)."""
-from compatfs.translation import NEVER, Translation
+"""Gemma 4 as Ollama wrote it: one monolithic `gemma4` blob with the text
+model, the vision tower (`v.*`), the projector (`mm.*`) and, for the audio
+models, the conformer (`a.*`, `mm.a.*`).
 
-TEXT = Translation(name="gemma4", detect=NEVER)
-CLIP = Translation(name="gemma4-clip", detect=NEVER)
+llama.cpp's own conversion writes the text model to `model.gguf` and the
+vision (and audio) side to a `clip` mmproj with projector type `gemma4v`
+(`gemma4a`).  Text tensors already carry llama.cpp's names, as do the vision
+tensors; what differs is the tokenizer metadata, the embedded towers, and in
+files from older converters the MoE layout and the packed vision clamps:
+
+- `tokenizer.ggml.model` is `llama` (SentencePiece), where Gemma 4's
+  tokenizer is BPE with byte fallback (llama.cpp: `gemma4`).  Its byte
+  tokens `<0x..>` are typed normal (llama.cpp's converter: byte), the media
+  markers user-defined (control), the scores are the token ids (llama.cpp's
+  converter writes its BPE placeholder -1000; BPE does not read them).
+- Older converters split the experts' gate and up projections
+  (`ffn_gate_exps`, `ffn_up_exps`), which llama.cpp's converter writes fused
+  per expert (`ffn_gate_up_exps`), and named the per-expert scale
+  `ffn_gate_inp.per_expert_scale` (`ffn_down_exps.scale`).
+- The vision tower's clippable-linear ranges are packed in one F32 tensor
+  `v.clamp_data`; llama.cpp reads one scalar tensor per value.
+
+Local vocabulary (same interfaces as `compatfs.translation` / `compatfs.ops`,
+candidates for the shared modules): the KV edit `FillArray`, the tensor edits
+`ProducePerBlock`, `RenameUnder` and `UnpackClamps`, and the op `ConcatRows`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from gguf import GGMLQuantizationType as DT
+
+from compatfs.gguf_source import SourceGGUF, TensorInfo
+from compatfs.gguf_values import GGUFError, VT, Value, array, boolean, string, u32
+from compatfs.ops import Op
+from compatfs.translation import (
+    Copy, Default, Drop, Hide, KeepOnly, Produce, Rename, Set, Tensors, ToF32, TokenType, Translation, ViewTensor,
+    When, any_of, arch_is, has_tensor_prefix, value_is,
+)
+
+KVs = dict[str, Value]
+CONTROL, BYTE = 3, 6   # tokenizer.ggml.token_type values
+
+
+# -- local vocabulary (candidates for translation.py / ops.py) -----------------------------
+
+@dataclass(frozen=True)
+class FillArray:
+    """KV edit: every element of the numeric array `key` becomes `value`
+    (length and element type kept)."""
+    key: str
+    value: float
+
+    def apply(self, kv: KVs, src: SourceGGUF) -> None:
+        old = kv.get(self.key)
+        if old is None or old.element_type in (None, VT.STRING, VT.ARRAY):
+            return
+        kv[self.key] = array(old.element_type, np.full(old.count, self.value))
+
+
+@dataclass(frozen=True)
+class ConcatRows(Op):
+    """Concatenation along ggml axis 1 within each slab of the slower axes:
+    for expert stacks [n_embd, n_ff, n_expert], expert e's rows of the first
+    input, then its rows of the second (a per-expert gate/up merge).  Inputs
+    of one dtype; bytes kept (a row is whole quantization blocks)."""
+
+    @classmethod
+    def of(cls, *srcs: TensorInfo) -> "ConcatRows":
+        if len({t.dtype for t in srcs}) != 1 or len({(t.shape[0], *t.shape[2:]) for t in srcs}) != 1:
+            raise GGUFError(f"cannot concatenate rows of {[(t.name, t.shape, t.dtype.name) for t in srcs]}")
+        first = srcs[0]
+        return cls(tuple(srcs), (first.shape[0], sum(t.shape[1] for t in srcs), *first.shape[2:]), first.dtype)
+
+    def _compute(self, data):
+        slabs = int(np.prod(self.shape[2:], dtype=np.int64))
+        parts = [np.frombuffer(d, dtype=np.uint8).reshape(slabs, -1) for d in data]
+        return np.concatenate(parts, axis=1).tobytes()
+
+
+@dataclass(frozen=True)
+class ProducePerBlock:
+    """Tensor edit: `Produce` once per block i < KV `blocks`: tensor
+    `name.format(i)` made by `make(src, i)`, consuming `consumes` formatted
+    with i; blocks where `make` gives None are left as they are."""
+    blocks: str
+    name: str
+    make: Callable[[SourceGGUF, int], Op | None]
+    consumes: tuple[str, ...] = ()
+
+    def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
+        for i in range(int(src.get(self.blocks) or 0)):
+            produce = Produce(self.name.format(i), lambda s, i=i: self.make(s, i),
+                              tuple(c.format(i) for c in self.consumes))
+            ts = produce.apply(ts, src)
+        return ts
+
+
+@dataclass(frozen=True)
+class RenameUnder:
+    """Tensor edit: `Rename(old, new)` for the tensors whose names start with `prefix` only."""
+    prefix: str
+    old: str
+    new: str
+
+    def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
+        for t in ts:
+            if t.name.startswith(self.prefix) and self.old in t.name:
+                t.name = t.name.replace(self.old, self.new, 1)
+        return ts
+
+
+CLAMPS = ("input_min", "input_max", "output_min", "output_max")
+
+
+@dataclass(frozen=True)
+class UnpackClamps:
+    """Tensor edit: the F32 tensor `packed` holds, for each block i <
+    KV `blocks` and each of its linears `per_block` (`<block>.<linear>`), then
+    for each linear of `after`, the four values of `CLAMPS`; each value
+    becomes a 1-element F32 tensor `<linear>.<clamp>` (served from its 4 bytes
+    of the blob), and `packed` goes.  A `packed` of another size is left alone."""
+    packed: str
+    blocks: str
+    block: str                   # e.g. "v.blk.{}"
+    per_block: tuple[str, ...]
+    after: tuple[str, ...]
+
+    def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
+        t = src.tensors.get(self.packed)
+        n_block = int(src.get(self.blocks) or 0)
+        linears = [f"{self.block.format(i)}.{lin}" for i in range(n_block) for lin in self.per_block]
+        linears += list(self.after)
+        if t is None or t.dtype != DT.F32 or t.shape != (len(linears) * len(CLAMPS),):
+            return ts
+        ts = [v for v in ts if v.source is None or v.source.name != self.packed]
+        for j, (lin, clamp) in enumerate((lin, c) for lin in linears for c in CLAMPS):
+            name, offset = f"{lin}.{clamp}", t.offset + 4 * j
+            ts.append(ViewTensor(name, (1,), DT.F32, source=TensorInfo(name, (1,), DT.F32, offset), order=offset))
+        return ts
+
+
+def gate_up_experts(src: SourceGGUF, i: int) -> Op | None:
+    """Block i's split expert gate and up stacks, fused per expert, unless it
+    has them fused already or carries scale sidecars (then llama.cpp loads
+    the split pair as it is)."""
+    gate, up = src.tensors.get(f"blk.{i}.ffn_gate_exps.weight"), src.tensors.get(f"blk.{i}.ffn_up_exps.weight")
+    sidecars = (f"blk.{i}.ffn_{p}_exps.{s}" for p in ("gate", "up") for s in ("scale", "input_scale"))
+    if (gate is None or up is None or f"blk.{i}.ffn_gate_up_exps.weight" in src.tensors
+            or any(s in src.tensors for s in sidecars)
+            or gate.dtype != up.dtype or gate.shape != up.shape or len(gate.shape) != 3):
+        return None
+    return ConcatRows.of(gate, up)
+
+
+# -- the translations -----------------------------------------------------------------------
+
+# llama.cpp's conversion keeps the towers in the mmproj and names the
+# tokenizer `gemma4`; any of these marks the blob as Ollama-written.  (Split
+# expert tensors alone do not: llama.cpp loads them too.)
+DETECT = arch_is("gemma4") & any_of(
+    has_tensor_prefix("v."),
+    has_tensor_prefix("a."),
+    has_tensor_prefix("mm."),
+    has_tensor_prefix("model.vision_tower."),
+    value_is("tokenizer.ggml.model", "llama"),
+)
+
+BYTE_TOKENS = tuple(f"<0x{b:02X}>" for b in range(256))
+# Image and audio markers: special tokens of Gemma 4's processor, control in
+# llama.cpp's conversion, user-defined in Ollama's.  (The other added tokens,
+# `<|turn>` and the like, stay user-defined: see the tests.)
+MEDIA_MARKERS = ("<|image>", "<image|>", "<|image|>", "<|audio>", "<audio|>", "<|audio|>")
+
+TEXT = Translation(
+    name="gemma4",
+    detect=DETECT,
+    kv=(
+        # Gemma 4's tokenizer is BPE with SentencePiece-style byte fallback;
+        # as `llama` (SPM) its special tokens split into pieces.
+        Set("tokenizer.ggml.model", string("gemma4"), when=value_is("tokenizer.ggml.model", "llama")),
+        TokenType(BYTE_TOKENS, BYTE),
+        TokenType(MEDIA_MARKERS, CONTROL),
+        FillArray("tokenizer.ggml.scores", -1000.0),
+        Default("tokenizer.ggml.add_space_prefix", boolean(False)),
+        Default("tokenizer.ggml.add_sep_token", boolean(False)),
+        # The tower hyperparameters go to the mmproj; the pre-tokenizer is
+        # implied by the model `gemma4`; llama.cpp reads no EOS list.
+        Drop(("gemma4.vision.", "gemma4.audio.", "tokenizer.ggml.pre", "tokenizer.ggml.eos_token_ids")),
+    ),
+    tensors=(
+        Hide(("v.", "a.", "mm.", "model.vision_tower.")),
+        ProducePerBlock("gemma4.block_count", "blk.{}.ffn_gate_up_exps.weight", gate_up_experts,
+                        consumes=("blk.{}.ffn_gate_exps.weight", "blk.{}.ffn_up_exps.weight")),
+        Rename(".ffn_gate_inp.per_expert_scale", ".ffn_down_exps.scale"),
+    ),
+)
+
+HAS_VISION, HAS_AUDIO = has_tensor_prefix("v."), has_tensor_prefix("a.")
+
+CLIP = Translation(
+    name="gemma4-clip",
+    detect=DETECT & (HAS_VISION | HAS_AUDIO),
+    kv=(
+        When(HAS_VISION, (
+            Copy("gemma4.vision.block_count", "clip.vision.block_count"),
+            Copy("gemma4.vision.embedding_length", "clip.vision.embedding_length"),
+            Copy("gemma4.vision.feed_forward_length", "clip.vision.feed_forward_length"),
+            Copy("gemma4.vision.attention.head_count", "clip.vision.attention.head_count"),
+            Copy("gemma4.vision.attention.layer_norm_epsilon", "clip.vision.attention.layer_norm_epsilon"),
+            Copy("gemma4.vision.patch_size", "clip.vision.patch_size"),
+            # Unused by clip.cpp (images are resized to a token budget);
+            # llama.cpp's converter writes 224.
+            Default("clip.vision.image_size", u32(224)),
+            # The projector's output feeds the language model's embedding.
+            Copy("gemma4.embedding_length", "clip.vision.projection_dim"),
+            # The tower normalises pixels itself (`v.std_bias`, `v.std_scale`).
+            Default("clip.vision.image_mean", array(VT.FLOAT32, [0.0, 0.0, 0.0])),
+            Default("clip.vision.image_std", array(VT.FLOAT32, [1.0, 1.0, 1.0])),
+            Set("clip.has_vision_encoder", boolean(True)),
+            Set("clip.vision.projector_type", string("gemma4v")),
+        )),
+        When(HAS_AUDIO, (
+            Copy("gemma4.audio.block_count", "clip.audio.block_count"),
+            Copy("gemma4.audio.embedding_length", "clip.audio.embedding_length"),
+            Copy("gemma4.audio.feed_forward_length", "clip.audio.feed_forward_length"),
+            Copy("gemma4.audio.attention.head_count", "clip.audio.attention.head_count"),
+            Copy("gemma4.audio.attention.layer_norm_epsilon", "clip.audio.attention.layer_norm_epsilon"),
+            Default("clip.audio.num_mel_bins", u32(128)),
+            Copy("gemma4.embedding_length", "clip.audio.projection_dim"),
+            Set("clip.has_audio_encoder", boolean(True)),
+            Set("clip.audio.projector_type", string("gemma4a")),
+        )),
+        Set("general.architecture", string("clip")),
+        Set("general.type", string("mmproj")),
+        Drop(("gemma4.", "tokenizer.")),
+    ),
+    tensors=(
+        KeepOnly(("v.", "a.", "mm.")),
+        UnpackClamps("v.clamp_data", "gemma4.vision.block_count", "v.blk.{}",
+                     per_block=("attn_q", "attn_k", "attn_v", "attn_out", "ffn_gate", "ffn_up", "ffn_down"),
+                     after=("mm.input_projection",)),
+        # llama.cpp's converter keeps the position table in F32.
+        ToF32(("v.position_embd.weight",)),
+        # Audio: Ollama's names for the conformer's input and output projections ...
+        Rename("a.pre_encode.out.weight", "a.input_projection.weight"),
+        Rename("mm.a.fc.", "a.pre_encode.out."),
+        # ... and its block norms (in this order: ln2 is renamed before it is reused).
+        RenameUnder("a.blk.", ".ln1.", ".attn_pre_norm."),
+        RenameUnder("a.blk.", ".ln2.", ".attn_post_norm."),
+        RenameUnder("a.blk.", ".layer_pre_norm.", ".ln2."),
+        RenameUnder("a.blk.", ".linear_pos.", ".attn_k_rel."),
+    ),
+)

@@ -84,10 +84,18 @@ def test_llava_projector_without_type(legacy, mounted):
 
 
 def test_mmap_through_the_mount(mounted):
-    """llama.cpp maps the mounted file like any other (its default); the
-    translated view generates the same with mmap on and off."""
-    job = {"model": str(mounted / "gemma3:1b/model.gguf"),
-           "actions": [{"op": "complete", "prompt": "hello", "n_predict": 8}]}
-    with_mmap, without = run_job({**job, "mmap": True}), run_job({**job, "mmap": False})
-    assert generates(with_mmap) and generates(without), (with_mmap.get("error"), without.get("error"))
-    assert with_mmap["results"][0]["tokens"] == without["results"][0]["tokens"]
+    """llama.cpp maps the mounted files like any other (its default): a model
+    whose views have op tensors (gemma3 vision: its projector's F32 patch and
+    position embeddings) and one without; each generates the same with mmap
+    on and off."""
+    chat = {"op": "chat", "messages": [{"role": "user", "content": "What is this?"}], "image_png": True, "n_predict": 4}
+    for files, actions in (
+        ({"model": "gemma3:1b/model.gguf"}, [{"op": "complete", "prompt": "hello", "n_predict": 8}]),
+        ({"model": "gemma3:4b/model.gguf", "mmproj": "gemma3:4b/mmproj.gguf"}, [chat]),
+    ):
+        job = {k: str(mounted / v) for k, v in files.items()} | {"actions": actions + [{"op": "maps"}]}
+        with_mmap, without = run_job({**job, "mmap": True}), run_job({**job, "mmap": False})
+        assert generates(with_mmap) and generates(without), (with_mmap.get("error"), without.get("error"))
+        assert job["model"] in with_mmap["results"][-1]["files"]       # really mapped through FUSE
+        assert job["model"] not in without["results"][-1]["files"]
+        assert with_mmap["results"][0]["tokens"] == without["results"][0]["tokens"]

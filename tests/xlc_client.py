@@ -37,6 +37,7 @@ Actions (each result carries "op" and "ok"; on failure "error"):
   as the model's metadata says. Uses llama.cpp's C API (vocab-only load) through ctypes.
 * ``{"op": "detokenize", "ids": [...], "special": true, "remove_special": false}`` -> text
   (llama_detokenize: applies the vocab's clean_spaces etc., unlike the per-token pieces).
+* ``{"op": "maps"}`` -> files: the files the process has memory-mapped once the model is loaded.
 * ``{"op": "props", "ids": [optional token ids to describe]}`` -> vocab facts from llama.cpp's vocab
   loader: n_vocab, vocab_type, bos/eos/eot/eom/sep/nl/pad/fim ids, add_bos/add_eos, eog_ids
   (every token llama.cpp treats as end-of-generation), token info (text, attr, is_eog,
@@ -480,6 +481,13 @@ class JobRunner:
 
     def op_props(self, a):
         return self.get_vocab().props(a.get("ids") or ())
+
+    def op_maps(self, a):
+        """Files this process has memory-mapped (after the model is loaded)."""
+        self.get_server()
+        with open("/proc/self/maps") as f:
+            paths = {line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6}
+        return {"files": sorted(p for p in paths if p.startswith("/"))}
 
     def run(self) -> dict:
         actions = self.job.get("actions") or [{"op": "load"}]

@@ -1,0 +1,111 @@
+"""Qwen2.5-VL as Ollama's converter writes it (one `qwen25vl` blob, text and
+vision): through the mount, `model.gguf` and `mmproj.gguf` equal llama.cpp's
+own conversion of the same weights, and load in llama.cpp."""
+import gguf
+import pytest
+from gguf import GGUFValueType as VT
+
+from compatfs.gguf_values import array, u32
+from compatfs.handlers.qwen25vl import PadTokensUnused, WindowPattern
+from compatfs.storewriter import add_model
+
+from compare import assert_same_tensors, kvs
+from conftest import SHARED, needs_fuse, needs_shared
+from xlc_client import run_job
+
+
+BLOB = SHARED / "ollama/qwen2_5_vl.gguf"
+UPSTREAM = SHARED / "upstream/qwen2_5_vl"
+MODEL = "qwen2.5vl:3b"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("qwen25vl") / "store"
+    add_model(root, "qwen2.5vl", BLOB, tag="3b")
+    return root
+
+
+@needs_fuse
+@needs_shared
+def test_text_view_equals_llama_cpp_conversion(store, mount_store):
+    m = mount_store(store)
+    mounted = m / MODEL / "model.gguf"
+    got, want, raw = kvs(mounted), kvs(UPSTREAM / "model.gguf"), kvs(BLOB)
+    # Every KV of llama.cpp's conversion, with its value: qwen2vl.* keys and
+    # 4 rope sections, BOS, add_bos/add_eos, FIM markers typed control, the
+    # filler rows named [PAD<id>] and typed unused.
+    assert {k: got.get(k) for k in want} == want
+    # Beyond them only two Ollama keys llama.cpp does not read for a BPE
+    # vocabulary: per-token scores and the EOS id list.
+    assert set(got) - set(want) == {"tokenizer.ggml.scores", "tokenizer.ggml.eos_token_ids"}
+    assert raw["tokenizer.ggml.tokens"] != want["tokenizer.ggml.tokens"]      # the fixture needs the fix
+    assert raw["tokenizer.ggml.token_type"] != want["tokenizer.ggml.token_type"]
+    assert gguf.GGUFReader(mounted).fields["general.architecture"].contents() == "qwen2vl"
+    assert_same_tensors(mounted, UPSTREAM / "model.gguf")
+
+
+@needs_fuse
+@needs_shared
+def test_projector_view_equals_llama_cpp_conversion(store, mount_store):
+    m = mount_store(store)
+    mounted, upstream = m / MODEL / "mmproj.gguf", UPSTREAM / "mmproj.gguf"
+    assert kvs(mounted) == kvs(upstream)
+    fields = gguf.GGUFReader(mounted).fields
+    assert fields["general.architecture"].contents() == "clip"
+    assert_same_tensors(mounted, upstream)
+    # Same dtypes too: patch embeddings stay F16 as llama.cpp's converter keeps them.
+    dtypes = {t.name: t.tensor_type for t in gguf.GGUFReader(mounted).tensors}
+    assert dtypes == {t.name: t.tensor_type for t in gguf.GGUFReader(upstream).tensors}
+
+
+@needs_fuse
+@needs_shared
+def test_loads_in_llama_cpp_through_the_mount(store, mount_store):
+    m = mount_store(store)
+    model, mmproj = str(m / MODEL / "model.gguf"), str(m / MODEL / "mmproj.gguf")
+    describe = {"op": "chat", "messages": [{"role": "user", "content": "Describe."}], "n_predict": 4}
+    res = run_job({"model": model, "mmproj": mmproj, "actions": [
+        {"op": "complete", "prompt": "hello", "n_predict": 4},
+        {**describe, "image_png": True},
+    ]})
+    assert res["ok"], res.get("error")
+    complete, chat = res["results"]
+    assert complete["tokens_predicted"] > 0
+    assert chat["completion_tokens"] > 0
+    # With an image the prompt is longer than without: the projector ran.
+    text_only = run_job({"model": model, "actions": [describe]})
+    assert text_only["ok"], text_only.get("error")
+    assert chat["prompt_tokens"] > text_only["results"][0]["prompt_tokens"]
+    # Text with markers and filler names tokenizes as with llama.cpp's conversion.
+    tok = {"actions": [{"op": "tokenize", "text": "<|fim_prefix|>a [PAD3] b<|im_end|>", "special": False}]}
+    through, reference = run_job({"model": model, **tok}), run_job({"model": str(UPSTREAM / "model.gguf"), **tok})
+    assert through["ok"] and reference["ok"]
+    assert through["results"][0]["ids"] == reference["results"][0]["ids"]
+    # Untranslated, the blob loads neither as a model nor as a projector.
+    assert "qwen25vl" in run_job({"model": str(BLOB)})["error"]
+    assert not run_job({"model": str(UPSTREAM / "model.gguf"), "mmproj": str(BLOB)})["ok"]
+
+
+def test_window_pattern_from_full_attention_blocks():
+    """Full attention every p-th block gives p; an empty list (older Ollama
+    converters) the published models' 8; uneven blocks nothing."""
+    edit = WindowPattern("idx", "n_wa", default=8)
+    for blocks, want in (([7, 15, 23, 31], 8), ([1, 3], 2), ([], 8), (None, 8), ([3, 7, 15], None)):
+        kv = {} if blocks is None else {"idx": array(VT.INT32, blocks)}
+        edit.apply(kv, None)
+        assert kv.get("n_wa") == (None if want is None else u32(want)), blocks
+
+
+def test_pad_tokens_become_unused_and_named_by_id():
+    kv = {"tokenizer.ggml.tokens": array(VT.STRING, ["a", "<|x|>", "[PAD0]", "[PAD1]"]),
+          "tokenizer.ggml.token_type": array(VT.INT32, [1, 3, 4, 4])}
+    PadTokensUnused().apply(kv, None)
+    assert kv["tokenizer.ggml.tokens"].decode() == ["a", "<|x|>", "[PAD2]", "[PAD3]"]
+    assert list(kv["tokenizer.ggml.token_type"].decode()) == [1, 3, 5, 5]
+    # A vocabulary whose last token only looks like a filler is left alone.
+    kv = {"tokenizer.ggml.tokens": array(VT.STRING, ["a", "[PAD1]"]),
+          "tokenizer.ggml.token_type": array(VT.INT32, [1, 4])}
+    before = dict(kv)
+    PadTokensUnused().apply(kv, None)
+    assert kv == before
