@@ -1,5 +1,151 @@
-"""mistral3: placeholder, being written (claims nothing yet)."""
-from compatfs.translation import NEVER, Translation
+"""Mistral 3 (Mistral Small 3.1 style) as Ollama wrote it: one monolithic
+blob with the text model, the Pixtral vision tower (`v.*`) and the projector
+(`mm.*`).
 
-TEXT = Translation(name="mistral3", detect=NEVER)
-CLIP = Translation(name="mistral3-clip", detect=NEVER)
+Ollama's converter copies the HF `rope_parameters` verbatim, so a checkpoint
+without rope scaling (Mistral Small 3.1 has `rope_theta` only) gets
+`rope.scaling.type=""` and zero factor/betas, which llama.cpp rejects
+(`rope_scaling_type_train != UNSPECIFIED`); llama.cpp's own conversion writes
+no rope-scaling keys at all.  The pre-tokenizer is left `default` (llama.cpp:
+`tekken`).  Older converters named the YaRN keys `rope.scaling.beta_fast`,
+`beta_slow`, `mscale_all_dim` and `rope.scaling_beta`.
+
+On the vision side the converter permuted text Q/K for llama.cpp's rope but
+left vision Q/K in HF order, kept HF-ish tensor names, and wrote no
+`[IMG_BREAK]` embedding tensor (llama.cpp's converter copies that row of the
+text embedding into the projector as `v.token_embd.img_break`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gguf import GGMLQuantizationType as DT
+
+from compatfs.gguf_source import SourceGGUF, TensorInfo, tensor_nbytes
+from compatfs.gguf_values import VT, array, boolean, f32, string
+from compatfs.ops import Permute, Promote
+from compatfs.translation import (
+    Copy, Default, Drop, Hide, KeepOnly, Produce, Rename, Set, Tensors, Translation, When,
+    any_of, arch_is, has_key, has_tensor_prefix, missing_or_default,
+)
+
+
+# -- local vocabulary (candidates for translation.py) --------------------------
+
+@dataclass(frozen=True)
+class RopePermute:
+    """Tensor edit: every tensor named `prefix`...`suffix` gets llama.cpp's
+    rope row order (`LlamaModel.permute` of its converter): per head, the HF
+    layout [first halves | second halves] becomes interleaved pairs.  The
+    head count is the blob's KV `heads`.  Plain dtypes only (F32/F16/BF16);
+    a quantized match is an error rather than a silently wrong tensor."""
+    prefix: str
+    suffixes: tuple[str, ...]
+    heads: str
+
+    def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
+        n_head = src.get(self.heads)
+        for t in ts:
+            if not (t.name.startswith(self.prefix) and t.name.endswith(self.suffixes)) or t.op is not None:
+                continue
+            rows, rest = t.shape[-1], tuple(reversed(t.shape[:-1]))
+            if not n_head or rows % (2 * n_head) or t.dtype not in (DT.F32, DT.F16, DT.BF16):
+                raise ValueError(f"{t.name}: cannot rope-permute {t.dtype.name} with {self.heads}={n_head}")
+            view = (n_head, 2, rows // n_head // 2, *rest)
+            t.op = Permute.of(t.source, view, (0, 2, 1, *range(3, len(view))))
+        return ts
+
+
+def embedding_row(token: str, embedding: str = "token_embd.weight"):
+    """A `Produce` maker: the row of `embedding` for the vocabulary token
+    `token`, as a 1-D F32 tensor.  Only that row's bytes are read (any dtype:
+    a row is whole quantization blocks)."""
+    def make(src: SourceGGUF):
+        t, tokens = src.tensors.get(embedding), src.kvs.get("tokenizer.ggml.tokens")
+        index = tokens.indices_of({token}).get(token) if tokens is not None else None
+        if t is None or index is None or index >= t.shape[1]:
+            return None
+        row_bytes = tensor_nbytes(t.shape[:1], t.dtype)
+        return Promote.of(TensorInfo(f"{t.name}[{index}]", t.shape[:1], t.dtype, t.offset + index * row_bytes))
+    return make
+
+
+# -- the translations --------------------------------------------------------------
+
+SCALING_TYPE = "mistral3.rope.scaling.type"
+# The checkpoint has no rope scaling, yet the type key is there, "" (or "default").
+NO_ROPE_SCALING = has_key(SCALING_TYPE) & missing_or_default(SCALING_TYPE)
+
+# llama.cpp's conversion keeps the vision tower in a separate mmproj; any of
+# these marks the blob as Ollama-written.
+DETECT = arch_is("mistral3") & any_of(
+    has_tensor_prefix("v."),
+    has_tensor_prefix("mm."),
+    has_key("mistral3.rope.scaling.beta_fast"),
+    has_key("mistral3.rope.scaling.mscale_all_dim"),
+    has_key("mistral3.rope.scaling_beta"),
+    NO_ROPE_SCALING,
+)
+
+TEXT = Translation(
+    name="mistral3",
+    detect=DETECT,
+    kv=(
+        # An empty type (with zero factor and betas) fails llama.cpp's assert;
+        # its own conversion writes no rope-scaling keys for such a checkpoint.
+        When(NO_ROPE_SCALING, (Drop(("mistral3.rope.scaling.",)),)),
+        # Older converters' YaRN names.
+        Copy("mistral3.rope.scaling.beta_fast", "mistral3.rope.scaling.yarn_beta_fast"),
+        Copy("mistral3.rope.scaling.beta_slow", "mistral3.rope.scaling.yarn_beta_slow"),
+        Copy("mistral3.rope.scaling.mscale_all_dim", "mistral3.rope.scaling.yarn_log_multiplier"),
+        Copy("mistral3.rope.scaling_beta", "mistral3.attention.temperature_scale"),
+        Set("tokenizer.ggml.pre", string("tekken"), when=missing_or_default("tokenizer.ggml.pre")),
+    ),
+    tensors=(Hide(("v.", "mm.")),),
+)
+
+# Pixtral's preprocessing constants (the CLIP image statistics).
+IMAGE_MEAN = [0.48145466, 0.4578275, 0.40821073]
+IMAGE_STD = [0.26862954, 0.26130258, 0.27577711]
+
+CLIP = Translation(
+    name="mistral3-clip",
+    detect=DETECT & has_tensor_prefix("v."),
+    kv=(
+        Copy("mistral3.vision.block_count", "clip.vision.block_count"),
+        Copy("mistral3.vision.embedding_length", "clip.vision.embedding_length"),
+        Copy("mistral3.vision.feed_forward_length", "clip.vision.feed_forward_length"),
+        Copy("mistral3.vision.attention.head_count", "clip.vision.attention.head_count"),
+        Copy("mistral3.vision.image_size", "clip.vision.image_size"),
+        Copy("mistral3.vision.patch_size", "clip.vision.patch_size"),
+        Copy("mistral3.spatial_merge_size", "clip.vision.spatial_merge_size"),
+        # The projector's output feeds the language model's embedding.
+        Copy("mistral3.embedding_length", "clip.vision.projection_dim"),
+        # Hard-coded in HF's modeling_pixtral; the vision MLP is gated SiLU.
+        Default("clip.vision.attention.layer_norm_epsilon", f32(1e-5)),
+        Default("clip.vision.image_mean", array(VT.FLOAT32, IMAGE_MEAN)),
+        Default("clip.vision.image_std", array(VT.FLOAT32, IMAGE_STD)),
+        Default("clip.has_vision_encoder", boolean(True)),
+        Default("clip.use_silu", boolean(True)),
+        Set("clip.projector_type", string("pixtral")),
+        Set("general.architecture", string("clip")),
+        Set("general.type", string("mmproj")),
+        Drop(("mistral3.", "tokenizer.")),
+    ),
+    tensors=(
+        KeepOnly(("v.", "mm.")),
+        # Pixtral's 2D rope expects llama.cpp's row order in vision Q/K.
+        RopePermute("v.blk.", (".attn_q.weight", ".attn_k.weight"), heads="mistral3.vision.attention.head_count"),
+        # The [IMG_BREAK] row separator, from the text embedding.
+        Produce("v.token_embd.img_break", embedding_row("[IMG_BREAK]")),
+        Rename("v.patch_conv", "v.patch_embd"),
+        Rename("v.encoder_norm", "v.pre_ln"),
+        Rename(".attn_output", ".attn_out"),
+        Rename(".attn_norm", ".ln1"),
+        Rename(".ffn_norm", ".ln2"),
+        Rename("mm.linear_1", "mm.1"),
+        Rename("mm.linear_2", "mm.2"),
+        Rename("mm.patch_merger.merging_layer", "mm.patch_merger"),
+        Rename("mm.norm", "mm.input_norm"),
+    ),
+)
