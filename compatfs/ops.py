@@ -171,3 +171,23 @@ class Zeros(Op):
 
     def _compute(self, data):
         return bytes(self.nbytes)
+
+
+@dataclass(frozen=True)
+class ConcatRows(Op):
+    """Concatenation along ggml axis 1 within each slab of the slower axes:
+    for expert stacks [n_embd, n_ff, n_expert], expert e's rows of the first
+    input, then its rows of the second (a per-expert gate/up merge).  Inputs
+    of one dtype; bytes kept (a row is whole quantization blocks)."""
+
+    @classmethod
+    def of(cls, *srcs: TensorInfo) -> "ConcatRows":
+        if len({t.dtype for t in srcs}) != 1 or len({(t.shape[0], *t.shape[2:]) for t in srcs}) != 1:
+            raise GGUFError(f"cannot concatenate rows of {[(t.name, t.shape, t.dtype.name) for t in srcs]}")
+        first = srcs[0]
+        return cls(tuple(srcs), (first.shape[0], sum(t.shape[1] for t in srcs), *first.shape[2:]), first.dtype)
+
+    def _compute(self, data):
+        slabs = int(np.prod(self.shape[2:], dtype=np.int64))
+        parts = [np.frombuffer(d, dtype=np.uint8).reshape(slabs, -1) for d in data]
+        return np.concatenate(parts, axis=1).tobytes()

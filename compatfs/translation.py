@@ -235,6 +235,53 @@ class TokenType:
 
 
 @dataclass(frozen=True)
+class FillArray:
+    """Every element of the numeric array `key` becomes `value`
+    (length and element type kept)."""
+    key: str
+    value: float
+
+    def apply(self, kv: KVs, src: SourceGGUF) -> None:
+        old = kv.get(self.key)
+        if old is None or old.element_type in (None, VT.STRING, VT.ARRAY):
+            return
+        kv[self.key] = array(old.element_type, [self.value] * old.count)
+
+
+@dataclass(frozen=True)
+class PadArray:
+    """`dst` = the integer array `src` padded with zeros to `length` elements,
+    when `src` is present and `dst` absent (element type kept)."""
+    src: str
+    dst: str
+    length: int
+
+    def apply(self, kv: KVs, src: SourceGGUF) -> None:
+        value = kv.get(self.src)
+        if self.dst in kv or value is None or value.element_type in (None, VT.STRING, VT.ARRAY):
+            return
+        items = [int(x) for x in value.decode()]
+        if len(items) <= self.length:
+            kv[self.dst] = array(value.element_type, items + [0] * (self.length - len(items)))
+
+
+@dataclass(frozen=True)
+class DefaultTokenId:
+    """`key` (u32) = the id of the token whose text is `text`, when `key` is
+    absent and the vocabulary has that token."""
+    key: str
+    text: str
+
+    def apply(self, kv: KVs, src: SourceGGUF) -> None:
+        tokens = kv.get("tokenizer.ggml.tokens")
+        if self.key in kv or tokens is None:
+            return
+        found = tokens.indices_of({self.text})
+        if self.text in found:
+            kv[self.key] = u32(found[self.text])
+
+
+@dataclass(frozen=True)
 class When:
     """The `edits` apply only when `pred` holds of the blob."""
     pred: Pred
@@ -246,7 +293,8 @@ class When:
                 e.apply(kv, src)
 
 
-KVEdit = Union[Copy, Default, Set, CopyPrefix, Drop, TruncateToRows, FromShape, ZeroPerLayer, TokenType, When]
+KVEdit = Union[Copy, Default, Set, CopyPrefix, Drop, TruncateToRows, FromShape, ZeroPerLayer, TokenType,
+               FillArray, PadArray, DefaultTokenId, When]
 
 
 # -- tensor edits ---------------------------------------------------------------
@@ -290,13 +338,15 @@ class KeepOnly:
 
 @dataclass(frozen=True)
 class Rename:
-    """The first occurrence of `old` in each tensor name becomes `new`."""
+    """The first occurrence of `old` in each tensor name (starting with
+    `under`, when given) becomes `new`."""
     old: str
     new: str
+    under: str = ""
 
     def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
         for t in ts:
-            if self.old in t.name:
+            if t.name.startswith(self.under) and self.old in t.name:
                 t.name = t.name.replace(self.old, self.new, 1)
         return ts
 
@@ -332,7 +382,25 @@ class Produce:
         return ts
 
 
-TensorEdit = Union[Hide, KeepOnly, Rename, ToF32, Produce]
+@dataclass(frozen=True)
+class ProducePerBlock:
+    """`Produce` once per block i < KV `blocks`: tensor
+    `name.format(i)` made by `make(src, i)`, consuming `consumes` formatted
+    with i; blocks where `make` gives None are left as they are."""
+    blocks: str
+    name: str
+    make: Callable[[SourceGGUF, int], Op | None]
+    consumes: tuple[str, ...] = ()
+
+    def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
+        for i in range(int(src.get(self.blocks) or 0)):
+            produce = Produce(self.name.format(i), lambda s, i=i: self.make(s, i),
+                              tuple(c.format(i) for c in self.consumes))
+            ts = produce.apply(ts, src)
+        return ts
+
+
+TensorEdit = Union[Hide, KeepOnly, Rename, ToF32, Produce, ProducePerBlock]
 
 
 # -- translations ---------------------------------------------------------------

@@ -20,97 +20,26 @@ files from older converters the MoE layout and the packed vision clamps:
 - The vision tower's clippable-linear ranges are packed in one F32 tensor
   `v.clamp_data`; llama.cpp reads one scalar tensor per value.
 
-Local vocabulary (same interfaces as `compatfs.translation` / `compatfs.ops`,
-candidates for the shared modules): the KV edit `FillArray`, the tensor edits
-`ProducePerBlock`, `RenameUnder` and `UnpackClamps`, and the op `ConcatRows`.
+The clamp layout is Gemma 4's own: the tensor edit `UnpackClamps` is defined here.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
-import numpy as np
 from gguf import GGMLQuantizationType as DT
 
 from compatfs.gguf_source import SourceGGUF, TensorInfo
-from compatfs.gguf_values import GGUFError, VT, Value, array, boolean, string, u32
-from compatfs.ops import Op
+from compatfs.gguf_values import VT, array, boolean, string, u32
+from compatfs.ops import ConcatRows, Op
 from compatfs.translation import (
-    Copy, Default, Drop, Hide, KeepOnly, Produce, Rename, Set, Tensors, ToF32, TokenType, Translation, ViewTensor,
-    When, any_of, arch_is, has_tensor_prefix, value_is,
+    Copy, Default, Drop, FillArray, Hide, KeepOnly, ProducePerBlock, Rename, Set, Tensors, ToF32, TokenType,
+    Translation, ViewTensor, When, any_of, arch_is, has_tensor_prefix, value_is,
 )
 
-KVs = dict[str, Value]
 CONTROL, BYTE = 3, 6   # tokenizer.ggml.token_type values
 
 
-# -- local vocabulary (candidates for translation.py / ops.py) -----------------------------
-
-@dataclass(frozen=True)
-class FillArray:
-    """KV edit: every element of the numeric array `key` becomes `value`
-    (length and element type kept)."""
-    key: str
-    value: float
-
-    def apply(self, kv: KVs, src: SourceGGUF) -> None:
-        old = kv.get(self.key)
-        if old is None or old.element_type in (None, VT.STRING, VT.ARRAY):
-            return
-        kv[self.key] = array(old.element_type, np.full(old.count, self.value))
-
-
-@dataclass(frozen=True)
-class ConcatRows(Op):
-    """Concatenation along ggml axis 1 within each slab of the slower axes:
-    for expert stacks [n_embd, n_ff, n_expert], expert e's rows of the first
-    input, then its rows of the second (a per-expert gate/up merge).  Inputs
-    of one dtype; bytes kept (a row is whole quantization blocks)."""
-
-    @classmethod
-    def of(cls, *srcs: TensorInfo) -> "ConcatRows":
-        if len({t.dtype for t in srcs}) != 1 or len({(t.shape[0], *t.shape[2:]) for t in srcs}) != 1:
-            raise GGUFError(f"cannot concatenate rows of {[(t.name, t.shape, t.dtype.name) for t in srcs]}")
-        first = srcs[0]
-        return cls(tuple(srcs), (first.shape[0], sum(t.shape[1] for t in srcs), *first.shape[2:]), first.dtype)
-
-    def _compute(self, data):
-        slabs = int(np.prod(self.shape[2:], dtype=np.int64))
-        parts = [np.frombuffer(d, dtype=np.uint8).reshape(slabs, -1) for d in data]
-        return np.concatenate(parts, axis=1).tobytes()
-
-
-@dataclass(frozen=True)
-class ProducePerBlock:
-    """Tensor edit: `Produce` once per block i < KV `blocks`: tensor
-    `name.format(i)` made by `make(src, i)`, consuming `consumes` formatted
-    with i; blocks where `make` gives None are left as they are."""
-    blocks: str
-    name: str
-    make: Callable[[SourceGGUF, int], Op | None]
-    consumes: tuple[str, ...] = ()
-
-    def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
-        for i in range(int(src.get(self.blocks) or 0)):
-            produce = Produce(self.name.format(i), lambda s, i=i: self.make(s, i),
-                              tuple(c.format(i) for c in self.consumes))
-            ts = produce.apply(ts, src)
-        return ts
-
-
-@dataclass(frozen=True)
-class RenameUnder:
-    """Tensor edit: `Rename(old, new)` for the tensors whose names start with `prefix` only."""
-    prefix: str
-    old: str
-    new: str
-
-    def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
-        for t in ts:
-            if t.name.startswith(self.prefix) and self.old in t.name:
-                t.name = t.name.replace(self.old, self.new, 1)
-        return ts
-
+# -- Gemma 4's own tensor edit ------------------------------------------------------------
 
 CLAMPS = ("input_min", "input_max", "output_min", "output_max")
 
@@ -248,9 +177,9 @@ CLIP = Translation(
         Rename("a.pre_encode.out.weight", "a.input_projection.weight"),
         Rename("mm.a.fc.", "a.pre_encode.out."),
         # ... and its block norms (in this order: ln2 is renamed before it is reused).
-        RenameUnder("a.blk.", ".ln1.", ".attn_pre_norm."),
-        RenameUnder("a.blk.", ".ln2.", ".attn_post_norm."),
-        RenameUnder("a.blk.", ".layer_pre_norm.", ".ln2."),
-        RenameUnder("a.blk.", ".linear_pos.", ".attn_k_rel."),
+        Rename(".ln1.", ".attn_pre_norm.", under="a.blk."),
+        Rename(".ln2.", ".attn_post_norm.", under="a.blk."),
+        Rename(".layer_pre_norm.", ".ln2.", under="a.blk."),
+        Rename(".linear_pos.", ".attn_k_rel.", under="a.blk."),
     ),
 )

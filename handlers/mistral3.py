@@ -56,6 +56,18 @@ class RopePermute:
         return ts
 
 
+@dataclass(frozen=True)
+class InDataOrder:
+    """Tensor edit: the tensors listed in the order their data is laid out.
+    `Produce` appends its tensor to the list but places its data at its first
+    input's blob offset, and the view writes tensor infos in list order but
+    data in offset order; llama.cpp's GGUF reader requires the two to agree
+    ("tensor ... has offset X, expected Y").  Last in a table that produces."""
+
+    def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
+        return sorted(ts, key=lambda t: t.order)
+
+
 def embedding_row(token: str, embedding: str = "token_embd.weight"):
     """A `Produce` maker: the row of `embedding` for the vocabulary token
     `token`, as a 1-D F32 tensor.  Only that row's bytes are read (any dtype:
@@ -147,5 +159,6 @@ CLIP = Translation(
         Rename("mm.linear_2", "mm.2"),
         Rename("mm.patch_merger.merging_layer", "mm.patch_merger"),
         Rename("mm.norm", "mm.input_norm"),
+        InDataOrder(),
     ),
 )

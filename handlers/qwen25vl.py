@@ -11,9 +11,8 @@ Ollama's converter already split the Conv3D patch embedding into its two
 temporal halves and the vision QKV into Q, K and V, as llama.cpp's converter
 does, so the projector needs renames only.
 
-Four KV edits the shared vocabulary lacks are defined here (`PadArray`,
-`WindowPattern`, `DefaultTokenId`, `PadTokensUnused`); each has the
-interface of the edits in `compatfs.translation` and can move there.
+Two KV edits particular to these files are defined here: `WindowPattern`
+(the window-attention period) and `PadTokensUnused` (Ollama's padding tokens).
 """
 from __future__ import annotations
 
@@ -24,31 +23,15 @@ from dataclasses import dataclass
 from compatfs.gguf_source import SourceGGUF
 from compatfs.gguf_values import VT, Value, array, boolean, string, u32
 from compatfs.translation import (
-    Copy, CopyPrefix, Default, Drop, FromShape, Hide, KeepOnly, Rename, Set, TokenType, Translation, arch_is,
+    Copy, CopyPrefix, Default, DefaultTokenId, Drop, FromShape, Hide, KeepOnly, PadArray, Rename, Set, TokenType,
+    Translation, arch_is,
 )
 
 KVs = dict[str, Value]
 CONTROL, UNUSED = 3, 5   # tokenizer.ggml.token_type values
 
 
-# -- local KV edits (same interface as compatfs.translation's) -----------------------------
-
-@dataclass(frozen=True)
-class PadArray:
-    """`dst` = the integer array `src` padded with zeros to `length` elements,
-    when `src` is present and `dst` absent (element type kept)."""
-    src: str
-    dst: str
-    length: int
-
-    def apply(self, kv: KVs, src: SourceGGUF) -> None:
-        value = kv.get(self.src)
-        if self.dst in kv or value is None or value.element_type in (None, VT.STRING, VT.ARRAY):
-            return
-        items = [int(x) for x in value.decode()]
-        if len(items) <= self.length:
-            kv[self.dst] = array(value.element_type, items + [0] * (self.length - len(items)))
-
+# -- Qwen2.5-VL's own KV edits ------------------------------------------------------------
 
 @dataclass(frozen=True)
 class WindowPattern:
@@ -70,22 +53,6 @@ class WindowPattern:
         period = blocks[0] + 1
         if all(b - a == period for a, b in zip(blocks, blocks[1:])):
             kv[self.key] = u32(period)
-
-
-@dataclass(frozen=True)
-class DefaultTokenId:
-    """`key` (u32) = the id of the token whose text is `text`, when `key` is
-    absent and the vocabulary has that token."""
-    key: str
-    text: str
-
-    def apply(self, kv: KVs, src: SourceGGUF) -> None:
-        tokens = kv.get("tokenizer.ggml.tokens")
-        if self.key in kv or tokens is None:
-            return
-        found = tokens.indices_of({self.text})
-        if self.text in found:
-            kv[self.key] = u32(found[self.text])
 
 
 _PAD = re.compile(r"\[PAD(\d+)\]\Z")
