@@ -4,7 +4,8 @@ to op tensors, read by (offset, size).
 The layout is fixed when the view is built: the GGUF v3 header (KVs, tensor
 infos, padding), then tensor data aligned to `general.alignment`, in the
 blob's data order so that a sequential read of the view is a sequential read
-of the blob.  A read maps to `Piece`s by binary search over the segments.
+of the blob (the tensor infos are listed in that order too, as GGUF readers
+require).  A read maps to `Piece`s by binary search over the segments.
 """
 from __future__ import annotations
 
@@ -88,6 +89,9 @@ class View:
         for t in data_order:
             offsets[t.name] = rel
             rel += t.nbytes + _pad(t.nbytes, align)
+        # GGUF readers expect each tensor's data right after the previous
+        # one's, in tensor-info order: the infos are written in data order.
+        spec = ViewSpec(spec.kvs, data_order, spec.alignment, spec.handler)
         header = render_header(spec, offsets)
         segs = [_Segment(0, len(header), "mem", header)]
         pos = len(header)

@@ -30,7 +30,7 @@ from compatfs.translation import (
 )
 
 
-# -- local vocabulary (candidates for translation.py) --------------------------
+# -- Mistral 3's own tensor edit and tensor maker ----------------------------
 
 @dataclass(frozen=True)
 class RopePermute:
@@ -54,18 +54,6 @@ class RopePermute:
             view = (n_head, 2, rows // n_head // 2, *rest)
             t.op = Permute.of(t.source, view, (0, 2, 1, *range(3, len(view))))
         return ts
-
-
-@dataclass(frozen=True)
-class InDataOrder:
-    """Tensor edit: the tensors listed in the order their data is laid out.
-    `Produce` appends its tensor to the list but places its data at its first
-    input's blob offset, and the view writes tensor infos in list order but
-    data in offset order; llama.cpp's GGUF reader requires the two to agree
-    ("tensor ... has offset X, expected Y").  Last in a table that produces."""
-
-    def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
-        return sorted(ts, key=lambda t: t.order)
 
 
 def embedding_row(token: str, embedding: str = "token_embd.weight"):
@@ -159,6 +147,5 @@ CLIP = Translation(
         Rename("mm.linear_2", "mm.2"),
         Rename("mm.patch_merger.merging_layer", "mm.patch_merger"),
         Rename("mm.norm", "mm.input_norm"),
-        InDataOrder(),
     ),
 )

@@ -78,3 +78,23 @@ def test_stitched_reads_equal_the_whole(tmp_path):
     for _ in range(2000):
         off, size = rnd.randrange(view.size + 8), rnd.randrange(1, 200)
         assert view.read(off, size) == whole[off:off + size]
+
+
+def test_tensor_infos_follow_data_order(tmp_path):
+    """A produced tensor takes its input's place in the data section, and the
+    tensor infos list it there too (llama.cpp checks each offset against the
+    running size in info order)."""
+    from compatfs.ops import Concat
+    from compatfs.translation import Produce
+    src = SourceGGUF(make(tmp_path))
+    tr = Translation("p", ALWAYS, tensors=(Produce("bb", lambda s: Concat.of(s.tensors["b"], s.tensors["b"]),
+                                                   consumes=("b",)),))
+    view = View.translated(src, plan(tr, src), OpCache(), key="k")
+    out = tmp_path / "p.gguf"
+    out.write_bytes(render(src, view))
+    r = gguf.GGUFReader(str(out))
+    assert [t.name for t in r.tensors] == ["a", "bb", "c"]
+    offsets = [t.data_offset for t in r.tensors]
+    assert offsets == sorted(offsets)
+    want = np.asarray(gguf.GGUFReader(str(tmp_path / "a.gguf")).tensors[1].data)
+    np.testing.assert_array_equal(np.asarray(r.tensors[1].data), np.concatenate([want, want]))
