@@ -126,6 +126,18 @@ class Copy:
 
 
 @dataclass(frozen=True)
+class CopyEach:
+    """`Copy(src_prefix + name, dst_prefix + name)` for each of `names`."""
+    src_prefix: str
+    dst_prefix: str
+    names: tuple[str, ...]
+
+    def apply(self, kv: KVs, src: SourceGGUF) -> None:
+        for name in self.names:
+            Copy(self.src_prefix + name, self.dst_prefix + name).apply(kv, src)
+
+
+@dataclass(frozen=True)
 class Default:
     """`key` = `value` when `key` is absent."""
     key: str
@@ -293,7 +305,7 @@ class When:
                 e.apply(kv, src)
 
 
-KVEdit = Union[Copy, Default, Set, CopyPrefix, Drop, TruncateToRows, FromShape, ZeroPerLayer, TokenType,
+KVEdit = Union[Copy, CopyEach, Default, Set, CopyPrefix, Drop, TruncateToRows, FromShape, ZeroPerLayer, TokenType,
                FillArray, PadArray, DefaultTokenId, When]
 
 

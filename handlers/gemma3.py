@@ -8,7 +8,7 @@ own names.
 """
 from compatfs.gguf_values import VT, array, boolean, f32, string
 from compatfs.translation import (
-    Copy, Default, Drop, Hide, KeepOnly, Rename, Set, ToF32, TokenType, Translation, TruncateToRows, When,
+    Copy, CopyEach, Default, Drop, Hide, KeepOnly, Rename, Set, ToF32, TokenType, Translation, TruncateToRows, When,
     any_of, arch_is, has_key, has_tensor, has_tensor_prefix, value_at_least,
 )
 
@@ -70,13 +70,10 @@ CLIP = Translation(
     name="gemma3-clip",
     detect=DETECT & has_tensor_prefix("v."),
     kv=(
-        Copy("gemma3.vision.block_count", "clip.vision.block_count"),
-        Copy("gemma3.vision.embedding_length", "clip.vision.embedding_length"),
-        Copy("gemma3.vision.feed_forward_length", "clip.vision.feed_forward_length"),
-        Copy("gemma3.vision.image_size", "clip.vision.image_size"),
-        Copy("gemma3.vision.patch_size", "clip.vision.patch_size"),
-        Copy("gemma3.vision.attention.head_count", "clip.vision.attention.head_count"),
-        Copy("gemma3.vision.attention.layer_norm_epsilon", "clip.vision.attention.layer_norm_epsilon"),
+        CopyEach("gemma3.vision.", "clip.vision.", (
+            "block_count", "embedding_length", "feed_forward_length", "image_size", "patch_size",
+            "attention.head_count", "attention.layer_norm_epsilon",
+        )),
         # The projector's output feeds the language model's embedding.
         Copy("gemma3.embedding_length", "clip.vision.projection_dim"),
         Default("clip.vision.image_mean", array(VT.FLOAT32, [0.5, 0.5, 0.5])),

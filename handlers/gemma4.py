@@ -32,7 +32,7 @@ from compatfs.gguf_source import SourceGGUF, TensorInfo
 from compatfs.gguf_values import VT, array, boolean, string, u32
 from compatfs.ops import ConcatRows, Op
 from compatfs.translation import (
-    Copy, Default, Drop, FillArray, Hide, KeepOnly, ProducePerBlock, Rename, Set, Tensors, ToF32, TokenType,
+    Copy, CopyEach, Default, Drop, FillArray, Hide, KeepOnly, ProducePerBlock, Rename, Set, Tensors, ToF32, TokenType,
     Translation, ViewTensor, When, any_of, arch_is, has_tensor_prefix, value_is,
 )
 
@@ -134,12 +134,10 @@ CLIP = Translation(
     detect=DETECT & (HAS_VISION | HAS_AUDIO),
     kv=(
         When(HAS_VISION, (
-            Copy("gemma4.vision.block_count", "clip.vision.block_count"),
-            Copy("gemma4.vision.embedding_length", "clip.vision.embedding_length"),
-            Copy("gemma4.vision.feed_forward_length", "clip.vision.feed_forward_length"),
-            Copy("gemma4.vision.attention.head_count", "clip.vision.attention.head_count"),
-            Copy("gemma4.vision.attention.layer_norm_epsilon", "clip.vision.attention.layer_norm_epsilon"),
-            Copy("gemma4.vision.patch_size", "clip.vision.patch_size"),
+            CopyEach("gemma4.vision.", "clip.vision.", (
+                "block_count", "embedding_length", "feed_forward_length", "attention.head_count",
+                "attention.layer_norm_epsilon", "patch_size",
+            )),
             # Unused by clip.cpp (images are resized to a token budget);
             # llama.cpp's converter writes 224.
             Default("clip.vision.image_size", u32(224)),
@@ -152,11 +150,10 @@ CLIP = Translation(
             Set("clip.vision.projector_type", string("gemma4v")),
         )),
         When(HAS_AUDIO, (
-            Copy("gemma4.audio.block_count", "clip.audio.block_count"),
-            Copy("gemma4.audio.embedding_length", "clip.audio.embedding_length"),
-            Copy("gemma4.audio.feed_forward_length", "clip.audio.feed_forward_length"),
-            Copy("gemma4.audio.attention.head_count", "clip.audio.attention.head_count"),
-            Copy("gemma4.audio.attention.layer_norm_epsilon", "clip.audio.attention.layer_norm_epsilon"),
+            CopyEach("gemma4.audio.", "clip.audio.", (
+                "block_count", "embedding_length", "feed_forward_length", "attention.head_count",
+                "attention.layer_norm_epsilon",
+            )),
             Default("clip.audio.num_mel_bins", u32(128)),
             Copy("gemma4.embedding_length", "clip.audio.projection_dim"),
             Set("clip.has_audio_encoder", boolean(True)),

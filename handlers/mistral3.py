@@ -25,7 +25,7 @@ from compatfs.gguf_source import SourceGGUF, TensorInfo, tensor_nbytes
 from compatfs.gguf_values import VT, array, boolean, f32, string
 from compatfs.ops import Permute, Promote
 from compatfs.translation import (
-    Copy, Default, Drop, Hide, KeepOnly, Produce, Rename, Set, Tensors, Translation, When,
+    Copy, CopyEach, Default, Drop, Hide, KeepOnly, Produce, Rename, Set, Tensors, Translation, When,
     any_of, arch_is, has_key, has_tensor_prefix, missing_or_default,
 )
 
@@ -112,12 +112,10 @@ CLIP = Translation(
     name="mistral3-clip",
     detect=DETECT & has_tensor_prefix("v."),
     kv=(
-        Copy("mistral3.vision.block_count", "clip.vision.block_count"),
-        Copy("mistral3.vision.embedding_length", "clip.vision.embedding_length"),
-        Copy("mistral3.vision.feed_forward_length", "clip.vision.feed_forward_length"),
-        Copy("mistral3.vision.attention.head_count", "clip.vision.attention.head_count"),
-        Copy("mistral3.vision.image_size", "clip.vision.image_size"),
-        Copy("mistral3.vision.patch_size", "clip.vision.patch_size"),
+        CopyEach("mistral3.vision.", "clip.vision.", (
+            "block_count", "embedding_length", "feed_forward_length", "attention.head_count", "image_size",
+            "patch_size",
+        )),
         Copy("mistral3.spatial_merge_size", "clip.vision.spatial_merge_size"),
         # The projector's output feeds the language model's embedding.
         Copy("mistral3.embedding_length", "clip.vision.projection_dim"),

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from compatfs.gguf_source import SourceGGUF
 from compatfs.gguf_values import VT, Value, array, boolean, string, u32
 from compatfs.translation import (
-    Copy, CopyPrefix, Default, DefaultTokenId, Drop, FromShape, Hide, KeepOnly, PadArray, Rename, Set, TokenType,
-    Translation, arch_is,
+    Copy, CopyEach, CopyPrefix, Default, DefaultTokenId, Drop, FromShape, Hide, KeepOnly, PadArray, Rename, Set,
+    TokenType, Translation, arch_is,
 )
 
 KVs = dict[str, Value]
@@ -123,11 +123,10 @@ CLIP = Translation(
     name="qwen25vl-clip",
     detect=DETECT,
     kv=(
-        Copy("qwen25vl.vision.block_count", "clip.vision.block_count"),
-        Copy("qwen25vl.vision.embedding_length", "clip.vision.embedding_length"),
-        Copy("qwen25vl.vision.patch_size", "clip.vision.patch_size"),
-        Copy("qwen25vl.vision.attention.head_count", "clip.vision.attention.head_count"),
-        Copy("qwen25vl.vision.attention.layer_norm_epsilon", "clip.vision.attention.layer_norm_epsilon"),
+        CopyEach("qwen25vl.vision.", "clip.vision.", (
+            "block_count", "embedding_length", "patch_size", "attention.head_count",
+            "attention.layer_norm_epsilon",
+        )),
         # The merger's output feeds the language model's embedding.
         Copy("qwen25vl.embedding_length", "clip.vision.projection_dim"),
         FromShape("clip.vision.feed_forward_length", "v.blk.0.ffn_up.weight", axis=1),
