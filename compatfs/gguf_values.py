@@ -105,14 +105,6 @@ class Value:
     def _starts(self) -> _arr.array:
         return self.starts if self.starts is not None else Value.strings(self.payload).starts
 
-    # -- encoding -------------------------------------------------------
-    def encoded(self) -> bytes | memoryview:
-        """Type tag and payload, as they stand after a key in a header."""
-        return _U32.pack(self.vtype) + bytes(self.payload)
-
-    def __len__(self) -> int:
-        return 4 + len(self.payload)
-
     # -- inspection ------------------------------------------------------
     @property
     def element_type(self) -> VT | None:

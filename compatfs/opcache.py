@@ -20,7 +20,6 @@ class OpCache:
         self._lru: LRUCache = LRUCache(maxsize=max(max_bytes, 1), getsizeof=len)
         self._last: tuple[Hashable, bytes] | None = None
         self._pending: dict[Hashable, threading.Event] = {}
-        self.computations = 0
 
     def get(self, key: Hashable, compute: Callable[[], bytes]) -> bytes:
         """The bytes for `key`, computing them with `compute()` at most once at a time."""
@@ -37,7 +36,6 @@ class OpCache:
         try:
             value = compute()
             with self._lock:
-                self.computations += 1
                 self._store(key, value)
             return value
         finally:

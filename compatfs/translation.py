@@ -106,7 +106,6 @@ def _scalar(s: SourceGGUF, key: str):
 
 
 ALWAYS = Pred("always", lambda s: True)
-NEVER = ~ALWAYS
 
 
 # -- KV edits -------------------------------------------------------------------

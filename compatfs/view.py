@@ -132,24 +132,10 @@ class View:
         return self.source.read(t.offset, t.nbytes)
 
     def read(self, offset: int, size: int) -> bytes:
-        """The bytes at [offset, offset+size) as one bytes object."""
-        parts = []
-        for p in self.pieces(offset, size):
-            if isinstance(p, FileRange):
-                parts.append(self.source_bytes(p))
-            else:
-                parts.append(bytes(p))
-        return b"".join(parts)
-
-    def source_bytes(self, r: FileRange) -> bytes:
-        """Bytes of a blob range (used where no file descriptor is at hand)."""
-        if self.source is None:
-            raise RuntimeError("identity views are read through the blob's file descriptor")
-        return bytes(self.source.read(r.offset, r.size))
-
-    @property
-    def op_tensors(self) -> list[ViewTensor]:
-        return [t for t in (self.spec.tensors if self.spec else []) if t.op is not None]
+        """The bytes at [offset, offset+size) as one bytes object (in-process;
+        identity views have no parsed source and are read by file descriptor)."""
+        return b"".join(bytes(self.source.read(p.offset, p.size)) if isinstance(p, FileRange) else bytes(p)
+                        for p in self.pieces(offset, size))
 
 
 def _tensor_segment(t: ViewTensor, pos: int, key: Hashable) -> _Segment:
