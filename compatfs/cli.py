@@ -12,6 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .gguf_values import GGUFError
 from .store import Store, StoreError, default_source
 
 PROG = "compatfs"
@@ -37,7 +38,7 @@ def _check_fuse() -> None:
         raise CliError("/dev/fuse is missing: load the fuse kernel module (or run the container with --device /dev/fuse)")
     try:
         import mfusepy  # noqa: F401  (loading it finds libfuse)
-    except (OSError, EnvironmentError) as e:
+    except OSError as e:
         raise CliError(f"libfuse not found ({e}): install it, e.g. `apt-get install fuse3`") from None
 
 
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (CliError, StoreError) as e:
+    except (CliError, StoreError, GGUFError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

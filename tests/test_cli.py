@@ -37,6 +37,7 @@ def test_errors_are_one_clear_line(store, tmp_path):
         (("ls", tmp_path / "missing"), "no such directory"),
         (("umount", tmp_path), "is not mounted"),
         (("inspect", "nosuchmodel:1b", "--source", store), "no model nosuchmodel:1b"),
+        (("inspect", store / "manifests/registry.ollama.ai/library/configonly/latest"), "not a GGUF file"),
     ]
     for args, words in cases:
         res = compatfs(*args)
