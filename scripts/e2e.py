@@ -17,7 +17,7 @@
    xllamacpp.
 4. Writes the results as a table into docs/compatibility.md.
 
-Opt-in: the first run builds llama.cpp (about 8 minutes on 2 cores here);
+Opt-in: the first run builds llama.cpp (about 6 minutes on 2 cores here);
 later runs take under a minute.
 """
 from __future__ import annotations
@@ -84,7 +84,7 @@ def build_tools(cache: Path) -> Path:
                     "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
                     "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
                     "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF"], check=True, stdout=subprocess.DEVNULL)
-    log("building " + ", ".join(TOOLS) + f" with {os.cpu_count()} jobs (about 8 minutes on 2 cores)")
+    log("building " + ", ".join(TOOLS) + f" with {os.cpu_count()} jobs (about 6 minutes on 2 cores)")
     subprocess.run(["cmake", "--build", str(cache / "build"), "-j", str(os.cpu_count() or 2),
                     "--target", *TOOLS], check=True, stdout=subprocess.DEVNULL)
     return bindir
