@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Union
 from gguf import GGMLQuantizationType as DT
 
 from .gguf_source import SourceGGUF, TensorInfo, tensor_nbytes
-from .gguf_values import VT, Value, array, u32
+from .gguf_values import VT, Value, array, string, u32
 from .ops import Op, Promote
 
 
@@ -302,6 +302,17 @@ class When:
         if self.pred(src):
             for e in self.edits:
                 e.apply(kv, src)
+
+
+def as_projector(arch: str) -> tuple:
+    """The KV edits that make a monolithic `arch` blob's view a clip projector
+    file: architecture `clip`, type `mmproj`, and none of the text model's or
+    tokenizer's keys (put the `clip.*` copies before these)."""
+    return (
+        Set("general.architecture", string("clip")),
+        Set("general.type", string("mmproj")),
+        Drop((f"{arch}.", "tokenizer.")),
+    )
 
 
 KVEdit = Union[Copy, CopyEach, Default, Set, CopyPrefix, Drop, TruncateToRows, FromShape, ZeroPerLayer, TokenType,

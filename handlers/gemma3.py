@@ -8,8 +8,8 @@ own names.
 """
 from compatfs.gguf_values import VT, array, boolean, f32, string
 from compatfs.translation import (
-    Copy, CopyEach, Default, Drop, Hide, KeepOnly, Rename, Set, ToF32, TokenType, Translation, TruncateToRows, When,
-    any_of, arch_is, has_key, has_tensor, has_tensor_prefix, value_at_least,
+    Copy, CopyEach, Default, Hide, KeepOnly, Rename, Set, ToF32, TokenType, Translation, TruncateToRows, When,
+    any_of, arch_is, as_projector, has_key, has_tensor, has_tensor_prefix, value_at_least,
 )
 
 # Google's published Gemma 3 chat template (Ollama files carry none).
@@ -81,9 +81,7 @@ CLIP = Translation(
         Default("clip.has_vision_encoder", boolean(True)),
         Default("clip.use_gelu", boolean(True)),
         Set("clip.projector_type", string("gemma3")),
-        Set("general.architecture", string("clip")),
-        Set("general.type", string("mmproj")),
-        Drop(("gemma3.", "tokenizer.")),
+        *as_projector("gemma3"),
     ),
     tensors=(
         KeepOnly(("v.", "mm.")),

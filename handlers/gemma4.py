@@ -32,8 +32,8 @@ from compatfs.gguf_source import SourceGGUF, TensorInfo
 from compatfs.gguf_values import VT, array, boolean, string, u32
 from compatfs.ops import ConcatRows, Op
 from compatfs.translation import (
-    Copy, CopyEach, Default, Drop, FillArray, Hide, KeepOnly, ProducePerBlock, Rename, Set, Tensors, ToF32, TokenType,
-    Translation, ViewTensor, When, any_of, arch_is, has_tensor_prefix, value_is,
+    Copy, CopyEach, Default, Drop, FillArray, Hide, KeepOnly, ProducePerBlock, Rename, Set, Tensors, ToF32,
+    TokenType, Translation, ViewTensor, When, any_of, arch_is, as_projector, has_tensor_prefix, value_is,
 )
 
 CONTROL, BYTE = 3, 6   # tokenizer.ggml.token_type values
@@ -159,9 +159,7 @@ CLIP = Translation(
             Set("clip.has_audio_encoder", boolean(True)),
             Set("clip.audio.projector_type", string("gemma4a")),
         )),
-        Set("general.architecture", string("clip")),
-        Set("general.type", string("mmproj")),
-        Drop(("gemma4.", "tokenizer.")),
+        *as_projector("gemma4"),
     ),
     tensors=(
         KeepOnly(("v.", "a.", "mm.")),

@@ -25,8 +25,8 @@ from compatfs.gguf_source import SourceGGUF, TensorInfo, tensor_nbytes
 from compatfs.gguf_values import VT, array, boolean, f32, string
 from compatfs.ops import Permute, Promote
 from compatfs.translation import (
-    Copy, CopyEach, Default, Drop, Hide, KeepOnly, Produce, Rename, Set, Tensors, Translation, When,
-    any_of, arch_is, has_key, has_tensor_prefix, missing_or_default,
+    Copy, CopyEach, Default, Drop, Hide, KeepOnly, Produce, Rename, Set, Tensors, Translation, When, any_of,
+    arch_is, as_projector, has_key, has_tensor_prefix, missing_or_default,
 )
 
 
@@ -126,9 +126,7 @@ CLIP = Translation(
         Default("clip.has_vision_encoder", boolean(True)),
         Default("clip.use_silu", boolean(True)),
         Set("clip.projector_type", string("pixtral")),
-        Set("general.architecture", string("clip")),
-        Set("general.type", string("mmproj")),
-        Drop(("mistral3.", "tokenizer.")),
+        *as_projector("mistral3"),
     ),
     tensors=(
         KeepOnly(("v.", "mm.")),

@@ -24,7 +24,7 @@ from compatfs.gguf_source import SourceGGUF
 from compatfs.gguf_values import VT, Value, array, boolean, string, u32
 from compatfs.translation import (
     Copy, CopyEach, CopyPrefix, Default, DefaultTokenId, Drop, FromShape, Hide, KeepOnly, PadArray, Rename, Set,
-    TokenType, Translation, arch_is,
+    TokenType, Translation, arch_is, as_projector,
 )
 
 KVs = dict[str, Value]
@@ -140,12 +140,10 @@ CLIP = Translation(
         Set("clip.has_vision_encoder", boolean(True)),
         Set("clip.use_silu", boolean(True)),
         Set("clip.projector_type", string("qwen2.5vl_merger")),
-        Set("general.architecture", string("clip")),
-        Set("general.type", string("mmproj")),
         # Not carried, as llama.cpp's converter writes none of them: window
         # size, spatial merge and channels (clip.cpp fixes 112, 2x2 and RGB for
         # this projector), vision rope base, temporal patch size.
-        Drop(("qwen25vl.", "tokenizer.")),
+        *as_projector("qwen25vl"),
     ),
     tensors=(
         KeepOnly(("v.",)),
