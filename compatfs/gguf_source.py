@@ -169,6 +169,14 @@ class SourceGGUF:
         """`size` bytes at absolute `offset` (a view of the memory map)."""
         return memoryview(self._map)[offset:offset + size]
 
+    def release(self, offset: int, size: int) -> None:
+        """Drop the pages of [offset, offset+size) from this process's memory
+        (they stay in the page cache); done once an op has read its inputs."""
+        start = offset - offset % mmap.PAGESIZE
+        end = min(offset + size, self.size)
+        if end > start:
+            self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+
 
 def _read_str(buf: memoryview, off: int, end: int) -> tuple[str, int]:
     if off + 8 > end:

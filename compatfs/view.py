@@ -122,14 +122,19 @@ class View:
                 out.append(bytes(n))
             else:
                 key, op = seg.arg
-                data = self._cache.get(key, lambda: op.compute(self._read_tensor))
+                data = self._cache.get(key, lambda: self._compute(op))
                 out.append(memoryview(data)[lo:lo + n])
             offset += n
             i += 1
         return out
 
-    def _read_tensor(self, t) -> memoryview:
-        return self.source.read(t.offset, t.nbytes)
+    def _compute(self, op) -> bytes:
+        """The op's bytes; its inputs' pages leave the process's memory after."""
+        try:
+            return op.compute(lambda t: self.source.read(t.offset, t.nbytes))
+        finally:
+            for t in op.inputs:
+                self.source.release(t.offset, t.nbytes)
 
     def read(self, offset: int, size: int) -> bytes:
         """The bytes at [offset, offset+size) as one bytes object (in-process;

@@ -242,8 +242,7 @@ def op_bench(work: Path) -> None:
     print(f"  through the mount, first read      {mb / first:8.0f}     {ratio(promote, first)} of in-process promote")
     print(f"  through the mount, second read     {mb / again:8.0f}     (kernel page cache)")
     print(f"  daemon RSS {base:.0f} MiB before, {held:.0f} MiB after ({held - base:+.0f} MiB; "
-          f"the op tensor is {2 * mb:.0f} MB as F32, kept in the single-slot cache;\n"
-          f"  its {mb:.0f} MB F16 input is counted too, as file-backed pages of the blob's memory map)")
+          f"the op tensor is {2 * n / 2**20:.0f} MiB as F32, kept in the single-slot cache)")
 
 
 def start_to_ready(server: Path, model: Path) -> float:
