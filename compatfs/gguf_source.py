@@ -78,7 +78,7 @@ class SourceGGUF:
     def _parse_header(self) -> None:
         """Parse from a copy of the file's head (walking bytes is several times
         faster than walking the map), growing it until the header fits."""
-        size = min(self.size, 1 << 22)
+        size = min(self.size, 1 << 25)   # room for a 262k-token vocabulary in one pass
         while True:
             try:
                 return self._parse(self._map[:size])
