@@ -19,7 +19,6 @@ from .gguf_values import VT, GGUFError, Value, skip_value, string_starts
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
-MAX_HEADER = 1 << 28    # a header (KVs and tensor infos) larger than this is refused
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 
@@ -68,26 +67,14 @@ class SourceGGUF:
         finally:
             os.close(fd)
         try:
-            self._parse_header()
+            self._parse(memoryview(self._map))
         except GGUFError as e:
             raise GGUFError(f"{self.path}: {e}") from None
         except (struct.error, UnicodeDecodeError, ValueError, KeyError, IndexError) as e:
             raise GGUFError(f"{self.path}: malformed GGUF header ({e})") from None
 
     # -- parsing -------------------------------------------------------------
-    def _parse_header(self) -> None:
-        """Parse from a copy of the file's head (walking bytes is several times
-        faster than walking the map), growing it until the header fits."""
-        size = min(self.size, 1 << 25)   # room for a 262k-token vocabulary in one pass
-        while True:
-            try:
-                return self._parse(self._map[:size])
-            except (GGUFError, struct.error):
-                if size >= min(self.size, MAX_HEADER):
-                    raise
-                size = min(self.size, MAX_HEADER, size * 4)
-
-    def _parse(self, buf: bytes) -> None:
+    def _parse(self, buf: memoryview) -> None:
         end = len(buf)
         if bytes(buf[:4]) != MAGIC:
             raise GGUFError("not a GGUF file (bad magic)")
@@ -102,7 +89,7 @@ class SourceGGUF:
         if n_tensors > end or n_kv > end:
             raise GGUFError("implausible tensor or KV count")
         off = 24
-        spans = []   # (key, type, start, end, string offsets): Values are made once the header is cut out
+        spans = []   # (key, type, start, end, string offsets)
         for _ in range(n_kv):
             key, off = _read_str(buf, off, end)
             if off + 4 > end:
@@ -118,10 +105,7 @@ class SourceGGUF:
             else:
                 off = skip_value(buf, start, vtype, end)
             spans.append((key, vtype, start, off, starts))
-        kv_end = off
-        # Keep only the KV bytes, not the rest of the copied head.
-        mv = memoryview(buf[:kv_end] if kv_end < end else buf)
-        kvs = {key: Value(vtype, mv[a:b], starts) for key, vtype, a, b, starts in spans}
+        kvs = {key: Value(vtype, buf[a:b], starts) for key, vtype, a, b, starts in spans}
         self.kvs = kvs
         self.alignment = DEFAULT_ALIGNMENT
         if "general.alignment" in kvs:
