@@ -130,6 +130,7 @@ class SourceGGUF:
         self.header_size = off
         self.data_offset = -(-off // self.alignment) * self.alignment
         self.tensors: dict[str, TensorInfo] = {}
+        self._blocks: dict[str, frozenset[int]] = {}
         for name, shape, dtype, rel in raw_tensors:
             t = TensorInfo(name, shape, dtype, self.data_offset + rel)
             if t.offset + t.nbytes > self.size:
@@ -148,6 +149,20 @@ class SourceGGUF:
 
     def has_tensor_prefix(self, prefix: str) -> bool:
         return any(name.startswith(prefix) for name in self.tensors)
+
+    def block_ids(self, prefix: str = "blk.") -> frozenset[int]:
+        """The block numbers i for which the blob holds a tensor `<prefix><i>.*`:
+        what a handler loops over, never a count read from a KV."""
+        cached = self._blocks.get(prefix)
+        if cached is None:
+            ids = set()
+            for name in self.tensors:
+                if name.startswith(prefix):
+                    head = name[len(prefix):].partition(".")[0]
+                    if head.isdigit():
+                        ids.add(int(head))
+            cached = self._blocks[prefix] = frozenset(ids)
+        return cached
 
     def read(self, offset: int, size: int) -> memoryview:
         """`size` bytes at absolute `offset` (a view of the memory map)."""

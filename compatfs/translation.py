@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Union
 from gguf import GGMLQuantizationType as DT
 
 from .gguf_source import SourceGGUF, TensorInfo, tensor_nbytes
-from .gguf_values import VT, Value, array, string, u32
+from .gguf_values import VT, GGUFError, Value, array, string, u32
 from .ops import Op, Promote
 
 
@@ -331,6 +331,7 @@ class ViewTensor:
     source: TensorInfo | None = None   # blob tensor whose bytes are served (a prefix, if shorter)
     op: Op | None = None
     order: int = 0                     # blob offset that places it in the data section
+    renamed: bool = False              # a tensor is renamed at most once: renames never chain
 
     @property
     def nbytes(self) -> int:
@@ -360,17 +361,33 @@ class KeepOnly:
 
 @dataclass(frozen=True)
 class Rename:
-    """The first occurrence of `old` in each tensor name (starting with
-    `under`, when given) becomes `new`."""
+    """Whole dot-separated name components: the components of `old` become
+    those of `new`, at the start of the name, or anywhere after the first
+    component when `old` starts with a dot (`.attn_output` renames
+    `v.blk.3.attn_output.weight`; `blk.1` never touches `blk.10`).  Only
+    tensors whose names start with `under` are considered, and a tensor that
+    an earlier `Rename` already renamed is left alone: renames never chain."""
     old: str
     new: str
     under: str = ""
 
     def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
+        old, new = _parts(self.old), _parts(self.new)
+        starts = range(1, 2**31) if self.old.startswith(".") else range(0, 1)
         for t in ts:
-            if t.name.startswith(self.under) and self.old in t.name:
-                t.name = t.name.replace(self.old, self.new, 1)
+            if t.renamed or not t.name.startswith(self.under):
+                continue
+            parts = t.name.split(".")
+            at = next((i for i in starts[:max(len(parts) - len(old) + 1, 0)]
+                       if tuple(parts[i:i + len(old)]) == old), None)
+            if at is not None:
+                t.name = ".".join((*parts[:at], *new, *parts[at + len(old):]))
+                t.renamed = True
         return ts
+
+
+def _parts(pattern: str) -> tuple[str, ...]:
+    return tuple(p for p in pattern.strip(".").split(".") if p)
 
 
 @dataclass(frozen=True)
@@ -406,7 +423,7 @@ class Produce:
 
 @dataclass(frozen=True)
 class ProducePerBlock:
-    """`Produce` once per block i < KV `blocks`: tensor
+    """`Produce` once per block i < KV `blocks` that the blob holds: tensor
     `name.format(i)` made by `make(src, i)`, consuming `consumes` formatted
     with i; blocks where `make` gives None are left as they are."""
     blocks: str
@@ -415,14 +432,40 @@ class ProducePerBlock:
     consumes: tuple[str, ...] = ()
 
     def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
-        for i in range(int(src.get(self.blocks) or 0)):
+        prefix = self.name.partition("{}")[0]
+        count = _count(src, self.blocks)
+        for i in sorted(i for i in src.block_ids(prefix) if i < count):
             produce = Produce(self.name.format(i), lambda s, i=i: self.make(s, i),
                               tuple(c.format(i) for c in self.consumes))
             ts = produce.apply(ts, src)
         return ts
 
 
+def _count(src: SourceGGUF, key: str) -> int:
+    value = src.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 TensorEdit = Union[Hide, KeepOnly, Rename, ToF32, Produce, ProducePerBlock]
+
+
+# -- counts ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Count:
+    """The KV `key` counts the blocks `<prefix><i>.*` of the blob: a value
+    that is not a whole number, or exceeds the blocks the blob holds, refuses
+    the translation (it would drive loops over tensors that are not there)."""
+    key: str
+    prefix: str
+
+    def check(self, src: SourceGGUF) -> None:
+        value = src.get(self.key)
+        if value is None:
+            return
+        held = len(src.block_ids(self.prefix))
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= held:
+            raise GGUFError(f"{self.key} = {value!r}, but the blob holds {held} {self.prefix}* blocks")
 
 
 # -- translations ---------------------------------------------------------------
@@ -435,6 +478,7 @@ class Translation:
     detect: Pred
     kv: tuple = ()
     tensors: tuple = ()
+    counts: tuple = ()          # `Count`s checked before anything is planned
 
     def claims(self, src: SourceGGUF) -> bool:
         return self.detect(src)
@@ -452,6 +496,8 @@ class ViewSpec:
 
 def plan(tr: Translation, src: SourceGGUF) -> ViewSpec:
     """Apply `tr` to `src`: the KVs and tensors of the translated file."""
+    for count in tr.counts:
+        count.check(src)
     kv: KVs = dict(src.kvs)
     for edit in tr.kv:
         edit.apply(kv, src)

@@ -32,7 +32,7 @@ from compatfs.gguf_source import SourceGGUF, TensorInfo
 from compatfs.gguf_values import VT, array, boolean, string, u32
 from compatfs.ops import ConcatRows, Op
 from compatfs.translation import (
-    Copy, CopyEach, Default, Drop, FillArray, Hide, KeepOnly, ProducePerBlock, Rename, Set, Tensors, ToF32,
+    Copy, CopyEach, Count, Default, Drop, FillArray, Hide, KeepOnly, ProducePerBlock, Rename, Set, Tensors, ToF32,
     TokenType, Translation, ViewTensor, When, any_of, arch_is, as_projector, has_tensor_prefix, value_is,
 )
 
@@ -50,7 +50,8 @@ class UnpackClamps:
     KV `blocks` and each of its linears `per_block` (`<block>.<linear>`), then
     for each linear of `after`, the four values of `CLAMPS`; each value
     becomes a 1-element F32 tensor `<linear>.<clamp>` (served from its 4 bytes
-    of the blob), and `packed` goes.  A `packed` of another size is left alone."""
+    of the blob), and `packed` goes.  A `packed` of another size, or a block
+    count other than the blocks the blob holds, leaves it alone."""
     packed: str
     blocks: str
     block: str                   # e.g. "v.blk.{}"
@@ -59,8 +60,10 @@ class UnpackClamps:
 
     def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
         t = src.tensors.get(self.packed)
-        n_block = int(src.get(self.blocks) or 0)
-        linears = [f"{self.block.format(i)}.{lin}" for i in range(n_block) for lin in self.per_block]
+        blocks = src.block_ids(self.block.partition("{}")[0])
+        if src.get(self.blocks) != len(blocks) or blocks != frozenset(range(len(blocks))):
+            return ts
+        linears = [f"{self.block.format(i)}.{lin}" for i in range(len(blocks)) for lin in self.per_block]
         linears += list(self.after)
         if t is None or t.dtype != DT.F32 or t.shape != (len(linears) * len(CLAMPS),):
             return ts
@@ -106,6 +109,7 @@ MEDIA_MARKERS = ("<|image>", "<image|>", "<|image|>", "<|audio>", "<audio|>", "<
 TEXT = Translation(
     name="gemma4",
     detect=DETECT,
+    counts=(Count("gemma4.block_count", "blk."),),
     kv=(
         # Gemma 4's tokenizer is BPE with SentencePiece-style byte fallback;
         # as `llama` (SPM) its special tokens split into pieces.
@@ -132,6 +136,7 @@ HAS_VISION, HAS_AUDIO = has_tensor_prefix("v."), has_tensor_prefix("a.")
 CLIP = Translation(
     name="gemma4-clip",
     detect=DETECT & (HAS_VISION | HAS_AUDIO),
+    counts=(Count("gemma4.vision.block_count", "v.blk."), Count("gemma4.audio.block_count", "a.blk.")),
     kv=(
         When(HAS_VISION, (
             CopyEach("gemma4.vision.", "clip.vision.", (

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from compatfs.gguf_source import SourceGGUF  # noqa: E402
 from compatfs.opcache import OpCache  # noqa: E402
 from compatfs.ops import Concat, Promote  # noqa: E402
-from compatfs.storewriter import add_model  # noqa: E402
+from compatfs.testing.store import add_model  # noqa: E402
 from compatfs.translation import ALWAYS, Drop, Translation, plan  # noqa: E402
 from compatfs.view import FileRange, View  # noqa: E402
 

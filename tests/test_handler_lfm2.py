@@ -1,6 +1,6 @@
 """LFM2 as Ollama's converter writes it: through the mount it equals llama.cpp's
 conversion of the same weights and loads."""
-from compatfs.storewriter import add_model
+from compatfs.testing.store import add_model
 
 from compare import assert_same_tensors, kvs
 from conftest import SHARED, needs_fuse, needs_shared

@@ -4,7 +4,7 @@ conversion of the same weights and mmproj.gguf equals its projector (with the
 `[IMG_BREAK]` row its converter forgets), and both load and run."""
 import pytest
 
-from compatfs.storewriter import add_model
+from compatfs.testing.store import add_model
 
 from compare import assert_same_tensors, kvs
 from conftest import SHARED, needs_fuse, needs_shared

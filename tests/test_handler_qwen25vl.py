@@ -7,7 +7,7 @@ from gguf import GGUFValueType as VT
 
 from compatfs.gguf_values import array, u32
 from compatfs.handlers.qwen25vl import PadTokensUnused, WindowPattern
-from compatfs.storewriter import add_model
+from compatfs.testing.store import add_model
 
 from compare import assert_same_tensors, kvs
 from conftest import SHARED, needs_fuse, needs_shared

@@ -2,7 +2,7 @@
 the mount they load and generate; untranslated they fail or misbehave."""
 import pytest
 
-from compatfs import legacy_models as lm
+from compatfs.testing.llama import LLAMA3_EOT_ID
 
 from conftest import needs_fuse
 from xlc_client import run_job
@@ -49,13 +49,13 @@ def test_gemma3_vision_model_and_mmproj(legacy, mounted):
 def test_llama3_end_of_turn(legacy, mounted):
     """Through the mount llama.cpp reports <|eot_id|> as EOS and EOT, and a chat
     completion (the fixture's greedy token is <|eot_id|>) stops there."""
-    actions = [{"op": "props", "ids": [lm.LLAMA3_EOT_ID]},
+    actions = [{"op": "props", "ids": [LLAMA3_EOT_ID]},
                {"op": "chat", "messages": HELLO, "n_predict": 8}]
     res = run_job({"model": str(mounted / "llama3:8b/model.gguf"), "actions": actions})
     assert generates(res), res.get("error")
     props, chat = res["results"]
-    assert props["eos_id"] == props["eot_id"] == lm.LLAMA3_EOT_ID
-    assert lm.LLAMA3_EOT_ID in props["eog_ids"]
+    assert props["eos_id"] == props["eot_id"] == LLAMA3_EOT_ID
+    assert LLAMA3_EOT_ID in props["eog_ids"]
     assert chat["finish_reason"] == "stop" and chat["completion_tokens"] <= 1 and chat["content"] == ""
     raw = run_job({"model": str(legacy[1]["llama3"]), "actions": actions})
     assert raw["ok"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compatfs.storewriter import add_blob, add_model
+from compatfs.testing.store import add_blob, add_model
 from compatfs.view import FileRange
 from compatfs.views import BlobViews
 

@@ -5,7 +5,7 @@ import hashlib
 
 import pytest
 
-from compatfs.storewriter import add_model
+from compatfs.testing.store import add_model
 
 from conftest import needs_fuse
 from xlc_client import run_job

@@ -2,7 +2,7 @@
 llama.cpp's own conversion of the same weights (../shared/fixtures/upstream)."""
 import pytest
 
-from compatfs.storewriter import add_model
+from compatfs.testing.store import add_model
 
 from compare import assert_same_tensors, kvs
 from conftest import SHARED, needs_fuse, needs_shared

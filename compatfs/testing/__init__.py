@@ -1,0 +1,51 @@
+"""Tiny GGUF files written the way Ollama's converters wrote published blobs,
+and Ollama-layout stores to hold them: for the tests, the demo store and
+`scripts/e2e`.  The mount never imports this package.
+
+One module per family, named as its handler in `handlers/` is, so that a
+translation and the legacy form it reads sit side by side by name; `core`
+writes GGUF files in Ollama's layout, `tokenizers` makes small vocabularies,
+`store` writes manifests and blobs.  Every writer is
+``NAME(path, seed=0, **options) -> path`` and cites, in its module's
+docstring, the converter commit whose output it reproduces.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from . import gemma3, llama, llava
+
+Writer = Callable[..., Path]
+
+
+@dataclass(frozen=True)
+class LegacyModel:
+    """A model as a store holds it: a model blob, and a projector blob for
+    models that ship one as a separate layer."""
+
+    model: Writer
+    projector: Optional[Writer] = None
+    tag: str = "latest"
+
+
+# name -> how to write it; the demo store and scripts/e2e serve every entry.
+LEGACY: dict[str, LegacyModel] = {
+    "gemma3": LegacyModel(gemma3.legacy_gemma3_text, tag="1b"),
+    "gemma3-vision": LegacyModel(gemma3.legacy_gemma3_vision, tag="4b"),
+    "llama3.1": LegacyModel(llama.legacy_llama3_instruct, tag="8b-instruct"),
+    "llava": LegacyModel(llama.plain_llama_text, llava.legacy_llava_projector, tag="7b"),
+}
+
+
+def write_models(root: Path, tmp: Path, namespace: str = "library") -> list[str]:
+    """Add every `LEGACY` model to the store at `root` (files staged in `tmp`);
+    the names the mount shows for them."""
+    from .store import add_model
+    names = []
+    for name, entry in LEGACY.items():
+        proj = entry.projector(tmp / f"{name}-proj.gguf") if entry.projector else None
+        add_model(root, name, entry.model(tmp / f"{name}.gguf"), proj, namespace=namespace, tag=entry.tag)
+        names.append(f"{name}:{entry.tag}" if namespace == "library" else f"{namespace}/{name}:{entry.tag}")
+    return names
