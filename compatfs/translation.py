@@ -496,6 +496,9 @@ class ViewSpec:
 
 def plan(tr: Translation, src: SourceGGUF) -> ViewSpec:
     """Apply `tr` to `src`: the KVs and tensors of the translated file."""
+    if src.duplicates:
+        raise GGUFError(f"duplicate {', '.join(src.duplicates[:5])}: a translation would drop one of each")
+    _check_data(src)
     for count in tr.counts:
         count.check(src)
     kv: KVs = dict(src.kvs)
@@ -508,7 +511,24 @@ def plan(tr: Translation, src: SourceGGUF) -> ViewSpec:
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise ValueError(f"translation {tr.name} yields duplicate tensor names {dup[:5]}")
+    for t in ts:
+        if t.op is None and not isinstance(t.dtype, DT):
+            raise GGUFError(f"tensor {t.name} has ggml type {int(t.dtype)}, which no GGUF reader accepts, "
+                            f"and {tr.name} does not convert it")
+        if t.op is None and (t.source is None or t.nbytes > t.source.nbytes):
+            raise ValueError(f"translation {tr.name}: tensor {t.name} is not backed by the blob's bytes")
     return ViewSpec(list(kv.items()), ts, src.alignment, tr.name)
+
+
+def _check_data(src: SourceGGUF) -> None:
+    """Every tensor of a known type lies inside the blob's data section, and no
+    two overlap (a translated view would serve the same bytes twice)."""
+    spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in src.tensors.values() if isinstance(t.dtype, DT))
+    for (start, end, name), (next_start, _, next_name) in zip(spans, spans[1:] + [(src.size, 0, "")]):
+        if start < src.data_offset:
+            raise GGUFError(f"tensor {name} starts before the data section")
+        if end > next_start:
+            raise GGUFError(f"tensor {name} overlaps {next_name or 'the end of the file'}")
 
 
 def first_claim(translations: Iterable[Translation], src: SourceGGUF) -> Translation | None:
