@@ -510,13 +510,13 @@ def plan(tr: Translation, src: SourceGGUF) -> ViewSpec:
     names = [t.name for t in ts]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
-        raise ValueError(f"translation {tr.name} yields duplicate tensor names {dup[:5]}")
+        raise GGUFError(f"translation {tr.name} yields duplicate tensor names {dup[:5]}")
     for t in ts:
         if t.op is None and not isinstance(t.dtype, DT):
             raise GGUFError(f"tensor {t.name} has ggml type {int(t.dtype)}, which no GGUF reader accepts, "
                             f"and {tr.name} does not convert it")
         if t.op is None and (t.source is None or t.nbytes > t.source.nbytes):
-            raise ValueError(f"translation {tr.name}: tensor {t.name} is not backed by the blob's bytes")
+            raise GGUFError(f"translation {tr.name}: tensor {t.name} is not backed by the blob's bytes")
     return ViewSpec(list(kv.items()), ts, src.alignment, tr.name)
 
 
