@@ -93,7 +93,7 @@ class View:
             rel += t.nbytes + _pad(t.nbytes, align)
         # GGUF readers expect each tensor's data right after the previous
         # one's, in tensor-info order: the infos are written in data order.
-        spec = ViewSpec(spec.kvs, data_order, spec.alignment, spec.handler)
+        spec = ViewSpec(spec.kvs, data_order, spec.alignment, spec.handler, spec.idle_renames)
         header = render_header(spec, offsets)
         segs = [_Segment(0, len(header), "mem", header)]
         pos = len(header)
