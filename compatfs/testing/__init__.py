@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import gemma3, gptoss, llama, llava
+from . import gemma3, gemma4, gptoss, llama, llava
 
 Writer = Callable[..., Path]
 
@@ -34,6 +34,7 @@ class LegacyModel:
 LEGACY: dict[str, LegacyModel] = {
     "gemma3": LegacyModel(gemma3.legacy_gemma3_text, tag="1b"),
     "gemma3-vision": LegacyModel(gemma3.legacy_gemma3_vision, tag="4b"),
+    "gemma4-moe": LegacyModel(gemma4.legacy_gemma4_moe, tag="26b"),
     "gpt-oss": LegacyModel(gptoss.legacy_gptoss_fused, tag="20b-fused"),
     "gpt-oss-mxfp4": LegacyModel(gptoss.legacy_gptoss_mxfp4, tag="20b-type4"),
     "llama3.1": LegacyModel(llama.legacy_llama3_instruct, tag="8b-instruct"),
