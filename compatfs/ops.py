@@ -209,11 +209,15 @@ class Strided(Op):
     def of(cls, src: TensorInfo, axis: int, start: int, step: int) -> "Strided":
         shape = list(src.shape)
         if not 0 <= axis < len(shape) or not 0 <= start < step or shape[axis] % step:
-            raise GGUFError(f"{src.name}: cannot take every {step}th of axis {axis} from {start} of shape {src.shape}")
+            raise GGUFError(f"{src.name}: cannot take elements {start}::{step} of axis {axis} of shape {src.shape}")
         if axis == 0 and src.dtype not in _PLAIN:
             raise GGUFError(f"{src.name}: elements of a {src.dtype!r} row cannot be taken apart")
         shape[axis] //= step
         return cls((src,), tuple(shape), src.dtype, axis, start, step)
+
+    @property
+    def description(self) -> str:
+        return f"Strided({self.inputs[0].name}, axis {self.axis}, {self.start}::{self.step})"
 
     def _compute(self, data):
         src = self.inputs[0]

@@ -53,8 +53,9 @@ class OllamaMXFP4(Op):
     """An MXFP4 stack of Ollama's type 4 in ggml's layout (type MXFP4):
     each block's scale kept, its nibbles reordered; rows (ggml axis 1)
     `start`::`step` of each slab of the slower axes.  The input is the
-    blob's bytes of the tensor (sized from its shape: gguf-py cannot size
-    type 4) as a flat I8 tensor."""
+    blob's bytes of the tensor, sized from its shape and checked to lie in
+    the blob's data apart from other tensors, as a flat I8 tensor (a view
+    reads an op's inputs by their size, which type 4 does not have)."""
 
     stored: tuple[int, ...] = ()      # the tensor's ggml shape as the blob declares it
     start: int = 0
@@ -65,13 +66,18 @@ class OllamaMXFP4(Op):
         shape = t.shape
         if len(shape) < 2 or shape[0] % QK or not 0 <= start < step or shape[1] % step:
             raise GGUFError(f"{t.name}: shape {shape} is not an MXFP4 stack whose rows split {step} ways")
-        nbytes, end = prod(shape) // QK * BLOCK, t.offset + prod(shape) // QK * BLOCK
+        nbytes = prod(shape) // QK * BLOCK
+        end = t.offset + nbytes
         if t.offset < src.data_offset or end > src.size:
             raise GGUFError(f"{t.name}: {nbytes} bytes at {t.offset} lie outside the blob's data")
         if any(t.offset < other.offset < end for other in src.tensors.values()):
             raise GGUFError(f"{t.name}: its {nbytes} bytes overlap another tensor")
         raw = TensorInfo(t.name, (nbytes,), DT.I8, t.offset)
         return cls((raw,), (shape[0], shape[1] // step, *shape[2:]), DT.MXFP4, shape, start, step)
+
+    @property
+    def description(self) -> str:
+        return f"OllamaMXFP4({self.inputs[0].name}, rows {self.start}::{self.step})"
 
     def _compute(self, data):
         cols, rows, *slow = self.stored
@@ -124,7 +130,8 @@ TEXT = Translation(
         Set(Keys.General.ARCHITECTURE, string("gpt-oss")),
         CopyPrefix("gptoss.", "gpt-oss."),
         Drop(("gptoss.",)),
-        # llama.cpp requires the experts' width: the rows of a down stack.
+        # llama.cpp requires the experts' width: the row length of a down
+        # stack (Ollama's handler reads a gate stack, which older blobs lack).
         When(~has_key("gptoss.expert_feed_forward_length"), (
             FromShape("gpt-oss.expert_feed_forward_length", "blk.0.ffn_down_exps.weight", axis=0),
         )),

@@ -149,3 +149,17 @@ def test_type4_bytes_are_checked_against_the_blob(tmp_path):
         gptoss.OllamaMXFP4.of(src, type(fused)(fused.name, (64, 400, 4), fused.dtype, fused.offset))
     with pytest.raises(GGUFError, match="not an MXFP4 stack"):
         gptoss.OllamaMXFP4.of(src, type(fused)(fused.name, (48, 192, 4), fused.dtype, fused.offset))
+
+
+def test_strided_refuses_what_it_cannot_take_apart():
+    from compatfs.gguf_source import TensorInfo
+    from compatfs.ops import Strided
+    with pytest.raises(GGUFError, match="cannot take elements 0::2"):
+        Strided.of(TensorInfo("odd", (64, 5, 4), DT.F32, 0), 1, 0, 2)
+    with pytest.raises(GGUFError, match="cannot be taken apart"):
+        Strided.of(TensorInfo("q", (64, 4, 4), DT.Q8_0, 0), 0, 0, 2)
+    t = Strided.of(TensorInfo("bias", (8, 3), DT.F32, 0), 0, 1, 2)
+    data = np.arange(24, dtype="<f4")
+    assert t.shape == (4, 3)
+    np.testing.assert_array_equal(np.frombuffer(t.compute(lambda _: memoryview(data.tobytes())), "<f4"),
+                                  data.reshape(3, 8)[:, 1::2].reshape(-1))
