@@ -345,6 +345,18 @@ class Strided(Op):
     def description(self) -> str:
         return f"Strided({self.inputs[0].name}, axis {self.axis}, {self.start}::{self.step})"
 
+    def pieces(self):
+        """Along a slower axis: the rows (or slabs) taken, slab after slab."""
+        src = self.inputs[0]
+        if self.axis == 0:
+            return None
+        unit = tensor_nbytes(src.shape[:self.axis], src.dtype)
+        n, outer = src.shape[self.axis], _elements(src.shape[self.axis + 1:])
+        if outer * (n // self.step) > MAX_PIECES:
+            return None
+        return _merged([InputRange(src, (k * n + j) * unit, unit)
+                        for k in range(outer) for j in range(self.start, n, self.step)])
+
     def _compute(self, data):
         src = self.inputs[0]
         if self.axis == 0:

@@ -17,6 +17,18 @@ from xlc_client import run_job
 CHAT = {"op": "chat", "messages": [{"role": "user", "content": "Describe."}], "n_predict": 4}
 
 
+def refusal(path) -> str:
+    """llama.cpp's refusal of `path` with its log errors.  About one run in
+    eight the child's llama.cpp log comes back empty (not flushed before it
+    exits); the run is then repeated."""
+    for _ in range(3):
+        raw = run_job({"model": str(path)})
+        assert not raw["ok"], path
+        if raw.get("log_errors"):
+            break
+    return str(raw)
+
+
 @pytest.fixture(scope="module")
 def blob(tmp_path_factory):
     return legacy_gemma4_moe(tmp_path_factory.mktemp("gemma4moe") / "moe.gguf")
@@ -34,8 +46,7 @@ def tensors(path) -> dict:
 
 
 def test_untranslated_llama_cpp_refuses_it(blob):
-    raw = run_job({"model": str(blob)})
-    assert not raw["ok"] and "wrong number of tensors" in str(raw)
+    assert "wrong number of tensors" in refusal(blob)
 
 
 @needs_fuse

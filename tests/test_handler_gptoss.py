@@ -31,6 +31,18 @@ OLLAMA_ONLY = {"tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token",
 PROMPT = {"op": "complete", "prompt": "The quick brown fox", "n_predict": 8}
 
 
+def refusal(path) -> str:
+    """llama.cpp's refusal of `path` with its log errors.  About one run in
+    eight the child's llama.cpp log comes back empty (not flushed before it
+    exits); the run is then repeated."""
+    for _ in range(3):
+        raw = run_job({"model": str(path)})
+        assert not raw["ok"], path
+        if raw.get("log_errors"):
+            break
+    return str(raw)
+
+
 @pytest.fixture(scope="module")
 def blobs(tmp_path_factory) -> dict:
     """tag -> blob: the genuine one and its weights in the older layouts."""
@@ -80,11 +92,9 @@ def test_older_layouts_hold_the_same_weights(blobs):
 @needs_shared
 def test_untranslated_the_blobs_fail_in_llama_cpp(blobs):
     for tag, path in blobs.items():
-        raw = run_job({"model": str(path)})
-        assert not raw["ok"], tag
         # Type 4 stops llama.cpp's GGUF reader before it reads the architecture.
         want = "of type 4 (DEPRECATED)" if tag == "type4" else "unknown model architecture: 'gptoss'"
-        assert want in str(raw), (tag, raw.get("error"))
+        assert want in refusal(path), tag
 
 
 @needs_fuse
@@ -121,7 +131,7 @@ def test_legacy_writers_models_load_and_generate(tmp_path, mount_store):
     store = tmp_path / "store"
     for tag, write in (("fused", writers.legacy_gptoss_fused), ("type4", writers.legacy_gptoss_mxfp4)):
         blob = write(tmp_path / f"{tag}.gguf")
-        assert not run_job({"model": str(blob)})["ok"], tag
+        refusal(blob)
         add_model(store, "gpt-oss-tiny", blob, tag=tag)
     m = mount_store(store)
     for tag in ("fused", "type4"):
@@ -163,3 +173,17 @@ def test_strided_refuses_what_it_cannot_take_apart():
     assert t.shape == (4, 3)
     np.testing.assert_array_equal(np.frombuffer(t.compute(lambda _: memoryview(data.tobytes())), "<f4"),
                                   data.reshape(3, 8)[:, 1::2].reshape(-1))
+
+
+def test_strided_rows_are_served_as_blob_ranges():
+    """Rows of a quantized stack are taken whole: the op is a run of the
+    blob's byte ranges, the same bytes as computing it."""
+    from compatfs.gguf_source import TensorInfo
+    from compatfs.ops import InputRange, Strided
+    src = TensorInfo("fused", (64, 6, 3), DT.Q8_0, 0)
+    data = np.random.default_rng(0).integers(0, 256, src.nbytes, dtype=np.uint8).tobytes()
+    for start in (0, 1):
+        op = Strided.of(src, 1, start, 2)
+        served = b"".join(data[p.start:p.start + p.size] for p in op.pieces() if isinstance(p, InputRange))
+        assert served == op.compute(lambda _: memoryview(data)) and len(served) == op.nbytes
+    assert len(Strided.of(src, 1, 0, 1).pieces()) == 1
