@@ -79,14 +79,31 @@ class OllamaMXFP4(Op):
     def description(self) -> str:
         return f"OllamaMXFP4({self.inputs[0].name}, rows {self.start}::{self.step})"
 
+    ranged = True   # a read computes just the blocks it covers
+
     def _compute(self, data):
         cols, rows, *slow = self.stored
         blocks = np.frombuffer(data[0], dtype=np.uint8).reshape(*reversed(slow), rows, cols // QK, BLOCK)
-        blocks = blocks[..., self.start::self.step, :, :]
-        scale, packed = blocks[..., :1], blocks[..., 1:]
-        # elements in order: byte k holds 2k (low nibble) and 2k+1 (high nibble)
-        values = np.stack((packed & 0x0F, packed >> 4), axis=-1).reshape(*packed.shape[:-1], QK)
-        return np.concatenate((scale, values[..., :QK // 2] | (values[..., QK // 2:] << 4)), axis=-1).tobytes()
+        return _ggml_blocks(blocks[..., self.start::self.step, :, :]).tobytes()
+
+    def compute_range(self, read, lo, hi):
+        cols, rows = self.stored[:2]
+        per_row, out_rows = cols // QK, rows // self.step
+        out = np.arange(lo // BLOCK, -(-hi // BLOCK))             # output blocks covered
+        slab, row, col = out // (out_rows * per_row), out // per_row % out_rows, out % per_row
+        src = (slab * rows + self.start + row * self.step) * per_row + col   # their input blocks, ascending
+        first = int(src[0])
+        span = np.frombuffer(read(self.inputs[0], first * BLOCK, (int(src[-1]) + 1 - first) * BLOCK), dtype=np.uint8)
+        data = _ggml_blocks(span.reshape(-1, BLOCK)[src - first]).tobytes()
+        return data[lo - int(out[0]) * BLOCK:hi - int(out[0]) * BLOCK]
+
+
+def _ggml_blocks(blocks: np.ndarray) -> np.ndarray:
+    """17-byte MXFP4 blocks (last axis) from the checkpoint's nibble order
+    (byte k: elements 2k low, 2k+1 high) to ggml's (byte j: j low, j+16 high)."""
+    scale, packed = blocks[..., :1], blocks[..., 1:]
+    values = np.stack((packed & 0x0F, packed >> 4), axis=-1).reshape(*packed.shape[:-1], QK)
+    return np.concatenate((scale, values[..., :QK // 2] | (values[..., QK // 2:] << 4)), axis=-1)
 
 
 def from_fused(kind: str, half: int):

@@ -187,3 +187,23 @@ def test_strided_rows_are_served_as_blob_ranges():
         served = b"".join(data[p.start:p.start + p.size] for p in op.pieces() if isinstance(p, InputRange))
         assert served == op.compute(lambda _: memoryview(data)) and len(served) == op.nbytes
     assert len(Strided.of(src, 1, 0, 1).pieces()) == 1
+
+
+def test_type4_repack_by_range_equals_the_whole(tmp_path):
+    """Any byte range of a repacked stack, computed from just the blocks it
+    covers, equals that range of the whole."""
+    path = writers.legacy_gptoss_mxfp4(tmp_path / "t4.gguf")
+    src = SourceGGUF(path)
+    fused = src.tensors["blk.1.ffn_gate_up_exps.weight"]
+    reads = []
+
+    def read(t, start, size):
+        reads.append(size)
+        return src.read(t.offset + start, size)
+    for half in (0, 1):
+        op = gptoss.OllamaMXFP4.of(src, fused, half, 2)
+        whole = op.compute(lambda t: src.read(t.offset, t.nbytes))
+        for lo, hi in ((0, op.nbytes), (5, 40), (17 * 7 + 3, 17 * 300), (op.nbytes - 20, op.nbytes)):
+            reads.clear()
+            assert op.compute_range(read, lo, hi) == whole[lo:hi], (half, lo, hi)
+            assert sum(reads) <= 2 * (hi - lo) + 4 * 17
