@@ -25,14 +25,13 @@ compared; the writers re-lay a tiny seeded model of the current form.
 from __future__ import annotations
 
 import functools
-from math import prod
 from pathlib import Path
 from typing import Any
 
 import gguf
 import numpy as np
 
-from .core import T, V, kv_type, normal, ollama_tensor_order
+from .core import T, kv_type, normal, ollama_tensor_order
 from .tokenizers import BPE_SPLIT, CORPUS, bytes_to_unicode, train_bpe
 
 OLLAMA_MXFP4 = 4    # ggml type number of MXFP4 in Ollama's converter before 59412fbb4
