@@ -13,8 +13,10 @@ from compatfs import handlers
 from compatfs.gguf_source import SourceGGUF
 from compatfs.gguf_values import GGUFError
 from compatfs.handlers import gemma3n
+from compatfs.opcache import OpCache
 from compatfs.testing.store import add_model
 from compatfs.translation import first_claim, plan
+from compatfs.view import View
 
 from compare import assert_same_tensors, kvs
 from conftest import SHARED, needs_fuse, needs_shared
@@ -131,13 +133,14 @@ def test_towers_hidden_and_quantized_per_layer_embedding_padded(tmp_path):
     src = SourceGGUF(synthetic(tmp_path / "g3n.gguf", per_layer_rows=8))
     spec = plan(gemma3n.TEXT, src)
     assert sorted(t.name for t in spec.tensors) == ["per_layer_token_embd.weight", "token_embd.weight"]
-    padded = next(t for t in spec.tensors if t.op is not None)
-    assert (padded.dtype, padded.shape) == (DT.Q8_0, (64, 12))
-    data = padded.op.compute(lambda t: src.read(t.offset, t.nbytes))
-    values = gguf.quants.dequantize(np.frombuffer(data, dtype=np.uint8), DT.Q8_0).reshape(12, 64)
-    stored = src.tensors["per_layer_token_embd.weight"]
-    original = gguf.quants.dequantize(np.frombuffer(src.read(stored.offset, stored.nbytes), dtype=np.uint8), DT.Q8_0)
-    np.testing.assert_array_equal(values[:8], original.reshape(8, 64))
+    out = tmp_path / "view.gguf"
+    view = View.translated(src, spec, OpCache(), key="k")
+    out.write_bytes(view.read(0, view.size))
+    padded = {t.name: t for t in gguf.GGUFReader(out).tensors}["per_layer_token_embd.weight"]
+    assert padded.tensor_type == DT.Q8_0 and [int(x) for x in padded.shape] == [64, 12]
+    values = gguf.quants.dequantize(np.asarray(padded.data), DT.Q8_0)
+    stored = {t.name: t for t in gguf.GGUFReader(src.path).tensors}["per_layer_token_embd.weight"]
+    np.testing.assert_array_equal(values[:8], gguf.quants.dequantize(np.asarray(stored.data), DT.Q8_0))
     assert not values[8:].any()
     kv = dict(spec.kvs)
     assert kv["gemma3n.rope.freq_base_swa"].decode() == 10000.0 and kv["gemma3n.attention.key_length"].decode() == 16
