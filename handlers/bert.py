@@ -32,7 +32,7 @@ def base64_chars(value: Value | None) -> str | None:
         return None
     n = value.count
     items = np.frombuffer(value.payload, dtype=np.uint8, offset=12)
-    if items.size != 9 * n:      # each element: u64 length 1, then its byte
+    if n == 0 or items.size != 9 * n:      # each element: u64 length 1, then its byte
         return None
     items = items.reshape(n, 9)
     if (items[:, :8].view("<u8")[:, 0] != 1).any():

@@ -16,7 +16,9 @@ Departures from Ollama's handler, toward llama.cpp's conversion: the
 local rope base is taken from the blob where it has one (Ollama's layer
 always writes 10000); the tokenizer gets `add_space_prefix=false` and
 control-typed image markers (as `handlers/gemma3.py`), also for the current
-form, which Ollama's layer leaves alone.  Ollama's handler also renames a
+form, which Ollama's layer leaves alone; Ollama's `add_padding/unknown_token`
+and BPE merges (llama.cpp reads neither for a SentencePiece vocabulary) are
+dropped.  Ollama's handler also renames a
 `norm.weight` to `output_norm.weight`; Ollama's own reader of these files
 (`model/models/gemma3`) loads only `output_norm`, so no blob it ran has
 that name, and the rename is left out.

@@ -24,7 +24,9 @@ Departures from Ollama's handler, each toward llama.cpp's conversion:
   the image markers become control, as in `handlers/gemma3.py`; Ollama's
   `[PADn]` slots become llama.cpp's unused `[PAD<id>]`;
 - rope SWA base, head size, softcapping and `add_space_prefix` are set,
-  which Ollama's handler leaves out.
+  which Ollama's handler leaves out; keys llama.cpp reads nowhere (Ollama's
+  altup extras, `add_padding/unknown_token`, the SentencePiece vocabulary's
+  BPE merges) are dropped, as its conversion has none of them.
 """
 from __future__ import annotations
 
