@@ -18,10 +18,10 @@ from ggufs import write_gguf
 
 # Genuine Ollama conversions: file -> (text handler, clip handler).
 OLLAMA = {
-    "embeddinggemma": (None, None),
+    "embeddinggemma": ("embeddinggemma", None),
     "gemma3": ("gemma3", None),
     "gemma3_vision": ("gemma3", "gemma3-clip"),
-    "gemma3n": (None, None),
+    "gemma3n": ("gemma3n", None),
     "gemma4_vision": ("gemma4", "gemma4-clip"),
     "glm4_moe_lite": (None, None),
     "glm4_moe_lite_legacy": (None, None),
@@ -45,6 +45,8 @@ WRITERS = {
     "llama3.1": ("llama3", None),
     "llava": (None, None),
     "llava/projector": (None, "llava-mlp"),
+    "embeddinggemma": ("embeddinggemma", None),
+    "snowflake-arctic-embed2": ("bert", None),
 }
 
 # Layouts no fixture has, written here: Gemma 4's audio conformer (with a
