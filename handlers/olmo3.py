@@ -2,9 +2,10 @@
 
 llama.cpp b11434 has no `olmo3` architecture: its converter writes OLMo 3
 checkpoints as `olmo2` (the OLMo 2 loader reads the sliding-window pattern
-that OLMo 3 adds).  Ollama's converter wrote `olmo3` until f63eea3
-(2026-05-24, `convert/convert_olmo3.go`) and `olmo2` since 9db4bdbad; both
-forms differ from llama.cpp's conversion of the same weights in that
+that OLMo 3 adds).  Ollama's converter (`convert/convert_olmo.go`, for
+Olmo3ForCausalLM only) wrote `olmo3` from ffbe8e076 (2025-12-15) to f63eea3
+(2026-05-24) and `olmo2` since 9db4bdbad; both forms differ from llama.cpp's
+conversion of the same weights in that
 
 - the YaRN attention factor is stored as `rope.scaling.attn_factor`, which
   llama.cpp multiplies into the attention scale on top of the YaRN
