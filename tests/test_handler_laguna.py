@@ -1,6 +1,7 @@
 """Laguna as Ollama's converter writes it: untranslated llama.cpp refuses it
-(no `attn_gate`); through the mount it has llama.cpp's names and loads, and
-the YaRN attention factor is no longer applied on top of llama.cpp's own."""
+(no `attn_gate`); through the mount it has llama.cpp's tensor and rope key
+names (the YaRN attention factor as `yarn_attn_factor`, which llama.cpp does
+not multiply in a second time), the same tensor values, and generates."""
 import gguf
 import pytest
 
