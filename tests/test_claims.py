@@ -24,14 +24,14 @@ OLLAMA = {
     "gemma3n": ("gemma3n", None),
     "gemma4_vision": ("gemma4", "gemma4-clip"),
     "glm4_moe_lite": (None, None),
-    "glm4_moe_lite_legacy": (None, None),
+    "glm4_moe_lite_legacy": ("glm4moelite", None),
     "gpt_oss": (None, None),
     "lfm2": ("lfm2", None),
     "llama3": (None, None),
     "mistral3": ("mistral3", "mistral3-clip"),
     "nemotron_h": (None, None),
-    "olmo3": (None, None),
-    "olmo3_legacy": (None, None),
+    "olmo3": ("olmo3", None),
+    "olmo3_legacy": ("olmo3", None),
     "qwen2_5_vl": ("qwen25vl", "qwen25vl-clip"),
     "qwen3_5_legacy": (None, None),
     "qwen3_vl_legacy": (None, None),
@@ -47,6 +47,9 @@ WRITERS = {
     "llava/projector": (None, "llava-mlp"),
     "embeddinggemma": ("embeddinggemma", None),
     "snowflake-arctic-embed2": ("bert", None),
+    "qwen3-next": ("qwen3next", None),
+    "qwen3-next-q35": ("qwen3next", None),
+    "laguna": ("laguna", None),
 }
 
 # Layouts no fixture has, written here: Gemma 4's audio conformer (with a
