@@ -320,6 +320,26 @@ class ConcatRows(Op):
 
 
 @dataclass(frozen=True)
+class PadRows(Op):
+    """Rows of zeros appended to a matrix (ggml shape [n, rows]) up to `rows`
+    rows: the stored rows served from the blob, then zeros; any dtype (a block
+    of zero bytes decodes to zeros in every ggml type: its scales are zero)."""
+
+    @classmethod
+    def of(cls, src: TensorInfo, rows: int) -> "PadRows":
+        if len(src.shape) != 2 or rows < src.shape[1]:
+            raise GGUFError(f"{src.name}: cannot pad shape {src.shape} to {rows} rows")
+        return cls((src,), (src.shape[0], rows), src.dtype)
+
+    def pieces(self):
+        src = self.inputs[0]
+        return [p for p in (InputRange(src, 0, src.nbytes), self.nbytes - src.nbytes) if p]
+
+    def _compute(self, data):
+        return bytes(data[0]) + bytes(self.nbytes - len(data[0]))
+
+
+@dataclass(frozen=True)
 class Strided(Op):
     """Every `step`-th element of ggml `axis` from `start`, within each slab
     of the slower axes: one half of a stack whose two halves are interleaved
