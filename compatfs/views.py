@@ -27,6 +27,7 @@ log = logging.getLogger("compatfs")
 
 MODEL_FILE = "model.gguf"
 MMPROJ_FILE = "mmproj.gguf"
+LAYER_FILE = "layer"      # a manifest layer that is not GGUF (params, template, ...), served unchanged
 
 
 def translation_enabled(no_translate: bool = False) -> bool:
@@ -107,7 +108,7 @@ class BlobViews:
 
     def view(self, path: Path, kind: str) -> View:
         """The view; GGUFError (naming the blob) when it cannot be built."""
-        if not self.translate and kind == MODEL_FILE:
+        if kind == LAYER_FILE or (not self.translate and kind == MODEL_FILE):
             try:
                 return View.identity(path.stat().st_size)
             except OSError as e:
