@@ -146,6 +146,9 @@ def write_view(view: View, blob: Path, dest: Path, reflink: str = "auto", checks
     try:
         src = os.open(blob, os.O_RDONLY | os.O_CLOEXEC)
         try:
+            st = os.fstat(src)
+            if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != tuple(view.stamp):
+                raise GGUFError(f"{blob} changed while the export was prepared: run it again")
             w = _Writer(out, src, blob.name, reflink, checksum, bar)
             for start in range(0, view.size, WINDOW):
                 at = start
