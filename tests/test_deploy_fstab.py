@@ -1,5 +1,5 @@
 """/etc/fstab and mount(8): mount.compatfs's option handling, and real mounts
-of the three fstab forms through mount(8), in a private mount namespace whose
+of the three fstab forms and of `mount -t fuse.compatfs|compatfs` through mount(8), in a private mount namespace whose
 /usr/local/bin and /usr/sbin show this checkout's compatfs and mount.compatfs
 (as root with unshare; skipped otherwise)."""
 import hashlib
@@ -80,36 +80,38 @@ def test_the_three_fstab_forms_through_mount8(tmp_path):
         f"{store} {t}/m4 compatfs ro,noauto,cache=always 0 0\n")
     script = f"""
 set -u
-mkdir -p {t}/m1 {t}/m2 {t}/m3 {t}/m4 {t}/bin {t}/sbin {t}/orig
+mkdir -p {t}/m1 {t}/m2 {t}/m3 {t}/m4 {t}/m5 {t}/m6 {t}/bin {t}/sbin {t}/orig
 ln -s {BIN}/compatfs {t}/bin/compatfs
 mount --bind /usr/sbin {t}/orig
 cp -as {t}/orig/. {t}/sbin/
 ln -sf {BIN}/mount.compatfs {t}/sbin/mount.compatfs
 mount --bind {t}/bin /usr/local/bin
 mount --bind {t}/sbin /usr/sbin
-trap 'for m in m1 m2 m3 m4; do fusermount3 -u {t}/$m 2>/dev/null; done' EXIT
+trap 'for m in m1 m2 m3 m4 m5 m6; do fusermount3 -u {t}/$m 2>/dev/null; done' EXIT
 for m in m1 m2 m3; do mount -T {t}/fstab {t}/$m || echo "FAILED $m"; done
+mount -t fuse.compatfs -o ro,allow_other {store} {t}/m5 || echo "FAILED m5"
+mount -t compatfs -o ro {store} {t}/m6 || echo "FAILED m6"
 echo ===
 mount -T {t}/fstab {t}/m4 2>&1 && echo "MOUNTED m4"
 echo ===
 grep ' {t}/m' /proc/self/mounts
 echo ===
 stat -c '%u %g' {t}/m1/gemma3:1b/model.gguf
-for m in m1 m2 m3; do sha256sum {t}/$m/gemma3:1b/model.gguf; done
+for m in m1 m2 m3 m5 m6; do sha256sum {t}/$m/gemma3:1b/model.gguf; done
 """
     res = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
                          capture_output=True, text=True, timeout=180, cwd="/")
     assert res.returncode == 0, res.stdout + res.stderr
     failed, m4, mounts, files = res.stdout.split("===\n")
-    assert "FAILED" not in failed and failed.count("compatfs: mounted") == 3, res.stdout + res.stderr
+    assert "FAILED" not in failed and failed.count("compatfs: mounted") == 5, res.stdout + res.stderr
     assert "MOUNTED" not in m4 and "unknown mount option: cache=always" in m4
     types = {line.split()[1]: line.split()[2:4] for line in mounts.splitlines()}
-    assert {m: t_[0] for m, t_ in types.items()} == {f"{t}/m{i}": "fuse.compatfs" for i in (1, 2, 3)}
+    assert {m: t_[0] for m, t_ in types.items()} == {f"{t}/m{i}": "fuse.compatfs" for i in (1, 2, 3, 5, 6)}
     assert all(o[1].startswith("ro,") for o in types.values())
     assert "nosuid" in types[f"{t}/m3"][1] and "nodev" in types[f"{t}/m3"][1]    # `user` implies them
     owner, *sums = files.strip().splitlines()
     assert owner == "1234 99"
     digests = {line.split()[0] for line in sums}
-    assert len(sums) == 3 and len(digests) == 1
+    assert len(sums) == 5 and len(digests) == 1
     # Nothing is left mounted in this namespace.
-    assert not any(os.path.ismount(t / f"m{i}") for i in range(1, 5))
+    assert not any(os.path.ismount(t / f"m{i}") for i in range(1, 7))
