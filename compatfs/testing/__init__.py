@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import gemma3, llama, llava
+from . import gemma3, llama, llava, nemotron
 
 Writer = Callable[..., Path]
 
@@ -36,6 +36,8 @@ LEGACY: dict[str, LegacyModel] = {
     "gemma3-vision": LegacyModel(gemma3.legacy_gemma3_vision, tag="4b"),
     "llama3.1": LegacyModel(llama.legacy_llama3_instruct, tag="8b-instruct"),
     "llava": LegacyModel(llama.plain_llama_text, llava.legacy_llava_projector, tag="7b"),
+    "nemotron-3-super": LegacyModel(nemotron.legacy_nemotron_h_moe, tag="120b"),
+    "nemotron3": LegacyModel(nemotron.legacy_nemotron_h_omni, tag="33b"),
 }
 
 
