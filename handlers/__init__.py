@@ -7,7 +7,7 @@ matters where detectors overlap (as in Ollama's dispatch): EmbeddingGemma
 before Gemma 3, Qwen2.5-VL before anything Qwen2-VL, GLM-4.7-Flash on its
 way to deepseek2.
 """
-from . import gemma3, gemma4, lfm2, llama, llava, mistral3, nemotron, qwen25vl
+from . import deepseekocr, gemma3, gemma4, lfm2, llama, llava, mistral3, nemotron, qwen25vl
 
 TEXT = (
     gemma3.TEXT,
@@ -15,6 +15,7 @@ TEXT = (
     lfm2.TEXT,
     mistral3.TEXT,
     qwen25vl.TEXT,
+    deepseekocr.TEXT,
     nemotron.TEXT_OMNI,
     nemotron.TEXT_MOE,
     llama.LLAMA3,
@@ -26,5 +27,6 @@ CLIP = (
     mistral3.CLIP,
     gemma4.CLIP,
     qwen25vl.CLIP,
+    deepseekocr.CLIP,
     nemotron.CLIP,
 )

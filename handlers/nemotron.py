@@ -26,37 +26,16 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as DT
 
-from compatfs.gguf_source import SourceGGUF, TensorInfo
-from compatfs.gguf_values import VT, GGUFError, Value, array, boolean, f32, string, u32
+from compatfs.gguf_source import SourceGGUF
+from compatfs.gguf_values import VT, GGUFError, array, boolean, f32, string, u32
 from compatfs.ops import Concat, Op, to_f32
 from compatfs.translation import (
-    Copy, CopyEach, CopyPrefix, Count, Default, Drop, Hide, KeepOnly, Pred, Produce, ProducePerBlock, Rename, Set,
-    ToF32, Translation, When, any_of, arch_is, as_projector, has_tensor_prefix, value_at_least,
+    Copy, CopyEach, CopyPrefix, Count, Default, Drop, FromFirstBlock, Hide, KeepOnly, Pred, Produce, ProducePerBlock,
+    Rename, Set, ToF32, Translation, When, any_of, arch_is, as_projector, has_tensor_prefix, value_at_least,
 )
 
-KVs = dict[str, Value]
 
-
-# -- Nemotron's own KV edit, detector and ops ------------------------------------------
-
-@dataclass(frozen=True)
-class FromFirstBlock:
-    """`key` (u32) = axis `axis` of `<prefix><i>.<suffix>` for the first block i of
-    the blob that holds that tensor, when `key` is absent."""
-    key: str
-    prefix: str
-    suffix: str
-    axis: int
-
-    def apply(self, kv: KVs, src: SourceGGUF) -> None:
-        if self.key in kv:
-            return
-        for i in sorted(src.block_ids(self.prefix)):
-            t = src.tensors.get(f"{self.prefix}{i}.{self.suffix}")
-            if t is not None and len(t.shape) > self.axis:
-                kv[self.key] = u32(t.shape[self.axis])
-                return
-
+# -- Nemotron's own detector and ops ------------------------------------------
 
 def has_block_tensor(component: str) -> Pred:
     """Some `blk.<i>.<component>.*` tensor is in the blob."""

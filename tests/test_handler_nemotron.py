@@ -215,3 +215,21 @@ def test_resample_grid_is_bilinear_with_corners_aligned():
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
     same = nemotron.ResampleGrid((info,), (width, s * s), DT.F32, s, s)
     np.testing.assert_array_equal(np.frombuffer(same.compute(lambda _: data), dtype="<f4"), table.reshape(-1))
+
+
+def test_ollama_detector_facts_hold_of_the_written_blobs(tmp_path):
+    """Ollama's handler claims these forms: `nemotron_h_moe` with
+    `blk.{0,1}.ffn_latent_in*` or `mtp.*` tensors; `nemotron_h_omni` with `v.`,
+    `a.` or `mm.` tensors, loaded as `nemotron_h_moe` when it has experts.
+    The current converter's form has none of them."""
+    for latent, mtp in ((True, True), (False, True), (True, False)):
+        src = SourceGGUF(writers.legacy_nemotron_h_moe(tmp_path / f"{latent}{mtp}.gguf", latent=latent, mtp=mtp))
+        assert src.architecture == "nemotron_h_moe"
+        assert any(n.startswith(("blk.0.ffn_latent_in", "blk.1.ffn_latent_in", "mtp.")) for n in src.tensors)
+        assert first_claim(handlers.TEXT, src) is nemotron.TEXT_MOE
+    omni = SourceGGUF(writers.legacy_nemotron_h_omni(tmp_path / "omni.gguf"))
+    assert omni.architecture == "nemotron_h_omni" and omni.has_tensor_prefix("a.")
+    assert omni.get("nemotron_h_omni.expert_count") > 0
+    assert first_claim(handlers.TEXT, omni) is nemotron.TEXT_OMNI and first_claim(handlers.CLIP, omni) is nemotron.CLIP
+    plain = SourceGGUF(writers.legacy_nemotron_h_moe(tmp_path / "plain.gguf", latent=False, mtp=False))
+    assert first_claim(handlers.TEXT, plain) is None

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import gemma3, llama, llava, nemotron
+from . import deepseekocr, gemma3, llama, llava, nemotron
 
 Writer = Callable[..., Path]
 
@@ -32,6 +32,7 @@ class LegacyModel:
 
 # name -> how to write it; the demo store and scripts/e2e serve every entry.
 LEGACY: dict[str, LegacyModel] = {
+    "deepseek-ocr": LegacyModel(deepseekocr.legacy_deepseekocr, tag="3b"),
     "gemma3": LegacyModel(gemma3.legacy_gemma3_text, tag="1b"),
     "gemma3-vision": LegacyModel(gemma3.legacy_gemma3_vision, tag="4b"),
     "llama3.1": LegacyModel(llama.legacy_llama3_instruct, tag="8b-instruct"),

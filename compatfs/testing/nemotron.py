@@ -57,9 +57,10 @@ CHAT_TEMPLATE = (
 
 
 @functools.lru_cache(maxsize=None)
-def nemotron_tokens() -> tuple[list[str], list[int], list[str]]:
+def byte_bpe_tokens(specials: tuple[str, ...]) -> tuple[list[str], list[int], list[str]]:
     """A byte-level BPE vocabulary of a few hundred tokens (tokens, types, merges):
-    the specials (control), the 256 byte characters, one token per learned merge."""
+    `specials` (control) first, then the 256 byte characters, then one token per
+    learned merge."""
     b2u = bytes_to_unicode()
     words: dict[tuple[str, ...], int] = {}
     for m in BPE_SPLIT.findall(CORPUS):
@@ -67,13 +68,17 @@ def nemotron_tokens() -> tuple[list[str], list[int], list[str]]:
         if len(sym) > 1:
             words[sym] = words.get(sym, 0) + 1
     merges = train_bpe(words, 150)
-    toks = list(SPECIALS) + [b2u[b] for b in range(256)]
-    types = [3] * len(SPECIALS) + [1] * 256
+    toks = list(specials) + [b2u[b] for b in range(256)]
+    types = [3] * len(specials) + [1] * 256
     for a, b in merges:
         if a + b not in toks:
             toks.append(a + b)
             types.append(1)
     return toks, types, [f"{a} {b}" for a, b in merges]
+
+
+def nemotron_tokens() -> tuple[list[str], list[int], list[str]]:
+    return byte_bpe_tokens(SPECIALS)
 
 
 def _tokenizer_kvs() -> dict[str, Any]:
