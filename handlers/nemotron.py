@@ -154,8 +154,9 @@ def position_table(src: SourceGGUF) -> Op | None:
     width, target = _u32(src, V + "embedding_length"), _u32(src, V + "image_size") // _u32(src, V + "patch_size")
     rows = math.prod(t.shape[1:])
     source = _square_side(rows)
-    if t.shape[0] != width or source is None or t.shape[2:] not in ((), (1,)) or target < 1:
-        raise GGUFError(f"{t.name}: shape {t.shape} is not [{width}, side²] (target grid {target})")
+    # The table only ever shrinks (RADIO's grid spans its largest input).
+    if t.shape[0] != width or source is None or t.shape[2:] not in ((), (1,)) or not 1 <= target <= source:
+        raise GGUFError(f"{t.name}: shape {t.shape} is not [{width}, side²] with side >= {target}")
     return ResampleGrid((t,), (width, target * target), DT.F32, source, target)
 
 
@@ -167,7 +168,7 @@ def patch_kernel(src: SourceGGUF) -> Op | None:
     if t is None or len(t.shape) != 2:
         return None
     patch, width = _u32(src, V + "patch_size"), _u32(src, V + "embedding_length")
-    channels = src.get(V + "num_channels", 3)
+    channels = _u32(src, V + "num_channels") if V + "num_channels" in src.kvs else 3
     if t.shape != (channels * patch * patch, width):
         raise GGUFError(f"{t.name}: shape {t.shape} is not [{channels}·{patch}·{patch}, {width}]")
     return Reshaped((t,), (patch, patch, channels, width), DT.F32)

@@ -18,10 +18,11 @@ from gguf import GGMLQuantizationType as DT
 
 from compatfs import handlers
 from compatfs.gguf_source import SourceGGUF, TensorInfo
+from compatfs.gguf_values import GGUFError
 from compatfs.handlers import nemotron
 from compatfs.testing import nemotron as writers
 from compatfs.testing.store import add_model
-from compatfs.translation import first_claim
+from compatfs.translation import first_claim, plan
 
 from compare import as_f32, assert_same_tensors, kvs
 from conftest import SHARED, needs_fuse, needs_shared
@@ -233,3 +234,12 @@ def test_ollama_detector_facts_hold_of_the_written_blobs(tmp_path):
     assert first_claim(handlers.TEXT, omni) is nemotron.TEXT_OMNI and first_claim(handlers.CLIP, omni) is nemotron.CLIP
     plain = SourceGGUF(writers.legacy_nemotron_h_moe(tmp_path / "plain.gguf", latent=False, mtp=False))
     assert first_claim(handlers.TEXT, plain) is None
+
+
+def test_projector_refuses_a_position_table_smaller_than_the_input_grid(tmp_path, monkeypatch):
+    """An input grid beyond the stored table (image_size / patch_size > the
+    table's side) is refused when the view is planned, naming the tensor."""
+    monkeypatch.setitem(writers.RADIO, "image_size", writers.RADIO["patch_size"] * (writers.RADIO["source_side"] + 1))
+    src = SourceGGUF(writers.legacy_nemotron_h_omni(tmp_path / "omni.gguf"))
+    with pytest.raises(GGUFError, match="v.position_embd"):
+        plan(nemotron.CLIP, src)
