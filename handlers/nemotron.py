@@ -84,25 +84,18 @@ def _square_side(n: int) -> int | None:
 MOE = "nemotron_h_moe"
 
 
-def _moe_text_fixes(arch: str) -> tuple[tuple, tuple]:
-    """KV and tensor edits for a Nemotron-H MoE text model under `arch`'s keys."""
-    kv = (FromFirstBlock(f"{arch}.moe_latent_size", "blk.", "ffn_latent_in.weight", axis=1),)
-    tensors = (
-        Hide(("mtp.",)),      # the MTP head: llama.cpp's converter folds it into an extra block
-        Rename(".ffn_latent_in", ".ffn_latent_down"),
-        Rename(".ffn_latent_out", ".ffn_latent_up"),
-    )
-    return kv, tensors
-
-
-_MOE_KV, _MOE_TENSORS = _moe_text_fixes(MOE)
-
 TEXT_MOE = Translation(
     name="nemotron_h_moe",
     # Ollama's detector looks at blocks 0 and 1 only; the latent tensors of any block count here.
     detect=arch_is(MOE) & any_of(has_block_tensor("ffn_latent_in"), has_tensor_prefix("mtp.")),
-    kv=_MOE_KV,
-    tensors=_MOE_TENSORS,
+    kv=(FromFirstBlock(f"{MOE}.moe_latent_size", "blk.", "ffn_latent_in.weight", axis=1),),
+    tensors=(
+        # The MTP head: llama.cpp's converter folds it into an extra block
+        # (`nextn_predict_layers`); Ollama's handler, and this one, leave it out.
+        Hide(("mtp.",)),
+        Rename(".ffn_latent_in", ".ffn_latent_down"),
+        Rename(".ffn_latent_out", ".ffn_latent_up"),
+    ),
 )
 
 OMNI = "nemotron_h_omni"
@@ -124,10 +117,12 @@ TEXT_OMNI = Translation(
     name="nemotron_h_omni",
     detect=DETECT_OMNI,
     kv=(
-        When(OMNI_HAS_EXPERTS, (*_text_arch(MOE), *_MOE_KV)),
+        When(OMNI_HAS_EXPERTS, _text_arch(MOE)),
         When(~OMNI_HAS_EXPERTS, _text_arch("nemotron_h")),
     ),
-    tensors=(Hide(("a.", "v.", "mm.")), *_MOE_TENSORS),
+    # Ollama's handler would go on to the latent-FFN and MTP fixes above for
+    # a future omni variant that had them; no omni checkpoint does.
+    tensors=(Hide(("a.", "v.", "mm.")),),
 )
 
 
