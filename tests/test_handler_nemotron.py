@@ -25,6 +25,7 @@ from compatfs.testing.store import add_model
 from compatfs.translation import first_claim, plan
 
 from compare import as_f32, assert_same_tensors, kvs
+from ggufs import write_gguf
 from conftest import SHARED, needs_fuse, needs_shared
 from xlc_client import run_job
 
@@ -249,3 +250,18 @@ def test_projector_refuses_a_position_table_smaller_than_the_input_grid(tmp_path
     src = SourceGGUF(writers.legacy_nemotron_h_omni(tmp_path / "omni.gguf"))
     with pytest.raises(GGUFError, match="v.position_embd"):
         plan(nemotron.CLIP, src)
+
+
+def test_omni_without_experts_is_read_as_nemotron_h(tmp_path):
+    """Ollama's text architecture for an omni blob: `nemotron_h_moe` with
+    experts, `nemotron_h` without; the text keys follow it, the vision and
+    audio keys stay out."""
+    path = write_gguf(tmp_path / "dense-omni.gguf", "nemotron_h_omni", kvs={
+        "nemotron_h_omni.block_count": 1, "nemotron_h_omni.expert_count": 0,
+        "nemotron_h_omni.vision.block_count": 1, "nemotron_h_omni.audio.block_count": 1,
+    }, tensors={"blk.0.attn_norm.weight": np.ones(4, dtype=np.float32), "v.blk.0.ln1.weight": np.ones(4, dtype=np.float32),
+                "a.blk.0.attn_q.weight": np.ones(4, dtype=np.float32)})
+    spec = plan(nemotron.TEXT_OMNI, SourceGGUF(path))
+    keys = {k: v.decode() for k, v in spec.kvs if not k.startswith("GGUF.")}
+    assert keys == {"general.architecture": "nemotron_h", "nemotron_h.block_count": 1, "nemotron_h.expert_count": 0}
+    assert [t.name for t in spec.tensors] == ["blk.0.attn_norm.weight"]
