@@ -14,9 +14,13 @@ Parakeet encoder in a layout of its own, and its handler leaves it out too.
 
 The projector's position table is stored at RADIO's full grid; llama.cpp's
 converter resamples it to the grid of the fixed input size (bilinear, corners
-aligned), which `ResampleGrid` does on first read.  Attention Q/K of
-Nemotron-H's text model have no rope, and both converters leave their rows in
-HF order: the text tensors are served unchanged.
+aligned), which `ResampleGrid` does on first read.
+
+Attention Q/K of the text model: llama.cpp's converter puts their rows in its
+rope order (per head), Ollama's keeps HF's.  Nemotron-H's attention has no
+rope, and Q and K rows permuted alike within each head give the same q·k, so
+the text tensors are served as stored (a departure from llama.cpp's bytes,
+not from its results).
 """
 from __future__ import annotations
 
