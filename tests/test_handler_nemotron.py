@@ -149,6 +149,9 @@ def test_omni_text_view_is_the_moe_text_model(omni, mount_store):
     assert gguf.GGUFReader(mounted).fields["general.architecture"].contents() == "nemotron_h_moe"
     assert got == kvs(text)             # text keys moved, vision and audio keys gone
     assert_same_tensors(mounted, text)  # audio, vision and projector tensors hidden
+    # The writer's text layout is the one llama.cpp's loader reads: without
+    # latent experts or MTP head, Ollama's form loads as it is.
+    assert run_job({"model": str(text), "actions": [COMPLETE]})["ok"]
 
 
 @needs_fuse
