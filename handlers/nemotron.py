@@ -32,7 +32,7 @@ from gguf import GGMLQuantizationType as DT
 
 from compatfs.gguf_source import SourceGGUF
 from compatfs.gguf_values import VT, GGUFError, array, boolean, f32, string, u32
-from compatfs.ops import Concat, Op, to_f32
+from compatfs.ops import Concat, Elementwise, Op, to_f32
 from compatfs.translation import (
     Copy, CopyEach, CopyPrefix, Count, Default, Drop, FromFirstBlock, Hide, KeepOnly, Pred, Produce, ProducePerBlock,
     Rename, Set, ToF32, Translation, When, any_of, arch_is, as_projector, has_tensor_prefix, value_at_least,
@@ -49,12 +49,9 @@ def has_block_tensor(component: str) -> Pred:
 
 
 @dataclass(frozen=True)
-class Reshaped(Op):
+class Reshaped(Elementwise):
     """The input's elements in their stored order, as F32 under another ggml shape
     of the same size (a linear patch embedder as a conv kernel)."""
-
-    def _compute(self, data):
-        return to_f32(self.inputs[0], data[0]).tobytes()
 
 
 @dataclass(frozen=True)
