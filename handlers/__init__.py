@@ -8,8 +8,8 @@ before Gemma 3, Qwen2.5-VL before anything Qwen2-VL, GLM-4.7-Flash on its
 way to deepseek2.
 """
 from . import (
-    bert, embeddinggemma, gemma3, gemma3n, gemma4, glm4moelite, laguna, lfm2, llama, llava, mistral3, olmo3, qwen25vl,
-    qwen3next,
+    bert, deepseekocr, embeddinggemma, gemma3, gemma3n, gemma4, glm4moelite, laguna, lfm2, llama, llava,
+    mistral3, nemotron, olmo3, qwen25vl, qwen3next,
 )
 
 TEXT = (
@@ -24,6 +24,9 @@ TEXT = (
     olmo3.TEXT,
     glm4moelite.TEXT,
     laguna.TEXT,
+    deepseekocr.TEXT,
+    nemotron.TEXT_OMNI,
+    nemotron.TEXT_MOE,
     llama.LLAMA3,
     bert.TEXT,
 )
@@ -34,4 +37,6 @@ CLIP = (
     mistral3.CLIP,
     gemma4.CLIP,
     qwen25vl.CLIP,
+    deepseekocr.CLIP,
+    nemotron.CLIP,
 )

@@ -50,6 +50,9 @@ WRITERS = {
     "qwen3-next": ("qwen3next", None),
     "qwen3-next-q35": ("qwen3next", None),
     "laguna": ("laguna", None),
+    "deepseek-ocr": ("deepseekocr", "deepseekocr-clip"),
+    "nemotron-3-super": ("nemotron_h_moe", None),
+    "nemotron3": ("nemotron_h_omni", "nemotron_h_omni-clip"),
 }
 
 # Layouts no fixture has, written here: Gemma 4's audio conformer (with a

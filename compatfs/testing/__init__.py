@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import bert, embeddinggemma, gemma3, laguna, llama, llava, qwen3next
+from . import bert, deepseekocr, embeddinggemma, gemma3, laguna, llama, llava, nemotron, qwen3next
 
 Writer = Callable[..., Path]
 
@@ -32,6 +32,7 @@ class LegacyModel:
 
 # name -> how to write it; the demo store and scripts/e2e serve every entry.
 LEGACY: dict[str, LegacyModel] = {
+    "deepseek-ocr": LegacyModel(deepseekocr.legacy_deepseekocr, tag="3b"),
     "gemma3": LegacyModel(gemma3.legacy_gemma3_text, tag="1b"),
     "gemma3-vision": LegacyModel(gemma3.legacy_gemma3_vision, tag="4b"),
     "llama3.1": LegacyModel(llama.legacy_llama3_instruct, tag="8b-instruct"),
@@ -41,6 +42,8 @@ LEGACY: dict[str, LegacyModel] = {
     "qwen3-next": LegacyModel(qwen3next.legacy_qwen3next, tag="80b"),
     "qwen3-next-q35": LegacyModel(qwen3next.qwen35moe_qwen3next, tag="80b"),
     "laguna": LegacyModel(laguna.legacy_laguna, tag="xs.2"),
+    "nemotron-3-super": LegacyModel(nemotron.legacy_nemotron_h_moe, tag="120b"),
+    "nemotron3": LegacyModel(nemotron.legacy_nemotron_h_omni, tag="33b"),
 }
 
 
