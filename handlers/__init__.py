@@ -7,7 +7,7 @@ matters where detectors overlap (as in Ollama's dispatch): EmbeddingGemma
 before Gemma 3, Qwen2.5-VL before anything Qwen2-VL, GLM-4.7-Flash on its
 way to deepseek2.
 """
-from . import gemma3, gemma4, lfm2, llama, llava, mistral3, qwen25vl
+from . import gemma3, gemma4, glmocr, lfm2, llama, llama4, llava, mistral3, qwen25vl
 
 TEXT = (
     gemma3.TEXT,
@@ -16,6 +16,8 @@ TEXT = (
     mistral3.TEXT,
     qwen25vl.TEXT,
     llama.LLAMA3,
+    llama4.TEXT,
+    glmocr.TEXT,
 )
 
 CLIP = (
@@ -24,4 +26,6 @@ CLIP = (
     mistral3.CLIP,
     gemma4.CLIP,
     qwen25vl.CLIP,
+    llama4.CLIP,
+    glmocr.CLIP,
 )

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import gemma3, llama, llava
+from . import gemma3, glmocr, llama, llama4, llava
 
 Writer = Callable[..., Path]
 
@@ -36,6 +36,8 @@ LEGACY: dict[str, LegacyModel] = {
     "gemma3-vision": LegacyModel(gemma3.legacy_gemma3_vision, tag="4b"),
     "llama3.1": LegacyModel(llama.legacy_llama3_instruct, tag="8b-instruct"),
     "llava": LegacyModel(llama.plain_llama_text, llava.legacy_llava_projector, tag="7b"),
+    "llama4": LegacyModel(llama4.legacy_llama4, tag="scout"),
+    "glm-ocr": LegacyModel(glmocr.legacy_glmocr, tag="latest"),
 }
 
 
