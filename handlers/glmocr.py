@@ -9,8 +9,8 @@ three M-RoPE sections and a `partial_rotary_factor` instead of the width, split
 the fused MLP, and named three block tensors its own way.  Its tokenizer
 metadata says pre-tokenizer `llama-bpe` (GLM's split regex is Llama 3's, but
 `llama-bpe` also makes llama.cpp add a BOS GLM never adds) and carries no BOS,
-unknown or EOT id; llama.cpp's converter writes `chatglm-bpe` and takes all
-three from `<|endoftext|>` and `<|user|>`.
+unknown or EOT id; llama.cpp's converter writes `chatglm-bpe` and, where the
+tokenizer config names none, takes them from `<|endoftext|>` and `<|user|>`.
 
 What cannot be recovered: llama.cpp's conversion keeps GLM-OCR's MTP layer
 (one more block, `nextn_predict_layers`); Ollama's converter dropped it, so
@@ -78,8 +78,7 @@ TEXT = Translation(
         RotaryWidth("glm4.attention.key_length", "glm4.rope.partial_rotary_factor", "glm4.rope.dimension_count"),
         Drop(("glmocr.", "glm4.rope.mrope_section", "glm4.rope.partial_rotary_factor")),
         Set("tokenizer.ggml.pre", string("chatglm-bpe")),
-        # llama.cpp's converter takes these from GLM's markers, whatever the config says.
-        Drop(("tokenizer.ggml.bos_token_id", "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.eot_token_id")),
+        # Where the tokenizer config names none, llama.cpp's converter takes these from GLM's markers.
         DefaultTokenId("tokenizer.ggml.bos_token_id", "<|endoftext|>"),
         DefaultTokenId("tokenizer.ggml.unknown_token_id", "<|endoftext|>"),
         DefaultTokenId("tokenizer.ggml.eot_token_id", "<|user|>"),
