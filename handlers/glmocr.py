@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compatfs.gguf_source import SourceGGUF
+from gguf import GGMLQuantizationType as DT
+
+from compatfs.gguf_source import SourceGGUF, TensorInfo
 from compatfs.gguf_values import VT, GGUFError, Value, array, boolean, string, u32
 from compatfs.handlers.qwen25vl import PadTokensUnused
 from compatfs.ops import Concat, Op
@@ -55,10 +57,13 @@ def gate_up(src: SourceGGUF, i: int) -> Op | None:
     gate, up = src.tensors.get(f"blk.{i}.ffn_gate.weight"), src.tensors.get(f"blk.{i}.ffn_up.weight")
     if gate is None or up is None:
         return None
-    if gate.shape != up.shape or gate.dtype != up.dtype or len(gate.shape) != 2:
-        raise GGUFError(f"blk.{i}.ffn_gate.weight {gate.shape} {gate.dtype.name} and "
-                        f"blk.{i}.ffn_up.weight {up.shape} {up.dtype.name} cannot be fused")
+    if gate.shape != up.shape or gate.dtype != up.dtype or len(gate.shape) != 2 or not isinstance(gate.dtype, DT):
+        raise GGUFError(f"{_describe(gate)} and {_describe(up)} cannot be fused")
     return Concat.of(gate, up)
+
+
+def _describe(t: TensorInfo) -> str:
+    return f"{t.name} {list(t.shape)} {getattr(t.dtype, 'name', f'ggml type {int(t.dtype)}')}"
 
 
 # -- the translations ----------------------------------------------------------------------

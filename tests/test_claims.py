@@ -45,6 +45,8 @@ WRITERS = {
     "llama3.1": ("llama3", None),
     "llava": (None, None),
     "llava/projector": (None, "llava-mlp"),
+    "llama4": ("llama4", "llama4-clip"),
+    "glm-ocr": ("glmocr", "glmocr-clip"),
 }
 
 # Layouts no fixture has, written here: Gemma 4's audio conformer (with a
