@@ -34,6 +34,17 @@ def store(blob):
     return root
 
 
+def load_failure(path) -> str:
+    """Why llama.cpp refuses to load `path` (it must refuse).  llama.cpp logs from
+    a thread the job process may exit before, so a reason is asked for up to 3 times."""
+    for _ in range(3):
+        res = run_job({"model": str(path)})
+        assert not res["ok"]
+        if res.get("log_errors"):
+            break
+    return str(res)
+
+
 def tensors(path) -> dict:
     return {t.name: t for t in gguf.GGUFReader(path).tensors}
 
@@ -191,8 +202,7 @@ def test_loads_and_runs_in_llama_cpp(blob, store, mount_store):
     assert text_only["ok"], text_only.get("error")
     assert chat["prompt_tokens"] > text_only["results"][0]["prompt_tokens"]
     # Untranslated, the blob loads neither as a model nor as a projector.
-    raw = run_job({"model": str(blob)})
-    assert not raw["ok"] and "glmocr" in str(raw)
+    assert "unknown model architecture: 'glmocr'" in load_failure(blob)
     assert not run_job({"model": model, "mmproj": str(blob)})["ok"]
 
 
