@@ -18,8 +18,8 @@
   (`v.blk.N.{ln1,attn_qkv,attn_q_norm,attn_k_norm,attn_out,ln2,ffn_gate,ffn_up,
   ffn_down}`, `v.post_ln`, `mm.patch_merger`, `mm.model.fc`, `mm.post_norm`,
   `mm.gate/up/down`).
-* dtypes (`convert/reader.go`, `reader_safetensors.go`): BF16 text matrices,
-  F16 `v.*`/`mm.*` matrices, F32 norms and biases.
+* dtypes (`convert/reader.go`, `reader_safetensors.go` at 8f4a00813): BF16 text
+  matrices (the checkpoint's dtype), F16 `v.*`/`mm.*` matrices, F32 norms and biases.
 * tokenizer (`convert/tokenizer.go`): `gpt2`; GLM's split regex is Llama 3's, so
   the digest gives pre-tokenizer `llama-bpe`; scores = token ids; added special
   tokens control; no BOS, unknown or EOT id (tokenizer_config.json names only

@@ -1,8 +1,9 @@
 """Llama 4 as Ollama's converter wrote it (the legacy form of `handlers/llama4.py`).
 
-* `convert/convert_llama4.go` at 7ba9fa9c7 (2025-04-21, "fixes for maverick"; the
-  output is unchanged through f63eea3d2, 2026-05-24, the last commit before the
-  converters were rewritten): one monolithic `llama4` blob.  Text KVs are the
+* `convert/convert_llama4.go` at 7ba9fa9c7 (2025-04-21, "fixes for maverick", the
+  converter of the published Llama 4 blobs; later converters, through f63eea3d2 of
+  2026-05-24, write the same but for `tokenizer.ggml.eos_token_ids`, added with
+  333e36042): one monolithic `llama4` blob.  Text KVs are the
   `llama.*` keys of `convert/convert_llama.go` renamed `llama4.*` (incl.
   `rope.dimension_count` = hidden/heads, `attention.head_dim`/`key_length`/
   `value_length` from `head_dim`, `vocab_size`), `feed_forward_length` the dense
@@ -18,16 +19,15 @@
   `v.positional_embedding_vlm` without `.weight`, `v.layernorm_pre/post`,
   `v.blk.N.{attn_q,..,attn_output,attn_norm,ffn_norm,mlp.fc1,mlp.fc2}`,
   `v.vision_adapter.mlp.fc1/fc2`, `mm.linear_1`).
-* dtypes (`convert/reader.go`, `reader_safetensors.go` at f0c66e6de): BF16 text
-  matrices, F16 `v.*`/`mm.*` matrices, F32 norms, biases, `ffn_gate_inp` and
-  `v.positional_embedding_vlm`.
+* dtypes (`convert/reader.go` at 7ba9fa9c7, which converted BF16 checkpoints to
+  F16; BF16 text matrices came with fa7776fd2, 2025-08-05): F16 matrices, F32 for
+  1-D tensors, `ffn_gate_inp` and `v.positional_embedding_vlm`.
 * tokenizer (`convert/tokenizer.go`): `gpt2`, pre-tokenizer `default` (Llama 4's
   split regex is not among the digests it knows), scores = token ids, added
   special tokens typed control, the vocabulary padded to the config's
   `vocab_size` with `[PAD<i>]` (user-defined, score -1); `add_bos_token` false
   because tokenizer_config.json has no `add_bos_token` (Llama 4 adds its BOS
-  through tokenizer.json's post-processor, which the converter does not read),
-  `eos_token_ids` from generation_config.json.
+  through tokenizer.json's post-processor, which the converter does not read).
 """
 from __future__ import annotations
 
@@ -146,7 +146,6 @@ def legacy_llama4(path: Path, seed: int = 0) -> Path:
         "tokenizer.ggml.bos_token_id": special["<|begin_of_text|>"],
         "tokenizer.ggml.add_eos_token": False,
         "tokenizer.ggml.eos_token_id": special["<|eot|>"],
-        "tokenizer.ggml.eos_token_ids": [special[t] for t in ("<|end_of_text|>", "<|eom|>", "<|eot|>")],
         "tokenizer.ggml.add_padding_token": False,
         "tokenizer.ggml.padding_token_id": special["<|finetune_right_pad|>"],
         "llama4.vocab_size": V,
@@ -181,8 +180,8 @@ def legacy_llama4(path: Path, seed: int = 0) -> Path:
     factors = llama3_rope_factors(hd, p["rope_theta"], rs["factor"], rs["low_freq_factor"],
                                   rs["high_freq_factor"], rs["original"])
     ts: dict[str, tuple[np.ndarray, T]] = {
-        "token_embd.weight": (normal(rng, (V, E), 0.05), T.BF16),
-        "output.weight": (normal(rng, (V, E), 0.05), T.BF16),
+        "token_embd.weight": (normal(rng, (V, E), 0.05), T.F16),
+        "output.weight": (normal(rng, (V, E), 0.05), T.F16),
         "output_norm.weight": (1.0 + normal(rng, (E,), 0.05), T.F32),
         "rope_freqs.weight": (np.asarray(factors, np.float32), T.F32),
     }
@@ -190,25 +189,25 @@ def legacy_llama4(path: Path, seed: int = 0) -> Path:
     for i in range(p["n_layer"]):
         b = f"blk.{i}."
         ts[b + "attn_norm.weight"] = (1.0 + normal(rng, (E,), 0.05), T.F32)
-        ts[b + "attn_q.weight"] = (normal(rng, (H * hd, E), 0.05), T.BF16)
-        ts[b + "attn_k.weight"] = (normal(rng, (HKV * hd, E), 0.05), T.BF16)
-        ts[b + "attn_v.weight"] = (normal(rng, (HKV * hd, E), 0.05), T.BF16)
-        ts[b + "attn_output.weight"] = (normal(rng, (E, H * hd), 0.05), T.BF16)
+        ts[b + "attn_q.weight"] = (normal(rng, (H * hd, E), 0.05), T.F16)
+        ts[b + "attn_k.weight"] = (normal(rng, (HKV * hd, E), 0.05), T.F16)
+        ts[b + "attn_v.weight"] = (normal(rng, (HKV * hd, E), 0.05), T.F16)
+        ts[b + "attn_output.weight"] = (normal(rng, (E, H * hd), 0.05), T.F16)
         ts[b + "ffn_norm.weight"] = (1.0 + normal(rng, (E,), 0.05), T.F32)
         if (i + 1) % p["moe_step"]:
-            ts[b + "ffn_gate.weight"] = (normal(rng, (p["n_ff_mlp"], E), 0.05), T.BF16)
-            ts[b + "ffn_up.weight"] = (normal(rng, (p["n_ff_mlp"], E), 0.05), T.BF16)
-            ts[b + "ffn_down.weight"] = (normal(rng, (E, p["n_ff_mlp"]), 0.05), T.BF16)
+            ts[b + "ffn_gate.weight"] = (normal(rng, (p["n_ff_mlp"], E), 0.05), T.F16)
+            ts[b + "ffn_up.weight"] = (normal(rng, (p["n_ff_mlp"], E), 0.05), T.F16)
+            ts[b + "ffn_down.weight"] = (normal(rng, (E, p["n_ff_mlp"]), 0.05), T.F16)
             continue
         # HF experts.gate_up_proj [X, E, 2F] and down_proj [X, F, E], split and transposed.
         gate_up, down = normal(rng, (X, E, 2 * F), 0.05), normal(rng, (X, F, E), 0.05)
         ts[b + "ffn_gate_inp.weight"] = (normal(rng, (X, E), 0.05), T.F32)
-        ts[b + "ffn_gate_exps.weight"] = (gate_up[:, :, :F].transpose(0, 2, 1), T.BF16)
-        ts[b + "ffn_up_exps.weight"] = (gate_up[:, :, F:].transpose(0, 2, 1), T.BF16)
-        ts[b + "ffn_down_exps.weight"] = (down.transpose(0, 2, 1), T.BF16)
-        ts[b + "ffn_gate_shexp.weight"] = (normal(rng, (F, E), 0.05), T.BF16)
-        ts[b + "ffn_up_shexp.weight"] = (normal(rng, (F, E), 0.05), T.BF16)
-        ts[b + "ffn_down_shexp.weight"] = (normal(rng, (E, F), 0.05), T.BF16)
+        ts[b + "ffn_gate_exps.weight"] = (gate_up[:, :, :F].transpose(0, 2, 1), T.F16)
+        ts[b + "ffn_up_exps.weight"] = (gate_up[:, :, F:].transpose(0, 2, 1), T.F16)
+        ts[b + "ffn_down_exps.weight"] = (down.transpose(0, 2, 1), T.F16)
+        ts[b + "ffn_gate_shexp.weight"] = (normal(rng, (F, E), 0.05), T.F16)
+        ts[b + "ffn_up_shexp.weight"] = (normal(rng, (F, E), 0.05), T.F16)
+        ts[b + "ffn_down_shexp.weight"] = (normal(rng, (E, F), 0.05), T.F16)
     ts.update(_vision_tensors(rng, p))
     return write(path, "llama4", kvs, ts, ollama_order=True)
 
