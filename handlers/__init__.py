@@ -8,8 +8,8 @@ before Gemma 3, Qwen2.5-VL before anything Qwen2-VL, GLM-4.7-Flash on its
 way to deepseek2.
 """
 from . import (
-    bert, deepseekocr, embeddinggemma, gemma3, gemma3n, gemma4, glm4moelite, laguna, lfm2, llama, llava,
-    mistral3, nemotron, olmo3, qwen25vl, qwen3next,
+    bert, deepseekocr, embeddinggemma, gemma3, gemma3n, gemma4, glm4moelite, glmocr, laguna, lfm2, llama,
+    llama4, llava, mistral3, nemotron, olmo3, qwen25vl, qwen3next,
 )
 
 TEXT = (
@@ -29,6 +29,8 @@ TEXT = (
     nemotron.TEXT_MOE,
     llama.LLAMA3,
     bert.TEXT,
+    llama4.TEXT,
+    glmocr.TEXT,
 )
 
 CLIP = (
@@ -39,4 +41,6 @@ CLIP = (
     qwen25vl.CLIP,
     deepseekocr.CLIP,
     nemotron.CLIP,
+    llama4.CLIP,
+    glmocr.CLIP,
 )

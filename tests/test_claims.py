@@ -53,6 +53,8 @@ WRITERS = {
     "deepseek-ocr": ("deepseekocr", "deepseekocr-clip"),
     "nemotron-3-super": ("nemotron_h_moe", None),
     "nemotron3": ("nemotron_h_omni", "nemotron_h_omni-clip"),
+    "llama4": ("llama4", "llama4-clip"),
+    "glm-ocr": ("glmocr", "glmocr-clip"),
 }
 
 # Layouts no fixture has, written here: Gemma 4's audio conformer (with a

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import bert, deepseekocr, embeddinggemma, gemma3, laguna, llama, llava, nemotron, qwen3next
+from . import (
+    bert, deepseekocr, embeddinggemma, gemma3, glmocr, laguna, llama, llama4, llava, nemotron, qwen3next,
+)
 
 Writer = Callable[..., Path]
 
@@ -44,6 +46,8 @@ LEGACY: dict[str, LegacyModel] = {
     "laguna": LegacyModel(laguna.legacy_laguna, tag="xs.2"),
     "nemotron-3-super": LegacyModel(nemotron.legacy_nemotron_h_moe, tag="120b"),
     "nemotron3": LegacyModel(nemotron.legacy_nemotron_h_omni, tag="33b"),
+    "llama4": LegacyModel(llama4.legacy_llama4, tag="scout"),
+    "glm-ocr": LegacyModel(glmocr.legacy_glmocr, tag="latest"),
 }
 
 
