@@ -7,7 +7,7 @@ matters where detectors overlap (as in Ollama's dispatch): EmbeddingGemma
 before Gemma 3, Qwen2.5-VL before anything Qwen2-VL, GLM-4.7-Flash on its
 way to deepseek2.
 """
-from . import gemma3, gemma4, lfm2, llama, llava, mistral3, qwen25vl
+from . import gemma3, gemma4, lfm2, llama, llava, mistral3, qwen3vl, qwen25vl, qwen35
 
 TEXT = (
     gemma3.TEXT,
@@ -15,6 +15,10 @@ TEXT = (
     lfm2.TEXT,
     mistral3.TEXT,
     qwen25vl.TEXT,
+    qwen3vl.TEXT,
+    qwen3vl.TEXT_MOE,
+    qwen35.TEXT,
+    qwen35.TEXT_MOE,
     llama.LLAMA3,
 )
 
@@ -24,4 +28,8 @@ CLIP = (
     mistral3.CLIP,
     gemma4.CLIP,
     qwen25vl.CLIP,
+    qwen3vl.CLIP,
+    qwen3vl.CLIP_MOE,
+    qwen35.CLIP,
+    qwen35.CLIP_MOE,
 )

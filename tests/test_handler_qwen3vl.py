@@ -1,0 +1,117 @@
+"""Qwen3-VL as Ollama's converter wrote it before 9db4bdbad (one `qwen3vl`
+blob, text and vision): through the mount, `model.gguf` and `mmproj.gguf`
+equal llama.cpp's own conversion of the same weights, and load in llama.cpp."""
+import gguf
+import pytest
+from gguf import GGMLQuantizationType as DT
+
+from compatfs.gguf_source import TensorInfo
+from compatfs.gguf_values import GGUFError
+from compatfs.handlers.qwen3vl import FrameOfPatchEmbedding, MRopeSections
+from compatfs.testing.store import add_model
+
+from compare import assert_same_tensors, kvs
+from conftest import SHARED, needs_fuse, needs_shared
+from xlc_client import run_job
+
+BLOB = SHARED / "ollama/qwen3_vl_legacy.gguf"
+UPSTREAM = SHARED / "upstream/qwen3_vl_legacy"
+MODEL = "qwen3-vl:2b"
+SECTIONS = "qwen3vl.rope.dimension_sections"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("qwen3vl") / "store"
+    add_model(root, "qwen3-vl", BLOB, tag="2b")
+    return root
+
+
+@needs_fuse
+@needs_shared
+def test_text_view_equals_llama_cpp_conversion(store, mount_store):
+    m = mount_store(store)
+    mounted = m / MODEL / "model.gguf"
+    got, want, raw = kvs(mounted), kvs(UPSTREAM / "model.gguf"), kvs(BLOB)
+    # The M-RoPE sections are not in the blob (the checkpoint's were [4, 2, 2]
+    # for head size 16); they are derived from the head size in the published
+    # models' proportions, so equality with the reference is not the claim:
+    # what llama.cpp needs is 4 sections covering the head's rotary pairs.
+    assert SECTIONS not in raw
+    assert len(got[SECTIONS]) == 4 and sum(got[SECTIONS]) == got["qwen3vl.attention.key_length"] // 2
+    # Every other KV of llama.cpp's conversion, with its value: deepstack
+    # layer count, BOS and add-BOS, FIM markers control, filler rows unused.
+    assert {k: got.get(k) for k in want if k != SECTIONS} == {k: v for k, v in want.items() if k != SECTIONS}
+    # Beyond them only Ollama keys llama.cpp does not read for a BPE vocabulary.
+    assert set(got) - set(want) == {"tokenizer.ggml.scores", "tokenizer.ggml.eos_token_ids",
+                                    "tokenizer.ggml.add_padding_token"}
+    assert not any(k.startswith("qwen3vl.vision.") for k in got)
+    assert_same_tensors(mounted, UPSTREAM / "model.gguf")
+
+
+@needs_fuse
+@needs_shared
+def test_projector_view_equals_llama_cpp_conversion(store, mount_store):
+    m = mount_store(store)
+    mounted, upstream = m / MODEL / "mmproj.gguf", UPSTREAM / "mmproj.gguf"
+    # All of them: deepstack mask, image size and feed-forward length from the
+    # tensors, the text model's epsilon.
+    assert kvs(mounted) == kvs(upstream)
+    # Every tensor: QKV merged, patch embedding split per frame, deepstack
+    # mergers numbered by the block they follow, position table F32.
+    assert_same_tensors(mounted, upstream)
+    dtypes = {t.name: t.tensor_type for t in gguf.GGUFReader(mounted).tensors}
+    assert dtypes == {t.name: t.tensor_type for t in gguf.GGUFReader(upstream).tensors}
+
+
+@needs_fuse
+@needs_shared
+def test_loads_in_llama_cpp_through_the_mount(store, mount_store):
+    m = mount_store(store)
+    model, mmproj = str(m / MODEL / "model.gguf"), str(m / MODEL / "mmproj.gguf")
+    describe = {"op": "chat", "messages": [{"role": "user", "content": "Describe."}], "n_predict": 4}
+    res = run_job({"model": model, "mmproj": mmproj, "actions": [
+        {"op": "complete", "prompt": "hello", "n_predict": 4},
+        {**describe, "image_png": True},
+    ]})
+    assert res["ok"], res.get("error")
+    complete, chat = res["results"]
+    assert complete["tokens_predicted"] > 0
+    assert chat["completion_tokens"] > 0
+    # With an image the prompt is longer than without: the projector ran.
+    text_only = run_job({"model": model, "actions": [describe]})
+    assert text_only["ok"], text_only.get("error")
+    assert chat["prompt_tokens"] > text_only["results"][0]["prompt_tokens"]
+    # Untranslated, the blob loads neither as a model nor as a projector.
+    assert "dimension_sections" in run_job({"model": str(BLOB)})["error"]
+    assert not run_job({"model": str(UPSTREAM / "model.gguf"), "mmproj": str(BLOB)})["ok"]
+
+
+def test_mrope_sections_follow_the_head_size():
+    """The published 128-wide heads get Qwen3-VL's [24, 20, 20, 0]; other
+    sizes the same proportions, always covering head/2 rotary pairs."""
+    edit = MRopeSections("s", "norm")
+
+    class Src:
+        def __init__(self, n):
+            self.tensors = {"norm": TensorInfo("norm", (n,), DT.F32, 0)}
+
+    got = {}
+    for head in (128, 64, 16, 256):
+        kv = {}
+        edit.apply(kv, Src(head))
+        got[head] = list(kv["s"].decode())
+        assert sum(got[head]) == head // 2 and got[head][3] == 0
+    assert got[128] == [24, 20, 20, 0]
+    kv = {}
+    edit.apply(kv, Src(15))
+    assert kv == {}
+
+
+def test_patch_embedding_frame_shape_is_checked():
+    conv = TensorInfo("v.patch_embed.weight", (16, 16, 2, 192), DT.F16, 0)
+    assert FrameOfPatchEmbedding.of(conv, 64, 1).shape == (16, 16, 3, 64)
+    with pytest.raises(GGUFError, match="v.patch_embed.weight"):
+        FrameOfPatchEmbedding.of(conv, 100, 0)
+    with pytest.raises(GGUFError, match="v.patch_embed.weight"):
+        FrameOfPatchEmbedding.of(conv, 64, 2)
