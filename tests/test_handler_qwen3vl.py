@@ -1,6 +1,8 @@
 """Qwen3-VL as Ollama's converter wrote it before 9db4bdbad (one `qwen3vl`
 blob, text and vision): through the mount, `model.gguf` and `mmproj.gguf`
 equal llama.cpp's own conversion of the same weights, and load in llama.cpp."""
+import re
+
 import gguf
 import pytest
 from gguf import GGMLQuantizationType as DT
@@ -8,6 +10,7 @@ from gguf import GGMLQuantizationType as DT
 from compatfs.gguf_source import TensorInfo
 from compatfs.gguf_values import GGUFError
 from compatfs.handlers.qwen3vl import FrameOfPatchEmbedding, MRopeSections
+from compatfs.testing.qwen3vl import legacy_qwen3vl_moe
 from compatfs.testing.store import add_model
 
 from compare import assert_same_tensors, kvs
@@ -115,3 +118,57 @@ def test_patch_embedding_frame_shape_is_checked():
         FrameOfPatchEmbedding.of(conv, 100, 0)
     with pytest.raises(GGUFError, match="v.patch_embed.weight"):
         FrameOfPatchEmbedding.of(conv, 64, 2)
+
+
+# -- Qwen3-VL-MoE: no genuine fixture; the writer follows f63eea3's converter ----------
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    d = tmp_path_factory.mktemp("qwen3vlmoe")
+    blob = legacy_qwen3vl_moe(d / "qwen3vlmoe.gguf")
+    add_model(d / "store", "qwen3-vl", blob, tag="30b-a3b")
+    return d / "store", blob
+
+
+def shapes(path, arch) -> tuple[dict, dict]:
+    """KV names (arch prefix as `A`) and tensor names (block numbers as `N`) -> shape rank."""
+    r = gguf.GGUFReader(path)
+    keys = {k.replace(f"{arch}.", "A.", 1) for k in r.fields if not k.startswith("GGUF.")}
+    names = {re.sub(r"\.\d+\.", ".N.", t.name): len(t.shape) for t in r.tensors}
+    return keys, names
+
+
+@needs_shared
+def test_moe_writer_writes_what_the_dense_converter_wrote(moe):
+    """The MoE writer's keys and tensors are the genuine dense blob's, plus
+    the experts (same converter, `num_experts` > 0)."""
+    keys, names = shapes(moe[1], "qwen3vlmoe")
+    want_keys, want_names = shapes(BLOB, "qwen3vl")
+    assert keys - want_keys == {"A.expert_count", "A.expert_used_count", "A.norm_top_k_prob"}
+    assert want_keys <= keys
+    moe_only = {n for n in names if "exps" in n or "gate_inp" in n}
+    assert {n: r for n, r in names.items() if n not in moe_only} == \
+        {n: r for n, r in want_names.items() if "ffn_gate." not in n and "ffn_up." not in n and "ffn_down." not in n}
+
+
+@needs_fuse
+def test_moe_loads_in_llama_cpp_through_the_mount(moe, mount_store):
+    store, blob = moe
+    m = mount_store(store)
+    model, mmproj = str(m / "qwen3-vl:30b-a3b/model.gguf"), str(m / "qwen3-vl:30b-a3b/mmproj.gguf")
+    describe = {"op": "chat", "messages": [{"role": "user", "content": "Describe."}], "n_predict": 4}
+    res = run_job({"model": model, "mmproj": mmproj, "actions": [
+        {"op": "complete", "prompt": "hello", "n_predict": 4},
+        {**describe, "image_png": True},
+    ]})
+    assert res["ok"], res.get("error")
+    assert res["results"][0]["tokens_predicted"] > 0
+    text_only = run_job({"model": model, "actions": [describe]})
+    assert text_only["ok"], text_only.get("error")
+    assert res["results"][1]["prompt_tokens"] > text_only["results"][0]["prompt_tokens"]
+    # The experts' width, which the blob does not state, from their tensors.
+    gate = next(t for t in gguf.GGUFReader(blob).tensors if t.name == "blk.0.ffn_gate_exps.weight")
+    assert kvs(model)["qwen3vlmoe.expert_feed_forward_length"] == gate.shape[1]
+    projector = {t.name for t in gguf.GGUFReader(mmproj).tensors}
+    assert {"v.deepstack.1.fc1.weight", "v.deepstack.2.norm.bias"} <= projector
+    assert "dimension_sections" in run_job({"model": str(blob)})["error"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import gemma3, llama, llava
+from . import gemma3, llama, llava, qwen3vl, qwen35
 
 Writer = Callable[..., Path]
 
@@ -36,6 +36,8 @@ LEGACY: dict[str, LegacyModel] = {
     "gemma3-vision": LegacyModel(gemma3.legacy_gemma3_vision, tag="4b"),
     "llama3.1": LegacyModel(llama.legacy_llama3_instruct, tag="8b-instruct"),
     "llava": LegacyModel(llama.plain_llama_text, llava.legacy_llava_projector, tag="7b"),
+    "qwen3-vl": LegacyModel(qwen3vl.legacy_qwen3vl_moe, tag="30b-a3b"),
+    "qwen3.5": LegacyModel(qwen35.legacy_qwen35_moe, tag="35b-a3b"),
 }
 
 
