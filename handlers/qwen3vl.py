@@ -44,8 +44,8 @@ from compatfs.gguf_source import SourceGGUF, TensorInfo
 from compatfs.gguf_values import VT, GGUFError, Value, array, boolean, string, u32
 from compatfs.ops import Concat, Op, as_array
 from compatfs.translation import (
-    Copy, CopyEach, Count, Default, DefaultTokenId, Drop, FromShape, Hide, KeepOnly, Produce, ProducePerBlock,
-    Rename, Set, Tensors, ToF32, TokenType, Translation, arch_is, as_projector, has_key,
+    Copy, CopyEach, Count, Default, DefaultTokenId, Drop, FromShape, Hide, KeepOnly, PadArray, Produce,
+    ProducePerBlock, Rename, Set, Tensors, ToF32, TokenType, Translation, arch_is, as_projector, has_key,
 )
 
 from .qwen25vl import FIM_MARKERS, PadTokensUnused
@@ -217,12 +217,15 @@ def text_translation(arch: str) -> Translation:
         # llama.cpp's conversion carries the sections; Ollama's never did.
         detect=arch_is(arch) & ~has_key(f"{arch}.rope.dimension_sections"),
         kv=(
+            # A config whose rope scaling names a type gave the converter its
+            # 3 sections; without one (the published configs) none are written.
+            PadArray(f"{arch}.rope.mrope_section", f"{arch}.rope.dimension_sections", 4),
             MRopeSections(f"{arch}.rope.dimension_sections", "blk.0.attn_k_norm.weight"),
             BlockCount(f"{arch}.n_deepstack_layers", "v.deepstack_merger."),
             # MoE: not written by Ollama's converter (llama.cpp would divide
             # the dense width by the experts used).
             FromShape(f"{arch}.expert_feed_forward_length", "blk.0.ffn_gate_exps.weight", axis=1),
-            Drop((f"{arch}.vision.",)),
+            Drop((f"{arch}.vision.", f"{arch}.rope.mrope_section")),
             *qwen_tokenizer(),
         ),
         tensors=(Hide(("v.", "mm.")),),
