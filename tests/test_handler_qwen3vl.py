@@ -6,10 +6,11 @@ import re
 import gguf
 import pytest
 from gguf import GGMLQuantizationType as DT
+from gguf import GGUFValueType as VT
 
 from compatfs.gguf_source import TensorInfo
-from compatfs.gguf_values import GGUFError
-from compatfs.handlers.qwen3vl import FrameOfPatchEmbedding, MRopeSections
+from compatfs.gguf_values import GGUFError, array, u32
+from compatfs.handlers.qwen3vl import FrameOfPatchEmbedding, MRopeSections, deepstack_layers, qkv
 from compatfs.testing.qwen3vl import legacy_qwen3vl_moe
 from compatfs.testing.store import add_model
 
@@ -172,3 +173,38 @@ def test_moe_loads_in_llama_cpp_through_the_mount(moe, mount_store):
     projector = {t.name for t in gguf.GGUFReader(mmproj).tensors}
     assert {"v.deepstack.1.fc1.weight", "v.deepstack.2.norm.bias"} <= projector
     assert "dimension_sections" in run_job({"model": str(blob)})["error"]
+
+
+class Blob:
+    """The parts of a parsed blob the edits read: KVs and tensor shapes."""
+
+    def __init__(self, kvs: dict, tensors: dict):
+        self.kvs = kvs
+        self.tensors = {n: TensorInfo(n, shape, dtype, 0) for n, (shape, dtype) in tensors.items()}
+
+    def get(self, key, default=None):
+        return self.kvs[key].decode() if key in self.kvs else default
+
+    def block_ids(self, prefix):
+        return frozenset(int(n[len(prefix):].split(".")[0]) for n in self.tensors if n.startswith(prefix))
+
+
+def test_qkv_merge_takes_f32_where_dtypes_differ():
+    same = {f"v.blk.0.attn_{x}.weight": ((64, 64), DT.F16) for x in "qkv"}
+    mixed = {**same, "v.blk.0.attn_v.weight": ((64, 64), DT.Q8_0)}
+    assert qkv("weight")(Blob({}, same), 0).dtype == DT.F16
+    op = qkv("weight")(Blob({}, mixed), 0)
+    assert op.dtype == DT.F32 and op.shape == (64, 192)
+    assert qkv("weight")(Blob({}, same), 1) is None
+
+
+def test_deepstack_indexes_must_place_every_merger():
+    mergers = {f"v.deepstack_merger.{j}.norm.weight": ((256,), DT.F32) for j in range(2)}
+    blocks = {"qwen3vl.vision.block_count": u32(4)}
+    for indexes, ok in (([1, 2], True), ([1], False), ([1, 1], False), ([1, 4], False), ([], False)):
+        blob = Blob({**blocks, "i": array(VT.INT32, indexes)}, mergers)
+        if ok:
+            assert deepstack_layers(blob, "i", "qwen3vl.vision.block_count") == indexes
+        else:
+            with pytest.raises(GGUFError, match="deepstack"):
+                deepstack_layers(blob, "i", "qwen3vl.vision.block_count")
