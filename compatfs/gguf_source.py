@@ -1,14 +1,14 @@
 """A GGUF blob on disk, parsed just far enough to translate it.
 
-The header is walked once over a read-only memory map: every KV is kept as a
-byte span (`Value`), every tensor as name, shape, dtype and absolute offset.
-Nothing is decoded until a handler asks for it, and tensor data is never read
-here.
+The header is read and walked once: every KV is kept as a byte span of the
+header (`Value`), every tensor as name, shape, dtype and absolute offset.
+Nothing is decoded until a handler asks for it, and tensor data is read only
+when an op needs it.
 """
 from __future__ import annotations
 
-import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +23,10 @@ _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 
 
-def tensor_nbytes(shape: tuple[int, ...], dtype: DT) -> int:
+def tensor_nbytes(shape: tuple[int, ...], dtype: DT | int) -> int:
     """Bytes of a tensor of ggml `shape` (fastest axis first) and `dtype`."""
+    if dtype not in GGML_QUANT_SIZES:
+        raise GGUFError(f"ggml type {int(dtype)} is unknown to GGUF readers; its size cannot be told")
     block, size = GGML_QUANT_SIZES[dtype]
     n = 1
     for d in shape:
@@ -40,7 +42,7 @@ class TensorInfo:
 
     name: str
     shape: tuple[int, ...]
-    dtype: DT
+    dtype: DT | int       # an int for a ggml type gguf-py does not know
     offset: int
 
     @property
@@ -49,32 +51,52 @@ class TensorInfo:
 
 
 class SourceGGUF:
-    """The parsed header of one GGUF file, kept open as a memory map."""
+    """The parsed header of one GGUF file.
+
+    Only the header's bytes are kept (read once, no memory map and no open
+    descriptor), so a blob that leaves the store leaves the disk once its
+    views are dropped, and a blob truncated under us is an error on read,
+    never a SIGBUS.  Tensor data is read with `read`, which checks that the
+    blob is still the one that was parsed."""
+
+    FIRST_READ = 8 << 20   # most headers (a 262k-token vocabulary: ~6 MiB) parse in one read
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
             raise GGUFError(f"{self.path}: cannot open: {e.strerror}") from None
         try:
             st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise GGUFError(f"{self.path}: not a regular file")
             self.size = st.st_size
             self.identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
             if self.size < 24:
                 raise GGUFError(f"{self.path}: too short to be GGUF ({self.size} bytes)")
-            self._map = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+            want = min(self.size, self.FIRST_READ)
+            while True:
+                buf = _pread_exact(fd, want, 0)
+                try:
+                    self._parse(memoryview(buf))
+                    break
+                except GGUFError as e:
+                    if want == self.size or "past the end" not in str(e):
+                        raise GGUFError(f"{self.path}: {e}") from None
+                except (struct.error, UnicodeDecodeError, ValueError, KeyError, IndexError, OverflowError) as e:
+                    if want == self.size:
+                        raise GGUFError(f"{self.path}: malformed GGUF header ({e})") from None
+                want = min(self.size, want * 4)
+        except OSError as e:
+            raise GGUFError(f"{self.path}: cannot read: {e.strerror}") from None
         finally:
             os.close(fd)
-        try:
-            self._parse(memoryview(self._map))
-        except GGUFError as e:
-            raise GGUFError(f"{self.path}: {e}") from None
-        except (struct.error, UnicodeDecodeError, ValueError, KeyError, IndexError) as e:
-            raise GGUFError(f"{self.path}: malformed GGUF header ({e})") from None
 
     # -- parsing -------------------------------------------------------------
     def _parse(self, buf: memoryview) -> None:
+        """Parse the header in `buf` (the file's first bytes): its KVs and tensor
+        infos; "past the end" errors mean `buf` was too short (or the file is)."""
         end = len(buf)
         if bytes(buf[:4]) != MAGIC:
             raise GGUFError("not a GGUF file (bad magic)")
@@ -86,8 +108,9 @@ class SourceGGUF:
             raise GGUFError(f"unsupported GGUF version {version}")
         self.version = version
         n_tensors, n_kv = _U64.unpack_from(buf, 8)[0], _U64.unpack_from(buf, 16)[0]
-        if n_tensors > end or n_kv > end:
-            raise GGUFError("implausible tensor or KV count")
+        # Each KV takes at least 12 bytes and each tensor info at least 24.
+        if 12 * n_kv + 24 * n_tensors > self.size:
+            raise GGUFError(f"implausible counts: {n_kv} KVs and {n_tensors} tensors in {self.size} bytes")
         off = 24
         spans = []   # (key, type, start, end, string offsets)
         for _ in range(n_kv):
@@ -105,35 +128,46 @@ class SourceGGUF:
             else:
                 off = skip_value(buf, start, vtype, end)
             spans.append((key, vtype, start, off, starts))
-        kvs = {key: Value(vtype, buf[a:b], starts) for key, vtype, a, b, starts in spans}
-        self.kvs = kvs
-        self.alignment = DEFAULT_ALIGNMENT
-        if "general.alignment" in kvs:
-            self.alignment = int(kvs["general.alignment"].decode())
-            if self.alignment <= 0 or self.alignment & (self.alignment - 1):
-                raise GGUFError(f"general.alignment {self.alignment} is not a power of two")
+        keys = [key for key, *_ in spans]
+        if len(set(keys)) != len(keys):
+            self.duplicates = sorted({k for k in keys if keys.count(k) > 1})
+        else:
+            self.duplicates = []
         raw_tensors = []
         for _ in range(n_tensors):
             name, off = _read_str(buf, off, end)
+            if off + 4 > end:
+                raise GGUFError("tensor info runs past the end of the file")
             n_dims = _U32.unpack_from(buf, off)[0]
             if n_dims > 8:
                 raise GGUFError(f"tensor {name!r} has {n_dims} dimensions")
+            if off + 4 + 8 * n_dims + 12 > end:
+                raise GGUFError("tensor info runs past the end of the file")
             shape = struct.unpack_from(f"<{n_dims}Q", buf, off + 4)
             off += 4 + 8 * n_dims
             raw_type, rel = struct.unpack_from("<IQ", buf, off)
             off += 12
-            try:
-                dtype = DT(raw_type)
-            except ValueError:
-                raise GGUFError(f"tensor {name!r} has unknown ggml type {raw_type}") from None
-            raw_tensors.append((name, tuple(int(d) for d in shape), dtype, rel))
+            raw_tensors.append((name, tuple(int(d) for d in shape), _dtype(raw_type), rel))
+        # Only the header's bytes are kept: the KVs are slices of this copy.
+        header = bytes(buf[:off])
+        self.kvs = {key: Value(vtype, memoryview(header)[a:b], starts) for key, vtype, a, b, starts in spans}
+        self.alignment = DEFAULT_ALIGNMENT
+        if "general.alignment" in self.kvs:
+            alignment = self.kvs["general.alignment"].decode()
+            if not isinstance(alignment, int) or isinstance(alignment, bool) or not 0 < alignment <= 1 << 30 \
+                    or alignment & (alignment - 1):
+                raise GGUFError(f"general.alignment {alignment!r} is not a power of two")
+            self.alignment = alignment
         self.header_size = off
         self.data_offset = -(-off // self.alignment) * self.alignment
         self.tensors: dict[str, TensorInfo] = {}
         self._blocks: dict[str, frozenset[int]] = {}
+        names = [name for name, *_ in raw_tensors]
+        if len(set(names)) != len(names):
+            self.duplicates += sorted({f"tensor {n}" for n in names if names.count(n) > 1})
         for name, shape, dtype, rel in raw_tensors:
             t = TensorInfo(name, shape, dtype, self.data_offset + rel)
-            if t.offset + t.nbytes > self.size:
+            if isinstance(dtype, DT) and t.offset + t.nbytes > self.size:
                 raise GGUFError(f"tensor {name!r} runs past the end of the file (truncated blob?)")
             self.tensors[name] = t
 
@@ -164,17 +198,43 @@ class SourceGGUF:
             cached = self._blocks[prefix] = frozenset(ids)
         return cached
 
-    def read(self, offset: int, size: int) -> memoryview:
-        """`size` bytes at absolute `offset` (a view of the memory map)."""
-        return memoryview(self._map)[offset:offset + size]
+    def read(self, offset: int, size: int) -> bytes:
+        """`size` bytes at absolute `offset`, read now from the blob; GGUFError
+        when the blob changed since it was parsed or is shorter than that."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            raise GGUFError(f"{self.path}: cannot open: {e.strerror}") from None
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != self.identity:
+                raise GGUFError(f"{self.path}: the blob changed since it was read (size or modification time)")
+            return _pread_exact(fd, size, offset)
+        except OSError as e:
+            raise GGUFError(f"{self.path}: cannot read: {e.strerror}") from None
+        finally:
+            os.close(fd)
 
-    def release(self, offset: int, size: int) -> None:
-        """Drop the pages of [offset, offset+size) from this process's memory
-        (they stay in the page cache); done once an op has read its inputs."""
-        start = offset - offset % mmap.PAGESIZE
-        end = min(offset + size, self.size)
-        if end > start:
-            self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+def _dtype(raw: int) -> DT | int:
+    """The ggml type, or the raw number of one gguf-py does not know (such a
+    tensor can be served only by a handler that knows its layout)."""
+    try:
+        return DT(raw)
+    except ValueError:
+        return raw
+
+
+def _pread_exact(fd: int, size: int, offset: int) -> bytes:
+    """Exactly `size` bytes at `offset`; GGUFError when the file ends first."""
+    buf = bytearray(size)
+    view, done = memoryview(buf), 0
+    while done < size:
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n == 0:
+            raise GGUFError(f"file ends at {offset + done}, before {offset + size} (truncated?)")
+        done += n
+    return bytes(buf) if size < (1 << 20) else buf
 
 
 def _read_str(buf: memoryview, off: int, end: int) -> tuple[str, int]:

@@ -63,8 +63,9 @@ def render_header(spec: ViewSpec, offsets: dict[str, int]) -> bytes:
 class View:
     """The bytes of one translated (or identity) file of one blob."""
 
-    def __init__(self, source: SourceGGUF | None, segments: list[_Segment], size: int,
+    def __init__(self, stamp: tuple, source: SourceGGUF | None, segments: list[_Segment], size: int,
                  spec: ViewSpec | None, cache: OpCache | None):
+        self.stamp = stamp          # (st_dev, st_ino, st_size, st_mtime_ns) of the blob it was built from
         self.source = source
         self.spec = spec
         self.size = size
@@ -74,10 +75,11 @@ class View:
 
     # -- construction ------------------------------------------------------
     @classmethod
-    def identity(cls, size: int) -> "View":
-        """The blob itself, byte for byte."""
+    def identity(cls, stamp: tuple) -> "View":
+        """The blob itself, byte for byte (`stamp` as in `View.stamp`)."""
+        size = stamp[2]
         segs = [_Segment(0, size, "file", 0)] if size else []
-        return cls(None, segs, size, None, None)
+        return cls(stamp, None, segs, size, None, None)
 
     @classmethod
     def translated(cls, source: SourceGGUF, spec: ViewSpec, cache: OpCache, key: Hashable) -> "View":
@@ -91,7 +93,7 @@ class View:
             rel += t.nbytes + _pad(t.nbytes, align)
         # GGUF readers expect each tensor's data right after the previous
         # one's, in tensor-info order: the infos are written in data order.
-        spec = ViewSpec(spec.kvs, data_order, spec.alignment, spec.handler)
+        spec = ViewSpec(spec.kvs, data_order, spec.alignment, spec.handler, spec.idle_renames)
         header = render_header(spec, offsets)
         segs = [_Segment(0, len(header), "mem", header)]
         pos = len(header)
@@ -102,7 +104,7 @@ class View:
             if pad:
                 segs.append(_Segment(pos, pad, "zero"))
                 pos += pad
-        return cls(source, [s for s in segs if s.size], pos, spec, cache)
+        return cls(source.identity, source, [s for s in segs if s.size], pos, spec, cache)
 
     # -- reads ----------------------------------------------------------------
     def pieces(self, offset: int, size: int) -> list[Piece]:
@@ -129,12 +131,8 @@ class View:
         return out
 
     def _compute(self, op) -> bytes:
-        """The op's bytes; its inputs' pages leave the process's memory after."""
-        try:
-            return op.compute(lambda t: self.source.read(t.offset, t.nbytes))
-        finally:
-            for t in op.inputs:
-                self.source.release(t.offset, t.nbytes)
+        """The op's bytes, its inputs read from the blob now."""
+        return op.compute(lambda t: self.source.read(t.offset, t.nbytes))
 
     def read(self, offset: int, size: int) -> bytes:
         """The bytes at [offset, offset+size) as one bytes object (in-process;

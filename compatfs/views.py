@@ -63,7 +63,7 @@ def build_view(info: BlobInfo, kind: str, cache: OpCache) -> View:
     if kind == MMPROJ_FILE and not info.has_mmproj:
         raise FileNotFoundError(f"{info.source.path} has no projector view")
     if tr is None:
-        return View.identity(info.source.size)
+        return View.identity(info.source.identity)
     spec = plan(tr, info.source)
     return View.translated(info.source, spec, cache, key=(info.source.identity, kind))
 
@@ -105,11 +105,22 @@ class BlobViews:
             log.debug("%s: %s", path, e)
             return False
 
+    def retain(self, paths: set[Path]) -> None:
+        """Forget every parsed blob and view whose blob is not one of `paths`
+        (blobs that left the store); views held by open files live on with them."""
+        keep = {str(p) for p in paths}
+        with self._lock:
+            for key in [k for k in self._infos if k[0] not in keep]:
+                del self._infos[key]
+            for key in [k for k, v in self._views.items() if str(v.source.path if v.source else "") not in keep]:
+                del self._views[key]
+
     def view(self, path: Path, kind: str) -> View:
         """The view; GGUFError (naming the blob) when it cannot be built."""
         if not self.translate and kind == MODEL_FILE:
             try:
-                return View.identity(path.stat().st_size)
+                st = path.stat()
+                return View.identity((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
             except OSError as e:
                 raise GGUFError(f"{path}: {e.strerror}") from None
         info = self.info(path)
