@@ -45,6 +45,7 @@ from compatfs.translation import (
 from .qwen3vl import qwen_tokenizer, vision_projector
 
 KVs = dict[str, Value]
+INTEGERS = (VT.UINT8, VT.INT8, VT.UINT16, VT.INT16, VT.UINT32, VT.INT32, VT.UINT64, VT.INT64)
 
 
 # -- Qwen3.5's own KV edits -----------------------------------------------------------
@@ -57,7 +58,7 @@ class PadSections:
 
     def apply(self, kv: KVs, src: SourceGGUF) -> None:
         value = kv.get(self.key)
-        if value is None or value.element_type in (None, VT.STRING, VT.ARRAY) or value.count >= self.length:
+        if value is None or value.element_type not in INTEGERS or value.count >= self.length:
             return
         items = [int(x) for x in value.decode()]
         kv[self.key] = array(value.element_type, items + [0] * (self.length - len(items)))
@@ -71,10 +72,10 @@ class PerLayerToMax:
 
     def apply(self, kv: KVs, src: SourceGGUF) -> None:
         value = kv.get(self.key)
-        if value is None or value.element_type in (None, VT.STRING, VT.ARRAY, VT.BOOL) or not value.count:
+        if value is None or value.element_type not in INTEGERS or not value.count:
             return
         largest = int(max(value.decode()))
-        if largest > 0:
+        if 0 < largest < 2**32:
             kv[self.key] = u32(largest)
 
 
@@ -134,8 +135,9 @@ MTP_EXPERTS = (("gate_proj", MODEL_TENSOR.FFN_GATE_EXP), ("up_proj", MODEL_TENSO
 def stack(srcs: list[TensorInfo]) -> Concat:
     """2-D tensors of one shape stacked along a new slowest axis (bytes kept;
     F32 where their dtypes differ)."""
-    if not srcs or len({t.shape for t in srcs}) != 1 or len(srcs[0].shape) != 2:
-        raise GGUFError(f"cannot stack {[(t.name, t.shape) for t in srcs]}")
+    if (not srcs or len({t.shape for t in srcs}) != 1 or len(srcs[0].shape) != 2
+            or not all(isinstance(t.dtype, DT) for t in srcs)):
+        raise GGUFError(f"cannot stack {[(t.name, t.shape, t.dtype) for t in srcs]}")
     same = len({t.dtype for t in srcs}) == 1
     return Concat(tuple(srcs), (*srcs[0].shape, len(srcs)), srcs[0].dtype if same else DT.F32)
 
@@ -171,6 +173,8 @@ class PlaceMtp:
                 shifted.add(new + ".weight")
         for t in ts:
             if t.name in shifted and t.op is None:
+                if t.dtype not in (DT.F32, DT.F16, DT.BF16):
+                    raise GGUFError(f"{t.source.name}: a norm weight stored as {t.dtype!r}")
                 t.op, t.dtype = AddScalar.of(t.source, 1.0), DT.F32
         return ts
 

@@ -25,12 +25,16 @@ Qwen3.5's vision tower has the same layout (without deepstack mergers):
 Departures from Ollama's handler, where llama.cpp's conversion says
 otherwise: the M-RoPE sections come from the head size (Ollama injects the
 8B model's [24, 20, 20, 0] whatever the head size, which makes llama.cpp
-assert on smaller heads); the QKV merge keeps the blob's dtype when Q, K and
-V share one (F32 only when they differ) and the patch embeddings keep theirs
-(Ollama: F32); feed-forward length and image size come from the tensors, and
-the vision epsilon from the text model's RMS epsilon, as llama.cpp's
-converter takes it; no pixel-budget, channel, temporal-patch or vision-rope
-keys (llama.cpp's converter writes none for this projector).
+assert on smaller heads); the deepstack layer count is the mergers the blob
+holds (Ollama: the length of the index list); the tokenizer gets Qwen's BOS,
+control FIM markers and unused padding rows, and MoE files the experts'
+width from their tensors (Ollama's handler does neither); the QKV merge
+keeps the blob's dtype when Q, K and V share one (F32 only when they differ)
+and the patch embeddings keep theirs (Ollama: F32); feed-forward length and
+image size come from the tensors, and the vision epsilon from the text
+model's RMS epsilon, as llama.cpp's converter takes it; no pixel-budget,
+channel, temporal-patch or vision-rope keys (llama.cpp's converter writes
+none for this projector).
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from gguf import GGMLQuantizationType as DT
 from gguf import MODEL_TENSOR, TENSOR_NAMES
 
 from compatfs.gguf_source import SourceGGUF, TensorInfo
@@ -73,7 +78,8 @@ class MRopeSections:
 
     def apply(self, kv: KVs, src: SourceGGUF) -> None:
         t = src.tensors.get(self.tensor)
-        if self.key in kv or t is None or len(t.shape) != 1 or t.shape[0] < 2 or t.shape[0] % 2:
+        # (A tensor of a type ggml defines has a length the file bounds.)
+        if self.key in kv or t is None or not isinstance(t.dtype, DT) or len(t.shape) != 1 or t.shape[0] % 2:
             return
         pairs = t.shape[0] // 2
         spatial = pairs * PUBLISHED_SECTIONS[1] // PUBLISHED_PAIRS
@@ -94,8 +100,8 @@ def deepstack_layers(src: SourceGGUF, indexes: str, blocks: str) -> list[int]:
     """The vision blocks the deepstack mergers follow, merger j after block
     `indexes[j]`: one distinct block < KV `blocks` per merger the blob holds."""
     value = src.kvs.get(indexes)
-    layers = [] if value is None or value.element_type in (None, VT.STRING, VT.ARRAY) else \
-        [int(x) for x in value.decode()]
+    layers = [] if value is None or value.element_type in (None, VT.STRING, VT.ARRAY, VT.FLOAT32, VT.FLOAT64) \
+        else [int(x) for x in value.decode()]
     mergers, n_blocks = src.block_ids("v.deepstack_merger."), src.get(blocks, 0)
     if (mergers != frozenset(range(len(layers))) or len(set(layers)) != len(layers)
             or any(not 0 <= b < n_blocks for b in layers)):
@@ -128,10 +134,10 @@ class ImageSize:
 
     def apply(self, kv: KVs, src: SourceGGUF) -> None:
         pos, patch = src.tensors.get(self.positions), src.tensors.get(self.patch)
-        if self.key in kv or pos is None or patch is None or len(pos.shape) != 2:
+        if self.key in kv or pos is None or patch is None or len(pos.shape) != 2 or not patch.shape:
             return
         side = math.isqrt(pos.shape[1])
-        if side * side == pos.shape[1]:
+        if side * side == pos.shape[1] and side * patch.shape[0] < 2**32:
             kv[self.key] = u32(side * patch.shape[0])
 
 
@@ -150,6 +156,8 @@ class FrameOfPatchEmbedding(Op):
         if len(src.shape) != 4 or not channels_out or src.shape[3] % channels_out or not 0 <= frame < src.shape[2]:
             raise GGUFError(f"{src.name}: shape {src.shape} is no Conv3D patch embedding "
                             f"with {channels_out} output channels and a frame {frame}")
+        if src.dtype not in (DT.F32, DT.F16, DT.BF16):
+            raise GGUFError(f"{src.name}: a {src.dtype!r} patch embedding cannot be split without dequantizing")
         w, h, _, packed = src.shape
         return cls((src,), (w, h, packed // channels_out, channels_out), src.dtype, frame)
 
@@ -171,10 +179,16 @@ def patch_frame(frame: int, weight: str = "v.patch_embed.weight", bias: str = "v
 
 def qkv(part: str):
     """A `ProducePerBlock` maker: vision block i's Q, K and V `part`
-    (weight or bias) concatenated (as F32 where their dtypes differ)."""
+    (weight or bias) concatenated (as F32 where their dtypes differ).  The
+    converter split one QKV into three equal parts: Q, K and V of another
+    shape, or of a type ggml does not define, are refused."""
     def make(src: SourceGGUF, i: int) -> Op | None:
         ts = [src.tensors.get(f"v.blk.{i}.attn_{x}.{part}") for x in "qkv"]
-        return None if None in ts else Concat.of(*ts)
+        if None in ts:
+            return None
+        if len({t.shape for t in ts}) != 1 or not all(isinstance(t.dtype, DT) for t in ts):
+            raise GGUFError(f"cannot merge {[(t.name, t.shape, t.dtype) for t in ts]} into one QKV")
+        return Concat.of(*ts)
     return make
 
 
