@@ -40,6 +40,7 @@ from compatfs.gguf_values import VT, GGUFError, Value, array, u32
 from compatfs.ops import AddScalar, Concat
 from compatfs.translation import (
     Count, Default, Drop, Hide, Produce, Rename, Tensors, Translation, any_of, arch_is, has_key, has_tensor_prefix,
+    has_true,
 )
 
 from .qwen3vl import qwen_tokenizer, vision_projector
@@ -195,13 +196,17 @@ class AddSuffix:
 # -- the translations -----------------------------------------------------------------
 
 def detector(arch: str):
-    """Ollama's Qwen3.5 blobs carry the vision tower or its keys, and the
-    3-entry `rope.mrope_section` beside the sections.  (Qwen3-Next blobs that
-    Ollama also wrote as `qwen35moe` have neither: `handlers/qwen3next.py`.)"""
+    """Ollama's Qwen3.5 blobs carry the vision tower or its keys, the 3-entry
+    `rope.mrope_section` beside the sections, and the V-head reorder flag.
+    (Qwen3-Next blobs that Ollama's converter also wrote as `qwen35moe` have
+    none of them: no vision, no M-RoPE, heads not reordered; they are
+    `handlers/qwen3next.py`'s.)"""
     return arch_is(arch) & any_of(
         has_tensor_prefix("v."),
         has_key(f"{arch}.vision.block_count"),
+        has_key(f"{arch}.image_token_id"),
         has_key(f"{arch}.rope.mrope_section"),
+        has_true(f"{arch}.ssm.v_head_reordered"),
     )
 
 
