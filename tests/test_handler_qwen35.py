@@ -10,8 +10,9 @@ import pytest
 from gguf import GGMLQuantizationType as DT
 from gguf import GGUFValueType as VT
 
-from compatfs.gguf_source import TensorInfo
+from compatfs.gguf_source import SourceGGUF, TensorInfo
 from compatfs.gguf_values import GGUFError, array, u32
+from compatfs.handlers import qwen35
 from compatfs.handlers.qwen35 import PadSections, PerLayerToMax, stack
 from compatfs.testing.qwen35 import legacy_qwen35_moe
 from compatfs.testing.store import add_model
@@ -168,3 +169,10 @@ def test_moe_loads_in_llama_cpp_through_the_mount(moe, mount_store):
     np.testing.assert_array_equal(as_f32(got["blk.4.nextn.enorm.weight"]), raw["mtp.pre_fc_norm_embedding.weight"] + 1)
     np.testing.assert_array_equal(as_f32(got["blk.4.attn_norm.weight"]), raw["mtp.layers.0.attn_norm.weight"])
     assert not any(n.startswith(("mtp.", "v.")) for n in got)
+
+
+@needs_shared
+def test_llama_cpp_conversions_are_left_alone():
+    for path in sorted(UPSTREAM.glob("*.gguf")):
+        src = SourceGGUF(path)
+        assert not any(tr.claims(src) for tr in (qwen35.TEXT, qwen35.TEXT_MOE, qwen35.CLIP, qwen35.CLIP_MOE))

@@ -8,8 +8,9 @@ import pytest
 from gguf import GGMLQuantizationType as DT
 from gguf import GGUFValueType as VT
 
-from compatfs.gguf_source import TensorInfo
+from compatfs.gguf_source import SourceGGUF, TensorInfo
 from compatfs.gguf_values import GGUFError, array, u32
+from compatfs.handlers import qwen3vl
 from compatfs.handlers.qwen3vl import FrameOfPatchEmbedding, MRopeSections, deepstack_layers, qkv
 from compatfs.testing.qwen3vl import legacy_qwen3vl_moe
 from compatfs.testing.store import add_model
@@ -208,3 +209,10 @@ def test_deepstack_indexes_must_place_every_merger():
         else:
             with pytest.raises(GGUFError, match="deepstack"):
                 deepstack_layers(blob, "i", "qwen3vl.vision.block_count")
+
+
+@needs_shared
+def test_llama_cpp_conversions_are_left_alone():
+    for path in sorted(UPSTREAM.glob("*.gguf")):
+        src = SourceGGUF(path)
+        assert not any(tr.claims(src) for tr in (qwen3vl.TEXT, qwen3vl.TEXT_MOE, qwen3vl.CLIP, qwen3vl.CLIP_MOE))
