@@ -73,8 +73,11 @@ class Tree:
         with self._lock:
             now = time.monotonic()
             if self._snap is None or now - self._stamp >= self.rescan_seconds:
+                previous = self._snap
                 self._snap = Snapshot(self.store, self.store.scan())
                 self._stamp = now
+                if previous is None or previous.blobs != self._snap.blobs:
+                    self.views.prefetch(self._snap.blobs.values())
             return self._snap
 
     def _files(self, snap: Snapshot, path: str) -> dict[str, FileRef] | None:
