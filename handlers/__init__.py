@@ -9,7 +9,7 @@ way to deepseek2.
 """
 from . import (
     bert, deepseekocr, embeddinggemma, gemma3, gemma3n, gemma4, glm4moelite, glmocr, laguna, lfm2, llama,
-    llama4, llava, mistral3, nemotron, olmo3, qwen25vl, qwen3next,
+    llama4, llava, mistral3, nemotron, olmo3, qwen25vl, qwen35, qwen3next, qwen3vl,
 )
 
 TEXT = (
@@ -20,6 +20,10 @@ TEXT = (
     lfm2.TEXT,
     mistral3.TEXT,
     qwen25vl.TEXT,
+    qwen3vl.TEXT,
+    qwen3vl.TEXT_MOE,
+    qwen35.TEXT,
+    qwen35.TEXT_MOE,
     qwen3next.TEXT,
     olmo3.TEXT,
     glm4moelite.TEXT,
@@ -43,4 +47,8 @@ CLIP = (
     nemotron.CLIP,
     llama4.CLIP,
     glmocr.CLIP,
+    qwen3vl.CLIP,
+    qwen3vl.CLIP_MOE,
+    qwen35.CLIP,
+    qwen35.CLIP_MOE,
 )

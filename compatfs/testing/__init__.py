@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from . import (
-    bert, deepseekocr, embeddinggemma, gemma3, glmocr, laguna, llama, llama4, llava, nemotron, qwen3next,
+    bert, deepseekocr, embeddinggemma, gemma3, glmocr, laguna, llama, llama4, llava, nemotron, qwen35,
+    qwen3next, qwen3vl,
 )
 
 Writer = Callable[..., Path]
@@ -48,6 +49,8 @@ LEGACY: dict[str, LegacyModel] = {
     "nemotron3": LegacyModel(nemotron.legacy_nemotron_h_omni, tag="33b"),
     "llama4": LegacyModel(llama4.legacy_llama4, tag="scout"),
     "glm-ocr": LegacyModel(glmocr.legacy_glmocr, tag="latest"),
+    "qwen3-vl": LegacyModel(qwen3vl.legacy_qwen3vl_moe, tag="30b-a3b"),
+    "qwen3.5": LegacyModel(qwen35.legacy_qwen35_moe, tag="35b-a3b"),
 }
 
 
