@@ -4,6 +4,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from gguf import Keys
+
 from .gguf_source import SourceGGUF
 from .gguf_values import VT, Value
 from .opcache import OpCache
@@ -56,7 +58,7 @@ def describe(path: Path, kind: str) -> dict:
     if view.spec is None:
         return report
     kvs = dict(view.spec.kvs)
-    arch = kvs.get("general.architecture")
+    arch = kvs.get(Keys.General.ARCHITECTURE)
     report["architecture"]["after"] = arch.decode() if arch else None
     for key, v in kvs.items():
         old = src.kvs.get(key)

@@ -12,6 +12,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Union
 
+from gguf import Keys
 from gguf import GGMLQuantizationType as DT
 
 from .gguf_source import SourceGGUF, TensorInfo, tensor_nbytes
@@ -96,7 +97,7 @@ def missing_or_default(key: str) -> Pred:
 
 def token_is(index: int, text: str) -> Pred:
     def test(s: SourceGGUF) -> bool:
-        tokens = s.kvs.get("tokenizer.ggml.tokens")
+        tokens = s.kvs.get(Keys.Tokenizer.LIST)
         return tokens is not None and tokens.string_at(index) == text
     return Pred(f"token {index} is {text}", test)
 
@@ -234,7 +235,7 @@ class TokenType:
     token_type: int
 
     def apply(self, kv: KVs, src: SourceGGUF) -> None:
-        tokens, types = kv.get("tokenizer.ggml.tokens"), kv.get("tokenizer.ggml.token_type")
+        tokens, types = kv.get(Keys.Tokenizer.LIST), kv.get(Keys.Tokenizer.TOKEN_TYPE)
         if tokens is None or types is None or types.element_type is None:
             return
         found = tokens.indices_of(set(self.texts))
@@ -243,7 +244,7 @@ class TokenType:
         if change:
             new = current.copy()
             new[change] = self.token_type
-            kv["tokenizer.ggml.token_type"] = array(types.element_type, new)
+            kv[Keys.Tokenizer.TOKEN_TYPE] = array(types.element_type, new)
 
 
 @dataclass(frozen=True)
@@ -285,7 +286,7 @@ class DefaultTokenId:
     text: str
 
     def apply(self, kv: KVs, src: SourceGGUF) -> None:
-        tokens = kv.get("tokenizer.ggml.tokens")
+        tokens = kv.get(Keys.Tokenizer.LIST)
         if self.key in kv or tokens is None:
             return
         found = tokens.indices_of({self.text})
@@ -310,8 +311,8 @@ def as_projector(arch: str) -> tuple:
     file: architecture `clip`, type `mmproj`, and none of the text model's or
     tokenizer's keys (put the `clip.*` copies before these)."""
     return (
-        Set("general.architecture", string("clip")),
-        Set("general.type", string("mmproj")),
+        Set(Keys.General.ARCHITECTURE, string("clip")),
+        Set(Keys.General.TYPE, string("mmproj")),
         Drop((f"{arch}.", "tokenizer.")),
     )
 

@@ -21,6 +21,8 @@ from concurrent.futures import Future, ProcessPoolExecutor
 
 from cachetools import LRUCache
 
+from gguf import Keys
+
 from . import handlers
 from .gguf_source import SourceGGUF
 from .gguf_values import GGUFError
@@ -94,7 +96,7 @@ def summarize(path: Path, translate: bool) -> tuple[Stamp, Summary]:
     except GGUFError as e:
         return stamp, Summary(0, None, error=str(e))
     kvs = dict(model.spec.kvs) if model.spec else info.source.kvs
-    arch = kvs["general.architecture"].decode() if "general.architecture" in kvs else None
+    arch = kvs[Keys.General.ARCHITECTURE].decode() if Keys.General.ARCHITECTURE in kvs else None
     return stamp, Summary(model.size, mmproj.size if mmproj else None,
                           info.text.name if info.text else None, info.clip.name if info.clip else None, arch=arch)
 
@@ -108,7 +110,7 @@ class BlobViews:
                  index: Index | None = None, view_budget: int = 32 << 20, workers: int = 0):
         self.translate = translate
         self.op_cache = op_cache or OpCache()
-        self.index = index or Index(None, translate)
+        self.index = index if index is not None else Index(None, translate)
         self._views: LRUCache = LRUCache(maxsize=view_budget, getsizeof=lambda v: v.nbytes_held)
         self._lock = threading.Lock()
         self._workers = workers
@@ -128,14 +130,19 @@ class BlobViews:
             try:
                 got_stamp, summary = pending.result()
                 if got_stamp == stamp:
-                    self.index.put(path, stamp, summary)
+                    self._indexed(path, stamp, summary)
                     return summary
             except Exception as e:   # a worker that died: computed here instead
                 log.debug("background summary of %s failed: %s", path, e)
         got_stamp, summary = summarize(path, self.translate)
         if got_stamp == stamp:
-            self.index.put(path, stamp, summary)
+            self._indexed(path, stamp, summary)
         return summary
+
+    def _indexed(self, path: Path, stamp: Stamp, summary: Summary) -> None:
+        if self.index.get(path, stamp) != summary:
+            log.debug("indexed %s: %s", path, summary)
+            self.index.put(path, stamp, summary)
 
     def size(self, path: Path, kind: str) -> int:
         """The size `stat` shows: 0 for a blob that cannot be presented (opening
@@ -187,7 +194,7 @@ class BlobViews:
         try:
             stamp, summary = future.result()
             if stamp == _stamp(path):
-                self.index.put(path, stamp, summary)
+                self._indexed(path, stamp, summary)
         except Exception as e:
             log.debug("background summary of %s failed: %s", path, e)
         with self._lock:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gguf import Keys
+
 from compatfs.gguf_source import SourceGGUF
 from compatfs.gguf_values import VT, Value, array, boolean, f32, string, u32
 from compatfs.translation import (
@@ -84,7 +86,7 @@ TEXT = Translation(
     name="deepseekocr",
     detect=DETECT,
     kv=(
-        Set("general.architecture", string(NEW)),
+        Set(Keys.General.ARCHITECTURE, string(NEW)),
         Drop((f"{OLD}.vision.", f"{OLD}.sam.")),
         CopyPrefix(f"{OLD}.", f"{NEW}."),
         Drop((f"{OLD}.",)),
@@ -94,7 +96,7 @@ TEXT = Translation(
         FromFirstBlock(f"{NEW}.expert_feed_forward_length", "blk.", "ffn_down_exps.weight", axis=0),
         SharedExpertCount(f"{NEW}.expert_shared_count", "blk.", "ffn_down_shexp.weight",
                           per_expert=f"{NEW}.expert_feed_forward_length"),
-        Default("tokenizer.chat_template", string(CHAT_TEMPLATE)),
+        Default(Keys.Tokenizer.CHAT_TEMPLATE, string(CHAT_TEMPLATE)),
     ),
     tensors=(Hide(("s.", "v.", "mm.")),),
 )
@@ -107,24 +109,24 @@ CLIP = Translation(
     counts=(Count(V + "block_count", "v.blk."), Count(SAM + "block_count", "s.blk.")),
     kv=(
         CopyEach(V, "clip.vision.", ("block_count", "embedding_length", "image_size", "patch_size")),
-        Copy(V + "head_count", "clip.vision.attention.head_count"),
+        Copy(V + "head_count", Keys.ClipVision.Attention.HEAD_COUNT),
         CopyEach(SAM, "clip.vision.sam.", ("block_count", "embedding_length", "head_count")),
         # The projector's output feeds the language model's embedding.
-        Copy(f"{OLD}.embedding_length", "clip.vision.projection_dim"),
+        Copy(f"{OLD}.embedding_length", Keys.ClipVision.PROJECTION_DIM),
         # As llama.cpp's converter writes them for DeepSeek-OCR's config: the
         # feed-forward length as 4 x heads (unused by this projector), one CLIP
         # patch per SAM output cell, windows of 14, 2 to 9 tiles.
-        TimesFour("clip.vision.attention.head_count", "clip.vision.feed_forward_length"),
-        Default("clip.vision.projector.scale_factor", u32(1)),
-        Default("clip.vision.window_size", u32(14)),
-        Default("clip.vision.preproc_min_tiles", u32(2)),
-        Default("clip.vision.preproc_max_tiles", u32(9)),
-        Default("clip.vision.attention.layer_norm_epsilon", f32(1e-6)),
-        Default("clip.vision.image_mean", array(VT.FLOAT32, (0.5, 0.5, 0.5))),
-        Default("clip.vision.image_std", array(VT.FLOAT32, (0.5, 0.5, 0.5))),
-        Set("clip.has_vision_encoder", boolean(True)),
-        Set("clip.use_gelu", boolean(True)),
-        Set("clip.projector_type", string("deepseekocr")),
+        TimesFour(Keys.ClipVision.Attention.HEAD_COUNT, Keys.ClipVision.FEED_FORWARD_LENGTH),
+        Default(Keys.ClipVision.Projector.SCALE_FACTOR, u32(1)),
+        Default(Keys.ClipVision.WINDOW_SIZE, u32(14)),
+        Default(Keys.ClipVision.PREPROC_MIN_TILES, u32(2)),
+        Default(Keys.ClipVision.PREPROC_MAX_TILES, u32(9)),
+        Default(Keys.ClipVision.Attention.LAYERNORM_EPS, f32(1e-6)),
+        Default(Keys.ClipVision.IMAGE_MEAN, array(VT.FLOAT32, (0.5, 0.5, 0.5))),
+        Default(Keys.ClipVision.IMAGE_STD, array(VT.FLOAT32, (0.5, 0.5, 0.5))),
+        Set(Keys.Clip.HAS_VISION_ENCODER, boolean(True)),
+        Set(Keys.ClipVision.USE_GELU, boolean(True)),
+        Set(Keys.Clip.PROJECTOR_TYPE, string("deepseekocr")),
         *as_projector(OLD),
     ),
     tensors=(

@@ -23,6 +23,8 @@ dropped.  Ollama's handler also renames a
 (`model/models/gemma3`) loads only `output_norm`, so no blob it ran has
 that name, and the rename is left out.
 """
+from gguf import Keys
+
 from compatfs.gguf_values import boolean, f32, string
 from compatfs.translation import (
     Copy, CopyPrefix, Default, Drop, FromShape, Rename, Set, TokenType, Translation, arch_is, has_key, has_tensor,
@@ -34,9 +36,9 @@ ARCH = "gemma-embedding"
 TEXT = Translation(
     name="embeddinggemma",
     detect=(arch_is("gemma3") & has_tensor("dense.0.weight"))
-    | (arch_is(ARCH) & ~has_key("tokenizer.ggml.add_space_prefix")),
+    | (arch_is(ARCH) & ~has_key(Keys.Tokenizer.ADD_PREFIX)),
     kv=(
-        Set("general.architecture", string(ARCH)),
+        Set(Keys.General.ARCHITECTURE, string(ARCH)),
         # llama.cpp reads the hyperparameters under the architecture's name.
         CopyPrefix("gemma3.", f"{ARCH}."),
         Copy(f"{ARCH}.rope.local.freq_base", f"{ARCH}.rope.freq_base_swa"),
@@ -53,11 +55,11 @@ TEXT = Translation(
             f"{ARCH}.rope.local.",
             "tokenizer.ggml.add_padding_token", "tokenizer.ggml.add_unknown_token",
             # BPE merges: a SentencePiece vocabulary has none.
-            "tokenizer.ggml.merges",
+            Keys.Tokenizer.MERGES,
         )),
         # Gemma's SentencePiece model adds no dummy prefix.
-        Default("tokenizer.ggml.add_space_prefix", boolean(False)),
-        Default("tokenizer.ggml.add_sep_token", boolean(False)),
+        Default(Keys.Tokenizer.ADD_PREFIX, boolean(False)),
+        Default(Keys.Tokenizer.ADD_SEP, boolean(False)),
         TokenType(("<start_of_image>", "<end_of_image>"), CONTROL),
     ),
     tensors=(

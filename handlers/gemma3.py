@@ -6,6 +6,8 @@ and rope scaling, kept multimodal tokens past the embedding rows, and stored
 the SigLIP tower and projector (`v.*`, `mm.*`) in the same file under their
 own names.
 """
+from gguf import Keys
+
 from compatfs.gguf_values import VT, array, boolean, f32, string
 from compatfs.translation import (
     Copy, CopyEach, Default, Hide, KeepOnly, Rename, Set, ToF32, TokenType, Translation, TruncateToRows, When,
@@ -46,7 +48,7 @@ TEXT = Translation(
         Default("gemma3.attention.layer_norm_rms_epsilon", f32(1e-6)),
         Default("gemma3.rope.freq_base", f32(1_000_000.0)),
         Default("gemma3.rope.freq_base_swa", f32(10_000.0)),
-        Default("tokenizer.chat_template", string(CHAT_TEMPLATE)),
+        Default(Keys.Tokenizer.CHAT_TEMPLATE, string(CHAT_TEMPLATE)),
         # 4B/12B/27B extend a 16k training context 8x by linear rope scaling.
         When(value_at_least("gemma3.context_length", 131072), (
             Default("gemma3.rope.scaling.type", string("linear")),
@@ -54,11 +56,11 @@ TEXT = Translation(
         )),
         # Extra multimodal tokens past the embedding rows fail the vocab check.
         TruncateToRows("token_embd.weight", (
-            "tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
+            Keys.Tokenizer.LIST, Keys.Tokenizer.SCORES, Keys.Tokenizer.TOKEN_TYPE,
         )),
         # Gemma's SentencePiece model adds no dummy prefix; without the key
         # llama.cpp prepends a space and tokenizes differently.
-        Default("tokenizer.ggml.add_space_prefix", boolean(False)),
+        Default(Keys.Tokenizer.ADD_PREFIX, boolean(False)),
         # Ollama typed the image markers as ordinary text, so llama.cpp would
         # split "<start_of_image>" into pieces instead of matching the token.
         TokenType(("<start_of_image>", "<end_of_image>"), CONTROL),
@@ -75,12 +77,12 @@ CLIP = Translation(
             "attention.head_count", "attention.layer_norm_epsilon",
         )),
         # The projector's output feeds the language model's embedding.
-        Copy("gemma3.embedding_length", "clip.vision.projection_dim"),
-        Default("clip.vision.image_mean", array(VT.FLOAT32, [0.5, 0.5, 0.5])),
-        Default("clip.vision.image_std", array(VT.FLOAT32, [0.5, 0.5, 0.5])),
-        Default("clip.has_vision_encoder", boolean(True)),
-        Default("clip.use_gelu", boolean(True)),
-        Set("clip.projector_type", string("gemma3")),
+        Copy("gemma3.embedding_length", Keys.ClipVision.PROJECTION_DIM),
+        Default(Keys.ClipVision.IMAGE_MEAN, array(VT.FLOAT32, [0.5, 0.5, 0.5])),
+        Default(Keys.ClipVision.IMAGE_STD, array(VT.FLOAT32, [0.5, 0.5, 0.5])),
+        Default(Keys.Clip.HAS_VISION_ENCODER, boolean(True)),
+        Default(Keys.ClipVision.USE_GELU, boolean(True)),
+        Set(Keys.Clip.PROJECTOR_TYPE, string("gemma3")),
         *as_projector("gemma3"),
     ),
     tensors=(

@@ -30,6 +30,8 @@ Departures from Ollama's handler, each toward llama.cpp's conversion:
 """
 from __future__ import annotations
 
+from gguf import Keys
+
 from compatfs.gguf_source import SourceGGUF
 from compatfs.gguf_values import boolean, f32, string
 from compatfs.ops import Op, PadRows
@@ -66,7 +68,7 @@ TEXT = Translation(
     detect=arch_is("gemma3n") & any_of(
         rows_differ(TOKEN_EMBD, PER_LAYER_EMBD),
         has_key("gemma3n.rope.freq_base_local"),
-        ~has_key("tokenizer.ggml.add_space_prefix"),
+        ~has_key(Keys.Tokenizer.ADD_PREFIX),
     ),
     kv=(
         Copy("gemma3n.rope.freq_base_local", "gemma3n.rope.freq_base_swa"),
@@ -80,12 +82,12 @@ TEXT = Translation(
             "gemma3n.altup.lr_multiplier", "tokenizer.ggml.add_padding_token", "tokenizer.ggml.add_unknown_token",
             "tokenizer.ggml.eos_token_ids",
             # BPE merges: a SentencePiece vocabulary has none.
-            "tokenizer.ggml.merges",
+            Keys.Tokenizer.MERGES,
         )),
         # Gemma's SentencePiece model: no dummy prefix, byte fallback.
-        Set("tokenizer.ggml.model", string("llama")),
-        Default("tokenizer.ggml.add_space_prefix", boolean(False)),
-        Default("tokenizer.ggml.add_sep_token", boolean(False)),
+        Set(Keys.Tokenizer.MODEL, string("llama")),
+        Default(Keys.Tokenizer.ADD_PREFIX, boolean(False)),
+        Default(Keys.Tokenizer.ADD_SEP, boolean(False)),
         TokenType(BYTE_TOKENS, BYTE),
         TokenType(("<start_of_image>", "<end_of_image>"), CONTROL),
         PadTokensUnused(),

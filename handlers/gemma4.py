@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gguf import Keys
 from gguf import GGMLQuantizationType as DT
 
 from compatfs.gguf_source import SourceGGUF, TensorInfo
@@ -97,7 +98,7 @@ DETECT = arch_is("gemma4") & any_of(
     has_tensor_prefix("a."),
     has_tensor_prefix("mm."),
     has_tensor_prefix("model.vision_tower."),
-    value_is("tokenizer.ggml.model", "llama"),
+    value_is(Keys.Tokenizer.MODEL, "llama"),
 )
 
 BYTE_TOKENS = tuple(f"<0x{b:02X}>" for b in range(256))
@@ -113,15 +114,15 @@ TEXT = Translation(
     kv=(
         # Gemma 4's tokenizer is BPE with SentencePiece-style byte fallback;
         # as `llama` (SPM) its special tokens split into pieces.
-        Set("tokenizer.ggml.model", string("gemma4"), when=value_is("tokenizer.ggml.model", "llama")),
+        Set(Keys.Tokenizer.MODEL, string("gemma4"), when=value_is(Keys.Tokenizer.MODEL, "llama")),
         TokenType(BYTE_TOKENS, BYTE),
         TokenType(MEDIA_MARKERS, CONTROL),
-        FillArray("tokenizer.ggml.scores", -1000.0),
-        Default("tokenizer.ggml.add_space_prefix", boolean(False)),
-        Default("tokenizer.ggml.add_sep_token", boolean(False)),
+        FillArray(Keys.Tokenizer.SCORES, -1000.0),
+        Default(Keys.Tokenizer.ADD_PREFIX, boolean(False)),
+        Default(Keys.Tokenizer.ADD_SEP, boolean(False)),
         # The tower hyperparameters go to the mmproj; the pre-tokenizer is
         # implied by the model `gemma4`; llama.cpp reads no EOS list.
-        Drop(("gemma4.vision.", "gemma4.audio.", "tokenizer.ggml.pre", "tokenizer.ggml.eos_token_ids")),
+        Drop(("gemma4.vision.", "gemma4.audio.", Keys.Tokenizer.PRE, "tokenizer.ggml.eos_token_ids")),
     ),
     tensors=(
         Hide(("v.", "a.", "mm.", "model.vision_tower.")),
@@ -145,24 +146,24 @@ CLIP = Translation(
             )),
             # Unused by clip.cpp (images are resized to a token budget);
             # llama.cpp's converter writes 224.
-            Default("clip.vision.image_size", u32(224)),
+            Default(Keys.ClipVision.IMAGE_SIZE, u32(224)),
             # The projector's output feeds the language model's embedding.
-            Copy("gemma4.embedding_length", "clip.vision.projection_dim"),
+            Copy("gemma4.embedding_length", Keys.ClipVision.PROJECTION_DIM),
             # The tower normalises pixels itself (`v.std_bias`, `v.std_scale`).
-            Default("clip.vision.image_mean", array(VT.FLOAT32, [0.0, 0.0, 0.0])),
-            Default("clip.vision.image_std", array(VT.FLOAT32, [1.0, 1.0, 1.0])),
-            Set("clip.has_vision_encoder", boolean(True)),
-            Set("clip.vision.projector_type", string("gemma4v")),
+            Default(Keys.ClipVision.IMAGE_MEAN, array(VT.FLOAT32, [0.0, 0.0, 0.0])),
+            Default(Keys.ClipVision.IMAGE_STD, array(VT.FLOAT32, [1.0, 1.0, 1.0])),
+            Set(Keys.Clip.HAS_VISION_ENCODER, boolean(True)),
+            Set(Keys.ClipVision.PROJECTOR_TYPE, string("gemma4v")),
         )),
         When(HAS_AUDIO, (
             CopyEach("gemma4.audio.", "clip.audio.", (
                 "block_count", "embedding_length", "feed_forward_length", "attention.head_count",
                 "attention.layer_norm_epsilon",
             )),
-            Default("clip.audio.num_mel_bins", u32(128)),
-            Copy("gemma4.embedding_length", "clip.audio.projection_dim"),
-            Set("clip.has_audio_encoder", boolean(True)),
-            Set("clip.audio.projector_type", string("gemma4a")),
+            Default(Keys.ClipAudio.NUM_MEL_BINS, u32(128)),
+            Copy("gemma4.embedding_length", Keys.ClipAudio.PROJECTION_DIM),
+            Set(Keys.Clip.HAS_AUDIO_ENCODER, boolean(True)),
+            Set(Keys.ClipAudio.PROJECTOR_TYPE, string("gemma4a")),
         )),
         *as_projector("gemma4"),
     ),

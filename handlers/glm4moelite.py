@@ -21,6 +21,8 @@ special tokens are found by their text, as llama.cpp's converter finds them
 (Ollama's handler takes the 2nd and 3rd entries of `eos_token_ids`).
 Ollama's converter drops the MTP layer, so the view has none.
 """
+from gguf import Keys
+
 from compatfs.gguf_values import boolean, string, u32
 from compatfs.translation import (
     Copy, CopyPrefix, Default, DefaultTokenId, Drop, Set, Translation, arch_is, has_key,
@@ -30,12 +32,12 @@ OLD, NEW = "glm4moelite.", "deepseek2."
 
 # llama.cpp's converter (`_set_vocab_glm`) sets these from the tokens' text.
 SPECIAL_TOKENS = (
-    DefaultTokenId("tokenizer.ggml.bos_token_id", "[gMASK]"),
-    DefaultTokenId("tokenizer.ggml.eot_token_id", "<|user|>"),
-    DefaultTokenId("tokenizer.ggml.eom_token_id", "<|observation|>"),
-    DefaultTokenId("tokenizer.ggml.unknown_token_id", "<|endoftext|>"),
-    Default("tokenizer.ggml.add_bos_token", boolean(False)),
-    Default("tokenizer.ggml.add_eos_token", boolean(False)),
+    DefaultTokenId(Keys.Tokenizer.BOS_ID, "[gMASK]"),
+    DefaultTokenId(Keys.Tokenizer.EOT_ID, "<|user|>"),
+    DefaultTokenId(Keys.Tokenizer.EOM_ID, "<|observation|>"),
+    DefaultTokenId(Keys.Tokenizer.UNK_ID, "<|endoftext|>"),
+    Default(Keys.Tokenizer.ADD_BOS, boolean(False)),
+    Default(Keys.Tokenizer.ADD_EOS, boolean(False)),
 )
 
 TEXT = Translation(
@@ -44,7 +46,7 @@ TEXT = Translation(
     # `attn_kv_b` unsplit and no `*_mla` lengths, which this table does not split.
     detect=arch_is("glm4moelite") & has_key(OLD + "attention.key_length_mla"),
     kv=(
-        Set("general.architecture", string("deepseek2")),
+        Set(Keys.General.ARCHITECTURE, string("deepseek2")),
         # The latent (absorbed) and per-head lengths trade places.
         Copy(OLD + "attention.key_length_mla", NEW + "attention.key_length"),
         Copy(OLD + "attention.value_length_mla", NEW + "attention.value_length"),

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gguf import Keys
 from gguf import GGMLQuantizationType as DT
 
 from compatfs.gguf_source import SourceGGUF, TensorInfo
@@ -75,18 +76,18 @@ TEXT = Translation(
     detect=DETECT,
     counts=(Count("glmocr.block_count", "blk."),),
     kv=(
-        Set("general.architecture", string("glm4")),
+        Set(Keys.General.ARCHITECTURE, string("glm4")),
         # The tower's keys go to the mmproj, the media token ids nowhere (llama.cpp reads none).
         Drop(("glmocr.vision.", "glmocr.image_", "glmocr.video_")),
         CopyPrefix("glmocr.", "glm4."),
         PadArray("glm4.rope.mrope_section", "glm4.rope.dimension_sections", 4),
         RotaryWidth("glm4.attention.key_length", "glm4.rope.partial_rotary_factor", "glm4.rope.dimension_count"),
         Drop(("glmocr.", "glm4.rope.mrope_section", "glm4.rope.partial_rotary_factor")),
-        Set("tokenizer.ggml.pre", string("chatglm-bpe")),
+        Set(Keys.Tokenizer.PRE, string("chatglm-bpe")),
         # Where the tokenizer config names none, llama.cpp's converter takes these from GLM's markers.
-        DefaultTokenId("tokenizer.ggml.bos_token_id", "<|endoftext|>"),
-        DefaultTokenId("tokenizer.ggml.unknown_token_id", "<|endoftext|>"),
-        DefaultTokenId("tokenizer.ggml.eot_token_id", "<|user|>"),
+        DefaultTokenId(Keys.Tokenizer.BOS_ID, "<|endoftext|>"),
+        DefaultTokenId(Keys.Tokenizer.UNK_ID, "<|endoftext|>"),
+        DefaultTokenId(Keys.Tokenizer.EOT_ID, "<|user|>"),
         PadTokensUnused(),
     ),
     tensors=(
@@ -111,15 +112,15 @@ CLIP = Translation(
             "block_count", "embedding_length", "attention.head_count", "image_size", "patch_size",
             "image_mean", "image_std",
         )),
-        Copy("glmocr.vision.intermediate_size", "clip.vision.feed_forward_length"),
-        Copy("glmocr.vision.attention.layer_norm_rms_epsilon", "clip.vision.attention.layer_norm_epsilon"),
+        Copy("glmocr.vision.intermediate_size", Keys.ClipVision.FEED_FORWARD_LENGTH),
+        Copy("glmocr.vision.attention.layer_norm_rms_epsilon", Keys.ClipVision.Attention.LAYERNORM_EPS),
         # The merger's output feeds the language model's embedding.
-        Copy("glmocr.embedding_length", "clip.vision.projection_dim"),
-        Default("clip.vision.image_mean", array(VT.FLOAT32, IMAGE_MEAN)),
-        Default("clip.vision.image_std", array(VT.FLOAT32, IMAGE_STD)),
-        Set("clip.has_vision_encoder", boolean(True)),
-        Set("clip.use_silu", boolean(True)),
-        Set("clip.projector_type", string("glm4v")),
+        Copy("glmocr.embedding_length", Keys.ClipVision.PROJECTION_DIM),
+        Default(Keys.ClipVision.IMAGE_MEAN, array(VT.FLOAT32, IMAGE_MEAN)),
+        Default(Keys.ClipVision.IMAGE_STD, array(VT.FLOAT32, IMAGE_STD)),
+        Set(Keys.Clip.HAS_VISION_ENCODER, boolean(True)),
+        Set(Keys.ClipVision.USE_SILU, boolean(True)),
+        Set(Keys.Clip.PROJECTOR_TYPE, string("glm4v")),
         # Not carried, as llama.cpp's converter writes none of them: spatial
         # merge (clip.cpp's glm4v default is GLM's 2), temporal patch, pixel
         # limits, the merger's output width (the text width).

@@ -6,6 +6,8 @@ does not match the tensors.  The current converter, from the LFM2 release
 config layout (`full_attn_idxs`), gives every layer KV heads, so llama.cpp
 looks for attention tensors in the short-convolution layers.
 """
+from gguf import Keys
+
 from compatfs.gguf_values import string
 from compatfs.translation import (
     FromShape, Rename, Set, Translation, ZeroPerLayer, any_of, arch_is, has_tensor, per_layer_mismatch,
@@ -18,7 +20,7 @@ TEXT = Translation(
         per_layer_mismatch("lfm2.attention.head_count_kv", "blk.{}.attn_q.weight"),
     ),
     kv=(
-        Set("tokenizer.ggml.pre", string("lfm2")),
+        Set(Keys.Tokenizer.PRE, string("lfm2")),
         FromShape("lfm2.feed_forward_length", "blk.0.ffn_gate.weight", axis=1),
         # Only attention layers have KV heads.
         ZeroPerLayer("lfm2.attention.head_count_kv", "blk.{}.attn_q.weight"),

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gguf import Keys
+
 from compatfs.gguf_source import SourceGGUF
 from compatfs.gguf_values import VT, Value, array, boolean, string, u32
 from compatfs.handlers.qwen25vl import PadTokensUnused
@@ -57,16 +59,16 @@ class ScaleFactor:
 DETECT = arch_is("llama4") & any_of(
     has_tensor_prefix("v."),
     has_tensor_prefix("mm."),
-    missing_or_default("tokenizer.ggml.pre"),
+    missing_or_default(Keys.Tokenizer.PRE),
 )
 
 TEXT = Translation(
     name="llama4",
     detect=DETECT,
     kv=(
-        Set("tokenizer.ggml.pre", string("llama4"), when=missing_or_default("tokenizer.ggml.pre")),
+        Set(Keys.Tokenizer.PRE, string("llama4"), when=missing_or_default(Keys.Tokenizer.PRE)),
         # Llama 4's tokenizer prepends <|begin_of_text|> (its post-processor).
-        Set("tokenizer.ggml.add_bos_token", boolean(True)),
+        Set(Keys.Tokenizer.ADD_BOS, boolean(True)),
         PadTokensUnused(),
         # The tower's hyperparameters go to the mmproj.
         Drop(("llama4.vision.",)),
@@ -85,15 +87,15 @@ CLIP = Translation(
             "block_count", "embedding_length", "feed_forward_length", "attention.head_count", "image_size",
             "patch_size",
         )),
-        Copy("llama4.vision.layer_norm_epsilon", "clip.vision.attention.layer_norm_epsilon"),
+        Copy("llama4.vision.layer_norm_epsilon", Keys.ClipVision.Attention.LAYERNORM_EPS),
         # The projector's output feeds the language model's embedding.
-        Copy("llama4.embedding_length", "clip.vision.projection_dim"),
-        ScaleFactor("llama4.vision.pixel_shuffle_ratio", "clip.vision.projector.scale_factor"),
-        Default("clip.vision.image_mean", array(VT.FLOAT32, IMAGE_MEAN_STD)),
-        Default("clip.vision.image_std", array(VT.FLOAT32, IMAGE_MEAN_STD)),
-        Set("clip.has_vision_encoder", boolean(True)),
-        Set("clip.use_gelu", boolean(True)),
-        Set("clip.projector_type", string("llama4")),
+        Copy("llama4.embedding_length", Keys.ClipVision.PROJECTION_DIM),
+        ScaleFactor("llama4.vision.pixel_shuffle_ratio", Keys.ClipVision.Projector.SCALE_FACTOR),
+        Default(Keys.ClipVision.IMAGE_MEAN, array(VT.FLOAT32, IMAGE_MEAN_STD)),
+        Default(Keys.ClipVision.IMAGE_STD, array(VT.FLOAT32, IMAGE_MEAN_STD)),
+        Set(Keys.Clip.HAS_VISION_ENCODER, boolean(True)),
+        Set(Keys.ClipVision.USE_GELU, boolean(True)),
+        Set(Keys.Clip.PROJECTOR_TYPE, string("llama4")),
         # Not carried, as llama.cpp's converter writes neither: the vision rope
         # base (clip.cpp fixes 10000) and the pixel-shuffle ratio itself.
         *as_projector("llama4"),

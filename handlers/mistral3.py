@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gguf import Keys
 from gguf import GGMLQuantizationType as DT
 
 from compatfs.gguf_source import SourceGGUF, TensorInfo, tensor_nbytes
@@ -62,7 +63,7 @@ def embedding_row(token: str, embedding: str = "token_embd.weight"):
     `token`, as a 1-D F32 tensor.  Only that row's bytes are read (any dtype:
     a row is whole quantization blocks)."""
     def make(src: SourceGGUF):
-        t, tokens = src.tensors.get(embedding), src.kvs.get("tokenizer.ggml.tokens")
+        t, tokens = src.tensors.get(embedding), src.kvs.get(Keys.Tokenizer.LIST)
         index = tokens.indices_of({token}).get(token) if tokens is not None else None
         if t is None or index is None or index >= t.shape[1]:
             return None
@@ -100,7 +101,7 @@ TEXT = Translation(
         Copy("mistral3.rope.scaling.beta_slow", "mistral3.rope.scaling.yarn_beta_slow"),
         Copy("mistral3.rope.scaling.mscale_all_dim", "mistral3.rope.scaling.yarn_log_multiplier"),
         Copy("mistral3.rope.scaling_beta", "mistral3.attention.temperature_scale"),
-        Set("tokenizer.ggml.pre", string("tekken"), when=missing_or_default("tokenizer.ggml.pre")),
+        Set(Keys.Tokenizer.PRE, string("tekken"), when=missing_or_default(Keys.Tokenizer.PRE)),
     ),
     tensors=(Hide(("v.", "mm.")),),
 )
@@ -117,16 +118,16 @@ CLIP = Translation(
             "block_count", "embedding_length", "feed_forward_length", "attention.head_count", "image_size",
             "patch_size",
         )),
-        Copy("mistral3.spatial_merge_size", "clip.vision.spatial_merge_size"),
+        Copy("mistral3.spatial_merge_size", Keys.ClipVision.SPATIAL_MERGE_SIZE),
         # The projector's output feeds the language model's embedding.
-        Copy("mistral3.embedding_length", "clip.vision.projection_dim"),
+        Copy("mistral3.embedding_length", Keys.ClipVision.PROJECTION_DIM),
         # Hard-coded in HF's modeling_pixtral; the vision MLP is gated SiLU.
-        Default("clip.vision.attention.layer_norm_epsilon", f32(1e-5)),
-        Default("clip.vision.image_mean", array(VT.FLOAT32, IMAGE_MEAN)),
-        Default("clip.vision.image_std", array(VT.FLOAT32, IMAGE_STD)),
-        Default("clip.has_vision_encoder", boolean(True)),
-        Default("clip.use_silu", boolean(True)),
-        Set("clip.projector_type", string("pixtral")),
+        Default(Keys.ClipVision.Attention.LAYERNORM_EPS, f32(1e-5)),
+        Default(Keys.ClipVision.IMAGE_MEAN, array(VT.FLOAT32, IMAGE_MEAN)),
+        Default(Keys.ClipVision.IMAGE_STD, array(VT.FLOAT32, IMAGE_STD)),
+        Default(Keys.Clip.HAS_VISION_ENCODER, boolean(True)),
+        Default(Keys.ClipVision.USE_SILU, boolean(True)),
+        Set(Keys.Clip.PROJECTOR_TYPE, string("pixtral")),
         *as_projector("mistral3"),
     ),
     tensors=(

@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from gguf import Keys
 from gguf import GGMLQuantizationType as DT
 
 from compatfs.gguf_source import SourceGGUF
@@ -107,7 +108,7 @@ OMNI_HAS_EXPERTS = value_at_least(f"{OMNI}.expert_count", 1) | value_at_least(f"
 def _text_arch(arch: str) -> tuple:
     """The omni blob's text keys under `arch`; its vision and audio keys left out."""
     return (
-        Set("general.architecture", string(arch)),
+        Set(Keys.General.ARCHITECTURE, string(arch)),
         Drop((f"{OMNI}.vision.", f"{OMNI}.audio.")),
         CopyPrefix(f"{OMNI}.", f"{arch}."),
         Drop((f"{OMNI}.",)),
@@ -189,14 +190,14 @@ CLIP = Translation(
             "image_mean", "image_std",
         )),
         # The projector's output feeds the language model's embedding.
-        Copy(f"{OMNI}.embedding_length", "clip.vision.projection_dim"),
-        Default("clip.vision.attention.layer_norm_epsilon", f32(1e-6)),
-        Default("clip.vision.projector.scale_factor", u32(2)),
-        Default("clip.vision.image_mean", array(VT.FLOAT32, CLIP_IMAGE_MEAN)),
-        Default("clip.vision.image_std", array(VT.FLOAT32, CLIP_IMAGE_STD)),
-        Set("clip.has_vision_encoder", boolean(True)),
-        Set("clip.use_gelu", boolean(True)),
-        Set("clip.projector_type", string("nemotron_v2_vl")),
+        Copy(f"{OMNI}.embedding_length", Keys.ClipVision.PROJECTION_DIM),
+        Default(Keys.ClipVision.Attention.LAYERNORM_EPS, f32(1e-6)),
+        Default(Keys.ClipVision.Projector.SCALE_FACTOR, u32(2)),
+        Default(Keys.ClipVision.IMAGE_MEAN, array(VT.FLOAT32, CLIP_IMAGE_MEAN)),
+        Default(Keys.ClipVision.IMAGE_STD, array(VT.FLOAT32, CLIP_IMAGE_STD)),
+        Set(Keys.Clip.HAS_VISION_ENCODER, boolean(True)),
+        Set(Keys.ClipVision.USE_GELU, boolean(True)),
+        Set(Keys.Clip.PROJECTOR_TYPE, string("nemotron_v2_vl")),
         # Not carried, as llama.cpp's converter writes none of them: channels,
         # tiling (clip.cpp resizes to the fixed size), media token ids.
         *as_projector(OMNI),

@@ -20,6 +20,8 @@ Departure from Ollama's handler (which only renames the architecture): the
 attention factor is moved and the BOS default stated, as llama.cpp's
 conversion has them.
 """
+from gguf import Keys
+
 from compatfs.gguf_values import boolean, string
 from compatfs.translation import (
     Copy, CopyPrefix, Default, Drop, Set, Translation, When, any_of, arch_is, has_key, value_is,
@@ -35,14 +37,14 @@ TEXT = Translation(
         has_key(ATTN_FACTOR),
     )),
     kv=(
-        Set("general.architecture", string("olmo2")),
+        Set(Keys.General.ARCHITECTURE, string("olmo2")),
         CopyPrefix("olmo3.", "olmo2."),
         Drop(("olmo3.",)),
         When(value_is("olmo3.rope.scaling.type", "yarn") | value_is("olmo2.rope.scaling.type", "yarn"), (
             Copy(ATTN_FACTOR, "olmo2.rope.scaling.yarn_attn_factor"),
             Drop((ATTN_FACTOR,)),
         )),
-        Default("tokenizer.ggml.add_bos_token", boolean(False)),
-        Default("tokenizer.ggml.add_eos_token", boolean(False)),
+        Default(Keys.Tokenizer.ADD_BOS, boolean(False)),
+        Default(Keys.Tokenizer.ADD_EOS, boolean(False)),
     ),
 )

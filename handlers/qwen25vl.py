@@ -20,6 +20,8 @@ import re
 import struct
 from dataclasses import dataclass
 
+from gguf import Keys
+
 from compatfs.gguf_source import SourceGGUF
 from compatfs.gguf_values import VT, Value, array, boolean, string, u32
 from compatfs.translation import (
@@ -67,7 +69,7 @@ class PadTokensUnused:
     `[PAD0]`..`[PAD<k-1>]` becomes that."""
 
     def apply(self, kv: KVs, src: SourceGGUF) -> None:
-        tokens, types = kv.get("tokenizer.ggml.tokens"), kv.get("tokenizer.ggml.token_type")
+        tokens, types = kv.get(Keys.Tokenizer.LIST), kv.get(Keys.Tokenizer.TOKEN_TYPE)
         if tokens is None or types is None or types.element_type in (None, VT.STRING, VT.ARRAY):
             return
         n = tokens.count
@@ -80,11 +82,11 @@ class PadTokensUnused:
         first = n - k
         names = array(VT.STRING, [f"[PAD{first + i}]" for i in range(k)])
         head = struct.pack("<IQ", VT.STRING, n)
-        kv["tokenizer.ggml.tokens"] = Value(
+        kv[Keys.Tokenizer.LIST] = Value(
             VT.ARRAY, head + bytes(tokens.truncated(first).payload[12:]) + bytes(names.payload[12:]))
         kinds = types.decode().copy()
         kinds[first:] = UNUSED
-        kv["tokenizer.ggml.token_type"] = array(types.element_type, kinds)
+        kv[Keys.Tokenizer.TOKEN_TYPE] = array(types.element_type, kinds)
 
 
 # -- the translations -----------------------------------------------------------------------
@@ -99,7 +101,7 @@ TEXT = Translation(
     name="qwen25vl",
     detect=DETECT,
     kv=(
-        Set("general.architecture", string("qwen2vl")),
+        Set(Keys.General.ARCHITECTURE, string("qwen2vl")),
         # llama.cpp's loader reads its KVs under the architecture's prefix.
         Drop(("qwen25vl.vision.",)),
         CopyPrefix("qwen25vl.", "qwen2vl."),
@@ -107,9 +109,9 @@ TEXT = Translation(
         PadArray("qwen2vl.rope.mrope_section", "qwen2vl.rope.dimension_sections", 4),
         Drop(("qwen25vl.", "qwen2vl.rope.mrope_section")),
         # Qwen2.5-VL's config names <|endoftext|> BOS; its tokenizer adds neither BOS nor EOS.
-        DefaultTokenId("tokenizer.ggml.bos_token_id", "<|endoftext|>"),
-        Default("tokenizer.ggml.add_bos_token", boolean(False)),
-        Default("tokenizer.ggml.add_eos_token", boolean(False)),
+        DefaultTokenId(Keys.Tokenizer.BOS_ID, "<|endoftext|>"),
+        Default(Keys.Tokenizer.ADD_BOS, boolean(False)),
+        Default(Keys.Tokenizer.ADD_EOS, boolean(False)),
         TokenType(FIM_MARKERS, CONTROL),
         PadTokensUnused(),
     ),
@@ -128,18 +130,18 @@ CLIP = Translation(
             "attention.layer_norm_epsilon",
         )),
         # The merger's output feeds the language model's embedding.
-        Copy("qwen25vl.embedding_length", "clip.vision.projection_dim"),
-        FromShape("clip.vision.feed_forward_length", "v.blk.0.ffn_up.weight", axis=1),
+        Copy("qwen25vl.embedding_length", Keys.ClipVision.PROJECTION_DIM),
+        FromShape(Keys.ClipVision.FEED_FORWARD_LENGTH, "v.blk.0.ffn_up.weight", axis=1),
         # Full attention every p-th block, windowed in between; files from
         # older converters hold an empty list: the published models use p = 8.
-        WindowPattern("qwen25vl.vision.fullatt_block_indexes", "clip.vision.n_wa_pattern", default=8),
+        WindowPattern("qwen25vl.vision.fullatt_block_indexes", Keys.ClipVision.N_WA_PATTERN, default=8),
         # Not in the config: llama.cpp's converter takes Qwen2-VL's 560.
-        Default("clip.vision.image_size", u32(560)),
-        Default("clip.vision.image_mean", array(VT.FLOAT32, CLIP_IMAGE_MEAN)),
-        Default("clip.vision.image_std", array(VT.FLOAT32, CLIP_IMAGE_STD)),
-        Set("clip.has_vision_encoder", boolean(True)),
-        Set("clip.use_silu", boolean(True)),
-        Set("clip.projector_type", string("qwen2.5vl_merger")),
+        Default(Keys.ClipVision.IMAGE_SIZE, u32(560)),
+        Default(Keys.ClipVision.IMAGE_MEAN, array(VT.FLOAT32, CLIP_IMAGE_MEAN)),
+        Default(Keys.ClipVision.IMAGE_STD, array(VT.FLOAT32, CLIP_IMAGE_STD)),
+        Set(Keys.Clip.HAS_VISION_ENCODER, boolean(True)),
+        Set(Keys.ClipVision.USE_SILU, boolean(True)),
+        Set(Keys.Clip.PROJECTOR_TYPE, string("qwen2.5vl_merger")),
         # Not carried, as llama.cpp's converter writes none of them: window
         # size, spatial merge and channels (clip.cpp fixes 112, 2x2 and RGB for
         # this projector), vision rope base, temporal patch size.

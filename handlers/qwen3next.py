@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gguf import Keys
+
 from compatfs.gguf_source import SourceGGUF
 from compatfs.gguf_values import VT, Value, string, u32
 from compatfs.translation import (
@@ -86,11 +88,11 @@ TEXT = Translation(
         has_tensor_ending(".ssm_dt"), is_array(f"{ARCH}.attention.head_count_kv"))),
     counts=(Count("qwen35moe.block_count", "blk."), Count(f"{ARCH}.block_count", "blk.")),
     kv=(
-        Set("general.architecture", string(ARCH)),
+        Set(Keys.General.ARCHITECTURE, string(ARCH)),
         CopyPrefix("qwen35moe.", f"{ARCH}."),
         Drop(("qwen35moe.",)),
         PerLayerToMax(f"{ARCH}.attention.head_count_kv"),
-        Set("tokenizer.ggml.pre", string("qwen2"), when=value_is("tokenizer.ggml.pre", "qwen35")),
+        Set(Keys.Tokenizer.PRE, string("qwen2"), when=value_is(Keys.Tokenizer.PRE, "qwen35")),
     ),
     tensors=(AddSuffix(".ssm_dt", ".bias"),),
 )

@@ -42,6 +42,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from gguf import Keys
 from gguf import GGMLQuantizationType as DT
 from gguf import MODEL_TENSOR, TENSOR_NAMES
 
@@ -217,9 +218,9 @@ def qwen_tokenizer() -> tuple:
     BOS (never added), FIM and repository markers control, Ollama's padding
     rows unused (see `handlers/qwen25vl.py`)."""
     return (
-        DefaultTokenId("tokenizer.ggml.bos_token_id", "<|endoftext|>"),
-        Default("tokenizer.ggml.add_bos_token", boolean(False)),
-        Default("tokenizer.ggml.add_eos_token", boolean(False)),
+        DefaultTokenId(Keys.Tokenizer.BOS_ID, "<|endoftext|>"),
+        Default(Keys.Tokenizer.ADD_BOS, boolean(False)),
+        Default(Keys.Tokenizer.ADD_EOS, boolean(False)),
         TokenType(FIM_MARKERS, CONTROL),
         PadTokensUnused(),
     )
@@ -259,19 +260,19 @@ def vision_projector(name: str, arch: str, detect) -> Translation:
                 "block_count", "embedding_length", "attention.head_count", "patch_size", "spatial_merge_size",
             )),
             # The merger's output feeds the language model's embedding.
-            Copy(f"{arch}.embedding_length", "clip.vision.projection_dim"),
-            FromShape("clip.vision.feed_forward_length", "v.blk.0.mlp.linear_fc1.weight", axis=1),
-            ImageSize("clip.vision.image_size", "v.pos_embed.weight", "v.patch_embed.weight"),
+            Copy(f"{arch}.embedding_length", Keys.ClipVision.PROJECTION_DIM),
+            FromShape(Keys.ClipVision.FEED_FORWARD_LENGTH, "v.blk.0.mlp.linear_fc1.weight", axis=1),
+            ImageSize(Keys.ClipVision.IMAGE_SIZE, "v.pos_embed.weight", "v.patch_embed.weight"),
             # llama.cpp's converter takes the text model's RMS epsilon.
-            Copy(f"{arch}.attention.layer_norm_rms_epsilon", "clip.vision.attention.layer_norm_epsilon"),
-            Copy(f"{v}attention.layer_norm_epsilon", "clip.vision.attention.layer_norm_epsilon"),
+            Copy(f"{arch}.attention.layer_norm_rms_epsilon", Keys.ClipVision.Attention.LAYERNORM_EPS),
+            Copy(f"{v}attention.layer_norm_epsilon", Keys.ClipVision.Attention.LAYERNORM_EPS),
             CopyEach(v, "clip.vision.", ("image_mean", "image_std")),
-            Default("clip.vision.image_mean", array(VT.FLOAT32, [0.5, 0.5, 0.5])),
-            Default("clip.vision.image_std", array(VT.FLOAT32, [0.5, 0.5, 0.5])),
-            DeepstackMask("clip.vision.is_deepstack_layers", f"{v}deepstack_visual_indexes", f"{v}block_count"),
-            Set("clip.has_vision_encoder", boolean(True)),
-            Set("clip.use_gelu", boolean(True)),
-            Set("clip.projector_type", string("qwen3vl_merger")),
+            Default(Keys.ClipVision.IMAGE_MEAN, array(VT.FLOAT32, [0.5, 0.5, 0.5])),
+            Default(Keys.ClipVision.IMAGE_STD, array(VT.FLOAT32, [0.5, 0.5, 0.5])),
+            DeepstackMask(Keys.ClipVision.IS_DEEPSTACK_LAYERS, f"{v}deepstack_visual_indexes", f"{v}block_count"),
+            Set(Keys.Clip.HAS_VISION_ENCODER, boolean(True)),
+            Set(Keys.ClipVision.USE_GELU, boolean(True)),
+            Set(Keys.Clip.PROJECTOR_TYPE, string("qwen3vl_merger")),
             *as_projector(arch),
         ),
         tensors=(

@@ -1,0 +1,113 @@
+"""The persistent index: sizes survive a remount without parsing a blob again,
+stale entries (blob replaced, translation changed) are not trusted, an
+unreadable index is rebuilt, and listing a store of many models keeps the
+daemon's memory bounded."""
+import logging
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from compatfs.gguf_source import SourceGGUF
+from compatfs.gguf_values import string
+from compatfs.index import Index, Summary
+from compatfs.opcache import OpCache
+from compatfs.testing.gemma3 import legacy_gemma3_text
+from compatfs.testing.llama import legacy_llama3_instruct
+from compatfs.testing.store import add_model
+from compatfs.translation import ALWAYS, Set, Translation, plan
+from compatfs.view import FileRange, View
+
+from conftest import needs_fuse
+
+
+def test_entries_survive_reopening_and_stale_ones_are_ignored(tmp_path):
+    path = tmp_path / "index.sqlite3"
+    blob, stamp, summary = Path("/store/blobs/sha256-1"), (1, 2, 3, 4), Summary(100, 50, "gemma3", "gemma3-clip", arch="gemma3")
+    Index(path, translate=True, version="v1").put(blob, stamp, summary)
+    assert Index(path, translate=True, version="v1").get(blob, stamp) == summary
+    assert Index(path, translate=True, version="v1").get(blob, (1, 2, 3, 5)) is None     # blob rewritten
+    assert Index(path, translate=True, version="v2").get(blob, stamp) is None           # handlers changed
+    assert Index(path, translate=False, version="v1").get(blob, stamp) is None          # translation off
+
+
+def test_an_unreadable_index_is_moved_aside_and_rebuilt(tmp_path, caplog):
+    path = tmp_path / "index.sqlite3"
+    path.write_bytes(b"this is not an SQLite database" * 100)
+    with caplog.at_level(logging.WARNING, logger="compatfs"):
+        index = Index(path, translate=True, version="v1")
+    assert "unreadable" in caplog.text and "rebuilt" in caplog.text
+    index.put(Path("/b"), (1, 1, 1, 1), Summary(1, None))
+    assert Index(path, translate=True, version="v1").get(Path("/b"), (1, 1, 1, 1)) == Summary(1, None)
+    assert path.with_name(path.name + ".corrupt").exists()
+
+
+def _indexed(log: str) -> int:
+    return log.count(" indexed ")
+
+
+@needs_fuse
+def test_a_remount_lists_without_parsing(tmp_path, mount_store):
+    store = tmp_path / "store"
+    for i in range(3):
+        add_model(store, f"g{i}", legacy_gemma3_text(tmp_path / f"g{i}.gguf", seed=i), tag="1b")
+    cache = {"COMPATFS_CACHE_DIR": str(tmp_path / "cache")}
+    first = mount_store(store, "-v", "-v", env=cache)
+    sizes = {i: os.stat(first / f"g{i}:1b/model.gguf").st_size for i in range(3)}
+    assert _indexed(first.log_text()) >= 3
+    first.close()
+    second = mount_store(store, "-v", "-v", env=cache)
+    assert {i: os.stat(second / f"g{i}:1b/model.gguf").st_size for i in range(3)} == sizes
+    assert _indexed(second.log_text()) == 0
+    # A blob replaced under the same name is indexed again, with its own size.
+    second.close()
+    add_model(store, "g0", legacy_gemma3_text(tmp_path / "other.gguf", seed=9, ), tag="1b")
+    third = mount_store(store, "-v", "-v", env=cache)
+    os.stat(third / "g0:1b/model.gguf")
+    assert _indexed(third.log_text()) == 1
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def _variant(src: SourceGGUF, out: Path, name: str) -> Path:
+    """The blob at `src` with another general.name: a distinct blob, same layout."""
+    view = View.translated(src, plan(Translation("rename", ALWAYS, kv=(Set("general.name", string(name)),)), src),
+                           OpCache(0), key=name)
+    with open(out, "wb") as f:
+        for p in view.pieces(0, view.size):
+            f.write(src.read(p.offset, p.size) if isinstance(p, FileRange) else p)
+    return out
+
+
+@needs_fuse
+def test_listing_many_models_keeps_the_daemon_small(tmp_path, mount_store):
+    """24 models with a 128,256-token vocabulary (a translated header of about
+    3 MiB each): after `ls -l` of them all, the daemon holds about one view's
+    worth of headers, not one per model."""
+    src = SourceGGUF(legacy_llama3_instruct(tmp_path / "l3.gguf"))
+    store = tmp_path / "store"
+    n = 24
+    for i in range(n):
+        add_model(store, f"m{i}", _variant(src, tmp_path / "v.gguf", f"model {i}"))
+    m = mount_store(store)
+    before = _rss_mib(m.proc.pid)
+    t0 = time.monotonic()
+    sizes = [os.stat(m / f"m{i}:latest/model.gguf").st_size for i in range(n)]
+    assert all(s > 0 for s in sizes)
+    assert time.monotonic() - t0 < 120
+    grown = _rss_mib(m.proc.pid) - before
+    assert grown < 60, f"daemon RSS grew by {grown:.0f} MiB listing {n} models"
+    # Reading each file's header builds its view in the daemon: the views
+    # kept are bounded in bytes, not one per model.
+    for i in range(n):
+        with open(m / f"m{i}:latest/model.gguf", "rb") as f:
+            assert f.read(4) == b"GGUF"
+    grown = _rss_mib(m.proc.pid) - before
+    print("RSS grew", grown)
+    assert grown < 100, f"daemon RSS grew by {grown:.0f} MiB reading {n} headers"
