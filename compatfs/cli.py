@@ -64,7 +64,7 @@ def _stale(path: Path) -> bool:
     """Whether `path` is a FUSE mount whose daemon is gone ("Transport endpoint
     is not connected")."""
     try:
-        os.stat(path)
+        os.statvfs(path)   # never answered from the kernel's caches, as stat can be
         return False
     except OSError as e:
         return e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
@@ -202,8 +202,8 @@ def _serve(store: Store, mnt: Path, args, translate: bool) -> int:
     log = logging.getLogger("compatfs")
     log.setLevel(min(level, logging.INFO))
     views = BlobViews(translate=translate, op_cache=OpCache(args.op_cache_mb << 20))
-    log.info("serving %s at %s (translation %s, libfuse %s, pid %d)", store.root, mnt,
-             "on" if translate else "off", fusefs.libfuse_version(), os.getpid())
+    log.info("serving %s at %s (translation %s, libfuse %s, %s reads, pid %d)", store.root, mnt,
+             "on" if translate else "off", fusefs.libfuse_version(), fusefs.READ_REPLIES, os.getpid())
     try:
         fusefs.mount(Tree(store, views), str(mnt), options=_mount_options(args))
     except fusefs.MountError as e:

@@ -100,6 +100,7 @@ if fuse.fuse_version_major != 3:
 # tests use to cover that path) a read that spans pieces is gathered into one
 # memory buffer.
 _MULTI_BUF = (3, 0) <= _libfuse_tuple() < (3, 17) and os.environ.get("COMPATFS_SINGLE_BUFFER") != "1"
+READ_REPLIES = "multi-buffer" if _MULTI_BUF else "single-buffer"
 
 _libfuse = fuse._libfuse
 _libfuse.fuse_invalidate_path.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
