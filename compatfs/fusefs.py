@@ -44,6 +44,7 @@ import mfusepy as fuse  # noqa: E402
 
 from .tree import BLOBS, FileRef, Tree  # noqa: E402
 from .view import FileRange, View  # noqa: E402
+from .views import MMPROJ_FILE, MODEL_FILE  # noqa: E402
 
 log = logging.getLogger("compatfs")
 
@@ -250,7 +251,6 @@ class CompatFS(fuse.Operations):
             try:
                 with self._lock:
                     stale, self._stale_paths = self._stale_paths, set()
-                self._invalidate_paths(stale)
                 snap = self.tree.snapshot()
                 now = self.tree.folders(snap)
                 changed = {d for d in before.keys() | now.keys() if before.get(d) != now.get(d)}
@@ -259,7 +259,8 @@ class CompatFS(fuse.Operations):
                     log.info("store changed: %s", ", ".join(sorted(changed)))
                     self._invalidate(changed)
                     self.tree.views.retain(set(snap.blobs.values()))
-                    self._prune(changed, now)
+                self._invalidate_paths(stale)
+                self._prune(changed | {p.strip("/").rpartition("/")[0] for p in stale}, now)
             except Exception:   # the mount outlives a failed rescan
                 log.exception("rescan of %s failed", self.root)
 
@@ -416,7 +417,8 @@ class CompatFS(fuse.Operations):
                    ("..", {"st_mode": stat.S_IFDIR, "st_ino": self._dir_ino(rel.rpartition("/")[0])}, 0)]
         for name in node:
             child = f"{path.rstrip('/')}/{name}"
-            ref = self.tree.lookup(child)
+            # Only the two files are looked up: looking up a model folder reads its blob's header.
+            ref = self.tree.lookup(child) if name in (MODEL_FILE, MMPROJ_FILE) else None
             if isinstance(ref, FileRef):
                 entries.append((name, {"st_mode": stat.S_IFREG, "st_ino": self._file_ino(child, ref)}, 0))
             else:
