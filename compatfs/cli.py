@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from .gguf_values import GGUFError
+from .opcache import DEFAULT_MB
 from .store import Store, StoreError, default_source
 
 PROG = "compatfs"
@@ -320,8 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("-f", "--foreground", action="store_true", help="stay attached (logging to stderr unless --log)")
     m.add_argument("-o", dest="options", action="append", default=[], metavar="opt[,opt]",
                    help="FUSE mount options, e.g. -o allow_other,attr_timeout=600")
-    m.add_argument("--op-cache-mb", type=int, default=0, metavar="N",
-                   help="keep up to N MiB of transformed tensors (default 0: only the last one)")
+    m.add_argument("--op-cache-mb", type=int, default=DEFAULT_MB, metavar="N",
+                   help=f"keep up to N MiB of tensors computed whole (default {DEFAULT_MB})")
     m.add_argument("--no-translate", action="store_true",
                    help="serve every blob unchanged (also: OLLAMA_LLAMA_CPP_COMPAT=0)")
     m.add_argument("--log", help="log file (default: stderr with -f or under systemd, else "

@@ -1,64 +1,42 @@
-"""The op cache: computed tensors, bounded in bytes, computed once.
+"""The op cache: tensors computed whole, bounded in bytes, each computed once.
 
-By default it is a single slot: the most recently computed tensor stays until
-another one is computed.  With a byte budget (`--op-cache-mb`) older results
-stay too, least recently used first out.  Concurrent readers of the same
-tensor wait for the one computation under way instead of redoing it.
+Only ops that need their whole input land here (a permutation, a resampling,
+a repacking): ops that move bytes are served from the blob, and elementwise
+ops compute just the range a reader asks for (see `view`).  The cache is an
+LRU bounded in bytes (`--op-cache-mb`, default 256 MiB), so readers that
+interleave a few tensors do not recompute them per read; a tensor larger than
+the whole budget is computed for each read that needs it.  Concurrent readers
+of a tensor wait for the one computation under way: cachetools' `cached` with
+a condition does that bookkeeping.
 """
 from __future__ import annotations
 
 import threading
 from typing import Callable, Hashable
 
-from cachetools import LRUCache
+from cachetools import LRUCache, cached
+
+DEFAULT_MB = 256
 
 
 class OpCache:
-    def __init__(self, max_bytes: int = 0):
+    def __init__(self, max_bytes: int = DEFAULT_MB << 20):
         self.max_bytes = max_bytes
-        self._lock = threading.Lock()
         self._lru: LRUCache = LRUCache(maxsize=max(max_bytes, 1), getsizeof=len)
-        self._last: tuple[Hashable, bytes] | None = None
-        self._pending: dict[Hashable, threading.Event] = {}
+        self._cond = threading.Condition()
+        self._get = cached(self._lru, key=lambda key, compute: key, condition=self._cond, info=True)(
+            lambda key, compute: compute())
 
     def get(self, key: Hashable, compute: Callable[[], bytes]) -> bytes:
         """The bytes for `key`, computing them with `compute()` at most once at a time."""
-        while True:
-            with self._lock:
-                hit = self._lookup(key)
-                if hit is not None:
-                    return hit
-                waiting = self._pending.get(key)
-                if waiting is None:
-                    done = self._pending[key] = threading.Event()
-                    break
-            waiting.wait()
-        try:
-            value = compute()
-            with self._lock:
-                self._store(key, value)
-            return value
-        finally:
-            with self._lock:
-                del self._pending[key]
-            done.set()
+        return self._get(key, compute)
 
-    def _lookup(self, key: Hashable) -> bytes | None:
-        hit = self._lru.get(key)   # first, so that a hit refreshes its LRU place
-        if hit is None and self._last is not None and self._last[0] == key:
-            hit = self._last[1]
-        return hit
-
-    def _store(self, key: Hashable, value: bytes) -> None:
-        self._last = (key, value)
-        if self.max_bytes and len(value) <= self.max_bytes:
-            self._lru[key] = value
+    @property
+    def computations(self) -> int:
+        """How many times a tensor was computed (cache misses)."""
+        return self._get.cache_info().misses
 
     @property
     def bytes_held(self) -> int:
-        """Bytes kept: the LRU plus the last result when the LRU does not hold it."""
-        with self._lock:
-            held = int(self._lru.currsize) if self.max_bytes else 0
-            if self._last is not None and self._last[0] not in self._lru:
-                held += len(self._last[1])
-            return held
+        with self._cond:
+            return int(self._lru.currsize)

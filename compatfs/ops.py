@@ -8,10 +8,10 @@ numpy array of a tensor has the reversed shape.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple, Union
 
 import numpy as np
-from gguf import GGMLQuantizationType as DT
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as DT
 from gguf import quants
 
 from .gguf_source import TensorInfo, tensor_nbytes
@@ -59,6 +59,7 @@ class Op:
         return f"{type(self).__name__}({names})"
 
     def compute(self, read: ReadTensor) -> bytes:
+        """The whole output tensor (for ops that need all of their input)."""
         out = self._compute([read(t) for t in self.inputs])
         if len(out) != self.nbytes:
             raise GGUFError(f"{self.description} produced {len(out)} bytes, expected {self.nbytes}")
@@ -66,6 +67,76 @@ class Op:
 
     def _compute(self, data: list[memoryview]) -> bytes:
         raise NotImplementedError
+
+    def pieces(self) -> list[Piece] | None:
+        """The output as a run of input byte ranges and zeros, when it is one
+        (served from the blob like any other tensor, never computed); else None."""
+        return None
+
+    ranged = False   # True: `compute_range` makes any byte range from just the input bytes it needs
+
+    def compute_range(self, read: ReadRange, lo: int, hi: int) -> bytes:
+        """Bytes [lo, hi) of the output."""
+        raise NotImplementedError
+
+
+class InputRange(NamedTuple):
+    """`size` bytes of input `tensor`, from byte `start` of it."""
+    tensor: TensorInfo
+    start: int
+    size: int
+
+
+Piece = Union[InputRange, int]            # an int: that many zero bytes
+ReadRange = Callable[[TensorInfo, int, int], bytes]   # (tensor, start, size) -> its bytes
+
+
+def _merged(pieces: list[Piece]) -> list[Piece]:
+    """Adjacent ranges of one tensor joined."""
+    out: list[Piece] = []
+    for p in pieces:
+        last = out[-1] if out else None
+        if isinstance(p, InputRange) and isinstance(last, InputRange) and last.tensor == p.tensor \
+                and last.start + last.size == p.start:
+            out[-1] = InputRange(p.tensor, last.start, last.size + p.size)
+        else:
+            out.append(p)
+    return out
+
+
+MAX_PIECES = 65536   # beyond this a piecewise layout is computed instead
+
+
+@dataclass(frozen=True)
+class Elementwise(Op):
+    """An op whose output element i depends on input element i alone; its
+    output is F32 and any byte range is computed from the input blocks that
+    hold those elements."""
+
+    ranged = True
+
+    def _values(self, values: np.ndarray) -> np.ndarray:
+        """The output values for a flat float32 array of input values."""
+        return values
+
+    def _compute(self, data):
+        return self._values(to_f32(self.inputs[0], data[0]).reshape(-1)).astype("<f4").tobytes()
+
+    def compute_range(self, read: ReadRange, lo: int, hi: int) -> bytes:
+        return _elementwise_range(self.inputs[0], read, lo, hi, self._values)
+
+
+def _elementwise_range(src: TensorInfo, read: ReadRange, lo: int, hi: int,
+                       fn: Callable[[np.ndarray], np.ndarray] = lambda v: v) -> bytes:
+    """Bytes [lo, hi) of fn(src as flat float32), reading only the blocks needed."""
+    block, block_bytes = GGML_QUANT_SIZES[src.dtype]
+    first, last = lo // 4, -(-hi // 4)                  # output elements (F32)
+    b0, b1 = first // block, -(-last // block)          # input blocks
+    raw = read(src, b0 * block_bytes, (b1 - b0) * block_bytes)
+    flat = TensorInfo(src.name, ((b1 - b0) * block,), src.dtype, 0)
+    values = fn(to_f32(flat, raw))[first - b0 * block:last - b0 * block]
+    out = values.astype("<f4").tobytes()
+    return out[lo - first * 4:hi - first * 4]
 
 
 def _concat_shape(inputs: tuple[TensorInfo, ...]) -> tuple[int, ...]:
@@ -76,31 +147,57 @@ def _concat_shape(inputs: tuple[TensorInfo, ...]) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class Promote(Op):
+class Promote(Elementwise):
     """Dtype promotion to F32 (from F16, BF16 or any quantized type)."""
 
     @classmethod
     def of(cls, src: TensorInfo) -> "Promote":
         return cls((src,), src.shape, DT.F32)
 
-    def _compute(self, data):
-        return to_f32(self.inputs[0], data[0]).tobytes()
-
 
 @dataclass(frozen=True)
 class Concat(Op):
-    """Concatenation along the slow axis; same-dtype inputs keep their bytes,
-    mixed dtypes are dequantized and concatenated as F32 (also a QKV merge)."""
+    """Concatenation along the slow axis; same-dtype inputs keep their bytes
+    (served straight from the blob), mixed dtypes are dequantized and
+    concatenated as F32 (also a QKV merge), computed range by range."""
 
     @classmethod
     def of(cls, *srcs: TensorInfo) -> "Concat":
         same = len({t.dtype for t in srcs}) == 1
         return cls(tuple(srcs), _concat_shape(srcs), srcs[0].dtype if same else DT.F32)
 
+    @property
+    def _same(self) -> bool:
+        return self.dtype != DT.F32 or all(t.dtype == DT.F32 for t in self.inputs)
+
+    def pieces(self):
+        return [InputRange(t, 0, t.nbytes) for t in self.inputs] if self._same else None
+
+    @property
+    def ranged(self) -> bool:
+        return not self._same
+
     def _compute(self, data):
-        if self.dtype != DT.F32 or all(t.dtype == DT.F32 for t in self.inputs):
+        if self._same:
             return b"".join(bytes(d) for d in data)
         return b"".join(to_f32(t, d).tobytes() for t, d in zip(self.inputs, data))
+
+    def compute_range(self, read, lo, hi):
+        out, base = [], 0
+        for t in self.inputs:
+            size = 4 * _elements(t.shape)
+            a, b = max(lo, base), min(hi, base + size)
+            if a < b:
+                out.append(_elementwise_range(t, read, a - base, b - base))
+            base += size
+        return b"".join(out)
+
+
+def _elements(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 @dataclass(frozen=True)
@@ -117,6 +214,24 @@ class Split(Op):
             raise GGUFError(f"{src.name}: split {start}+{length} exceeds axis {axis} of {shape[axis]}")
         shape[axis] = length
         return cls((src,), tuple(shape), src.dtype, axis, start)
+
+    def pieces(self):
+        """Each slab of the slower axes holds one contiguous run of the split
+        axis: that run, slab after slab (whole rows of quantized types)."""
+        src = self.inputs[0]
+        inner = tensor_nbytes(src.shape[:self.axis], src.dtype) if self.axis else 0
+        if self.axis == 0:
+            row = tensor_nbytes(src.shape[:1], src.dtype)
+            if self.start % GGML_QUANT_SIZES[src.dtype][0] or self.shape[0] % GGML_QUANT_SIZES[src.dtype][0]:
+                return None
+            unit, stride, outer = row * self.shape[0] // src.shape[0], row, _elements(src.shape[1:])
+            first = row * self.start // src.shape[0]
+        else:
+            unit, stride = inner * self.shape[self.axis], inner * src.shape[self.axis]
+            outer, first = _elements(src.shape[self.axis + 1:]), inner * self.start
+        if outer > MAX_PIECES:
+            return None
+        return _merged([InputRange(src, i * stride + first, unit) for i in range(outer)])
 
     def _compute(self, data):
         src = self.inputs[0]
@@ -148,7 +263,7 @@ class Permute(Op):
 
 
 @dataclass(frozen=True)
-class AddScalar(Op):
+class AddScalar(Elementwise):
     """Elementwise `value` added to every element (e.g. a norm weight shift); F32 out."""
 
     value: float = 0.0
@@ -157,8 +272,8 @@ class AddScalar(Op):
     def of(cls, src: TensorInfo, value: float) -> "AddScalar":
         return cls((src,), src.shape, DT.F32, value)
 
-    def _compute(self, data):
-        return (to_f32(self.inputs[0], data[0]) + np.float32(self.value)).astype("<f4").tobytes()
+    def _values(self, values):
+        return values + np.float32(self.value)
 
 
 @dataclass(frozen=True)
@@ -168,6 +283,9 @@ class Zeros(Op):
     @classmethod
     def of(cls, shape: tuple[int, ...], dtype: DT = DT.F32) -> "Zeros":
         return cls((), tuple(shape), dtype)
+
+    def pieces(self):
+        return [self.nbytes] if self.nbytes else []
 
     def _compute(self, data):
         return bytes(self.nbytes)
@@ -186,6 +304,14 @@ class ConcatRows(Op):
             raise GGUFError(f"cannot concatenate rows of {[(t.name, t.shape, t.dtype.name) for t in srcs]}")
         first = srcs[0]
         return cls(tuple(srcs), (first.shape[0], sum(t.shape[1] for t in srcs), *first.shape[2:]), first.dtype)
+
+    def pieces(self):
+        """Slab by slab, each input's rows of that slab."""
+        slabs = _elements(self.shape[2:])
+        if slabs * len(self.inputs) > MAX_PIECES:
+            return None
+        sizes = [t.nbytes // slabs for t in self.inputs]
+        return _merged([InputRange(t, k * size, size) for k in range(slabs) for t, size in zip(self.inputs, sizes)])
 
     def _compute(self, data):
         slabs = int(np.prod(self.shape[2:], dtype=np.int64))

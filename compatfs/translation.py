@@ -8,6 +8,7 @@ data.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Union
 
@@ -480,8 +481,42 @@ class Translation:
     tensors: tuple = ()
     counts: tuple = ()          # `Count`s checked before anything is planned
 
+    def __post_init__(self) -> None:
+        """Checked when the handler module is imported: an edit in the wrong
+        list fails there, naming it, instead of at the first open."""
+        if not isinstance(self.detect, Pred):
+            raise TypeError(f"translation {self.name}: detect is {self.detect!r}, not a Pred")
+        for edit in _flatten(self.kv):
+            if _edit_kind(edit) != "kv":
+                raise TypeError(f"translation {self.name}: {edit!r} in kv is not a KV edit")
+        for edit in self.tensors:
+            if _edit_kind(edit) != "tensors":
+                raise TypeError(f"translation {self.name}: {edit!r} in tensors is not a tensor edit")
+        for count in self.counts:
+            if not isinstance(count, Count):
+                raise TypeError(f"translation {self.name}: {count!r} in counts is not a Count")
+
     def claims(self, src: SourceGGUF) -> bool:
         return self.detect(src)
+
+
+def _flatten(edits: tuple) -> list:
+    """KV edits with the contents of `When`s."""
+    out = []
+    for edit in edits:
+        out.append(edit)
+        if isinstance(edit, When):
+            out.extend(_flatten(edit.edits))
+    return out
+
+
+def _edit_kind(edit) -> str | None:
+    """"kv" for an edit applied as `apply(kv, src)`, "tensors" for `apply(ts, src)`."""
+    apply = getattr(type(edit), "apply", None)
+    if apply is None:
+        return None
+    params = tuple(inspect.signature(apply).parameters)[1:]
+    return {("kv", "src"): "kv", ("ts", "src"): "tensors"}.get(params)
 
 
 @dataclass
@@ -492,6 +527,7 @@ class ViewSpec:
     tensors: list[ViewTensor]
     alignment: int
     handler: str
+    idle_renames: tuple = ()    # the `Rename`s that matched no tensor of this blob
 
 
 def plan(tr: Translation, src: SourceGGUF) -> ViewSpec:
@@ -505,19 +541,23 @@ def plan(tr: Translation, src: SourceGGUF) -> ViewSpec:
     for edit in tr.kv:
         edit.apply(kv, src)
     ts: Tensors = [ViewTensor(t.name, t.shape, t.dtype, source=t, order=t.offset) for t in src.tensors.values()]
+    idle = []
     for edit in tr.tensors:
+        before = [t.name for t in ts] if isinstance(edit, Rename) else None
         ts = edit.apply(ts, src)
+        if before is not None and before == [t.name for t in ts]:
+            idle.append(edit)
     names = [t.name for t in ts]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
-        raise ValueError(f"translation {tr.name} yields duplicate tensor names {dup[:5]}")
+        raise GGUFError(f"translation {tr.name} yields duplicate tensor names {dup[:5]}")
     for t in ts:
         if t.op is None and not isinstance(t.dtype, DT):
             raise GGUFError(f"tensor {t.name} has ggml type {int(t.dtype)}, which no GGUF reader accepts, "
                             f"and {tr.name} does not convert it")
         if t.op is None and (t.source is None or t.nbytes > t.source.nbytes):
-            raise ValueError(f"translation {tr.name}: tensor {t.name} is not backed by the blob's bytes")
-    return ViewSpec(list(kv.items()), ts, src.alignment, tr.name)
+            raise GGUFError(f"translation {tr.name}: tensor {t.name} is not backed by the blob's bytes")
+    return ViewSpec(list(kv.items()), ts, src.alignment, tr.name, tuple(idle))
 
 
 def _check_data(src: SourceGGUF) -> None:

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from typing import Hashable, NamedTuple, Union
 
 from .gguf_source import MAGIC, SourceGGUF
+from .gguf_values import GGUFError
 from .opcache import OpCache
+from .ops import InputRange
 from .translation import ViewSpec, ViewTensor
 
 
@@ -32,8 +34,8 @@ Piece = Union[FileRange, bytes, memoryview]
 class _Segment:
     start: int
     size: int
-    kind: str                 # "mem", "zero", "file", "op"
-    arg: object = None        # bytes, blob offset, or (cache key, Op)
+    kind: str                 # "mem", "zero", "file", "range", "op"
+    arg: object = None        # bytes, blob offset, Op, or (cache key, Op)
 
 
 def _pad(n: int, align: int) -> int:
@@ -93,12 +95,12 @@ class View:
             rel += t.nbytes + _pad(t.nbytes, align)
         # GGUF readers expect each tensor's data right after the previous
         # one's, in tensor-info order: the infos are written in data order.
-        spec = ViewSpec(spec.kvs, data_order, spec.alignment, spec.handler)
+        spec = ViewSpec(spec.kvs, data_order, spec.alignment, spec.handler, spec.idle_renames)
         header = render_header(spec, offsets)
         segs = [_Segment(0, len(header), "mem", header)]
         pos = len(header)
         for t in data_order:
-            segs.append(_tensor_segment(t, pos, key))
+            segs.extend(_tensor_segments(t, pos, key))
             pos += t.nbytes
             pad = _pad(t.nbytes, align)
             if pad:
@@ -122,6 +124,8 @@ class View:
                 out.append(memoryview(seg.arg)[lo:lo + n])
             elif seg.kind == "zero":
                 out.append(bytes(n))
+            elif seg.kind == "range":
+                out.append(seg.arg.compute_range(self._read_range, lo, lo + n))
             else:
                 key, op = seg.arg
                 data = self._cache.get(key, lambda: self._compute(op))
@@ -129,6 +133,9 @@ class View:
             offset += n
             i += 1
         return out
+
+    def _read_range(self, t, start: int, size: int) -> bytes:
+        return self.source.read(t.offset + start, size)
 
     def _compute(self, op) -> bytes:
         """The op's bytes, its inputs read from the blob now."""
@@ -141,7 +148,28 @@ class View:
                         for p in self.pieces(offset, size))
 
 
-def _tensor_segment(t: ViewTensor, pos: int, key: Hashable) -> _Segment:
-    if t.op is not None:
-        return _Segment(pos, t.nbytes, "op", ((key, t.name), t.op))
-    return _Segment(pos, t.nbytes, "file", t.source.offset)
+def _tensor_segments(t: ViewTensor, pos: int, key: Hashable) -> list[_Segment]:
+    """How tensor `t`, at `pos` in the view, is served: blob bytes; an op's
+    input ranges and zeros (an op that only moves bytes); an op computed per
+    requested range; or an op computed whole into the op cache."""
+    op = t.op
+    if op is None:
+        return [_Segment(pos, t.nbytes, "file", t.source.offset)]
+    pieces = op.pieces()
+    if pieces is not None:
+        segs = []
+        for p in pieces:
+            if isinstance(p, InputRange):
+                if p.start < 0 or p.start + p.size > p.tensor.nbytes:
+                    raise GGUFError(f"{op.description}: piece outside input {p.tensor.name}")
+                segs.append(_Segment(pos, p.size, "file", p.tensor.offset + p.start))
+                pos += p.size
+            else:
+                segs.append(_Segment(pos, p, "zero"))
+                pos += p
+        if sum(s.size for s in segs) != t.nbytes:
+            raise GGUFError(f"{op.description}: pieces make {sum(s.size for s in segs)} bytes, not {t.nbytes}")
+        return segs
+    if op.ranged:
+        return [_Segment(pos, t.nbytes, "range", op)]
+    return [_Segment(pos, t.nbytes, "op", ((key, t.name), op))]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from gguf import GGMLQuantizationType as DT
 
 from compatfs.gguf_source import SourceGGUF, TensorInfo, tensor_nbytes
-from compatfs.gguf_values import VT, array, boolean, f32, string
+from compatfs.gguf_values import VT, GGUFError, array, boolean, f32, string
 from compatfs.ops import Permute, Promote
 from compatfs.translation import (
     Copy, CopyEach, Default, Drop, Hide, KeepOnly, Produce, Rename, Set, Tensors, Translation, When, any_of,
@@ -49,8 +49,9 @@ class RopePermute:
             if not (t.name.startswith(self.prefix) and t.name.endswith(self.suffixes)) or t.op is not None:
                 continue
             rows, rest = t.shape[-1], tuple(reversed(t.shape[:-1]))
-            if not n_head or rows % (2 * n_head) or t.dtype not in (DT.F32, DT.F16, DT.BF16):
-                raise ValueError(f"{t.name}: cannot rope-permute {t.dtype.name} with {self.heads}={n_head}")
+            if (not isinstance(n_head, int) or n_head <= 0 or rows % (2 * n_head)
+                    or t.dtype not in (DT.F32, DT.F16, DT.BF16)):
+                raise GGUFError(f"{t.name}: cannot rope-permute {t.dtype!r} with {self.heads}={n_head!r}")
             view = (n_head, 2, rows // n_head // 2, *rest)
             t.op = Permute.of(t.source, view, (0, 2, 1, *range(3, len(view))))
         return ts

@@ -4,17 +4,6 @@ import time
 from compatfs.opcache import OpCache
 
 
-def test_single_slot_keeps_only_the_last_result():
-    cache, calls = OpCache(), []
-    get = lambda k: cache.get(k, lambda: calls.append(k) or bytes(10) + k.encode())
-    get("a"), get("a")
-    assert calls == ["a"]
-    get("b")
-    get("a")
-    assert calls == ["a", "b", "a"]
-    assert cache.bytes_held == 11
-
-
 def test_byte_budget_keeps_several_and_evicts_least_recent():
     cache, calls = OpCache(max_bytes=25), []
     get = lambda k: cache.get(k, lambda: calls.append(k) or bytes(10))
@@ -26,6 +15,22 @@ def test_byte_budget_keeps_several_and_evicts_least_recent():
     get("a")
     assert calls == ["a", "b", "c", "a"]
     assert cache.bytes_held <= 25
+    assert cache.computations == 4
+
+
+def test_a_tensor_over_the_budget_is_computed_each_time():
+    cache, calls = OpCache(max_bytes=5), []
+    for _ in range(3):
+        assert cache.get("big", lambda: calls.append(1) or bytes(10)) == bytes(10)
+    assert len(calls) == 3 and cache.bytes_held == 0
+
+
+def test_interleaved_readers_do_not_recompute():
+    cache = OpCache(max_bytes=1 << 20)
+    for _ in range(100):
+        cache.get("a", lambda: bytes(1000))
+        cache.get("b", lambda: bytes(1000))
+    assert cache.computations == 2
 
 
 def test_concurrent_readers_wait_for_one_computation():

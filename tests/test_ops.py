@@ -89,3 +89,53 @@ def test_bad_shapes_are_refused(src):
         Concat.of(src.tensors["a32"], src.tensors["a32"].__class__("x", (16, 2), DT.F32, 0))
     with pytest.raises(ValueError):
         Split.of(src.tensors["a32"], axis=1, start=4, length=4)
+
+
+def from_pieces(op, src) -> bytes:
+    """The op's output as the view serves it when the op only moves bytes."""
+    from compatfs.ops import InputRange
+    return b"".join(bytes(src.read(p.tensor.offset + p.start, p.size)) if isinstance(p, InputRange) else bytes(p)
+                    for p in op.pieces())
+
+
+def test_ops_that_move_bytes_are_served_as_pieces_equal_to_the_computation(src):
+    from compatfs.ops import ConcatRows
+    e = rng.standard_normal((3, 4, 32)).astype(np.float32)
+    path = write_gguf(src.path.with_name("experts.gguf"), "test", tensors={
+        "g": e, "u": e[:, :2] + 1, "gq": (quants.quantize(e, DT.Q8_0), DT.Q8_0)})
+    exp = SourceGGUF(path)
+    cases = [
+        (src, Concat.of(src.tensors["a16"], src.tensors["b16"])),
+        (src, Split.of(src.tensors["a32"], axis=1, start=2, length=3)),
+        (src, Split.of(src.tensors["a16"], axis=0, start=8, length=16)),
+        (src, Zeros.of((32, 2), DT.F16)),
+        (exp, ConcatRows.of(exp.tensors["g"], exp.tensors["u"])),
+    ]
+    for s, op in cases:
+        assert op.pieces() is not None, op.description
+        assert from_pieces(op, s) == run(op, s), op.description
+    # Quantized rows are whole blocks: a split of rows or slabs is their bytes.
+    gq = exp.tensors["gq"]
+    raw = bytes(exp.read(gq.offset, gq.nbytes))
+    slab = gq.nbytes // 3
+    assert from_pieces(Split.of(gq, axis=2, start=1, length=2), exp) == raw[slab:]
+    assert from_pieces(Split.of(gq, axis=1, start=1, length=2), exp) == b"".join(
+        raw[k * slab + slab // 4:k * slab + 3 * slab // 4] for k in range(3))
+    # Not whole quantization blocks: computed, not pieced.
+    assert Permute.of(src.tensors["a32"], (3, 2, 1, 32), (0, 2, 1, 3)).pieces() is None
+
+
+def test_elementwise_ops_compute_any_range_from_the_blocks_it_needs(src):
+    read = lambda t, start, size: bytes(src.read(t.offset + start, size))
+    ops = [Promote.of(src.tensors[n]) for n in ("a16", "abf", "bq8", "a32")]
+    ops += [AddScalar.of(src.tensors["b16"], 1.0), Concat.of(src.tensors["a16"], src.tensors["bq8"])]
+    r = np.random.default_rng(5)
+    for op in ops:
+        assert op.ranged, op.description
+        whole = run(op, src)
+        for lo, hi in [(0, op.nbytes), (1, 3), (100, 300), (op.nbytes - 5, op.nbytes)] + [
+                tuple(sorted(r.integers(0, op.nbytes + 1, 2))) for _ in range(20)]:
+            assert op.compute_range(read, int(lo), int(hi)) == whole[lo:hi], (op.description, lo, hi)
+    # An op that needs its whole input is neither.
+    perm = Permute.of(src.tensors["a32"], (3, 2, 1, 32), (0, 2, 1, 3))
+    assert not perm.ranged and perm.pieces() is None

@@ -93,3 +93,37 @@ def test_tensor_infos_follow_data_order(tmp_path):
     assert offsets == sorted(offsets)
     want = np.asarray(gguf.GGUFReader(str(tmp_path / "a.gguf")).tensors[1].data)
     np.testing.assert_array_equal(np.asarray(r.tensors[1].data), np.concatenate([want, want]))
+
+
+def _interleaved(view: View, chunk: int = 128 << 10) -> bytes:
+    """The view read by two readers taking turns, one from the start and one
+    from the middle, in `chunk`-sized reads."""
+    half = view.size // 2 // chunk * chunk
+    parts: dict[int, bytes] = {}
+    cursors = [0, half]
+    while cursors[0] < half or cursors[1] < view.size:
+        for i, end in ((0, half), (1, view.size)):
+            if cursors[i] < end:
+                n = min(chunk, end - cursors[i])
+                parts[cursors[i]] = view.read(cursors[i], n)
+                cursors[i] += n
+    return b"".join(parts[k] for k in sorted(parts))
+
+
+def test_interleaved_readers_never_recompute_a_tensor(tmp_path):
+    """Elementwise ops are computed per range and never enter the op cache;
+    ops computed whole are computed once each, however the reads interleave."""
+    from compatfs.testing.gemma3 import legacy_gemma3_vision
+    from compatfs.views import BlobViews, MMPROJ_FILE
+    from conftest import SHARED
+    blobs = [legacy_gemma3_vision(tmp_path / "g.gguf")]
+    if (SHARED / "ollama/mistral3.gguf").is_file():
+        blobs.append(SHARED / "ollama/mistral3.gguf")   # Q/K rope permutations: computed whole
+    for blob in blobs:
+        views = BlobViews()
+        view = views.view(blob, MMPROJ_FILE)
+        whole_ops = sum(1 for s in view._segments if s.kind == "op")
+        assert any(s.kind in ("op", "range") for s in view._segments)
+        got = _interleaved(view)
+        assert views.op_cache.computations == whole_ops
+        assert got == BlobViews().view(blob, MMPROJ_FILE).read(0, view.size)

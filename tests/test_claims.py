@@ -1,0 +1,119 @@
+"""Which handler claims which blob: every handler against every fixture in
+../shared/fixtures and every legacy writer's output, one table.  llama.cpp's
+own conversions are never claimed; every `Rename` of a handler renames
+something in at least one blob it claims; every translation plans."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from compatfs import handlers
+from compatfs.gguf_source import SourceGGUF
+from compatfs.testing import LEGACY
+from compatfs.translation import Rename, plan
+from compatfs.views import classify
+
+from conftest import SHARED
+from ggufs import write_gguf
+
+# Genuine Ollama conversions: file -> (text handler, clip handler).
+OLLAMA = {
+    "embeddinggemma": (None, None),
+    "gemma3": ("gemma3", None),
+    "gemma3_vision": ("gemma3", "gemma3-clip"),
+    "gemma3n": (None, None),
+    "gemma4_vision": ("gemma4", "gemma4-clip"),
+    "glm4_moe_lite": (None, None),
+    "glm4_moe_lite_legacy": (None, None),
+    "gpt_oss": (None, None),
+    "lfm2": ("lfm2", None),
+    "llama3": (None, None),
+    "mistral3": ("mistral3", "mistral3-clip"),
+    "nemotron_h": (None, None),
+    "olmo3": (None, None),
+    "olmo3_legacy": (None, None),
+    "qwen2_5_vl": ("qwen25vl", "qwen25vl-clip"),
+    "qwen3_5_legacy": (None, None),
+    "qwen3_vl_legacy": (None, None),
+}
+
+# The legacy writers' models (compatfs.testing.LEGACY): name -> (text, clip)
+# of the model blob, and of the projector blob where there is one.
+WRITERS = {
+    "gemma3": ("gemma3", None),
+    "gemma3-vision": ("gemma3", "gemma3-clip"),
+    "llama3.1": ("llama3", None),
+    "llava": (None, None),
+    "llava/projector": (None, "llava-mlp"),
+}
+
+# Layouts no fixture has, written here: Gemma 4's audio conformer (with a
+# vision tower, as in the published models) and the older per-expert scale,
+# as Ollama's converter names them; LFM2's older `output_norm`.
+GEMMA4_AUDIO = ("a.pre_encode.out.weight", "mm.a.fc.weight", "a.blk.0.ln1.weight", "a.blk.0.ln2.weight",
+                "a.blk.0.layer_pre_norm.weight", "a.blk.0.linear_pos.weight", "v.blk.0.attn_q.weight",
+                "blk.0.ffn_gate_inp.per_expert_scale")
+
+
+def claims(path: Path) -> tuple:
+    info = classify(SourceGGUF(path))
+    return (info.text.name if info.text else None, info.clip.name if info.clip else None)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict[str, Path]:
+    """Every blob of the table: label -> path."""
+    d = tmp_path_factory.mktemp("claims")
+    blobs = {}
+    for name, entry in LEGACY.items():
+        blobs[f"writer:{name}"] = entry.model(d / f"{name}.gguf")
+        if entry.projector:
+            blobs[f"writer:{name}/projector"] = entry.projector(d / f"{name}-proj.gguf")
+    blobs["synthetic:gemma4-audio"] = write_gguf(
+        d / "gemma4-audio.gguf", "gemma4", kvs={"gemma4.block_count": 1, "gemma4.audio.block_count": 1, "gemma4.vision.block_count": 1},
+        tensors={n: np.ones(4, dtype=np.float32) for n in GEMMA4_AUDIO})
+    blobs["synthetic:lfm2-output-norm"] = write_gguf(
+        d / "lfm2-old.gguf", "lfm2", tensors={"output_norm.weight": np.ones(4, dtype=np.float32)})
+    if SHARED.is_dir():
+        for p in sorted((SHARED / "ollama").glob("*.gguf")):
+            blobs[f"ollama:{p.stem}"] = p
+        for p in sorted((SHARED / "upstream").glob("*/*.gguf")):
+            blobs[f"upstream:{p.parent.name}/{p.name}"] = p
+    return blobs
+
+
+def test_writers_are_claimed_as_the_table_says(corpus):
+    assert set(WRITERS) == {k.split(":", 1)[1] for k in corpus if k.startswith("writer:")}
+    assert {name: claims(corpus[f"writer:{name}"]) for name in WRITERS} == WRITERS
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/fixtures is not present")
+def test_shared_fixtures_are_claimed_as_the_table_says(corpus):
+    got = {k.split(":", 1)[1]: claims(p) for k, p in corpus.items() if k.startswith("ollama:")}
+    assert got == OLLAMA
+    upstream = {k: claims(p) for k, p in corpus.items() if k.startswith("upstream:")}
+    assert upstream and all(c == (None, None) for c in upstream.values()), upstream
+
+
+def test_every_rename_renames_something_it_claims(corpus):
+    used: dict[str, set] = {}
+    for path in corpus.values():
+        info = classify(SourceGGUF(path))
+        for tr in (info.text, info.clip):
+            if tr is not None:
+                spec = plan(tr, info.source)
+                renames = [e for e in tr.tensors if isinstance(e, Rename)]
+                used.setdefault(tr.name, set()).update(r for r in renames if r not in spec.idle_renames)
+    idle = {tr.name: [r for r in tr.tensors if isinstance(r, Rename) and r not in used.get(tr.name, set())]
+            for tr in handlers.TEXT + handlers.CLIP}
+    assert {name: rules for name, rules in idle.items() if rules} == {}
+
+
+def test_an_edit_in_the_wrong_list_fails_when_the_handler_is_defined():
+    from compatfs.translation import ALWAYS, Default, Hide, Translation
+    from compatfs.gguf_values import u32
+    with pytest.raises(TypeError, match=r"Hide.*in kv is not a KV edit"):
+        Translation("bad", ALWAYS, kv=(Hide(("v.",)),))
+    with pytest.raises(TypeError, match=r"Default.*in tensors is not a tensor edit"):
+        Translation("bad", ALWAYS, tensors=(Default("k", u32(1)),))
+    Translation("good", ALWAYS, kv=(Default("k", u32(1)),), tensors=(Hide(("v.",)),))
