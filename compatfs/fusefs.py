@@ -15,8 +15,8 @@ What this layer guarantees on its own:
   another file.
 - A path keeps serving the view its open handles read (the kernel keeps one
   page cache per path), and switches to the store's new one when they close.
-- The store is rescanned every second in the background; the kernel's
-  entries and attributes of changed folders are invalidated at once.
+- The store is rescanned every second in the background; the kernel's cached
+  attributes and pages of changed folders are invalidated at once.
 - SIGTERM, SIGINT and SIGHUP unmount cleanly.
 """
 from __future__ import annotations
@@ -35,6 +35,7 @@ import subprocess
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 # mfusepy takes libfuse 2 when both are installed; this layer is written for 3.
 if not os.environ.get("FUSE_LIBRARY_PATH"):
@@ -123,7 +124,7 @@ def _ino(*parts) -> int:
 def _allows(st: os.stat_result, uid: int, gids: set[int], bit: int) -> bool:
     """Whether the owner/group/other class of `uid`/`gids` has permission `bit` (4 r, 1 x)."""
     if uid == 0:
-        return bool(bit != 1 or stat.S_ISDIR(st.st_mode) or st.st_mode & 0o111)
+        return True
     if uid == st.st_uid:
         return bool(st.st_mode >> 6 & bit)
     if st.st_gid in gids:
@@ -208,7 +209,7 @@ class CompatFS(fuse.Operations):
         self._fh = itertools.count(1)
         self._lock = threading.Lock()
         self._served: dict[str, _Served] = {}       # path -> what it served last (page-cache validity)
-        self._failures: dict[tuple, str] = {}      # (blob stamp, kind) -> why its view cannot be built
+        self._failures: dict[tuple, str] = {}      # what failed (blob, kind, stamp) -> the line logged once
         self._stale_paths: set[str] = set()      # to invalidate: they kept a view for open files
         self._fuse_ptr: int | None = None
         self._stop = threading.Event()
@@ -305,7 +306,7 @@ class CompatFS(fuse.Operations):
             self._fail(("irregular", str(ref.blob), _stamp(st)), f"blob {ref.blob} is not a regular file: not served")
         return st
 
-    def _fail(self, key: tuple, message: str):
+    def _fail(self, key: tuple, message: str) -> NoReturn:
         """Log `message` once per `key`, then EIO."""
         with self._lock:
             new = key not in self._failures
@@ -330,7 +331,7 @@ class CompatFS(fuse.Operations):
         except Exception as e:   # a bad blob must never take the mount down
             self._fail(key, f"cannot present {ref.kind} of {ref.blob}: {e}")
 
-    def _choose(self, path: str, ref: FileRef) -> tuple[View, str, os.stat_result | None]:
+    def _choose(self, path: str, ref: FileRef) -> tuple[View, str, os.stat_result]:
         """The view `path` serves now: the one its open handles read while their
         blob is intact, else the store's current one."""
         with self._lock:
@@ -338,8 +339,9 @@ class CompatFS(fuse.Operations):
             fd = next((self._handles[fh].fd for fh in served.fhs if fh in self._handles), None) if served else None
         if fd is not None:
             try:
-                if _stamp(os.fstat(fd)) == served.view.stamp:
-                    return served.view, served.blob, None
+                st = os.fstat(fd)
+                if _stamp(st) == served.view.stamp:
+                    return served.view, served.blob, st
             except OSError:
                 pass
         st = self._blob_stat(ref)
@@ -371,38 +373,41 @@ class CompatFS(fuse.Operations):
                 "st_mtime": mtime, "st_ctime": mtime, "st_atime": mtime}
 
     def getattr(self, path, fh=None):
-        if fh is not None and fh.fh in self._handles:
-            handle = self._handles[fh.fh]
-            view, blob, st = handle.view, handle.blob, None
+        handle = self._handles.get(fh.fh) if fh is not None else None
+        if handle is not None:
+            view, st = handle.view, self._fstat(handle.fd)
         else:
             node = self._node(path)
             if isinstance(node, list):
                 return self._dir_attrs(path)
             try:
-                view, blob, st = self._choose(path, node)
+                view, _blob, st = self._choose(path, node)
             except fuse.FuseOSError:
                 with self._lock:
                     served = self._served.get(path)
-                    served = served if served is not None and served.fhs else None
-                if served is None:
+                    fd = next((self._handles[h].fd for h in served.fhs if h in self._handles), None) \
+                        if served is not None else None
+                if fd is None:
                     # Shown (empty, unreadable), so that opening it reports the error.
                     return {"st_mode": stat.S_IFREG, "st_nlink": 1, "st_size": 0, "st_ino": _ino("bad", path),
                             "st_uid": os.getuid(), "st_gid": os.getgid()}
                 # Its blob broke under open files: they keep their size (and get
                 # EIO on read), rather than an early end of file.
-                view, blob, st = served.view, served.blob, None
-        if st is None:
-            try:
-                st = os.stat(blob)
-            except OSError:
-                st = None
-        attrs = {"st_mode": stat.S_IFREG | (st.st_mode & 0o555 if st else 0o444), "st_nlink": 1,
+                view, st = served.view, self._fstat(fd)
+        attrs = {"st_mode": stat.S_IFREG | (st.st_mode & 0o555 if st else 0), "st_nlink": 1,
                  "st_size": view.size, "st_blocks": (view.size + 511) // 512,
                  "st_ino": _ino(path, view.stamp)}
         if st is not None:
             attrs.update(st_uid=st.st_uid, st_gid=st.st_gid, st_mtime=st.st_mtime_ns,
                          st_ctime=st.st_ctime_ns, st_atime=st.st_atime_ns)
         return attrs
+
+    @staticmethod
+    def _fstat(fd: int) -> os.stat_result | None:
+        try:
+            return os.fstat(fd)
+        except OSError:
+            return None
 
     def readdir(self, path, fh):
         node = self._node(path)
@@ -593,9 +598,8 @@ def check_options(options: dict) -> None:
     """MountError naming an option the FUSE layer sets itself."""
     bad = sorted(set(options) & RESERVED_OPTIONS)
     if bad:
-        raise MountError(f"option {', '.join('-o ' + b for b in bad)} is set by compatfs itself "
-                         "(run in the foreground with -f)" if "foreground" in bad else
-                         f"option {', '.join('-o ' + b for b in bad)} is set by compatfs itself")
+        hint = " (stay in the foreground with -f)" if "foreground" in bad else ""
+        raise MountError(f"option {', '.join('-o ' + b for b in bad)} is set by compatfs itself{hint}")
 
 
 def lazy_unmount(mountpoint: str) -> bool:
