@@ -369,7 +369,12 @@ class CompatFS(fuse.Operations):
                 pass
         else:
             mtime = snap.dir_mtimes.get(rel, mtime)
-        return {**owner, "st_nlink": 2, "st_ino": self._dir_ino(rel),
+        # Link count: 2 + subfolders, as `find` expects of a Unix folder.
+        if rel == BLOBS:
+            subdirs = len(snap.blobs)
+        else:
+            subdirs = sum(1 for c in snap.dirs.get(rel, ()) if (f"{rel}/{c}" if rel else c) in snap.dirs)
+        return {**owner, "st_nlink": 2 + subdirs, "st_ino": self._dir_ino(rel),
                 "st_mtime": mtime, "st_ctime": mtime, "st_atime": mtime}
 
     def getattr(self, path, fh=None):

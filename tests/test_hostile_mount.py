@@ -197,3 +197,7 @@ def test_du_df_and_folder_times(store, mount_store):
     assert m.path.stat().st_mtime_ns == max((store / "manifests").stat().st_mtime_ns, 1_700_000_000 * 10**9)
     blob = blob_of(store, "vision", "4b")
     assert (m / "blobs" / blob.name).stat().st_mtime_ns == blob.stat().st_mtime_ns
+    # Folder link counts are 2 + subfolders; find sees every file.
+    assert m.path.stat().st_nlink == 2 + 3 and (m / "blobs").stat().st_nlink == 2 + 2
+    found = subprocess.run(["find", str(m.path), "-type", "f"], capture_output=True, text=True, check=True)
+    assert len(found.stdout.split()) == 3 + 3   # vision: model + mmproj, text: model; the same under blobs/
