@@ -99,13 +99,16 @@ def _state_dir() -> Path:
     ~/.local/state/compatfs; created 0700, refused if it is not ours."""
     base = os.environ.get("XDG_STATE_HOME", "")
     root = Path(base) if os.path.isabs(base) else Path.home() / ".local" / "state"
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
     d = root / "compatfs"
     try:
-        os.mkdir(d, 0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(d)
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass
+        st = os.lstat(d)
+    except OSError as e:
+        raise CliError(f"cannot create the log folder {d}: {e.strerror} (pass --log FILE)") from None
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
         raise CliError(f"{d} is not a folder of yours (a symlink, or another user's): not logging there")
     if st.st_mode & 0o077:
