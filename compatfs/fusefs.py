@@ -213,6 +213,7 @@ class CompatFS(fuse.Operations):
         self._stale_paths: set[str] = set()      # to invalidate: they kept a view for open files
         self._fuse_ptr: int | None = None
         self._stop = threading.Event()
+        self._kick = threading.Event()             # rescan now
         self._watcher: threading.Thread | None = None
 
     # -- lifetime ------------------------------------------------------------
@@ -223,6 +224,7 @@ class CompatFS(fuse.Operations):
 
     def destroy(self, path):
         self._stop.set()
+        self._kick.set()
         if self._watcher is not None:
             self._watcher.join(timeout=5)
         self._fuse_ptr = None
@@ -248,7 +250,11 @@ class CompatFS(fuse.Operations):
     def _watch(self) -> None:
         """Rescan the store every second; tell the kernel what changed."""
         before = self.tree.folders(self.tree.snapshot())
-        while not self._stop.wait(self.RESCAN_SECONDS):
+        while not self._stop.is_set():
+            self._kick.wait(self.RESCAN_SECONDS)
+            self._kick.clear()
+            if self._stop.is_set():
+                return
             try:
                 with self._lock:
                     stale, self._stale_paths = self._stale_paths, set()
@@ -515,6 +521,7 @@ class CompatFS(fuse.Operations):
             # inside an operation).
             with self._lock:
                 self._stale_paths.add(handle.path)
+            self._kick.set()
         return 0
 
     def _outdated(self, path: str, served: _Served) -> bool:
