@@ -167,6 +167,8 @@ def cmd_mount(args) -> int:
         out = _open_log(log_file, safe=True)
     cmd = [sys.executable, "-m", "compatfs", "mount", "-f", str(store.root), str(mnt),
            "--op-cache-mb", str(args.op_cache_mb)]
+    cmd += ["--index", str(Path(args.index).absolute())] if args.index else []
+    cmd += ["--no-index"] if args.no_index else []
     cmd += ["-v"] * args.verbose
     cmd += [x for o in args.options for x in ("-o", o)]
     if not translate:
@@ -205,7 +207,12 @@ def _serve(store: Store, mnt: Path, args, translate: bool) -> int:
     logging.basicConfig(level=level, handlers=[handler], format="%(asctime)s compatfs %(levelname)s %(message)s")
     log = logging.getLogger("compatfs")
     log.setLevel(min(level, logging.INFO))
-    views = BlobViews(translate=translate, op_cache=OpCache(args.op_cache_mb << 20))
+    from .index import Index, default_path
+    index_path = None if args.no_index else Path(args.index).absolute() if args.index else default_path()
+    if index_path is not None and index_path.resolve().is_relative_to(store.root.resolve()):
+        raise CliError(f"the index {index_path} would be inside the store {store.root}: compatfs never writes there")
+    views = BlobViews(translate=translate, op_cache=OpCache(args.op_cache_mb << 20),
+                      index=Index(index_path, translate), workers=os.cpu_count() or 1)
     log.info("serving %s at %s (translation %s, libfuse %s, %s reads, pid %d)", store.root, mnt,
              "on" if translate else "off", fusefs.libfuse_version(), fusefs.READ_REPLIES, os.getpid())
     try:
@@ -249,11 +256,13 @@ def cmd_ls(args) -> int:
         listing = tree.lookup(name)
         d = snap.model_dirs[name]
         try:
-            info = views.info(d.model_blob)
-            text = info.text.name if info.text else "-"
-            clip_info = views.info(d.projector_blob) if d.projector_blob else info
-            clip = clip_info.clip.name if clip_info.clip else ("-" if "mmproj.gguf" not in listing else "unchanged")
-            rows.append({"name": name, "files": listing, "text": text, "clip": clip})
+            summary = views.summary(d.model_blob)
+            clip_summary = views.summary(d.projector_blob) if d.projector_blob else summary
+            error = summary.error or clip_summary.error
+            if error:
+                raise GGUFError(error)
+            clip = clip_summary.clip or ("-" if "mmproj.gguf" not in listing else "unchanged")
+            rows.append({"name": name, "files": listing, "text": summary.text or "-", "clip": clip})
         except GGUFError as e:
             rows.append({"name": name, "files": listing, "error": str(e)})
     left_out = [{"name": n, "reason": r} for n, r in sorted(snap.scan.skipped.items())]
@@ -326,6 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="FUSE mount options, e.g. -o allow_other,attr_timeout=600")
     m.add_argument("--op-cache-mb", type=int, default=DEFAULT_MB, metavar="N",
                    help=f"keep up to N MiB of tensors computed whole (default {DEFAULT_MB})")
+    m.add_argument("--index", metavar="FILE",
+                   help="the persistent index of view sizes (default $XDG_CACHE_HOME/compatfs/index.sqlite3)")
+    m.add_argument("--no-index", action="store_true", help="keep the index in memory only")
     m.add_argument("--no-translate", action="store_true",
                    help="serve every blob unchanged (also: OLLAMA_LLAMA_CPP_COMPAT=0)")
     m.add_argument("--log", help="log file (default: stderr with -f or under systemd, else "

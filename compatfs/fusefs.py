@@ -314,6 +314,10 @@ class CompatFS(fuse.Operations):
 
     def _fail(self, key: tuple, message: str) -> NoReturn:
         """Log `message` once per `key`, then EIO."""
+        self._log_once(key, message)
+        raise fuse.FuseOSError(errno.EIO)
+
+    def _log_once(self, key: tuple, message: str) -> None:
         with self._lock:
             new = key not in self._failures
             if new:
@@ -322,7 +326,23 @@ class CompatFS(fuse.Operations):
                 self._failures[key] = message
         if new:
             log.error("%s", message)
-        raise fuse.FuseOSError(errno.EIO)
+
+    def _size(self, ref: FileRef, st: os.stat_result) -> int | None:
+        """The file's size from the blob's summary (no view is built for
+        `stat`); None, logged once, when the view cannot be presented."""
+        key = (str(ref.blob), ref.kind, _stamp(st))
+        if not self.tree.views.translate and ref.kind == MODEL_FILE:
+            return st.st_size   # served byte for byte, GGUF or not (as `BlobViews.view` does)
+        try:
+            summary = self.tree.views.summary(ref.blob)
+            error = summary.error
+            size = summary.model_size if ref.kind == MODEL_FILE else summary.mmproj_size
+        except Exception as e:   # a bad blob must never take the mount down
+            error, size = str(e), None
+        if error or size is None:
+            self._log_once(key, f"cannot present {ref.kind} of {ref.blob}: {error or 'no such view'}")
+            return None
+        return size
 
     def _build(self, ref: FileRef, st: os.stat_result) -> View:
         """The store's current `ref.kind` view of the blob; a view that cannot be
@@ -337,21 +357,24 @@ class CompatFS(fuse.Operations):
         except Exception as e:   # a bad blob must never take the mount down
             self._fail(key, f"cannot present {ref.kind} of {ref.blob}: {e}")
 
-    def _choose(self, path: str, ref: FileRef) -> tuple[View, str, os.stat_result]:
-        """The view `path` serves now: the one its open handles read while their
-        blob is intact, else the store's current one."""
+    def _sticky(self, path: str) -> tuple[_Served, os.stat_result, bool] | None:
+        """What `path` served last while handles are open on it: the served
+        view, its blob's status by descriptor, and whether that blob is intact."""
         with self._lock:
             served = self._served.get(path)
             fd = next((self._handles[fh].fd for fh in served.fhs if fh in self._handles), None) if served else None
-        if fd is not None:
-            try:
-                st = os.fstat(fd)
-                if _stamp(st) == served.view.stamp:
-                    return served.view, served.blob, st
-            except OSError:
-                pass
-        st = self._blob_stat(ref)
-        return self._build(ref, st), str(ref.blob), st
+        st = self._fstat(fd) if fd is not None else None
+        if st is None:
+            return None
+        return served, st, _stamp(st) == served.view.stamp
+
+    def _choose(self, path: str, ref: FileRef) -> tuple[View, str]:
+        """The view `path` serves now: the one its open handles read while their
+        blob is intact, else the store's current one."""
+        sticky = self._sticky(path)
+        if sticky is not None and sticky[2]:
+            return sticky[0].view, sticky[0].blob
+        return self._build(ref, self._blob_stat(ref)), str(ref.blob)
 
     def _dir_attrs(self, path: str) -> dict:
         rel = path.strip("/")
@@ -386,28 +409,34 @@ class CompatFS(fuse.Operations):
     def getattr(self, path, fh=None):
         handle = self._handles.get(fh.fh) if fh is not None else None
         if handle is not None:
-            view, st = handle.view, self._fstat(handle.fd)
-        else:
-            node = self._node(path)
-            if isinstance(node, list):
-                return self._dir_attrs(path)
-            try:
-                view, _blob, st = self._choose(path, node)
-            except fuse.FuseOSError:
-                with self._lock:
-                    served = self._served.get(path)
-                    fd = next((self._handles[h].fd for h in served.fhs if h in self._handles), None) \
-                        if served is not None else None
-                if fd is None:
-                    # Shown (empty, unreadable), so that opening it reports the error.
-                    return {"st_mode": stat.S_IFREG, "st_nlink": 1, "st_size": 0, "st_ino": _ino("bad", path),
-                            "st_uid": os.getuid(), "st_gid": os.getgid()}
-                # Its blob broke under open files: they keep their size (and get
-                # EIO on read), rather than an early end of file.
-                view, st = served.view, self._fstat(fd)
+            return self._file_attrs(path, handle.view.stamp, handle.view.size, self._fstat(handle.fd))
+        node = self._node(path)
+        if isinstance(node, list):
+            return self._dir_attrs(path)
+        sticky = self._sticky(path)
+        if sticky is not None and sticky[2]:
+            return self._file_attrs(path, sticky[0].view.stamp, sticky[0].view.size, sticky[1])
+        try:
+            st = self._blob_stat(node)
+            size = self._size(node, st)
+        except fuse.FuseOSError:
+            st = size = None
+        if size is not None:
+            return self._file_attrs(path, _stamp(st), size, st)
+        if sticky is not None:
+            # Its blob broke under open files: they keep their size (and get
+            # EIO on read), rather than an early end of file.
+            return self._file_attrs(path, sticky[0].view.stamp, sticky[0].view.size, sticky[1])
+        # Shown (empty, unreadable), so that opening it reports the error.
+        return {"st_mode": stat.S_IFREG, "st_nlink": 1, "st_size": 0, "st_ino": _ino("bad", path),
+                "st_uid": os.getuid(), "st_gid": os.getgid()}
+
+    @staticmethod
+    def _file_attrs(path: str, stamp: tuple, size: int, st: os.stat_result | None) -> dict:
+        """A file's attributes: its blob's owner, mode (minus write bits) and
+        times, one inode number per (path, blob identity)."""
         attrs = {"st_mode": stat.S_IFREG | (st.st_mode & 0o555 if st else 0), "st_nlink": 1,
-                 "st_size": view.size, "st_blocks": (view.size + 511) // 512,
-                 "st_ino": _ino(path, view.stamp)}
+                 "st_size": size, "st_blocks": (size + 511) // 512, "st_ino": _ino(path, stamp)}
         if st is not None:
             attrs.update(st_uid=st.st_uid, st_gid=st.st_gid, st_mtime=st.st_mtime_ns,
                          st_ctime=st.st_ctime_ns, st_atime=st.st_atime_ns)
@@ -474,7 +503,7 @@ class CompatFS(fuse.Operations):
             raise fuse.FuseOSError(errno.EISDIR)
         uid, gids = _caller()
         for _attempt in range(2):
-            view, blob, _st = self._choose(path, node)
+            view, blob = self._choose(path, node)
             if not may_access(Path(blob), uid, gids):
                 raise fuse.FuseOSError(errno.EACCES)
             try:

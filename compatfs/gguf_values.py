@@ -47,6 +47,8 @@ def _vtype(raw: int, where: str) -> VT:
 def string_starts(buf, off: int, count: int, end: int, base: int = 0) -> tuple[_arr.array, int]:
     """Offsets (less `base`) of `count` length-prefixed strings starting at
     `off`, and the offset just past the last one."""
+    if count > (end - off) // 8:
+        raise GGUFError("string array runs past the end of the file")
     unpack = _U64.unpack_from
     starts = _arr.array("Q")
     add = starts.append

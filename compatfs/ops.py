@@ -317,3 +317,23 @@ class ConcatRows(Op):
         slabs = int(np.prod(self.shape[2:], dtype=np.int64))
         parts = [np.frombuffer(d, dtype=np.uint8).reshape(slabs, -1) for d in data]
         return np.concatenate(parts, axis=1).tobytes()
+
+
+@dataclass(frozen=True)
+class PadRows(Op):
+    """Rows of zeros appended to a matrix (ggml shape [n, rows]) up to `rows`
+    rows: the stored rows served from the blob, then zeros; any dtype (a block
+    of zero bytes decodes to zeros in every ggml type: its scales are zero)."""
+
+    @classmethod
+    def of(cls, src: TensorInfo, rows: int) -> "PadRows":
+        if len(src.shape) != 2 or rows < src.shape[1]:
+            raise GGUFError(f"{src.name}: cannot pad shape {src.shape} to {rows} rows")
+        return cls((src,), (src.shape[0], rows), src.dtype)
+
+    def pieces(self):
+        src = self.inputs[0]
+        return [p for p in (InputRange(src, 0, src.nbytes), self.nbytes - src.nbytes) if p]
+
+    def _compute(self, data):
+        return bytes(data[0]) + bytes(self.nbytes - len(data[0]))

@@ -6,7 +6,7 @@
     .../mmproj.gguf                      where the model has a projector view
 
 The store is rescanned at most once per `rescan_seconds`, so models pulled or
-removed while mounted appear and disappear without a remount; `Tree.state`
+removed while mounted appear and disappear without a remount; `Tree.folders`
 tells which folders a rescan changed (for the FUSE layer to invalidate).
 """
 from __future__ import annotations
@@ -111,8 +111,11 @@ class Tree:
         with self._lock:
             now = time.monotonic()
             if self._snap is None or now - self._stamp >= self.rescan_seconds:
+                previous = self._snap
                 self._snap = Snapshot(self.store, self.store.scan())
                 self._stamp = now
+                if previous is None or previous.blobs != self._snap.blobs:
+                    self.views.prefetch([b for b in self._snap.blobs.values() if _regular(b)])
             return self._snap
 
     def _files(self, snap: Snapshot, path: str) -> dict[str, FileRef] | None:

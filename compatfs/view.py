@@ -75,6 +75,12 @@ class View:
         self._starts = [s.start for s in segments]
         self._cache = cache
 
+    @property
+    def nbytes_held(self) -> int:
+        """Memory this view keeps: its rendered header and the parsed blob header."""
+        held = sum(len(s.arg) for s in self._segments if s.kind == "mem")
+        return held + (self.source.header_size if self.source is not None else 0)
+
     # -- construction ------------------------------------------------------
     @classmethod
     def identity(cls, stamp: tuple) -> "View":

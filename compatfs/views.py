@@ -1,4 +1,6 @@
-"""The views of each blob, built on first access and kept in a bounded LRU.
+"""The views of each blob: a small summary of every blob for `stat` and
+`readdir` (see `index`), whole views built when a file is read and kept in an
+LRU bounded in bytes.
 
 For a blob, `model.gguf` is the text view: the first text translation that
 claims it, else the blob unchanged.  `mmproj.gguf` exists for a projector
@@ -14,11 +16,15 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+import multiprocessing
+from concurrent.futures import Future, ProcessPoolExecutor
+
 from cachetools import LRUCache
 
 from . import handlers
 from .gguf_source import SourceGGUF
 from .gguf_values import GGUFError
+from .index import Index, Stamp, Summary
 from .opcache import OpCache
 from .translation import Translation, first_claim, plan
 from .view import View
@@ -68,70 +74,157 @@ def build_view(info: BlobInfo, kind: str, cache: OpCache) -> View:
     return View.translated(info.source, spec, cache, key=(info.source.identity, kind))
 
 
-def _stamp(path: Path) -> tuple:
-    st = path.stat()
-    return (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+def _stamp(path: Path) -> Stamp:
+    try:
+        st = path.stat()
+    except OSError as e:
+        raise GGUFError(f"{path}: {e.strerror}") from None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def summarize(path: Path, translate: bool) -> tuple[Stamp, Summary]:
+    """The blob's identity and its views' summary, made from scratch (also in
+    a worker process: every argument and result is plain data)."""
+    stamp = _stamp(path)
+    try:
+        info = classify(SourceGGUF(path), translate)
+        model = build_view(info, MODEL_FILE, OpCache(0))
+        mmproj = build_view(info, MMPROJ_FILE, OpCache(0)) if info.has_mmproj else None
+    except GGUFError as e:
+        return stamp, Summary(0, None, error=str(e))
+    return stamp, Summary(model.size, mmproj.size if mmproj else None,
+                          info.text.name if info.text else None, info.clip.name if info.clip else None)
 
 
 class BlobViews:
-    """Thread-safe, bounded caches of parsed blobs and their views."""
+    """What the mount knows of each blob: a small summary for `stat` and
+    `readdir` (in memory for every blob, and in the persistent index), and
+    whole views only for files being read, in an LRU bounded in bytes."""
 
-    def __init__(self, translate: bool = True, op_cache: OpCache | None = None, max_views: int = 32):
+    def __init__(self, translate: bool = True, op_cache: OpCache | None = None,
+                 index: Index | None = None, view_budget: int = 32 << 20, workers: int = 0):
         self.translate = translate
         self.op_cache = op_cache or OpCache()
-        self._infos: LRUCache = LRUCache(maxsize=max_views)
-        self._views: LRUCache = LRUCache(maxsize=max_views)
+        self.index = index or Index(None, translate)
+        self._views: LRUCache = LRUCache(maxsize=view_budget, getsizeof=lambda v: v.nbytes_held)
         self._lock = threading.Lock()
+        self._workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+        self._pending: dict[str, Future] = {}
 
-    def info(self, path: Path) -> BlobInfo:
-        """The classified blob at `path`; GGUFError (naming it) when unreadable."""
-        try:
-            key = _stamp(path)
-        except OSError as e:
-            raise GGUFError(f"{path}: {e.strerror}") from None
+    # -- summaries -------------------------------------------------------------
+    def summary(self, path: Path) -> Summary:
+        """The blob's summary; GGUFError when the blob cannot be read at all."""
+        stamp = _stamp(path)
+        hit = self.index.get(path, stamp)
+        if hit is not None:
+            return hit
         with self._lock:
-            hit = self._infos.get(key)
-        if hit is None:
-            hit = classify(SourceGGUF(path), self.translate)
-            with self._lock:
-                self._infos[key] = hit
-        return hit
+            pending = self._pending.get(str(path))
+        if pending is not None:
+            try:
+                got_stamp, summary = pending.result()
+                if got_stamp == stamp:
+                    self.index.put(path, stamp, summary)
+                    return summary
+            except Exception as e:   # a worker that died: computed here instead
+                log.debug("background summary of %s failed: %s", path, e)
+        got_stamp, summary = summarize(path, self.translate)
+        if got_stamp == stamp:
+            self.index.put(path, stamp, summary)
+        return summary
+
+    def size(self, path: Path, kind: str) -> int:
+        """The size `stat` shows: 0 for a blob that cannot be presented (opening
+        it reports why)."""
+        try:
+            summary = self.summary(path)
+        except GGUFError:
+            return 0
+        size = summary.model_size if kind == MODEL_FILE else summary.mmproj_size
+        return size or 0
 
     def has_mmproj(self, path: Path) -> bool:
         """Whether the blob has a projector view; False for a blob that cannot be read."""
         try:
-            return self.info(path).has_mmproj
-        except Exception as e:   # reported when its model.gguf is opened
+            return self.summary(path).mmproj_size is not None
+        except GGUFError as e:   # reported when its model.gguf is opened
             log.debug("%s: %s", path, e)
             return False
 
-    def retain(self, paths: set[Path]) -> None:
-        """Forget every parsed blob and view whose blob is not one of `paths`
-        (blobs that left the store); views held by open files live on with them."""
-        keep = {str(p) for p in paths}
+    def prefetch(self, paths) -> None:
+        """Summarise, in worker processes, the blobs of `paths` not yet indexed
+        (with `workers` > 0 and at least two of them to do)."""
+        if self._workers <= 0:
+            return
+        todo = []
+        for path in paths:
+            try:
+                if self.index.get(path, _stamp(path)) is None and str(path) not in self._pending:
+                    todo.append(path)
+            except GGUFError:
+                continue
+        if len(todo) < 2:
+            return
         with self._lock:
-            for key in [k for k in self._infos if k[0] not in keep]:
-                del self._infos[key]
-            for key in [k for k, v in self._views.items() if str(v.source.path if v.source else "") not in keep]:
-                del self._views[key]
+            if self._pool is None:
+                ctx = multiprocessing.get_context("spawn")
+                self._pool = ProcessPoolExecutor(max_workers=self._workers, mp_context=ctx)
+            for path in todo:
+                future = self._pool.submit(summarize, path, self.translate)
+                self._pending[str(path)] = future
+                future.add_done_callback(lambda f, p=path: self._done(p, f))
 
+    def _done(self, path: Path, future: Future) -> None:
+        try:
+            stamp, summary = future.result()
+            if stamp == _stamp(path):
+                self.index.put(path, stamp, summary)
+        except Exception as e:
+            log.debug("background summary of %s failed: %s", path, e)
+        with self._lock:
+            self._pending.pop(str(path), None)
+            if not self._pending and self._pool is not None:
+                # Idle workers hold memory: they go until the next batch.
+                self._pool.shutdown(wait=False)
+                self._pool = None
+
+    # -- views -----------------------------------------------------------------
     def view(self, path: Path, kind: str) -> View:
         """The view; GGUFError (naming the blob) when it cannot be built."""
+        stamp = _stamp(path)
         if not self.translate and kind == MODEL_FILE:
-            try:
-                st = path.stat()
-                return View.identity((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
-            except OSError as e:
-                raise GGUFError(f"{path}: {e.strerror}") from None
-        info = self.info(path)
-        key = (info.source.identity, kind)
+            return View.identity(stamp)
+        key = (str(path), stamp, kind)
         with self._lock:
             hit = self._views.get(key)
-        if hit is None:
-            try:
-                hit = build_view(info, kind, self.op_cache)
-            except (GGUFError, ValueError) as e:
-                raise GGUFError(f"{path}: {e}") from None
+        if hit is not None:
+            return hit
+        try:
+            info = classify(SourceGGUF(path), self.translate)
+            if kind == MMPROJ_FILE and not info.has_mmproj:
+                raise GGUFError("it has no projector view")
+            view = build_view(info, kind, self.op_cache)
+        except (GGUFError, ValueError) as e:
+            raise GGUFError(f"{path}: {e}") from None
+        if view.stamp == stamp:
+            known = self.index.get(path, stamp)
+            size = None if known is None else known.model_size if kind == MODEL_FILE else known.mmproj_size
+            if size is not None and size != view.size:
+                log.error("index entry of %s said %d bytes for %s, the view has %d: entry replaced",
+                          path, size, kind, view.size)
+                self.index.forget(path)
             with self._lock:
-                self._views[key] = hit
-        return hit
+                if view.nbytes_held <= self._views.maxsize:
+                    self._views[key] = view
+        return view
+
+    def retain(self, paths: set[Path]) -> None:
+        """Forget every view and summary whose blob is not one of `paths` (blobs
+        that left the store); views held by open files live on with them."""
+        keep = {str(p) for p in paths}
+        with self._lock:
+            for key in [k for k in self._views if k[0] not in keep]:
+                del self._views[key]
+        for gone in self.index.known() - keep:
+            self.index.forget(Path(gone))

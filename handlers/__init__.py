@@ -7,15 +7,25 @@ matters where detectors overlap (as in Ollama's dispatch): EmbeddingGemma
 before Gemma 3, Qwen2.5-VL before anything Qwen2-VL, GLM-4.7-Flash on its
 way to deepseek2.
 """
-from . import gemma3, gemma4, lfm2, llama, llava, mistral3, qwen25vl
+from . import (
+    bert, embeddinggemma, gemma3, gemma3n, gemma4, glm4moelite, laguna, lfm2, llama, llava, mistral3, olmo3, qwen25vl,
+    qwen3next,
+)
 
 TEXT = (
+    embeddinggemma.TEXT,
     gemma3.TEXT,
+    gemma3n.TEXT,
     gemma4.TEXT,
     lfm2.TEXT,
     mistral3.TEXT,
     qwen25vl.TEXT,
+    qwen3next.TEXT,
+    olmo3.TEXT,
+    glm4moelite.TEXT,
+    laguna.TEXT,
     llama.LLAMA3,
+    bert.TEXT,
 )
 
 CLIP = (

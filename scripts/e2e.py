@@ -46,6 +46,7 @@ TOOLS = ("llama-server", "llama-mtmd-cli", "llama-quantize")
 sys.path.insert(0, str(ROOT / "tests"))
 
 from compatfs.testing import write_models  # noqa: E402
+from compatfs.gguf_source import SourceGGUF  # noqa: E402
 from compatfs.gguf_values import GGUFError  # noqa: E402
 from compatfs.testing.store import add_model  # noqa: E402
 from compatfs.views import BlobViews  # noqa: E402
@@ -263,16 +264,17 @@ def describe(store: Path, name: str) -> dict:
     text, clip = tree.lookup(name + "/model.gguf"), tree.lookup(name + "/mmproj.gguf")
     out = {"blob": text.blob, "projector_blob": clip.blob if clip else None, "embedding": False}
     try:
-        info = tree.views.info(text.blob)
+        source = SourceGGUF(text.blob)
         view = tree.views.view(text.blob, "model.gguf")
-        clip_info = tree.views.info(clip.blob) if clip else None
+        summary = tree.views.summary(text.blob)
+        clip_summary = tree.views.summary(clip.blob) if clip else None
     except GGUFError as e:
         return {**out, "architecture": f"unreadable: {e}"}
-    kvs = dict(view.spec.kvs) if view.spec else info.source.kvs
-    before, after = info.source.architecture, kvs["general.architecture"].decode()
-    arch = f"{before} → {after} ({info.text.name})" if info.text else f"{before} (unchanged)"
-    if clip_info is not None:
-        arch += f"; mmproj: {clip_info.clip.name if clip_info.clip else 'unchanged'}"
+    kvs = dict(view.spec.kvs) if view.spec else source.kvs
+    before, after = source.architecture, kvs["general.architecture"].decode()
+    arch = f"{before} → {after} ({summary.text})" if summary.text else f"{before} (unchanged)"
+    if clip_summary is not None:
+        arch += f"; mmproj: {clip_summary.clip or 'unchanged'}"
     return {**out, "architecture": arch, "embedding": f"{after}.pooling_type" in kvs}
 
 

@@ -35,8 +35,10 @@ class Mount:
         path.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "compatfs", "mount", "-f", "-v", str(store), str(path), *extra]
         self._log = open(self.log, "wb")
+        # Each mount has its own index unless the test shares one.
+        env = {"COMPATFS_CACHE_DIR": str(path.parent / (path.name + ".cache")), **(env or {})}
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+                                     env={**os.environ, **env}, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 20
         while not os.path.ismount(path):
             if self.proc.poll() is not None or time.monotonic() > deadline:

@@ -18,20 +18,20 @@ from ggufs import write_gguf
 
 # Genuine Ollama conversions: file -> (text handler, clip handler).
 OLLAMA = {
-    "embeddinggemma": (None, None),
+    "embeddinggemma": ("embeddinggemma", None),
     "gemma3": ("gemma3", None),
     "gemma3_vision": ("gemma3", "gemma3-clip"),
-    "gemma3n": (None, None),
+    "gemma3n": ("gemma3n", None),
     "gemma4_vision": ("gemma4", "gemma4-clip"),
     "glm4_moe_lite": (None, None),
-    "glm4_moe_lite_legacy": (None, None),
+    "glm4_moe_lite_legacy": ("glm4moelite", None),
     "gpt_oss": (None, None),
     "lfm2": ("lfm2", None),
     "llama3": (None, None),
     "mistral3": ("mistral3", "mistral3-clip"),
     "nemotron_h": (None, None),
-    "olmo3": (None, None),
-    "olmo3_legacy": (None, None),
+    "olmo3": ("olmo3", None),
+    "olmo3_legacy": ("olmo3", None),
     "qwen2_5_vl": ("qwen25vl", "qwen25vl-clip"),
     "qwen3_5_legacy": (None, None),
     "qwen3_vl_legacy": (None, None),
@@ -45,6 +45,11 @@ WRITERS = {
     "llama3.1": ("llama3", None),
     "llava": (None, None),
     "llava/projector": (None, "llava-mlp"),
+    "embeddinggemma": ("embeddinggemma", None),
+    "snowflake-arctic-embed2": ("bert", None),
+    "qwen3-next": ("qwen3next", None),
+    "qwen3-next-q35": ("qwen3next", None),
+    "laguna": ("laguna", None),
 }
 
 # Layouts no fixture has, written here: Gemma 4's audio conformer (with a

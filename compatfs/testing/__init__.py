@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import gemma3, llama, llava
+from . import bert, embeddinggemma, gemma3, laguna, llama, llava, qwen3next
 
 Writer = Callable[..., Path]
 
@@ -36,6 +36,11 @@ LEGACY: dict[str, LegacyModel] = {
     "gemma3-vision": LegacyModel(gemma3.legacy_gemma3_vision, tag="4b"),
     "llama3.1": LegacyModel(llama.legacy_llama3_instruct, tag="8b-instruct"),
     "llava": LegacyModel(llama.plain_llama_text, llava.legacy_llava_projector, tag="7b"),
+    "embeddinggemma": LegacyModel(embeddinggemma.legacy_embeddinggemma, tag="300m"),
+    "snowflake-arctic-embed2": LegacyModel(bert.legacy_snowflake_arctic_embed2, tag="568m"),
+    "qwen3-next": LegacyModel(qwen3next.legacy_qwen3next, tag="80b"),
+    "qwen3-next-q35": LegacyModel(qwen3next.qwen35moe_qwen3next, tag="80b"),
+    "laguna": LegacyModel(laguna.legacy_laguna, tag="xs.2"),
 }
 
 

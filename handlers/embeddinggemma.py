@@ -1,0 +1,67 @@
+"""EmbeddingGemma as Ollama published it.
+
+The first published blobs (embeddinggemma:300m, September 2025) are `gemma3`
+files with the sentence-transformers projection head as two extra matrices
+`dense.0.weight`/`dense.1.weight`; llama.cpp loads EmbeddingGemma as
+`gemma-embedding` (bidirectional attention, the head as `dense_2`/`dense_3`
+with its sizes in `dense_{2,3}_feat_{in,out}`).  As `gemma3` llama.cpp
+refuses the two unclaimed tensors.  The current converter writes
+`gemma-embedding` itself, but, as every Ollama Gemma file, without
+`tokenizer.ggml.add_space_prefix`: llama.cpp then prepends a space to each
+input and the embeddings differ from the model's own ("hello" is another
+token).  This translation claims both and must run before `gemma3`'s.
+
+Departures from Ollama's handler, toward llama.cpp's conversion: the
+`gemma3.*` keys are moved, not copied (llama.cpp's conversion has none); the
+local rope base is taken from the blob where it has one (Ollama's layer
+always writes 10000); the tokenizer gets `add_space_prefix=false` and
+control-typed image markers (as `handlers/gemma3.py`), also for the current
+form, which Ollama's layer leaves alone; Ollama's `add_padding/unknown_token`
+and BPE merges (llama.cpp reads neither for a SentencePiece vocabulary) are
+dropped.  Ollama's handler also renames a
+`norm.weight` to `output_norm.weight`; Ollama's own reader of these files
+(`model/models/gemma3`) loads only `output_norm`, so no blob it ran has
+that name, and the rename is left out.
+"""
+from compatfs.gguf_values import boolean, f32, string
+from compatfs.translation import (
+    Copy, CopyPrefix, Default, Drop, FromShape, Rename, Set, TokenType, Translation, arch_is, has_key, has_tensor,
+)
+
+CONTROL = 3   # tokenizer.ggml.token_type of a control token
+ARCH = "gemma-embedding"
+
+TEXT = Translation(
+    name="embeddinggemma",
+    detect=(arch_is("gemma3") & has_tensor("dense.0.weight"))
+    | (arch_is(ARCH) & ~has_key("tokenizer.ggml.add_space_prefix")),
+    kv=(
+        Set("general.architecture", string(ARCH)),
+        # llama.cpp reads the hyperparameters under the architecture's name.
+        CopyPrefix("gemma3.", f"{ARCH}."),
+        Copy(f"{ARCH}.rope.local.freq_base", f"{ARCH}.rope.freq_base_swa"),
+        Default(f"{ARCH}.rope.freq_base_swa", f32(10_000.0)),
+        # The projection head: [n_embd, n_ff] up, [n_ff, n_embd] down (ggml shapes).
+        FromShape(f"{ARCH}.dense_2_feat_in", "dense.0.weight", axis=0),
+        FromShape(f"{ARCH}.dense_2_feat_out", "dense.0.weight", axis=1),
+        FromShape(f"{ARCH}.dense_3_feat_in", "dense.1.weight", axis=0),
+        FromShape(f"{ARCH}.dense_3_feat_out", "dense.1.weight", axis=1),
+        # Attention is bidirectional and the sliding-window layout fixed for
+        # this architecture: keys from the causal model's file would override them.
+        Drop((
+            "gemma3.", f"{ARCH}.attention.causal", f"{ARCH}.attention.sliding_window_pattern",
+            f"{ARCH}.rope.local.",
+            "tokenizer.ggml.add_padding_token", "tokenizer.ggml.add_unknown_token",
+            # BPE merges: a SentencePiece vocabulary has none.
+            "tokenizer.ggml.merges",
+        )),
+        # Gemma's SentencePiece model adds no dummy prefix.
+        Default("tokenizer.ggml.add_space_prefix", boolean(False)),
+        Default("tokenizer.ggml.add_sep_token", boolean(False)),
+        TokenType(("<start_of_image>", "<end_of_image>"), CONTROL),
+    ),
+    tensors=(
+        Rename("dense.0", "dense_2"),
+        Rename("dense.1", "dense_3"),
+    ),
+)

@@ -1,0 +1,61 @@
+"""GLM-4.7-Flash (Glm4MoeLiteForCausalLM) as Ollama wrote it.
+
+llama.cpp's converter writes these checkpoints as `deepseek2` with MLA in
+its absorbed form: one KV head, `key_length`/`value_length` the latent sizes
+(kv_lora_rank + rope dims, kv_lora_rank) and `key_length_mla`/
+`value_length_mla` the per-head sizes (qk_nope + rope dims, v_head_dim).
+Ollama's converter until f63eea3 (2026-05-24, `convert/convert_glm4moelite.go`)
+wrote architecture `glm4moelite` with the same tensors (`attn_k_b`/`attn_v_b`
+already split) but the two pairs of lengths the other way round, the KV
+heads per head, and no expert-group keys, nor the special-token ids that
+llama.cpp's converter sets from GLM's tokens: end of turn `<|user|>` and of a
+tool call `<|observation|>` (end-of-generation), BOS `[gMASK]` with
+`add_bos_token = false` (the chat template writes `[gMASK]<sop>` itself).
+The current form (`deepseek2`, since 9db4bdbad) has them and loads as it is.
+
+Departures from Ollama's handler: the per-head lengths are
+`key_length`/`value_length` of the blob (Ollama's handler takes both from
+`key_length`, which gives `attn_v_b` the wrong shape whenever
+v_head_dim != qk_nope + rope dims, and llama.cpp refuses the file); the
+special tokens are found by their text, as llama.cpp's converter finds them
+(Ollama's handler takes the 2nd and 3rd entries of `eos_token_ids`).
+Ollama's converter drops the MTP layer, so the view has none.
+"""
+from compatfs.gguf_values import boolean, string, u32
+from compatfs.translation import (
+    Copy, CopyPrefix, Default, DefaultTokenId, Drop, Set, Translation, arch_is, has_key,
+)
+
+OLD, NEW = "glm4moelite.", "deepseek2."
+
+# llama.cpp's converter (`_set_vocab_glm`) sets these from the tokens' text.
+SPECIAL_TOKENS = (
+    DefaultTokenId("tokenizer.ggml.bos_token_id", "[gMASK]"),
+    DefaultTokenId("tokenizer.ggml.eot_token_id", "<|user|>"),
+    DefaultTokenId("tokenizer.ggml.eom_token_id", "<|observation|>"),
+    DefaultTokenId("tokenizer.ggml.unknown_token_id", "<|endoftext|>"),
+    Default("tokenizer.ggml.add_bos_token", boolean(False)),
+    Default("tokenizer.ggml.add_eos_token", boolean(False)),
+)
+
+TEXT = Translation(
+    name="glm4moelite",
+    # Only the MLA form: the converter before 64737330a (January 2026) wrote
+    # `attn_kv_b` unsplit and no `*_mla` lengths, which this table does not split.
+    detect=arch_is("glm4moelite") & has_key(OLD + "attention.key_length_mla"),
+    kv=(
+        Set("general.architecture", string("deepseek2")),
+        # The latent (absorbed) and per-head lengths trade places.
+        Copy(OLD + "attention.key_length_mla", NEW + "attention.key_length"),
+        Copy(OLD + "attention.value_length_mla", NEW + "attention.value_length"),
+        Copy(OLD + "attention.key_length", NEW + "attention.key_length_mla"),
+        Copy(OLD + "attention.value_length", NEW + "attention.value_length_mla"),
+        CopyPrefix(OLD, NEW),
+        Drop((OLD,)),
+        # MLA shares one latent KV head.
+        Set(NEW + "attention.head_count_kv", u32(1)),
+        Default(NEW + "expert_group_count", u32(1)),
+        Default(NEW + "expert_group_used_count", u32(1)),
+        *SPECIAL_TOKENS,
+    ),
+)

@@ -1,0 +1,40 @@
+"""Laguna (poolside) as Ollama wrote it.
+
+Ollama's converter (`convert/convert_laguna.go`, 87288ced4, 2026-04-28, as it
+stood at f63eea3) wrote the attention output gate as `attn_g` (llama.cpp:
+`attn_gate`), the sliding-window layers' rope keys under `rope.swa.*`
+(llama.cpp: `rope.dimension_count_swa`, `rope.freq_base_swa`), and the YaRN
+parameters under their short names: `rope.scaling.beta_fast`/`beta_slow`
+(llama.cpp: `yarn_beta_fast`/`yarn_beta_slow`) and the attention factor as
+`rope.scaling.attn_factor`, which llama.cpp multiplies into the attention
+scale on top of the YaRN magnitude scaling it derives from the factor
+itself; llama.cpp's converter writes it as `rope.scaling.yarn_attn_factor`.
+
+Departure from Ollama's handler (which copies the two SWA keys and renames
+the gate): the YaRN keys are moved as well, as llama.cpp's conversion has
+them, so that full-attention layers are not scaled twice.
+"""
+from compatfs.translation import Copy, Drop, Rename, Translation, When, any_of, arch_is, has_key, has_tensor, value_is
+
+P = "laguna."
+
+TEXT = Translation(
+    name="laguna",
+    detect=arch_is("laguna") & any_of(
+        has_key(P + "rope.swa.dimension_count"),
+        has_key(P + "rope.swa.freq_base"),
+        has_tensor("blk.0.attn_g.weight"),
+    ),
+    kv=(
+        Copy(P + "rope.swa.dimension_count", P + "rope.dimension_count_swa"),
+        Copy(P + "rope.swa.freq_base", P + "rope.freq_base_swa"),
+        Copy(P + "rope.scaling.beta_fast", P + "rope.scaling.yarn_beta_fast"),
+        Copy(P + "rope.scaling.beta_slow", P + "rope.scaling.yarn_beta_slow"),
+        When(value_is(P + "rope.scaling.type", "yarn"), (
+            Copy(P + "rope.scaling.attn_factor", P + "rope.scaling.yarn_attn_factor"),
+        )),
+        Drop((P + "rope.swa.", P + "rope.scaling.beta_fast", P + "rope.scaling.beta_slow",
+              P + "rope.scaling.attn_factor")),
+    ),
+    tensors=(Rename(".attn_g", ".attn_gate"),),
+)

@@ -1,0 +1,48 @@
+"""OLMo 3 as Ollama wrote it.
+
+llama.cpp b11434 has no `olmo3` architecture: its converter writes OLMo 3
+checkpoints as `olmo2` (the OLMo 2 loader reads the sliding-window pattern
+that OLMo 3 adds).  Ollama's converter (`convert/convert_olmo.go`, for
+Olmo3ForCausalLM only) wrote `olmo3` from ffbe8e076 (2025-12-15) to f63eea3
+(2026-05-24) and `olmo2` since 9db4bdbad; both forms differ from llama.cpp's
+conversion of the same weights in that
+
+- the YaRN attention factor is stored as `rope.scaling.attn_factor`, which
+  llama.cpp multiplies into the attention scale on top of the YaRN
+  magnitude scaling it derives from the factor itself (so the scale is
+  applied twice); llama.cpp's converter writes it as
+  `rope.scaling.yarn_attn_factor`, which the OLMo 2 loader does not read;
+- the current form writes no `add_bos_token`, and llama.cpp then adds a BOS
+  (the `llama-bpe` pre-tokenizer defaults to one) that OLMo's tokenizer does
+  not add.
+
+Departure from Ollama's handler (which only renames the architecture): the
+attention factor is moved and the BOS default stated, as llama.cpp's
+conversion has them.
+"""
+from compatfs.gguf_values import boolean, string
+from compatfs.translation import (
+    Copy, CopyPrefix, Default, Drop, Set, Translation, When, any_of, arch_is, has_key, value_is,
+)
+
+ATTN_FACTOR = "olmo2.rope.scaling.attn_factor"
+
+TEXT = Translation(
+    name="olmo3",
+    detect=arch_is("olmo3") | (arch_is("olmo2") & any_of(
+        # Neither key is ever written by llama.cpp's converter.
+        has_key("tokenizer.ggml.eos_token_ids"),
+        has_key(ATTN_FACTOR),
+    )),
+    kv=(
+        Set("general.architecture", string("olmo2")),
+        CopyPrefix("olmo3.", "olmo2."),
+        Drop(("olmo3.",)),
+        When(value_is("olmo3.rope.scaling.type", "yarn") | value_is("olmo2.rope.scaling.type", "yarn"), (
+            Copy(ATTN_FACTOR, "olmo2.rope.scaling.yarn_attn_factor"),
+            Drop((ATTN_FACTOR,)),
+        )),
+        Default("tokenizer.ggml.add_bos_token", boolean(False)),
+        Default("tokenizer.ggml.add_eos_token", boolean(False)),
+    ),
+)

@@ -1,0 +1,96 @@
+"""Qwen3-Next (hybrid gated-delta-net and attention MoE) as Ollama wrote it.
+
+Two forms, both with llama.cpp's tensor layout for the delta-net blocks
+(`attn_qkv`/`attn_gate` split from HF's `in_proj_qkvz`, the fused `ssm_ba`,
+`ssm_a` = -exp(A_log), norms stored as 1 + w):
+
+- `qwen3next` (`convert/convert_qwen3next.go` from 77eb2ca61, 2026-02-03,
+  until da70c3222): the KV heads as a per-layer array (0 for delta-net
+  layers; llama.cpp reads one number) and the dt bias named `ssm_dt`
+  (llama.cpp: `ssm_dt.bias`).  This is the form Ollama's handler translates.
+- `qwen35moe` (the same converter since da70c3222, 2026-02-24, which writes
+  every checkpoint of the family under Qwen3.5's architecture): no
+  `rope.dimension_sections` (Qwen3-Next has no M-RoPE), so llama.cpp's
+  qwen35moe loader refuses the file, with or without Ollama's handler; the
+  delta-net tensors are Qwen3-Next's (`ssm_ba`, where Qwen3.5 has
+  `ssm_alpha`/`ssm_beta`), which is what llama.cpp's `qwen3next` loader
+  reads.  Presented as `qwen3next` it is what llama.cpp's converter writes
+  for the checkpoint, pre-tokenizer `qwen2` (Qwen3-Next's tokenizer) where
+  Ollama wrote `qwen35`.
+
+Blobs with Qwen3.5's vision tower or M-RoPE keys are `handlers/qwen35.py`'s.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compatfs.gguf_source import SourceGGUF
+from compatfs.gguf_values import VT, Value, string, u32
+from compatfs.translation import (
+    Count, CopyPrefix, Drop, Pred, Set, Tensors, Translation, any_of, arch_is, has_key, has_tensor_prefix, value_is,
+)
+
+KVs = dict[str, Value]
+ARCH = "qwen3next"
+
+
+def has_tensor_ending(end: str) -> Pred:
+    return Pred(f"has *{end} tensors", lambda s: any(name.endswith(end) for name in s.tensors))
+
+
+def is_array(key: str) -> Pred:
+    return Pred(f"{key} is an array", lambda s: key in s.kvs and s.kvs[key].element_type is not None)
+
+
+@dataclass(frozen=True)
+class PerLayerToMax:
+    """The per-layer integer array `key` becomes one u32, its largest entry
+    (the KV heads of the attention layers; 0 marks a delta-net layer)."""
+    key: str
+
+    def apply(self, kv: KVs, src: SourceGGUF) -> None:
+        value = kv.get(self.key)
+        if value is None or value.element_type in (None, VT.STRING, VT.ARRAY, VT.BOOL) or not value.count:
+            return
+        largest = int(max(value.decode()))
+        if largest > 0:
+            kv[self.key] = u32(largest)
+
+
+@dataclass(frozen=True)
+class AddSuffix:
+    """Tensors whose names end with `end` get `suffix` appended."""
+    end: str
+    suffix: str
+
+    def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
+        for t in ts:
+            if t.name.endswith(self.end) and not t.renamed:
+                t.name, t.renamed = t.name + self.suffix, True
+        return ts
+
+
+# Ollama's `qwen35moe` form of a Qwen3-Next checkpoint: Qwen3-Next's fused
+# beta/alpha projection, none of Qwen3.5's M-RoPE or vision markers.
+AS_QWEN35MOE = arch_is("qwen35moe") & has_tensor_ending(".ssm_ba.weight") & ~any_of(
+    has_key("qwen35moe.rope.dimension_sections"),
+    has_key("qwen35moe.rope.mrope_section"),
+    has_key("qwen35moe.vision.block_count"),
+    has_tensor_prefix("v."),
+    has_tensor_prefix("mtp."),
+)
+
+TEXT = Translation(
+    name="qwen3next",
+    detect=AS_QWEN35MOE | (arch_is(ARCH) & any_of(
+        has_tensor_ending(".ssm_dt"), is_array(f"{ARCH}.attention.head_count_kv"))),
+    counts=(Count("qwen35moe.block_count", "blk."), Count(f"{ARCH}.block_count", "blk.")),
+    kv=(
+        Set("general.architecture", string(ARCH)),
+        CopyPrefix("qwen35moe.", f"{ARCH}."),
+        Drop(("qwen35moe.",)),
+        PerLayerToMax(f"{ARCH}.attention.head_count_kv"),
+        Set("tokenizer.ggml.pre", string("qwen2"), when=value_is("tokenizer.ggml.pre", "qwen35")),
+    ),
+    tensors=(AddSuffix(".ssm_dt", ".bias"),),
+)
