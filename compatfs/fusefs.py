@@ -523,9 +523,10 @@ class CompatFS(fuse.Operations):
         with self._lock:
             self._handles[fh] = _Handle(path, view, fd, blob)
             served = self._served.get(path)
-            # Views are immutable: the kernel may keep its pages of this path
-            # unless the path now shows a different view than it did last time.
-            fi.keep_cache = 1 if served is not None and served.view is view else 0
+            # Views are immutable (the same blob, by identity, makes the same
+            # bytes): the kernel may keep its pages of this path unless the
+            # path now shows another blob than it did last time.
+            fi.keep_cache = int(served is not None and served.blob == blob and served.view.stamp == view.stamp)
             if not fi.keep_cache:
                 if served is not None and served.fhs:
                     log.info("%s now serves blob %s; %d handle(s) still read the view before", path, blob,
