@@ -215,6 +215,8 @@ def _serve(store: Store, mnt: Path, args, translate: bool) -> int:
                       index=Index(index_path, translate), workers=os.cpu_count() or 1)
     log.info("serving %s at %s (translation %s, libfuse %s, %s reads, pid %d)", store.root, mnt,
              "on" if translate else "off", fusefs.libfuse_version(), fusefs.READ_REPLIES, os.getpid())
+    from .sdnotify import notify_when_mounted
+    notify_when_mounted(mnt)            # READY=1 for a systemd Type=notify unit
     try:
         fusefs.mount(Tree(store, views), str(mnt), options=_mount_options(args))
     except fusefs.MountError as e:
@@ -262,7 +264,8 @@ def cmd_ls(args) -> int:
             if error:
                 raise GGUFError(error)
             clip = clip_summary.clip or ("-" if "mmproj.gguf" not in listing else "unchanged")
-            rows.append({"name": name, "files": listing, "text": summary.text or "-", "clip": clip})
+            rows.append({"name": name, "files": listing, "text": summary.text or "-", "clip": clip,
+                         **_llama_cpp_verdict(tree, name)})
         except GGUFError as e:
             rows.append({"name": name, "files": listing, "error": str(e)})
     left_out = [{"name": n, "reason": r} for n, r in sorted(snap.scan.skipped.items())]
@@ -270,16 +273,24 @@ def cmd_ls(args) -> int:
         print(json.dumps({"source": str(store.root), "models": rows, "left_out": left_out}, indent=2))
         return 0
     width = max([len(r["name"]) for r in rows + left_out] + [4])
-    print(f"{'NAME':<{width}}  {'FILES':<23}  {'TEXT':<10}  CLIP")
+    print(f"{'NAME':<{width}}  {'FILES':<23}  {'TEXT':<10}  {'CLIP':<12}  LLAMA.CPP")
     for r in rows:
         files = " ".join(r["files"])
         if "error" in r:
             print(f"{r['name']:<{width}}  {files:<23}  error: {r['error']}")
         else:
-            print(f"{r['name']:<{width}}  {files:<23}  {r['text']:<10}  {r['clip']}")
+            print(f"{r['name']:<{width}}  {files:<23}  {r['text']:<10}  {r['clip']:<12}  {r['llama_cpp']}")
     for r in left_out:
         print(f"{r['name']:<{width}}  left out: {r['reason']}")
     return 0
+
+
+def _llama_cpp_verdict(tree, name: str) -> dict:
+    """`ls`'s verdict: whether stock llama.cpp loads the model's files, and how."""
+    from .models import model_files
+    from .verdict import model_verdict, summary
+    verdicts = model_verdict(tree.views, model_files(tree, name)[1])
+    return {"llama_cpp": summary(verdicts), "loads": {f: v.as_dict() for f, v in verdicts.items()}}
 
 
 def cmd_inspect(args) -> int:
@@ -287,6 +298,69 @@ def cmd_inspect(args) -> int:
     path = resolve_target(args.target, args.source, args.clip)
     report = describe(path, "mmproj.gguf" if args.clip else "model.gguf")
     print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0
+
+
+# -- llama-args / run / export ------------------------------------------------------
+
+def _model_tree(source: str | None, no_translate: bool = False):
+    """A Tree over the store (views built in-process, as the mount builds them)."""
+    from .tree import Tree
+    from .views import BlobViews, translation_enabled
+    store = Store(Path(source).expanduser() if source else default_source())
+    return Tree(store, BlobViews(translate=translation_enabled(no_translate)))
+
+
+def _server_args(args):
+    from .llama_args import find_model_dir, server_args
+    from .models import model_files
+    name, files = model_files(_model_tree(args.source), args.model)
+    try:
+        model_dir = find_model_dir(name, args.mount)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    return server_args(files, model_dir)
+
+
+def cmd_llama_args(args) -> int:
+    import shlex
+    out = _server_args(args)
+    for note in out.notes:
+        print(f"# {note}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"args": out.argv, "not_passed": out.notes}, indent=2))
+    elif args.lines:
+        print("\n".join(out.argv))
+    else:
+        print(shlex.join(out.argv))
+    return 0
+
+
+def cmd_run(args) -> int:
+    import shlex
+    extra = args.extra
+    exe = args.llama_server or shutil.which("llama-server")
+    if not exe:
+        raise CliError("llama-server not found in PATH: name it with --llama-server PATH")
+    out = _server_args(args)
+    for note in out.notes:
+        print(f"{PROG}: {note}", file=sys.stderr)
+    argv = [exe, *out.argv, *extra]
+    print(f"{PROG}: exec {shlex.join(argv)}", file=sys.stderr)
+    sys.stderr.flush()
+    try:
+        os.execv(exe, argv)
+    except OSError as e:
+        raise CliError(f"cannot run {exe}: {e.strerror}") from None
+
+
+def cmd_export(args) -> int:
+    from .export import export_model
+    from .models import model_files
+    tree = _model_tree(args.source, args.no_translate)
+    name, files = model_files(tree, args.model)
+    export_model(tree.views, name, files, Path(args.directory), reflink=args.reflink,
+                 checksum=not args.no_checksum, progress=not args.quiet)
     return 0
 
 
@@ -323,7 +397,9 @@ class _Version(argparse.Action):
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=(
         "Present the models of an Ollama store as llama.cpp-compatible GGUF files "
-        "(read-only FUSE): <model>/model.gguf and, where the model has one, <model>/mmproj.gguf."))
+        "(read-only FUSE): <model>/model.gguf and, where the model has one, <model>/mmproj.gguf."),
+        epilog="In /etc/fstab (type compatfs or fuse.compatfs) mount(8) runs mount.compatfs, or mount.fuse3 "
+               "runs `compatfs SOURCE DIR -o OPTIONS`; see `mount.compatfs --help`.")
     p.add_argument("--version", action=_Version)
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -349,7 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("mountpoint")
     u.set_defaults(func=cmd_umount)
 
-    ls = sub.add_parser("ls", help="list every model: the files it shows, the handler that claims it, or why it is left out")
+    ls = sub.add_parser("ls", help="list every model: the files it shows, the handlers that claim it, whether stock llama.cpp loads it, or why it is left out")
     ls.add_argument("source", nargs="?", help="the Ollama store (default as for mount)")
     ls.add_argument("--no-translate", action="store_true", help="as the mount would show it untranslated")
     ls.add_argument("--json", action="store_true")
@@ -362,14 +438,65 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=cmd_inspect)
 
+    la = sub.add_parser("llama-args", help="print the llama-server arguments for a model: its files and its params layer",
+                        description="Print llama-server's -m and --mmproj for MODEL's mounted files, and the "
+                                    "manifest's params (num_ctx, temperature, stop, ...) as llama-server flags. "
+                                    "What has no llama-server equivalent is listed on stderr.")
+    _model_args(la)
+    la.add_argument("--json", action="store_true", help="as JSON: the arguments and what is not passed")
+    la.add_argument("--lines", action="store_true", help="one argument per line (for mapfile/readarray)")
+    la.set_defaults(func=cmd_llama_args)
+
+    r = sub.add_parser("run", help="exec llama-server on a model with the arguments llama-args prints",
+                       usage="compatfs run MODEL [--source STORE] [--mount MOUNTPOINT] [--llama-server PATH] "
+                             "[-- EXTRA ...]",
+                       description="Exec llama-server on MODEL's mounted files with the arguments `compatfs "
+                                   "llama-args` prints, then EXTRA (which override them: -- --port 8080).")
+    _model_args(r)
+    r.add_argument("--llama-server", metavar="PATH", help="the llama-server to run (default: from PATH)")
+    r.set_defaults(func=cmd_run)
+
+    e = sub.add_parser("export", help="write a model's files to a directory as real files (no FUSE needed)",
+                       description="Write MODEL's files (model.gguf, mmproj.gguf, params.json, template, "
+                                   "system, license) into DIRECTORY, byte-identical to the mounted ones, "
+                                   "and print each file's sha256. Each file is written under a temporary "
+                                   "name and renamed when complete.")
+    e.add_argument("model", help="MODEL as ollama names it (gemma3:4b, hf.co/org/repo:tag)")
+    e.add_argument("directory", help="where to write (created if missing)")
+    e.add_argument("--source", help="the Ollama store (default as for mount)")
+    e.add_argument("--reflink", dest="reflink", action="store_const", const="always", default="auto",
+                   help="share all tensor data read from the blobs with them (btrfs, XFS), or fail; by default "
+                        "data is shared where the filesystem and the file's layout allow and copied elsewhere")
+    e.add_argument("--no-reflink", dest="reflink", action="store_const", const="never", help="always copy")
+    e.add_argument("--no-checksum", action="store_true", help="skip the sha256 (data shared by reflink is then not read)")
+    e.add_argument("--no-translate", action="store_true", help="export the blobs unchanged (also: OLLAMA_LLAMA_CPP_COMPAT=0)")
+    e.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    e.set_defaults(func=cmd_export)
+
     d = sub.add_parser("demo-store", help="write a small store of tiny legacy Ollama models")
     d.add_argument("directory")
     d.set_defaults(func=cmd_demo_store)
     return p
 
 
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="MODEL as ollama names it (gemma3:4b, hf.co/org/repo:tag)")
+    p.add_argument("--source", help="the Ollama store (default as for mount)")
+    p.add_argument("--mount", metavar="MOUNTPOINT",
+                   help="where llama-server sees the mount (default: the compatfs mount that shows MODEL)")
+
+
 def main(argv: list[str] | None = None) -> int:
+    from . import fstab
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if fstab.is_helper_call(argv):      # mount.fuse3's `compatfs SOURCE DIR -o OPTIONS` (fstab)
+        return fstab.main(argv)
+    extra = []
+    if argv[:1] == ["run"] and "--" in argv:     # llama-server's own arguments, passed on as they are
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1:]
     args = build_parser().parse_args(argv)
+    args.extra = extra
     try:
         return args.func(args)
     except (CliError, StoreError, GGUFError) as e:

@@ -45,7 +45,7 @@ import mfusepy as fuse  # noqa: E402
 
 from .tree import BLOBS, FileRef, Tree  # noqa: E402
 from .view import FileRange, View  # noqa: E402
-from .views import MMPROJ_FILE, MODEL_FILE  # noqa: E402
+from .views import LAYER_FILE, MMPROJ_FILE, MODEL_FILE  # noqa: E402
 
 log = logging.getLogger("compatfs")
 
@@ -249,7 +249,8 @@ class CompatFS(fuse.Operations):
 
     def _watch(self) -> None:
         """Rescan the store every second; tell the kernel what changed."""
-        before = self.tree.folders(self.tree.snapshot())
+        old_snap = self.tree.snapshot()
+        before = self.tree.folders(old_snap)
         while not self._stop.is_set():
             self._kick.wait(self.RESCAN_SECONDS)
             self._kick.clear()
@@ -264,17 +265,22 @@ class CompatFS(fuse.Operations):
                 before = now
                 if changed:
                     log.info("store changed: %s", ", ".join(sorted(changed)))
-                    self._invalidate(changed)
+                    self._invalidate(changed, old_snap, snap)
+                old_snap = snap
                     self.tree.views.retain(set(snap.blobs.values()))
                 self._invalidate_paths(stale)
                 self._prune(changed | {p.strip("/").rpartition("/")[0] for p in stale}, now)
             except Exception:   # the mount outlives a failed rescan
                 log.exception("rescan of %s failed", self.root)
 
-    def _invalidate(self, folders: set[str]) -> None:
+    def _invalidate(self, folders: set[str], *snaps) -> None:
+        """Invalidate the folders, their files (as either snapshot names them) and parents."""
         paths = set()
         for d in folders:
-            paths |= {f"/{d}/model.gguf", f"/{d}/mmproj.gguf", f"/{d}"}
+            names = {MODEL_FILE, MMPROJ_FILE}
+            for snap in snaps:
+                names |= {n for n, _ in getattr(snap.model_dirs.get(d), "layers", ())}
+            paths |= {f"/{d}/{n}" for n in names} | {f"/{d}"}
             parts = d.split("/")
             paths |= {"/" + "/".join(parts[:i]) for i in range(len(parts))}
         self._invalidate_paths(paths)
@@ -331,7 +337,7 @@ class CompatFS(fuse.Operations):
         """The file's size from the blob's summary (no view is built for
         `stat`); None, logged once, when the view cannot be presented."""
         key = (str(ref.blob), ref.kind, _stamp(st))
-        if not self.tree.views.translate and ref.kind == MODEL_FILE:
+        if ref.kind == LAYER_FILE or (not self.tree.views.translate and ref.kind == MODEL_FILE):
             return st.st_size   # served byte for byte, GGUF or not (as `BlobViews.view` does)
         try:
             summary = self.tree.views.summary(ref.blob)
@@ -460,10 +466,12 @@ class CompatFS(fuse.Operations):
         # d_ino must be set (readers skip entries with inode 0) and match stat's.
         entries = [(".", {"st_mode": stat.S_IFDIR, "st_ino": self._dir_ino(rel)}, 0),
                    ("..", {"st_mode": stat.S_IFDIR, "st_ino": self._dir_ino(rel.rpartition("/")[0])}, 0)]
+        snap = self.tree.snapshot()
         for name in node:
             child = f"{path.rstrip('/')}/{name}"
-            # Only the two files are looked up: looking up a model folder reads its blob's header.
-            ref = self.tree.lookup(child) if name in (MODEL_FILE, MMPROJ_FILE) else None
+            # Files are looked up, folders not (looking one up reads its blob's header).
+            is_dir = rel == BLOBS or (f"{rel}/{name}" if rel else name) in snap.dirs
+            ref = None if is_dir else self.tree.lookup(child)
             if isinstance(ref, FileRef):
                 entries.append((name, {"st_mode": stat.S_IFREG, "st_ino": self._file_ino(child, ref)}, 0))
             else:
@@ -627,7 +635,7 @@ class CompatFS(fuse.Operations):
 
 # Options this layer sets itself (or that mfusepy takes as its own arguments).
 RESERVED_OPTIONS = frozenset({"foreground", "nothreads", "raw_fi", "encoding", "errors", "operations",
-                              "mountpoint", "fsname", "subtype", "use_ino", "rw", "f", "s"})
+                              "mountpoint", "use_ino", "rw"})
 
 # fuse_main_real's exit codes.
 _LIBFUSE_ERRORS = {1: "invalid mount options", 2: "no mountpoint", 3: "libfuse set-up failed",

@@ -37,6 +37,7 @@ class Summary:
     text: str | None = None
     clip: str | None = None
     error: str | None = None
+    arch: str | None = None     # general.architecture of model.gguf (after translation)
 
 
 @functools.lru_cache(maxsize=None)
@@ -60,10 +61,10 @@ def default_path() -> Path:
 
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS views (
+CREATE TABLE IF NOT EXISTS views_v1 (
     path TEXT NOT NULL, version TEXT NOT NULL, translate INTEGER NOT NULL,
     dev INTEGER NOT NULL, ino INTEGER NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
-    model_size INTEGER NOT NULL, mmproj_size INTEGER, text TEXT, clip TEXT, error TEXT,
+    model_size INTEGER NOT NULL, mmproj_size INTEGER, text TEXT, clip TEXT, error TEXT, arch TEXT,
     PRIMARY KEY (path, version, translate))
 """
 
@@ -103,7 +104,7 @@ class Index:
         try:
             db.execute(_SCHEMA)
             rows = db.execute(
-                "SELECT path, dev, ino, size, mtime_ns, model_size, mmproj_size, text, clip, error FROM views "
+                "SELECT path, dev, ino, size, mtime_ns, model_size, mmproj_size, text, clip, error, arch FROM views_v1 "
                 "WHERE version = ? AND translate = ?", (self.version, self.translate)).fetchall()
         except sqlite3.Error:
             db.close()
@@ -128,9 +129,9 @@ class Index:
                 return
             try:
                 self._db.execute(
-                    "INSERT OR REPLACE INTO views VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT OR REPLACE INTO views_v1 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (str(path), self.version, self.translate, *stamp, summary.model_size, summary.mmproj_size,
-                     summary.text, summary.clip, summary.error))
+                     summary.text, summary.clip, summary.error, summary.arch))
             except sqlite3.Error as e:
                 log.warning("index %s: cannot write (%s): working without it", self.path, e)
                 self._db = None

@@ -574,3 +574,26 @@ def _check_data(src: SourceGGUF) -> None:
 def first_claim(translations: Iterable[Translation], src: SourceGGUF) -> Translation | None:
     """The first translation, in dispatch order, whose detector claims `src`."""
     return next((t for t in translations if t.claims(src)), None)
+
+
+# -- appended: generic pieces shared by several handlers -----------------------------
+
+@dataclass(frozen=True)
+class FromFirstBlock:
+    """`key` (u32) = axis `axis` of `<prefix><i>.<suffix>` for the first block i
+    the blob holds that has that tensor, when `key` is absent (a width the
+    converter did not write, read off the first block that has it: the first
+    MoE block's expert stack, say)."""
+    key: str
+    prefix: str
+    suffix: str
+    axis: int
+
+    def apply(self, kv: KVs, src: SourceGGUF) -> None:
+        if self.key in kv:
+            return
+        for i in sorted(src.block_ids(self.prefix)):
+            t = src.tensors.get(f"{self.prefix}{i}.{self.suffix}")
+            if t is not None and len(t.shape) > self.axis:
+                kv[self.key] = u32(t.shape[self.axis])
+                return

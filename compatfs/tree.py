@@ -4,6 +4,8 @@
     /<host>/<namespace>/<model>:<tag>/   everything else nested, as `ollama list` names it
     /blobs/sha256-<hex>/model.gguf       every GGUF blob (model, projector, adapter) a manifest names
     .../mmproj.gguf                      where the model has a projector view
+    .../params.json, template, system, license
+                                         the manifest's layers of those types, byte for byte
 
 The store is rescanned at most once per `rescan_seconds`, so models pulled or
 removed while mounted appear and disappear without a remount; `Tree.folders`
@@ -19,9 +21,30 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .store import Scan, Store
-from .views import MMPROJ_FILE, MODEL_FILE, BlobViews
+from .views import LAYER_FILE, MMPROJ_FILE, MODEL_FILE, BlobViews
 
 BLOBS = "blobs"
+
+# Manifest layers shown beside model.gguf, unchanged: media type -> file name.
+LAYER_FILES = {
+    "application/vnd.ollama.image.params": "params.json",
+    "application/vnd.ollama.image.template": "template",
+    "application/vnd.ollama.image.system": "system",
+    "application/vnd.ollama.image.license": "license",
+}
+
+
+def layer_files(store: Store, layers) -> tuple[tuple[str, Path], ...]:
+    """(file name, blob) of the `LAYER_FILES` layers; a second license is
+    `license-2`, and so on (Ollama keeps every license layer)."""
+    out, seen = [], {}
+    for layer in layers:
+        base = LAYER_FILES.get(layer.media_type)
+        if base is None or (base != "license" and base in seen):
+            continue
+        seen[base] = seen.get(base, 0) + 1
+        out.append((base if seen[base] == 1 else f"{base}-{seen[base]}", store.blob_path(layer.digest)))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -36,6 +59,7 @@ class FileRef:
 class _ModelDir:
     model_blob: Path
     projector_blob: Path | None
+    layers: tuple[tuple[str, Path], ...] = ()
 
 
 class Snapshot:
@@ -50,7 +74,8 @@ class Snapshot:
             proj = model.projector_layer
             self._add_dir(name)
             self.model_dirs[name] = _ModelDir(store.blob_path(model.model_layer.digest),
-                                              store.blob_path(proj.digest) if proj else None)
+                                              store.blob_path(proj.digest) if proj else None,
+                                              layer_files(store, model.layers))
             parts = name.split("/")
             for i in range(1, len(parts) + 1):
                 d = "/".join(parts[:i])
@@ -103,7 +128,8 @@ class Tree:
                     stamps[blob] = (str(blob),)
             return stamps[blob]
 
-        out = {name: (stamp(d.model_blob), stamp(d.projector_blob)) for name, d in snap.model_dirs.items()}
+        out = {name: (stamp(d.model_blob), stamp(d.projector_blob), *((n, stamp(b)) for n, b in d.layers))
+               for name, d in snap.model_dirs.items()}
         out.update({f"{BLOBS}/{digest}": (stamp(blob),) for digest, blob in snap.blobs.items()})
         return out
 
@@ -127,6 +153,7 @@ class Tree:
                 files[MMPROJ_FILE] = FileRef(d.projector_blob, MMPROJ_FILE)
             elif _regular(d.model_blob) and self.views.has_mmproj(d.model_blob):
                 files[MMPROJ_FILE] = FileRef(d.model_blob, MMPROJ_FILE)
+            files.update((name, FileRef(blob, LAYER_FILE)) for name, blob in d.layers)
             return files
         parent, _, digest = path.rpartition("/")
         if parent == BLOBS and digest in snap.blobs:

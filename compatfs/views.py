@@ -33,6 +33,7 @@ log = logging.getLogger("compatfs")
 
 MODEL_FILE = "model.gguf"
 MMPROJ_FILE = "mmproj.gguf"
+LAYER_FILE = "layer"      # a manifest layer that is not GGUF (params, template, ...), served unchanged
 
 
 def translation_enabled(no_translate: bool = False) -> bool:
@@ -92,8 +93,10 @@ def summarize(path: Path, translate: bool) -> tuple[Stamp, Summary]:
         mmproj = build_view(info, MMPROJ_FILE, OpCache(0)) if info.has_mmproj else None
     except GGUFError as e:
         return stamp, Summary(0, None, error=str(e))
+    kvs = dict(model.spec.kvs) if model.spec else info.source.kvs
+    arch = kvs["general.architecture"].decode() if "general.architecture" in kvs else None
     return stamp, Summary(model.size, mmproj.size if mmproj else None,
-                          info.text.name if info.text else None, info.clip.name if info.clip else None)
+                          info.text.name if info.text else None, info.clip.name if info.clip else None, arch=arch)
 
 
 class BlobViews:
@@ -137,6 +140,11 @@ class BlobViews:
     def size(self, path: Path, kind: str) -> int:
         """The size `stat` shows: 0 for a blob that cannot be presented (opening
         it reports why)."""
+        if kind == LAYER_FILE or (not self.translate and kind == MODEL_FILE):
+            try:
+                return _stamp(path)[2]
+            except GGUFError:
+                return 0
         try:
             summary = self.summary(path)
         except GGUFError:
@@ -193,7 +201,7 @@ class BlobViews:
     def view(self, path: Path, kind: str) -> View:
         """The view; GGUFError (naming the blob) when it cannot be built."""
         stamp = _stamp(path)
-        if not self.translate and kind == MODEL_FILE:
+        if kind == LAYER_FILE or (not self.translate and kind == MODEL_FILE):
             return View.identity(stamp)
         key = (str(path), stamp, kind)
         with self._lock:

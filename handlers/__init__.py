@@ -8,8 +8,8 @@ before Gemma 3, Qwen2.5-VL before anything Qwen2-VL, GLM-4.7-Flash on its
 way to deepseek2.
 """
 from . import (
-    bert, embeddinggemma, gemma3, gemma3n, gemma4, glm4moelite, laguna, lfm2, llama, llava, mistral3, olmo3, qwen25vl,
-    qwen3next,
+    bert, deepseekocr, embeddinggemma, gemma3, gemma3n, gemma4, glm4moelite, glmocr, laguna, lfm2, llama,
+    llama4, llava, mistral3, nemotron, olmo3, qwen25vl, qwen35, qwen3next, qwen3vl,
 )
 
 TEXT = (
@@ -20,12 +20,21 @@ TEXT = (
     lfm2.TEXT,
     mistral3.TEXT,
     qwen25vl.TEXT,
+    qwen3vl.TEXT,
+    qwen3vl.TEXT_MOE,
+    qwen35.TEXT,
+    qwen35.TEXT_MOE,
     qwen3next.TEXT,
     olmo3.TEXT,
     glm4moelite.TEXT,
     laguna.TEXT,
+    deepseekocr.TEXT,
+    nemotron.TEXT_OMNI,
+    nemotron.TEXT_MOE,
     llama.LLAMA3,
     bert.TEXT,
+    llama4.TEXT,
+    glmocr.TEXT,
 )
 
 CLIP = (
@@ -34,4 +43,12 @@ CLIP = (
     mistral3.CLIP,
     gemma4.CLIP,
     qwen25vl.CLIP,
+    deepseekocr.CLIP,
+    nemotron.CLIP,
+    llama4.CLIP,
+    glmocr.CLIP,
+    qwen3vl.CLIP,
+    qwen3vl.CLIP_MOE,
+    qwen35.CLIP,
+    qwen35.CLIP_MOE,
 )

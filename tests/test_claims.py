@@ -33,8 +33,8 @@ OLLAMA = {
     "olmo3": ("olmo3", None),
     "olmo3_legacy": ("olmo3", None),
     "qwen2_5_vl": ("qwen25vl", "qwen25vl-clip"),
-    "qwen3_5_legacy": (None, None),
-    "qwen3_vl_legacy": (None, None),
+    "qwen3_5_legacy": ("qwen35", "qwen35-clip"),
+    "qwen3_vl_legacy": ("qwen3vl", "qwen3vl-clip"),
 }
 
 # The legacy writers' models (compatfs.testing.LEGACY): name -> (text, clip)
@@ -50,6 +50,13 @@ WRITERS = {
     "qwen3-next": ("qwen3next", None),
     "qwen3-next-q35": ("qwen3next", None),
     "laguna": ("laguna", None),
+    "deepseek-ocr": ("deepseekocr", "deepseekocr-clip"),
+    "nemotron-3-super": ("nemotron_h_moe", None),
+    "nemotron3": ("nemotron_h_omni", "nemotron_h_omni-clip"),
+    "llama4": ("llama4", "llama4-clip"),
+    "glm-ocr": ("glmocr", "glmocr-clip"),
+    "qwen3-vl": ("qwen3vlmoe", "qwen3vlmoe-clip"),
+    "qwen3.5": ("qwen35moe", "qwen35moe-clip"),
 }
 
 # Layouts no fixture has, written here: Gemma 4's audio conformer (with a

@@ -511,6 +511,21 @@ class JobRunner:
         return out
 
 
+def _settle(log_path: str, quiet: float = 0.3, limit: float = 5.0) -> None:
+    """llama.cpp logs from a thread of its own: wait until the log file has
+    stopped growing for `quiet` seconds (at most `limit`), so that the reason
+    for a failure is in it when it is read."""
+    deadline, last, still = time.monotonic() + limit, -1, 0.0
+    while time.monotonic() < deadline and still < quiet:
+        try:
+            size = os.path.getsize(log_path)
+        except OSError:
+            return
+        still = still + 0.05 if size == last else 0.0
+        last = size
+        time.sleep(0.05)
+
+
 def main(argv: list[str]) -> int:
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")  # no gdb backtrace on GGML_ASSERT
     if len(argv) != 2:
@@ -542,6 +557,8 @@ def main(argv: list[str]) -> int:
     except Exception as e:
         out = {"ok": False, "error": "%s: %s" % (type(e).__name__, e)}
     sys.stderr.flush()
+    if not out.get("ok"):
+        _settle(log_path)
     try:
         with open(log_path, errors="replace") as f:
             log = f.read()

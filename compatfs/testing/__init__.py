@@ -15,7 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import bert, embeddinggemma, gemma3, laguna, llama, llava, qwen3next
+from . import (
+    bert, deepseekocr, embeddinggemma, gemma3, glmocr, laguna, llama, llama4, llava, nemotron, qwen35,
+    qwen3next, qwen3vl,
+)
 
 Writer = Callable[..., Path]
 
@@ -32,6 +35,7 @@ class LegacyModel:
 
 # name -> how to write it; the demo store and scripts/e2e serve every entry.
 LEGACY: dict[str, LegacyModel] = {
+    "deepseek-ocr": LegacyModel(deepseekocr.legacy_deepseekocr, tag="3b"),
     "gemma3": LegacyModel(gemma3.legacy_gemma3_text, tag="1b"),
     "gemma3-vision": LegacyModel(gemma3.legacy_gemma3_vision, tag="4b"),
     "llama3.1": LegacyModel(llama.legacy_llama3_instruct, tag="8b-instruct"),
@@ -41,6 +45,12 @@ LEGACY: dict[str, LegacyModel] = {
     "qwen3-next": LegacyModel(qwen3next.legacy_qwen3next, tag="80b"),
     "qwen3-next-q35": LegacyModel(qwen3next.qwen35moe_qwen3next, tag="80b"),
     "laguna": LegacyModel(laguna.legacy_laguna, tag="xs.2"),
+    "nemotron-3-super": LegacyModel(nemotron.legacy_nemotron_h_moe, tag="120b"),
+    "nemotron3": LegacyModel(nemotron.legacy_nemotron_h_omni, tag="33b"),
+    "llama4": LegacyModel(llama4.legacy_llama4, tag="scout"),
+    "glm-ocr": LegacyModel(glmocr.legacy_glmocr, tag="latest"),
+    "qwen3-vl": LegacyModel(qwen3vl.legacy_qwen3vl_moe, tag="30b-a3b"),
+    "qwen3.5": LegacyModel(qwen35.legacy_qwen35_moe, tag="35b-a3b"),
 }
 
 

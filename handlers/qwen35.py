@@ -1,0 +1,243 @@
+"""Qwen3.5 as Ollama wrote it: one monolithic `qwen35` (or `qwen35moe`) blob
+with the hybrid text model (gated delta-net and attention blocks), the
+multi-token-prediction head (`mtp.*`) and the vision tower (`v.*`).
+
+Ollama's converter (f63eea3, `convert/convert_qwen3next.go`) already wrote
+llama.cpp's tensor names and transforms for the text blocks (norms shifted
+by one, `ssm_a` = -exp(A_log), V heads reordered); against llama.cpp's own
+conversion of the same weights its blob differs in that
+
+- the M-RoPE sections have 3 entries (llama.cpp reads 4) and the KV heads
+  are a per-layer array with 0 for the delta-net layers;
+- the delta-net bias is named `ssm_dt` (llama.cpp: `ssm_dt.bias`);
+- the MTP head keeps HF's names under `mtp.*`: llama.cpp loads it as one
+  more block after the text blocks (`blk.<n>.*`, the shared projection and
+  norms as `blk.<n>.nextn.*`, `nextn_predict_layers` = 1) with the norm
+  weights stored as 1 + w, which the converter did for the MTP block's own
+  norms (names ending `_norm.weight`) but not for the shared ones; the MoE
+  variant keeps the MTP block's experts one tensor per expert, llama.cpp
+  reads them stacked;
+- the vision tower sits inside: the projector is Qwen3-VL's
+  (`handlers/qwen3vl.py`), without deepstack mergers.
+
+Departures from Ollama's handler, where llama.cpp's conversion says
+otherwise: only the shared MTP norms are shifted (Ollama's handler shifts
+the MTP block's own norms a second time); a blob with other than one MTP
+layer (llama.cpp runs exactly one) is served without its MTP head; the
+recurrent layers are listed as llama.cpp's converter lists them; the
+projector's feed-forward length and image size come from the tensors
+(Ollama injects Qwen3.5-35B-A3B's 4304 and 768).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gguf import GGMLQuantizationType as DT
+from gguf import MODEL_TENSOR, TENSOR_NAMES
+
+from compatfs.gguf_source import SourceGGUF, TensorInfo
+from compatfs.gguf_values import VT, GGUFError, Value, array, u32
+from compatfs.ops import AddScalar, Concat
+from compatfs.translation import (
+    Count, Default, Drop, Hide, Produce, Rename, Tensors, Translation, any_of, arch_is, has_key, has_tensor_prefix,
+    has_true,
+)
+
+from .qwen3vl import qwen_tokenizer, vision_projector
+
+KVs = dict[str, Value]
+INTEGERS = (VT.UINT8, VT.INT8, VT.UINT16, VT.INT16, VT.UINT32, VT.INT32, VT.UINT64, VT.INT64)
+
+
+# -- Qwen3.5's own KV edits -----------------------------------------------------------
+
+@dataclass(frozen=True)
+class PadSections:
+    """The integer array `key`, when shorter than `length`, padded with zeros."""
+    key: str
+    length: int
+
+    def apply(self, kv: KVs, src: SourceGGUF) -> None:
+        value = kv.get(self.key)
+        if value is None or value.element_type not in INTEGERS or value.count >= self.length:
+            return
+        items = [int(x) for x in value.decode()]
+        kv[self.key] = array(value.element_type, items + [0] * (self.length - len(items)))
+
+
+@dataclass(frozen=True)
+class PerLayerToMax:
+    """The per-layer integer array `key` becomes one u32, its largest entry
+    (the KV heads of the attention layers; 0 marks a delta-net layer)."""
+    key: str
+
+    def apply(self, kv: KVs, src: SourceGGUF) -> None:
+        value = kv.get(self.key)
+        if value is None or value.element_type not in INTEGERS or not value.count:
+            return
+        largest = int(max(value.decode()))
+        if 0 < largest < 2**32:
+            kv[self.key] = u32(largest)
+
+
+def mtp_block(src: SourceGGUF, blocks: str) -> int | None:
+    """The block number the MTP layer takes in llama.cpp's layout: the one
+    after the text blocks.  None when the blob holds no single MTP layer."""
+    if src.block_ids("mtp.layers.") != frozenset({0}):
+        return None
+    text = src.block_ids("blk.")
+    if text != frozenset(range(len(text))) or src.get(blocks) != len(text):
+        raise GGUFError(f"{blocks} = {src.get(blocks)!r}, but the text blocks held are {sorted(text)}")
+    return len(text)
+
+
+@dataclass(frozen=True)
+class MtpBlockCount:
+    """With an MTP layer, `blocks` counts it too and `nextn` = 1."""
+    blocks: str
+    nextn: str
+
+    def apply(self, kv: KVs, src: SourceGGUF) -> None:
+        n = mtp_block(src, self.blocks)
+        if n is not None:
+            kv[self.blocks], kv[self.nextn] = u32(n + 1), u32(1)
+
+
+@dataclass(frozen=True)
+class RecurrentLayers:
+    """`key` (bool per block of KV `blocks`, as counted by now) = which blocks
+    are delta-net layers: those whose `marker` tensor the blob holds."""
+    key: str
+    blocks: str
+    marker: str
+
+    def apply(self, kv: KVs, src: SourceGGUF) -> None:
+        n = kv[self.blocks].decode() if self.blocks in kv else 0
+        kv[self.key] = array(VT.BOOL, [self.marker.format(i) in src.tensors for i in range(n)])
+
+
+# -- the MTP head ---------------------------------------------------------------------
+
+# mtp.<name> -> llama.cpp's tensor in the MTP block, and whether its norm
+# weight is still HF's w (stored by llama.cpp as 1 + w).
+MTP_SHARED = (
+    ("mtp.fc", MODEL_TENSOR.NEXTN_EH_PROJ, False),
+    ("mtp.pre_fc_norm_embedding", MODEL_TENSOR.NEXTN_ENORM, True),
+    ("mtp.pre_fc_norm_hidden", MODEL_TENSOR.NEXTN_HNORM, True),
+    ("mtp.embed_tokens", MODEL_TENSOR.NEXTN_EMBED_TOKENS, False),
+    ("mtp.shared_head.head", MODEL_TENSOR.NEXTN_SHARED_HEAD_HEAD, False),
+    ("mtp.shared_head.norm", MODEL_TENSOR.NEXTN_SHARED_HEAD_NORM, True),
+    ("mtp.norm", MODEL_TENSOR.NEXTN_SHARED_HEAD_NORM, True),
+)
+MTP_EXPERTS = (("gate_proj", MODEL_TENSOR.FFN_GATE_EXP), ("up_proj", MODEL_TENSOR.FFN_UP_EXP),
+               ("down_proj", MODEL_TENSOR.FFN_DOWN_EXP))
+
+
+def stack(srcs: list[TensorInfo]) -> Concat:
+    """2-D tensors of one shape stacked along a new slowest axis (bytes kept;
+    F32 where their dtypes differ)."""
+    if (not srcs or len({t.shape for t in srcs}) != 1 or len(srcs[0].shape) != 2
+            or not all(isinstance(t.dtype, DT) for t in srcs)):
+        raise GGUFError(f"cannot stack {[(t.name, t.shape, t.dtype) for t in srcs]}")
+    same = len({t.dtype for t in srcs}) == 1
+    return Concat(tuple(srcs), (*srcs[0].shape, len(srcs)), srcs[0].dtype if same else DT.F32)
+
+
+@dataclass(frozen=True)
+class PlaceMtp:
+    """Tensor edit: the MTP layer becomes block n (KV `blocks`, the text
+    blocks): `mtp.layers.0.*` -> `blk.<n>.*`, per-expert tensors stacked,
+    shared tensors per `MTP_SHARED`.  Without a single MTP layer the `mtp.*`
+    tensors are left out."""
+    blocks: str
+
+    def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
+        n = mtp_block(src, self.blocks)
+        if n is None:
+            return Hide(("mtp.",)).apply(ts, src)
+        prefix = "mtp.layers.0.mlp.experts."
+        experts = src.block_ids(prefix)
+        if experts and experts != frozenset(range(len(experts))):
+            raise GGUFError(f"{prefix}*: experts {sorted(experts)} are not numbered 0..{len(experts) - 1}")
+        for leaf, tensor in MTP_EXPERTS if experts else ():
+            names = tuple(f"{prefix}{e}.{leaf}.weight" for e in range(len(experts)))
+            if any(name not in src.tensors for name in names):
+                raise GGUFError(f"{prefix}*.{leaf}.weight: not every expert has one")
+            make = lambda s, names=names: stack([s.tensors[name] for name in names])
+            ts = Produce(TENSOR_NAMES[tensor].format(bid=n) + ".weight", make, consumes=names).apply(ts, src)
+        ts = Rename("mtp.layers.0", f"blk.{n}").apply(ts, src)
+        shifted = set()
+        for old, tensor, shift in MTP_SHARED:
+            new = TENSOR_NAMES[tensor].format(bid=n)
+            ts = Rename(old, new).apply(ts, src)
+            if shift:
+                shifted.add(new + ".weight")
+        for t in ts:
+            if t.name in shifted and t.op is None:
+                if t.dtype not in (DT.F32, DT.F16, DT.BF16):
+                    raise GGUFError(f"{t.source.name}: a norm weight stored as {t.dtype!r}")
+                t.op, t.dtype = AddScalar.of(t.source, 1.0), DT.F32
+        return ts
+
+
+@dataclass(frozen=True)
+class AddSuffix:
+    """Tensors whose names end with `end` get `suffix` appended."""
+    end: str
+    suffix: str
+
+    def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
+        for t in ts:
+            if t.name.endswith(self.end) and not t.renamed:
+                t.name, t.renamed = t.name + self.suffix, True
+        return ts
+
+
+# -- the translations -----------------------------------------------------------------
+
+def detector(arch: str):
+    """Ollama's Qwen3.5 blobs carry the vision tower or its keys, the 3-entry
+    `rope.mrope_section` beside the sections, and the V-head reorder flag.
+    (Qwen3-Next blobs that Ollama's converter also wrote as `qwen35moe` have
+    none of them: no vision, no M-RoPE, heads not reordered; they are
+    `handlers/qwen3next.py`'s.)"""
+    return arch_is(arch) & any_of(
+        has_tensor_prefix("v."),
+        has_key(f"{arch}.vision.block_count"),
+        has_key(f"{arch}.image_token_id"),
+        has_key(f"{arch}.rope.mrope_section"),
+        has_true(f"{arch}.ssm.v_head_reordered"),
+    )
+
+
+def text_translation(arch: str) -> Translation:
+    return Translation(
+        name=arch,
+        detect=detector(arch),
+        counts=(Count(f"{arch}.block_count", "blk."),),
+        kv=(
+            PadSections(f"{arch}.rope.dimension_sections", 4),
+            # llama.cpp's converter writes Qwen3.5's default when the config has none.
+            Default(f"{arch}.rope.dimension_sections", array(VT.INT32, [11, 11, 10, 0])),
+            PerLayerToMax(f"{arch}.attention.head_count_kv"),
+            MtpBlockCount(f"{arch}.block_count", f"{arch}.nextn_predict_layers"),
+            RecurrentLayers(f"{arch}.attention.recurrent_layers", f"{arch}.block_count", "blk.{}.ssm_a"),
+            # Vision keys go to the projector; the rest is not read by llama.cpp
+            # (interleaved M-RoPE and the V-head order are implied by the arch).
+            Drop((f"{arch}.vision.", f"{arch}.image_token_id", f"{arch}.vision_start_token_id",
+                  f"{arch}.vision_end_token_id", f"{arch}.mrope_sections", f"{arch}.rope.mrope_section",
+                  f"{arch}.rope.mrope_interleaved", f"{arch}.ssm.v_head_reordered")),
+            *qwen_tokenizer(),
+        ),
+        tensors=(
+            Hide(("v.", "mm.")),
+            AddSuffix(".ssm_dt", ".bias"),
+            PlaceMtp(f"{arch}.block_count"),
+        ),
+    )
+
+
+TEXT = text_translation("qwen35")
+TEXT_MOE = text_translation("qwen35moe")
+CLIP = vision_projector("qwen35-clip", "qwen35", TEXT.detect)
+CLIP_MOE = vision_projector("qwen35moe-clip", "qwen35moe", TEXT_MOE.detect)
