@@ -266,8 +266,8 @@ class CompatFS(fuse.Operations):
                 if changed:
                     log.info("store changed: %s", ", ".join(sorted(changed)))
                     self._invalidate(changed, old_snap, snap)
-                old_snap = snap
                     self.tree.views.retain(set(snap.blobs.values()))
+                old_snap = snap
                 self._invalidate_paths(stale)
                 self._prune(changed | {p.strip("/").rpartition("/")[0] for p in stale}, now)
             except Exception:   # the mount outlives a failed rescan
