@@ -337,3 +337,52 @@ class PadRows(Op):
 
     def _compute(self, data):
         return bytes(data[0]) + bytes(self.nbytes - len(data[0]))
+
+
+@dataclass(frozen=True)
+class Strided(Op):
+    """Every `step`-th element of ggml `axis` from `start`, within each slab
+    of the slower axes: one half of a stack whose two halves are interleaved
+    (gate = fused[0::2], up = fused[1::2]).  Along axis 0 the tensor must be
+    unquantized; along a slower axis a row is whole quantization blocks and
+    its bytes are kept."""
+
+    axis: int = 1
+    start: int = 0
+    step: int = 1
+
+    @classmethod
+    def of(cls, src: TensorInfo, axis: int, start: int, step: int) -> "Strided":
+        shape = list(src.shape)
+        if not 0 <= axis < len(shape) or not 0 <= start < step or shape[axis] % step:
+            raise GGUFError(f"{src.name}: cannot take elements {start}::{step} of axis {axis} of shape {src.shape}")
+        if axis == 0 and src.dtype not in _PLAIN:
+            raise GGUFError(f"{src.name}: elements of a {src.dtype!r} row cannot be taken apart")
+        shape[axis] //= step
+        return cls((src,), tuple(shape), src.dtype, axis, start, step)
+
+    @property
+    def description(self) -> str:
+        return f"Strided({self.inputs[0].name}, axis {self.axis}, {self.start}::{self.step})"
+
+    def pieces(self):
+        """Along a slower axis: the rows (or slabs) taken, slab after slab."""
+        src = self.inputs[0]
+        if self.axis == 0:
+            return None
+        unit = tensor_nbytes(src.shape[:self.axis], src.dtype)
+        n, outer = src.shape[self.axis], _elements(src.shape[self.axis + 1:])
+        if outer * (n // self.step) > MAX_PIECES:
+            return None
+        return _merged([InputRange(src, (k * n + j) * unit, unit)
+                        for k in range(outer) for j in range(self.start, n, self.step)])
+
+    def _compute(self, data):
+        src = self.inputs[0]
+        if self.axis == 0:
+            arr = as_array(src, data[0])
+        else:   # rows as byte strings: the row axis stands in for axis 0
+            arr = np.frombuffer(data[0], dtype=np.uint8).reshape(*reversed(src.shape[1:]), -1)
+        index = [slice(None)] * arr.ndim
+        index[arr.ndim - 1 - self.axis] = slice(self.start, None, self.step)
+        return np.ascontiguousarray(arr[tuple(index)]).tobytes()

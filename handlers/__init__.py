@@ -8,8 +8,8 @@ before Gemma 3, Qwen2.5-VL before anything Qwen2-VL, GLM-4.7-Flash on its
 way to deepseek2.
 """
 from . import (
-    bert, deepseekocr, embeddinggemma, gemma3, gemma3n, gemma4, glm4moelite, glmocr, laguna, lfm2, llama,
-    llama4, llava, mistral3, nemotron, olmo3, qwen25vl, qwen35, qwen3next, qwen3vl,
+    bert, deepseekocr, embeddinggemma, gemma3, gemma3n, gemma4, glm4moelite, glmocr, gptoss, laguna, lfm2,
+    llama, llama4, llava, mistral3, nemotron, olmo3, qwen25vl, qwen35, qwen3next, qwen3vl,
 )
 
 TEXT = (
@@ -17,6 +17,7 @@ TEXT = (
     gemma3.TEXT,
     gemma3n.TEXT,
     gemma4.TEXT,
+    gptoss.TEXT,
     lfm2.TEXT,
     mistral3.TEXT,
     qwen25vl.TEXT,

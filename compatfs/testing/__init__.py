@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from . import (
-    bert, deepseekocr, embeddinggemma, gemma3, glmocr, laguna, llama, llama4, llava, nemotron, qwen35,
+    bert, deepseekocr, embeddinggemma, gemma3, gemma4, glmocr, gptoss, laguna, llama, llama4, llava, nemotron, qwen35,
     qwen3next, qwen3vl,
 )
 
@@ -38,6 +38,9 @@ LEGACY: dict[str, LegacyModel] = {
     "deepseek-ocr": LegacyModel(deepseekocr.legacy_deepseekocr, tag="3b"),
     "gemma3": LegacyModel(gemma3.legacy_gemma3_text, tag="1b"),
     "gemma3-vision": LegacyModel(gemma3.legacy_gemma3_vision, tag="4b"),
+    "gemma4-moe": LegacyModel(gemma4.legacy_gemma4_moe, tag="26b"),
+    "gpt-oss": LegacyModel(gptoss.legacy_gptoss_fused, tag="20b-fused"),
+    "gpt-oss-mxfp4": LegacyModel(gptoss.legacy_gptoss_mxfp4, tag="20b-type4"),
     "llama3.1": LegacyModel(llama.legacy_llama3_instruct, tag="8b-instruct"),
     "llava": LegacyModel(llama.plain_llama_text, llava.legacy_llava_projector, tag="7b"),
     "embeddinggemma": LegacyModel(embeddinggemma.legacy_embeddinggemma, tag="300m"),

@@ -1,0 +1,177 @@
+"""gpt-oss as Ollama's converters wrote it (`convert/convert_gptoss.go`).
+
+Every form has architecture `gptoss` and keys `gptoss.*` (llama.cpp:
+`gpt-oss`, `gpt-oss.*`), no `expert_feed_forward_length` (llama.cpp requires
+it) and no rope scaling type (llama.cpp: `yarn`), the generic pre-tokenizer
+`default` (gpt-oss tokenizes as `gpt-4o`), and three tensor names of its own:
+`attn_out` (`attn_output`), `attn_sinks` (`attn_sinks.weight`), `ffn_norm`
+(`post_attention_norm`).  The expert stacks came in three layouts:
+
+- from 93085127f (2025-10-06, "convert: slice gate_up weight") on: gate and
+  up stacks apart, MXFP4 as ggml type 39 in ggml's block layout, as in
+  llama.cpp's conversion;
+- from 59412fbb4 (2025-08-26) to the parent of c00fa9cc2 (2025-10-06,
+  "convert: split gate_up bias"): one `ffn_gate_up_exps` weight and bias per
+  layer, as the checkpoint's `gate_up_proj`: gate and up rows interleaved
+  (gate = rows 0::2, up = rows 1::2, as llama.cpp's converter splits them);
+- before 59412fbb4 ("mxfp4 to ggml layout"): fused as above, and MXFP4 stored
+  as ggml type 4 (unused by ggml, unknown to every GGUF reader) in the
+  checkpoint's block layout: 17-byte blocks of an E8M0 scale and 16 bytes
+  whose byte k holds element 2k (low nibble) and 2k+1 (high nibble), where
+  ggml's `block_mxfp4` holds elements j and j+16 in byte j.
+
+Departures from Ollama's handler (llama.cpp's conversion is the target):
+Ollama translates only the newest layout; BOS and EOS are set by their text
+(`<|startoftext|>`, `<|return|>`, as llama.cpp's converter takes them from
+the tokenizer config) where Ollama's converter wrote fixed ids of the full
+o200k vocabulary (EOS `<|endoftext|>`); the YaRN betas are written with
+gpt-oss's config values (llama.cpp's defaults, so unchanged in effect).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+import numpy as np
+from gguf import GGMLQuantizationType as DT
+from gguf import Keys
+
+from compatfs.gguf_source import SourceGGUF, TensorInfo
+from compatfs.gguf_values import GGUFError, f32, string
+from compatfs.ops import Op, Strided
+from compatfs.translation import (
+    CopyPrefix, Count, Default, DefaultTokenId, Drop, FromShape, Pred, ProducePerBlock, Rename, Set, Translation,
+    When, arch_is, has_key,
+)
+
+OLLAMA_MXFP4 = 4            # the ggml type number Ollama's converter gave MXFP4 before 59412fbb4
+QK, BLOCK = 32, 17          # MXFP4: elements and bytes per block (both layouts)
+
+
+@dataclass(frozen=True)
+class OllamaMXFP4(Op):
+    """An MXFP4 stack of Ollama's type 4 in ggml's layout (type MXFP4):
+    each block's scale kept, its nibbles reordered; rows (ggml axis 1)
+    `start`::`step` of each slab of the slower axes.  The input is the
+    blob's bytes of the tensor, sized from its shape and checked to lie in
+    the blob's data apart from other tensors, as a flat I8 tensor (a view
+    reads an op's inputs by their size, which type 4 does not have)."""
+
+    stored: tuple[int, ...] = ()      # the tensor's ggml shape as the blob declares it
+    start: int = 0
+    step: int = 1
+
+    @classmethod
+    def of(cls, src: SourceGGUF, t: TensorInfo, start: int = 0, step: int = 1) -> "OllamaMXFP4":
+        shape = t.shape
+        if len(shape) < 2 or shape[0] % QK or not 0 <= start < step or shape[1] % step:
+            raise GGUFError(f"{t.name}: shape {shape} is not an MXFP4 stack whose rows split {step} ways")
+        nbytes = prod(shape) // QK * BLOCK
+        end = t.offset + nbytes
+        if t.offset < src.data_offset or end > src.size:
+            raise GGUFError(f"{t.name}: {nbytes} bytes at {t.offset} lie outside the blob's data")
+        if any(t.offset < other.offset < end for other in src.tensors.values()):
+            raise GGUFError(f"{t.name}: its {nbytes} bytes overlap another tensor")
+        raw = TensorInfo(t.name, (nbytes,), DT.I8, t.offset)
+        return cls((raw,), (shape[0], shape[1] // step, *shape[2:]), DT.MXFP4, shape, start, step)
+
+    @property
+    def description(self) -> str:
+        return f"OllamaMXFP4({self.inputs[0].name}, rows {self.start}::{self.step})"
+
+    ranged = True   # a read computes just the blocks it covers
+
+    def _compute(self, data):
+        cols, rows, *slow = self.stored
+        blocks = np.frombuffer(data[0], dtype=np.uint8).reshape(*reversed(slow), rows, cols // QK, BLOCK)
+        return _ggml_blocks(blocks[..., self.start::self.step, :, :]).tobytes()
+
+    def compute_range(self, read, lo, hi):
+        cols, rows = self.stored[:2]
+        per_row, out_rows = cols // QK, rows // self.step
+        out = np.arange(lo // BLOCK, -(-hi // BLOCK))             # output blocks covered
+        slab, row, col = out // (out_rows * per_row), out // per_row % out_rows, out % per_row
+        src = (slab * rows + self.start + row * self.step) * per_row + col   # their input blocks, ascending
+        first = int(src[0])
+        span = np.frombuffer(read(self.inputs[0], first * BLOCK, (int(src[-1]) + 1 - first) * BLOCK), dtype=np.uint8)
+        data = _ggml_blocks(span.reshape(-1, BLOCK)[src - first]).tobytes()
+        return data[lo - int(out[0]) * BLOCK:hi - int(out[0]) * BLOCK]
+
+
+def _ggml_blocks(blocks: np.ndarray) -> np.ndarray:
+    """17-byte MXFP4 blocks (last axis) from the checkpoint's nibble order
+    (byte k: elements 2k low, 2k+1 high) to ggml's (byte j: j low, j+16 high)."""
+    scale, packed = blocks[..., :1], blocks[..., 1:]
+    values = np.stack((packed & 0x0F, packed >> 4), axis=-1).reshape(*packed.shape[:-1], QK)
+    return np.concatenate((scale, values[..., :QK // 2] | (values[..., QK // 2:] << 4)), axis=-1)
+
+
+def from_fused(kind: str, half: int):
+    """make(src, i): block i's gate (`half` 0) or up (1) `kind` (weight or
+    bias) from its fused, interleaved `ffn_gate_up_exps.<kind>`."""
+    def make(src: SourceGGUF, i: int) -> Op | None:
+        fused = src.tensors.get(f"blk.{i}.ffn_gate_up_exps.{kind}")
+        if fused is None:
+            return None
+        if fused.dtype == OLLAMA_MXFP4:
+            return OllamaMXFP4.of(src, fused, half, 2)
+        return Strided.of(fused, 1 if kind == "weight" else 0, half, 2)
+    return make
+
+
+def repacked(part: str):
+    """make(src, i): block i's `ffn_<part>_exps.weight` in ggml's MXFP4 layout
+    when the blob stores it as Ollama's type 4."""
+    def make(src: SourceGGUF, i: int) -> Op | None:
+        t = src.tensors.get(f"blk.{i}.ffn_{part}_exps.weight")
+        return OllamaMXFP4.of(src, t) if t is not None and t.dtype == OLLAMA_MXFP4 else None
+    return make
+
+
+def has_token(text: str) -> Pred:
+    def test(s: SourceGGUF) -> bool:
+        tokens = s.kvs.get(Keys.Tokenizer.LIST)
+        return tokens is not None and text in tokens.indices_of({text})
+    return Pred(f"has token {text}", test)
+
+
+BOS, EOS = "<|startoftext|>", "<|return|>"
+BLOCKS = "gptoss.block_count"
+FUSED = "blk.{}.ffn_gate_up_exps."
+
+TEXT = Translation(
+    name="gptoss",
+    detect=arch_is("gptoss"),
+    counts=(Count(BLOCKS, "blk."),),
+    kv=(
+        Set(Keys.General.ARCHITECTURE, string("gpt-oss")),
+        CopyPrefix("gptoss.", "gpt-oss."),
+        Drop(("gptoss.",)),
+        # llama.cpp requires the experts' width: the row length of a down
+        # stack (Ollama's handler reads a gate stack, which older blobs lack).
+        When(~has_key("gptoss.expert_feed_forward_length"), (
+            FromShape("gpt-oss.expert_feed_forward_length", "blk.0.ffn_down_exps.weight", axis=0),
+        )),
+        Default("gpt-oss.rope.scaling.type", string("yarn")),
+        Default("gpt-oss.rope.scaling.yarn_beta_fast", f32(32.0)),
+        Default("gpt-oss.rope.scaling.yarn_beta_slow", f32(1.0)),
+        Set(Keys.Tokenizer.PRE, string("gpt-4o")),
+        # Ids of the full o200k vocabulary, which llama.cpp never reads: it
+        # finds the end-of-generation tokens by their text.
+        Drop(("tokenizer.ggml.eos_token_ids",)),
+        When(has_token(BOS), (Drop((Keys.Tokenizer.BOS_ID,)), DefaultTokenId(Keys.Tokenizer.BOS_ID, BOS))),
+        When(has_token(EOS), (Drop((Keys.Tokenizer.EOS_ID,)), DefaultTokenId(Keys.Tokenizer.EOS_ID, EOS))),
+    ),
+    tensors=(
+        # Fused gate/up stacks (before c00fa9cc2) split; type-4 stacks repacked.
+        *(ProducePerBlock(BLOCKS, f"blk.{{}}.ffn_{part}_exps.{kind}", from_fused(kind, half),
+                          consumes=(FUSED + kind,))
+          for kind in ("weight", "bias") for half, part in enumerate(("gate", "up"))),
+        *(ProducePerBlock(BLOCKS, f"blk.{{}}.ffn_{part}_exps.weight", repacked(part),
+                          consumes=(f"blk.{{}}.ffn_{part}_exps.weight",))
+          for part in ("gate", "up", "down")),
+        Rename(".attn_out", ".attn_output"),
+        Rename(".attn_sinks", ".attn_sinks.weight"),
+        Rename(".ffn_norm", ".post_attention_norm"),
+    ),
+)
