@@ -25,7 +25,7 @@ OLLAMA = {
     "gemma4_vision": ("gemma4", "gemma4-clip"),
     "glm4_moe_lite": (None, None),
     "glm4_moe_lite_legacy": ("glm4moelite", None),
-    "gpt_oss": (None, None),
+    "gpt_oss": ("gptoss", None),
     "lfm2": ("lfm2", None),
     "llama3": (None, None),
     "mistral3": ("mistral3", "mistral3-clip"),
@@ -57,6 +57,9 @@ WRITERS = {
     "glm-ocr": ("glmocr", "glmocr-clip"),
     "qwen3-vl": ("qwen3vlmoe", "qwen3vlmoe-clip"),
     "qwen3.5": ("qwen35moe", "qwen35moe-clip"),
+    "gemma4-moe": ("gemma4", "gemma4-clip"),
+    "gpt-oss": ("gptoss", None),
+    "gpt-oss-mxfp4": ("gptoss", None),
 }
 
 # Layouts no fixture has, written here: Gemma 4's audio conformer (with a

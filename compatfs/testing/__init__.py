@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from . import (
-    bert, deepseekocr, embeddinggemma, gemma3, gemma4, glmocr, gptoss, laguna, llama, llama4, llava, nemotron, qwen35,
-    qwen3next, qwen3vl,
+    bert, deepseekocr, embeddinggemma, gemma3, gemma4, glmocr, gptoss, laguna, llama, llama4, llava, nemotron,
+    qwen35, qwen3next, qwen3vl,
 )
 
 Writer = Callable[..., Path]
