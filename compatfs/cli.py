@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
+import re
 import shutil
+import stat
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -38,12 +40,52 @@ def _check_fuse() -> None:
     if not os.path.exists("/dev/fuse"):
         raise CliError("/dev/fuse is missing: load the fuse kernel module (or run the container with --device /dev/fuse)")
     try:
-        import mfusepy  # noqa: F401  (loading it finds libfuse)
+        from . import fusefs  # noqa: F401  (loading it finds libfuse 3)
     except OSError as e:
-        raise CliError(f"libfuse not found ({e}): install it, e.g. `apt-get install fuse3`") from None
+        raise CliError(f"libfuse 3 not found ({e}): install it, e.g. `apt-get install fuse3`") from None
+
+
+def _mount_fstype(path: Path) -> str | None:
+    """The filesystem type mounted at `path` (the last mount there, from
+    /proc/self/mountinfo), if any."""
+    found = None
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields, _, tail = line.partition(" - ")
+                point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields.split()[4])
+                if point == str(path) and tail:
+                    found = tail.split()[0]
+    except (OSError, IndexError):
+        return None
+    return found
+
+
+def _stale(path: Path) -> bool:
+    """Whether `path` is a FUSE mount whose daemon is gone ("Transport endpoint
+    is not connected")."""
+    try:
+        os.statvfs(path)   # never answered from the kernel's caches, as stat can be
+        return False
+    except OSError as e:
+        return e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+
+
+def _clean_stale(path: Path) -> None:
+    """Unmount the dead compatfs endpoint at `path` (lazily if it is busy)."""
+    from .fusefs import lazy_unmount
+    fstype = _mount_fstype(path)
+    if fstype != "fuse.compatfs":
+        raise CliError(f"{path}: transport endpoint is not connected (a dead {fstype or 'FUSE'} mount, "
+                       f"not compatfs's): unmount it with `fusermount3 -u {path}`")
+    if not lazy_unmount(str(path)):
+        raise CliError(f"{path}: cannot unmount the dead compatfs mount there")
+    print(f"{PROG}: cleaned up the dead mount at {path} (its daemon had gone)", file=sys.stderr)
 
 
 def _check_mountpoint(path: Path) -> None:
+    if _stale(path):
+        _clean_stale(path)
     if not path.exists():
         raise CliError(f"mountpoint {path} does not exist")
     if not path.is_dir():
@@ -52,9 +94,53 @@ def _check_mountpoint(path: Path) -> None:
         raise CliError(f"mountpoint {path} is busy: something is already mounted there")
 
 
-def _log_path(mountpoint: Path) -> Path:
-    tag = str(mountpoint.resolve()).strip("/").replace("/", "_") or "root"
-    return Path(tempfile.gettempdir()) / f"compatfs-{tag}.log"
+def _state_dir() -> Path:
+    """compatfs's per-user log folder: $XDG_STATE_HOME/compatfs, else
+    ~/.local/state/compatfs; created 0700, refused if it is not ours."""
+    base = os.environ.get("XDG_STATE_HOME", "")
+    root = Path(base) if os.path.isabs(base) else Path.home() / ".local" / "state"
+    d = root / "compatfs"
+    try:
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass
+        st = os.lstat(d)
+    except OSError as e:
+        raise CliError(f"cannot create the log folder {d}: {e.strerror} (pass --log FILE)") from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise CliError(f"{d} is not a folder of yours (a symlink, or another user's): not logging there")
+    if st.st_mode & 0o077:
+        os.chmod(d, 0o700)
+    return d
+
+
+def _open_log(path: Path, safe: bool) -> int:
+    """An append descriptor of the log file `path`; `safe`: never through a
+    symlink, and only a regular file of ours."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+    if safe:
+        flags |= os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as e:
+        raise CliError(f"cannot open log file {path}: {e.strerror}") from None
+    st = os.fstat(fd)
+    if safe and (not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid()):
+        os.close(fd)
+        raise CliError(f"log file {path} is not a regular file of yours")
+    return fd
+
+
+def _mount_options(args) -> dict:
+    from .fusefs import MountError, check_options
+    opts = _parse_options(args.options)
+    try:
+        check_options(opts)
+    except MountError as e:
+        raise CliError(str(e)) from None
+    return opts
 
 
 def cmd_mount(args) -> int:
@@ -63,34 +149,52 @@ def cmd_mount(args) -> int:
     mnt = Path(args.mountpoint).absolute()
     _check_mountpoint(mnt)
     _check_fuse()
+    _mount_options(args)
     from .views import translation_enabled
     translate = translation_enabled(args.no_translate)
     if args.foreground:
         return _serve(store, mnt, args, translate)
 
-    log_file = Path(args.log) if args.log else _log_path(mnt)
+    # The daemon logs to its stderr: the file asked for, the journal when run
+    # by systemd, else a file in the per-user state folder.
+    if args.log:
+        log_file: Path | None = Path(args.log).absolute()
+        out = _open_log(log_file, safe=False)
+    elif os.environ.get("JOURNAL_STREAM"):
+        log_file, out = None, None
+    else:
+        log_file = _state_dir() / f"mount-{str(mnt).strip('/').replace('/', '_') or 'root'}.log"
+        out = _open_log(log_file, safe=True)
     cmd = [sys.executable, "-m", "compatfs", "mount", "-f", str(store.root), str(mnt),
-           "--op-cache-mb", str(args.op_cache_mb), "--log", str(log_file)]
+           "--op-cache-mb", str(args.op_cache_mb)]
     cmd += ["--index", str(Path(args.index).absolute())] if args.index else []
     cmd += ["--no-index"] if args.no_index else []
     cmd += ["-v"] * args.verbose
     cmd += [x for o in args.options for x in ("-o", o)]
     if not translate:
         cmd.append("--no-translate")
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "ab") as out:
+    start = os.lseek(out, 0, os.SEEK_END) if out is not None else 0
+    try:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
+    finally:
+        if out is not None:
+            os.close(out)
+    where = f"log {log_file}" if log_file else "logging to the journal"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if os.path.ismount(mnt):
-            print(f"{PROG}: mounted {store.root} at {mnt} (pid {proc.pid}, log {log_file})")
+            print(f"{PROG}: mounted {store.root} at {mnt} (pid {proc.pid}, {where})")
             return 0
         if proc.poll() is not None:
-            tail = log_file.read_text(errors="replace").strip().splitlines()[-5:]
-            raise CliError(f"mount failed: {' | '.join(tail) or 'the daemon exited'}")
+            tail = []
+            if log_file:
+                with open(log_file, "rb") as f:
+                    f.seek(start)
+                    tail = f.read().decode(errors="replace").strip().splitlines()[-3:]
+            raise CliError(f"mount failed: {' | '.join(tail) or 'the daemon exited'} ({where})")
         time.sleep(0.05)
     proc.terminate()
-    raise CliError(f"mount of {mnt} did not come up within 30 s (log {log_file})")
+    raise CliError(f"mount of {mnt} did not come up within 30 s ({where})")
 
 
 def _serve(store: Store, mnt: Path, args, translate: bool) -> int:
@@ -98,26 +202,35 @@ def _serve(store: Store, mnt: Path, args, translate: bool) -> int:
     from .opcache import OpCache
     from .tree import Tree
     from .views import BlobViews
-    handlers = [logging.StreamHandler()] if not args.log else [logging.FileHandler(args.log)]
+    handler = logging.FileHandler(args.log) if args.log else logging.StreamHandler()
     level = logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose else logging.WARNING
-    logging.basicConfig(level=level, handlers=handlers, format="%(asctime)s compatfs %(levelname)s %(message)s")
-    logging.getLogger("compatfs").setLevel(min(level, logging.INFO))
+    logging.basicConfig(level=level, handlers=[handler], format="%(asctime)s compatfs %(levelname)s %(message)s")
+    log = logging.getLogger("compatfs")
+    log.setLevel(min(level, logging.INFO))
     from .index import Index, default_path
     index_path = None if args.no_index else Path(args.index).absolute() if args.index else default_path()
     if index_path is not None and index_path.resolve().is_relative_to(store.root.resolve()):
         raise CliError(f"the index {index_path} would be inside the store {store.root}: compatfs never writes there")
     views = BlobViews(translate=translate, op_cache=OpCache(args.op_cache_mb << 20),
                       index=Index(index_path, translate), workers=os.cpu_count() or 1)
-    logging.getLogger("compatfs").info("serving %s at %s (translation %s)", store.root, mnt,
-                                       "on" if translate else "off")
+    log.info("serving %s at %s (translation %s, libfuse %s, %s reads, pid %d)", store.root, mnt,
+             "on" if translate else "off", fusefs.libfuse_version(), fusefs.READ_REPLIES, os.getpid())
     from .sdnotify import notify_when_mounted
     notify_when_mounted(mnt)            # READY=1 for a systemd Type=notify unit
-    fusefs.mount(Tree(store, views), str(mnt), foreground=True, options=_parse_options(args.options))
+    try:
+        fusefs.mount(Tree(store, views), str(mnt), options=_mount_options(args))
+    except fusefs.MountError as e:
+        log.error("%s", e)
+        raise CliError(str(e)) from None
+    log.info("unmounted %s", mnt)
     return 0
 
 
 def cmd_umount(args) -> int:
-    mnt = Path(args.mountpoint)
+    mnt = Path(args.mountpoint).absolute()
+    if _stale(mnt):
+        _clean_stale(mnt)
+        return 0
     if not os.path.ismount(mnt):
         raise CliError(f"{mnt} is not mounted")
     errors = []
@@ -260,12 +373,34 @@ def cmd_demo_store(args) -> int:
 
 # -- entry point ------------------------------------------------------------------
 
+def _version() -> str:
+    from . import __version__
+    try:
+        from .fusefs import libfuse_version
+        fuse = f"libfuse {libfuse_version()}"
+    except OSError as e:
+        fuse = f"libfuse 3 not found: {e}"
+    return f"{PROG} {__version__} ({fuse})"
+
+
+class _Version(argparse.Action):
+    """--version: compatfs's version and the libfuse it runs on (found only when asked)."""
+
+    def __init__(self, option_strings, dest, **_kwargs):
+        super().__init__(option_strings, dest, nargs=0, help="show the version and the libfuse it runs on")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(_version())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=(
         "Present the models of an Ollama store as llama.cpp-compatible GGUF files "
         "(read-only FUSE): <model>/model.gguf and, where the model has one, <model>/mmproj.gguf."),
         epilog="In /etc/fstab (type compatfs or fuse.compatfs) mount(8) runs mount.compatfs, or mount.fuse3 "
                "runs `compatfs SOURCE DIR -o OPTIONS`; see `mount.compatfs --help`.")
+    p.add_argument("--version", action=_Version)
     sub = p.add_subparsers(dest="command", required=True)
 
     m = sub.add_parser("mount", help="mount a store (returns once mounted; -f stays attached)")
@@ -281,7 +416,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--no-index", action="store_true", help="keep the index in memory only")
     m.add_argument("--no-translate", action="store_true",
                    help="serve every blob unchanged (also: OLLAMA_LLAMA_CPP_COMPAT=0)")
-    m.add_argument("--log", help="log file of the background daemon (default: a file in the temp folder)")
+    m.add_argument("--log", help="log file (default: stderr with -f or under systemd, else "
+                                 "$XDG_STATE_HOME/compatfs/, i.e. ~/.local/state/compatfs/)")
     m.add_argument("-v", "--verbose", action="count", default=0, help="log more (-vv: debug)")
     m.set_defaults(func=cmd_mount)
 

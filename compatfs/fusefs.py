@@ -4,6 +4,20 @@ Kept thin on purpose: every decision about what a file contains lives in
 `tree`, `views` and `view`.  Blob ranges are handed to libfuse as file
 descriptor buffers (`read_buf`), so passthrough bytes never pass through
 Python; header bytes and op tensors go as one malloc'ed buffer.
+
+What this layer guarantees on its own:
+- libfuse 3, chosen explicitly (mfusepy would take libfuse 2 first).
+- A file shows its blob's owner and mode (minus write bits); opening it also
+  needs the caller to be able to reach and read the blob in the store itself.
+  Only regular files are served (a blob symlink counts as what it points to).
+- Every read checks the handle's blob against the view's stamp: a blob that
+  was truncated or rewritten gives EIO and a log line, never bytes of
+  another file.
+- A path keeps serving the view its open handles read (the kernel keeps one
+  page cache per path), and switches to the store's new one when they close.
+- The store is rescanned every second in the background; the kernel's cached
+  attributes and pages of changed folders are invalidated at once.
+- SIGTERM, SIGINT and SIGHUP unmount cleanly.
 """
 from __future__ import annotations
 
@@ -11,17 +25,27 @@ import ctypes
 import ctypes.util
 import errno
 import functools
+import hashlib
 import itertools
 import logging
 import os
+import signal
 import stat
+import subprocess
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NoReturn
 
-import mfusepy as fuse
+# mfusepy takes libfuse 2 when both are installed; this layer is written for 3.
+if not os.environ.get("FUSE_LIBRARY_PATH"):
+    os.environ["FUSE_LIBRARY_NAME"] = "fuse3"
 
-from .tree import FileRef, Tree
-from .view import FileRange, View
+import mfusepy as fuse  # noqa: E402
+
+from .tree import BLOBS, FileRef, Tree  # noqa: E402
+from .view import FileRange, View  # noqa: E402
+from .views import LAYER_FILE, MMPROJ_FILE, MODEL_FILE  # noqa: E402
 
 log = logging.getLogger("compatfs")
 
@@ -31,6 +55,10 @@ _libc.malloc.argtypes = [ctypes.c_size_t]
 
 FUSE_BUF_IS_FD = 1 << 1
 FUSE_BUF_FD_SEEK = 1 << 2
+
+
+class MountError(Exception):
+    """The mount could not be set up or ended in an error; one line for the user."""
 
 
 class _FuseBuf(ctypes.Structure):
@@ -48,27 +76,107 @@ def _bufvec_type(n: int) -> type:
         ("buf", _FuseBuf * max(n, 1)), ("_slack", ctypes.c_size_t * 2)]})
 
 
-def _libfuse_version() -> tuple[int, int]:
+def libfuse_version() -> str:
+    """The libfuse this process runs on, e.g. "3.14.0"."""
+    lib = fuse._libfuse
     try:
-        lib = fuse._libfuse
         lib.fuse_pkgversion.restype = ctypes.c_char_p
-        major, minor = lib.fuse_pkgversion().decode().split(".")[:2]
+        return lib.fuse_pkgversion().decode()
+    except AttributeError:
+        return f"{fuse.fuse_version_major}.{fuse.fuse_version_minor}"
+
+
+def _libfuse_tuple() -> tuple[int, int]:
+    try:
+        major, minor = libfuse_version().split(".")[:2]
         return int(major), int(minor)
-    except (AttributeError, ValueError):
+    except ValueError:
         return (0, 0)
 
 
+if fuse.fuse_version_major != 3:
+    raise OSError(f"compatfs needs libfuse 3; {fuse._libfuse_path} is libfuse {libfuse_version()}")
+
 # Several buffers in one reply need the exact struct fuse_buf stride, known
-# for libfuse 3.0-3.16; elsewhere a read that spans pieces is gathered into
-# one memory buffer.
-_MULTI_BUF = (3, 0) <= _libfuse_version() < (3, 17)
+# for libfuse 3.0-3.16; elsewhere (or with COMPATFS_SINGLE_BUFFER=1, which the
+# tests use to cover that path) a read that spans pieces is gathered into one
+# memory buffer.
+_MULTI_BUF = (3, 0) <= _libfuse_tuple() < (3, 17) and os.environ.get("COMPATFS_SINGLE_BUFFER") != "1"
+READ_REPLIES = "multi-buffer" if _MULTI_BUF else "single-buffer"
+
+_libfuse = fuse._libfuse
+_libfuse.fuse_invalidate_path.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+_libfuse.fuse_invalidate_path.restype = ctypes.c_int
+_libfuse.fuse_exit.argtypes = [ctypes.c_void_p]
+
+
+def _stamp(st: os.stat_result) -> tuple:
+    """What `View.stamp` records of a blob."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _ino(*parts) -> int:
+    """A stable inode number for what `parts` name (never 0 or 1, the root's)."""
+    h = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return (int.from_bytes(h, "little") >> 2) + 2
+
+
+def _allows(st: os.stat_result, uid: int, gids: set[int], bit: int) -> bool:
+    """Whether the owner/group/other class of `uid`/`gids` has permission `bit` (4 r, 1 x)."""
+    if uid == 0:
+        return True
+    if uid == st.st_uid:
+        return bool(st.st_mode >> 6 & bit)
+    if st.st_gid in gids:
+        return bool(st.st_mode >> 3 & bit)
+    return bool(st.st_mode & bit)
+
+
+def _caller() -> tuple[int, set[int]]:
+    """The uid and groups (primary and supplementary) of the process calling now."""
+    uid, gid, pid = fuse.fuse_get_context()
+    gids = {gid}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Groups:"):
+                    gids.update(int(g) for g in line.split()[1:])
+                    break
+    except (OSError, ValueError):
+        pass
+    return uid, gids
+
+
+def may_access(path: Path, uid: int, gids: set[int], read: bool = True) -> bool:
+    """Whether `uid`/`gids` could open `path` for reading (a directory: list it)
+    in the store itself: search permission on every folder on the way to it, as
+    named and as its symlinks resolve, and read permission on it."""
+    try:
+        real = Path(os.path.realpath(path))
+        for chain in (path.parents, real.parents):
+            for d in chain:
+                if not _allows(os.stat(d), uid, gids, 1):
+                    return False
+        return not read or _allows(os.stat(real), uid, gids, 4)
+    except OSError:
+        return False
 
 
 @dataclass
 class _Handle:
+    path: str
     view: View
     fd: int
     blob: str
+    failed: bool = False     # its blob changed: every read is EIO (logged once)
+
+
+@dataclass
+class _Served:
+    """The view a path served last, and the handles open on it."""
+    view: View
+    blob: str
+    fhs: set[int] = field(default_factory=set)
 
 
 def _malloc_copy(data) -> int:
@@ -90,14 +198,107 @@ class CompatFS(fuse.Operations):
     """Read-only operations over a `Tree`."""
 
     use_ns = True
+    RESCAN_SECONDS = 1.0
+    _FAILURES_KEPT = 1024
 
-    def __init__(self, tree: Tree):
+    def __init__(self, tree: Tree, mountpoint: str):
         self.tree = tree
+        self._mountpoint = mountpoint
+        self.root = tree.store.root
         self._handles: dict[int, _Handle] = {}
         self._fh = itertools.count(1)
         self._lock = threading.Lock()
-        self._last_view: dict[str, View] = {}   # path -> view it served last (page-cache validity)
-        self._uid, self._gid = os.getuid(), os.getgid()
+        self._served: dict[str, _Served] = {}       # path -> what it served last (page-cache validity)
+        self._failures: dict[tuple, str] = {}      # what failed (blob, kind, stamp) -> the line logged once
+        self._stale_paths: set[str] = set()      # to invalidate: they kept a view for open files
+        self._fuse_ptr: int | None = None
+        self._stop = threading.Event()
+        self._kick = threading.Event()             # rescan now
+        self._watcher: threading.Thread | None = None
+
+    # -- lifetime ------------------------------------------------------------
+    def init(self, path):
+        self._fuse_ptr = _libfuse.fuse_get_context().contents.fuse
+        self._watcher = threading.Thread(target=self._watch, name="compatfs-rescan", daemon=True)
+        self._watcher.start()
+
+    def destroy(self, path):
+        self._stop.set()
+        self._kick.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
+        self._fuse_ptr = None
+
+    def exit(self) -> None:
+        """End the FUSE loop (libfuse then unmounts): flag the session, and wake
+        a worker with a lookup the kernel cannot answer from its cache."""
+        ptr = self._fuse_ptr
+        if ptr:
+            _libfuse.fuse_exit(ptr)
+            try:
+                os.stat(os.path.join(self._mountpoint, f".compatfs-exit-{os.getpid()}"))
+            except OSError:
+                pass
+        else:
+            lazy_unmount(self._mountpoint)
+
+    @property
+    def open_files(self) -> int:
+        with self._lock:
+            return len(self._handles)
+
+    def _watch(self) -> None:
+        """Rescan the store every second; tell the kernel what changed."""
+        old_snap = self.tree.snapshot()
+        before = self.tree.folders(old_snap)
+        while not self._stop.is_set():
+            self._kick.wait(self.RESCAN_SECONDS)
+            self._kick.clear()
+            if self._stop.is_set():
+                return
+            try:
+                with self._lock:
+                    stale, self._stale_paths = self._stale_paths, set()
+                snap = self.tree.snapshot()
+                now = self.tree.folders(snap)
+                changed = {d for d in before.keys() | now.keys() if before.get(d) != now.get(d)}
+                before = now
+                if changed:
+                    log.info("store changed: %s", ", ".join(sorted(changed)))
+                    self._invalidate(changed, old_snap, snap)
+                    self.tree.views.retain(set(snap.blobs.values()))
+                old_snap = snap
+                self._invalidate_paths(stale)
+                self._prune(changed | {p.strip("/").rpartition("/")[0] for p in stale}, now)
+            except Exception:   # the mount outlives a failed rescan
+                log.exception("rescan of %s failed", self.root)
+
+    def _invalidate(self, folders: set[str], *snaps) -> None:
+        """Invalidate the folders, their files (as either snapshot names them) and parents."""
+        paths = set()
+        for d in folders:
+            names = {MODEL_FILE, MMPROJ_FILE}
+            for snap in snaps:
+                names |= {n for n, _ in getattr(snap.model_dirs.get(d), "layers", ())}
+            paths |= {f"/{d}/{n}" for n in names} | {f"/{d}"}
+            parts = d.split("/")
+            paths |= {"/" + "/".join(parts[:i]) for i in range(len(parts))}
+        self._invalidate_paths(paths)
+
+    def _invalidate_paths(self, paths: set[str]) -> None:
+        """Drop the kernel's attributes and pages of `paths` (those it knows)."""
+        for p in sorted(paths, key=len, reverse=True):
+            if self._stop.is_set() or not self._fuse_ptr:
+                return
+            _libfuse.fuse_invalidate_path(self._fuse_ptr, p.encode())
+
+    def _prune(self, changed: set[str], folders: dict[str, tuple]) -> None:
+        """Forget what changed or removed paths served, unless a handle still reads it."""
+        with self._lock:
+            for path, served in list(self._served.items()):
+                folder = path.strip("/").rpartition("/")[0]
+                if not served.fhs and (folder in changed or folder not in folders):
+                    del self._served[path]
 
     # -- lookups -------------------------------------------------------------
     def _node(self, path: str):
@@ -106,34 +307,200 @@ class CompatFS(fuse.Operations):
             raise fuse.FuseOSError(errno.ENOENT)
         return node
 
-    def _view(self, ref: FileRef) -> View:
+    def _blob_stat(self, ref: FileRef) -> os.stat_result:
+        """The blob's status (through a symlink); EIO and a log line for anything
+        but a regular file."""
+        try:
+            st = os.stat(ref.blob)
+        except OSError as e:
+            self._fail(("missing", str(ref.blob), e.errno), f"cannot read blob {ref.blob}: {e.strerror}")
+        if not stat.S_ISREG(st.st_mode):
+            self._fail(("irregular", str(ref.blob), _stamp(st)), f"blob {ref.blob} is not a regular file: not served")
+        return st
+
+    def _fail(self, key: tuple, message: str) -> NoReturn:
+        """Log `message` once per `key`, then EIO."""
+        self._log_once(key, message)
+        raise fuse.FuseOSError(errno.EIO)
+
+    def _log_once(self, key: tuple, message: str) -> None:
+        with self._lock:
+            new = key not in self._failures
+            if new:
+                if len(self._failures) >= self._FAILURES_KEPT:
+                    self._failures.clear()
+                self._failures[key] = message
+        if new:
+            log.error("%s", message)
+
+    def _size(self, ref: FileRef, st: os.stat_result) -> int | None:
+        """The file's size from the blob's summary (no view is built for
+        `stat`); None, logged once, when the view cannot be presented."""
+        key = (str(ref.blob), ref.kind, _stamp(st))
+        if ref.kind == LAYER_FILE or (not self.tree.views.translate and ref.kind == MODEL_FILE):
+            return st.st_size   # served byte for byte, GGUF or not (as `BlobViews.view` does)
+        try:
+            summary = self.tree.views.summary(ref.blob)
+            error = summary.error
+            size = summary.model_size if ref.kind == MODEL_FILE else summary.mmproj_size
+        except Exception as e:   # a bad blob must never take the mount down
+            error, size = str(e), None
+        if error or size is None:
+            self._log_once(key, f"cannot present {ref.kind} of {ref.blob}: {error or 'no such view'}")
+            return None
+        return size
+
+    def _build(self, ref: FileRef, st: os.stat_result) -> View:
+        """The store's current `ref.kind` view of the blob; a view that cannot be
+        built is EIO with one log line (and not built again until the blob changes)."""
+        key = (str(ref.blob), ref.kind, _stamp(st))
+        with self._lock:
+            known = self._failures.get(key)
+        if known is not None:
+            raise fuse.FuseOSError(errno.EIO)
         try:
             return self.tree.views.view(ref.blob, ref.kind)
         except Exception as e:   # a bad blob must never take the mount down
-            log.error("cannot present %s of %s: %s", ref.kind, ref.blob, e)
-            raise fuse.FuseOSError(errno.EIO) from None
+            self._fail(key, f"cannot present {ref.kind} of {ref.blob}: {e}")
+
+    def _sticky(self, path: str) -> tuple[_Served, os.stat_result, bool] | None:
+        """What `path` served last while handles are open on it: the served
+        view, its blob's status by descriptor, and whether that blob is intact."""
+        with self._lock:
+            served = self._served.get(path)
+            fd = next((self._handles[fh].fd for fh in served.fhs if fh in self._handles), None) if served else None
+        st = self._fstat(fd) if fd is not None else None
+        if st is None:
+            return None
+        return served, st, _stamp(st) == served.view.stamp
+
+    def _choose(self, path: str, ref: FileRef) -> tuple[View, str]:
+        """The view `path` serves now: the one its open handles read while their
+        blob is intact, else the store's current one."""
+        sticky = self._sticky(path)
+        if sticky is not None and sticky[2]:
+            return sticky[0].view, sticky[0].blob
+        return self._build(ref, self._blob_stat(ref)), str(ref.blob)
+
+    def _dir_attrs(self, path: str) -> dict:
+        rel = path.strip("/")
+        base = self.root / (BLOBS if rel == BLOBS or rel.startswith(BLOBS + "/") else "manifests")
+        try:
+            st = os.stat(base)
+            owner = {"st_uid": st.st_uid, "st_gid": st.st_gid, "st_mode": stat.S_IFDIR | st.st_mode & 0o555}
+            mtime = st.st_mtime_ns
+        except OSError:
+            owner = {"st_uid": os.getuid(), "st_gid": os.getgid(), "st_mode": stat.S_IFDIR | 0o500}
+            mtime = 0
+        # Folder times: the newest manifest under it (the root and blobs/: of
+        # the whole store), a blob folder: its blob's.
+        snap = self.tree.snapshot()
+        if rel in ("", BLOBS):
+            mtime = max([mtime, *snap.dir_mtimes.values()])
+        elif rel.startswith(BLOBS + "/"):
+            try:
+                mtime = os.stat(snap.blobs[rel.rpartition("/")[2]]).st_mtime_ns
+            except (KeyError, OSError):
+                pass
+        else:
+            mtime = snap.dir_mtimes.get(rel, mtime)
+        # Link count: 2 + subfolders, as `find` expects of a Unix folder.
+        if rel == BLOBS:
+            subdirs = len(snap.blobs)
+        else:
+            subdirs = sum(1 for c in snap.dirs.get(rel, ()) if (f"{rel}/{c}" if rel else c) in snap.dirs)
+        return {**owner, "st_nlink": 2 + subdirs, "st_ino": self._dir_ino(rel),
+                "st_mtime": mtime, "st_ctime": mtime, "st_atime": mtime}
 
     def getattr(self, path, fh=None):
+        handle = self._handles.get(fh.fh) if fh is not None else None
+        if handle is not None:
+            return self._file_attrs(path, handle.view.stamp, handle.view.size, self._fstat(handle.fd))
         node = self._node(path)
-        base = {"st_uid": self._uid, "st_gid": self._gid}
         if isinstance(node, list):
-            return {**base, "st_mode": stat.S_IFDIR | 0o555, "st_nlink": 2}
+            return self._dir_attrs(path)
+        sticky = self._sticky(path)
+        if sticky is not None and sticky[2]:
+            return self._file_attrs(path, sticky[0].view.stamp, sticky[0].view.size, sticky[1])
         try:
-            st = os.stat(node.blob)
-            times = {"st_mtime": st.st_mtime_ns, "st_ctime": st.st_ctime_ns, "st_atime": st.st_atime_ns}
+            st = self._blob_stat(node)
+            size = self._size(node, st)
+        except fuse.FuseOSError:
+            st = size = None
+        if size is not None:
+            return self._file_attrs(path, _stamp(st), size, st)
+        if sticky is not None:
+            # Its blob broke under open files: they keep their size (and get
+            # EIO on read), rather than an early end of file.
+            return self._file_attrs(path, sticky[0].view.stamp, sticky[0].view.size, sticky[1])
+        # Shown (empty, unreadable), so that opening it reports the error.
+        return {"st_mode": stat.S_IFREG, "st_nlink": 1, "st_size": 0, "st_ino": _ino("bad", path),
+                "st_uid": os.getuid(), "st_gid": os.getgid()}
+
+    @staticmethod
+    def _file_attrs(path: str, stamp: tuple, size: int, st: os.stat_result | None) -> dict:
+        """A file's attributes: its blob's owner, mode (minus write bits) and
+        times, one inode number per (path, blob identity)."""
+        attrs = {"st_mode": stat.S_IFREG | (st.st_mode & 0o555 if st else 0), "st_nlink": 1,
+                 "st_size": size, "st_blocks": (size + 511) // 512, "st_ino": _ino(path, stamp)}
+        if st is not None:
+            attrs.update(st_uid=st.st_uid, st_gid=st.st_gid, st_mtime=st.st_mtime_ns,
+                         st_ctime=st.st_ctime_ns, st_atime=st.st_atime_ns)
+        return attrs
+
+    @staticmethod
+    def _fstat(fd: int) -> os.stat_result | None:
+        try:
+            return os.fstat(fd)
         except OSError:
-            times = {}
-        size = self.tree.views.size(node.blob, node.kind)   # 0 for a bad blob: opening it says why
-        return {**base, **times, "st_mode": stat.S_IFREG | 0o444, "st_nlink": 1, "st_size": size}
+            return None
 
     def readdir(self, path, fh):
         node = self._node(path)
         if not isinstance(node, list):
             raise fuse.FuseOSError(errno.ENOTDIR)
-        return [".", ".."] + node
+        rel = path.strip("/")
+        uid, gids = _caller()
+        if not may_access(self.root / (BLOBS if rel.split("/")[0] == BLOBS else "manifests"), uid, gids):
+            raise fuse.FuseOSError(errno.EACCES)
+        # d_ino must be set (readers skip entries with inode 0) and match stat's.
+        entries = [(".", {"st_mode": stat.S_IFDIR, "st_ino": self._dir_ino(rel)}, 0),
+                   ("..", {"st_mode": stat.S_IFDIR, "st_ino": self._dir_ino(rel.rpartition("/")[0])}, 0)]
+        snap = self.tree.snapshot()
+        for name in node:
+            child = f"{path.rstrip('/')}/{name}"
+            # Files are looked up, folders not (looking one up reads its blob's header).
+            is_dir = rel == BLOBS or (f"{rel}/{name}" if rel else name) in snap.dirs
+            ref = None if is_dir else self.tree.lookup(child)
+            if isinstance(ref, FileRef):
+                entries.append((name, {"st_mode": stat.S_IFREG, "st_ino": self._file_ino(child, ref)}, 0))
+            else:
+                entries.append((name, {"st_mode": stat.S_IFDIR, "st_ino": self._dir_ino(child.strip("/"))}, 0))
+        return entries
+
+    @staticmethod
+    def _dir_ino(rel: str) -> int:
+        return 1 if not rel else _ino("dir", rel)
+
+    def _file_ino(self, path: str, ref: FileRef) -> int:
+        """The inode number `getattr` gives `path`: one per (path, view)."""
+        with self._lock:
+            served = self._served.get(path)
+            stamp = served.view.stamp if served is not None and served.fhs else None
+        if stamp is None:
+            try:
+                stamp = _stamp(os.stat(ref.blob))
+            except OSError:
+                return _ino("bad", path)
+        return _ino(path, stamp)
 
     def statfs(self, path):
-        return {"f_bsize": 4096, "f_frsize": 4096, "f_namemax": 255}
+        try:
+            sv = os.statvfs(self.root)
+        except OSError:
+            return {"f_bsize": 4096, "f_frsize": 4096, "f_namemax": 255}
+        return {k: getattr(sv, k) for k in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail",
+                                            "f_files", "f_ffree", "f_favail", "f_namemax")}
 
     # -- files ---------------------------------------------------------------
     def open(self, path, fi):
@@ -142,34 +509,86 @@ class CompatFS(fuse.Operations):
         node = self._node(path)
         if isinstance(node, list):
             raise fuse.FuseOSError(errno.EISDIR)
-        view = self._view(node)
-        try:
-            fd = os.open(node.blob, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as e:
-            log.error("cannot open blob %s: %s", node.blob, e.strerror)
-            raise fuse.FuseOSError(errno.EIO) from None
+        uid, gids = _caller()
+        for _attempt in range(2):
+            view, blob = self._choose(path, node)
+            if not may_access(Path(blob), uid, gids):
+                raise fuse.FuseOSError(errno.EACCES)
+            try:
+                # Non-blocking: a FIFO put in place of a blob must not hang the open.
+                fd = os.open(blob, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+            except OSError as e:
+                log.error("cannot open blob %s: %s", blob, e.strerror)
+                raise fuse.FuseOSError(errno.EIO) from None
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode) and _stamp(st) == view.stamp:
+                break
+            os.close(fd)
+        else:
+            log.error("blob %s changes while it is opened: not served", node.blob)
+            raise fuse.FuseOSError(errno.EIO)
         fh = next(self._fh)
         with self._lock:
-            self._handles[fh] = _Handle(view, fd, str(node.blob))
-            # Views are immutable: the kernel may keep their pages unless the
-            # path now shows a different view than it did last time.
-            fi.keep_cache = 1 if self._last_view.get(path) is view else 0
-            self._last_view[path] = view
+            self._handles[fh] = _Handle(path, view, fd, blob)
+            served = self._served.get(path)
+            # Views are immutable (the same blob, by identity, makes the same
+            # bytes): the kernel may keep its pages of this path unless the
+            # path now shows another blob than it did last time.
+            fi.keep_cache = int(served is not None and served.blob == blob and served.view.stamp == view.stamp)
+            if not fi.keep_cache:
+                if served is not None and served.fhs:
+                    log.info("%s now serves blob %s; %d handle(s) still read the view before", path, blob,
+                             len(served.fhs))
+                served = self._served[path] = _Served(view, blob)
+            served.fhs.add(fh)
         fi.fh = fh
         return 0
 
     def release(self, path, fi):
         with self._lock:
             handle = self._handles.pop(fi.fh, None)
-        if handle is not None:
-            os.close(handle.fd)
+            served = self._served.get(handle.path) if handle is not None else None
+            if served is not None:
+                served.fhs.discard(fi.fh)
+        if handle is None:
+            return 0
+        os.close(handle.fd)
+        if served is not None and not served.fhs and self._outdated(handle.path, served):
+            # The path kept its view for open files: now the kernel learns the
+            # store's current one (from the rescan thread: no notification from
+            # inside an operation).
+            with self._lock:
+                self._stale_paths.add(handle.path)
+            self._kick.set()
         return 0
 
+    def _outdated(self, path: str, served: _Served) -> bool:
+        """Whether the store now has another blob (or bytes) at `path` than `served`."""
+        ref = self.tree.lookup(path)
+        if not isinstance(ref, FileRef) or str(ref.blob) != served.blob:
+            return True
+        try:
+            return _stamp(os.stat(ref.blob)) != served.view.stamp
+        except OSError:
+            return True
+
     def _handle(self, fi) -> _Handle:
+        """The open handle, checked against its blob: EIO once the blob was
+        truncated or rewritten since the view was built."""
         handle = self._handles.get(fi.fh)
         if handle is None:
             raise fuse.FuseOSError(errno.EBADF)
-        return handle
+        if not handle.failed:
+            try:
+                now = _stamp(os.fstat(handle.fd))
+            except OSError as e:
+                now = (e.strerror,)
+            if now == handle.view.stamp:
+                return handle
+            handle.failed = True
+            log.error("blob %s changed under an open file (size or modification time): reads of %s fail "
+                      "until it is opened again", handle.blob, handle.path)
+        raise fuse.FuseOSError(errno.EIO)
 
     def _pieces(self, handle: _Handle, size: int, offset: int):
         try:
@@ -214,11 +633,101 @@ class CompatFS(fuse.Operations):
     chmod = chown = truncate = utimens = symlink = link = setxattr = removexattr = _erofs
 
 
-def mount(tree: Tree, mountpoint: str, foreground: bool = True, options: dict | None = None) -> None:
-    """Serve `tree` at `mountpoint` until unmounted (blocks)."""
-    opts = {"ro": True, "fsname": "compatfs", "subtype": "compatfs",
+# Options this layer sets itself (or that mfusepy takes as its own arguments).
+RESERVED_OPTIONS = frozenset({"foreground", "nothreads", "raw_fi", "encoding", "errors", "operations",
+                              "mountpoint", "use_ino", "rw"})
+
+# fuse_main_real's exit codes.
+_LIBFUSE_ERRORS = {1: "invalid mount options", 2: "no mountpoint", 3: "libfuse set-up failed",
+                   4: "mounting failed", 5: "cannot daemonize", 6: "cannot set signal handlers",
+                   7: "the filesystem loop failed", 8: "the filesystem loop ended with an error"}
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+
+
+def check_options(options: dict) -> None:
+    """MountError naming an option the FUSE layer sets itself."""
+    bad = sorted(set(options) & RESERVED_OPTIONS)
+    if bad:
+        hint = " (stay in the foreground with -f)" if "foreground" in bad else ""
+        raise MountError(f"option {', '.join('-o ' + b for b in bad)} is set by compatfs itself{hint}")
+
+
+def lazy_unmount(mountpoint: str) -> bool:
+    """`fusermount3 -u`, else `-u -z` (lazily, when busy or its daemon is gone)."""
+    for args in (["-u"], ["-u", "-z"]):
+        for tool in ("fusermount3", "fusermount"):
+            try:
+                if subprocess.run([tool, *args, "-q", mountpoint], capture_output=True).returncode == 0:
+                    return True
+            except FileNotFoundError:
+                continue
+    return False
+
+
+def _keep_handler(signum, _handler):
+    """Stands in for `signal.signal` in mfusepy while it mounts: mfusepy resets
+    SIGINT to SIG_DFL there, and libfuse then installs its own handler, which
+    ends the loop only once the main thread notices (and exits with status 8)."""
+    return signal.getsignal(signum)
+
+
+def _stop_on_signal(fs: CompatFS, mountpoint: str, wake: int, done: threading.Event) -> None:
+    """Wait for SIGTERM/SIGINT/SIGHUP (Python's handler writes its number to
+    `wake` from whichever thread it lands on), then unmount; files still open
+    after a grace period end with the process."""
+    while True:
+        sig = os.read(wake, 1)
+        if done.is_set() or not sig:
+            return
+        if sig[0] in _STOP_SIGNALS:
+            break
+    log.info("%s: unmounting %s", signal.Signals(sig[0]).name, mountpoint)
+    fs.exit()
+    if not done.wait(5):
+        lazy_unmount(mountpoint)
+        log.info("%d file(s) still open at %s: exiting, their readers get ENOTCONN", fs.open_files, mountpoint)
+        logging.shutdown()
+        os._exit(0)
+
+
+def mount(tree: Tree, mountpoint: str, options: dict | None = None) -> None:
+    """Serve `tree` at `mountpoint` in the foreground until unmounted or
+    signalled (blocks; call from the main thread); MountError when libfuse fails."""
+    options = dict(options or {})
+    check_options(options)
+    opts = {"ro": True, "fsname": "compatfs", "subtype": "compatfs", "use_ino": True,
             "attr_timeout": 60, "entry_timeout": 60, "default_permissions": True}
     if os.getuid() == 0:
         opts["allow_other"] = True
-    opts.update(options or {})
-    fuse.FUSE(CompatFS(tree), mountpoint, foreground=foreground, raw_fi=True, **opts)
+    if _libfuse_tuple() >= (3, 12) and "max_threads" not in options:
+        # libfuse 3.12+ warns about its own default for this ("Ignoring invalid
+        # max threads value 4294967295"); 10 is libfuse's historic default.
+        opts["max_idle_threads"] = 10
+    opts.update(options)
+    fs = CompatFS(tree, mountpoint)
+    done = threading.Event()
+    wake, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    # A Python handler (not SIG_DFL) keeps libfuse from installing its own;
+    # the wakeup fd carries the signal to the thread that unmounts.
+    old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    old_handlers = {s: signal.signal(s, lambda *_: None) for s in _STOP_SIGNALS}
+    watcher = threading.Thread(target=_stop_on_signal, args=(fs, mountpoint, wake, done),
+                               name="compatfs-signals", daemon=True)
+    watcher.start()
+    saved, fuse.signal = fuse.signal, _keep_handler
+    try:
+        fuse.FUSE(fs, mountpoint, foreground=True, raw_fi=True, **opts)
+    except RuntimeError as e:
+        code = e.args[0] if e.args else 0
+        raise MountError(f"libfuse: {_LIBFUSE_ERRORS.get(code, f'error {code}')} (see its message above)") from None
+    finally:
+        fuse.signal = saved
+        done.set()
+        os.write(wake_w, b"\0")
+        watcher.join(timeout=5)
+        signal.set_wakeup_fd(old_wakeup)
+        for s, h in old_handlers.items():
+            signal.signal(s, h)
+        os.close(wake)
+        os.close(wake_w)

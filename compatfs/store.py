@@ -55,6 +55,7 @@ class Model:
     name: str                         # as `ollama list` shows it
     manifest: Path
     layers: tuple[Layer, ...]
+    mtime_ns: int = 0                 # of the manifest: when it was pulled or last changed
 
     def first(self, media_type: str) -> Layer | None:
         return next((layer for layer in self.layers if layer.media_type == media_type), None)
@@ -125,36 +126,37 @@ class Store:
                     continue
                 seen.add(path)
                 name = display_name(*parts)
-                result = self._layers(path)
+                result, mtime_ns = self._layers(path)
                 if isinstance(result, str):
                     out.skipped[name] = result
                 elif not any(layer.media_type == MODEL for layer in result):
                     out.skipped[name] = "no GGUF model layer (" + (
                         ", ".join(sorted({layer.media_type for layer in result})) or "no layers") + ")"
                 else:
-                    out.models[name] = Model(name, path, result)
+                    out.models[name] = Model(name, path, result, mtime_ns)
         with self._lock:
             for gone in set(self._cache) - seen:
                 del self._cache[gone]
         return out
 
-    def _layers(self, path: Path) -> tuple[Layer, ...] | str:
+    def _layers(self, path: Path) -> tuple[tuple[Layer, ...] | str, int]:
+        """The manifest's layers (or why it cannot be used) and its mtime."""
         try:
             st = path.stat()
         except OSError as e:
-            return f"manifest cannot be read ({e.strerror})"
+            return f"manifest cannot be read ({e.strerror})", 0
         stamp = (st.st_mtime_ns, st.st_size)
         with self._lock:
             hit = self._cache.get(path)
         if hit and hit[0] == stamp:
-            return hit[1]
+            return hit[1], st.st_mtime_ns
         try:
             result: tuple[Layer, ...] | str = parse_manifest(path)
         except ValueError as e:
             result = str(e)
         with self._lock:
             self._cache[path] = (stamp, result)
-        return result
+        return result, st.st_mtime_ns
 
     def blob_digests(self, scan: Scan) -> dict[str, Path]:
         """Every GGUF blob (model, projector, adapter) the scanned manifests name."""

@@ -8,10 +8,13 @@
                                          the manifest's layers of those types, byte for byte
 
 The store is rescanned at most once per `rescan_seconds`, so models pulled or
-removed while mounted appear and disappear without a remount.
+removed while mounted appear and disappear without a remount; `Tree.folders`
+tells which folders a rescan changed (for the FUSE layer to invalidate).
 """
 from __future__ import annotations
 
+import os
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -66,12 +69,17 @@ class Snapshot:
         self.scan = scan
         self.model_dirs: dict[str, _ModelDir] = {}
         self.dirs: dict[str, set[str]] = {"": set()}
+        self.dir_mtimes: dict[str, int] = {}   # folder -> newest manifest mtime under it
         for name, model in scan.models.items():
             proj = model.projector_layer
             self._add_dir(name)
             self.model_dirs[name] = _ModelDir(store.blob_path(model.model_layer.digest),
                                               store.blob_path(proj.digest) if proj else None,
                                               layer_files(store, model.layers))
+            parts = name.split("/")
+            for i in range(1, len(parts) + 1):
+                d = "/".join(parts[:i])
+                self.dir_mtimes[d] = max(self.dir_mtimes.get(d, 0), model.mtime_ns)
         self.blobs = store.blob_digests(scan)
         if self.blobs:
             self.dirs[""].add(BLOBS)
@@ -85,6 +93,15 @@ class Snapshot:
             self.dirs.setdefault("/".join(parts[:i + 1]), set())
 
 
+def _regular(blob: Path) -> bool:
+    """Whether the blob is a regular file (through a symlink): nothing else is
+    ever opened (a FIFO in blobs/ would block the open)."""
+    try:
+        return stat.S_ISREG(os.stat(blob).st_mode)
+    except OSError:
+        return False
+
+
 class Tree:
     def __init__(self, store: Store, views: BlobViews, rescan_seconds: float = 1.0):
         self.store = store
@@ -94,6 +111,28 @@ class Tree:
         self._stamp = 0.0
         self._lock = threading.Lock()
 
+    def folders(self, snap: Snapshot) -> dict[str, tuple]:
+        """Every folder that holds GGUF files, with the identity (path, device,
+        inode, size, mtime) of each blob behind it: what changes when a model is
+        pulled again, removed, or its blob rewritten."""
+        stamps: dict[Path, tuple | None] = {}
+
+        def stamp(blob: Path | None) -> tuple | None:
+            if blob is None:
+                return None
+            if blob not in stamps:
+                try:
+                    st = os.stat(blob)
+                    stamps[blob] = (str(blob), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+                except OSError:
+                    stamps[blob] = (str(blob),)
+            return stamps[blob]
+
+        out = {name: (stamp(d.model_blob), stamp(d.projector_blob), *((n, stamp(b)) for n, b in d.layers))
+               for name, d in snap.model_dirs.items()}
+        out.update({f"{BLOBS}/{digest}": (stamp(blob),) for digest, blob in snap.blobs.items()})
+        return out
+
     def snapshot(self) -> Snapshot:
         with self._lock:
             now = time.monotonic()
@@ -102,7 +141,7 @@ class Tree:
                 self._snap = Snapshot(self.store, self.store.scan())
                 self._stamp = now
                 if previous is None or previous.blobs != self._snap.blobs:
-                    self.views.prefetch(self._snap.blobs.values())
+                    self.views.prefetch([b for b in self._snap.blobs.values() if _regular(b)])
             return self._snap
 
     def _files(self, snap: Snapshot, path: str) -> dict[str, FileRef] | None:
@@ -112,7 +151,7 @@ class Tree:
             files = {MODEL_FILE: FileRef(d.model_blob, MODEL_FILE)}
             if d.projector_blob is not None:
                 files[MMPROJ_FILE] = FileRef(d.projector_blob, MMPROJ_FILE)
-            elif self.views.has_mmproj(d.model_blob):
+            elif _regular(d.model_blob) and self.views.has_mmproj(d.model_blob):
                 files[MMPROJ_FILE] = FileRef(d.model_blob, MMPROJ_FILE)
             files.update((name, FileRef(blob, LAYER_FILE)) for name, blob in d.layers)
             return files
@@ -120,7 +159,7 @@ class Tree:
         if parent == BLOBS and digest in snap.blobs:
             blob = snap.blobs[digest]
             files = {MODEL_FILE: FileRef(blob, MODEL_FILE)}
-            if self.views.has_mmproj(blob):
+            if _regular(blob) and self.views.has_mmproj(blob):
                 files[MMPROJ_FILE] = FileRef(blob, MMPROJ_FILE)
             return files
         return None

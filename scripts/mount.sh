@@ -19,7 +19,9 @@ if [ -z "$src" ]; then
         .venv/bin/compatfs demo-store "$src"
     fi
 fi
-mkdir -p "$mnt"
+# A mountpoint left by a daemon that died answers "Transport endpoint is not
+# connected": mkdir fails on it, and compatfs cleans it up before mounting.
+mkdir -p "$mnt" 2>/dev/null || true
 .venv/bin/compatfs mount "$src" "$mnt"
 .venv/bin/compatfs ls "$src"
 echo

@@ -1,0 +1,203 @@
+"""A store that changes or turns hostile under a running mount: blobs truncated
+or rewritten in place, manifests re-pointed under open readers, blobs that are
+not regular files, headers that cannot be parsed; and what `ls -l`, `du` and
+`df` show."""
+import errno
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from compatfs.testing import gemma3, llama
+from compatfs.testing.store import add_model
+from compatfs.view import FileRange
+from compatfs.views import BlobViews
+
+from conftest import needs_fuse
+
+pytestmark = needs_fuse
+
+
+def expected(blob: Path, kind: str = "model.gguf") -> bytes:
+    """The view's bytes built in-process (blob ranges read from the file)."""
+    view = BlobViews().view(blob, kind)
+    data = blob.read_bytes()
+    return b"".join(data[p.offset:p.offset + p.size] if isinstance(p, FileRange) else bytes(p)
+                    for p in view.pieces(0, view.size))
+
+
+def blob_of(store: Path, name: str, tag: str, media: str = "model") -> Path:
+    doc = json.loads((store / "manifests/registry.ollama.ai/library" / name / tag).read_text())
+    layer = next(layer for layer in doc["layers"] if layer["mediaType"].endswith(media))
+    return store / "blobs" / layer["digest"].replace(":", "-")
+
+
+def wait_for(cond, seconds: float = 4.0, what: str = "condition"):
+    deadline = time.monotonic() + seconds
+    while True:
+        value = cond()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} not met within {seconds} s"
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def store(tmp_path):
+    root = tmp_path / "store"
+    add_model(root, "vision", gemma3.legacy_gemma3_vision(tmp_path / "gv.gguf"), tag="4b")
+    add_model(root, "text", gemma3.legacy_gemma3_text(tmp_path / "g.gguf"), tag="1b")
+    return root
+
+
+def test_truncated_blob_is_eio_not_eof(store, mount_store):
+    m = mount_store(store)
+    blob = blob_of(store, "vision", "4b")
+    want = expected(blob)
+    path = m / "vision:4b/model.gguf"
+    with open(path, "rb", buffering=0) as f:
+        assert os.fstat(f.fileno()).st_size == len(want)
+        got = bytearray(f.read(len(want) // 4))
+        os.truncate(blob, blob.stat().st_size // 2)
+        with pytest.raises(OSError) as e:
+            while True:
+                chunk = f.read(1 << 16)
+                assert chunk, f"silent end of file at {len(got)} of {len(want)}"
+                got += chunk
+        assert e.value.errno == errno.EIO
+        assert len(got) < len(want) and got == want[:len(got)]
+        # The open file keeps its size (its reads fail) rather than ending early.
+        time.sleep(1.5)
+        assert os.fstat(f.fileno()).st_size == len(want)
+    assert m.alive
+    log = m.log_text()
+    assert blob.name in log and "changed under an open file" in log
+    assert (m / "text:1b/model.gguf").read_bytes() == expected(blob_of(store, "text", "1b"))
+
+
+def test_blob_rewritten_in_place(store, mount_store, tmp_path):
+    m = mount_store(store)
+    blob = blob_of(store, "text", "1b")
+    old = expected(blob)
+    path = m / "text:1b/model.gguf"
+    other = llama.plain_llama_text(tmp_path / "other.gguf")
+    with open(path, "rb", buffering=0) as f:
+        assert f.read(4096) == old[:4096]
+        with open(blob, "r+b") as w:    # same inode, new bytes and size
+            w.truncate(0)
+            w.write(other.read_bytes())
+        f.seek(len(old) - 10000)
+        with pytest.raises(OSError) as e:
+            f.read(4096)
+        assert e.value.errno == errno.EIO
+        new = expected(blob)
+        assert len(new) != len(old)
+        wait_for(lambda: path.stat().st_size == len(new), what="stat shows the rewritten blob")
+        assert path.read_bytes() == new     # a new open sees the new blob
+    assert blob.name in m.log_text()
+
+
+def test_repointed_manifest_under_an_open_reader(store, mount_store, tmp_path):
+    m = mount_store(store)
+    first = blob_of(store, "text", "1b")
+    before = expected(first)
+    path = m / "text:1b/model.gguf"
+    ino_before = path.stat().st_ino
+    with open(path, "rb", buffering=0) as a:
+        got = a.read(len(before) // 2)
+        add_model(store, "text", llama.plain_llama_text(tmp_path / "p.gguf"), tag="1b")   # `ollama pull` again
+        second = blob_of(store, "text", "1b")
+        after = expected(second)
+        assert second != first and len(after) != len(before)
+        time.sleep(2)
+        # While the first reader is open the path keeps its view (one kernel
+        # inode per path: mixing two views would mix their pages), whole.
+        with open(path, "rb") as b:
+            assert b.read() == before
+        got += a.read()
+        assert bytes(got) == before
+        # The new blob is served at once under blobs/.
+        assert (m / "blobs" / second.name / "model.gguf").read_bytes() == after
+    # Closed: new opens see the new blob, as a new inode number.
+    wait_for(lambda: path.stat().st_size == len(after), what="the path switching to the new blob")
+    assert path.read_bytes() == after
+    assert path.stat().st_ino != ino_before
+
+
+def test_blobs_that_are_not_regular_files(store, mount_store, tmp_path):
+    fifo_blob = blob_of(store, "text", "1b")
+    fifo_blob.unlink()
+    os.mkfifo(fifo_blob)
+    dev_blob = blob_of(store, "vision", "4b")
+    dev_blob.unlink()
+    dev_blob.symlink_to("/dev/zero")
+    m = mount_store(store)
+    # A listing and stat return at once: nothing opens the FIFO.
+    res = subprocess.run(["ls", "-lR", str(m.path)], capture_output=True, text=True, timeout=20)
+    assert res.returncode == 0, res.stderr
+    for name in ("text:1b", "vision:4b"):
+        assert (m / name / "model.gguf").stat().st_size == 0
+        with pytest.raises(OSError) as e:
+            (m / name / "model.gguf").read_bytes()
+        assert e.value.errno == errno.EIO
+    log = m.log_text()
+    assert f"blob {fifo_blob} is not a regular file" in log and f"blob {dev_blob} is not a regular file" in log
+    assert m.alive
+
+
+def test_ls_of_hostile_blobs_is_prompt_and_logged(store, mount_store, tmp_path):
+    bad = {}
+    good = gemma3.legacy_gemma3_vision(tmp_path / "gv2.gguf", seed=3).read_bytes()
+    variants = {
+        "cut": good[:200_000],                                             # tensors past the end
+        "noise": os.urandom(300_000),
+        "counts": b"GGUF" + (3).to_bytes(4, "little") + (2**62).to_bytes(8, "little") * 2 + bytes(64),
+        "empty": b"",
+    }
+    for name, data in variants.items():
+        f = tmp_path / f"{name}.bin"
+        f.write_bytes(data)
+        add_model(store, name, f)
+        bad[name] = blob_of(store, name, "latest")
+    m = mount_store(store)
+    for _ in range(3):
+        t = time.monotonic()
+        res = subprocess.run(["ls", "-lR", str(m.path)], capture_output=True, text=True, timeout=30)
+        assert res.returncode == 0, res.stderr
+        assert time.monotonic() - t < 10
+    for name, blob in bad.items():
+        assert (m / f"{name}:latest/model.gguf").stat().st_size == 0, name
+        with pytest.raises(OSError) as e:
+            (m / f"{name}:latest/model.gguf").read_bytes()
+        assert e.value.errno == errno.EIO
+    log = m.log_text()
+    for name, blob in bad.items():
+        # One line per bad view, however often it is looked at.
+        assert log.count(f"cannot present model.gguf of {blob}") == 1, (name, log)
+    assert m.alive
+
+
+def test_du_df_and_folder_times(store, mount_store):
+    manifests = store / "manifests/registry.ollama.ai/library"
+    os.utime(manifests / "vision/4b", ns=(1_600_000_000 * 10**9,) * 2)
+    os.utime(manifests / "text/1b", ns=(1_700_000_000 * 10**9,) * 2)
+    m = mount_store(store)
+    st = (m / "vision:4b/model.gguf").stat()
+    assert st.st_blocks == -(-st.st_size // 512)
+    du = subprocess.run(["du", "-sk", str(m / "vision:4b")], capture_output=True, text=True, check=True)
+    total = sum(p.stat().st_size for p in (m / "vision:4b").iterdir())
+    assert abs(int(du.stdout.split()[0]) - total / 1024) <= 4
+    sv, mv = os.statvfs(store), os.statvfs(m.path)
+    assert (mv.f_blocks, mv.f_frsize, mv.f_files) == (sv.f_blocks, sv.f_frsize, sv.f_files)
+    assert (m / "vision:4b").stat().st_mtime_ns == 1_600_000_000 * 10**9
+    assert (m / "text:1b").stat().st_mtime_ns == 1_700_000_000 * 10**9
+    assert m.path.stat().st_mtime_ns == max((store / "manifests").stat().st_mtime_ns, 1_700_000_000 * 10**9)
+    blob = blob_of(store, "vision", "4b")
+    assert (m / "blobs" / blob.name).stat().st_mtime_ns == blob.stat().st_mtime_ns
+    # Folder link counts are 2 + subfolders; find sees every file.
+    assert m.path.stat().st_nlink == 2 + 3 and (m / "blobs").stat().st_nlink == 2 + 2
+    found = subprocess.run(["find", str(m.path), "-type", "f"], capture_output=True, text=True, check=True)
+    assert len(found.stdout.split()) == 3 + 3   # vision: model + mmproj, text: model; the same under blobs/

@@ -1,0 +1,264 @@
+"""A mount that runs for months: signals, a daemon killed under its mount, the
+store changing while many readers read, removed models leaving nothing held,
+logs, libfuse selection and options."""
+import errno
+import json
+import os
+import random
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from compatfs.testing import gemma3, llama, llava
+from compatfs.testing.store import add_model
+
+from conftest import needs_fuse
+from test_hostile_mount import blob_of, expected, wait_for
+
+pytestmark = needs_fuse
+
+
+def compatfs(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "compatfs", *map(str, args)], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL, timeout=60)
+
+
+@pytest.fixture
+def store(tmp_path):
+    root = tmp_path / "store"
+    add_model(root, "vision", gemma3.legacy_gemma3_vision(tmp_path / "gv.gguf"), tag="4b")
+    add_model(root, "text", gemma3.legacy_gemma3_text(tmp_path / "g.gguf"), tag="1b")
+    add_model(root, "llava", llama.plain_llama_text(tmp_path / "p.gguf"),
+              llava.legacy_llava_projector(tmp_path / "lp.gguf"), tag="7b")
+    return root
+
+
+def clean_log(text: str) -> None:
+    assert "Traceback" not in text and "Ignoring invalid max threads" not in text, text
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signals_unmount_cleanly(store, mount_store, sig):
+    m = mount_store(store)
+    f = open(m / "vision:4b/model.gguf", "rb")   # an open file does not hold the exit up
+    f.read(1000)
+    m.proc.send_signal(sig)
+    assert m.proc.wait(timeout=15) == 0
+    assert not os.path.ismount(m.path)
+    log = m.log_text()
+    assert f"{sig.name}: unmounting {m.path}" in log and f"unmounted {m.path}" in log
+    clean_log(log)
+    with pytest.raises(OSError) as e:   # its reader learns the mount is gone
+        f.read(1 << 20)
+    assert e.value.errno == errno.ENOTCONN
+    with pytest.raises(OSError):
+        f.close()
+
+
+def test_remount_after_kill_9(store, mount_store, tmp_path):
+    m = mount_store(store)
+    m.proc.kill()
+    m.proc.wait()
+    with pytest.raises(OSError) as e:
+        os.listdir(m.path)
+    assert e.value.errno == errno.ENOTCONN
+    res = compatfs("mount", store, m.path, "--log", tmp_path / "again.log")
+    try:
+        assert res.returncode == 0, res.stderr
+        assert "dead mount" in res.stderr
+        assert "vision:4b" in os.listdir(m.path)
+    finally:
+        assert compatfs("umount", m.path).returncode == 0
+    clean_log((tmp_path / "again.log").read_text())
+    # `compatfs umount` also clears a dead endpoint.
+    m2 = mount_store(store)
+    m2.proc.kill()
+    m2.proc.wait()
+    assert compatfs("umount", m2.path).returncode == 0
+    assert os.stat(m2.path) and not os.path.ismount(m2.path)
+
+
+def test_version_names_libfuse_3(store, mount_store):
+    res = compatfs("--version")
+    assert res.returncode == 0 and "libfuse 3." in res.stdout, res
+    m = mount_store(store)
+    assert "libfuse 3." in m.log_text()
+
+
+def test_single_buffer_reads_are_exact(store, mount_store):
+    m = mount_store(store, env={"COMPATFS_SINGLE_BUFFER": "1"})
+    assert "single-buffer reads" in m.log_text()
+    blob = blob_of(store, "vision", "4b")
+    r = random.Random(11)
+    for kind in ("model.gguf", "mmproj.gguf"):
+        want = expected(blob, kind)
+        assert (m / "vision:4b" / kind).read_bytes() == want
+        with open(m / "vision:4b" / kind, "rb", buffering=0) as f:
+            for _ in range(400):
+                off = r.randrange(0, len(want))
+                size = r.choice([1, 100, 4096, 65536, 300000])
+                f.seek(off)
+                assert f.read(size) == want[off:off + size], (kind, off, size)
+
+
+def test_options_the_fuse_layer_sets_are_refused(store, tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    for args in (("-o", "foreground"), ("-o", "raw_fi"), ("-o", "ro,nothreads"), ("-f", "-o", "raw_fi")):
+        res = compatfs("mount", store, mnt, *args)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 1 and len(lines) == 1 and "set by compatfs itself" in lines[0], (args, res.stderr)
+    res = compatfs("mount", store, mnt, "-o", "nosuchoption", "--log", tmp_path / "l.log")
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 1 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "nosuchoption" in lines[0]
+    assert not os.path.ismount(mnt)
+
+
+def test_logs_go_to_a_private_folder(store, tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    state = tmp_path / "state"
+    env = {"XDG_STATE_HOME": str(state), "JOURNAL_STREAM": ""}
+    res = compatfs("mount", store, mnt, env=env)
+    try:
+        assert res.returncode == 0, res.stderr
+    finally:
+        compatfs("umount", mnt)
+    folder = state / "compatfs"
+    logs = list(folder.iterdir())
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700 and len(logs) == 1
+    assert stat.S_IMODE(logs[0].stat().st_mode) == 0o600 and str(logs[0]) in res.stdout
+    assert "serving" in logs[0].read_text()
+    # A symlink planted at the log's name is not followed.
+    target = tmp_path / "elsewhere"
+    logs[0].unlink()
+    logs[0].symlink_to(target)
+    res = compatfs("mount", store, mnt, env=env)
+    assert res.returncode == 1 and "cannot open log file" in res.stderr and not target.exists()
+    assert not os.path.ismount(mnt)
+    # Under systemd the daemon logs to the journal (its stderr): no file.
+    logs[0].unlink()
+    journal = tmp_path / "journal"
+    with open(journal, "w") as out:   # the daemon keeps its stderr: a file, not a pipe to wait on
+        rc = subprocess.run([sys.executable, "-m", "compatfs", "mount", store, mnt], stdout=out,
+                            stderr=subprocess.STDOUT, env={**os.environ, **env, "JOURNAL_STREAM": "8:1234"},
+                            stdin=subprocess.DEVNULL, timeout=60).returncode
+    try:
+        assert rc == 0 and "logging to the journal" in journal.read_text()
+    finally:
+        compatfs("umount", mnt)
+    assert "serving" in journal.read_text() and list(folder.iterdir()) == []
+
+
+def _held(pid: int, blob: Path) -> list[str]:
+    """What process `pid` maps or holds open of `blob`."""
+    held = [line for line in Path(f"/proc/{pid}/maps").read_text().splitlines() if blob.name in line]
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if blob.name in target:
+            held.append(target)
+    return held
+
+
+def test_removed_model_leaves_nothing_held(store, mount_store):
+    m = mount_store(store)
+    blob = blob_of(store, "vision", "4b")
+    want = expected(blob)
+    with open(m / "vision:4b/model.gguf", "rb") as f:
+        got = f.read(len(want) // 3)
+        assert _held(m.proc.pid, blob)   # the open file holds its blob
+        shutil.rmtree(store / "manifests/registry.ollama.ai/library/vision")
+        blob.unlink()
+        time.sleep(1.5)
+        got += f.read()
+    assert got == want   # the reader read on to its end
+    wait_for(lambda: not _held(m.proc.pid, blob), what="the daemon letting go of the removed blob")
+    assert "vision:4b" not in os.listdir(m.path)
+
+
+def test_stat_follows_the_store_within_seconds(store, mount_store, tmp_path):
+    m = mount_store(store)
+    text = m / "text:1b/model.gguf"
+    vision = m / "vision:4b/model.gguf"
+    assert text.stat().st_size and vision.stat().st_size   # now in the kernel's caches
+    shutil.rmtree(store / "manifests/registry.ollama.ai/library/text")
+
+    def gone():
+        try:
+            text.stat()
+            return False
+        except FileNotFoundError:
+            return True
+    wait_for(gone, seconds=2.5, what="stat of a removed model failing")
+    add_model(store, "vision", llama.plain_llama_text(tmp_path / "new.gguf"), tag="4b")
+    new = expected(blob_of(store, "vision", "4b"))
+    wait_for(lambda: vision.stat().st_size == len(new), seconds=2.5, what="stat showing the re-pulled tag")
+    assert vision.read_bytes() == new
+
+
+def test_readers_during_store_churn(store, mount_store, tmp_path):
+    """8 readers read translated views while manifests come and go."""
+    m = mount_store(store)
+    wants = {}
+    for name, tag, kinds in (("vision", "4b", ("model.gguf", "mmproj.gguf")), ("text", "1b", ("model.gguf",))):
+        for kind in kinds:
+            wants[m / f"{name}:{tag}" / kind] = expected(blob_of(store, name, tag), kind)
+    proj = blob_of(store, "llava", "7b", "projector")
+    wants[m / "llava:7b/mmproj.gguf"] = expected(proj, "mmproj.gguf")
+    extra = [gemma3.legacy_gemma3_text(tmp_path / f"c{i}.gguf", seed=10 + i) for i in range(3)]
+    stop = threading.Event()
+    mismatched, reads, errors = [0], [0], []
+
+    def reader(seed: int):
+        r = random.Random(seed)
+        paths = list(wants)
+        try:
+            while not stop.is_set():
+                path = r.choice(paths)
+                want = wants[path]
+                with open(path, "rb", buffering=0) as f:
+                    for _ in range(20):
+                        off = r.randrange(0, len(want))
+                        size = r.choice([4096, 65536, 1 << 20])
+                        f.seek(off)
+                        got, exp = f.read(size), want[off:off + size]
+                        if got != exp:
+                            mismatched[0] += sum(a != b for a, b in zip(got, exp)) + abs(len(got) - len(exp))
+                        reads[0] += 1
+        except Exception as e:   # noqa: BLE001 (reported below)
+            errors.append(repr(e))
+
+    def churn():
+        r = random.Random(1)
+        i = 0
+        while not stop.is_set():
+            i += 1
+            name = f"churn{i % 5}"
+            add_model(store, name, r.choice(extra), tag=str(i % 2))
+            gone = store / "manifests/registry.ollama.ai/library" / f"churn{(i + 2) % 5}"
+            shutil.rmtree(gone, ignore_errors=True)
+            os.listdir(m.path)
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=reader, args=(s,)) for s in range(8)] + [threading.Thread(target=churn)]
+    for t in threads:
+        t.start()
+    time.sleep(8)
+    stop.set()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors[:3]
+    assert reads[0] > 100 and mismatched[0] == 0
+    assert m.alive
+    clean_log(m.log_text())
