@@ -173,9 +173,12 @@ class _Handle:
 
 @dataclass
 class _Served:
-    """The view a path served last, and the handles open on it."""
-    view: View
+    """The view a path served last and the handles open on it; the view itself
+    is held only while handles are open (the kernel's page-cache decision
+    needs just its blob and stamp)."""
+    view: View | None
     blob: str
+    stamp: tuple
     fhs: set[int] = field(default_factory=set)
 
 
@@ -369,10 +372,13 @@ class CompatFS(fuse.Operations):
         with self._lock:
             served = self._served.get(path)
             fd = next((self._handles[fh].fd for fh in served.fhs if fh in self._handles), None) if served else None
-        st = self._fstat(fd) if fd is not None else None
+            if fd is None or served.view is None:
+                return None
+            served = _Served(served.view, served.blob, served.stamp)   # as it is now, for the caller
+        st = self._fstat(fd)
         if st is None:
             return None
-        return served, st, _stamp(st) == served.view.stamp
+        return served, st, _stamp(st) == served.stamp
 
     def _choose(self, path: str, ref: FileRef) -> tuple[View, str]:
         """The view `path` serves now: the one its open handles read while their
@@ -486,7 +492,7 @@ class CompatFS(fuse.Operations):
         """The inode number `getattr` gives `path`: one per (path, view)."""
         with self._lock:
             served = self._served.get(path)
-            stamp = served.view.stamp if served is not None and served.fhs else None
+            stamp = served.stamp if served is not None and served.fhs else None
         if stamp is None:
             try:
                 stamp = _stamp(os.stat(ref.blob))
@@ -534,12 +540,13 @@ class CompatFS(fuse.Operations):
             # Views are immutable (the same blob, by identity, makes the same
             # bytes): the kernel may keep its pages of this path unless the
             # path now shows another blob than it did last time.
-            fi.keep_cache = int(served is not None and served.blob == blob and served.view.stamp == view.stamp)
+            fi.keep_cache = int(served is not None and served.blob == blob and served.stamp == view.stamp)
             if not fi.keep_cache:
                 if served is not None and served.fhs:
                     log.info("%s now serves blob %s; %d handle(s) still read the view before", path, blob,
                              len(served.fhs))
-                served = self._served[path] = _Served(view, blob)
+                served = self._served[path] = _Served(view, blob, view.stamp)
+            served.view = view
             served.fhs.add(fh)
         fi.fh = fh
         return 0
@@ -550,6 +557,8 @@ class CompatFS(fuse.Operations):
             served = self._served.get(handle.path) if handle is not None else None
             if served is not None:
                 served.fhs.discard(fi.fh)
+                if not served.fhs:
+                    served.view = None
         if handle is None:
             return 0
         os.close(handle.fd)
@@ -568,7 +577,7 @@ class CompatFS(fuse.Operations):
         if not isinstance(ref, FileRef) or str(ref.blob) != served.blob:
             return True
         try:
-            return _stamp(os.stat(ref.blob)) != served.view.stamp
+            return _stamp(os.stat(ref.blob)) != served.stamp
         except OSError:
             return True
 

@@ -2,7 +2,6 @@
 of the three fstab forms and of `mount -t fuse.compatfs|compatfs` through mount(8), in a private mount namespace whose
 /usr/local/bin and /usr/sbin show this checkout's compatfs and mount.compatfs
 (as root with unshare; skipped otherwise)."""
-import hashlib
 import os
 import shutil
 import subprocess

@@ -7,7 +7,6 @@ import os
 import time
 from pathlib import Path
 
-import pytest
 
 from compatfs.gguf_source import SourceGGUF
 from compatfs.gguf_values import string
@@ -109,5 +108,4 @@ def test_listing_many_models_keeps_the_daemon_small(tmp_path, mount_store):
         with open(m / f"m{i}:latest/model.gguf", "rb") as f:
             assert f.read(4) == b"GGUF"
     grown = _rss_mib(m.proc.pid) - before
-    print("RSS grew", grown)
     assert grown < 100, f"daemon RSS grew by {grown:.0f} MiB reading {n} headers"

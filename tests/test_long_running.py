@@ -2,7 +2,6 @@
 store changing while many readers read, removed models leaving nothing held,
 logs, libfuse selection and options."""
 import errno
-import json
 import os
 import random
 import shutil
