@@ -169,6 +169,7 @@ def cmd_mount(args) -> int:
            "--op-cache-mb", str(args.op_cache_mb)]
     cmd += ["--index", str(Path(args.index).absolute())] if args.index else []
     cmd += ["--no-index"] if args.no_index else []
+    cmd += ["--read-ahead-kb", str(args.read_ahead_kb)]
     cmd += ["-v"] * args.verbose
     cmd += [x for o in args.options for x in ("-o", o)]
     if not translate:
@@ -218,7 +219,7 @@ def _serve(store: Store, mnt: Path, args, translate: bool) -> int:
     from .sdnotify import notify_when_mounted
     notify_when_mounted(mnt)            # READY=1 for a systemd Type=notify unit
     try:
-        fusefs.mount(Tree(store, views), str(mnt), options=_mount_options(args))
+        fusefs.mount(Tree(store, views), str(mnt), options=_mount_options(args), read_ahead_kb=args.read_ahead_kb)
     except fusefs.MountError as e:
         log.error("%s", e)
         raise CliError(str(e)) from None
@@ -411,6 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="FUSE mount options, e.g. -o allow_other,attr_timeout=600")
     m.add_argument("--op-cache-mb", type=int, default=DEFAULT_MB, metavar="N",
                    help=f"keep up to N MiB of tensors computed whole (default {DEFAULT_MB})")
+    m.add_argument("--read-ahead-kb", type=int, default=2048, metavar="N",
+                   help="the kernel's read-ahead for the mount, as root (default 2048; 0: the kernel's 128)")
     m.add_argument("--index", metavar="FILE",
                    help="the persistent index of view sizes (default $XDG_CACHE_HOME/compatfs/index.sqlite3)")
     m.add_argument("--no-index", action="store_true", help="keep the index in memory only")

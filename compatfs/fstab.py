@@ -15,7 +15,8 @@ Options: those mount(8) and mount.fuse3 act on themselves (`noauto`,
 `user`, `_netdev`, `nofail`, `x-systemd.*`, ...) are ignored here; kernel
 mount flags and FUSE options (`allow_other`, `uid=`, `gid=`, `umask=`,
 `attr_timeout=`, ...) go to FUSE; compatfs's own are `op_cache_mb=N`,
-`no_translate`, `log=FILE` and `verbose`.  Anything else is an error naming
+`read_ahead_kb=N`, `index=FILE`, `no_index`, `no_translate`, `log=FILE` and
+`verbose`.  Anything else is an error naming
 it (with `-s`, sloppy, a warning).  The mount is always read-only: `rw` is
 ignored.
 """
@@ -42,8 +43,8 @@ FUSE_VALUES = {"uid", "gid", "umask", "attr_timeout", "entry_timeout", "negative
                "ac_attr_timeout", "max_read", "fsname", "subtype"}
 
 # compatfs's own, as `compatfs mount` flags.
-OWN_VALUES = {"op_cache_mb": "--op-cache-mb", "log": "--log"}
-OWN_FLAGS = {"no_translate": "--no-translate", "verbose": "-v"}
+OWN_VALUES = {"op_cache_mb": "--op-cache-mb", "log": "--log", "read_ahead_kb": "--read-ahead-kb", "index": "--index"}
+OWN_FLAGS = {"no_translate": "--no-translate", "verbose": "-v", "no_index": "--no-index"}
 
 
 class OptionError(ValueError):

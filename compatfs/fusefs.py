@@ -204,9 +204,10 @@ class CompatFS(fuse.Operations):
     RESCAN_SECONDS = 1.0
     _FAILURES_KEPT = 1024
 
-    def __init__(self, tree: Tree, mountpoint: str):
+    def __init__(self, tree: Tree, mountpoint: str, read_ahead_kb: int = 0):
         self.tree = tree
         self._mountpoint = mountpoint
+        self._read_ahead_kb = read_ahead_kb
         self.root = tree.store.root
         self._handles: dict[int, _Handle] = {}
         self._fh = itertools.count(1)
@@ -252,6 +253,8 @@ class CompatFS(fuse.Operations):
 
     def _watch(self) -> None:
         """Rescan the store every second; tell the kernel what changed."""
+        if self._read_ahead_kb:
+            log.info(set_read_ahead(self._mountpoint, self._read_ahead_kb))
         old_snap = self.tree.snapshot()
         before = self.tree.folders(old_snap)
         while not self._stop.is_set():
@@ -699,7 +702,29 @@ def _stop_on_signal(fs: CompatFS, mountpoint: str, wake: int, done: threading.Ev
         os._exit(0)
 
 
-def mount(tree: Tree, mountpoint: str, options: dict | None = None) -> None:
+def set_read_ahead(mountpoint: str, kb: int) -> str:
+    """Raise the kernel's read-ahead for the mount (its backing device's
+    `read_ahead_kb`): FUSE negotiates 128 KiB, so a cold sequential read
+    crosses into the daemon every 128 KiB; with more, every 1 MiB (libfuse's
+    largest request).  Root may write it; others keep the kernel's value.
+    Returns the line to log."""
+    try:
+        st = os.stat(mountpoint)
+    except OSError as e:
+        return f"read-ahead not set: {mountpoint}: {e.strerror}"
+    knob = Path(f"/sys/class/bdi/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/read_ahead_kb")
+    try:
+        knob.write_text(f"{kb}\n")
+        return f"read-ahead {kb} KiB ({knob})"
+    except OSError as e:
+        try:
+            current = knob.read_text().strip()
+        except OSError:
+            current = "?"
+        return f"read-ahead left at the kernel's {current} KiB: cannot write {knob} ({e.strerror})"
+
+
+def mount(tree: Tree, mountpoint: str, options: dict | None = None, read_ahead_kb: int = 0) -> None:
     """Serve `tree` at `mountpoint` in the foreground until unmounted or
     signalled (blocks; call from the main thread); MountError when libfuse fails."""
     options = dict(options or {})
@@ -713,7 +738,7 @@ def mount(tree: Tree, mountpoint: str, options: dict | None = None) -> None:
         # max threads value 4294967295"); 10 is libfuse's historic default.
         opts["max_idle_threads"] = 10
     opts.update(options)
-    fs = CompatFS(tree, mountpoint)
+    fs = CompatFS(tree, mountpoint, read_ahead_kb)
     done = threading.Event()
     wake, wake_w = os.pipe()
     os.set_blocking(wake_w, False)

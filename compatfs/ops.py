@@ -115,28 +115,38 @@ class Elementwise(Op):
 
     ranged = True
 
-    def _values(self, values: np.ndarray) -> np.ndarray:
-        """The output values for a flat float32 array of input values."""
-        return values
+    _values = None   # a subclass's output values for flat float32 input values (None: the values)
 
     def _compute(self, data):
-        return self._values(to_f32(self.inputs[0], data[0]).reshape(-1)).astype("<f4").tobytes()
+        return bytes(self.compute_range(lambda t, start, size: data[0][start:start + size], 0, self.nbytes))
 
-    def compute_range(self, read: ReadRange, lo: int, hi: int) -> bytes:
+    def compute_range(self, read: ReadRange, lo: int, hi: int) -> memoryview:
         return _elementwise_range(self.inputs[0], read, lo, hi, self._values)
 
 
 def _elementwise_range(src: TensorInfo, read: ReadRange, lo: int, hi: int,
-                       fn: Callable[[np.ndarray], np.ndarray] = lambda v: v) -> bytes:
-    """Bytes [lo, hi) of fn(src as flat float32), reading only the blocks needed."""
+                       fn: Callable[[np.ndarray], np.ndarray] | None = None) -> memoryview:
+    """Bytes [lo, hi) of fn(src as flat float32), reading only the blocks
+    needed; plain types are converted straight into the output buffer (one
+    pass, no intermediate copies)."""
     block, block_bytes = GGML_QUANT_SIZES[src.dtype]
     first, last = lo // 4, -(-hi // 4)                  # output elements (F32)
     b0, b1 = first // block, -(-last // block)          # input blocks
     raw = read(src, b0 * block_bytes, (b1 - b0) * block_bytes)
-    flat = TensorInfo(src.name, ((b1 - b0) * block,), src.dtype, 0)
-    values = fn(to_f32(flat, raw))[first - b0 * block:last - b0 * block]
-    out = values.astype("<f4").tobytes()
-    return out[lo - first * 4:hi - first * 4]
+    out = bytearray(4 * (last - first))
+    values = np.frombuffer(out, dtype="<f4")
+    skip = first - b0 * block
+    if src.dtype == DT.BF16:
+        np.left_shift(np.frombuffer(raw, dtype="<u2")[skip:skip + len(values)], 16,
+                      out=values.view("<u4"), dtype="<u4")
+    elif src.dtype in _FLOAT:
+        np.copyto(values, np.frombuffer(raw, dtype=_FLOAT[src.dtype])[skip:skip + len(values)], casting="unsafe")
+    else:
+        flat = TensorInfo(src.name, ((b1 - b0) * block,), src.dtype, 0)
+        values[:] = to_f32(flat, raw)[skip:skip + len(values)]
+    if fn is not None:
+        values[:] = fn(values)
+    return memoryview(out)[lo - first * 4:hi - first * 4]
 
 
 def _concat_shape(inputs: tuple[TensorInfo, ...]) -> tuple[int, ...]:
