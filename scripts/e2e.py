@@ -221,8 +221,10 @@ def check(case: Case, mnt: Path, store: Path, bindir: Path, work: Path) -> None:
 
     log(f"{case.name}: llama-quantize Q8_0, then llama-server on the result (no mount)")
     q = work / f"{slug}.q8_0.gguf"
-    res = subprocess.run([str(bindir / "llama-quantize"), str(model), str(q), "Q8_0"], capture_output=True,
-                         text=True, errors="replace")
+    # --allow-requantize: models that ship quantized tensors (gpt-oss's MXFP4
+    # experts) are refused without it, translated or not.
+    res = subprocess.run([str(bindir / "llama-quantize"), "--allow-requantize", str(model), str(q), "Q8_0"],
+                         capture_output=True, text=True, errors="replace")
     if res.returncode != 0:
         row["quantizes"] = False
         row["error"] = row["error"] or first_error(res.stdout + res.stderr)
@@ -292,7 +294,7 @@ def write_table(cases: list[Case], out: Path, started: float) -> None:
         "- **blob as is**: llama-server loads the blob itself (with the projector blob, or the same blob as `--mmproj` for a monolithic one), without compatfs",
         "- **loads**: `llama-server -m MNT/<model>/model.gguf [--mmproj MNT/<model>/mmproj.gguf]` answers `/health`",
         "- **generates**: a `/completion` returns tokens; **image**: a chat with a small PNG returns tokens (vision models)",
-        "- **quantizes**: `llama-quantize MNT/<model>/model.gguf OUT.gguf Q8_0` succeeds and llama-server loads and runs OUT.gguf directly",
+        "- **quantizes**: `llama-quantize --allow-requantize MNT/<model>/model.gguf OUT.gguf Q8_0` succeeds and llama-server loads and runs OUT.gguf directly",
         "- **gguf-dump**: gguf-py's `gguf-dump` reads the mounted files; **xllamacpp**: llama.cpp b11549 (PyPI) loads the same files",
         "",
         "| model | from | architecture (handler) | blob as is | loads | generates | image | quantizes | gguf-dump | xllamacpp | first error |",
