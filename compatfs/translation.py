@@ -295,6 +295,24 @@ class DefaultTokenId:
 
 
 @dataclass(frozen=True)
+class PerLayerToMax:
+    """The per-layer integer array `key` becomes one u32, its largest entry
+    (e.g. the KV heads of hybrid models, 0 on the recurrent layers)."""
+    key: str
+
+    def apply(self, kv: KVs, src: SourceGGUF) -> None:
+        value = kv.get(self.key)
+        if value is None or value.element_type not in _INTEGERS or not value.count:
+            return
+        largest = int(max(value.decode()))
+        if 0 < largest < 2**32:
+            kv[self.key] = u32(largest)
+
+
+_INTEGERS = (VT.UINT8, VT.INT8, VT.UINT16, VT.INT16, VT.UINT32, VT.INT32, VT.UINT64, VT.INT64)
+
+
+@dataclass(frozen=True)
 class When:
     """The `edits` apply only when `pred` holds of the blob."""
     pred: Pred
@@ -390,6 +408,20 @@ class Rename:
 
 def _parts(pattern: str) -> tuple[str, ...]:
     return tuple(p for p in pattern.strip(".").split(".") if p)
+
+
+@dataclass(frozen=True)
+class AddSuffix:
+    """Tensors whose names end with `end` get `suffix` appended (counts as
+    their one rename)."""
+    end: str
+    suffix: str
+
+    def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
+        for t in ts:
+            if t.name.endswith(self.end) and not t.renamed:
+                t.name, t.renamed = t.name + self.suffix, True
+        return ts
 
 
 @dataclass(frozen=True)

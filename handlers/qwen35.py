@@ -39,8 +39,8 @@ from compatfs.gguf_source import SourceGGUF, TensorInfo
 from compatfs.gguf_values import VT, GGUFError, Value, array, u32
 from compatfs.ops import AddScalar, Concat
 from compatfs.translation import (
-    Count, Default, Drop, Hide, Produce, Rename, Tensors, Translation, any_of, arch_is, has_key, has_tensor_prefix,
-    has_true,
+    AddSuffix, Count, Default, Drop, Hide, PerLayerToMax, Produce, Rename, Tensors, Translation, any_of, arch_is,
+    has_key, has_tensor_prefix, has_true,
 )
 
 from .qwen3vl import qwen_tokenizer, vision_projector
@@ -64,20 +64,6 @@ class PadSections:
         items = [int(x) for x in value.decode()]
         kv[self.key] = array(value.element_type, items + [0] * (self.length - len(items)))
 
-
-@dataclass(frozen=True)
-class PerLayerToMax:
-    """The per-layer integer array `key` becomes one u32, its largest entry
-    (the KV heads of the attention layers; 0 marks a delta-net layer)."""
-    key: str
-
-    def apply(self, kv: KVs, src: SourceGGUF) -> None:
-        value = kv.get(self.key)
-        if value is None or value.element_type not in INTEGERS or not value.count:
-            return
-        largest = int(max(value.decode()))
-        if 0 < largest < 2**32:
-            kv[self.key] = u32(largest)
 
 
 def mtp_block(src: SourceGGUF, blocks: str) -> int | None:
@@ -179,18 +165,6 @@ class PlaceMtp:
                 t.op, t.dtype = AddScalar.of(t.source, 1.0), DT.F32
         return ts
 
-
-@dataclass(frozen=True)
-class AddSuffix:
-    """Tensors whose names end with `end` get `suffix` appended."""
-    end: str
-    suffix: str
-
-    def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
-        for t in ts:
-            if t.name.endswith(self.end) and not t.renamed:
-                t.name, t.renamed = t.name + self.suffix, True
-        return ts
 
 
 # -- the translations -----------------------------------------------------------------

@@ -22,17 +22,14 @@ Blobs with Qwen3.5's vision tower or M-RoPE keys are `handlers/qwen35.py`'s.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from gguf import Keys
 
-from compatfs.gguf_source import SourceGGUF
-from compatfs.gguf_values import VT, Value, string, u32
+from compatfs.gguf_values import string
 from compatfs.translation import (
-    Count, CopyPrefix, Drop, Pred, Set, Tensors, Translation, any_of, arch_is, has_key, has_tensor_prefix, value_is,
+    AddSuffix, Count, CopyPrefix, Drop, PerLayerToMax, Pred, Set, Translation, any_of, arch_is, has_key,
+    has_tensor_prefix, value_is,
 )
 
-KVs = dict[str, Value]
 ARCH = "qwen3next"
 
 
@@ -44,32 +41,6 @@ def is_array(key: str) -> Pred:
     return Pred(f"{key} is an array", lambda s: key in s.kvs and s.kvs[key].element_type is not None)
 
 
-@dataclass(frozen=True)
-class PerLayerToMax:
-    """The per-layer integer array `key` becomes one u32, its largest entry
-    (the KV heads of the attention layers; 0 marks a delta-net layer)."""
-    key: str
-
-    def apply(self, kv: KVs, src: SourceGGUF) -> None:
-        value = kv.get(self.key)
-        if value is None or value.element_type in (None, VT.STRING, VT.ARRAY, VT.BOOL) or not value.count:
-            return
-        largest = int(max(value.decode()))
-        if largest > 0:
-            kv[self.key] = u32(largest)
-
-
-@dataclass(frozen=True)
-class AddSuffix:
-    """Tensors whose names end with `end` get `suffix` appended."""
-    end: str
-    suffix: str
-
-    def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
-        for t in ts:
-            if t.name.endswith(self.end) and not t.renamed:
-                t.name, t.renamed = t.name + self.suffix, True
-        return ts
 
 
 # Ollama's `qwen35moe` form of a Qwen3-Next checkpoint: Qwen3-Next's fused

@@ -35,7 +35,7 @@ def main() -> int:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        extra = [p for p in SHARED.glob("*.gguf") if p.stat().st_size < 2_000_000] if SHARED.is_dir() else []
+        extra = sorted(SHARED.glob("*.gguf")) if SHARED.is_dir() else []
         seeds = fuzz.seed_blobs(tmp, extra)
         t0 = time.perf_counter()
         summary = fuzz.run(seeds, args.cases, args.seed, tmp, args.max_seconds, args.max_mb << 20)

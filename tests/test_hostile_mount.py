@@ -201,3 +201,22 @@ def test_du_df_and_folder_times(store, mount_store):
     assert m.path.stat().st_nlink == 2 + 3 and (m / "blobs").stat().st_nlink == 2 + 2
     found = subprocess.run(["find", str(m.path), "-type", "f"], capture_output=True, text=True, check=True)
     assert len(found.stdout.split()) == 3 + 3   # vision: model + mmproj, text: model; the same under blobs/
+
+
+def test_truncation_under_an_op_tensor_read(store, mount_store):
+    """Measured on the landed code: the daemon died of SIGBUS reading an op
+    tensor of a truncated blob, taking the whole mount with it.  Op inputs
+    are read with pread now: EIO for that file, the mount lives."""
+    m = mount_store(store)
+    blob = blob_of(store, "vision", "4b")
+    view = BlobViews().view(blob, "mmproj.gguf")
+    op_at = next(s.start for s in view._segments if s.kind in ("op", "range"))
+    with open(m / "vision:4b/mmproj.gguf", "rb", buffering=0) as f:
+        f.read(4)
+        os.truncate(blob, op_at // 2)
+        f.seek(op_at)
+        with pytest.raises(OSError) as e:
+            f.read(1 << 16)
+        assert e.value.errno == errno.EIO
+    assert m.alive
+    assert (m / "text:1b/model.gguf").read_bytes() == expected(blob_of(store, "text", "1b"))

@@ -194,19 +194,19 @@ def header_size(blob: bytes) -> int:
         return SourceGGUF(f.name).data_offset
 
 
-def seed_blobs(workdir: Path, extra: list[Path] = ()) -> dict[str, bytes]:
-    """The legacy writers' blobs that mutations start from (the small ones:
-    the 128k-token Llama 3 vocabulary would dominate the run time), and the
-    `extra` GGUF files."""
-    from . import gemma3, llama, llava
-    writers = {
-        "gemma3": gemma3.legacy_gemma3_text,
-        "gemma3-vision": gemma3.legacy_gemma3_vision,
-        "llava-projector": llava.legacy_llava_projector,
-        "plain-llama": llama.plain_llama_text,
-    }
-    blobs = {name: write(workdir / f"{name}.gguf").read_bytes() for name, write in writers.items()}
-    blobs.update({p.stem: p.read_bytes() for p in extra})
+def seed_blobs(workdir: Path, extra: list[Path] = (), max_bytes: int = 2_000_000) -> dict[str, bytes]:
+    """The blobs mutations start from: every legacy writer's (model and
+    projector) under `max_bytes` (a large vocabulary would dominate the run
+    time), and the `extra` GGUF files."""
+    from . import LEGACY
+    blobs = {}
+    for name, entry in LEGACY.items():
+        for role, writer in (("model", entry.model), ("projector", entry.projector)):
+            if writer is not None:
+                data = writer(workdir / f"{name}-{role}.gguf").read_bytes()
+                if len(data) <= max_bytes:
+                    blobs[f"{name}-{role}"] = data
+    blobs.update({p.stem: p.read_bytes() for p in extra if p.stat().st_size <= max_bytes})
     return blobs
 
 

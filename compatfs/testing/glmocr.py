@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from .core import T, normal, write
-from .tokenizers import BPE_SPLIT, CORPUS, bytes_to_unicode, train_bpe
+from .tokenizers import byte_level_merges, bytes_to_unicode
 
 GLMOCR = dict(
     # text_config (2 layers; the checkpoint's MTP layer is not written)
@@ -69,12 +69,7 @@ def glm_tokens() -> tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...]]:
     """Byte-level BPE vocabulary in GLM's layout (tokens, types, merges): the 256
     byte characters, one token per learned merge, then GLM's special tokens (control)."""
     b2u = bytes_to_unicode()
-    words: dict[tuple[str, ...], int] = {}
-    for m in BPE_SPLIT.findall(CORPUS):
-        sym = tuple(b2u[b] for b in m.encode("utf-8"))
-        if len(sym) > 1:
-            words[sym] = words.get(sym, 0) + 1
-    merges = train_bpe(words, 250)
+    merges = byte_level_merges(250)
     toks = list(b2u.values())
     for a, b in merges:
         if a + b not in toks:

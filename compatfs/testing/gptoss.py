@@ -32,7 +32,7 @@ import gguf
 import numpy as np
 
 from .core import T, kv_type, normal, ollama_tensor_order
-from .tokenizers import BPE_SPLIT, CORPUS, bytes_to_unicode, train_bpe
+from .tokenizers import byte_level_merges, bytes_to_unicode
 
 OLLAMA_MXFP4 = 4    # ggml type number of MXFP4 in Ollama's converter before 59412fbb4
 
@@ -132,12 +132,7 @@ def harmony_tokens() -> tuple[list[str], list[int], list[str]]:
     """A byte-level BPE vocabulary (tokens, types, merges) learned from the
     corpus, followed by 32 harmony special tokens (control)."""
     b2u = bytes_to_unicode()
-    words: dict[tuple[str, ...], int] = {}
-    for m in BPE_SPLIT.findall(CORPUS):
-        sym = tuple(b2u[b] for b in m.encode("utf-8"))
-        if len(sym) > 1:
-            words[sym] = words.get(sym, 0) + 1
-    merges = train_bpe(words, 224)
+    merges = byte_level_merges(224)
     toks = list(b2u.values())
     for a, b in merges:
         if a + b not in toks:

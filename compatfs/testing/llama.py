@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from .core import T, normal, write
-from .tokenizers import BPE_SPLIT, CORPUS, bytes_to_unicode, llama_spm_tokens, train_bpe
+from .tokenizers import byte_level_merges, bytes_to_unicode, llama_spm_tokens
 
 LLAMA3 = dict(
     n_layer=2, n_embd=16, n_ff=32, n_head=2, n_head_kv=1, context_length=8192,
@@ -53,12 +53,7 @@ def llama3_tokens() -> tuple[list[str], list[int], list[str]]:
     ``<|filler_N|>`` (NORMAL, never produced by the merges) up to 128000, then the
     specials 128000..128255 (CONTROL), the unnamed ones ``<|reserved_special_token_K|>``."""
     b2u = bytes_to_unicode()
-    words: dict[tuple[str, ...], int] = {}
-    for m in BPE_SPLIT.findall(CORPUS):
-        sym = tuple(b2u[b] for b in m.encode("utf-8"))
-        if len(sym) > 1:
-            words[sym] = words.get(sym, 0) + 1
-    merges = train_bpe(words, 400)
+    merges = byte_level_merges(400)
     toks = list(b2u.values())
     seen = set(toks)
     for a, b in merges:

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from .core import T, normal, write
-from .tokenizers import BPE_SPLIT, CORPUS, bytes_to_unicode, train_bpe
+from .tokenizers import byte_level_merges, bytes_to_unicode
 
 LLAMA4 = dict(
     # text_config: 4 layers, every second a MoE layer (interleave step 2, as Maverick); four,
@@ -80,12 +80,7 @@ def llama4_tokens() -> tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...]]:
     256 byte characters, one token per learned merge, then the special tokens
     (control), as tokenizer.json lists them; no padding."""
     b2u = bytes_to_unicode()
-    words: dict[tuple[str, ...], int] = {}
-    for m in BPE_SPLIT.findall(CORPUS):
-        sym = tuple(b2u[b] for b in m.encode("utf-8"))
-        if len(sym) > 1:
-            words[sym] = words.get(sym, 0) + 1
-    merges = train_bpe(words, 300)
+    merges = byte_level_merges(300)
     toks = list(b2u.values())
     for a, b in merges:
         if a + b not in toks:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from .core import T, normal, write
-from .tokenizers import BPE_SPLIT, CORPUS, bytes_to_unicode, train_bpe
+from .tokenizers import byte_level_merges, bytes_to_unicode
 
 NEMOTRON_H = dict(
     pattern="ME*E", n_embd=64, n_head=4, n_head_kv=2, head_dim=16, context_length=8192,
@@ -62,12 +62,7 @@ def byte_bpe_tokens(specials: tuple[str, ...]) -> tuple[list[str], list[int], li
     `specials` (control) first, then the 256 byte characters, then one token per
     learned merge."""
     b2u = bytes_to_unicode()
-    words: dict[tuple[str, ...], int] = {}
-    for m in BPE_SPLIT.findall(CORPUS):
-        sym = tuple(b2u[b] for b in m.encode("utf-8"))
-        if len(sym) > 1:
-            words[sym] = words.get(sym, 0) + 1
-    merges = train_bpe(words, 150)
+    merges = byte_level_merges(150)
     toks = list(specials) + [b2u[b] for b in range(256)]
     types = [3] * len(specials) + [1] * 256
     for a, b in merges:

@@ -33,7 +33,7 @@ import numpy as np
 from gguf import quants
 
 from .core import T, normal, write
-from .tokenizers import BPE_SPLIT, CORPUS, bytes_to_unicode, train_bpe
+from .tokenizers import byte_level_merges, bytes_to_unicode
 
 QWEN3NEXT = dict(
     n_layer=4, n_embd=64, n_ff=128, n_head=4, n_head_kv=2, head_dim=16, partial_rotary=0.25,
@@ -54,12 +54,7 @@ def small_bpe_tokens(specials: tuple[str, ...], n_merges: int = 200) -> tuple[li
     merge learned on the corpus, then `specials` typed control): tokens,
     token types, merges."""
     b2u = bytes_to_unicode()
-    words: dict[tuple[str, ...], int] = {}
-    for m in BPE_SPLIT.findall(CORPUS):
-        sym = tuple(b2u[b] for b in m.encode("utf-8"))
-        if len(sym) > 1:
-            words[sym] = words.get(sym, 0) + 1
-    merges = train_bpe(words, n_merges)
+    merges = byte_level_merges(n_merges)
     toks = list(b2u.values())
     for a, b in merges:
         if a + b not in toks:

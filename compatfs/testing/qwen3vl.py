@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from .core import T, normal, write
-from .tokenizers import BPE_SPLIT, CORPUS, bytes_to_unicode, train_bpe
+from .tokenizers import byte_level_merges, bytes_to_unicode
 
 QWEN3VL_MOE = dict(
     n_layer=3, n_embd=64, n_ff=128, n_head=4, n_head_kv=2, head_dim=16, n_expert=4, n_expert_used=2,
@@ -72,12 +72,7 @@ def qwen_tokens() -> tuple[list[str], list[int], list[str]]:
     """(tokens, token types, merges): the 256 byte characters, one token per
     learnt merge, Qwen's added tokens, `[PAD<i>]` up to `QWEN_VOCAB`."""
     b2u = bytes_to_unicode()
-    words: dict[tuple[str, ...], int] = {}
-    for m in BPE_SPLIT.findall(CORPUS):
-        sym = tuple(b2u[b] for b in m.encode("utf-8"))
-        if len(sym) > 1:
-            words[sym] = words.get(sym, 0) + 1
-    merges = train_bpe(words, 400)
+    merges = byte_level_merges(400)
     toks = list(b2u.values())
     seen = set(toks)
     kept = []

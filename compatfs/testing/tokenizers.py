@@ -112,3 +112,17 @@ def llama_spm_tokens() -> tuple[list[str], list[float], list[int]]:
         types.append(1)
     return toks, scores, types
 
+
+
+@functools.lru_cache(maxsize=None)
+def byte_level_merges(n_merges: int) -> tuple[tuple[str, str], ...]:
+    """`n_merges` BPE merges learned from the corpus split as Llama 3's
+    pre-tokenizer splits it, over GPT-2's byte characters (as byte-level BPE
+    vocabularies are: `bytes_to_unicode`)."""
+    b2u = bytes_to_unicode()
+    words: dict[tuple[str, ...], int] = {}
+    for m in BPE_SPLIT.findall(CORPUS):
+        sym = tuple(b2u[b] for b in m.encode("utf-8"))
+        if len(sym) > 1:
+            words[sym] = words.get(sym, 0) + 1
+    return tuple(train_bpe(words, n_merges))
