@@ -729,7 +729,7 @@ def interleaved_bench(work: Path) -> None:
           f"  ({comps / (2 * n):.3f} per read)")
     print(f"  in-process View.read, op cache of one tensor         {2 * small_n * step / 1e6 / small_t:7.0f}   "
           f"{small_comps:5d}  ({small_comps / (2 * small_n):.3f} per read; first {2 * small_n} reads)")
-    print(f"  through a fresh mount, two open files                {total / mounted:7.0f}   "
+    print(f"  through a fresh mount, two open files, blob cached   {total / mounted:7.0f}   "
           f"{ratio(inproc, mounted)} of in-process")
     print(f"  blk.0.ffn_gate_exps.weight read again after a whole-file read, cold ({method}; the daemon's op cache"
           f"\n  still holds it): mount {a[1] / 1e6 / op_cold:.0f} MB/s, local copy of the translated file"
@@ -777,8 +777,8 @@ def textops_bench(work: Path) -> None:
     print("                                              MB/s   vs local copy of the translated file")
     print(f"  local copy, cold                         {mb / local_cold:7.0f}")
     print(f"  through a fresh mount, first read        {mb / first:7.0f}   {ratio(local_cold, first)}")
-    print(f"  in-process View.read, 1 MiB reads, blob   {mb / inproc:7.0f}   {ratio(local_cold, inproc)}"
-          "   (the ops' cost alone: blob in the page cache, no FUSE)")
+    print(f"  in-process View.read, 1 MiB reads        {mb / inproc:7.0f}   {ratio(local_cold, inproc)}"
+          "   (blob in the page cache, no FUSE: the ops' own cost)")
     print(f"  local copy, warm                         {mb / local_warm:7.0f}")
     print(f"  through the mount, second read           {mb / warm:7.0f}   {ratio(local_warm, warm)}")
 
