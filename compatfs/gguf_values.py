@@ -185,7 +185,10 @@ class Value:
 # -- constructors for handler tables -------------------------------------------
 
 def _scalar(vtype: VT, v: Any) -> Value:
-    return Value(vtype, struct.pack(_SCALAR[vtype], v))
+    try:
+        return Value(vtype, struct.pack(_SCALAR[vtype], v))
+    except struct.error:   # a value computed from a blob's numbers, out of range
+        raise GGUFError(f"{v!r} does not fit a GGUF {vtype.name.lower()}") from None
 
 
 def u32(v: int) -> Value:

@@ -572,7 +572,10 @@ def plan(tr: Translation, src: SourceGGUF) -> ViewSpec:
         count.check(src)
     kv: KVs = dict(src.kvs)
     for edit in tr.kv:
-        edit.apply(kv, src)
+        try:
+            edit.apply(kv, src)
+        except GGUFError as e:
+            raise GGUFError(f"{tr.name}: {edit!r}: {e}") from None
     ts: Tensors = [ViewTensor(t.name, t.shape, t.dtype, source=t, order=t.offset) for t in src.tensors.values()]
     idle = []
     for edit in tr.tensors:

@@ -64,3 +64,15 @@ def test_finding_mistral3_vision_head_count(tmp_path, value):
     path.write_bytes(fuzz.with_u32(blob, "mistral3.vision.attention.head_count", value))
     with pytest.raises(GGUFError, match="head_count"):
         fuzz.exercise(path)
+
+
+def test_finding_a_derived_value_out_of_range(tmp_path):
+    """A fuzz finding (struct.error from a KV computed as 4 x the vision head
+    count): values a handler computes from a blob's numbers are range-checked
+    like the numbers themselves, and the error names the edit."""
+    from compatfs.testing import LEGACY
+    blob = LEGACY["deepseek-ocr"].model(tmp_path / "ds.gguf").read_bytes()
+    path = tmp_path / "heads.gguf"
+    path.write_bytes(fuzz.with_u32(blob, "deepseekocr.vision.head_count", 2**32 - 1))
+    with pytest.raises(GGUFError, match="feed_forward_length.*does not fit"):
+        fuzz.exercise(path)
