@@ -198,7 +198,22 @@ def cmd_mount(args) -> int:
     raise CliError(f"mount of {mnt} did not come up within 30 s ({where})")
 
 
+def _return_large_allocations() -> None:
+    """Allocations of 1 MiB or more (parsed headers, rendered headers, op
+    tensors) mapped on their own, so that freeing them returns the memory:
+    glibc otherwise raises that threshold as blocks are freed and keeps them
+    in a heap that only grows over a long-running mount."""
+    import ctypes
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        libc.mallopt(-3, 1 << 20)   # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
 def _serve(store: Store, mnt: Path, args, translate: bool) -> int:
+    _return_large_allocations()
     from . import fusefs
     from .opcache import OpCache
     from .tree import Tree

@@ -191,12 +191,20 @@ def compatfs_mounts(mounts: Path = Path("/proc/self/mounts")) -> list[Path]:
     return out
 
 
+def _shows(path: Path) -> bool:
+    """Whether `path` is there (a dead mount, ENOTCONN, shows nothing)."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
+
+
 def find_model_dir(name: str, mount: str | None) -> Path:
     """The model's directory under `mount`, else under the one compatfs mount
     that shows it (ValueError when none or several do)."""
     if mount:
         return Path(mount) / name
-    candidates = [m / name for m in compatfs_mounts() if (m / name / MODEL_FILE).exists()]
+    candidates = [m / name for m in compatfs_mounts() if _shows(m / name / MODEL_FILE)]
     if len(candidates) == 1:
         return candidates[0]
     if not candidates:

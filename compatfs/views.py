@@ -126,6 +126,8 @@ class BlobViews:
             return hit
         with self._lock:
             pending = self._pending.get(str(path))
+        if pending is not None and pending.cancel():
+            pending = None   # not started yet: computed here, now, rather than after the queue
         if pending is not None:
             try:
                 got_stamp, summary = pending.result()
@@ -181,14 +183,23 @@ class BlobViews:
                 continue
         if len(todo) < 2:
             return
+        # Starting worker processes takes a while: never in the caller's
+        # (a FUSE request's) time.
+        threading.Thread(target=self._submit, args=(todo,), name="compatfs-index", daemon=True).start()
+
+    def _submit(self, todo: list[Path]) -> None:
         with self._lock:
             if self._pool is None:
                 ctx = multiprocessing.get_context("spawn")
                 self._pool = ProcessPoolExecutor(max_workers=self._workers, mp_context=ctx)
+            futures = []
             for path in todo:
-                future = self._pool.submit(summarize, path, self.translate)
-                self._pending[str(path)] = future
-                future.add_done_callback(lambda f, p=path: self._done(p, f))
+                if str(path) not in self._pending:
+                    future = self._pool.submit(summarize, path, self.translate)
+                    self._pending[str(path)] = future
+                    futures.append((path, future))
+        for path, future in futures:
+            future.add_done_callback(lambda f, p=path: self._done(p, f))
 
     def _done(self, path: Path, future: Future) -> None:
         try:
