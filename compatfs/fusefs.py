@@ -30,9 +30,11 @@ import itertools
 import logging
 import os
 import signal
+import re
 import stat
 import subprocess
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
@@ -707,12 +709,13 @@ def set_read_ahead(mountpoint: str, kb: int) -> str:
     `read_ahead_kb`): FUSE negotiates 128 KiB, so a cold sequential read
     crosses into the daemon every 128 KiB; with more, every 1 MiB (libfuse's
     largest request).  Root may write it; others keep the kernel's value.
+    The device comes from /proc/self/mountinfo: the daemon never stats its own
+    mount (a request to itself that a kill would leave unanswered forever).
     Returns the line to log."""
-    try:
-        st = os.stat(mountpoint)
-    except OSError as e:
-        return f"read-ahead not set: {mountpoint}: {e.strerror}"
-    knob = Path(f"/sys/class/bdi/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/read_ahead_kb")
+    device = _mount_device(mountpoint)
+    if device is None:
+        return f"read-ahead not set: {mountpoint} is not in /proc/self/mountinfo"
+    knob = Path(f"/sys/class/bdi/{device}/read_ahead_kb")
     try:
         knob.write_text(f"{kb}\n")
         return f"read-ahead {kb} KiB ({knob})"
@@ -722,6 +725,27 @@ def set_read_ahead(mountpoint: str, kb: int) -> str:
         except OSError:
             current = "?"
         return f"read-ahead left at the kernel's {current} KiB: cannot write {knob} ({e.strerror})"
+
+
+def _mount_device(mountpoint: str, tries: int = 20) -> str | None:
+    """`major:minor` of the mount at `mountpoint` (the last one mounted there)."""
+    want = os.path.abspath(mountpoint)
+    for _ in range(tries):
+        try:
+            lines = Path("/proc/self/mountinfo").read_text().splitlines()
+        except OSError:
+            return None
+        found = [fields[2] for fields in (line.split() for line in lines)
+                 if len(fields) > 4 and _unescape(fields[4]) == want]
+        if found:
+            return found[-1]
+        time.sleep(0.05)
+    return None
+
+
+def _unescape(field: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as octal."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def mount(tree: Tree, mountpoint: str, options: dict | None = None, read_ahead_kb: int = 0) -> None:

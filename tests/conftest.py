@@ -64,7 +64,10 @@ class Mount:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            self.proc.wait()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:   # a thread stuck in the kernel: fail, never hang the run
+                pass
         self._log.close()
 
 

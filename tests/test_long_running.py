@@ -64,7 +64,7 @@ def test_signals_unmount_cleanly(store, mount_store, sig):
 def test_remount_after_kill_9(store, mount_store, tmp_path):
     m = mount_store(store)
     m.proc.kill()
-    m.proc.wait()
+    m.proc.wait(timeout=20)
     with pytest.raises(OSError) as e:
         os.listdir(m.path)
     assert e.value.errno == errno.ENOTCONN
@@ -79,7 +79,7 @@ def test_remount_after_kill_9(store, mount_store, tmp_path):
     # `compatfs umount` also clears a dead endpoint.
     m2 = mount_store(store)
     m2.proc.kill()
-    m2.proc.wait()
+    m2.proc.wait(timeout=20)
     assert compatfs("umount", m2.path).returncode == 0
     assert os.stat(m2.path) and not os.path.ismount(m2.path)
 
