@@ -1,8 +1,9 @@
 """Whether stock llama.cpp loads a model's files: as they are, translated by
 a handler, or not at all (an architecture llama.cpp does not have).
 
-The architectures llama.cpp has are gguf-py's table (`gguf.MODEL_ARCH_NAMES`),
-the Python side of the same release's `llama-arch.cpp`.  A known architecture
+The architectures llama.cpp has are gguf-py's table (`gguf.MODEL_ARCH_NAMES`,
+the Python side of `llama-arch.cpp`) and the few a newer llama.cpp added since
+the gguf-py release compatfs pins.  A known architecture
 is necessary, not sufficient: a blob no handler claims is judged by its
 architecture alone.
 """
@@ -16,7 +17,15 @@ import gguf
 from .gguf_values import GGUFError
 from .views import MMPROJ_FILE, MODEL_FILE, BlobViews
 
-KNOWN_ARCHS = frozenset(gguf.MODEL_ARCH_NAMES.values())
+# Architectures llama.cpp b11434 (the release scripts/e2e checks) loads that
+# the gguf-py release compatfs pins does not name yet.
+NEWER_THAN_GGUF_PY = frozenset({
+    "bailingmoe3", "clef", "cohere2moe", "deepseek32", "deepseek4", "dflash", "dots3note", "eagle3",
+    "gemma4-assistant", "glm5-next", "granite_swa", "graniteswitch", "hrm_text", "hy_v3", "hy_v4", "kimi-k3",
+    "laguna", "maple", "mellum", "minimax-01", "minimax-m3", "muse-glimmer", "nanbeige", "pockettts", "qwen3tts",
+    "qwen4exp", "spark2_5", "talkie",
+})
+KNOWN_ARCHS = frozenset(gguf.MODEL_ARCH_NAMES.values()) | NEWER_THAN_GGUF_PY
 
 AS_IS = "as-is"
 TRANSLATED = "translated"

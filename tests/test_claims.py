@@ -132,3 +132,15 @@ def test_an_edit_in_the_wrong_list_fails_when_the_handler_is_defined():
     with pytest.raises(TypeError, match=r"Default.*in tensors is not a tensor edit"):
         Translation("bad", ALWAYS, tensors=(Default("k", u32(1)),))
     Translation("good", ALWAYS, kv=(Default("k", u32(1)),), tensors=(Hide(("v.",)),))
+
+
+def test_every_translated_text_view_has_an_architecture_llama_cpp_knows(corpus):
+    """So that `compatfs ls` never says a translated model will not load."""
+    from compatfs.verdict import KNOWN_ARCHS
+    archs = {}
+    for label, path in corpus.items():
+        info = classify(SourceGGUF(path))
+        if info.text is not None:
+            kvs = dict(plan(info.text, info.source).kvs)
+            archs[label] = kvs["general.architecture"].decode()
+    assert archs and {k: a for k, a in archs.items() if a not in KNOWN_ARCHS} == {}
