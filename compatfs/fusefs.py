@@ -1,18 +1,19 @@
 """The FUSE layer: paths to tree lookups, file handles to views, reads to pieces.
 
 Kept thin on purpose: every decision about what a file contains lives in
-`tree`, `views` and `view`.  Blob ranges are handed to libfuse as file
-descriptor buffers (`read_buf`), so passthrough bytes never pass through
-Python; header bytes and op tensors go as one malloc'ed buffer.
+`tree`, `views` and `view`.  A read is answered with malloc'ed buffers that
+libfuse frees (`read_buf`): blob ranges are read with preadv straight into C
+memory (their bytes never become Python objects), header bytes and op
+tensors are copied in.
 
 What this layer guarantees on its own:
 - libfuse 3, chosen explicitly (mfusepy would take libfuse 2 first).
 - A file shows its blob's owner and mode (minus write bits); opening it also
   needs the caller to be able to reach and read the blob in the store itself.
   Only regular files are served (a blob symlink counts as what it points to).
-- Every read checks the handle's blob against the view's stamp: a blob that
-  was truncated or rewritten gives EIO and a log line, never bytes of
-  another file.
+- Every read checks the handle's blob against the view's stamp, before and
+  after reading it: a blob that was truncated or rewritten gives EIO and a
+  log line, never bytes of another file and never a short reply.
 - A path keeps serving the view its open handles read (the kernel keeps one
   page cache per path), and switches to the store's new one when they close.
 - The store is rescanned every second in the background; the kernel's cached
@@ -54,9 +55,8 @@ log = logging.getLogger("compatfs")
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 _libc.malloc.restype = ctypes.c_void_p
 _libc.malloc.argtypes = [ctypes.c_size_t]
+_libc.free.argtypes = [ctypes.c_void_p]
 
-FUSE_BUF_IS_FD = 1 << 1
-FUSE_BUF_FD_SEEK = 1 << 2
 
 
 class MountError(Exception):
@@ -630,17 +630,47 @@ class CompatFS(fuse.Operations):
         if len(pieces) > 1 and not _MULTI_BUF:
             pieces = [b"".join(self._pread(handle, p) if isinstance(p, FileRange) else p for p in pieces)]
         vec = _bufvec_type(len(pieces))(count=len(pieces))
-        for buf, piece in zip(vec.buf, pieces):
-            if isinstance(piece, FileRange):   # libfuse reads these from the blob itself
-                buf.size, buf.flags, buf.fd, buf.pos = piece.size, FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK, handle.fd, piece.offset
-            else:                               # libfuse frees these with free()
-                buf.size, buf.mem = len(piece), _malloc_copy(piece)
-        out = _libc.malloc(ctypes.sizeof(vec))
-        if not out:
-            raise fuse.FuseOSError(errno.ENOMEM)
+        taken: list[int] = []
+        try:
+            for buf, piece in zip(vec.buf, pieces):
+                # Memory buffers, which libfuse frees: blob ranges are read
+                # here, straight into C memory, so that a blob cut short under
+                # a read is EIO, never a short reply (the kernel would take it
+                # for the end of the file).
+                mem = self._pread_to_c(handle, piece) if isinstance(piece, FileRange) else _malloc_copy(piece)
+                taken.append(mem)
+                buf.size, buf.mem = (piece.size if isinstance(piece, FileRange) else len(piece)), mem
+            self._handle(fi)   # the blob is still the one the view was built from
+            out = _libc.malloc(ctypes.sizeof(vec))
+            if not out:
+                raise fuse.FuseOSError(errno.ENOMEM)
+        except BaseException:
+            for mem in taken:
+                _libc.free(mem)
+            raise
         ctypes.memmove(out, ctypes.addressof(vec), ctypes.sizeof(vec))
         ctypes.cast(bufpp, ctypes.POINTER(ctypes.c_void_p))[0] = out
         return 0
+
+    @staticmethod
+    def _pread_to_c(handle: _Handle, r: FileRange) -> int:
+        """A malloc'ed buffer holding the range, read from the blob; EIO when
+        the blob ends first."""
+        mem = _libc.malloc(max(r.size, 1))
+        if not mem:
+            raise fuse.FuseOSError(errno.ENOMEM)
+        view, done = memoryview((ctypes.c_char * r.size).from_address(mem)).cast("B"), 0
+        try:
+            while done < r.size:
+                n = os.preadv(handle.fd, [view[done:]], r.offset + done)
+                if n == 0:
+                    log.error("blob %s is shorter than its header says (read at %d)", handle.blob, r.offset + done)
+                    raise fuse.FuseOSError(errno.EIO)
+                done += n
+        except BaseException:
+            _libc.free(mem)
+            raise
+        return mem
 
     # -- everything that would write -------------------------------------------
     write = create = mkdir = mknod = unlink = rmdir = rename = _erofs
