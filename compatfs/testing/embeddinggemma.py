@@ -40,7 +40,7 @@ import gguf
 import numpy as np
 
 from .core import T, normal, write
-from .gemma3 import gemma3_tokens
+from .gemma3 import gemma3_hparams, gemma3_tokens
 
 EMBEDDINGGEMMA = dict(
     n_layer=6, n_embd=96, n_ff=144, n_head=3, n_head_kv=1, head_dim=32, n_dense=384,
@@ -124,18 +124,8 @@ def legacy_embeddinggemma(path: Path, seed: int = 0, *, weights_from: Path | Non
     tensors (wrong number of tensors)."""
     p, tensors = _from_current(Path(weights_from)) if weights_from is not None else _seeded(seed)
     kvs: dict[str, Any] = {
-        "general.file_type": 1,
-        "general.quantization_version": 2,
-        "gemma3.block_count": p["n_layer"],
-        "gemma3.context_length": p["context_length"],
-        "gemma3.embedding_length": p["n_embd"],
-        "gemma3.feed_forward_length": p["n_ff"],
-        "gemma3.attention.head_count": p["n_head"],
-        "gemma3.attention.head_count_kv": p["n_head_kv"],
-        "gemma3.attention.key_length": p["head_dim"],
-        "gemma3.attention.value_length": p["head_dim"],
+        **gemma3_hparams(p),
         "gemma3.attention.layer_norm_rms_epsilon": float(p["eps"]),
-        "gemma3.attention.sliding_window": p["sliding_window"],
         "gemma3.attention.sliding_window_pattern": [(i + 1) % GLOBAL_EVERY != 0 for i in range(p["n_layer"])],
         "gemma3.rope.freq_base": float(p["rope_base"]),
         "gemma3.rope.local.freq_base": float(p["rope_local"]),

@@ -98,7 +98,7 @@ def _gemma3_text_tensors(rng: np.random.Generator, p: dict, n_vocab: int) -> dic
     return t
 
 
-def _gemma3_hparams(p: dict) -> dict[str, Any]:
+def gemma3_hparams(p: dict) -> dict[str, Any]:
     """The text hyperparameter KVs every Ollama gemma3 converter wrote."""
     return {
         "general.file_type": 1,
@@ -164,7 +164,7 @@ def legacy_gemma3_text(path: Path, seed: int = 0, *,
         scores.append(-1000.0)
         types.append(4)
     kvs: dict[str, Any] = {
-        **_gemma3_hparams(p),
+        **gemma3_hparams(p),
         "gemma3.final_logit_softcapping": p["final_logit_softcapping"],
         "gemma3.rope.global.freq_base": p["rope_global"],
         "gemma3.rope.local.freq_base": p["rope_local"],
@@ -206,7 +206,7 @@ def legacy_gemma3_vision(path: Path, seed: int = 0) -> Path:
         types.append(4)
     assert len(toks) == p["n_vocab"]
     kvs: dict[str, Any] = {
-        **_gemma3_hparams(p),
+        **gemma3_hparams(p),
         "gemma3.mm.tokens_per_image": p["tokens_per_image"],
         "gemma3.vision.block_count": p["v_n_layer"],
         "gemma3.vision.embedding_length": p["v_n_embd"],
