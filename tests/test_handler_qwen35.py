@@ -18,6 +18,7 @@ from compatfs.testing.qwen35 import legacy_qwen35_moe
 from compatfs.testing.store import add_model
 
 from compare import as_f32, assert_same_tensors, kvs
+from chat import assert_completes_and_sees
 from conftest import SHARED, needs_fuse, needs_shared
 from xlc_client import run_job
 
@@ -70,18 +71,7 @@ def test_projector_view_equals_llama_cpp_conversion(store, mount_store):
 def test_loads_in_llama_cpp_through_the_mount(store, mount_store):
     m = mount_store(store)
     model, mmproj = str(m / MODEL / "model.gguf"), str(m / MODEL / "mmproj.gguf")
-    describe = {"op": "chat", "messages": [{"role": "user", "content": "Describe."}], "n_predict": 4}
-    res = run_job({"model": model, "mmproj": mmproj, "actions": [
-        {"op": "complete", "prompt": "hello", "n_predict": 4},
-        {**describe, "image_png": True},
-    ]})
-    assert res["ok"], res.get("error")
-    complete, chat = res["results"]
-    assert complete["tokens_predicted"] > 0
-    assert chat["completion_tokens"] > 0
-    text_only = run_job({"model": model, "actions": [describe]})
-    assert text_only["ok"], text_only.get("error")
-    assert chat["prompt_tokens"] > text_only["results"][0]["prompt_tokens"]
+    assert_completes_and_sees(model, mmproj)
     # Untranslated, the blob loads neither as a model nor as a projector.
     assert "dimension_sections" in run_job({"model": str(BLOB)})["error"]
     assert not run_job({"model": str(UPSTREAM / "model.gguf"), "mmproj": str(BLOB)})["ok"]
