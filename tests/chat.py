@@ -1,4 +1,5 @@
-"""What a vision model served through the mount must do in llama.cpp."""
+"""What a model served through the mount must do in llama.cpp, and what its
+untranslated blob must not."""
 from xlc_client import run_job
 
 DESCRIBE = {"op": "chat", "messages": [{"role": "user", "content": "Describe."}], "n_predict": 4}
@@ -18,3 +19,14 @@ def assert_completes_and_sees(model: str, mmproj: str) -> None:
     text_only = run_job({"model": model, "actions": [DESCRIBE]})
     assert text_only["ok"], text_only.get("error")
     assert chat["prompt_tokens"] > text_only["results"][0]["prompt_tokens"]
+
+
+def load_failure(path) -> str:
+    """Why llama.cpp refuses to load `path` (it must refuse); the reason is
+    asked for up to 3 times, as llama.cpp logs from a thread of its own."""
+    for _ in range(3):
+        res = run_job({"model": str(path)})
+        assert not res["ok"]
+        if res.get("log_errors"):
+            break
+    return str(res)

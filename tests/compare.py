@@ -36,3 +36,13 @@ def kvs(path) -> dict:
     """The KVs of a GGUF file, less the GGUF.* and general.* ones."""
     r = gguf.GGUFReader(path)
     return {k: f.contents() for k, f in r.fields.items() if not k.startswith(("GGUF.", "general."))}
+
+
+def tensors(path) -> dict:
+    """The tensors of a GGUF file by name (gguf-py's ReaderTensor)."""
+    return {t.name: t for t in gguf.GGUFReader(path).tensors}
+
+
+def shapes(path) -> dict:
+    """ggml shapes by tensor name."""
+    return {name: tuple(int(x) for x in t.shape) for name, t in tensors(path).items()}

@@ -13,7 +13,8 @@ from compatfs.handlers.glmocr import RotaryWidth, gate_up
 from compatfs.testing.glmocr import GLM_SPECIALS, GLMOCR, glm_tokens, legacy_glmocr
 from compatfs.testing.store import add_model
 
-from compare import kvs
+from chat import assert_completes_and_sees, load_failure
+from compare import kvs, shapes, tensors
 from conftest import needs_fuse
 from ggufs import write_gguf
 from xlc_client import run_job
@@ -32,25 +33,6 @@ def store(blob):
     root = blob.parent / "store"
     add_model(root, "glm-ocr", blob)
     return root
-
-
-def load_failure(path) -> str:
-    """Why llama.cpp refuses to load `path` (it must refuse).  llama.cpp logs from
-    a thread the job process may exit before, so a reason is asked for up to 3 times."""
-    for _ in range(3):
-        res = run_job({"model": str(path)})
-        assert not res["ok"]
-        if res.get("log_errors"):
-            break
-    return str(res)
-
-
-def tensors(path) -> dict:
-    return {t.name: t for t in gguf.GGUFReader(path).tensors}
-
-
-def shapes(path) -> dict:
-    return {name: tuple(int(x) for x in t.shape) for name, t in tensors(path).items()}
 
 
 def token_id(text: str) -> int:
@@ -190,17 +172,7 @@ def test_projector_view(blob, store, mount_store):
 def test_loads_and_runs_in_llama_cpp(blob, store, mount_store):
     m = mount_store(store)
     model, mmproj = str(m / MODEL / "model.gguf"), str(m / MODEL / "mmproj.gguf")
-    describe = {"op": "chat", "messages": [{"role": "user", "content": "Describe."}], "n_predict": 4}
-    res = run_job({"model": model, "mmproj": mmproj, "actions": [
-        {"op": "complete", "prompt": "hello", "n_predict": 4}, {**describe, "image_png": True}]})
-    assert res["ok"], res.get("error")
-    complete, chat = res["results"]
-    assert complete["ok"] and complete["tokens_predicted"] > 0
-    assert chat["ok"] and chat["completion_tokens"] > 0
-    # With an image the prompt is longer than without: the projector ran.
-    text_only = run_job({"model": model, "actions": [describe]})
-    assert text_only["ok"], text_only.get("error")
-    assert chat["prompt_tokens"] > text_only["results"][0]["prompt_tokens"]
+    assert_completes_and_sees(model, mmproj)
     # Untranslated, the blob loads neither as a model nor as a projector.
     assert "unknown model architecture: 'glmocr'" in load_failure(blob)
     assert not run_job({"model": model, "mmproj": str(blob)})["ok"]

@@ -11,7 +11,8 @@ from compatfs.handlers.llama4 import ScaleFactor
 from compatfs.testing.llama4 import LLAMA4, LLAMA4_SPECIALS, legacy_llama4, llama4_tokens
 from compatfs.testing.store import add_model
 
-from compare import kvs
+from chat import assert_completes_and_sees, load_failure
+from compare import kvs, shapes, tensors
 from conftest import needs_fuse
 from xlc_client import run_job
 
@@ -29,25 +30,6 @@ def store(blob):
     root = blob.parent / "store"
     add_model(root, "llama4", blob, tag="scout")
     return root
-
-
-def load_failure(path) -> str:
-    """Why llama.cpp refuses to load `path` (it must refuse).  llama.cpp logs from
-    a thread the job process may exit before, so a reason is asked for up to 3 times."""
-    for _ in range(3):
-        res = run_job({"model": str(path)})
-        assert not res["ok"]
-        if res.get("log_errors"):
-            break
-    return str(res)
-
-
-def tensors(path) -> dict:
-    return {t.name: t for t in gguf.GGUFReader(path).tensors}
-
-
-def shapes(path) -> dict:
-    return {name: tuple(int(x) for x in t.shape) for name, t in tensors(path).items()}
 
 
 def llama_cpp_vocab(blob, path):
@@ -178,17 +160,7 @@ def test_projector_view(blob, store, mount_store):
 def test_loads_and_runs_in_llama_cpp(blob, store, mount_store):
     m = mount_store(store)
     model, mmproj = str(m / MODEL / "model.gguf"), str(m / MODEL / "mmproj.gguf")
-    describe = {"op": "chat", "messages": [{"role": "user", "content": "Describe."}], "n_predict": 4}
-    res = run_job({"model": model, "mmproj": mmproj, "actions": [
-        {"op": "complete", "prompt": "hello", "n_predict": 4}, {**describe, "image_png": True}]})
-    assert res["ok"], res.get("error")
-    complete, chat = res["results"]
-    assert complete["ok"] and complete["tokens_predicted"] > 0
-    assert chat["ok"] and chat["completion_tokens"] > 0
-    # With an image the prompt is longer than without: the projector ran.
-    text_only = run_job({"model": model, "actions": [describe]})
-    assert text_only["ok"], text_only.get("error")
-    assert chat["prompt_tokens"] > text_only["results"][0]["prompt_tokens"]
+    assert_completes_and_sees(model, mmproj)
     # Untranslated, the blob loads neither as a model nor as a projector.
     assert "wrong number of tensors" in load_failure(blob)
     assert not run_job({"model": model, "mmproj": str(blob)})["ok"]
