@@ -48,6 +48,7 @@ def _vtype(raw: int, where: str) -> VT:
 
 _BULK_MIN = 256            # shorter string arrays: the plain walk beats numpy's per-call overhead
 _CHUNK = 1 << 20           # bytes scanned for guessed starts at a time (bounds the temporaries)
+_PATIENCE = 32             # strings the bulk walk must take per round, on average, to go on
 _HEAD = 64                 # bytes at the start of an array that key the remembered layouts
 _remembered: LRUCache = LRUCache(maxsize=32 << 20, getsizeof=lambda e: len(e[0]) + 8 * len(e[2]))
 _remembered_lock = threading.Lock()
@@ -81,7 +82,8 @@ def string_starts(buf, off: int, count: int, end: int, base: int = 0) -> tuple[_
         seen = _remembered.get(key)
     if seen is not None:
         raw, delta, starts = seen
-        if off + len(raw) <= hi and np.array_equal(mem[off:off + len(raw)], np.frombuffer(raw, np.uint8)):
+        # (startswith of a slice as long as `raw` is equality, without a copy)
+        if off + len(raw) <= hi and raw.startswith(memoryview(mem)[off:off + len(raw)]):
             return _shifted(starts, off - base - delta), off + len(raw)
     starts, pos = _bulk_walk(buf, mem, off, count, end, base)
     with _remembered_lock:
@@ -107,12 +109,17 @@ def _bulk_walk(buf, mem: np.ndarray, off: int, count: int, end: int, base: int) 
     known start that is a guess, the unbroken chain of guesses after it is
     taken whole: by induction each is the walk's next step (read in full and
     in bounds).  A known start that is no guess advances by one step of the
-    walk itself; once a length field does not lie inside buf[:end], the
-    plain walk `_walk` takes over and returns or raises as the walk does.
+    walk itself.  Once a length field does not lie inside buf[:end], or when
+    the guesses do not pay (hostile or unusual data: few strings taken per
+    round), the plain walk `_walk` goes on from there and returns or raises
+    as the walk does.
     """
     hi = min(end, mem.size)
-    parts, pos, left, top = [], off, count, -1
+    parts, pos, left, top, rounds = [], off, count, -1, 0
     while left and pos + 8 <= hi:
+        rounds += 1
+        if rounds > 64 and rounds * _PATIENCE > count - left:
+            break
         if pos + 16 > top:
             top = min(hi, pos + max(64, min(_CHUNK, 64 * left)))
             cand, brk = _candidates(mem, pos, top)

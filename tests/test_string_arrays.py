@@ -83,12 +83,14 @@ def random_case(rng: random.Random):
     return wrap(buf), off, max(count, 0), end, base
 
 
-@pytest.fixture(params=["default", "bulk-small-chunks", "bulk-tiny-chunks"])
+@pytest.fixture(params=["default", "small-chunks", "tiny-chunks", "impatient"])
 def tuning(request, monkeypatch):
-    """The bulk walk also on small arrays, and chunk borders everywhere."""
+    """The bulk walk also on small arrays, chunk borders everywhere, and a
+    bulk walk that hands over to the plain walk early."""
     if request.param != "default":
         monkeypatch.setattr(gv, "_BULK_MIN", 0)
-        monkeypatch.setattr(gv, "_CHUNK", 256 if request.param == "bulk-small-chunks" else 16)
+        monkeypatch.setattr(gv, "_CHUNK", 16 if request.param == "tiny-chunks" else 256)
+        monkeypatch.setattr(gv, "_PATIENCE", 10**6 if request.param == "impatient" else 0)
     gv._remembered.clear()
     yield request.param
     gv._remembered.clear()
