@@ -121,7 +121,7 @@ def _bulk_walk(buf, mem: np.ndarray, off: int, count: int, end: int, base: int) 
         if rounds > 64 and rounds * _PATIENCE > count - left:
             break
         if pos + 16 > top:
-            top = min(hi, pos + max(64, min(_CHUNK, 64 * left)))
+            top = min(hi, pos + max(64, min(_CHUNK, 32 * left)))
             cand, brk = _candidates(mem, pos, top)
         i = int(cand.searchsorted(pos))
         if i < cand.size and cand[i] == pos:
