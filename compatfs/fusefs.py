@@ -3,8 +3,9 @@
 Kept thin on purpose: every decision about what a file contains lives in
 `tree`, `views` and `view`.  A read is answered with malloc'ed buffers that
 libfuse frees (`read_buf`): blob ranges are read with preadv straight into C
-memory (their bytes never become Python objects), header bytes and op
-tensors are copied in.
+memory (their bytes never become Python objects), ranges of elementwise ops
+are computed straight into it, header bytes and whole-computed op tensors
+are copied in.
 
 What this layer guarantees on its own:
 - libfuse 3, chosen explicitly (mfusepy would take libfuse 2 first).
@@ -38,7 +39,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
+from typing import NamedTuple, NoReturn
+
+import numpy as np
 
 # mfusepy takes libfuse 2 when both are installed; this layer is written for 3.
 if not os.environ.get("FUSE_LIBRARY_PATH"):
@@ -47,7 +50,7 @@ if not os.environ.get("FUSE_LIBRARY_PATH"):
 import mfusepy as fuse  # noqa: E402
 
 from .tree import BLOBS, FileRef, Tree  # noqa: E402
-from .view import FileRange, View  # noqa: E402
+from .view import Computed, FileRange, View  # noqa: E402
 from .views import LAYER_FILE, MMPROJ_FILE, MODEL_FILE  # noqa: E402
 
 log = logging.getLogger("compatfs")
@@ -184,15 +187,17 @@ class _Served:
     fhs: set[int] = field(default_factory=set)
 
 
-def _malloc_copy(data) -> int:
-    """A malloc'ed copy of `data` (bytes-like), for libfuse to free."""
-    n = len(data)
-    mem = _libc.malloc(max(n, 1))
-    if not mem:
-        raise fuse.FuseOSError(errno.ENOMEM)
-    if n:
-        memoryview((ctypes.c_char * n).from_address(mem)).cast("B")[:] = data
-    return mem
+class _Gathered(NamedTuple):
+    """Pieces answered in one buffer (libfuse without the multi-buffer layout)."""
+    pieces: list
+
+
+def _piece_size(piece) -> int:
+    if isinstance(piece, (FileRange, Computed)):
+        return piece.size
+    if isinstance(piece, _Gathered):
+        return sum(map(_piece_size, piece.pieces))
+    return len(piece)
 
 
 def _erofs(*_args, **_kwargs):
@@ -604,42 +609,82 @@ class CompatFS(fuse.Operations):
                       "until it is opened again", handle.blob, handle.path)
         raise fuse.FuseOSError(errno.EIO)
 
-    def _pieces(self, handle: _Handle, size: int, offset: int):
+    def _pieces(self, handle: _Handle, size: int, offset: int) -> list:
+        """The view's layout of the range; ops computed whole are computed here."""
         try:
-            return handle.view.pieces(offset, size)
+            return handle.view.layout(offset, size)
         except Exception as e:   # an op that fails on bad tensor data
-            log.error("read of %s at %d failed: %s", handle.blob, offset, e)
-            raise fuse.FuseOSError(errno.EIO) from None
+            self._failed_read(handle, offset, e)
 
     @staticmethod
-    def _pread(handle: _Handle, r: FileRange) -> bytes:
-        data = os.pread(handle.fd, r.size, r.offset)
-        if len(data) != r.size:
-            log.error("blob %s is shorter than its header says (read at %d)", handle.blob, r.offset)
-            raise fuse.FuseOSError(errno.EIO)
-        return data
+    def _failed_read(handle: _Handle, offset: int, e: Exception) -> NoReturn:
+        log.error("read of %s at %d failed: %s", handle.blob, offset, e)
+        raise fuse.FuseOSError(errno.EIO) from None
+
+    def _compute_into(self, handle: _Handle, piece: Computed, out: memoryview, offset: int) -> None:
+        """A range of a ranged op computed straight into `out`, its inputs read
+        from the handle's blob (checked against the view's stamp by the caller)."""
+        def read(t, start: int, size: int) -> memoryview:
+            buf = np.empty(size, np.uint8)
+            self._pread_into(handle, memoryview(buf), t.offset + start)
+            return memoryview(buf)
+        try:
+            piece.op.compute_range_into(read, piece.lo, piece.lo + piece.size, out)
+        except fuse.FuseOSError:
+            raise
+        except Exception as e:   # an op that fails on bad tensor data
+            self._failed_read(handle, offset, e)
 
     def read(self, path, size, offset, fi):
         handle = self._handle(fi)
-        return b"".join(self._pread(handle, p) if isinstance(p, FileRange) else bytes(p)
-                        for p in self._pieces(handle, size, offset))
+        pieces = self._pieces(handle, size, offset)
+        out = memoryview(bytearray(sum(_piece_size(p) for p in pieces)))
+        self._fill(handle, pieces, out, offset)
+        self._handle(fi)   # the blob is still the one the view was built from
+        return bytes(out)
+
+    def _fill(self, handle: _Handle, pieces: list, out: memoryview, offset: int) -> None:
+        """The pieces' bytes, one after another, into `out`."""
+        at = 0
+        for piece in pieces:
+            n = _piece_size(piece)
+            self._fill_piece(handle, piece, out[at:at + n], offset + at)
+            at += n
+
+    def _fill_piece(self, handle: _Handle, piece, out: memoryview, offset: int) -> None:
+        if isinstance(piece, FileRange):
+            self._pread_into(handle, out, piece.offset)
+        elif isinstance(piece, Computed):
+            self._compute_into(handle, piece, out, offset)
+        else:
+            out[:] = piece
 
     def read_buf(self, path, bufpp, size, offset, fi):
         handle = self._handle(fi)
         pieces = self._pieces(handle, size, offset)
         if len(pieces) > 1 and not _MULTI_BUF:
-            pieces = [b"".join(self._pread(handle, p) if isinstance(p, FileRange) else p for p in pieces)]
+            pieces = [_Gathered(pieces)]
         vec = _bufvec_type(len(pieces))(count=len(pieces))
         taken: list[int] = []
         try:
+            at = offset
             for buf, piece in zip(vec.buf, pieces):
-                # Memory buffers, which libfuse frees: blob ranges are read
-                # here, straight into C memory, so that a blob cut short under
-                # a read is EIO, never a short reply (the kernel would take it
-                # for the end of the file).
-                mem = self._pread_to_c(handle, piece) if isinstance(piece, FileRange) else _malloc_copy(piece)
+                # Memory buffers, which libfuse frees, filled here: blob ranges
+                # are read straight into C memory (a blob cut short under a
+                # read is EIO, never a short reply, which the kernel would take
+                # for the end of the file), op ranges computed into it.
+                n = _piece_size(piece)
+                mem = _libc.malloc(max(n, 1))
+                if not mem:
+                    raise fuse.FuseOSError(errno.ENOMEM)
                 taken.append(mem)
-                buf.size, buf.mem = (piece.size if isinstance(piece, FileRange) else len(piece)), mem
+                out = memoryview((ctypes.c_char * n).from_address(mem)).cast("B") if n else memoryview(b"")
+                if isinstance(piece, _Gathered):
+                    self._fill(handle, piece.pieces, out, at)
+                else:
+                    self._fill_piece(handle, piece, out, at)
+                buf.size, buf.mem = n, mem
+                at += n
             self._handle(fi)   # the blob is still the one the view was built from
             out = _libc.malloc(ctypes.sizeof(vec))
             if not out:
@@ -653,24 +698,15 @@ class CompatFS(fuse.Operations):
         return 0
 
     @staticmethod
-    def _pread_to_c(handle: _Handle, r: FileRange) -> int:
-        """A malloc'ed buffer holding the range, read from the blob; EIO when
-        the blob ends first."""
-        mem = _libc.malloc(max(r.size, 1))
-        if not mem:
-            raise fuse.FuseOSError(errno.ENOMEM)
-        view, done = memoryview((ctypes.c_char * r.size).from_address(mem)).cast("B"), 0
-        try:
-            while done < r.size:
-                n = os.preadv(handle.fd, [view[done:]], r.offset + done)
-                if n == 0:
-                    log.error("blob %s is shorter than its header says (read at %d)", handle.blob, r.offset + done)
-                    raise fuse.FuseOSError(errno.EIO)
-                done += n
-        except BaseException:
-            _libc.free(mem)
-            raise
-        return mem
+    def _pread_into(handle: _Handle, out: memoryview, offset: int) -> None:
+        """The blob's bytes at `offset` into all of `out`; EIO when the blob ends first."""
+        done, size = 0, len(out)
+        while done < size:
+            n = os.preadv(handle.fd, [out[done:]], offset + done)
+            if n == 0:
+                log.error("blob %s is shorter than its header says (read at %d)", handle.blob, offset + done)
+                raise fuse.FuseOSError(errno.EIO)
+            done += n
 
     # -- everything that would write -------------------------------------------
     write = create = mkdir = mknod = unlink = rmdir = rename = _erofs

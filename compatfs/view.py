@@ -17,13 +17,21 @@ from typing import Hashable, NamedTuple, Union
 from .gguf_source import MAGIC, SourceGGUF
 from .gguf_values import GGUFError
 from .opcache import OpCache
-from .ops import InputRange
+from .ops import InputRange, Op
 from .translation import ViewSpec, ViewTensor
 
 
 class FileRange(NamedTuple):
     """`size` bytes of the blob at absolute `offset`."""
     offset: int
+    size: int
+
+
+class Computed(NamedTuple):
+    """Bytes [lo, lo+size) of an op computed per requested range: left for
+    the reader to compute into its own buffer (`View.layout`)."""
+    op: Op
+    lo: int
     size: int
 
 
@@ -116,9 +124,15 @@ class View:
 
     # -- reads ----------------------------------------------------------------
     def pieces(self, offset: int, size: int) -> list[Piece]:
-        """The bytes at [offset, offset+size), clipped to the file, as pieces."""
+        """The bytes at [offset, offset+size), clipped to the file, as pieces
+        (ranges of ops computed here, their inputs read from the blob)."""
+        return [p.op.compute_range(self._read_range, p.lo, p.lo + p.size) if isinstance(p, Computed) else p
+                for p in self.layout(offset, size)]
+
+    def layout(self, offset: int, size: int) -> list[Piece | Computed]:
+        """As `pieces`, with ranges of ranged ops left to compute (`Computed`)."""
         end = min(offset + size, self.size)
-        out: list[Piece] = []
+        out: list[Piece | Computed] = []
         i = bisect.bisect_right(self._starts, offset) - 1
         while offset < end and i < len(self._segments):
             seg = self._segments[i]
@@ -131,7 +145,7 @@ class View:
             elif seg.kind == "zero":
                 out.append(bytes(n))
             elif seg.kind == "range":
-                out.append(seg.arg.compute_range(self._read_range, lo, lo + n))
+                out.append(Computed(seg.arg, lo, n))
             else:
                 key, op = seg.arg
                 data = self._cache.get(key, lambda: self._compute(op))
