@@ -200,6 +200,9 @@ def _piece_size(piece) -> int:
     return len(piece)
 
 
+_UNKNOWN = object()
+
+
 def _erofs(*_args, **_kwargs):
     raise fuse.FuseOSError(errno.EROFS)
 
@@ -210,6 +213,7 @@ class CompatFS(fuse.Operations):
     use_ns = True
     RESCAN_SECONDS = 1.0
     _FAILURES_KEPT = 1024
+    _ATTRS_KEPT = 1 << 16
 
     def __init__(self, tree: Tree, mountpoint: str, read_ahead_kb: int = 0):
         self.tree = tree
@@ -222,6 +226,13 @@ class CompatFS(fuse.Operations):
         self._served: dict[str, _Served] = {}       # path -> what it served last (page-cache validity)
         self._failures: dict[tuple, str] = {}      # what failed (blob, kind, stamp) -> the line logged once
         self._stale_paths: set[str] = set()      # to invalidate: they kept a view for open files
+        # getattr's answers (None: no such path) as of the last rescan, so that
+        # a listing is answered from memory (permissions are checked anew); emptied whenever a rescan sees a
+        # change, before the kernel is told, and for a path whose files open
+        # or close.  `_generation` keeps an answer computed across a change out.
+        self._attrs: dict[str, dict | None] = {}
+        self._listings: dict[str, list] = {}       # readdir's answers, remembered alike
+        self._generation = 0
         self._fuse_ptr: int | None = None
         self._stop = threading.Event()
         self._kick = threading.Event()             # rescan now
@@ -263,7 +274,7 @@ class CompatFS(fuse.Operations):
         if self._read_ahead_kb:
             log.info(set_read_ahead(self._mountpoint, self._read_ahead_kb))
         old_snap = self.tree.snapshot()
-        before = self.tree.folders(old_snap)
+        before = self._marks(old_snap)
         while not self._stop.is_set():
             self._kick.wait(self.RESCAN_SECONDS)
             self._kick.clear()
@@ -273,9 +284,11 @@ class CompatFS(fuse.Operations):
                 with self._lock:
                     stale, self._stale_paths = self._stale_paths, set()
                 snap = self.tree.snapshot()
-                now = self.tree.folders(snap)
+                now = self._marks(snap)
                 changed = {d for d in before.keys() | now.keys() if before.get(d) != now.get(d)}
                 before = now
+                if changed or stale:
+                    self._forget_attrs()
                 if changed:
                     log.info("store changed: %s", ", ".join(sorted(changed)))
                     self._invalidate(changed, old_snap, snap)
@@ -286,9 +299,31 @@ class CompatFS(fuse.Operations):
             except Exception:   # the mount outlives a failed rescan
                 log.exception("rescan of %s failed", self.root)
 
+    def _marks(self, snap) -> dict[str, tuple]:
+        """What the rescan compares: each folder's blobs (`Tree.folders`), and
+        the owner, mode and time of the store's two top folders (which every
+        folder of the mount shows)."""
+        marks = self.tree.folders(snap)
+        for top in ("manifests", BLOBS):
+            try:
+                st = os.stat(self.root / top)
+                marks[f"<{top}>"] = (st.st_uid, st.st_gid, st.st_mode, st.st_mtime_ns)
+            except OSError:
+                marks[f"<{top}>"] = None
+        return marks
+
+    def _forget_attrs(self) -> None:
+        """Drop every remembered attribute and listing."""
+        with self._lock:
+            self._generation += 1
+            self._attrs.clear()
+            self._listings.clear()
+
     def _invalidate(self, folders: set[str], *snaps) -> None:
         """Invalidate the folders, their files (as either snapshot names them) and parents."""
         paths = set()
+        if any(d.startswith("<") for d in folders):   # the store's top folders: every folder shows them
+            folders = {d for d in folders if not d.startswith("<")} | set(snaps[-1].dirs)
         for d in folders:
             names = {MODEL_FILE, MMPROJ_FILE}
             for snap in snaps:
@@ -432,6 +467,27 @@ class CompatFS(fuse.Operations):
         handle = self._handles.get(fh.fh) if fh is not None else None
         if handle is not None:
             return self._file_attrs(path, handle.view.stamp, handle.view.size, self._fstat(handle.fd))
+        with self._lock:
+            attrs = self._attrs.get(path, _UNKNOWN)
+            generation = self._generation
+            served = self._served.get(path)
+            remember = served is None or not served.fhs
+        if attrs is _UNKNOWN or not remember:
+            try:
+                attrs = self._getattr(path)
+            except fuse.FuseOSError as e:
+                if e.errno != errno.ENOENT:
+                    raise
+                attrs = None
+            if remember:
+                with self._lock:
+                    if generation == self._generation and len(self._attrs) < self._ATTRS_KEPT:
+                        self._attrs[path] = attrs
+        if attrs is None:
+            raise fuse.FuseOSError(errno.ENOENT)
+        return attrs
+
+    def _getattr(self, path: str) -> dict:
         node = self._node(path)
         if isinstance(node, list):
             return self._dir_attrs(path)
@@ -472,13 +528,25 @@ class CompatFS(fuse.Operations):
             return None
 
     def readdir(self, path, fh):
-        node = self._node(path)
-        if not isinstance(node, list):
-            raise fuse.FuseOSError(errno.ENOTDIR)
+        with self._lock:
+            entries = self._listings.get(path)
+            generation = self._generation
+        if entries is None:
+            entries = self._list(path)
+            with self._lock:
+                if generation == self._generation and len(self._listings) < self._ATTRS_KEPT:
+                    self._listings[path] = entries
         rel = path.strip("/")
         uid, gids = _caller()
         if not may_access(self.root / (BLOBS if rel.split("/")[0] == BLOBS else "manifests"), uid, gids):
             raise fuse.FuseOSError(errno.EACCES)
+        return entries
+
+    def _list(self, path: str) -> list[tuple]:
+        node = self._node(path)
+        if not isinstance(node, list):
+            raise fuse.FuseOSError(errno.ENOTDIR)
+        rel = path.strip("/")
         # d_ino must be set (readers skip entries with inode 0) and match stat's.
         entries = [(".", {"st_mode": stat.S_IFDIR, "st_ino": self._dir_ino(rel)}, 0),
                    ("..", {"st_mode": stat.S_IFDIR, "st_ino": self._dir_ino(rel.rpartition("/")[0])}, 0)]
@@ -558,6 +626,8 @@ class CompatFS(fuse.Operations):
                 served = self._served[path] = _Served(view, blob, view.stamp)
             served.view = view
             served.fhs.add(fh)
+            self._generation += 1
+            self._attrs.pop(path, None)
         fi.fh = fh
         return 0
 
@@ -569,6 +639,9 @@ class CompatFS(fuse.Operations):
                 served.fhs.discard(fi.fh)
                 if not served.fhs:
                     served.view = None
+            if handle is not None:
+                self._generation += 1
+                self._attrs.pop(handle.path, None)
         if handle is None:
             return 0
         os.close(handle.fd)
@@ -713,6 +786,11 @@ class CompatFS(fuse.Operations):
     chmod = chown = truncate = utimens = symlink = link = setxattr = removexattr = _erofs
 
 
+# The kernel keeps attributes and entries this long: the rescan invalidates
+# whatever changed within about a second, so a repeat listing is answered by
+# the kernel, not by a round trip per file.
+ATTR_TIMEOUT = 3600
+
 # Options this layer sets itself (or that mfusepy takes as its own arguments).
 RESERVED_OPTIONS = frozenset({"foreground", "nothreads", "raw_fi", "encoding", "errors", "operations",
                               "mountpoint", "use_ino", "rw"})
@@ -820,7 +898,7 @@ def mount(tree: Tree, mountpoint: str, options: dict | None = None, read_ahead_k
     options = dict(options or {})
     check_options(options)
     opts = {"ro": True, "fsname": "compatfs", "subtype": "compatfs", "use_ino": True,
-            "attr_timeout": 60, "entry_timeout": 60, "default_permissions": True}
+            "attr_timeout": ATTR_TIMEOUT, "entry_timeout": ATTR_TIMEOUT, "default_permissions": True}
     if os.getuid() == 0:
         opts["allow_other"] = True
     if _libfuse_tuple() >= (3, 12) and "max_threads" not in options:

@@ -113,8 +113,9 @@ class Tree:
 
     def folders(self, snap: Snapshot) -> dict[str, tuple]:
         """Every folder that holds GGUF files, with the identity (path, device,
-        inode, size, mtime) of each blob behind it: what changes when a model is
-        pulled again, removed, or its blob rewritten."""
+        inode, size, mtime) and owner and mode of each blob behind it: what
+        changes when a model is pulled again, removed, its blob rewritten or
+        its permissions changed."""
         stamps: dict[Path, tuple | None] = {}
 
         def stamp(blob: Path | None) -> tuple | None:
@@ -123,7 +124,8 @@ class Tree:
             if blob not in stamps:
                 try:
                     st = os.stat(blob)
-                    stamps[blob] = (str(blob), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+                    stamps[blob] = (str(blob), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+                                    st.st_uid, st.st_gid, st.st_mode)
                 except OSError:
                     stamps[blob] = (str(blob),)
             return stamps[blob]
