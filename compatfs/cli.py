@@ -243,6 +243,8 @@ def _serve(store: Store, mnt: Path, args, translate: bool) -> int:
     except fusefs.MountError as e:
         log.error("%s", e)
         raise CliError(str(e)) from None
+    finally:
+        views.close()
     log.info("unmounted %s", mnt)
     return 0
 

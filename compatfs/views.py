@@ -91,6 +91,21 @@ def _stamp(path: Path) -> Stamp:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+def _die_with(parent: int) -> None:
+    """In an indexing worker: end when the daemon ends, however it ends (a
+    worker holds its own task queue open, so it would otherwise wait forever
+    for work from a daemon killed with SIGKILL)."""
+    import ctypes
+    import ctypes.util
+    import signal
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:    # the daemon ended before that took effect
+        os._exit(0)
+
+
 def summarize(path: Path, translate: bool) -> tuple[Stamp, Summary]:
     """The blob's identity and its views' summary, made from scratch (also in
     a worker process: every argument and result is plain data)."""
@@ -203,7 +218,8 @@ class BlobViews:
         with self._lock:
             if self._pool is None:
                 ctx = multiprocessing.get_context("spawn")
-                self._pool = ProcessPoolExecutor(max_workers=self._workers, mp_context=ctx)
+                self._pool = ProcessPoolExecutor(max_workers=self._workers, mp_context=ctx,
+                                                 initializer=_die_with, initargs=(os.getpid(),))
             futures = []
             for path in todo:
                 if str(path) not in self._pending:
@@ -226,6 +242,14 @@ class BlobViews:
                 # Idle workers hold memory: they go until the next batch.
                 self._pool.shutdown(wait=False)
                 self._pool = None
+
+    def close(self) -> None:
+        """Stop the indexing workers (what they were doing is done again next time)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+            self._pending.clear()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     # -- views -----------------------------------------------------------------
     def view(self, path: Path, kind: str) -> View:
