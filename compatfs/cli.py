@@ -198,22 +198,27 @@ def cmd_mount(args) -> int:
     raise CliError(f"mount of {mnt} did not come up within 30 s ({where})")
 
 
-def _return_large_allocations() -> None:
-    """Allocations of 1 MiB or more (parsed headers, rendered headers, op
-    tensors) mapped on their own, so that freeing them returns the memory:
-    glibc otherwise raises that threshold as blocks are freed and keeps them
-    in a heap that only grows over a long-running mount."""
+def _tune_malloc() -> None:
+    """Large allocations (parsed and rendered headers, whole op tensors) mapped
+    on their own, so that freeing them returns the memory: glibc otherwise
+    raises that threshold as blocks are freed and keeps them in a heap that
+    only grows over a long-running mount.  Read replies (up to 1 MiB, and the
+    op inputs behind them) stay below the threshold and reuse heap memory: a
+    fresh mapping per reply would fault in every page of it again.  Two
+    arenas, each keeping at most a few MiB free, bound what that reuse holds."""
     import ctypes
     import ctypes.util
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        libc.mallopt(-3, 1 << 20)   # M_MMAP_THRESHOLD
+        libc.mallopt(-8, 2)          # M_ARENA_MAX
+        libc.mallopt(-3, 4 << 20)    # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 8 << 20)    # M_TRIM_THRESHOLD
     except (OSError, AttributeError):
         pass
 
 
 def _serve(store: Store, mnt: Path, args, translate: bool) -> int:
-    _return_large_allocations()
+    _tune_malloc()
     from . import fusefs
     from .opcache import OpCache
     from .tree import Tree
@@ -238,6 +243,8 @@ def _serve(store: Store, mnt: Path, args, translate: bool) -> int:
     except fusefs.MountError as e:
         log.error("%s", e)
         raise CliError(str(e)) from None
+    finally:
+        views.close()
     log.info("unmounted %s", mnt)
     return 0
 

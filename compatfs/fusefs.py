@@ -3,8 +3,9 @@
 Kept thin on purpose: every decision about what a file contains lives in
 `tree`, `views` and `view`.  A read is answered with malloc'ed buffers that
 libfuse frees (`read_buf`): blob ranges are read with preadv straight into C
-memory (their bytes never become Python objects), header bytes and op
-tensors are copied in.
+memory (their bytes never become Python objects), ranges of elementwise ops
+are computed straight into it, header bytes and whole-computed op tensors
+are copied in.
 
 What this layer guarantees on its own:
 - libfuse 3, chosen explicitly (mfusepy would take libfuse 2 first).
@@ -38,7 +39,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
+from typing import NamedTuple, NoReturn
+
+import numpy as np
 
 # mfusepy takes libfuse 2 when both are installed; this layer is written for 3.
 if not os.environ.get("FUSE_LIBRARY_PATH"):
@@ -47,7 +50,7 @@ if not os.environ.get("FUSE_LIBRARY_PATH"):
 import mfusepy as fuse  # noqa: E402
 
 from .tree import BLOBS, FileRef, Tree  # noqa: E402
-from .view import FileRange, View  # noqa: E402
+from .view import Computed, FileRange, View  # noqa: E402
 from .views import LAYER_FILE, MMPROJ_FILE, MODEL_FILE  # noqa: E402
 
 log = logging.getLogger("compatfs")
@@ -184,15 +187,20 @@ class _Served:
     fhs: set[int] = field(default_factory=set)
 
 
-def _malloc_copy(data) -> int:
-    """A malloc'ed copy of `data` (bytes-like), for libfuse to free."""
-    n = len(data)
-    mem = _libc.malloc(max(n, 1))
-    if not mem:
-        raise fuse.FuseOSError(errno.ENOMEM)
-    if n:
-        memoryview((ctypes.c_char * n).from_address(mem)).cast("B")[:] = data
-    return mem
+class _Gathered(NamedTuple):
+    """Pieces answered in one buffer (libfuse without the multi-buffer layout)."""
+    pieces: list
+
+
+def _piece_size(piece) -> int:
+    if isinstance(piece, (FileRange, Computed)):
+        return piece.size
+    if isinstance(piece, _Gathered):
+        return sum(map(_piece_size, piece.pieces))
+    return len(piece)
+
+
+_UNKNOWN = object()
 
 
 def _erofs(*_args, **_kwargs):
@@ -205,6 +213,7 @@ class CompatFS(fuse.Operations):
     use_ns = True
     RESCAN_SECONDS = 1.0
     _FAILURES_KEPT = 1024
+    _ATTRS_KEPT = 1 << 16
 
     def __init__(self, tree: Tree, mountpoint: str, read_ahead_kb: int = 0):
         self.tree = tree
@@ -217,6 +226,13 @@ class CompatFS(fuse.Operations):
         self._served: dict[str, _Served] = {}       # path -> what it served last (page-cache validity)
         self._failures: dict[tuple, str] = {}      # what failed (blob, kind, stamp) -> the line logged once
         self._stale_paths: set[str] = set()      # to invalidate: they kept a view for open files
+        # getattr's answers (None: no such path) as of the last rescan, so that
+        # a listing is answered from memory (permissions are checked anew); emptied whenever a rescan sees a
+        # change, before the kernel is told, and for a path whose files open
+        # or close.  `_generation` keeps an answer computed across a change out.
+        self._attrs: dict[str, dict | None] = {}
+        self._listings: dict[str, list] = {}       # readdir's answers, remembered alike
+        self._generation = 0
         self._fuse_ptr: int | None = None
         self._stop = threading.Event()
         self._kick = threading.Event()             # rescan now
@@ -258,7 +274,7 @@ class CompatFS(fuse.Operations):
         if self._read_ahead_kb:
             log.info(set_read_ahead(self._mountpoint, self._read_ahead_kb))
         old_snap = self.tree.snapshot()
-        before = self.tree.folders(old_snap)
+        before = self._marks(old_snap)
         while not self._stop.is_set():
             self._kick.wait(self.RESCAN_SECONDS)
             self._kick.clear()
@@ -268,9 +284,11 @@ class CompatFS(fuse.Operations):
                 with self._lock:
                     stale, self._stale_paths = self._stale_paths, set()
                 snap = self.tree.snapshot()
-                now = self.tree.folders(snap)
+                now = self._marks(snap)
                 changed = {d for d in before.keys() | now.keys() if before.get(d) != now.get(d)}
                 before = now
+                if changed or stale:
+                    self._forget_attrs()
                 if changed:
                     log.info("store changed: %s", ", ".join(sorted(changed)))
                     self._invalidate(changed, old_snap, snap)
@@ -281,9 +299,31 @@ class CompatFS(fuse.Operations):
             except Exception:   # the mount outlives a failed rescan
                 log.exception("rescan of %s failed", self.root)
 
+    def _marks(self, snap) -> dict[str, tuple]:
+        """What the rescan compares: each folder's blobs (`Tree.folders`), and
+        the owner, mode and time of the store's two top folders (which every
+        folder of the mount shows)."""
+        marks = self.tree.folders(snap)
+        for top in ("manifests", BLOBS):
+            try:
+                st = os.stat(self.root / top)
+                marks[f"<{top}>"] = (st.st_uid, st.st_gid, st.st_mode, st.st_mtime_ns)
+            except OSError:
+                marks[f"<{top}>"] = None
+        return marks
+
+    def _forget_attrs(self) -> None:
+        """Drop every remembered attribute and listing."""
+        with self._lock:
+            self._generation += 1
+            self._attrs.clear()
+            self._listings.clear()
+
     def _invalidate(self, folders: set[str], *snaps) -> None:
         """Invalidate the folders, their files (as either snapshot names them) and parents."""
         paths = set()
+        if any(d.startswith("<") for d in folders):   # the store's top folders: every folder shows them
+            folders = {d for d in folders if not d.startswith("<")} | set(snaps[-1].dirs)
         for d in folders:
             names = {MODEL_FILE, MMPROJ_FILE}
             for snap in snaps:
@@ -427,6 +467,27 @@ class CompatFS(fuse.Operations):
         handle = self._handles.get(fh.fh) if fh is not None else None
         if handle is not None:
             return self._file_attrs(path, handle.view.stamp, handle.view.size, self._fstat(handle.fd))
+        with self._lock:
+            attrs = self._attrs.get(path, _UNKNOWN)
+            generation = self._generation
+            served = self._served.get(path)
+            remember = served is None or not served.fhs
+        if attrs is _UNKNOWN or not remember:
+            try:
+                attrs = self._getattr(path)
+            except fuse.FuseOSError as e:
+                if e.errno != errno.ENOENT:
+                    raise
+                attrs = None
+            if remember:
+                with self._lock:
+                    if generation == self._generation and len(self._attrs) < self._ATTRS_KEPT:
+                        self._attrs[path] = attrs
+        if attrs is None:
+            raise fuse.FuseOSError(errno.ENOENT)
+        return attrs
+
+    def _getattr(self, path: str) -> dict:
         node = self._node(path)
         if isinstance(node, list):
             return self._dir_attrs(path)
@@ -467,13 +528,25 @@ class CompatFS(fuse.Operations):
             return None
 
     def readdir(self, path, fh):
-        node = self._node(path)
-        if not isinstance(node, list):
-            raise fuse.FuseOSError(errno.ENOTDIR)
+        with self._lock:
+            entries = self._listings.get(path)
+            generation = self._generation
+        if entries is None:
+            entries = self._list(path)
+            with self._lock:
+                if generation == self._generation and len(self._listings) < self._ATTRS_KEPT:
+                    self._listings[path] = entries
         rel = path.strip("/")
         uid, gids = _caller()
         if not may_access(self.root / (BLOBS if rel.split("/")[0] == BLOBS else "manifests"), uid, gids):
             raise fuse.FuseOSError(errno.EACCES)
+        return entries
+
+    def _list(self, path: str) -> list[tuple]:
+        node = self._node(path)
+        if not isinstance(node, list):
+            raise fuse.FuseOSError(errno.ENOTDIR)
+        rel = path.strip("/")
         # d_ino must be set (readers skip entries with inode 0) and match stat's.
         entries = [(".", {"st_mode": stat.S_IFDIR, "st_ino": self._dir_ino(rel)}, 0),
                    ("..", {"st_mode": stat.S_IFDIR, "st_ino": self._dir_ino(rel.rpartition("/")[0])}, 0)]
@@ -553,6 +626,8 @@ class CompatFS(fuse.Operations):
                 served = self._served[path] = _Served(view, blob, view.stamp)
             served.view = view
             served.fhs.add(fh)
+            self._generation += 1
+            self._attrs.pop(path, None)
         fi.fh = fh
         return 0
 
@@ -564,6 +639,9 @@ class CompatFS(fuse.Operations):
                 served.fhs.discard(fi.fh)
                 if not served.fhs:
                     served.view = None
+            if handle is not None:
+                self._generation += 1
+                self._attrs.pop(handle.path, None)
         if handle is None:
             return 0
         os.close(handle.fd)
@@ -604,42 +682,82 @@ class CompatFS(fuse.Operations):
                       "until it is opened again", handle.blob, handle.path)
         raise fuse.FuseOSError(errno.EIO)
 
-    def _pieces(self, handle: _Handle, size: int, offset: int):
+    def _pieces(self, handle: _Handle, size: int, offset: int) -> list:
+        """The view's layout of the range; ops computed whole are computed here."""
         try:
-            return handle.view.pieces(offset, size)
+            return handle.view.layout(offset, size)
         except Exception as e:   # an op that fails on bad tensor data
-            log.error("read of %s at %d failed: %s", handle.blob, offset, e)
-            raise fuse.FuseOSError(errno.EIO) from None
+            self._failed_read(handle, offset, e)
 
     @staticmethod
-    def _pread(handle: _Handle, r: FileRange) -> bytes:
-        data = os.pread(handle.fd, r.size, r.offset)
-        if len(data) != r.size:
-            log.error("blob %s is shorter than its header says (read at %d)", handle.blob, r.offset)
-            raise fuse.FuseOSError(errno.EIO)
-        return data
+    def _failed_read(handle: _Handle, offset: int, e: Exception) -> NoReturn:
+        log.error("read of %s at %d failed: %s", handle.blob, offset, e)
+        raise fuse.FuseOSError(errno.EIO) from None
+
+    def _compute_into(self, handle: _Handle, piece: Computed, out: memoryview, offset: int) -> None:
+        """A range of a ranged op computed straight into `out`, its inputs read
+        from the handle's blob (checked against the view's stamp by the caller)."""
+        def read(t, start: int, size: int) -> memoryview:
+            buf = np.empty(size, np.uint8)
+            self._pread_into(handle, memoryview(buf), t.offset + start)
+            return memoryview(buf)
+        try:
+            piece.op.compute_range_into(read, piece.lo, piece.lo + piece.size, out)
+        except fuse.FuseOSError:
+            raise
+        except Exception as e:   # an op that fails on bad tensor data
+            self._failed_read(handle, offset, e)
 
     def read(self, path, size, offset, fi):
         handle = self._handle(fi)
-        return b"".join(self._pread(handle, p) if isinstance(p, FileRange) else bytes(p)
-                        for p in self._pieces(handle, size, offset))
+        pieces = self._pieces(handle, size, offset)
+        out = memoryview(bytearray(sum(_piece_size(p) for p in pieces)))
+        self._fill(handle, pieces, out, offset)
+        self._handle(fi)   # the blob is still the one the view was built from
+        return bytes(out)
+
+    def _fill(self, handle: _Handle, pieces: list, out: memoryview, offset: int) -> None:
+        """The pieces' bytes, one after another, into `out`."""
+        at = 0
+        for piece in pieces:
+            n = _piece_size(piece)
+            self._fill_piece(handle, piece, out[at:at + n], offset + at)
+            at += n
+
+    def _fill_piece(self, handle: _Handle, piece, out: memoryview, offset: int) -> None:
+        if isinstance(piece, FileRange):
+            self._pread_into(handle, out, piece.offset)
+        elif isinstance(piece, Computed):
+            self._compute_into(handle, piece, out, offset)
+        else:
+            out[:] = piece
 
     def read_buf(self, path, bufpp, size, offset, fi):
         handle = self._handle(fi)
         pieces = self._pieces(handle, size, offset)
         if len(pieces) > 1 and not _MULTI_BUF:
-            pieces = [b"".join(self._pread(handle, p) if isinstance(p, FileRange) else p for p in pieces)]
+            pieces = [_Gathered(pieces)]
         vec = _bufvec_type(len(pieces))(count=len(pieces))
         taken: list[int] = []
         try:
+            at = offset
             for buf, piece in zip(vec.buf, pieces):
-                # Memory buffers, which libfuse frees: blob ranges are read
-                # here, straight into C memory, so that a blob cut short under
-                # a read is EIO, never a short reply (the kernel would take it
-                # for the end of the file).
-                mem = self._pread_to_c(handle, piece) if isinstance(piece, FileRange) else _malloc_copy(piece)
+                # Memory buffers, which libfuse frees, filled here: blob ranges
+                # are read straight into C memory (a blob cut short under a
+                # read is EIO, never a short reply, which the kernel would take
+                # for the end of the file), op ranges computed into it.
+                n = _piece_size(piece)
+                mem = _libc.malloc(max(n, 1))
+                if not mem:
+                    raise fuse.FuseOSError(errno.ENOMEM)
                 taken.append(mem)
-                buf.size, buf.mem = (piece.size if isinstance(piece, FileRange) else len(piece)), mem
+                out = memoryview((ctypes.c_char * n).from_address(mem)).cast("B") if n else memoryview(b"")
+                if isinstance(piece, _Gathered):
+                    self._fill(handle, piece.pieces, out, at)
+                else:
+                    self._fill_piece(handle, piece, out, at)
+                buf.size, buf.mem = n, mem
+                at += n
             self._handle(fi)   # the blob is still the one the view was built from
             out = _libc.malloc(ctypes.sizeof(vec))
             if not out:
@@ -653,29 +771,25 @@ class CompatFS(fuse.Operations):
         return 0
 
     @staticmethod
-    def _pread_to_c(handle: _Handle, r: FileRange) -> int:
-        """A malloc'ed buffer holding the range, read from the blob; EIO when
-        the blob ends first."""
-        mem = _libc.malloc(max(r.size, 1))
-        if not mem:
-            raise fuse.FuseOSError(errno.ENOMEM)
-        view, done = memoryview((ctypes.c_char * r.size).from_address(mem)).cast("B"), 0
-        try:
-            while done < r.size:
-                n = os.preadv(handle.fd, [view[done:]], r.offset + done)
-                if n == 0:
-                    log.error("blob %s is shorter than its header says (read at %d)", handle.blob, r.offset + done)
-                    raise fuse.FuseOSError(errno.EIO)
-                done += n
-        except BaseException:
-            _libc.free(mem)
-            raise
-        return mem
+    def _pread_into(handle: _Handle, out: memoryview, offset: int) -> None:
+        """The blob's bytes at `offset` into all of `out`; EIO when the blob ends first."""
+        done, size = 0, len(out)
+        while done < size:
+            n = os.preadv(handle.fd, [out[done:]], offset + done)
+            if n == 0:
+                log.error("blob %s is shorter than its header says (read at %d)", handle.blob, offset + done)
+                raise fuse.FuseOSError(errno.EIO)
+            done += n
 
     # -- everything that would write -------------------------------------------
     write = create = mkdir = mknod = unlink = rmdir = rename = _erofs
     chmod = chown = truncate = utimens = symlink = link = setxattr = removexattr = _erofs
 
+
+# The kernel keeps attributes and entries this long: the rescan invalidates
+# whatever changed within about a second, so a repeat listing is answered by
+# the kernel, not by a round trip per file.
+ATTR_TIMEOUT = 3600
 
 # Options this layer sets itself (or that mfusepy takes as its own arguments).
 RESERVED_OPTIONS = frozenset({"foreground", "nothreads", "raw_fi", "encoding", "errors", "operations",
@@ -784,7 +898,7 @@ def mount(tree: Tree, mountpoint: str, options: dict | None = None, read_ahead_k
     options = dict(options or {})
     check_options(options)
     opts = {"ro": True, "fsname": "compatfs", "subtype": "compatfs", "use_ino": True,
-            "attr_timeout": 60, "entry_timeout": 60, "default_permissions": True}
+            "attr_timeout": ATTR_TIMEOUT, "entry_timeout": ATTR_TIMEOUT, "default_permissions": True}
     if os.getuid() == 0:
         opts["allow_other"] = True
     if _libfuse_tuple() >= (3, 12) and "max_threads" not in options:

@@ -102,6 +102,14 @@ def _regular(blob: Path) -> bool:
         return False
 
 
+def _listing_order(snap: Snapshot) -> list[Path]:
+    """Every blob, those behind model folders first in the order `ls` lists
+    them: what a listing asks for next is what the indexing workers take next."""
+    folders = [b for name in sorted(snap.model_dirs)
+               for b in (snap.model_dirs[name].model_blob, snap.model_dirs[name].projector_blob) if b is not None]
+    return list(dict.fromkeys([*folders, *snap.blobs.values()]))
+
+
 class Tree:
     def __init__(self, store: Store, views: BlobViews, rescan_seconds: float = 1.0):
         self.store = store
@@ -113,8 +121,9 @@ class Tree:
 
     def folders(self, snap: Snapshot) -> dict[str, tuple]:
         """Every folder that holds GGUF files, with the identity (path, device,
-        inode, size, mtime) of each blob behind it: what changes when a model is
-        pulled again, removed, or its blob rewritten."""
+        inode, size, mtime) and owner and mode of each blob behind it: what
+        changes when a model is pulled again, removed, its blob rewritten or
+        its permissions changed."""
         stamps: dict[Path, tuple | None] = {}
 
         def stamp(blob: Path | None) -> tuple | None:
@@ -123,7 +132,8 @@ class Tree:
             if blob not in stamps:
                 try:
                     st = os.stat(blob)
-                    stamps[blob] = (str(blob), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+                    stamps[blob] = (str(blob), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+                                    st.st_uid, st.st_gid, st.st_mode)
                 except OSError:
                     stamps[blob] = (str(blob),)
             return stamps[blob]
@@ -141,7 +151,7 @@ class Tree:
                 self._snap = Snapshot(self.store, self.store.scan())
                 self._stamp = now
                 if previous is None or previous.blobs != self._snap.blobs:
-                    self.views.prefetch([b for b in self._snap.blobs.values() if _regular(b)])
+                    self.views.prefetch([b for b in _listing_order(self._snap) if _regular(b)])
             return self._snap
 
     def _files(self, snap: Snapshot, path: str) -> dict[str, FileRef] | None:

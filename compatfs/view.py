@@ -17,13 +17,21 @@ from typing import Hashable, NamedTuple, Union
 from .gguf_source import MAGIC, SourceGGUF
 from .gguf_values import GGUFError
 from .opcache import OpCache
-from .ops import InputRange
+from .ops import InputRange, Op
 from .translation import ViewSpec, ViewTensor
 
 
 class FileRange(NamedTuple):
     """`size` bytes of the blob at absolute `offset`."""
     offset: int
+    size: int
+
+
+class Computed(NamedTuple):
+    """Bytes [lo, lo+size) of an op computed per requested range: left for
+    the reader to compute into its own buffer (`View.layout`)."""
+    op: Op
+    lo: int
     size: int
 
 
@@ -92,33 +100,31 @@ class View:
     @classmethod
     def translated(cls, source: SourceGGUF, spec: ViewSpec, cache: OpCache, key: Hashable) -> "View":
         """Lay out `spec` over `source`; op tensors are cached under (`key`, name)."""
-        align = spec.alignment
-        data_order = sorted(spec.tensors, key=lambda t: t.order)
-        offsets: dict[str, int] = {}
-        rel = 0
-        for t in data_order:
-            offsets[t.name] = rel
-            rel += t.nbytes + _pad(t.nbytes, align)
-        # GGUF readers expect each tensor's data right after the previous
-        # one's, in tensor-info order: the infos are written in data order.
-        spec = ViewSpec(spec.kvs, data_order, spec.alignment, spec.handler, spec.idle_renames)
+        spec, offsets, header_size = _data_order(spec)
         header = render_header(spec, offsets)
-        segs = [_Segment(0, len(header), "mem", header)]
-        pos = len(header)
-        for t in data_order:
-            segs.extend(_tensor_segments(t, pos, key))
-            pos += t.nbytes
-            pad = _pad(t.nbytes, align)
-            if pad:
-                segs.append(_Segment(pos, pad, "zero"))
-                pos += pad
-        return cls(source.identity, source, [s for s in segs if s.size], pos, spec, cache)
+        if len(header) != header_size:
+            raise AssertionError(f"header of {len(header)} bytes, {header_size} laid out")
+        segs, size = _data_segments(spec, header_size, key)
+        return cls(source.identity, source, [_Segment(0, header_size, "mem", header), *segs], size, spec, cache)
+
+    @staticmethod
+    def translated_size(spec: ViewSpec) -> int:
+        """The size `translated` gives a view of `spec`, every tensor checked the
+        same way, without rendering its header (what `stat` needs)."""
+        spec, _offsets, header_size = _data_order(spec)
+        return _data_segments(spec, header_size, None)[1]
 
     # -- reads ----------------------------------------------------------------
     def pieces(self, offset: int, size: int) -> list[Piece]:
-        """The bytes at [offset, offset+size), clipped to the file, as pieces."""
+        """The bytes at [offset, offset+size), clipped to the file, as pieces
+        (ranges of ops computed here, their inputs read from the blob)."""
+        return [p.op.compute_range(self._read_range, p.lo, p.lo + p.size) if isinstance(p, Computed) else p
+                for p in self.layout(offset, size)]
+
+    def layout(self, offset: int, size: int) -> list[Piece | Computed]:
+        """As `pieces`, with ranges of ranged ops left to compute (`Computed`)."""
         end = min(offset + size, self.size)
-        out: list[Piece] = []
+        out: list[Piece | Computed] = []
         i = bisect.bisect_right(self._starts, offset) - 1
         while offset < end and i < len(self._segments):
             seg = self._segments[i]
@@ -131,7 +137,7 @@ class View:
             elif seg.kind == "zero":
                 out.append(bytes(n))
             elif seg.kind == "range":
-                out.append(seg.arg.compute_range(self._read_range, lo, lo + n))
+                out.append(Computed(seg.arg, lo, n))
             else:
                 key, op = seg.arg
                 data = self._cache.get(key, lambda: self._compute(op))
@@ -152,6 +158,45 @@ class View:
         identity views have no parsed source and are read by file descriptor)."""
         return b"".join(bytes(self.source.read(p.offset, p.size)) if isinstance(p, FileRange) else bytes(p)
                         for p in self.pieces(offset, size))
+
+
+def _data_order(spec: ViewSpec) -> tuple[ViewSpec, dict[str, int], int]:
+    """`spec` with its tensors in data order, their data offsets, and the
+    size of its header.  GGUF readers expect each tensor's data right after
+    the previous one's, in tensor-info order: the infos are written in data
+    order."""
+    data_order = sorted(spec.tensors, key=lambda t: t.order)
+    offsets: dict[str, int] = {}
+    rel = 0
+    for t in data_order:
+        offsets[t.name] = rel
+        rel += t.nbytes + _pad(t.nbytes, spec.alignment)
+    spec = ViewSpec(spec.kvs, data_order, spec.alignment, spec.handler, spec.idle_renames)
+    return spec, offsets, _header_size(spec)
+
+
+def _header_size(spec: ViewSpec) -> int:
+    """len(render_header(spec, ...)), counted."""
+    n = len(MAGIC) + 4 + 8 + 8
+    for key, value in spec.kvs:
+        n += 8 + len(key.encode("utf-8")) + 4 + len(value.payload)
+    for t in spec.tensors:
+        n += 8 + len(t.name.encode("utf-8")) + 4 + 8 * len(t.shape) + 4 + 8
+    return n + _pad(n, spec.alignment)
+
+
+def _data_segments(spec: ViewSpec, pos: int, key: Hashable) -> tuple[list[_Segment], int]:
+    """The segments of the tensor data from `pos` (padding included), and
+    where they end: the view's size."""
+    segs = []
+    for t in spec.tensors:
+        segs.extend(s for s in _tensor_segments(t, pos, key) if s.size)
+        pos += t.nbytes
+        pad = _pad(t.nbytes, spec.alignment)
+        if pad:
+            segs.append(_Segment(pos, pad, "zero"))
+            pos += pad
+    return segs, pos
 
 
 def _tensor_segments(t: ViewTensor, pos: int, key: Hashable) -> list[_Segment]:

@@ -28,7 +28,7 @@ from .gguf_source import SourceGGUF
 from .gguf_values import GGUFError
 from .index import Index, Stamp, Summary
 from .opcache import OpCache
-from .translation import Translation, first_claim, plan
+from .translation import Translation, ViewSpec, first_claim, plan
 from .view import View
 
 log = logging.getLogger("compatfs")
@@ -66,14 +66,20 @@ def classify(source: SourceGGUF, translate: bool = True) -> BlobInfo:
     return BlobInfo(source, first_claim(handlers.TEXT, source), clip)
 
 
-def build_view(info: BlobInfo, kind: str, cache: OpCache) -> View:
-    """The `kind` (MODEL_FILE or MMPROJ_FILE) view of a classified blob."""
+def view_spec(info: BlobInfo, kind: str) -> ViewSpec | None:
+    """What the `kind` (MODEL_FILE or MMPROJ_FILE) view of a classified blob
+    holds; None: the blob itself."""
     tr = info.text if kind == MODEL_FILE else info.clip
     if kind == MMPROJ_FILE and not info.has_mmproj:
         raise FileNotFoundError(f"{info.source.path} has no projector view")
-    if tr is None:
+    return plan(tr, info.source) if tr is not None else None
+
+
+def build_view(info: BlobInfo, kind: str, cache: OpCache) -> View:
+    """The `kind` (MODEL_FILE or MMPROJ_FILE) view of a classified blob."""
+    spec = view_spec(info, kind)
+    if spec is None:
         return View.identity(info.source.identity)
-    spec = plan(tr, info.source)
     return View.translated(info.source, spec, cache, key=(info.source.identity, kind))
 
 
@@ -85,20 +91,41 @@ def _stamp(path: Path) -> Stamp:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+def _die_with(parent: int) -> None:
+    """In an indexing worker: end when the daemon ends, however it ends (a
+    worker holds its own task queue open, so it would otherwise wait forever
+    for work from a daemon killed with SIGKILL)."""
+    import ctypes
+    import ctypes.util
+    import signal
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:    # the daemon ended before that took effect
+        os._exit(0)
+
+
 def summarize(path: Path, translate: bool) -> tuple[Stamp, Summary]:
     """The blob's identity and its views' summary, made from scratch (also in
     a worker process: every argument and result is plain data)."""
     stamp = _stamp(path)
+
+    def size(spec: ViewSpec | None) -> int:
+        return View.translated_size(spec) if spec is not None else info.source.size
+
     try:
         info = classify(SourceGGUF(path), translate)
-        model = build_view(info, MODEL_FILE, OpCache(0))
-        mmproj = build_view(info, MMPROJ_FILE, OpCache(0)) if info.has_mmproj else None
+        model = view_spec(info, MODEL_FILE)
+        mmproj = view_spec(info, MMPROJ_FILE) if info.has_mmproj else None
+        model_size = size(model)
+        mmproj_size = size(mmproj) if info.has_mmproj else None
     except GGUFError as e:
         return stamp, Summary(0, None, error=str(e))
-    kvs = dict(model.spec.kvs) if model.spec else info.source.kvs
+    kvs = dict(model.kvs) if model else info.source.kvs
     arch = kvs[Keys.General.ARCHITECTURE].decode() if Keys.General.ARCHITECTURE in kvs else None
-    return stamp, Summary(model.size, mmproj.size if mmproj else None,
-                          info.text.name if info.text else None, info.clip.name if info.clip else None, arch=arch)
+    return stamp, Summary(model_size, mmproj_size, info.text.name if info.text else None,
+                          info.clip.name if info.clip else None, arch=arch)
 
 
 class BlobViews:
@@ -191,7 +218,8 @@ class BlobViews:
         with self._lock:
             if self._pool is None:
                 ctx = multiprocessing.get_context("spawn")
-                self._pool = ProcessPoolExecutor(max_workers=self._workers, mp_context=ctx)
+                self._pool = ProcessPoolExecutor(max_workers=self._workers, mp_context=ctx,
+                                                 initializer=_die_with, initargs=(os.getpid(),))
             futures = []
             for path in todo:
                 if str(path) not in self._pending:
@@ -214,6 +242,14 @@ class BlobViews:
                 # Idle workers hold memory: they go until the next batch.
                 self._pool.shutdown(wait=False)
                 self._pool = None
+
+    def close(self) -> None:
+        """Stop the indexing workers (what they were doing is done again next time)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+            self._pending.clear()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     # -- views -----------------------------------------------------------------
     def view(self, path: Path, kind: str) -> View:

@@ -109,3 +109,57 @@ def test_listing_many_models_keeps_the_daemon_small(tmp_path, mount_store):
             assert f.read(4) == b"GGUF"
     grown = _rss_mib(m.proc.pid) - before
     assert grown < 100, f"daemon RSS grew by {grown:.0f} MiB reading {n} headers"
+
+
+WORKERS_THEN_DIE = """
+import os, signal, sys, time
+from pathlib import Path
+from compatfs.views import BlobViews
+from compatfs.index import Index
+views = BlobViews(index=Index(None, True), workers=2)
+views.prefetch([Path(p) for p in sys.argv[1:]])
+deadline = time.monotonic() + 60
+while not (views._pool and views._pool._processes) and time.monotonic() < deadline:
+    time.sleep(0.01)
+print(" ".join(str(p) for p in views._pool._processes), flush=True)
+if os.environ.get("HOW") == "close":
+    views.close()
+    print("closed", flush=True)
+    time.sleep(30)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _gone(pids: list[int], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not any(Path(f"/proc/{p}").exists() and "zombie" not in _state(p) for p in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _state(pid: int) -> str:
+    try:
+        return next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("State"))
+    except (OSError, StopIteration):
+        return "zombie"
+
+
+def test_indexing_workers_end_with_the_daemon(tmp_path):
+    """Whether the daemon closes its workers (unmount) or is killed with
+    SIGKILL while they index, no worker outlives it."""
+    import subprocess
+    import sys
+    blobs = [str(legacy_gemma3_text(tmp_path / f"g{i}.gguf")) for i in range(6)]
+    for how in ("close", "kill"):
+        proc = subprocess.Popen([sys.executable, "-c", WORKERS_THEN_DIE, *blobs], stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, "HOW": how})
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert pids, how
+        if how == "close":
+            assert proc.stdout.readline().strip() == "closed"
+            assert _gone(pids, 10), f"workers {pids} still there after close()"
+            proc.kill()
+        proc.wait(timeout=30)
+        assert _gone(pids, 10), f"workers {pids} outlived a daemon ended by {how}"

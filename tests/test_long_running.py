@@ -261,3 +261,19 @@ def test_readers_during_store_churn(store, mount_store, tmp_path):
     assert reads[0] > 100 and mismatched[0] == 0
     assert m.alive
     clean_log(m.log_text())
+
+
+@pytest.mark.parametrize("options", [(), ("-o", "attr_timeout=0,entry_timeout=0")])
+def test_permission_changes_reach_stat_within_seconds(store, mount_store, options):
+    """Owner and mode of a blob, and of the store's manifests folder, are
+    watched like its identity: the kernel's long-lived attributes and the
+    daemon's remembered ones follow within seconds."""
+    m = mount_store(store, *options)
+    model = m / "text:1b/model.gguf"
+    folder = m / "text:1b"
+    blob = blob_of(store, "text", "1b")
+    assert stat.S_IMODE(model.stat().st_mode) == stat.S_IMODE(os.stat(blob).st_mode) & 0o555
+    os.chmod(blob, 0o640)
+    wait_for(lambda: stat.S_IMODE(model.stat().st_mode) == 0o440, seconds=3, what="stat showing a blob's new mode")
+    os.chmod(store / "manifests", 0o750)
+    wait_for(lambda: stat.S_IMODE(folder.stat().st_mode) == 0o550, seconds=3, what="a folder showing the store's mode")

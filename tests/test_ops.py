@@ -139,3 +139,23 @@ def test_elementwise_ops_compute_any_range_from_the_blocks_it_needs(src):
     # An op that needs its whole input is neither.
     perm = Permute.of(src.tensors["a32"], (3, 2, 1, 32), (0, 2, 1, 3))
     assert not perm.ranged and perm.pieces() is None
+
+
+def test_f16_and_bf16_promotion_is_bit_exact_for_every_value(tmp_path):
+    """Every 16-bit pattern (zeros, subnormals, infinities, NaN payloads) comes
+    out as numpy's astype makes it, across chunk boundaries and into a caller's
+    buffer without touching a byte around the range."""
+    from compatfs.ops import CHUNK
+    bits = np.tile(np.arange(65536, dtype=np.uint16), (2 * CHUNK) // 65536 + 1)
+    path = write_gguf(tmp_path / "all.gguf", "test", tensors={
+        "h": bits.view(np.float16), "b": (bits.view(np.uint16), DT.BF16)})
+    s = SourceGGUF(path)
+    read = lambda t, start, size: s.read(t.offset + start, size)  # noqa: E731
+    expect = {"h": bits.view(np.float16).astype(np.float32), "b": (bits.astype(np.uint32) << 16).view(np.float32)}
+    for name, want in expect.items():
+        op = Promote.of(s.tensors[name])
+        assert bytes(op.compute_range(read, 0, op.nbytes)) == want.tobytes()
+        for lo, hi in [(4 * CHUNK - 8, 4 * CHUNK + 12), (6, 4 * CHUNK + 2), (op.nbytes - 4 * CHUNK - 3, op.nbytes)]:
+            out = bytearray(b"\xaa" * (hi - lo + 8))
+            op.compute_range_into(read, lo, hi, memoryview(out)[4:4 + hi - lo])
+            assert out[4:-4] == want.tobytes()[lo:hi] and out[:4] == out[-4:] == b"\xaa" * 4, (name, lo, hi)

@@ -127,3 +127,21 @@ def test_interleaved_readers_never_recompute_a_tensor(tmp_path):
         got = _interleaved(view)
         assert views.op_cache.computations == whole_ops
         assert got == BlobViews().view(blob, MMPROJ_FILE).read(0, view.size)
+
+
+def test_translated_size_is_the_laid_out_size(tmp_path):
+    """What `stat` shows (counted, header not rendered) is the size of the
+    view served, for every legacy writer's model and projector."""
+    from compatfs.testing import LEGACY
+    from compatfs.views import MMPROJ_FILE, MODEL_FILE, classify, view_spec
+    seen = 0
+    for name, entry in LEGACY.items():
+        for make in filter(None, (entry.model, entry.projector)):
+            info = classify(SourceGGUF(make(tmp_path / f"{name}-{seen}.gguf")))
+            for kind in (MODEL_FILE, MMPROJ_FILE) if info.has_mmproj else (MODEL_FILE,):
+                spec = view_spec(info, kind)
+                if spec is not None:
+                    view = View.translated(info.source, spec, OpCache(0), key=0)
+                    assert View.translated_size(spec) == view.size, (name, kind)
+                    seen += 1
+    assert seen >= len(LEGACY)
