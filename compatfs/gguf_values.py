@@ -47,7 +47,7 @@ def _vtype(raw: int, where: str) -> VT:
 
 
 _BULK_MIN = 256            # shorter string arrays: the plain walk beats numpy's per-call overhead
-_CHUNK = 1 << 20           # bytes scanned for guessed starts at a time (bounds the temporaries)
+_CHUNK = 1 << 17           # bytes scanned for guessed starts at a time (small temporaries: faster)
 _PATIENCE = 32             # strings the bulk walk must take per round, on average, to go on
 _HEAD = 64                 # bytes at the start of an array that key the remembered layouts
 _remembered: LRUCache = LRUCache(maxsize=32 << 20, getsizeof=lambda e: len(e[0]) + 8 * len(e[2]))
