@@ -50,7 +50,7 @@ _BULK_MIN = 256            # shorter string arrays: the plain walk beats numpy's
 _CHUNK = 1 << 17           # bytes scanned for guessed starts at a time (small temporaries: faster)
 _PATIENCE = 32             # strings the bulk walk must take per round, on average, to go on
 _HEAD = 64                 # bytes at the start of an array that key the remembered layouts
-_remembered: LRUCache = LRUCache(maxsize=32 << 20, getsizeof=lambda e: len(e[0]) + 8 * len(e[2]))
+_remembered: LRUCache = LRUCache(maxsize=8 << 20, getsizeof=lambda e: len(e[0]) + 8 * len(e[2]))
 _remembered_lock = threading.Lock()
 
 

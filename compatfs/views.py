@@ -92,14 +92,19 @@ def _stamp(path: Path) -> Stamp:
 
 
 def _die_with(parent: int) -> None:
-    """In an indexing worker: end when the daemon ends, however it ends (a
-    worker holds its own task queue open, so it would otherwise wait forever
-    for work from a daemon killed with SIGKILL)."""
+    """Set up an indexing worker: it ends when the daemon ends, however it
+    ends (a worker holds its own task queue open, so it would otherwise wait
+    forever for work from a daemon killed with SIGKILL); and, as it lives for
+    one batch only, it keeps freed memory for the next header rather than
+    mapping fresh pages (and faulting them in) for each one."""
     import ctypes
     import ctypes.util
     import signal
     try:
-        ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL))     # PR_SET_PDEATHSIG
+        libc.mallopt(-3, 256 << 20)            # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 512 << 20)            # M_TRIM_THRESHOLD
     except (OSError, AttributeError):
         pass
     if os.getppid() != parent:    # the daemon ended before that took effect
