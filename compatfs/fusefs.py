@@ -126,43 +126,53 @@ def _ino(*parts) -> int:
     return (int.from_bytes(h, "little") >> 2) + 2
 
 
-def _allows(st: os.stat_result, uid: int, gids: set[int], bit: int) -> bool:
-    """Whether the owner/group/other class of `uid`/`gids` has permission `bit` (4 r, 1 x)."""
-    if uid == 0:
-        return True
-    if uid == st.st_uid:
-        return bool(st.st_mode >> 6 & bit)
-    if st.st_gid in gids:
-        return bool(st.st_mode >> 3 & bit)
-    return bool(st.st_mode & bit)
+class _Caller:
+    """The process calling now: its uid, and its groups (primary and
+    supplementary) read from /proc only when a permission check needs them."""
+
+    def __init__(self):
+        self.uid, self._gid, self._pid = fuse.fuse_get_context()
+        self._groups: set[int] | None = None
+
+    @property
+    def groups(self) -> set[int]:
+        if self._groups is None:
+            self._groups = {self._gid}
+            try:
+                with open(f"/proc/{self._pid}/status") as f:
+                    for line in f:
+                        if line.startswith("Groups:"):
+                            self._groups.update(int(g) for g in line.split()[1:])
+                            break
+            except (OSError, ValueError):
+                pass
+        return self._groups
+
+    def allows(self, st: os.stat_result, bit: int) -> bool:
+        """Whether its owner/group/other class has permission `bit` (4 r, 1 x)."""
+        if self.uid == 0:
+            return True
+        if self.uid == st.st_uid:
+            return bool(st.st_mode >> 6 & bit)
+        if st.st_gid in self.groups:
+            return bool(st.st_mode >> 3 & bit)
+        return bool(st.st_mode & bit)
 
 
-def _caller() -> tuple[int, set[int]]:
-    """The uid and groups (primary and supplementary) of the process calling now."""
-    uid, gid, pid = fuse.fuse_get_context()
-    gids = {gid}
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("Groups:"):
-                    gids.update(int(g) for g in line.split()[1:])
-                    break
-    except (OSError, ValueError):
-        pass
-    return uid, gids
-
-
-def may_access(path: Path, uid: int, gids: set[int], read: bool = True) -> bool:
-    """Whether `uid`/`gids` could open `path` for reading (a directory: list it)
+def may_access(path: Path, caller: _Caller, read: bool = True) -> bool:
+    """Whether `caller` could open `path` for reading (a directory: list it)
     in the store itself: search permission on every folder on the way to it, as
-    named and as its symlinks resolve, and read permission on it."""
+    named and as its symlinks resolve, and read permission on it (root: that
+    it is there)."""
+    if caller.uid == 0:
+        return os.path.exists(path)
     try:
         real = Path(os.path.realpath(path))
         for chain in (path.parents, real.parents):
             for d in chain:
-                if not _allows(os.stat(d), uid, gids, 1):
+                if not caller.allows(os.stat(d), 1):
                     return False
-        return not read or _allows(os.stat(real), uid, gids, 4)
+        return not read or caller.allows(os.stat(real), 4)
     except OSError:
         return False
 
@@ -537,8 +547,7 @@ class CompatFS(fuse.Operations):
                 if generation == self._generation and len(self._listings) < self._ATTRS_KEPT:
                     self._listings[path] = entries
         rel = path.strip("/")
-        uid, gids = _caller()
-        if not may_access(self.root / (BLOBS if rel.split("/")[0] == BLOBS else "manifests"), uid, gids):
+        if not may_access(self.root / (BLOBS if rel.split("/")[0] == BLOBS else "manifests"), _Caller()):
             raise fuse.FuseOSError(errno.EACCES)
         return entries
 
@@ -593,10 +602,10 @@ class CompatFS(fuse.Operations):
         node = self._node(path)
         if isinstance(node, list):
             raise fuse.FuseOSError(errno.EISDIR)
-        uid, gids = _caller()
+        caller = _Caller()
         for _attempt in range(2):
             view, blob = self._choose(path, node)
-            if not may_access(Path(blob), uid, gids):
+            if not may_access(Path(blob), caller):
                 raise fuse.FuseOSError(errno.EACCES)
             try:
                 # Non-blocking: a FIFO put in place of a blob must not hang the open.
