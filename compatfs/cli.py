@@ -211,8 +211,8 @@ def _tune_malloc() -> None:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c"))
         libc.mallopt(-8, 2)          # M_ARENA_MAX
-        libc.mallopt(-3, 4 << 20)    # M_MMAP_THRESHOLD
-        libc.mallopt(-1, 8 << 20)    # M_TRIM_THRESHOLD
+        libc.mallopt(-3, (1 << 20) + (64 << 10))    # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 4 << 20)    # M_TRIM_THRESHOLD
     except (OSError, AttributeError):
         pass
 

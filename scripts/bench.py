@@ -121,7 +121,7 @@ class Daemon:
 def compatfs_daemon(store: Path, mnt: Path, *extra: str, index: Path | None = None) -> Daemon:
     """A compatfs daemon; its index in `index` (default: a new, empty one: a
     first mount ever)."""
-    index = index or Path(tempfile.mkdtemp(prefix="compatfs-bench-index-"))
+    index = index or Path(tempfile.mkdtemp(prefix="index-", dir=mnt.parent))
     return Daemon([sys.executable, "-m", "compatfs", "mount", "-f", str(store), str(mnt), *extra], mnt,
                   env={"COMPATFS_CACHE_DIR": str(index)})
 
@@ -189,6 +189,14 @@ def main() -> None:
         ap.error(f"unknown section(s) {', '.join(sorted(only - set(SECTIONS)))}; sections: {', '.join(SECTIONS)}")
     work = args.work or Path(tempfile.mkdtemp(prefix="compatfs-bench-"))
     work.mkdir(parents=True, exist_ok=True)
+    try:
+        run_sections(args, only, work)
+    finally:
+        if not args.work:      # its own scratch folder (copies of models): gone with it
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def run_sections(args, only: set[str], work: Path) -> None:
     model = args.model or find_model(work)
     binary = build_passthrough(work)
     store = work / "store"
