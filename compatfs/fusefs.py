@@ -717,14 +717,6 @@ class CompatFS(fuse.Operations):
         except Exception as e:   # an op that fails on bad tensor data
             self._failed_read(handle, offset, e)
 
-    def read(self, path, size, offset, fi):
-        handle = self._handle(fi)
-        pieces = self._pieces(handle, size, offset)
-        out = memoryview(bytearray(sum(_piece_size(p) for p in pieces)))
-        self._fill(handle, pieces, out, offset)
-        self._handle(fi)   # the blob is still the one the view was built from
-        return bytes(out)
-
     def _fill(self, handle: _Handle, pieces: list, out: memoryview, offset: int) -> None:
         """The pieces' bytes, one after another, into `out`."""
         at = 0
