@@ -868,7 +868,7 @@ def scale_bench(model: Path, work: Path) -> None:
     rss_remount = rss_mib(d.proc.pid)
     d.close()
     d = compatfs_daemon(store, work / "mnt-scale", index=index)     # the mount's own timeouts
-    list_all(d.mnt)
+    remount_own, _ = list_all(d.mnt)
     cached, _ = list_all(d.mnt)
     d.close()
     d = Daemon([sys.executable, str(ROOT / "scripts" / "bench" / "listing_floor.py"), str(work / "mnt-floor"),
@@ -879,10 +879,13 @@ def scale_bench(model: Path, work: Path) -> None:
     print(f"\nscale: {SCALE_MODELS} models, each a synthesised 262,144-token header ({n} files listed;"
           f" store {'cached' if cached else f'built in {built:.0f} s'})")
     print("                                          now     goal     (landed code, as measured in the issue)")
+    print("  timeouts 0 (every stat reaches the daemon):")
     print(f"  ls -l, first mount ever             {first:7.2f} s   <= 3 s    (6.7 s)")
     print(f"  ls -l again, attributes expired     {again:7.3f} s   <= 0.1 s  (8.2 s)    {again / floor:.2f}x the floor")
     print(f"  ls -l after umount + mount          {remount:7.3f} s   <= 0.1 s  (8.1 s)    {remount / floor:.2f}x the floor")
-    print(f"  ls -l again, the mount's timeouts   {cached:7.3f} s             (1 h, invalidated on change: the kernel answers)")
+    print("  with the mount's own timeouts (1 h; invalidated on change):")
+    print(f"  ls -l after umount + mount          {remount_own:7.3f} s   <= 0.1 s")
+    print(f"  ls -l again                         {cached:7.3f} s   <= 0.1 s  (the kernel answers)")
     print(f"  floor: a do-nothing mfusepy filesystem of that shape, timeouts 0: {floor:.3f} s"
           " (Python FUSE round trips alone)")
     print(f"  daemon RSS after the listings       {rss:7.0f} MiB <= 80 MiB (666 MB); after the remount's: {rss_remount:.0f} MiB")
