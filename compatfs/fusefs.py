@@ -223,7 +223,7 @@ class CompatFS(fuse.Operations):
     use_ns = True
     RESCAN_SECONDS = 1.0
     _FAILURES_KEPT = 1024
-    _ATTRS_KEPT = 1 << 16
+    _ATTRS_KEPT = 1 << 14       # remembered answers (a few per model; ~10 MB at most)
 
     def __init__(self, tree: Tree, mountpoint: str, read_ahead_kb: int = 0):
         self.tree = tree

@@ -186,8 +186,12 @@ def test_removed_model_leaves_nothing_held(store, mount_store):
     assert "vision:4b" not in os.listdir(m.path)
 
 
-def test_stat_follows_the_store_within_seconds(store, mount_store, tmp_path):
-    m = mount_store(store)
+@pytest.mark.parametrize("options", [(), ("-o", "attr_timeout=0,entry_timeout=0")])
+def test_stat_follows_the_store_within_seconds(store, mount_store, tmp_path, options):
+    """Whether the kernel keeps attributes (the mount's hour) or asks every
+    time (the daemon answers from what it remembers), a removed or re-pulled
+    model shows within seconds."""
+    m = mount_store(store, *options)
     text = m / "text:1b/model.gguf"
     vision = m / "vision:4b/model.gguf"
     assert text.stat().st_size and vision.stat().st_size   # now in the kernel's caches
