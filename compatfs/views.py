@@ -138,6 +138,8 @@ class BlobViews:
     `readdir` (in memory for every blob, and in the persistent index), and
     whole views only for files being read, in an LRU bounded in bytes."""
 
+    PATIENCE = 0.05   # seconds a request waits for a worker's summary before making its own
+
     def __init__(self, translate: bool = True, op_cache: OpCache | None = None,
                  index: Index | None = None, view_budget: int = 32 << 20, workers: int = 0):
         self.translate = translate
@@ -161,11 +163,16 @@ class BlobViews:
         if pending is not None and pending.cancel():
             pending = None   # not started yet: computed here, now, rather than after the queue
         if pending is not None:
+            # Taken by a worker, which usually has it within a few ms; but a
+            # pool still starting holds its first tasks for half a second or
+            # more: past a short wait it is computed here too.
             try:
-                got_stamp, summary = pending.result()
+                got_stamp, summary = pending.result(timeout=self.PATIENCE)
                 if got_stamp == stamp:
                     self._indexed(path, stamp, summary)
                     return summary
+            except TimeoutError:
+                pass
             except Exception as e:   # a worker that died: computed here instead
                 log.debug("background summary of %s failed: %s", path, e)
         got_stamp, summary = summarize(path, self.translate)

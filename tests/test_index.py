@@ -163,3 +163,17 @@ def test_indexing_workers_end_with_the_daemon(tmp_path):
             proc.kill()
         proc.wait(timeout=30)
         assert _gone(pids, 10), f"workers {pids} outlived a daemon ended by {how}"
+
+
+def test_a_stat_never_waits_on_a_worker_that_has_not_answered(tmp_path):
+    """A summary a worker has taken but not delivered (its pool still
+    starting, or stuck) is made by the request itself after a short wait."""
+    from concurrent.futures import Future
+    from compatfs.views import BlobViews, summarize
+    blob = legacy_gemma3_text(tmp_path / "g.gguf")
+    views = BlobViews(index=Index(None, True), workers=2)
+    taken = Future()
+    assert taken.set_running_or_notify_cancel()      # running: it cannot be cancelled
+    views._pending[str(blob)] = taken
+    assert views.summary(blob) == summarize(blob, True)[1]
+    assert not taken.done()
