@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .gguf_source import blob_identity
 from .gguf_values import GGUFError
 from .view import FileRange, View
 from .views import MMPROJ_FILE, MODEL_FILE, BlobViews
@@ -147,7 +148,7 @@ def write_view(view: View, blob: Path, dest: Path, reflink: str = "auto", checks
         src = os.open(blob, os.O_RDONLY | os.O_CLOEXEC)
         try:
             st = os.fstat(src)
-            if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != tuple(view.stamp):
+            if blob_identity(st) != tuple(view.stamp):
                 raise GGUFError(f"{blob} changed while the export was prepared: run it again")
             w = _Writer(out, src, blob.name, reflink, checksum, bar)
             for start in range(0, view.size, WINDOW):

@@ -50,6 +50,7 @@ if not os.environ.get("FUSE_LIBRARY_PATH"):
 import mfusepy as fuse  # noqa: E402
 
 from .tree import BLOBS, FileRef, Tree  # noqa: E402
+from .gguf_source import blob_identity  # noqa: E402
 from .view import Computed, FileRange, View  # noqa: E402
 from .views import LAYER_FILE, MMPROJ_FILE, MODEL_FILE  # noqa: E402
 
@@ -113,11 +114,6 @@ _libfuse = fuse._libfuse
 _libfuse.fuse_invalidate_path.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
 _libfuse.fuse_invalidate_path.restype = ctypes.c_int
 _libfuse.fuse_exit.argtypes = [ctypes.c_void_p]
-
-
-def _stamp(st: os.stat_result) -> tuple:
-    """What `View.stamp` records of a blob."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _ino(*parts) -> int:
@@ -373,7 +369,7 @@ class CompatFS(fuse.Operations):
         except OSError as e:
             self._fail(("missing", str(ref.blob), e.errno), f"cannot read blob {ref.blob}: {e.strerror}")
         if not stat.S_ISREG(st.st_mode):
-            self._fail(("irregular", str(ref.blob), _stamp(st)), f"blob {ref.blob} is not a regular file: not served")
+            self._fail(("irregular", str(ref.blob), blob_identity(st)), f"blob {ref.blob} is not a regular file: not served")
         return st
 
     def _fail(self, key: tuple, message: str) -> NoReturn:
@@ -394,7 +390,7 @@ class CompatFS(fuse.Operations):
     def _size(self, ref: FileRef, st: os.stat_result) -> int | None:
         """The file's size from the blob's summary (no view is built for
         `stat`); None, logged once, when the view cannot be presented."""
-        key = (str(ref.blob), ref.kind, _stamp(st))
+        key = (str(ref.blob), ref.kind, blob_identity(st))
         if ref.kind == LAYER_FILE or (not self.tree.views.translate and ref.kind == MODEL_FILE):
             return st.st_size   # served byte for byte, GGUF or not (as `BlobViews.view` does)
         try:
@@ -411,7 +407,7 @@ class CompatFS(fuse.Operations):
     def _build(self, ref: FileRef, st: os.stat_result) -> View:
         """The store's current `ref.kind` view of the blob; a view that cannot be
         built is EIO with one log line (and not built again until the blob changes)."""
-        key = (str(ref.blob), ref.kind, _stamp(st))
+        key = (str(ref.blob), ref.kind, blob_identity(st))
         with self._lock:
             known = self._failures.get(key)
         if known is not None:
@@ -433,7 +429,7 @@ class CompatFS(fuse.Operations):
         st = self._fstat(fd)
         if st is None:
             return None
-        return served, st, _stamp(st) == served.stamp
+        return served, st, blob_identity(st) == served.stamp
 
     def _choose(self, path: str, ref: FileRef) -> tuple[View, str]:
         """The view `path` serves now: the one its open handles read while their
@@ -510,7 +506,7 @@ class CompatFS(fuse.Operations):
         except fuse.FuseOSError:
             st = size = None
         if size is not None:
-            return self._file_attrs(path, _stamp(st), size, st)
+            return self._file_attrs(path, blob_identity(st), size, st)
         if sticky is not None:
             # Its blob broke under open files: they keep their size (and get
             # EIO on read), rather than an early end of file.
@@ -582,7 +578,7 @@ class CompatFS(fuse.Operations):
             stamp = served.stamp if served is not None and served.fhs else None
         if stamp is None:
             try:
-                stamp = _stamp(os.stat(ref.blob))
+                stamp = blob_identity(os.stat(ref.blob))
             except OSError:
                 return _ino("bad", path)
         return _ino(path, stamp)
@@ -614,7 +610,7 @@ class CompatFS(fuse.Operations):
                 log.error("cannot open blob %s: %s", blob, e.strerror)
                 raise fuse.FuseOSError(errno.EIO) from None
             st = os.fstat(fd)
-            if stat.S_ISREG(st.st_mode) and _stamp(st) == view.stamp:
+            if stat.S_ISREG(st.st_mode) and blob_identity(st) == view.stamp:
                 break
             os.close(fd)
         else:
@@ -669,7 +665,7 @@ class CompatFS(fuse.Operations):
         if not isinstance(ref, FileRef) or str(ref.blob) != served.blob:
             return True
         try:
-            return _stamp(os.stat(ref.blob)) != served.stamp
+            return blob_identity(os.stat(ref.blob)) != served.stamp
         except OSError:
             return True
 
@@ -681,7 +677,7 @@ class CompatFS(fuse.Operations):
             raise fuse.FuseOSError(errno.EBADF)
         if not handle.failed:
             try:
-                now = _stamp(os.fstat(handle.fd))
+                now = blob_identity(os.fstat(handle.fd))
             except OSError as e:
                 now = (e.strerror,)
             if now == handle.view.stamp:

@@ -63,16 +63,13 @@ class SourceGGUF:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as e:
-            raise GGUFError(f"{self.path}: cannot open: {e.strerror}") from None
+        fd = self._open()
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise GGUFError(f"{self.path}: not a regular file")
             self.size = st.st_size
-            self.identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            self.identity = blob_identity(st)
             if self.size < 24:
                 raise GGUFError(f"{self.path}: too short to be GGUF ({self.size} bytes)")
             want = min(self.size, self.FIRST_READ)
@@ -198,22 +195,31 @@ class SourceGGUF:
             cached = self._blocks[prefix] = frozenset(ids)
         return cached
 
+    def _open(self) -> int:
+        try:
+            return os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            raise GGUFError(f"{self.path}: cannot open: {e.strerror}") from None
+
     def read(self, offset: int, size: int) -> bytes:
         """`size` bytes at absolute `offset`, read now from the blob; GGUFError
         when the blob changed since it was parsed or is shorter than that."""
+        fd = self._open()
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as e:
-            raise GGUFError(f"{self.path}: cannot open: {e.strerror}") from None
-        try:
-            st = os.fstat(fd)
-            if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != self.identity:
+            if blob_identity(os.fstat(fd)) != self.identity:
                 raise GGUFError(f"{self.path}: the blob changed since it was read (size or modification time)")
             return _pread_exact(fd, size, offset)
         except OSError as e:
             raise GGUFError(f"{self.path}: cannot read: {e.strerror}") from None
         finally:
             os.close(fd)
+
+
+def blob_identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    """What identifies a blob's bytes (device, inode, size, modification
+    time): views, summaries and index entries are keyed by it, and a read
+    checks the blob still has it."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _dtype(raw: int) -> DT | int:

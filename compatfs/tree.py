@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .gguf_source import blob_identity
 from .store import Scan, Store
 from .views import LAYER_FILE, MMPROJ_FILE, MODEL_FILE, BlobViews
 
@@ -132,8 +133,7 @@ class Tree:
             if blob not in stamps:
                 try:
                     st = os.stat(blob)
-                    stamps[blob] = (str(blob), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
-                                    st.st_uid, st.st_gid, st.st_mode)
+                    stamps[blob] = (str(blob), *blob_identity(st), st.st_uid, st.st_gid, st.st_mode)
                 except OSError:
                     stamps[blob] = (str(blob),)
             return stamps[blob]

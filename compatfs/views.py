@@ -24,7 +24,7 @@ from cachetools import LRUCache
 from gguf import Keys
 
 from . import handlers
-from .gguf_source import SourceGGUF
+from .gguf_source import SourceGGUF, blob_identity
 from .gguf_values import GGUFError
 from .index import Index, Stamp, Summary
 from .opcache import OpCache
@@ -88,7 +88,7 @@ def _stamp(path: Path) -> Stamp:
         st = path.stat()
     except OSError as e:
         raise GGUFError(f"{path}: {e.strerror}") from None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    return blob_identity(st)
 
 
 def _die_with(parent: int) -> None:
