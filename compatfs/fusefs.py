@@ -473,28 +473,34 @@ class CompatFS(fuse.Operations):
         handle = self._handles.get(fh.fh) if fh is not None else None
         if handle is not None:
             return self._file_attrs(path, handle.view.stamp, handle.view.size, self._fstat(handle.fd))
-        with self._lock:
-            attrs = self._attrs.get(path, _UNKNOWN)
-            generation = self._generation
-            served = self._served.get(path)
-            remember = served is None or not served.fhs
-        if attrs is _UNKNOWN or not remember:
-            try:
-                attrs = self._getattr(path)
-            except fuse.FuseOSError as e:
-                if e.errno != errno.ENOENT:
-                    raise
-                attrs = None
-            if remember:
-                with self._lock:
-                    if generation == self._generation and len(self._attrs) < self._ATTRS_KEPT:
-                        self._attrs[path] = attrs
+        attrs = self._recall(self._attrs, path, self._getattr, unless_open=True)
         if attrs is None:
             raise fuse.FuseOSError(errno.ENOENT)
         return attrs
 
-    def _getattr(self, path: str) -> dict:
-        node = self._node(path)
+    def _recall(self, table: dict, path: str, compute, unless_open: bool = False):
+        """`table`'s answer for `path`, else `compute(path)`, remembered there
+        unless a change came in meanwhile (or, with `unless_open`, while files
+        are open on `path`: their answers follow the open view)."""
+        with self._lock:
+            hit = table.get(path, _UNKNOWN)
+            generation = self._generation
+            served = self._served.get(path) if unless_open else None
+            remember = served is None or not served.fhs
+        if hit is not _UNKNOWN and remember:
+            return hit
+        value = compute(path)
+        if remember:
+            with self._lock:
+                if generation == self._generation and len(table) < self._ATTRS_KEPT:
+                    table[path] = value
+        return value
+
+    def _getattr(self, path: str) -> dict | None:
+        """The attributes of `path`; None when nothing is there."""
+        node = self.tree.lookup(path)
+        if node is None:
+            return None
         if isinstance(node, list):
             return self._dir_attrs(path)
         sticky = self._sticky(path)
@@ -534,14 +540,7 @@ class CompatFS(fuse.Operations):
             return None
 
     def readdir(self, path, fh):
-        with self._lock:
-            entries = self._listings.get(path)
-            generation = self._generation
-        if entries is None:
-            entries = self._list(path)
-            with self._lock:
-                if generation == self._generation and len(self._listings) < self._ATTRS_KEPT:
-                    self._listings[path] = entries
+        entries = self._recall(self._listings, path, self._list)
         rel = path.strip("/")
         if not may_access(self.root / (BLOBS if rel.split("/")[0] == BLOBS else "manifests"), _Caller()):
             raise fuse.FuseOSError(errno.EACCES)
