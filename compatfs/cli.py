@@ -206,15 +206,8 @@ def _tune_malloc() -> None:
     op inputs behind them) stay below the threshold and reuse heap memory: a
     fresh mapping per reply would fault in every page of it again.  Two
     arenas, each keeping at most a few MiB free, bound what that reuse holds."""
-    import ctypes
-    import ctypes.util
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        libc.mallopt(-8, 2)          # M_ARENA_MAX
-        libc.mallopt(-3, (1 << 20) + (64 << 10))    # M_MMAP_THRESHOLD
-        libc.mallopt(-1, 4 << 20)    # M_TRIM_THRESHOLD
-    except (OSError, AttributeError):
-        pass
+    from .libc import tune_malloc
+    tune_malloc(mmap_threshold=(1 << 20) + (64 << 10), trim_threshold=4 << 20, arenas=2)
 
 
 def _serve(store: Store, mnt: Path, args, translate: bool) -> int:

@@ -24,7 +24,6 @@ What this layer guarantees on its own:
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import functools
 import hashlib
@@ -51,15 +50,12 @@ import mfusepy as fuse  # noqa: E402
 
 from .tree import BLOBS, FileRef, Tree  # noqa: E402
 from .gguf_source import blob_identity  # noqa: E402
+from .libc import LIBC  # noqa: E402
 from .view import Computed, FileRange, View  # noqa: E402
 from .views import LAYER_FILE, MMPROJ_FILE, MODEL_FILE  # noqa: E402
 
 log = logging.getLogger("compatfs")
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-_libc.malloc.restype = ctypes.c_void_p
-_libc.malloc.argtypes = [ctypes.c_size_t]
-_libc.free.argtypes = [ctypes.c_void_p]
 
 
 
@@ -743,7 +739,7 @@ class CompatFS(fuse.Operations):
                 # read is EIO, never a short reply, which the kernel would take
                 # for the end of the file), op ranges computed into it.
                 n = _piece_size(piece)
-                mem = _libc.malloc(max(n, 1))
+                mem = LIBC.malloc(max(n, 1))
                 if not mem:
                     raise fuse.FuseOSError(errno.ENOMEM)
                 taken.append(mem)
@@ -755,12 +751,12 @@ class CompatFS(fuse.Operations):
                 buf.size, buf.mem = n, mem
                 at += n
             self._handle(fi)   # the blob is still the one the view was built from
-            out = _libc.malloc(ctypes.sizeof(vec))
+            out = LIBC.malloc(ctypes.sizeof(vec))
             if not out:
                 raise fuse.FuseOSError(errno.ENOMEM)
         except BaseException:
             for mem in taken:
-                _libc.free(mem)
+                LIBC.free(mem)
             raise
         ctypes.memmove(out, ctypes.addressof(vec), ctypes.sizeof(vec))
         ctypes.cast(bufpp, ctypes.POINTER(ctypes.c_void_p))[0] = out

@@ -27,6 +27,7 @@ from . import handlers
 from .gguf_source import SourceGGUF, blob_identity
 from .gguf_values import GGUFError
 from .index import Index, Stamp, Summary
+from .libc import die_with_parent, tune_malloc
 from .opcache import OpCache
 from .translation import Translation, ViewSpec, first_claim, plan
 from .view import View
@@ -97,16 +98,8 @@ def _die_with(parent: int) -> None:
     forever for work from a daemon killed with SIGKILL); and, as it lives for
     one batch only, it keeps freed memory for the next header rather than
     mapping fresh pages (and faulting them in) for each one."""
-    import ctypes
-    import ctypes.util
-    import signal
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL))     # PR_SET_PDEATHSIG
-        libc.mallopt(-3, 256 << 20)            # M_MMAP_THRESHOLD
-        libc.mallopt(-1, 512 << 20)            # M_TRIM_THRESHOLD
-    except (OSError, AttributeError):
-        pass
+    die_with_parent()
+    tune_malloc(mmap_threshold=256 << 20, trim_threshold=512 << 20)
     if os.getppid() != parent:    # the daemon ended before that took effect
         os._exit(0)
 
