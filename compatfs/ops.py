@@ -73,11 +73,15 @@ class Op:
         (served from the blob like any other tensor, never computed); else None."""
         return None
 
-    ranged = False   # True: `compute_range` makes any byte range from just the input bytes it needs
+    # True: any byte range is made from just the input bytes it needs; such
+    # an op defines `compute_range` or `compute_range_into` (each serves the other).
+    ranged = False
 
     def compute_range(self, read: ReadRange, lo: int, hi: int) -> bytes | memoryview:
         """Bytes [lo, hi) of the output."""
-        raise NotImplementedError
+        out = memoryview(bytearray(hi - lo))
+        self.compute_range_into(read, lo, hi, out)
+        return out
 
     def compute_range_into(self, read: ReadRange, lo: int, hi: int, out: memoryview) -> None:
         """Bytes [lo, hi) of the output written into `out` (hi - lo bytes; the
@@ -124,11 +128,6 @@ class Elementwise(Op):
 
     def _compute(self, data):
         return bytes(self.compute_range(lambda t, start, size: data[0][start:start + size], 0, self.nbytes))
-
-    def compute_range(self, read: ReadRange, lo: int, hi: int) -> memoryview:
-        out = memoryview(bytearray(hi - lo))
-        self.compute_range_into(read, lo, hi, out)
-        return out
 
     def compute_range_into(self, read: ReadRange, lo: int, hi: int, out: memoryview) -> None:
         _elementwise_into(self.inputs[0], read, lo, hi, out, self._values)
@@ -244,11 +243,6 @@ class Concat(Op):
         if self._same:
             return b"".join(bytes(d) for d in data)
         return b"".join(to_f32(t, d).tobytes() for t, d in zip(self.inputs, data))
-
-    def compute_range(self, read, lo, hi):
-        out = memoryview(bytearray(hi - lo))
-        self.compute_range_into(read, lo, hi, out)
-        return out
 
     def compute_range_into(self, read, lo, hi, out):
         base = 0
