@@ -21,6 +21,16 @@ def assert_completes_and_sees(model: str, mmproj: str) -> None:
     assert chat["prompt_tokens"] > text_only["results"][0]["prompt_tokens"]
 
 
+def assert_only_the_views_load(folder, blob, reason: str) -> None:
+    """The mounted model `folder`'s model.gguf and mmproj.gguf complete and
+    see; the blob as it is loads neither as a model (failing for `reason`)
+    nor as the projector of the served model."""
+    model, mmproj = str(folder / "model.gguf"), str(folder / "mmproj.gguf")
+    assert_completes_and_sees(model, mmproj)
+    assert reason in load_failure(blob)
+    assert not run_job({"model": model, "mmproj": str(blob)})["ok"]
+
+
 def load_failure(path) -> str:
     """Why llama.cpp refuses to load `path` (it must refuse); the reason is
     asked for up to 3 times, as llama.cpp logs from a thread of its own."""
@@ -30,3 +40,11 @@ def load_failure(path) -> str:
         if res.get("log_errors"):
             break
     return str(res)
+
+
+def assert_refused(res: dict, reason: str) -> None:
+    """llama.cpp failed to load; where its log was captured, for `reason`
+    (xllamacpp's log capture in the child process is not always complete)."""
+    assert not res["ok"]
+    if res.get("log_errors"):
+        assert reason in str(res.get("error")) + str(res["log_errors"]), res["log_errors"]

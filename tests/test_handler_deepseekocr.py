@@ -12,7 +12,8 @@ from gguf import GGMLQuantizationType as DT
 from compatfs.testing import deepseekocr as writer
 from compatfs.testing.store import add_model
 
-from compare import as_f32, kvs
+from chat import assert_refused
+from compare import as_f32, kvs, tensors
 from conftest import needs_fuse
 from xlc_client import run_job
 
@@ -40,18 +41,6 @@ def ollama_clip_name(name: str) -> str:
     for old, new in OLLAMA_CLIP_RENAMES:
         name = name.replace(old, new)
     return name
-
-
-def tensors(path) -> dict[str, gguf.ReaderTensor]:
-    return {t.name: t for t in gguf.GGUFReader(path).tensors}
-
-
-def assert_refused(res: dict, reason: str) -> None:
-    """llama.cpp failed to load; where its log was captured, for `reason`
-    (xllamacpp's log capture in the child process is not always complete)."""
-    assert not res["ok"]
-    if res.get("log_errors"):
-        assert reason in str(res.get("error")) + str(res["log_errors"]), res["log_errors"]
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,13 @@ written by `compatfs.testing.gemma4`: untranslated llama.cpp refuses it;
 through a real mount the text view has llama.cpp's per-expert fused
 `ffn_gate_up_exps` and `ffn_down_exps.scale`, and the model and its
 projector load and generate."""
-import gguf
 import numpy as np
 import pytest
 
 from compatfs.testing.gemma4 import GEMMA4_MOE, legacy_gemma4_moe
 from compatfs.testing.store import add_model
 
+from compare import tensors
 from conftest import needs_fuse
 from xlc_client import run_job
 
@@ -34,10 +34,6 @@ def store(blob, tmp_path_factory):
     store = tmp_path_factory.mktemp("gemma4moe-store") / "store"
     add_model(store, "gemma4", blob, tag="26b")
     return store
-
-
-def tensors(path) -> dict:
-    return {t.name: t for t in gguf.GGUFReader(path).tensors}
 
 
 def test_untranslated_llama_cpp_refuses_it(blob):

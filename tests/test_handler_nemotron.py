@@ -24,7 +24,8 @@ from compatfs.testing import nemotron as writers
 from compatfs.testing.store import add_model
 from compatfs.translation import first_claim, plan
 
-from compare import as_f32, assert_same_tensors, kvs
+from chat import assert_refused
+from compare import as_f32, assert_same_tensors, kvs, tensors
 from ggufs import write_gguf
 from conftest import SHARED, needs_fuse, needs_shared
 from xlc_client import run_job
@@ -33,18 +34,6 @@ BLOB = SHARED / "ollama/nemotron_h.gguf"
 UPSTREAM = SHARED / "upstream/nemotron_h/model.gguf"
 COMPLETE = {"op": "complete", "prompt": "hello world", "n_predict": 4}
 DESCRIBE = {"op": "chat", "messages": [{"role": "user", "content": "Describe."}], "n_predict": 4}
-
-
-def tensors(path) -> dict[str, gguf.ReaderTensor]:
-    return {t.name: t for t in gguf.GGUFReader(path).tensors}
-
-
-def assert_refused(res: dict, reason: str) -> None:
-    """llama.cpp failed to load; where its log was captured, for `reason`
-    (xllamacpp's log capture in the child process is not always complete)."""
-    assert not res["ok"]
-    if res.get("log_errors"):
-        assert reason in str(res.get("error")) + str(res["log_errors"]), res["log_errors"]
 
 
 def llama_rope_order(rows: np.ndarray, n_head: int) -> np.ndarray:
