@@ -12,14 +12,14 @@ from gguf import GGMLQuantizationType as DT
 from compatfs.testing import deepseekocr as writer
 from compatfs.testing.store import add_model
 
-from chat import assert_refused
+from chat import assert_completes_and_sees, assert_refused
 from compare import as_f32, kvs, tensors
 from conftest import needs_fuse
 from xlc_client import run_job
 
 pytestmark = needs_fuse
 MODEL = "deepseek-ocr:3b"
-DESCRIBE = {"op": "chat", "messages": [{"role": "user", "content": "Free OCR."}], "n_predict": 4}
+OCR = {"op": "chat", "messages": [{"role": "user", "content": "Free OCR."}], "n_predict": 4}
 
 # Ollama's handler (llama/compat/llama-ollama-compat.cpp, handle_deepseekocr_clip):
 # `s.` becomes `v.sam.`, then these substrings are replaced in order.
@@ -108,11 +108,4 @@ def test_loads_and_reads_images_through_the_mount(blob, mount_store):
     m = mount_store(store)
     model, mmproj = str(m / MODEL / "model.gguf"), str(m / MODEL / "mmproj.gguf")
     assert not run_job({"model": model, "mmproj": str(raw)})["ok"]
-    res = run_job({"model": model, "mmproj": mmproj, "actions": [
-        {"op": "complete", "prompt": "hello", "n_predict": 4}, {**DESCRIBE, "image_png": True}]}, timeout=600)
-    assert res["ok"], res.get("error")
-    complete, chat = res["results"]
-    assert complete["tokens_predicted"] > 0 and chat["completion_tokens"] > 0
-    text_only = run_job({"model": model, "actions": [DESCRIBE]})
-    assert text_only["ok"], text_only.get("error")
-    assert chat["prompt_tokens"] > text_only["results"][0]["prompt_tokens"]   # the projector ran
+    assert_completes_and_sees(model, mmproj, describe=OCR, timeout=600)

@@ -24,7 +24,7 @@ from compatfs.testing import nemotron as writers
 from compatfs.testing.store import add_model
 from compatfs.translation import first_claim, plan
 
-from chat import assert_refused
+from chat import assert_completes_and_sees, assert_refused
 from compare import as_f32, assert_same_tensors, kvs, tensors
 from ggufs import write_gguf
 from conftest import SHARED, needs_fuse, needs_shared
@@ -33,7 +33,6 @@ from xlc_client import run_job
 BLOB = SHARED / "ollama/nemotron_h.gguf"
 UPSTREAM = SHARED / "upstream/nemotron_h/model.gguf"
 COMPLETE = {"op": "complete", "prompt": "hello world", "n_predict": 4}
-DESCRIBE = {"op": "chat", "messages": [{"role": "user", "content": "Describe."}], "n_predict": 4}
 
 
 def llama_rope_order(rows: np.ndarray, n_head: int) -> np.ndarray:
@@ -185,13 +184,7 @@ def test_omni_loads_and_sees_images_through_the_mount(omni, mount_store):
     m = mount_store(store)
     model, mmproj = str(m / "nemotron3:33b/model.gguf"), str(m / "nemotron3:33b/mmproj.gguf")
     assert not run_job({"model": model, "mmproj": str(raw)})["ok"]
-    res = run_job({"model": model, "mmproj": mmproj, "actions": [COMPLETE, {**DESCRIBE, "image_png": True}]})
-    assert res["ok"], res.get("error")
-    complete, chat = res["results"]
-    assert complete["tokens_predicted"] > 0 and chat["completion_tokens"] > 0
-    text_only = run_job({"model": model, "actions": [DESCRIBE]})
-    assert text_only["ok"], text_only.get("error")
-    assert chat["prompt_tokens"] > text_only["results"][0]["prompt_tokens"]   # the projector ran
+    assert_completes_and_sees(model, mmproj)
 
 
 # -- the ops, in-process ---------------------------------------------------------------------
