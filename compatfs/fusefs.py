@@ -49,6 +49,7 @@ if not os.environ.get("FUSE_LIBRARY_PATH"):
 import mfusepy as fuse  # noqa: E402
 
 from .tree import BLOBS, FileRef, Tree  # noqa: E402
+from .blobfile import unchanged  # noqa: E402
 from .gguf_source import blob_identity  # noqa: E402
 from .libc import LIBC  # noqa: E402
 from .view import Computed, FileRange, View  # noqa: E402
@@ -425,7 +426,7 @@ class CompatFS(fuse.Operations):
         st = self._fstat(fd)
         if st is None:
             return None
-        return served, st, blob_identity(st) == served.stamp
+        return served, st, unchanged(served.stamp, st)
 
     def _choose(self, path: str, ref: FileRef) -> tuple[View, str]:
         """The view `path` serves now: the one its open handles read while their
@@ -672,13 +673,13 @@ class CompatFS(fuse.Operations):
             raise fuse.FuseOSError(errno.EBADF)
         if not handle.failed:
             try:
-                now = blob_identity(os.fstat(handle.fd))
-            except OSError as e:
-                now = (e.strerror,)
-            if now == handle.view.stamp:
+                intact = unchanged(handle.view.stamp, os.fstat(handle.fd))
+            except OSError:
+                intact = False
+            if intact:
                 return handle
             handle.failed = True
-            log.error("blob %s changed under an open file (size or modification time): reads of %s fail "
+            log.error("blob %s changed under an open file (size, modification or change time): reads of %s fail "
                       "until it is opened again", handle.blob, handle.path)
         raise fuse.FuseOSError(errno.EIO)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as DT
 
+from .blobfile import identity as blob_identity
 from .gguf_values import VT, GGUFError, Value, skip_value, string_starts
 
 MAGIC = b"GGUF"
@@ -207,19 +208,12 @@ class SourceGGUF:
         fd = self._open()
         try:
             if blob_identity(os.fstat(fd)) != self.identity:
-                raise GGUFError(f"{self.path}: the blob changed since it was read (size or modification time)")
+                raise GGUFError(f"{self.path}: the blob changed since it was read (size, modification or change time)")
             return _pread_exact(fd, size, offset)
         except OSError as e:
             raise GGUFError(f"{self.path}: cannot read: {e.strerror}") from None
         finally:
             os.close(fd)
-
-
-def blob_identity(st: os.stat_result) -> tuple[int, int, int, int]:
-    """What identifies a blob's bytes (device, inode, size, modification
-    time): views, summaries and index entries are keyed by it, and a read
-    checks the blob still has it."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _dtype(raw: int) -> DT | int:

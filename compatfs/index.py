@@ -5,7 +5,7 @@ remounts.
 One SQLite file in the user's cache folder (`$COMPATFS_CACHE_DIR`, else
 `$XDG_CACHE_HOME/compatfs`, else `~/.cache/compatfs`), never inside the store.
 An entry is keyed by the blob's path and identity (device, inode, size,
-modification time), by the translation's version (a digest of the code that
+modification and change time), by the translation's version (a digest of the code that
 decides a view's bytes) and by whether translation is on; an entry whose
 identity or version differs is ignored and replaced.  The file is safe to
 delete; a file that SQLite cannot read is moved aside and rebuilt, with a log
@@ -22,9 +22,10 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from .blobfile import Stamp
+
 log = logging.getLogger("compatfs")
 
-Stamp = tuple[int, int, int, int]   # st_dev, st_ino, st_size, st_mtime_ns
 
 
 @dataclass(frozen=True)
@@ -61,9 +62,9 @@ def default_path() -> Path:
 
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS views_v1 (
+CREATE TABLE IF NOT EXISTS views_v2 (
     path TEXT NOT NULL, version TEXT NOT NULL, translate INTEGER NOT NULL,
-    dev INTEGER NOT NULL, ino INTEGER NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
+    dev INTEGER NOT NULL, ino INTEGER NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
     model_size INTEGER NOT NULL, mmproj_size INTEGER, text TEXT, clip TEXT, error TEXT, arch TEXT,
     PRIMARY KEY (path, version, translate))
 """
@@ -104,13 +105,13 @@ class Index:
         try:
             db.execute(_SCHEMA)
             rows = db.execute(
-                "SELECT path, dev, ino, size, mtime_ns, model_size, mmproj_size, text, clip, error, arch FROM views_v1 "
+                "SELECT path, dev, ino, size, mtime_ns, ctime_ns, model_size, mmproj_size, text, clip, error, arch FROM views_v2 "
                 "WHERE version = ? AND translate = ?", (self.version, self.translate)).fetchall()
         except sqlite3.Error:
             db.close()
             raise
-        for path, dev, ino, size, mtime, *summary in rows:
-            self._mem[path] = ((dev, ino, size, mtime), Summary(*summary))
+        for path, dev, ino, size, mtime, ctime, *summary in rows:
+            self._mem[path] = ((dev, ino, size, mtime, ctime), Summary(*summary))
         return db
 
     def __len__(self) -> int:
@@ -129,7 +130,7 @@ class Index:
                 return
             try:
                 self._db.execute(
-                    "INSERT OR REPLACE INTO views_v1 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT OR REPLACE INTO views_v2 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (str(path), self.version, self.translate, *stamp, summary.model_size, summary.mmproj_size,
                      summary.text, summary.clip, summary.error, summary.arch))
             except sqlite3.Error as e:

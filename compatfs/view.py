@@ -75,7 +75,7 @@ class View:
 
     def __init__(self, stamp: tuple, source: SourceGGUF | None, segments: list[_Segment], size: int,
                  spec: ViewSpec | None, cache: OpCache | None):
-        self.stamp = stamp          # (st_dev, st_ino, st_size, st_mtime_ns) of the blob it was built from
+        self.stamp = stamp          # `blobfile.identity` of the blob it was built from
         self.source = source
         self.spec = spec
         self.size = size

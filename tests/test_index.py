@@ -23,10 +23,10 @@ from conftest import needs_fuse
 
 def test_entries_survive_reopening_and_stale_ones_are_ignored(tmp_path):
     path = tmp_path / "index.sqlite3"
-    blob, stamp, summary = Path("/store/blobs/sha256-1"), (1, 2, 3, 4), Summary(100, 50, "gemma3", "gemma3-clip", arch="gemma3")
+    blob, stamp, summary = Path("/store/blobs/sha256-1"), (1, 2, 3, 4, 5), Summary(100, 50, "gemma3", "gemma3-clip", arch="gemma3")
     Index(path, translate=True, version="v1").put(blob, stamp, summary)
     assert Index(path, translate=True, version="v1").get(blob, stamp) == summary
-    assert Index(path, translate=True, version="v1").get(blob, (1, 2, 3, 5)) is None     # blob rewritten
+    assert Index(path, translate=True, version="v1").get(blob, (1, 2, 3, 4, 6)) is None  # blob rewritten in place (ctime moved)
     assert Index(path, translate=True, version="v2").get(blob, stamp) is None           # handlers changed
     assert Index(path, translate=False, version="v1").get(blob, stamp) is None          # translation off
 
@@ -37,8 +37,8 @@ def test_an_unreadable_index_is_moved_aside_and_rebuilt(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="compatfs"):
         index = Index(path, translate=True, version="v1")
     assert "unreadable" in caplog.text and "rebuilt" in caplog.text
-    index.put(Path("/b"), (1, 1, 1, 1), Summary(1, None))
-    assert Index(path, translate=True, version="v1").get(Path("/b"), (1, 1, 1, 1)) == Summary(1, None)
+    index.put(Path("/b"), (1, 1, 1, 1, 1), Summary(1, None))
+    assert Index(path, translate=True, version="v1").get(Path("/b"), (1, 1, 1, 1, 1)) == Summary(1, None)
     assert path.with_name(path.name + ".corrupt").exists()
 
 
