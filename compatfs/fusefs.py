@@ -49,7 +49,8 @@ if not os.environ.get("FUSE_LIBRARY_PATH"):
 import mfusepy as fuse  # noqa: E402
 
 from .tree import BLOBS, FileRef, Tree  # noqa: E402
-from .blobfile import unchanged  # noqa: E402
+from .blobfile import BlobFile, unchanged  # noqa: E402
+from .gguf_values import GGUFError  # noqa: E402
 from .gguf_source import blob_identity  # noqa: E402
 from .libc import LIBC  # noqa: E402
 from .view import Computed, FileRange, View  # noqa: E402
@@ -174,9 +175,12 @@ def may_access(path: Path, caller: _Caller, read: bool = True) -> bool:
 class _Handle:
     path: str
     view: View
-    fd: int
-    blob: str
+    file: BlobFile           # the blob, opened once: every byte of this handle is read through it
     failed: bool = False     # its blob changed: every read is EIO (logged once)
+
+    @property
+    def blob(self) -> str:
+        return str(self.file.path)
 
 
 @dataclass
@@ -419,7 +423,7 @@ class CompatFS(fuse.Operations):
         view, its blob's status by descriptor, and whether that blob is intact."""
         with self._lock:
             served = self._served.get(path)
-            fd = next((self._handles[fh].fd for fh in served.fhs if fh in self._handles), None) if served else None
+            fd = next((self._handles[fh].file.fd for fh in served.fhs if fh in self._handles), None) if served else None
             if fd is None or served.view is None:
                 return None
             served = _Served(served.view, served.blob, served.stamp)   # as it is now, for the caller
@@ -469,7 +473,7 @@ class CompatFS(fuse.Operations):
     def getattr(self, path, fh=None):
         handle = self._handles.get(fh.fh) if fh is not None else None
         if handle is not None:
-            return self._file_attrs(path, handle.view.stamp, handle.view.size, self._fstat(handle.fd))
+            return self._file_attrs(path, handle.view.stamp, handle.view.size, self._fstat(handle.file.fd))
         attrs = self._recall(self._attrs, path, self._getattr, unless_open=True)
         if attrs is None:
             raise fuse.FuseOSError(errno.ENOENT)
@@ -600,21 +604,19 @@ class CompatFS(fuse.Operations):
             if not may_access(Path(blob), caller):
                 raise fuse.FuseOSError(errno.EACCES)
             try:
-                # Non-blocking: a FIFO put in place of a blob must not hang the open.
-                fd = os.open(blob, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-            except OSError as e:
-                log.error("cannot open blob %s: %s", blob, e.strerror)
+                file = BlobFile(blob)
+            except GGUFError as e:
+                log.error("cannot open blob: %s", e)
                 raise fuse.FuseOSError(errno.EIO) from None
-            st = os.fstat(fd)
-            if stat.S_ISREG(st.st_mode) and blob_identity(st) == view.stamp:
+            if file.stamp == view.stamp:
                 break
-            os.close(fd)
+            file.close()
         else:
             log.error("blob %s changes while it is opened: not served", node.blob)
             raise fuse.FuseOSError(errno.EIO)
         fh = next(self._fh)
         with self._lock:
-            self._handles[fh] = _Handle(path, view, fd, blob)
+            self._handles[fh] = _Handle(path, view, file)
             served = self._served.get(path)
             # Views are immutable (the same blob, by identity, makes the same
             # bytes): the kernel may keep its pages of this path unless the
@@ -645,7 +647,7 @@ class CompatFS(fuse.Operations):
                 self._attrs.pop(handle.path, None)
         if handle is None:
             return 0
-        os.close(handle.fd)
+        handle.file.close()
         if served is not None and not served.fhs and self._outdated(handle.path, served):
             # The path kept its view for open files: now the kernel learns the
             # store's current one (from the rescan thread: no notification from
@@ -673,7 +675,7 @@ class CompatFS(fuse.Operations):
             raise fuse.FuseOSError(errno.EBADF)
         if not handle.failed:
             try:
-                intact = unchanged(handle.view.stamp, os.fstat(handle.fd))
+                intact = unchanged(handle.view.stamp, os.fstat(handle.file.fd))
             except OSError:
                 intact = False
             if intact:
@@ -766,13 +768,11 @@ class CompatFS(fuse.Operations):
     @staticmethod
     def _pread_into(handle: _Handle, out: memoryview, offset: int) -> None:
         """The blob's bytes at `offset` into all of `out`; EIO when the blob ends first."""
-        done, size = 0, len(out)
-        while done < size:
-            n = os.preadv(handle.fd, [out[done:]], offset + done)
-            if n == 0:
-                log.error("blob %s is shorter than its header says (read at %d)", handle.blob, offset + done)
-                raise fuse.FuseOSError(errno.EIO)
-            done += n
+        try:
+            handle.file.read_into(out, offset)
+        except GGUFError as e:
+            log.error("%s", e)
+            raise fuse.FuseOSError(errno.EIO) from None
 
     # -- everything that would write -------------------------------------------
     write = create = mkdir = mknod = unlink = rmdir = rename = _erofs
