@@ -1,7 +1,8 @@
 """`compatfs export`: a model's files written out as real files, without FUSE.
 
-Each file is the same view the mount serves (built in-process by `BlobViews`,
-read piece by piece), so the export is byte-identical to the mounted file.
+Each file is the same view the mount serves (built in-process by `BlobViews`),
+assembled by the mount's own code (`viewbytes`) through one open `BlobFile`
+of the blob, so the export is byte-identical to the mounted file.
 Ranges of a piece that come from the blob are shared with it by
 `FICLONERANGE` where the filesystem can (btrfs, XFS) and the range sits at
 the same offset modulo the filesystem block size in the view as in the blob;
@@ -22,9 +23,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .gguf_source import blob_identity
+from .blobfile import BlobFile
 from .gguf_values import GGUFError
-from .view import FileRange, View
+from .view import View
+from .viewbytes import FileRange
 from .views import MMPROJ_FILE, MODEL_FILE, BlobViews
 
 FICLONERANGE = 0x4020940D          # _IOW(0x94, 13, struct file_clone_range)
@@ -59,8 +61,8 @@ def _pwrite_all(fd: int, data, offset: int) -> None:
 class _Writer:
     """Writes one view to an open file: pieces at their view offsets."""
 
-    def __init__(self, out: int, blob: int, blob_name: str, reflink: str, checksum: bool, bar):
-        self.out, self.blob, self.blob_name = out, blob, blob_name
+    def __init__(self, out: int, blob: BlobFile, reflink: str, checksum: bool, bar):
+        self.out, self.blob, self.blob_name = out, blob, blob.path.name
         self.reflink, self.bar = reflink, bar
         self.hash = hashlib.sha256() if checksum else None
         self.block = max(os.fstat(out).st_blksize, 4096)
@@ -75,19 +77,13 @@ class _Writer:
             self.hash.update(data)
         self.bar.update(len(data))
 
-    def _read(self, offset: int, n: int) -> bytes:
-        data = os.pread(self.blob, n, offset)
-        if len(data) != n:
-            raise GGUFError(f"{self.blob_name} is shorter than its header says (read at {offset})")
-        return data
-
     def copy(self, r: FileRange, at: int) -> None:
         done = 0
         while done < r.size:
             n = min(CHUNK, r.size - done)
             if self.hash is None and self.kernel_copy:   # no need to see the bytes: the kernel copies
                 try:
-                    copied = os.copy_file_range(self.blob, self.out, n, r.offset + done, at + done)
+                    copied = os.copy_file_range(self.blob.fd, self.out, n, r.offset + done, at + done)
                 except OSError as e:
                     if e.errno not in _NO_CLONE:
                         raise
@@ -98,7 +94,7 @@ class _Writer:
                 self.bar.update(copied)
                 done += copied
                 continue
-            self.mem(self._read(r.offset + done, n), at + done)
+            self.mem(self.blob.read(r.offset + done, n), at + done)
             done += n
 
     def file(self, r: FileRange, at: int) -> None:
@@ -116,7 +112,7 @@ class _Writer:
             self.copy(FileRange(r.offset, head), at)
         if body:
             try:
-                _clone(self.out, self.blob, r.offset + head, body, at + head)
+                _clone(self.out, self.blob.fd, r.offset + head, body, at + head)
             except OSError as e:
                 if e.errno not in _NO_CLONE:
                     raise
@@ -126,7 +122,7 @@ class _Writer:
             self.shared += body
             if self.hash:
                 for off in range(0, body, CHUNK):
-                    self.hash.update(self._read(r.offset + head + off, min(CHUNK, body - off)))
+                    self.hash.update(self.blob.read(r.offset + head + off, min(CHUNK, body - off)))
             self.bar.update(body)
         tail = r.size - head - body
         if tail:
@@ -145,22 +141,17 @@ def write_view(view: View, blob: Path, dest: Path, reflink: str = "auto", checks
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.partial")
     out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
-        src = os.open(blob, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            st = os.fstat(src)
-            if blob_identity(st) != tuple(view.stamp):
-                raise GGUFError(f"{blob} changed while the export was prepared: run it again")
-            w = _Writer(out, src, blob.name, reflink, checksum, bar)
+        with BlobFile(blob, expect=view.stamp) as src:   # GGUFError: the blob changed since the view was built
+            w = _Writer(out, src, reflink, checksum, bar)
             for start in range(0, view.size, WINDOW):
                 at = start
-                for piece in view.pieces(start, WINDOW):
+                for piece in view.pieces(start, WINDOW, src):
                     n = piece.size if isinstance(piece, FileRange) else len(piece)
                     w.file(piece, at) if isinstance(piece, FileRange) else w.mem(piece, at)
                     at += n
+            src.check()
             os.ftruncate(out, view.size)
             os.fsync(out)
-        finally:
-            os.close(src)
         os.close(out)
         out = -1
         os.rename(tmp, dest)

@@ -1,11 +1,11 @@
 """The FUSE layer: paths to tree lookups, file handles to views, reads to pieces.
 
 Kept thin on purpose: every decision about what a file contains lives in
-`tree`, `views` and `view`.  A read is answered with malloc'ed buffers that
-libfuse frees (`read_buf`): blob ranges are read with preadv straight into C
-memory (their bytes never become Python objects), ranges of elementwise ops
-are computed straight into it, header bytes and whole-computed op tensors
-are copied in.
+`tree`, `views` and `view`.  A read is answered with one malloc'ed buffer
+that libfuse frees (`read_buf`), filled by `viewbytes` through the blob the
+open file holds: blob ranges are read with preadv straight into C memory
+(their bytes never become Python objects), ranges of elementwise ops are
+computed straight into it, header bytes and op tensors' chunks copied in.
 
 What this layer guarantees on its own:
 - libfuse 3, chosen explicitly (mfusepy would take libfuse 2 first).
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import functools
 import hashlib
 import itertools
 import logging
@@ -38,9 +37,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple, NoReturn
+from typing import NoReturn
 
-import numpy as np
 
 # mfusepy takes libfuse 2 when both are installed; this layer is written for 3.
 if not os.environ.get("FUSE_LIBRARY_PATH"):
@@ -53,7 +51,8 @@ from .blobfile import BlobFile, unchanged  # noqa: E402
 from .gguf_values import GGUFError  # noqa: E402
 from .gguf_source import blob_identity  # noqa: E402
 from .libc import LIBC  # noqa: E402
-from .view import Computed, FileRange, View  # noqa: E402
+from . import viewbytes  # noqa: E402
+from .view import View  # noqa: E402
 from .views import LAYER_FILE, MMPROJ_FILE, MODEL_FILE  # noqa: E402
 
 log = logging.getLogger("compatfs")
@@ -71,13 +70,11 @@ class _FuseBuf(ctypes.Structure):
                 ("fd", ctypes.c_int), ("pos", ctypes.c_int64)]
 
 
-@functools.lru_cache(maxsize=None)
-def _bufvec_type(n: int) -> type:
-    """struct fuse_bufvec with `n` buffers inline (libfuse declares `buf[1]`
-    inline; mfusepy's declaration has a pointer there)."""
-    return type(f"_FuseBufvec{n}", (ctypes.Structure,), {"_fields_": [
-        ("count", ctypes.c_size_t), ("idx", ctypes.c_size_t), ("off", ctypes.c_size_t),
-        ("buf", _FuseBuf * max(n, 1)), ("_slack", ctypes.c_size_t * 2)]})
+class _FuseBufvec(ctypes.Structure):
+    # libfuse 3's struct fuse_bufvec holding one buffer (libfuse declares
+    # `buf[1]` inline; mfusepy's declaration has a pointer there).
+    _fields_ = [("count", ctypes.c_size_t), ("idx", ctypes.c_size_t), ("off", ctypes.c_size_t),
+                ("buf", _FuseBuf * 1), ("_slack", ctypes.c_size_t * 2)]
 
 
 def libfuse_version() -> str:
@@ -101,12 +98,9 @@ def _libfuse_tuple() -> tuple[int, int]:
 if fuse.fuse_version_major != 3:
     raise OSError(f"compatfs needs libfuse 3; {fuse._libfuse_path} is libfuse {libfuse_version()}")
 
-# Several buffers in one reply need the exact struct fuse_buf stride, known
-# for libfuse 3.0-3.16; elsewhere (or with COMPATFS_SINGLE_BUFFER=1, which the
-# tests use to cover that path) a read that spans pieces is gathered into one
-# memory buffer.
-_MULTI_BUF = (3, 0) <= _libfuse_tuple() < (3, 17) and os.environ.get("COMPATFS_SINGLE_BUFFER") != "1"
-READ_REPLIES = "multi-buffer" if _MULTI_BUF else "single-buffer"
+# A read is answered in one memory buffer, whatever it spans (the serving
+# log line names it).
+READ_REPLIES = "single-buffer"
 
 _libfuse = fuse._libfuse
 _libfuse.fuse_invalidate_path.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
@@ -192,19 +186,6 @@ class _Served:
     blob: str
     stamp: tuple
     fhs: set[int] = field(default_factory=set)
-
-
-class _Gathered(NamedTuple):
-    """Pieces answered in one buffer (libfuse without the multi-buffer layout)."""
-    pieces: list
-
-
-def _piece_size(piece) -> int:
-    if isinstance(piece, (FileRange, Computed)):
-        return piece.size
-    if isinstance(piece, _Gathered):
-        return sum(map(_piece_size, piece.pieces))
-    return len(piece)
 
 
 _UNKNOWN = object()
@@ -685,94 +666,41 @@ class CompatFS(fuse.Operations):
                       "until it is opened again", handle.blob, handle.path)
         raise fuse.FuseOSError(errno.EIO)
 
-    def _pieces(self, handle: _Handle, size: int, offset: int) -> list:
-        """The view's layout of the range; ops computed whole are computed here."""
-        try:
-            return handle.view.layout(offset, size)
-        except Exception as e:   # an op that fails on bad tensor data
-            self._failed_read(handle, offset, e)
-
     @staticmethod
-    def _failed_read(handle: _Handle, offset: int, e: Exception) -> NoReturn:
-        log.error("read of %s at %d failed: %s", handle.blob, offset, e)
-        raise fuse.FuseOSError(errno.EIO) from None
-
-    def _compute_into(self, handle: _Handle, piece: Computed, out: memoryview, offset: int) -> None:
-        """A range of a ranged op computed straight into `out`, its inputs read
-        from the handle's blob (checked against the view's stamp by the caller)."""
-        def read(t, start: int, size: int) -> memoryview:
-            buf = np.empty(size, np.uint8)
-            self._pread_into(handle, memoryview(buf), t.offset + start)
-            return memoryview(buf)
+    def _fill(handle: _Handle, offset: int, out: memoryview) -> None:
+        """The view's bytes at `offset` into `out`, every blob byte (op inputs
+        included) read through the handle's blob; EIO and a log line when the
+        blob cannot give them or an op fails on its data."""
         try:
-            piece.op.compute_range_into(read, piece.lo, piece.lo + piece.size, out)
-        except fuse.FuseOSError:
-            raise
-        except Exception as e:   # an op that fails on bad tensor data
-            self._failed_read(handle, offset, e)
-
-    def _fill(self, handle: _Handle, pieces: list, out: memoryview, offset: int) -> None:
-        """The pieces' bytes, one after another, into `out`."""
-        at = 0
-        for piece in pieces:
-            n = _piece_size(piece)
-            self._fill_piece(handle, piece, out[at:at + n], offset + at)
-            at += n
-
-    def _fill_piece(self, handle: _Handle, piece, out: memoryview, offset: int) -> None:
-        if isinstance(piece, FileRange):
-            self._pread_into(handle, out, piece.offset)
-        elif isinstance(piece, Computed):
-            self._compute_into(handle, piece, out, offset)
-        else:
-            out[:] = piece
+            viewbytes.fill(handle.view, handle.file, offset, out)
+        except Exception as e:   # a blob cut short, an op that fails on bad tensor data
+            log.error("read of %s at %d failed: %s", handle.blob, offset, e)
+            raise fuse.FuseOSError(errno.EIO) from None
 
     def read_buf(self, path, bufpp, size, offset, fi):
         handle = self._handle(fi)
-        pieces = self._pieces(handle, size, offset)
-        if len(pieces) > 1 and not _MULTI_BUF:
-            pieces = [_Gathered(pieces)]
-        vec = _bufvec_type(len(pieces))(count=len(pieces))
-        taken: list[int] = []
+        n = max(0, min(size, handle.view.size - offset))
+        # One memory buffer, which libfuse frees, filled here (a blob cut
+        # short under a read is EIO, never a short reply, which the kernel
+        # would take for the end of the file).
+        mem = LIBC.malloc(max(n, 1))
+        if not mem:
+            raise fuse.FuseOSError(errno.ENOMEM)
         try:
-            at = offset
-            for buf, piece in zip(vec.buf, pieces):
-                # Memory buffers, which libfuse frees, filled here: blob ranges
-                # are read straight into C memory (a blob cut short under a
-                # read is EIO, never a short reply, which the kernel would take
-                # for the end of the file), op ranges computed into it.
-                n = _piece_size(piece)
-                mem = LIBC.malloc(max(n, 1))
-                if not mem:
-                    raise fuse.FuseOSError(errno.ENOMEM)
-                taken.append(mem)
-                out = memoryview((ctypes.c_char * n).from_address(mem)).cast("B") if n else memoryview(b"")
-                if isinstance(piece, _Gathered):
-                    self._fill(handle, piece.pieces, out, at)
-                else:
-                    self._fill_piece(handle, piece, out, at)
-                buf.size, buf.mem = n, mem
-                at += n
+            if n:
+                self._fill(handle, offset, memoryview((ctypes.c_char * n).from_address(mem)).cast("B"))
             self._handle(fi)   # the blob is still the one the view was built from
-            out = LIBC.malloc(ctypes.sizeof(vec))
+            out = LIBC.malloc(ctypes.sizeof(_FuseBufvec))
             if not out:
                 raise fuse.FuseOSError(errno.ENOMEM)
         except BaseException:
-            for mem in taken:
-                LIBC.free(mem)
+            LIBC.free(mem)
             raise
+        vec = _FuseBufvec(count=1)
+        vec.buf[0].size, vec.buf[0].mem = n, mem
         ctypes.memmove(out, ctypes.addressof(vec), ctypes.sizeof(vec))
         ctypes.cast(bufpp, ctypes.POINTER(ctypes.c_void_p))[0] = out
         return 0
-
-    @staticmethod
-    def _pread_into(handle: _Handle, out: memoryview, offset: int) -> None:
-        """The blob's bytes at `offset` into all of `out`; EIO when the blob ends first."""
-        try:
-            handle.file.read_into(out, offset)
-        except GGUFError as e:
-            log.error("%s", e)
-            raise fuse.FuseOSError(errno.EIO) from None
 
     # -- everything that would write -------------------------------------------
     write = create = mkdir = mknod = unlink = rmdir = rename = _erofs

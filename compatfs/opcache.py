@@ -1,42 +1,81 @@
-"""The op cache: tensors computed whole, bounded in bytes, each computed once.
+"""The op cache: op tensors (or chunks of them) computed once, in bounded memory.
 
-Only ops that need their whole input land here (a permutation, a resampling,
-a repacking): ops that move bytes are served from the blob, and elementwise
-ops compute just the range a reader asks for (see `view`).  The cache is an
-LRU bounded in bytes (`--op-cache-mb`, default 256 MiB), so readers that
-interleave a few tensors do not recompute them per read; a tensor larger than
-the whole budget is computed for each read that needs it.  Concurrent readers
-of a tensor wait for the one computation under way: cachetools' `cached` with
-a condition does that bookkeeping.
+Only ops that need more than the range a reader asks for land here: a
+permutation, computed block by block in chunks of a few MiB, and the few ops
+computed whole (a resampled position table, a frame of a patch embedding).
+Ops that move bytes are served from the blob by arithmetic, and elementwise
+ops compute just the range a reader asks for (see `ops`).
+
+Results are kept in an LRU bounded in bytes (`--op-cache-mb`, default 256
+MiB).  A result larger than that whole budget is kept in a slot of its own,
+one result at a time, so that reading it through costs one computation, not
+one per read.  Each result is computed once at a time (its other readers
+wait for the computation under way) and at most `COMPUTING` computations run
+at once (others wait their turn), so op tensors take at most: the budget,
+plus the one result in the slot, plus `COMPUTING` computations in flight,
+each about three times what it computes (its input, its output, numpy's
+temporaries).  Nothing else waits for them: a computation holds no lock that
+listings, `stat` or reads of other files need.
 """
 from __future__ import annotations
 
 import threading
 from typing import Callable, Hashable
 
-from cachetools import LRUCache, cached
+from cachetools import LRUCache
 
 DEFAULT_MB = 256
+COMPUTING = 2        # computations at once
 
 
 class OpCache:
-    def __init__(self, max_bytes: int = DEFAULT_MB << 20):
+    def __init__(self, max_bytes: int = DEFAULT_MB << 20, computing: int = COMPUTING):
         self.max_bytes = max_bytes
         self._lru: LRUCache = LRUCache(maxsize=max(max_bytes, 1), getsizeof=len)
-        self._cond = threading.Condition()
-        self._get = cached(self._lru, key=lambda key, compute: key, condition=self._cond, info=True)(
-            lambda key, compute: compute())
+        self._slot: tuple[Hashable, bytes] | None = None    # the last result too large for the LRU
+        self._pending: dict[Hashable, threading.Event] = {}   # computations under way, set when done
+        self._lock = threading.Lock()
+        self._turns = threading.Semaphore(computing)
+        self._computations = 0
 
     def get(self, key: Hashable, compute: Callable[[], bytes]) -> bytes:
-        """The bytes for `key`, computing them with `compute()` at most once at a time."""
-        return self._get(key, compute)
+        """The bytes for `key`, computed with `compute()` unless kept; one
+        computation of a key at a time, and at most `COMPUTING` at once."""
+        while True:
+            with self._lock:
+                hit = self._lru.get(key)
+                if hit is None and self._slot is not None and self._slot[0] == key:
+                    hit = self._slot[1]
+                if hit is not None:
+                    return hit
+                done = self._pending.get(key)
+                if done is None:
+                    done = self._pending[key] = threading.Event()
+                    break
+            done.wait()   # then kept, or failed: computed here next
+        try:
+            with self._turns:
+                data = compute()
+            with self._lock:
+                self._computations += 1
+                if len(data) <= self.max_bytes:
+                    self._lru[key] = data
+                else:
+                    self._slot = (key, data)
+        finally:
+            with self._lock:
+                del self._pending[key]
+            done.set()
+        return data
 
     @property
     def computations(self) -> int:
-        """How many times a tensor was computed (cache misses)."""
-        return self._get.cache_info().misses
+        """How many results were computed (misses)."""
+        with self._lock:
+            return self._computations
 
     @property
     def bytes_held(self) -> int:
-        with self._cond:
-            return int(self._lru.currsize)
+        """Bytes of results kept: the LRU's and the slot's."""
+        with self._lock:
+            return int(self._lru.currsize) + (len(self._slot[1]) if self._slot is not None else 0)

@@ -1,9 +1,14 @@
 """Tensor operations that produce a view's transformed tensors.
 
 An op names its input tensors (as the blob stores them), declares the shape
-and dtype it produces, and computes its bytes with numpy when a reader first
-touches them.  Shapes are ggml shapes: fastest-varying axis first, so the
-numpy array of a tensor has the reversed shape.
+and dtype it produces, and says how its bytes are made, in one of three
+ways: as input bytes moved (`pieces`: splits, strided halves,
+concatenations, zero padding, laid out by arithmetic at any size); any byte
+range computed from the input bytes it needs (`ranged`: dtype promotions and
+other elementwise ops, mixed-dtype concatenations); or computed with numpy
+`chunk_bytes` at a time (a permutation, block by block), by default whole
+(resamplings and the like).  Shapes are ggml shapes: fastest-varying axis
+first, so the numpy array of a tensor has the reversed shape.
 """
 from __future__ import annotations
 
@@ -69,9 +74,23 @@ class Op:
         raise NotImplementedError
 
     def pieces(self) -> list[Piece] | None:
-        """The output as a run of input byte ranges and zeros, when it is one
-        (served from the blob like any other tensor, never computed); else None."""
+        """The output as input bytes (`Runs`) and zeros, when it is made of
+        them (served from the blob like any other tensor, never computed);
+        else None."""
         return None
+
+    @property
+    def chunk_bytes(self) -> int:
+        """How many output bytes are computed at a time: `compute_chunk`
+        computes chunk k, bytes [k * chunk_bytes, (k + 1) * chunk_bytes) (the
+        last one may be shorter).  The whole tensor unless the op says more."""
+        return self.nbytes
+
+    def compute_chunk(self, read: ReadRange, k: int) -> bytes:
+        """Chunk k of the output (see `chunk_bytes`), its inputs read with `read`."""
+        if k:
+            raise GGUFError(f"{self.description} is computed whole: it has no chunk {k}")
+        return self.compute(lambda t: read(t, 0, t.nbytes))
 
     # True: any byte range is made from just the input bytes it needs; such
     # an op defines `compute_range` or `compute_range_into` (each serves the other).
@@ -89,31 +108,44 @@ class Op:
         out[:] = self.compute_range(read, lo, hi)
 
 
-class InputRange(NamedTuple):
-    """`size` bytes of input `tensor`, from byte `start` of it."""
+class Part(NamedTuple):
+    """`unit` bytes of input `tensor` from byte `start`, and again every
+    `stride` bytes on (one part of a round of `Runs`)."""
     tensor: TensorInfo
     start: int
-    size: int
+    unit: int
+    stride: int
 
 
-Piece = Union[InputRange, int]            # an int: that many zero bytes
+class Runs(NamedTuple):
+    """Input bytes taken in `count` rounds: round k takes, from each part in
+    turn, `unit` bytes of its tensor from byte `start + k * stride`.  So
+    many rows of any size are laid out by arithmetic, never listed (one
+    part: a strided run, as a split or every other row; several: rows of
+    several tensors interleaved, as a per-expert concatenation)."""
+    parts: tuple[Part, ...]
+    count: int
+
+    @classmethod
+    def span(cls, t: TensorInfo, start: int, size: int) -> "Runs":
+        """`size` bytes of `t` from byte `start`: one range."""
+        return cls((Part(t, start, size, size),), 1)
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * sum(p.unit for p in self.parts)
+
+
+def _strided(t: TensorInfo, start: int, unit: int, stride: int, count: int) -> Runs:
+    """`count` runs of `unit` bytes of `t`, `stride` apart from `start`
+    (one range when they touch)."""
+    if stride == unit or count == 1:
+        return Runs.span(t, start, unit * count if stride == unit else unit)
+    return Runs((Part(t, start, unit, stride),), count)
+
+
+Piece = Union[Runs, int]            # an int: that many zero bytes
 ReadRange = Callable[[TensorInfo, int, int], bytes]   # (tensor, start, size) -> its bytes
-
-
-def _merged(pieces: list[Piece]) -> list[Piece]:
-    """Adjacent ranges of one tensor joined."""
-    out: list[Piece] = []
-    for p in pieces:
-        last = out[-1] if out else None
-        if isinstance(p, InputRange) and isinstance(last, InputRange) and last.tensor == p.tensor \
-                and last.start + last.size == p.start:
-            out[-1] = InputRange(p.tensor, last.start, last.size + p.size)
-        else:
-            out.append(p)
-    return out
-
-
-MAX_PIECES = 65536   # beyond this a piecewise layout is computed instead
 
 
 @dataclass(frozen=True)
@@ -134,6 +166,7 @@ class Elementwise(Op):
 
 
 CHUNK = 1 << 18   # elements converted at a time: input and output stay in the CPU's cache
+CHUNK_BYTES = 4 << 20   # output bytes an op computed in chunks (a permutation) computes at a time
 
 
 def _elementwise_into(src: TensorInfo, read: ReadRange, lo: int, hi: int, out: memoryview,
@@ -233,7 +266,7 @@ class Concat(Op):
         return self.dtype != DT.F32 or all(t.dtype == DT.F32 for t in self.inputs)
 
     def pieces(self):
-        return [InputRange(t, 0, t.nbytes) for t in self.inputs] if self._same else None
+        return [Runs.span(t, 0, t.nbytes) for t in self.inputs] if self._same else None
 
     @property
     def ranged(self) -> bool:
@@ -278,9 +311,9 @@ class Split(Op):
 
     def pieces(self):
         """Each slab of the slower axes holds one contiguous run of the split
-        axis: that run, slab after slab (whole rows of quantized types)."""
+        axis: that run, slab after slab, `stride` apart (whole quantization
+        blocks of quantized types, else computed)."""
         src = self.inputs[0]
-        inner = tensor_nbytes(src.shape[:self.axis], src.dtype) if self.axis else 0
         if self.axis == 0:
             row = tensor_nbytes(src.shape[:1], src.dtype)
             if self.start % GGML_QUANT_SIZES[src.dtype][0] or self.shape[0] % GGML_QUANT_SIZES[src.dtype][0]:
@@ -288,11 +321,10 @@ class Split(Op):
             unit, stride, outer = row * self.shape[0] // src.shape[0], row, _elements(src.shape[1:])
             first = row * self.start // src.shape[0]
         else:
+            inner = tensor_nbytes(src.shape[:self.axis], src.dtype)
             unit, stride = inner * self.shape[self.axis], inner * src.shape[self.axis]
             outer, first = _elements(src.shape[self.axis + 1:]), inner * self.start
-        if outer > MAX_PIECES:
-            return None
-        return _merged([InputRange(src, i * stride + first, unit) for i in range(outer)])
+        return [_strided(src, first, unit, stride, outer)]
 
     def _compute(self, data):
         src = self.inputs[0]
@@ -321,6 +353,39 @@ class Permute(Op):
     def _compute(self, data):
         arr = as_array(self.inputs[0], data[0]).reshape(self.view)
         return np.ascontiguousarray(arr.transpose(self.axes)).tobytes()
+
+    @property
+    def _kept(self) -> int:
+        """How many leading (slowest) axes the permutation leaves in place."""
+        n = 0
+        while n < len(self.axes) and self.axes[n] == n:
+            n += 1
+        return n
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Each index of the axes left in place is a block of the tensor that
+        moves within itself, at the same bytes in input and output: chunks
+        are whole such blocks, about `CHUNK_BYTES` (the whole tensor when the
+        slowest axis moves)."""
+        kept = self._kept
+        if not kept:
+            return self.nbytes
+        block = _elements(self.view[kept:]) * np.dtype(_PLAIN[self.dtype]).itemsize
+        return block * max(1, min(_elements(self.view[:kept]), CHUNK_BYTES // block))
+
+    def compute_chunk(self, read, k):
+        size = self.chunk_bytes
+        lo = k * size
+        if not 0 <= lo < self.nbytes:
+            raise GGUFError(f"{self.description} has no chunk {k}")
+        src, kept = self.inputs[0], self._kept
+        data = read(src, lo, min(size, self.nbytes - lo))
+        if not kept:
+            return self._compute([data])
+        arr = np.frombuffer(data, dtype=_PLAIN[src.dtype]).reshape(-1, *self.view[kept:])
+        axes = (0, *(a - kept + 1 for a in self.axes[kept:]))
+        return np.ascontiguousarray(arr.transpose(axes)).tobytes()
 
 
 @dataclass(frozen=True)
@@ -367,12 +432,12 @@ class ConcatRows(Op):
         return cls(tuple(srcs), (first.shape[0], sum(t.shape[1] for t in srcs), *first.shape[2:]), first.dtype)
 
     def pieces(self):
-        """Slab by slab, each input's rows of that slab."""
+        """Slab by slab, each input's rows of that slab: one round a slab."""
         slabs = _elements(self.shape[2:])
-        if slabs * len(self.inputs) > MAX_PIECES:
-            return None
         sizes = [t.nbytes // slabs for t in self.inputs]
-        return _merged([InputRange(t, k * size, size) for k in range(slabs) for t, size in zip(self.inputs, sizes)])
+        if slabs == 1:
+            return [Runs.span(t, 0, size) for t, size in zip(self.inputs, sizes)]
+        return [Runs(tuple(Part(t, 0, size, size) for t, size in zip(self.inputs, sizes)), slabs)]
 
     def _compute(self, data):
         slabs = int(np.prod(self.shape[2:], dtype=np.int64))
@@ -394,7 +459,8 @@ class PadRows(Op):
 
     def pieces(self):
         src = self.inputs[0]
-        return [p for p in (InputRange(src, 0, src.nbytes), self.nbytes - src.nbytes) if p]
+        pad = self.nbytes - src.nbytes
+        return ([Runs.span(src, 0, src.nbytes)] if src.nbytes else []) + ([pad] if pad else [])
 
     def _compute(self, data):
         return bytes(data[0]) + bytes(self.nbytes - len(data[0]))
@@ -427,16 +493,13 @@ class Strided(Op):
         return f"Strided({self.inputs[0].name}, axis {self.axis}, {self.start}::{self.step})"
 
     def pieces(self):
-        """Along a slower axis: the rows (or slabs) taken, slab after slab."""
+        """The elements (along axis 0) or rows and slabs (along a slower axis)
+        taken, slab after slab: one strided run, as `step` divides the axis
+        (the last taken of a slab is `step` before the first of the next)."""
         src = self.inputs[0]
-        if self.axis == 0:
-            return None
-        unit = tensor_nbytes(src.shape[:self.axis], src.dtype)
-        n, outer = src.shape[self.axis], _elements(src.shape[self.axis + 1:])
-        if outer * (n // self.step) > MAX_PIECES:
-            return None
-        return _merged([InputRange(src, (k * n + j) * unit, unit)
-                        for k in range(outer) for j in range(self.start, n, self.step)])
+        unit = tensor_nbytes(src.shape[:self.axis], src.dtype) if self.axis else np.dtype(_PLAIN[src.dtype]).itemsize
+        count = _elements(src.shape[self.axis + 1:]) * (src.shape[self.axis] // self.step)
+        return [_strided(src, self.start * unit, unit, self.step * unit, count)]
 
     def _compute(self, data):
         src = self.inputs[0]

@@ -5,45 +5,32 @@ The layout is fixed when the view is built: the GGUF v3 header (KVs, tensor
 infos, padding), then tensor data aligned to `general.alignment`, in the
 blob's data order so that a sequential read of the view is a sequential read
 of the blob (the tensor infos are listed in that order too, as GGUF readers
-require).  A read maps to `Piece`s by binary search over the segments.
+require).  A read maps to pieces (`viewbytes`) by binary search over the
+segments, and `viewbytes` assembles their bytes.
 """
 from __future__ import annotations
 
 import bisect
 import struct
 from dataclasses import dataclass
-from typing import Hashable, NamedTuple, Union
+from typing import Hashable
 
+from . import viewbytes
+from .blobfile import BlobFile
 from .gguf_source import MAGIC, SourceGGUF
 from .gguf_values import GGUFError
 from .opcache import OpCache
-from .ops import InputRange, Op
+from .ops import Runs
 from .translation import ViewSpec, ViewTensor
-
-
-class FileRange(NamedTuple):
-    """`size` bytes of the blob at absolute `offset`."""
-    offset: int
-    size: int
-
-
-class Computed(NamedTuple):
-    """Bytes [lo, lo+size) of an op computed per requested range: left for
-    the reader to compute into its own buffer (`View.layout`)."""
-    op: Op
-    lo: int
-    size: int
-
-
-Piece = Union[FileRange, bytes, memoryview]
+from .viewbytes import Cached, Computed, FileRange, InRounds, Piece, Rounds, Zeros
 
 
 @dataclass(frozen=True)
 class _Segment:
     start: int
     size: int
-    kind: str                 # "mem", "zero", "file", "range", "op"
-    arg: object = None        # bytes, blob offset, Op, or (cache key, Op)
+    kind: str                 # "mem", "zero", "file", "rounds", "range", "op"
+    arg: object = None        # bytes, blob offset, Rounds, Op, or (cache key, Op)
 
 
 def _pad(n: int, align: int) -> int:
@@ -113,16 +100,11 @@ class View:
         return _data_segments(spec, _header_size(spec), None)[1]
 
     # -- reads ----------------------------------------------------------------
-    def pieces(self, offset: int, size: int) -> list[Piece]:
-        """The bytes at [offset, offset+size), clipped to the file, as pieces
-        (ranges of ops computed here, their inputs read from the blob)."""
-        return [p.op.compute_range(self._read_range, p.lo, p.lo + p.size) if isinstance(p, Computed) else p
-                for p in self.layout(offset, size)]
-
-    def layout(self, offset: int, size: int) -> list[Piece | Computed]:
-        """As `pieces`, with ranges of ranged ops left to compute (`Computed`)."""
+    def layout(self, offset: int, size: int) -> list[Piece]:
+        """The pieces of the bytes at [offset, offset+size), clipped to the
+        file, for `viewbytes` to assemble."""
         end = min(offset + size, self.size)
-        out: list[Piece | Computed] = []
+        out: list[Piece] = []
         i = bisect.bisect_right(self._starts, offset) - 1
         while offset < end and i < len(self._segments):
             seg = self._segments[i]
@@ -133,29 +115,47 @@ class View:
             elif seg.kind == "mem":
                 out.append(memoryview(seg.arg)[lo:lo + n])
             elif seg.kind == "zero":
-                out.append(bytes(n))
+                out.append(Zeros(n))
+            elif seg.kind == "rounds":
+                out.append(InRounds(seg.arg, lo, n))
             elif seg.kind == "range":
                 out.append(Computed(seg.arg, lo, n))
             else:
                 key, op = seg.arg
-                data = self._cache.get(key, lambda: self._compute(op))
-                out.append(memoryview(data)[lo:lo + n])
+                out.append(Cached(op, self._cache, key, lo, n))
             offset += n
             i += 1
         return out
 
-    def _read_range(self, t, start: int, size: int) -> bytes:
-        return self.source.read(t.offset + start, size)
+    def open(self) -> BlobFile:
+        """The blob this translated view was built from, opened (GGUFError
+        when it is no longer that blob)."""
+        if self.source is None:
+            raise GGUFError("an identity view knows no path: read it through its blob's descriptor")
+        return BlobFile(self.source.path, expect=self.stamp)
 
-    def _compute(self, op) -> bytes:
-        """The op's bytes, its inputs read from the blob now."""
-        return op.compute(lambda t: self.source.read(t.offset, t.nbytes))
+    def read(self, offset: int, size: int, blob: BlobFile | None = None) -> bytes:
+        """The bytes at [offset, offset+size), clipped to the file, as one
+        bytes object (in-process): assembled by `viewbytes` through `blob`,
+        or the view's own blob opened for this read."""
+        size = max(0, min(offset + size, self.size) - max(offset, 0))
+        buf = bytearray(size)
+        if blob is not None:
+            viewbytes.fill(self, blob, offset, memoryview(buf))
+        else:
+            with self.open() as f:
+                viewbytes.fill(self, f, offset, memoryview(buf))
+        return bytes(buf)
 
-    def read(self, offset: int, size: int) -> bytes:
-        """The bytes at [offset, offset+size) as one bytes object (in-process;
-        identity views have no parsed source and are read by file descriptor)."""
-        return b"".join(bytes(self.source.read(p.offset, p.size)) if isinstance(p, FileRange) else bytes(p)
-                        for p in self.pieces(offset, size))
+    def pieces(self, offset: int, size: int, blob: BlobFile | None = None) -> list[FileRange | bytearray]:
+        """The bytes at [offset, offset+size), clipped to the file: blob
+        ranges as `FileRange`s, everything else assembled (`viewbytes.parts`)
+        through `blob`, or the view's own blob opened for this call (an
+        identity view is all blob ranges: it needs none)."""
+        if blob is not None or self.source is None:
+            return viewbytes.parts(self, blob, offset, size)
+        with self.open() as f:
+            return viewbytes.parts(self, f, offset, size)
 
 
 def _data_order(spec: ViewSpec) -> tuple[ViewSpec, dict[str, int]]:
@@ -199,8 +199,9 @@ def _data_segments(spec: ViewSpec, pos: int, key: Hashable) -> tuple[list[_Segme
 
 def _tensor_segments(t: ViewTensor, pos: int, key: Hashable) -> list[_Segment]:
     """How tensor `t`, at `pos` in the view, is served: blob bytes; an op's
-    input ranges and zeros (an op that only moves bytes); an op computed per
-    requested range; or an op computed whole into the op cache."""
+    input bytes and zeros (an op that only moves bytes: ranges, and rounds
+    of strided runs laid out by arithmetic); an op computed per requested
+    range; or an op computed in chunks (or whole) into the op cache."""
     op = t.op
     if op is None:
         return [_Segment(pos, t.nbytes, "file", t.source.offset)]
@@ -208,17 +209,34 @@ def _tensor_segments(t: ViewTensor, pos: int, key: Hashable) -> list[_Segment]:
     if pieces is not None:
         segs = []
         for p in pieces:
-            if isinstance(p, InputRange):
-                if p.start < 0 or p.start + p.size > p.tensor.nbytes:
-                    raise GGUFError(f"{op.description}: piece outside input {p.tensor.name}")
-                segs.append(_Segment(pos, p.size, "file", p.tensor.offset + p.start))
-                pos += p.size
+            size = p.nbytes if isinstance(p, Runs) else p
+            if isinstance(p, Runs):
+                segs.append(_runs_segment(op.description, p, pos))
             else:
                 segs.append(_Segment(pos, p, "zero"))
-                pos += p
+            pos += size
         if sum(s.size for s in segs) != t.nbytes:
             raise GGUFError(f"{op.description}: pieces make {sum(s.size for s in segs)} bytes, not {t.nbytes}")
         return segs
     if op.ranged:
         return [_Segment(pos, t.nbytes, "range", op)]
+    if op.chunk_bytes <= 0:
+        raise GGUFError(f"{op.description}: chunks of {op.chunk_bytes} bytes")
     return [_Segment(pos, t.nbytes, "op", ((key, t.name), op))]
+
+
+def _runs_segment(what: str, runs: Runs, pos: int) -> _Segment:
+    """The segment of `runs` at `pos`: a blob range, or rounds; every run
+    checked to lie inside its input tensor."""
+    if runs.nbytes == 0:
+        return _Segment(pos, 0, "zero")
+    parts, at = [], 0
+    for p in runs.parts:
+        if runs.count < 1 or p.unit < 0 or p.start < 0 or p.stride < 0 \
+                or p.start + (runs.count - 1) * p.stride + p.unit > p.tensor.nbytes:
+            raise GGUFError(f"{what}: runs outside input {p.tensor.name}")
+        parts.append((at, p.tensor.offset + p.start, p.unit, p.stride))
+        at += p.unit
+    if runs.count == 1 and len(parts) == 1:
+        return _Segment(pos, at, "file", parts[0][1])
+    return _Segment(pos, runs.nbytes, "rounds", Rounds(at, tuple(parts), runs.count))

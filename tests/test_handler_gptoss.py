@@ -174,12 +174,13 @@ def test_strided_rows_are_served_as_blob_ranges():
     """Rows of a quantized stack are taken whole: the op is a run of the
     blob's byte ranges, the same bytes as computing it."""
     from compatfs.gguf_source import TensorInfo
-    from compatfs.ops import InputRange, Strided
+    from compatfs.ops import Strided
     src = TensorInfo("fused", (64, 6, 3), DT.Q8_0, 0)
     data = np.random.default_rng(0).integers(0, 256, src.nbytes, dtype=np.uint8).tobytes()
     for start in (0, 1):
         op = Strided.of(src, 1, start, 2)
-        served = b"".join(data[p.start:p.start + p.size] for p in op.pieces() if isinstance(p, InputRange))
+        served = b"".join(data[r.start + k * r.stride:r.start + k * r.stride + r.unit]
+                          for p in op.pieces() for k in range(p.count) for r in p.parts)
         assert served == op.compute(lambda _: memoryview(data)) and len(served) == op.nbytes
     assert len(Strided.of(src, 1, 0, 1).pieces()) == 1
 

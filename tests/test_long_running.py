@@ -91,9 +91,10 @@ def test_version_names_libfuse_3(store, mount_store):
     assert "libfuse 3." in m.log_text()
 
 
-def test_single_buffer_reads_are_exact(store, mount_store):
-    m = mount_store(store, env={"COMPATFS_SINGLE_BUFFER": "1"})
-    assert "single-buffer reads" in m.log_text()
+def test_reads_across_pieces_are_exact(store, mount_store):
+    """Reads at random offsets and sizes, across header, blob ranges and op
+    tensors, each answered in one buffer."""
+    m = mount_store(store)
     blob = blob_of(store, "vision", "4b")
     r = random.Random(11)
     for kind in ("model.gguf", "mmproj.gguf"):

@@ -18,11 +18,19 @@ def test_byte_budget_keeps_several_and_evicts_least_recent():
     assert cache.computations == 4
 
 
-def test_a_tensor_over_the_budget_is_computed_each_time():
+def test_a_result_over_the_budget_is_kept_in_its_own_slot():
+    """A result larger than the whole budget is computed once while it is
+    read, and replaced by the next such result (one at a time)."""
     cache, calls = OpCache(max_bytes=5), []
+    big = lambda k: cache.get(k, lambda: calls.append(k) or bytes(10))  # noqa: E731
     for _ in range(3):
-        assert cache.get("big", lambda: calls.append(1) or bytes(10)) == bytes(10)
-    assert len(calls) == 3 and cache.bytes_held == 0
+        assert big("big") == bytes(10)
+    assert calls == ["big"] and cache.bytes_held == 10
+    big("other")
+    big("big")
+    assert calls == ["big", "other", "big"] and cache.bytes_held == 10
+    cache.get("small", lambda: bytes(4))     # the LRU beside the slot
+    assert cache.bytes_held == 14 and cache.computations == 4
 
 
 def test_interleaved_readers_do_not_recompute():
@@ -62,3 +70,31 @@ def test_a_failed_computation_is_not_cached():
         except ValueError:
             pass
     assert cache.get("k", lambda: b"ok") == b"ok"
+
+
+def test_at_most_computing_run_at_once_and_others_are_not_held():
+    """Six readers of six results: never more than `computing` computations
+    at a time; a kept result is answered while they run."""
+    cache = OpCache(computing=2)
+    cache.get("kept", lambda: b"k")
+    running, peak, lock = [0], [0], threading.Lock()
+
+    def slow():
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.2)
+        with lock:
+            running[0] -= 1
+        return b"x"
+
+    threads = [threading.Thread(target=cache.get, args=(k, slow)) for k in range(6)]
+    for t in threads:
+        t.start()
+    time.sleep(0.05)
+    t0 = time.monotonic()
+    assert cache.get("kept", lambda: b"recomputed") == b"k"
+    assert time.monotonic() - t0 < 0.1
+    for t in threads:
+        t.join(timeout=10)
+    assert peak[0] == 2 and cache.computations == 7

@@ -12,6 +12,7 @@ from ggufs import bf16, write_gguf
 rng = np.random.default_rng(0)
 A = rng.standard_normal((6, 32)).astype(np.float32)      # numpy shape: 6 rows of 32
 B = rng.standard_normal((4, 32)).astype(np.float32)
+Q = rng.standard_normal((24, 32)).astype(np.float32)     # 24 rows: 4 heads of 3 pairs
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +20,7 @@ def src(tmp_path_factory):
     q8 = quants.quantize(B, DT.Q8_0)
     path = write_gguf(tmp_path_factory.mktemp("ops") / "ops.gguf", "test", tensors={
         "a32": A, "a16": A.astype(np.float16), "abf": bf16(A), "b32": B, "b16": B.astype(np.float16),
-        "bq8": (q8, DT.Q8_0),
+        "bq8": (q8, DT.Q8_0), "q16": Q.astype(np.float16), "qbf": bf16(Q),
     })
     return SourceGGUF(path)
 
@@ -70,11 +71,52 @@ def test_split_along_each_axis(src):
 
 
 def test_permute_like_llama_cpp_converters(src):
-    t = src.tensors["a32"]
-    # Rows regrouped as (heads=3, 2, 1) with the two inner axes swapped.
-    op = Permute.of(t, view=(3, 2, 1, 32), axes=(0, 2, 1, 3))
-    expect = A.reshape(3, 2, 1, 32).swapaxes(1, 2).reshape(6, 32)
-    np.testing.assert_array_equal(arr(op, run(op, src)), expect)
+    """llama.cpp's rope permutation of Q/K rows (`LlamaModel.permute`), as
+    mistral3 uses it: within each head, HF's [first halves | second halves]
+    becomes interleaved pairs; written here row by row, apart from numpy's
+    transpose the op uses."""
+    heads, half = 4, 3
+    t = src.tensors["q16"]
+    op = Permute.of(t, view=(heads, 2, half, 32), axes=(0, 2, 1, 3))
+    rows = Q.astype(np.float16)
+    expect = np.empty_like(rows)
+    for h in range(heads):
+        for i in range(half):
+            for j in range(2):
+                expect[h * 2 * half + 2 * i + j] = rows[h * 2 * half + j * half + i]
+    got = np.frombuffer(run(op, src), np.float16).reshape(rows.shape)
+    np.testing.assert_array_equal(got, expect)
+    assert not np.array_equal(got, rows)
+    # The slowest axis moved (a transpose of heads and pairs): each output
+    # head gathers rows of every input head.
+    op = Permute.of(t, view=(heads, 2 * half, 32), axes=(1, 0, 2))
+    got = np.frombuffer(run(op, src), np.float16).reshape(2 * half, heads, 32)
+    for h in range(heads):
+        for r in range(2 * half):
+            np.testing.assert_array_equal(got[r, h], rows[h * 2 * half + r])
+
+
+def test_permute_chunks_equal_the_whole(src, monkeypatch):
+    """A permutation that keeps its slowest axes is computed in chunks of
+    whole blocks of them (each at the same bytes in input and output); one
+    that moves the slowest axis is one chunk.  Chunk sizes that divide the
+    tensor and that do not, BF16 and F16."""
+    import compatfs.ops as ops
+    read = lambda t, start, size: src.read(t.offset + start, size)  # noqa: E731
+    cases = [((4, 2, 3, 32), (0, 2, 1, 3)), ((4, 2, 3, 32), (0, 1, 3, 2)), ((2, 2, 6, 32), (0, 1, 3, 2)),
+             ((4, 6, 32), (1, 0, 2)), ((4, 2, 3, 32), (0, 1, 2, 3))]
+    for name in ("q16", "qbf"):
+        for view, axes in cases:
+            op = Permute.of(src.tensors[name], view, axes)
+            whole = run(op, src)
+            for chunk_bytes in (1, 200, 2 * 3 * 32 * 2 * 3, 1 << 20):
+                monkeypatch.setattr(ops, "CHUNK_BYTES", chunk_bytes)
+                size = op.chunk_bytes
+                if axes[0] != 0:
+                    assert size == op.nbytes
+                chunks = [op.compute_chunk(read, k) for k in range(-(-op.nbytes // size))]
+                assert all(len(c) == size for c in chunks[:-1]), (view, axes, chunk_bytes)
+                assert b"".join(chunks) == whole, (name, view, axes, chunk_bytes)
 
 
 def test_add_scalar_and_zeros(src):
@@ -92,14 +134,22 @@ def test_bad_shapes_are_refused(src):
 
 
 def from_pieces(op, src) -> bytes:
-    """The op's output as the view serves it when the op only moves bytes."""
-    from compatfs.ops import InputRange
-    return b"".join(bytes(src.read(p.tensor.offset + p.start, p.size)) if isinstance(p, InputRange) else bytes(p)
-                    for p in op.pieces())
+    """The op's output as its pieces say, run by run (what `Runs` means,
+    apart from the view's arithmetic)."""
+    from compatfs.ops import Runs
+    out = []
+    for p in op.pieces():
+        if not isinstance(p, Runs):
+            out.append(bytes(p))
+            continue
+        for k in range(p.count):
+            for part in p.parts:
+                out.append(bytes(src.read(part.tensor.offset + part.start + k * part.stride, part.unit)))
+    return b"".join(out)
 
 
 def test_ops_that_move_bytes_are_served_as_pieces_equal_to_the_computation(src):
-    from compatfs.ops import ConcatRows
+    from compatfs.ops import ConcatRows, PadRows, Strided
     e = rng.standard_normal((3, 4, 32)).astype(np.float32)
     path = write_gguf(src.path.with_name("experts.gguf"), "test", tensors={
         "g": e, "u": e[:, :2] + 1, "gq": (quants.quantize(e, DT.Q8_0), DT.Q8_0)})
@@ -109,11 +159,17 @@ def test_ops_that_move_bytes_are_served_as_pieces_equal_to_the_computation(src):
         (src, Split.of(src.tensors["a32"], axis=1, start=2, length=3)),
         (src, Split.of(src.tensors["a16"], axis=0, start=8, length=16)),
         (src, Zeros.of((32, 2), DT.F16)),
+        (src, PadRows.of(src.tensors["b16"], 7)),
         (exp, ConcatRows.of(exp.tensors["g"], exp.tensors["u"])),
+        (exp, Split.of(exp.tensors["g"], axis=1, start=1, length=2)),
+        (exp, Strided.of(exp.tensors["g"], 0, 1, 2)),
+        (exp, Strided.of(exp.tensors["g"], 1, 0, 2)),
+        (exp, Strided.of(exp.tensors["gq"], 2, 2, 3)),
     ]
     for s, op in cases:
         assert op.pieces() is not None, op.description
         assert from_pieces(op, s) == run(op, s), op.description
+        assert len(op.pieces()) <= len(op.inputs) + 1, op.description   # laid out by arithmetic
     # Quantized rows are whole blocks: a split of rows or slabs is their bytes.
     gq = exp.tensors["gq"]
     raw = bytes(exp.read(gq.offset, gq.nbytes))

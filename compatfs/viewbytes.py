@@ -1,0 +1,181 @@
+"""The bytes of a view: the pieces a range of it is made of (`View.layout`),
+and the one assembler of their bytes, which reads every byte of the blob,
+op inputs included, through one open `BlobFile`.
+
+The mount fills its reply buffers with `fill` through the blob its open file
+holds; `compatfs export` takes `parts` (blob ranges left as ranges, so the
+kernel can share or copy them; everything else assembled); in-process
+readers (`View.read`: tests, the fuzzer, the bench) go through `fill` too.
+"""
+from __future__ import annotations
+
+from typing import Hashable, NamedTuple, Union
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from .blobfile import BlobFile
+from .gguf_values import GGUFError
+from .opcache import OpCache
+from .ops import Op
+
+
+class FileRange(NamedTuple):
+    """`size` bytes of the blob at absolute `offset`."""
+    offset: int
+    size: int
+
+
+class Zeros(NamedTuple):
+    size: int
+
+
+class Rounds(NamedTuple):
+    """Blob bytes laid out in `count` rounds of `period` bytes: round k
+    holds, for each (at, offset, unit, stride) of `parts`, the `unit` blob
+    bytes from `offset + k * stride` at byte `k * period + at` of the rounds."""
+    period: int
+    parts: tuple[tuple[int, int, int, int], ...]
+    count: int
+
+
+class InRounds(NamedTuple):
+    """Bytes [lo, lo+size) of `rounds`."""
+    rounds: Rounds
+    lo: int
+    size: int
+
+
+class Computed(NamedTuple):
+    """Bytes [lo, lo+size) of a ranged op, computed from the input bytes they need."""
+    op: Op
+    lo: int
+    size: int
+
+
+class Cached(NamedTuple):
+    """Bytes [lo, lo+size) of an op computed `op.chunk_bytes` at a time into
+    `cache`, its chunk k under (`key`, k)."""
+    op: Op
+    cache: OpCache
+    key: Hashable
+    lo: int
+    size: int
+
+
+Piece = Union[FileRange, memoryview, Zeros, InRounds, Computed, Cached]
+
+GATHER = 4 << 20      # blob bytes read at once to gather short runs from
+DIRECT = 64 << 10     # runs this long (or sparser than 1 in `SPARSE`) are read straight into place
+SPARSE = 8
+
+
+def size_of(piece: Piece) -> int:
+    return len(piece) if isinstance(piece, memoryview) else piece.size
+
+
+def fill(view, blob: BlobFile | None, offset: int, out: memoryview) -> None:
+    """Bytes [offset, offset + len(out)) of `view` (which must hold them) into
+    `out`, every blob byte read through `blob`; GGUFError when the blob
+    cannot give them or an op fails on its data."""
+    at = 0
+    for piece in view.layout(offset, len(out)):
+        n = size_of(piece)
+        _fill(piece, blob, out[at:at + n])
+        at += n
+    if at != len(out):
+        raise GGUFError(f"a read of {len(out)} bytes at {offset} runs past the end of a view of {view.size}")
+
+
+def parts(view, blob: BlobFile | None, offset: int, size: int) -> list[FileRange | bytearray]:
+    """The bytes at [offset, offset+size) (clipped to the view): plain blob
+    ranges as `FileRange`s, everything else assembled (as `fill` does)."""
+    out: list[FileRange | bytearray] = []
+    for piece in view.layout(offset, size):
+        if isinstance(piece, FileRange):
+            out.append(piece)
+        else:
+            buf = bytearray(size_of(piece))
+            _fill(piece, blob, memoryview(buf))
+            out.append(buf)
+    return out
+
+
+def _fill(piece: Piece, blob: BlobFile | None, out: memoryview) -> None:
+    if isinstance(piece, memoryview):
+        out[:] = piece
+    elif isinstance(piece, Zeros):
+        np.frombuffer(out, np.uint8).fill(0)
+    elif blob is None:
+        raise GGUFError("a view's blob bytes read without its blob")
+    elif isinstance(piece, FileRange):
+        blob.read_into(out, piece.offset)
+    elif isinstance(piece, InRounds):
+        _fill_rounds(blob, piece.rounds, piece.lo, out)
+    elif isinstance(piece, Computed):
+        piece.op.compute_range_into(_reader(blob), piece.lo, piece.lo + piece.size, out)
+    else:
+        _fill_cached(blob, piece, out)
+
+
+def _reader(blob: BlobFile):
+    """An op's input reader: (tensor, start, size) -> those bytes, through `blob`."""
+    def read(t, start: int, size: int) -> memoryview:
+        buf = np.empty(size, np.uint8)
+        blob.read_into(memoryview(buf), t.offset + start)
+        return memoryview(buf)
+    return read
+
+
+def _fill_rounds(blob: BlobFile, r: Rounds, lo: int, out: memoryview) -> None:
+    """Bytes [lo, lo + len(out)) of rounds `r`: per part, a run cut by the
+    range's ends read alone; whole runs read straight into place when long
+    or sparse, else gathered from `GATHER`-sized reads of the blob."""
+    hi = lo + len(out)
+    dst = np.frombuffer(out, np.uint8)
+    for at, offset, unit, stride in r.parts:
+        k = max(0, (lo - at - unit) // r.period + 1)          # the first run that ends past lo
+        end = min(r.count, (hi - at - 1) // r.period + 1)     # past the last that starts before hi
+        while k < end:
+            a = k * r.period + at
+            if a < lo or a + unit > hi:
+                s, e = max(a, lo), min(a + unit, hi)
+                blob.read_into(out[s - lo:e - lo], offset + k * stride + s - a)
+                k += 1
+                continue
+            whole = min(end, (hi - at - unit) // r.period + 1)   # past the last run wholly in range
+            if unit >= DIRECT or stride > SPARSE * unit:
+                for j in range(k, whole):
+                    a = j * r.period + at - lo
+                    blob.read_into(out[a:a + unit], offset + j * stride)
+            else:
+                batch = max(1, GATHER // stride)
+                scratch = np.empty((min(batch, whole - k) - 1) * stride + unit, np.uint8)
+                for j in range(k, whole, batch):
+                    m = min(batch, whole - j)
+                    span = memoryview(scratch)[:(m - 1) * stride + unit]
+                    blob.read_into(span, offset + j * stride)
+                    target = as_strided(dst[j * r.period + at - lo:], shape=(m, unit), strides=(r.period, 1))
+                    target[...] = as_strided(scratch, shape=(m, unit), strides=(stride, 1))
+            k = whole
+
+
+def _fill_cached(blob: BlobFile, piece: Cached, out: memoryview) -> None:
+    """The chunks of the op that the range covers, each from the cache or
+    computed into it (inputs read through `blob`), copied into `out`."""
+    op, lo, hi = piece.op, piece.lo, piece.lo + piece.size
+    size = op.chunk_bytes
+    read = _reader(blob)
+    for k in range(lo // size, (hi - 1) // size + 1):
+        first = k * size
+        n = min(size, op.nbytes - first)
+        data = piece.cache.get((piece.key, k), lambda: _chunk(op, read, k, n))
+        s, e = max(lo, first), min(hi, first + n)
+        out[s - lo:e - lo] = memoryview(data)[s - first:e - first]
+
+
+def _chunk(op: Op, read, k: int, n: int) -> bytes:
+    data = op.compute_chunk(read, k)
+    if len(data) != n:
+        raise GGUFError(f"{op.description} produced {len(data)} bytes for chunk {k}, expected {n}")
+    return data
