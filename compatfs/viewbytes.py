@@ -9,6 +9,8 @@ readers (`View.read`: tests, the fuzzer, the bench) go through `fill` too.
 """
 from __future__ import annotations
 
+import logging
+import time
 from typing import Hashable, NamedTuple, Union
 
 import numpy as np
@@ -19,6 +21,7 @@ from .gguf_values import GGUFError
 from .opcache import OpCache
 from .ops import Op
 
+log = logging.getLogger(__name__)
 
 class FileRange(NamedTuple):
     """`size` bytes of the blob at absolute `offset`."""
@@ -175,7 +178,9 @@ def _fill_cached(blob: BlobFile, piece: Cached, out: memoryview) -> None:
 
 
 def _chunk(op: Op, read, k: int, n: int) -> bytes:
+    t = time.perf_counter()
     data = op.compute_chunk(read, k)
     if len(data) != n:
         raise GGUFError(f"{op.description} produced {len(data)} bytes for chunk {k}, expected {n}")
+    log.debug("computed %s chunk %d (%d bytes) in %.3f s", op.description, k, n, time.perf_counter() - t)
     return data

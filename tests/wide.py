@@ -64,3 +64,16 @@ def fused_gptoss(path: Path, n_embd: int, n_ff: int, n_expert: int, layers: int 
     tmp = gptoss.write_raw(path.with_name(path.name + ".partial"), kvs, tensors)
     tmp.rename(path)
     return path
+
+
+def rewritten(src: Path, path: Path, replace: dict) -> Path:
+    """The GGUF `src` written again at `path` (as Ollama lays a blob out)
+    with the tensors of `replace` (name -> (ggml shape, ggml type, bytes))
+    in place of its own."""
+    r = gguf.GGUFReader(src)
+    kvs = {name: (f.contents(), f.types[0], f.types[1] if len(f.types) > 1 else None)
+           for name, f in r.fields.items() if not name.startswith("GGUF.")}
+    tensors = {t.name: (tuple(int(d) for d in t.shape), t.tensor_type, np.asarray(t.data).view(np.uint8))
+               for t in r.tensors}
+    tensors.update(replace)
+    return gptoss.write_raw(path, kvs, tensors)
