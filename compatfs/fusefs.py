@@ -826,6 +826,9 @@ def mount(tree: Tree, mountpoint: str, options: dict | None = None, read_ahead_k
         # libfuse 3.12+ warns about its own default for this ("Ignoring invalid
         # max threads value 4294967295"); 10 is libfuse's historic default.
         opts["max_idle_threads"] = 10
+        # Readers waiting for an op computation hold a thread each: 64, not
+        # libfuse's 10, so listings and other files never queue behind them.
+        opts["max_threads"] = 64
     opts.update(options)
     fs = CompatFS(tree, mountpoint, read_ahead_kb)
     done = threading.Event()
