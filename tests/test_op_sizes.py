@@ -62,6 +62,9 @@ def wide_src(tmp_path_factory):
         "cols": rng.standard_normal((70000, 48)).astype(np.float16),
         "g": q8((32, 4, 70000)),
         "u": q8((32, 2, 70000)),
+        "big_g": rng.standard_normal((6, 40, 1024)).astype(np.float16),   # 80 KiB rows of a slab: read in place
+        "big_u": rng.standard_normal((6, 24, 1024)).astype(np.float16),   # 48 KiB: gathered
+        "long_rows": rng.standard_normal((300, 1024)).astype(np.float16),
     })
     return SourceGGUF(path)
 
@@ -78,6 +81,8 @@ def test_runs_equal_the_computation_past_the_old_piece_limit(wide_src):
         "col_split": Split.of(s.tensors["cols"], 0, 16, 16), "row_split": Split.of(s.tensors["cols"], 1, 3, 69990),
         "experts": ConcatRows.of(s.tensors["g"], s.tensors["u"]),
         "slab_split": Split.of(s.tensors["g"], 2, 1, 69998),
+        "big_experts": ConcatRows.of(s.tensors["big_g"], s.tensors["big_u"]),
+        "sparse_cols": Split.of(s.tensors["long_rows"], 0, 16, 16),    # 32 of each 2048 bytes
     }
     assert ops["gate"].shape[1] * ops["gate"].shape[2] == 92160 > 65536
     view = _view(s, ops, OpCache(0))
@@ -96,8 +101,8 @@ def test_runs_equal_the_computation_past_the_old_piece_limit(wide_src):
             else:
                 want = _whole(op, s)
             assert view.read(at, size, blob) == want, name
-            unit = next(seg.arg.parts[0][2] for seg in view._segments
-                        if seg.kind == "rounds" and seg.start == at) if name not in ("row_split", "slab_split") else 4096
+            rounds = next((seg.arg for seg in view._segments if seg.kind == "rounds" and seg.start == at), None)
+            unit = min(p[2] for p in rounds.parts) if rounds else 4096
             edges = [k * unit for k in range(0, size // unit, max(1, size // unit // 50))] + [size - unit, size]
             for e in edges:
                 for lo, hi in ((e - 1, e + 1), (e - unit - 1, e + 2), (e, e + 3 * unit + 5)):
