@@ -369,7 +369,7 @@ class Permute(Op):
         are whole such blocks, about `CHUNK_BYTES` (the whole tensor when the
         slowest axis moves)."""
         kept = self._kept
-        if not kept:
+        if not kept or self.dtype not in _PLAIN:   # (a quantized input is refused when computed)
             return self.nbytes
         block = _elements(self.view[kept:]) * np.dtype(_PLAIN[self.dtype]).itemsize
         return block * max(1, min(_elements(self.view[:kept]), CHUNK_BYTES // block))
@@ -381,7 +381,7 @@ class Permute(Op):
             raise GGUFError(f"{self.description} has no chunk {k}")
         src, kept = self.inputs[0], self._kept
         data = read(src, lo, min(size, self.nbytes - lo))
-        if not kept:
+        if size == self.nbytes:
             return self._compute([data])
         arr = np.frombuffer(data, dtype=_PLAIN[src.dtype]).reshape(-1, *self.view[kept:])
         axes = (0, *(a - kept + 1 for a in self.axes[kept:]))

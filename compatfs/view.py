@@ -220,7 +220,7 @@ def _tensor_segments(t: ViewTensor, pos: int, key: Hashable) -> list[_Segment]:
         return segs
     if op.ranged:
         return [_Segment(pos, t.nbytes, "range", op)]
-    if op.chunk_bytes <= 0:
+    if op.nbytes and op.chunk_bytes <= 0:
         raise GGUFError(f"{op.description}: chunks of {op.chunk_bytes} bytes")
     return [_Segment(pos, t.nbytes, "op", ((key, t.name), op))]
 
