@@ -15,7 +15,8 @@ at once (others wait their turn), so op tensors take at most: the budget,
 plus the one result in the slot, plus `COMPUTING` computations in flight,
 each about three times what it computes (its input, its output, numpy's
 temporaries).  Nothing else waits for them: a computation holds no lock that
-listings, `stat` or reads of other files need.
+listings, `stat` or reads of other files need.  (Ops computed per requested
+range never come here: each read in flight takes a few times its own size.)
 """
 from __future__ import annotations
 
