@@ -55,7 +55,9 @@ def wide_src(tmp_path_factory):
     narrowed to one MXFP4 block), and more slabs than the old piece limit."""
     rng = np.random.default_rng(7)
     rows, experts = 2 * wide.GPTOSS_20B["n_ff"], wide.GPTOSS_20B["n_expert"]
-    q8 = lambda shape: (rng.integers(0, 256, (*reversed(shape[1:]), shape[0] // 32 * 34), dtype=np.uint8), DT.Q8_0)  # noqa: E731
+
+    def q8(shape):   # random Q8_0 blocks of ggml `shape`
+        return rng.integers(0, 256, (*reversed(shape[1:]), shape[0] // 32 * 34), dtype=np.uint8), DT.Q8_0
     path = write_gguf(tmp_path_factory.mktemp("wide") / "wide.gguf", "test", tensors={
         "fused": (wide.mxfp4_blocks(rng, rows * experts).reshape(experts, rows, 17), DT.MXFP4),
         "bias": rng.standard_normal((experts, rows)).astype(np.float32),
