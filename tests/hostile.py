@@ -63,7 +63,7 @@ def fuse_connection(mountpoint: Path) -> str | None:
 
 def abort_fuse(mountpoint: Path) -> bool:
     """Abort the FUSE connection of `mountpoint` through fusectl (mounted
-    first where it is not); whether it was aborted."""
+    first where it is not), then detach the mount; whether it was aborted."""
     conn = fuse_connection(mountpoint)
     if conn is None:
         return False
@@ -72,9 +72,11 @@ def abort_fuse(mountpoint: Path) -> bool:
         subprocess.run(["mount", "-t", "fusectl", "none", str(base)], capture_output=True)
     try:
         (base / conn / "abort").write_text("1")
-        return True
     except OSError:
         return False
+    # An aborted mount no longer answers stat (the fixture would not see it as mounted): detached here.
+    subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True)
+    return True
 
 
 def bounded(argv: list[str], seconds: float, mountpoint: Path | None = None, **kw) -> subprocess.CompletedProcess:

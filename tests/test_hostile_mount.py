@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -220,3 +221,80 @@ def test_truncation_under_an_op_tensor_read(store, mount_store):
         assert e.value.errno == errno.EIO
     assert m.alive
     assert (m / "text:1b/model.gguf").read_bytes() == expected(blob_of(store, "text", "1b"))
+
+
+# -- round 2: never a hang, a refused view stays one view, index rows are hints -------------
+
+from hostile import bounded, fifo_writer_release, with_value   # noqa: E402
+
+
+def test_a_fifo_manifest_appearing_while_mounted_blocks_nothing(store, mount_store):
+    """Measured on the landed code: the rescan opened the FIFO (blocking)
+    while it held the tree's lock; every lookup not yet answered hung in D
+    state, surviving SIGKILL, until somebody wrote the FIFO."""
+    m = mount_store(store)
+    fifo = store / "manifests/registry.ollama.ai/library/fifo/latest"
+    fifo.parent.mkdir()
+    os.mkfifo(fifo)
+    try:
+        time.sleep(2.5)     # two rescans
+        res = bounded(["stat", "-c", "%s", str(m / "text:1b/model.gguf")], 10, m.path)
+        assert res.returncode == 0 and int(res.stdout) == len(expected(blob_of(store, "text", "1b")))
+        assert bounded(["ls", "-lR", str(m.path)], 10, m.path).returncode == 0
+        res = bounded([sys.executable, "-m", "compatfs", "ls", str(store)], 30)
+        assert res.returncode == 0, res.stderr
+        assert "fifo:latest" in res.stdout and "not a regular file" in res.stdout
+        assert m.alive
+    finally:
+        fifo_writer_release(fifo)
+
+
+def test_a_blob_flipping_between_file_and_fifo_never_hangs_a_request(store, mount_store, tmp_path):
+    """Measured on the landed code: within seconds a thread was stuck
+    opening the FIFO (only the FUSE layer's own open was non-blocking).
+    The blob is swapped (rename) between a regular file and a FIFO while
+    the mount is asked for its files; then it is left a FIFO."""
+    import threading
+    m = mount_store(store)
+    blob = blob_of(store, "vision", "4b")
+    kept = blob.read_bytes()
+    stop = threading.Event()
+
+    def swap(fifo: bool) -> None:
+        new = Path(f"{blob}.new")
+        if fifo:
+            os.mkfifo(new)
+        else:
+            new.write_bytes(kept)
+        os.replace(new, blob)
+
+    def flip():
+        i = 0
+        while not stop.is_set():
+            swap(fifo=bool(i % 2))
+            i += 1
+            time.sleep(0.005)
+
+    t = threading.Thread(target=flip, daemon=True)
+    t.start()
+    try:
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline:
+            folder = m / "vision:4b"
+            res = bounded(["sh", "-c", f"stat {folder}/model.gguf {folder}/mmproj.gguf; head -c 100000 {folder}/model.gguf; "
+                           f"head -c 100000 {folder}/mmproj.gguf; head -c 1000 {m / 'blobs' / blob.name}/model.gguf; true"],
+                          10, m.path)
+            assert res.returncode == 0
+    finally:
+        stop.set()
+        t.join(5)
+        swap(fifo=True)
+    try:
+        time.sleep(1.5)
+        for rel in ("vision:4b/model.gguf", f"blobs/{blob.name}/model.gguf"):
+            res = bounded(["cat", str(m / rel)], 10, m.path)
+            assert res.returncode != 0 and "Input/output error" in res.stderr, res.stderr
+        assert bounded(["ls", "-lR", str(m.path)], 10, m.path).returncode == 0
+        assert m.alive
+    finally:
+        fifo_writer_release(blob)
