@@ -298,3 +298,108 @@ def test_a_blob_flipping_between_file_and_fifo_never_hangs_a_request(store, moun
         assert m.alive
     finally:
         fifo_writer_release(blob)
+
+
+def _wrong_types(tmp_path: Path) -> dict[str, bytes]:
+    """Blobs whose handlers read a value of the wrong type: the token types
+    as strings (gemma3 vision: the text handler reads them, its projector
+    view does not), and a vision block index that is text."""
+    from compatfs.gguf_source import SourceGGUF
+    from compatfs.gguf_values import VT, array, string
+    good = gemma3.legacy_gemma3_vision(tmp_path / "wt.gguf", seed=5)
+    n = SourceGGUF(good).kvs["tokenizer.ggml.token_type"].count
+    return {
+        "tokentypes": with_value(good, "tokenizer.ggml.token_type", array(VT.STRING, ["normal"] * n)),
+        "blocks": with_value(good, "gemma3.vision.block_count", string("many")),
+    }
+
+
+def test_values_of_the_wrong_type_refuse_one_view_at_most(store, mount_store, tmp_path):
+    """Measured on the landed code: the model folder and its blobs/ folder
+    answered EINVAL, a traceback was logged on every stat, and the good
+    files of the folder were lost with it.  Whatever the handler makes of
+    the value (it may be refused, or tolerated), each view is either served
+    whole or refused alone (size 0, EIO, one log line), and everything
+    else reads on."""
+    blobs = {}
+    for name, data in _wrong_types(tmp_path).items():
+        f = tmp_path / f"{name}.bin"
+        f.write_bytes(data)
+        add_model(store, name, f)
+        blobs[name] = blob_of(store, name, "latest")
+    m = mount_store(store)
+    for _ in range(2):
+        res = bounded(["ls", "-lR", str(m.path)], 30, m.path)
+        assert res.returncode == 0 and "?" not in res.stdout, res.stdout + res.stderr
+    refused = 0
+    for name, blob in blobs.items():
+        for folder in (m / f"{name}:latest", m / "blobs" / blob.name):
+            files = sorted(p.name for p in folder.iterdir())
+            assert "model.gguf" in files, (folder, files)
+            for f in files:
+                path = folder / f
+                size = path.stat().st_size
+                try:
+                    data = path.read_bytes()
+                except OSError as e:
+                    assert e.errno == errno.EIO and size == 0, (path, size)
+                    refused += 1
+                    continue
+                assert data == expected(blob, f), path
+    assert refused, "no view refused: the test no longer exercises a failing handler"
+    log = m.log_text()
+    assert "Traceback" not in log, log
+    for blob in blobs.values():
+        for kind in ("model.gguf", "mmproj.gguf"):
+            assert log.count(f"cannot present {kind} of {blob}") <= 1, log
+    assert (m / "text:1b/model.gguf").read_bytes() == expected(blob_of(store, "text", "1b"))
+    assert m.alive
+
+
+def test_index_rows_that_lie_are_hints(store, mount_store, tmp_path):
+    """Measured on the landed code: a row with the blob's identity and too
+    small a size served a short file and stat kept it; a forged error gave
+    EIO for good; a size that is text gave EINVAL; a phantom mmproj.gguf was
+    listed.  Now: the rows are checked against the view on open, rebuilt,
+    and the kernel's attributes dropped."""
+    import sqlite3
+    cache = tmp_path / "cache"
+    env = {"COMPATFS_CACHE_DIR": str(cache)}
+    extra = tmp_path / "other.gguf"
+    llama.plain_llama_text(extra)
+    add_model(store, "plain", extra)
+    add_model(store, "third", gemma3.legacy_gemma3_text(tmp_path / "g3.gguf", seed=7), tag="1b")
+    first = mount_store(store, env=env)
+    for name in ("text:1b", "vision:4b", "plain:latest", "third:1b"):
+        for f in (first / name).iterdir():
+            f.stat()
+    time.sleep(0.5)
+    first.close()
+    text, vision = blob_of(store, "text", "1b"), blob_of(store, "vision", "4b")
+    plain, third = blob_of(store, "plain", "latest"), blob_of(store, "third", "1b")
+    db = sqlite3.connect(cache / "index.sqlite3")
+    table = db.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name DESC").fetchone()[0]
+    assert db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] >= 4
+    db.execute(f"UPDATE {table} SET model_size = model_size - 5000 WHERE path = ?", (str(text),))
+    db.execute(f"UPDATE {table} SET error = 'forged' WHERE path = ?", (str(vision),))
+    db.execute(f"UPDATE {table} SET model_size = 'abc' WHERE path = ?", (str(plain),))
+    db.execute(f"UPDATE {table} SET mmproj_size = 4096 WHERE path = ?", (str(third),))
+    db.commit()
+    db.close()
+    m = mount_store(store, env=env)
+    want = expected(text)
+    path = m / "text:1b/model.gguf"
+    path.stat()                                     # the kernel may keep the lying size: until the open
+    assert path.read_bytes() == want
+    assert path.stat().st_size == len(want)
+    assert (m / "blobs" / text.name / "model.gguf").stat().st_size == len(want)
+    assert (m / "vision:4b/model.gguf").read_bytes() == expected(vision)
+    assert (m / "plain:latest/model.gguf").stat().st_size == len(expected(plain))
+    phantom = m / "third:1b/mmproj.gguf"
+    if "mmproj.gguf" in os.listdir(m / "third:1b"):
+        with pytest.raises(OSError):
+            phantom.read_bytes()
+    wait_for(lambda: "mmproj.gguf" not in os.listdir(m / "third:1b"), what="the phantom mmproj.gguf gone")
+    assert not phantom.exists()
+    log = m.log_text()
+    assert f"index entry of {text} said" in log and "Traceback" not in log and m.alive
