@@ -82,8 +82,8 @@ class SourceGGUF:
                                         "(the most compatfs reads)") from None
                 except GGUFError as e:
                     raise GGUFError(f"{self.path}: {e}") from None
-                except (struct.error, UnicodeDecodeError, ValueError, KeyError, IndexError, OverflowError,
-                        RecursionError) as e:
+                except (struct.error, UnicodeDecodeError, ValueError, KeyError, IndexError, TypeError,
+                        ArithmeticError, RecursionError) as e:
                     raise GGUFError(f"{self.path}: malformed GGUF header ({e})") from None
                 del buf
                 want = min(self.size, self.MAX_HEADER, want * 4)

@@ -63,13 +63,23 @@ class BlobInfo:
     clip_error: str | None = None
 
     @property
-    def is_projector(self) -> bool:
-        arch = self.source.architecture
-        return isinstance(arch, str) and arch == "clip"
-
-    @property
     def has_mmproj(self) -> bool:
-        return self.is_projector or self.clip is not None or self.clip_error is not None
+        return _is_projector(self.source) or self.clip is not None or self.clip_error is not None
+
+
+def _architecture(kvs) -> str | None:
+    """general.architecture of `kvs` where it is a string (else None)."""
+    v = kvs.get(Keys.General.ARCHITECTURE)
+    if v is None or v.vtype != VT.STRING:
+        return None
+    try:
+        return v.decode()
+    except (GGUFError, UnicodeDecodeError):
+        return None
+
+
+def _is_projector(source: SourceGGUF) -> bool:
+    return _architecture(source.kvs) == "clip"
 
 
 def _contained(what: str, fn, *args):
@@ -99,7 +109,7 @@ def classify(source: SourceGGUF, translate: bool = True) -> BlobInfo:
         return BlobInfo(source, None, None)
     text, text_error = _claim(handlers.TEXT, source, MODEL_FILE)
     clip = clip_error = None
-    if source.architecture == "clip" or source.has_tensor_prefix("v."):
+    if _is_projector(source) or source.has_tensor_prefix("v."):
         clip, clip_error = _claim(handlers.CLIP, source, MMPROJ_FILE)
     return BlobInfo(source, text, clip, text_error, clip_error)
 
@@ -172,8 +182,7 @@ def summarize(path: Path, translate: bool) -> tuple[Stamp, Summary]:
 
     model_size, model_error, model = made(MODEL_FILE)
     mmproj_size, mmproj_error, _ = made(MMPROJ_FILE) if info.has_mmproj else (None, None, None)
-    arch = (dict(model.kvs) if model else info.source.kvs).get(Keys.General.ARCHITECTURE)
-    arch = arch.decode() if arch is not None and arch.vtype == VT.STRING else None
+    arch = _architecture(dict(model.kvs) if model else info.source.kvs)
     return stamp, Summary(model_size, mmproj_size, info.text.name if info.text else None,
                           info.clip.name if info.clip else None, arch=arch,
                           model_error=model_error, mmproj_error=mmproj_error)

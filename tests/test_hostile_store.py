@@ -210,3 +210,24 @@ def test_indexing_workers_outlive_the_thread_that_started_them(store, tmp_path):
         assert pool.submit(summarize, blob, True).result(timeout=60) == box["first"]
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.mark.parametrize("value", ["array", "number", "not utf-8"])
+def test_an_architecture_of_the_wrong_type_is_an_answer(store, tmp_path, value):
+    """general.architecture is read before any handler (is it a projector?):
+    an array (which compares elementwise), a number, bytes that are not
+    UTF-8: a summary or one GGUFError, never another exception."""
+    from compatfs.gguf_values import VT, Value, array, u32
+    from hostile import with_value
+    bad = tmp_path / "arch.gguf"
+    new = {"array": array(VT.UINT32, [1, 2, 3]), "number": u32(7),
+           "not utf-8": Value(VT.STRING, (3).to_bytes(8, "little") + b"\xff\xfe\xfd")}[value]
+    bad.write_bytes(with_value(_blob(store, "vision", "4b"), "general.architecture", new))
+    _stamp, s = summarize(bad, True)
+    assert s.arch is None if value != "not utf-8" else isinstance(s.arch, str)   # decoded with replacements
+    views = BlobViews()
+    for kind in (MODEL_FILE, MMPROJ_FILE):
+        try:
+            views.view(bad, kind)
+        except GGUFError as e:
+            assert str(bad) in str(e)
