@@ -231,3 +231,30 @@ def test_an_architecture_of_the_wrong_type_is_an_answer(store, tmp_path, value):
             views.view(bad, kind)
         except GGUFError as e:
             assert str(bad) in str(e)
+
+
+def test_a_lookup_never_waits_for_a_rescan(store, monkeypatch):
+    """Measured on the landed code: the snapshot was rebuilt under the
+    tree's lock, so every lookup waited for a rescan (for ever, when the
+    rescan hung).  A rescan that takes seconds leaves lookups answering
+    from the last snapshot."""
+    import time
+    tree = Tree(Store(store), BlobViews(), rescan_seconds=0.1)
+    assert tree.lookup("text:1b/model.gguf") is not None
+    real = tree.store.scan
+    entered = threading.Event()
+
+    def slow_scan():
+        entered.set()
+        time.sleep(3)
+        return real()
+    monkeypatch.setattr(tree.store, "scan", slow_scan)
+    time.sleep(0.2)
+    rescan = threading.Thread(target=tree.snapshot)   # stale: this thread rescans
+    rescan.start()
+    assert entered.wait(5)
+    t = time.monotonic()
+    assert ends_within(tree.lookup, 2, "text:1b/model.gguf") is not None
+    assert ends_within(tree.lookup, 2, "vision:4b") is not None
+    assert time.monotonic() - t < 1.5
+    rescan.join(10)

@@ -219,7 +219,7 @@ def test_an_index_that_cannot_be_used_leaves_only_a_log_line(tmp_path, caplog):
     ro = tmp_path / "ro"
     ro.mkdir()
     if os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(ro)]).returncode == 0:
-        cases.append(ro / "compatfs" / "index.sqlite3")
+        cases.append(ro / "index.sqlite3")     # the cache folder exists, read-only
     try:
         for where in cases:
             caplog.clear()
@@ -273,3 +273,27 @@ def test_a_view_that_belies_its_entry_rebuilds_it(tmp_path):
         views.view(blob, MMPROJ_FILE)
     assert index.get(blob, stamp) == true and told == [blob, blob]
     assert identity(blob.stat()) == stamp
+
+
+@needs_fuse
+def test_a_mount_comes_up_without_an_index_it_cannot_write(tmp_path, mount_store):
+    """As root: the cache folder on a read-only filesystem.  Measured on the
+    landed code: the mount failed with a traceback fragment (OSError: [Errno
+    30] Read-only file system, from os.replace)."""
+    import subprocess
+    import pytest
+    if os.geteuid() != 0:
+        pytest.skip("needs root (a read-only tmpfs)")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    assert subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(ro)]).returncode == 0
+    try:
+        store = tmp_path / "store"
+        add_model(store, "g", legacy_gemma3_text(tmp_path / "g.gguf"), tag="1b")
+        m = mount_store(store, env={"COMPATFS_CACHE_DIR": str(ro)})   # the folder exists, read-only
+        assert os.stat(m / "g:1b/model.gguf").st_size > 0
+        log = m.log_text()
+        assert log.count("without the persistent index") == 1 and "Traceback" not in log, log
+        m.close()
+    finally:
+        subprocess.run(["umount", str(ro)])
