@@ -59,8 +59,8 @@ class BlobInfo:
     source: SourceGGUF
     text: Translation | None
     clip: Translation | None
-    text_error: str | None = None
-    clip_error: str | None = None
+    text_error: GGUFError | None = None
+    clip_error: GGUFError | None = None
 
     @property
     def has_mmproj(self) -> bool:
@@ -82,23 +82,31 @@ def _is_projector(source: SourceGGUF) -> bool:
     return _architecture(source.kvs) == "clip"
 
 
+class HandlerFailure(GGUFError):
+    """A handler raised something other than GGUFError (it is not total): its
+    view is refused as for any GGUFError; `__cause__` is what it raised (for
+    the fuzzer, which reports these as findings)."""
+
+
 def _contained(what: str, fn, *args):
     """`fn(*args)`; whatever it raises as GGUFError naming `what` (a handler
     that is not total must take down no more than the view it makes)."""
     try:
         return fn(*args)
+    except HandlerFailure as e:
+        raise HandlerFailure(f"{what}: {e}") from e.__cause__
     except GGUFError as e:
         raise GGUFError(f"{what}: {e}") from None
     except Exception as e:
-        raise GGUFError(f"{what}: {type(e).__name__}: {e}") from None
+        raise HandlerFailure(f"{what}: {type(e).__name__}: {e}") from e
 
 
-def _claim(translations, source: SourceGGUF, kind: str) -> tuple[Translation | None, str | None]:
+def _claim(translations, source: SourceGGUF, kind: str) -> tuple[Translation | None, GGUFError | None]:
     """The first claiming translation, or why claiming failed."""
     try:
         return _contained(f"claiming {kind}", first_claim, translations, source), None
     except GGUFError as e:
-        return None, str(e)
+        return None, e
 
 
 def classify(source: SourceGGUF, translate: bool = True) -> BlobInfo:
@@ -121,7 +129,7 @@ def view_spec(info: BlobInfo, kind: str) -> ViewSpec | None:
         raise FileNotFoundError(f"{info.source.path} has no projector view")
     error = info.text_error if kind == MODEL_FILE else info.clip_error
     if error is not None:
-        raise GGUFError(error)
+        raise type(error)(str(error)) from error.__cause__
     tr = info.text if kind == MODEL_FILE else info.clip
     return _contained(f"{tr.name}: planning {kind}", plan, tr, info.source) if tr is not None else None
 

@@ -178,6 +178,9 @@ def test_a_failing_claim_refuses_only_its_view(store, monkeypatch):
             raise Boom("claim")
         return real(translations, src)
     monkeypatch.setattr(views_module, "first_claim", first_claim)
+    info = views_module.classify(SourceGGUF(blob))
+    # Told apart from a refusal the handler meant (the fuzzer reports these as findings).
+    assert isinstance(info.text_error, views_module.HandlerFailure) and isinstance(info.text_error.__cause__, Boom)
     _stamp, s = summarize(blob, True)
     assert s.model_size == 0 and "Boom: claim" in s.model_error and s.mmproj_size == want
     assert BlobViews().view(blob, MMPROJ_FILE).size == want
