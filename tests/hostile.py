@@ -79,10 +79,13 @@ def abort_fuse(mountpoint: Path) -> bool:
     return True
 
 
-def bounded(argv: list[str], seconds: float, mountpoint: Path | None = None, **kw) -> subprocess.CompletedProcess:
-    """Run `argv`; AssertionError when it has not ended within `seconds` (a
-    hang: the mount's connection is aborted first, so nothing stays stuck)."""
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+def bounded(argv: list[str], seconds: float, mountpoint: Path | None = None,
+            stdout_null: bool = False) -> subprocess.CompletedProcess:
+    """Run `argv` (its output as text; with `stdout_null`, none kept);
+    AssertionError when it has not ended within `seconds` (a hang: the
+    mount's connection is aborted first, so nothing stays stuck)."""
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL if stdout_null else subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, errors="replace")
     try:
         out, err = p.communicate(timeout=seconds)
     except subprocess.TimeoutExpired:
