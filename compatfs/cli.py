@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from .gguf_values import GGUFError
+from .index import IndexPathError
 from .opcache import DEFAULT_MB
 from .store import Store, StoreError, default_source
 
@@ -276,7 +277,9 @@ def cmd_ls(args) -> int:
         try:
             summary = views.summary(d.model_blob)
             clip_summary = views.summary(d.projector_blob) if d.projector_blob else summary
-            error = summary.error or clip_summary.error
+            # A refused view (its handler failed) is the row's error, as an unreadable blob is.
+            error = summary.error or clip_summary.error or summary.model_error or (
+                clip_summary.mmproj_error if "mmproj.gguf" in listing else None)
             if error:
                 raise GGUFError(error)
             clip = clip_summary.clip or ("-" if "mmproj.gguf" not in listing else "unchanged")
@@ -312,7 +315,10 @@ def _llama_cpp_verdict(tree, name: str) -> dict:
 def cmd_inspect(args) -> int:
     from .report import describe, format_report, resolve_target
     path = resolve_target(args.target, args.source, args.clip)
-    report = describe(path, "mmproj.gguf" if args.clip else "model.gguf")
+    try:
+        report = describe(path, "mmproj.gguf" if args.clip else "model.gguf")
+    except FileNotFoundError as e:      # --clip of a blob without a projector view
+        raise CliError(str(e)) from None
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
 
@@ -517,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
     args.extra = extra
     try:
         return args.func(args)
-    except (CliError, StoreError, GGUFError) as e:
+    except (CliError, StoreError, GGUFError, IndexPathError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

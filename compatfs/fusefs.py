@@ -225,6 +225,7 @@ class CompatFS(fuse.Operations):
         self._stop = threading.Event()
         self._kick = threading.Event()             # rescan now
         self._watcher: threading.Thread | None = None
+        tree.views.on_belied = self._belied      # an index entry was wrong: the kernel's attributes too
 
     # -- lifetime ------------------------------------------------------------
     def init(self, path):
@@ -262,6 +263,7 @@ class CompatFS(fuse.Operations):
         if self._read_ahead_kb:
             log.info(set_read_ahead(self._mountpoint, self._read_ahead_kb))
         old_snap = self.tree.snapshot()
+        self.tree.follow()     # from now on only this thread rescans; lookups never wait for it
         before = self._marks(old_snap)
         while not self._stop.is_set():
             self._kick.wait(self.RESCAN_SECONDS)
@@ -271,7 +273,7 @@ class CompatFS(fuse.Operations):
             try:
                 with self._lock:
                     stale, self._stale_paths = self._stale_paths, set()
-                snap = self.tree.snapshot()
+                snap = self.tree.rescan()
                 now = self._marks(snap)
                 changed = {d for d in before.keys() | now.keys() if before.get(d) != now.get(d)}
                 before = now
@@ -320,6 +322,15 @@ class CompatFS(fuse.Operations):
             parts = d.split("/")
             paths |= {"/" + "/".join(parts[:i]) for i in range(len(parts))}
         self._invalidate_paths(paths)
+
+    def _belied(self, blob: Path) -> None:
+        """The index entry of `blob` was wrong (its sizes, or whether it has an
+        mmproj.gguf) and is made again: drop every remembered answer, and the
+        kernel's attributes of the folders that show the blob and their files."""
+        snap = self.tree.snapshot()
+        folders = {name for name, files in snap.files.items() if any(ref.blob == blob for ref in files.values())}
+        self._forget_attrs()
+        self._invalidate(folders, snap)
 
     def _invalidate_paths(self, paths: set[str]) -> None:
         """Drop the kernel's attributes and pages of `paths` (those it knows)."""

@@ -8,15 +8,15 @@ when an op needs it.
 from __future__ import annotations
 
 import os
-import stat
 import struct
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as DT
 
-from .blobfile import identity as blob_identity
-from .gguf_values import VT, GGUFError, Value, skip_value, string_starts
+from .blobfile import BlobFile, identity as blob_identity
+from .gguf_values import _SCALAR as _SCALAR_FORMATS, VT, GGUFError, Value, skip_value, string_starts
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -61,40 +61,49 @@ class SourceGGUF:
     blob is still the one that was parsed."""
 
     FIRST_READ = 8 << 20   # most headers (a 262k-token vocabulary: ~6 MiB) parse in one read
+    MAX_HEADER = 64 << 20  # the most a header may take (ten times the largest real one): memory per header
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        fd = self._open()
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise GGUFError(f"{self.path}: not a regular file")
-            self.size = st.st_size
-            self.identity = blob_identity(st)
+        with BlobFile(path) as f:
+            self.identity = f.stamp
+            self.size = f.stamp[2]
             if self.size < 24:
                 raise GGUFError(f"{self.path}: too short to be GGUF ({self.size} bytes)")
             want = min(self.size, self.FIRST_READ)
             while True:
-                buf = _pread_exact(fd, want, 0)
+                buf = f.read(0, want)
                 try:
                     self._parse(memoryview(buf))
                     break
+                except _Short:
+                    if want >= min(self.size, self.MAX_HEADER):
+                        raise GGUFError(f"{self.path}: header larger than {self.MAX_HEADER >> 20} MiB "
+                                        "(the most compatfs reads)") from None
                 except GGUFError as e:
-                    if want == self.size or "past the end" not in str(e):
-                        raise GGUFError(f"{self.path}: {e}") from None
-                except (struct.error, UnicodeDecodeError, ValueError, KeyError, IndexError, OverflowError) as e:
-                    if want == self.size:
-                        raise GGUFError(f"{self.path}: malformed GGUF header ({e})") from None
-                want = min(self.size, want * 4)
-        except OSError as e:
-            raise GGUFError(f"{self.path}: cannot read: {e.strerror}") from None
-        finally:
-            os.close(fd)
+                    raise GGUFError(f"{self.path}: {e}") from None
+                except (struct.error, UnicodeDecodeError, ValueError, KeyError, IndexError, TypeError,
+                        ArithmeticError, RecursionError) as e:
+                    raise GGUFError(f"{self.path}: malformed GGUF header ({e})") from None
+                del buf
+                want = min(self.size, self.MAX_HEADER, want * 4)
 
     # -- parsing -------------------------------------------------------------
     def _parse(self, buf: memoryview) -> None:
         """Parse the header in `buf` (the file's first bytes): its KVs and tensor
-        infos; "past the end" errors mean `buf` was too short (or the file is)."""
+        infos.  Every length is checked against the blob's size before anything
+        is read for it ("past the end of the blob"); `_Short` when the header
+        goes on past `buf` ("past the end of the file" of a buffer shorter than the blob)."""
+        try:
+            spans, raw_tensors, off = self._walk(buf)
+        except GGUFError as e:
+            if len(buf) < self.size and "past the end of the file" in str(e):
+                raise _Short() from None
+            raise
+        self._build(buf, spans, raw_tensors, off)
+
+    def _walk(self, buf: memoryview) -> tuple[list, list, int]:
+        """The KV spans and raw tensor infos in `buf`, and where the header ends."""
         end = len(buf)
         if bytes(buf[:4]) != MAGIC:
             raise GGUFError("not a GGUF file (bad magic)")
@@ -112,7 +121,7 @@ class SourceGGUF:
         off = 24
         spans = []   # (key, type, start, end, string offsets)
         for _ in range(n_kv):
-            key, off = _read_str(buf, off, end)
+            key, off = _read_str(buf, off, end, self.size)
             if off + 4 > end:
                 raise GGUFError("KV runs past the end of the file")
             try:
@@ -120,20 +129,19 @@ class SourceGGUF:
             except ValueError:
                 raise GGUFError(f"KV {key!r} has an unknown value type") from None
             start, starts = off + 4, None
+            claimed = _claimed(buf, start, vtype, end)
+            if start + claimed > self.size:
+                raise GGUFError(f"KV {key!r} runs past the end of the blob ({claimed} bytes claimed at "
+                                f"offset {start}, the blob has {self.size})")
             if vtype == VT.ARRAY and end >= start + 12 and _U32.unpack_from(buf, start)[0] == VT.STRING:
                 count = _U64.unpack_from(buf, start + 4)[0]
                 starts, off = string_starts(buf, start + 12, count, end, base=start)
             else:
                 off = skip_value(buf, start, vtype, end)
             spans.append((key, vtype, start, off, starts))
-        keys = [key for key, *_ in spans]
-        if len(set(keys)) != len(keys):
-            self.duplicates = sorted({k for k in keys if keys.count(k) > 1})
-        else:
-            self.duplicates = []
         raw_tensors = []
         for _ in range(n_tensors):
-            name, off = _read_str(buf, off, end)
+            name, off = _read_str(buf, off, end, self.size)
             if off + 4 > end:
                 raise GGUFError("tensor info runs past the end of the file")
             n_dims = _U32.unpack_from(buf, off)[0]
@@ -146,6 +154,11 @@ class SourceGGUF:
             raw_type, rel = struct.unpack_from("<IQ", buf, off)
             off += 12
             raw_tensors.append((name, tuple(int(d) for d in shape), _dtype(raw_type), rel))
+        return spans, raw_tensors, off
+
+    def _build(self, buf: memoryview, spans: list, raw_tensors: list, off: int) -> None:
+        """KVs, alignment and tensors from a walked header; GGUFError for one that lies."""
+        self.duplicates = _repeated(key for key, *_ in spans)
         # Only the header's bytes are kept: the KVs are slices of this copy.
         header = bytes(buf[:off])
         self.kvs = {key: Value(vtype, memoryview(header)[a:b], starts) for key, vtype, a, b, starts in spans}
@@ -160,9 +173,7 @@ class SourceGGUF:
         self.data_offset = -(-off // self.alignment) * self.alignment
         self.tensors: dict[str, TensorInfo] = {}
         self._blocks: dict[str, frozenset[int]] = {}
-        names = [name for name, *_ in raw_tensors]
-        if len(set(names)) != len(names):
-            self.duplicates += sorted({f"tensor {n}" for n in names if names.count(n) > 1})
+        self.duplicates += [f"tensor {n}" for n in _repeated(name for name, *_ in raw_tensors)]
         for name, shape, dtype, rel in raw_tensors:
             t = TensorInfo(name, shape, dtype, self.data_offset + rel)
             if isinstance(dtype, DT) and t.offset + t.nbytes > self.size:
@@ -196,24 +207,20 @@ class SourceGGUF:
             cached = self._blocks[prefix] = frozenset(ids)
         return cached
 
-    def _open(self) -> int:
-        try:
-            return os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as e:
-            raise GGUFError(f"{self.path}: cannot open: {e.strerror}") from None
-
-    def read(self, offset: int, size: int) -> bytes:
+    def read(self, offset: int, size: int) -> bytearray:
         """`size` bytes at absolute `offset`, read now from the blob; GGUFError
         when the blob changed since it was parsed or is shorter than that."""
-        fd = self._open()
-        try:
-            if blob_identity(os.fstat(fd)) != self.identity:
-                raise GGUFError(f"{self.path}: the blob changed since it was read (size, modification or change time)")
-            return _pread_exact(fd, size, offset)
-        except OSError as e:
-            raise GGUFError(f"{self.path}: cannot read: {e.strerror}") from None
-        finally:
-            os.close(fd)
+        with BlobFile(self.path, expect=self.identity) as f:
+            return f.read(offset, size)
+
+
+def _repeated(names) -> list[str]:
+    """The names that occur more than once, sorted."""
+    return sorted(name for name, n in Counter(names).items() if n > 1)
+
+
+class _Short(Exception):
+    """The header goes on past the bytes read so far (and the blob has them)."""
 
 
 def _dtype(raw: int) -> DT | int:
@@ -225,22 +232,38 @@ def _dtype(raw: int) -> DT | int:
         return raw
 
 
-def _pread_exact(fd: int, size: int, offset: int) -> bytes:
-    """Exactly `size` bytes at `offset`; GGUFError when the file ends first."""
-    buf = bytearray(size)
-    view, done = memoryview(buf), 0
-    while done < size:
-        n = os.preadv(fd, [view[done:]], offset + done)
-        if n == 0:
-            raise GGUFError(f"file ends at {offset + done}, before {offset + size} (truncated?)")
-        done += n
-    return bytes(buf) if size < (1 << 20) else buf
-
-
-def _read_str(buf: memoryview, off: int, end: int) -> tuple[str, int]:
+def _read_str(buf: memoryview, off: int, end: int, size: int) -> tuple[str, int]:
+    """A key or tensor name at `off`: its length checked against the blob's
+    `size` first (then against `buf`'s `end`: "past the end")."""
     if off + 8 > end:
         raise GGUFError("header runs past the end of the file")
     n = _U64.unpack_from(buf, off)[0]
+    if off + 8 + n > size:
+        raise GGUFError(f"a name at offset {off} runs past the end of the blob ({n} bytes claimed, "
+                        f"the blob has {size})")
     if off + 8 + n > end:
         raise GGUFError("string runs past the end of the file")
-    return bytes(buf[off + 8:off + 8 + n]).decode("utf-8"), off + 8 + n
+    try:
+        return bytes(buf[off + 8:off + 8 + n]).decode("utf-8"), off + 8 + n
+    except UnicodeDecodeError:
+        raise GGUFError(f"the name at offset {off} is not UTF-8") from None
+
+
+_LEAST = {VT.STRING: 8, VT.ARRAY: 12}   # the least bytes an array element of these types takes
+
+
+def _claimed(buf: memoryview, start: int, vtype: VT, end: int) -> int:
+    """The least number of bytes the value at `start` says it takes (from its
+    length or count, read where `buf` holds them; 0 where it does not)."""
+    if vtype == VT.STRING:
+        return 8 + _U64.unpack_from(buf, start)[0] if start + 8 <= end else 0
+    if vtype == VT.ARRAY:
+        if start + 12 > end:
+            return 0
+        etype, count = _U32.unpack_from(buf, start)[0], _U64.unpack_from(buf, start + 4)[0]
+        try:
+            each = _LEAST.get(VT(etype)) or struct.calcsize(_SCALAR_FORMATS[VT(etype)])
+        except (ValueError, KeyError):
+            return 12     # an unknown element type: refused when it is walked
+        return 12 + count * each
+    return 0

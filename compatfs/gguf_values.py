@@ -184,7 +184,10 @@ def _walk(buf, off: int, count: int, end: int, base: int) -> tuple[_arr.array, i
     return starts, off
 
 
-def skip_value(buf: memoryview, off: int, vtype: VT, end: int) -> int:
+MAX_NESTING = 8    # arrays of arrays deeper than this are refused (llama.cpp reads none at all)
+
+
+def skip_value(buf: memoryview, off: int, vtype: VT, end: int, depth: int = 0) -> int:
     """Offset just past the payload of a value of type `vtype` at `off`."""
     if vtype in _SCALAR:
         off += struct.calcsize(_SCALAR[vtype])
@@ -201,8 +204,12 @@ def skip_value(buf: memoryview, off: int, vtype: VT, end: int) -> int:
         if etype == VT.STRING:
             off = string_starts(buf, off, count, end)[1]
         elif etype == VT.ARRAY:
+            if depth >= MAX_NESTING:
+                raise GGUFError(f"arrays nested more than {MAX_NESTING} deep")
+            if count > (end - off) // 12:
+                raise GGUFError("array runs past the end of the file")
             for _ in range(count):
-                off = skip_value(buf, off, VT.ARRAY, end)
+                off = skip_value(buf, off, VT.ARRAY, end, depth + 1)
         else:
             off += count * struct.calcsize(_SCALAR[etype])
     if off > end:

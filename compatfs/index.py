@@ -7,9 +7,18 @@ One SQLite file in the user's cache folder (`$COMPATFS_CACHE_DIR`, else
 An entry is keyed by the blob's path and identity (device, inode, size,
 modification and change time), by the translation's version (a digest of the code that
 decides a view's bytes) and by whether translation is on; an entry whose
-identity or version differs is ignored and replaced.  The file is safe to
-delete; a file that SQLite cannot read is moved aside and rebuilt, with a log
-line.  Each write is one transaction.
+identity or version differs is ignored and replaced.  An entry is a hint,
+never the truth for serving: one whose values are not of their kinds is
+ignored, one that records an error is made again once per mount, and one
+that a view belies is made again (`BlobViews.view`).
+
+The file is safe to delete.  A path that is a folder is refused
+(`IndexPathError`).  A regular file that SQLite finds corrupt (not a
+database, or malformed) is moved to `<file>.corrupt` (replacing a regular
+file there, never anything else) and rebuilt; anything else that keeps the
+file from being used (a cache folder that cannot be written, a folder at
+`<file>.corrupt`) leaves the mount without the persistent index, with one
+log line.  Nothing else is ever renamed.  Each write is one transaction.
 """
 from __future__ import annotations
 
@@ -18,6 +27,7 @@ import hashlib
 import logging
 import os
 import sqlite3
+import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +36,12 @@ from .blobfile import Stamp
 
 log = logging.getLogger("compatfs")
 
+_CORRUPT = {11, 26}   # SQLITE_CORRUPT, SQLITE_NOTADB: the file is not a sound database
+_MAX_SIZE = 1 << 62   # a view size beyond this is no size of a real file
+
+
+class IndexPathError(ValueError):
+    """The index path names something that cannot be the index (a folder)."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +55,23 @@ class Summary:
     clip: str | None = None
     error: str | None = None
     arch: str | None = None     # general.architecture of model.gguf (after translation)
+    model_error: str | None = None    # why model.gguf is refused (its size then 0)
+    mmproj_error: str | None = None   # why mmproj.gguf is refused (its size then 0)
+
+    def sound(self) -> bool:
+        """Whether every value is of its kind (an entry read from disk may be anything)."""
+        def size(v) -> bool:
+            return type(v) is int and 0 <= v < _MAX_SIZE
+
+        def text(v) -> bool:
+            return v is None or type(v) is str
+
+        return size(self.model_size) and (self.mmproj_size is None or size(self.mmproj_size)) and all(
+            map(text, (self.text, self.clip, self.error, self.arch, self.model_error, self.mmproj_error)))
+
+    @property
+    def failed(self) -> bool:
+        return any((self.error, self.model_error, self.mmproj_error))
 
 
 @functools.lru_cache(maxsize=None)
@@ -62,12 +95,14 @@ def default_path() -> Path:
 
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS views_v2 (
+CREATE TABLE IF NOT EXISTS views_v3 (
     path TEXT NOT NULL, version TEXT NOT NULL, translate INTEGER NOT NULL,
     dev INTEGER NOT NULL, ino INTEGER NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
     model_size INTEGER NOT NULL, mmproj_size INTEGER, text TEXT, clip TEXT, error TEXT, arch TEXT,
+    model_error TEXT, mmproj_error TEXT,
     PRIMARY KEY (path, version, translate))
 """
+_OLD_TABLES = ("views", "views_v2")   # earlier layouts, dropped
 
 
 class Index:
@@ -85,33 +120,59 @@ class Index:
 
     def _open(self) -> None:
         try:
-            self._db = self._connect()
-        except sqlite3.DatabaseError as e:
-            aside = self.path.with_name(self.path.name + ".corrupt")
-            log.warning("index %s is unreadable (%s): moved to %s and rebuilt", self.path, e, aside.name)
-            os.replace(self.path, aside)
+            if self.path.is_dir():
+                raise IndexPathError(f"the index {self.path} is a folder, not a file")
             try:
                 self._db = self._connect()
-            except sqlite3.Error as e2:
-                log.warning("index %s cannot be used (%s): working without it", self.path, e2)
-                self._db = None
+            except sqlite3.DatabaseError as e:
+                if getattr(e, "sqlite_errorcode", None) not in _CORRUPT:
+                    raise
+                self._set_aside(e)
+                self._db = self._connect()
         except (sqlite3.Error, OSError) as e:
-            log.warning("index %s cannot be used (%s): working without it", self.path, e)
+            log.warning("index %s cannot be used (%s): working without the persistent index", self.path,
+                        getattr(e, "strerror", None) or e)
             self._db = None
+            self._mem.clear()
+
+    def _set_aside(self, why: Exception) -> None:
+        """Move a corrupt index file (a regular file: ours) to `<file>.corrupt`;
+        OSError when that cannot be done without touching anything else."""
+        aside = self.path.with_name(self.path.name + ".corrupt")
+        if not stat.S_ISREG(os.lstat(self.path).st_mode):
+            raise OSError(f"{self.path} is not a regular file")
+        try:
+            if not stat.S_ISREG(os.lstat(aside).st_mode):
+                raise OSError(f"{aside} is there and is not a regular file")
+        except FileNotFoundError:
+            pass
+        log.warning("index %s is unreadable (%s): moved to %s and rebuilt", self.path, why, aside.name)
+        os.replace(self.path, aside)
 
     def _connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         db = sqlite3.connect(self.path, timeout=10, check_same_thread=False, isolation_level=None)
         try:
             db.execute(_SCHEMA)
+            for old in _OLD_TABLES:
+                db.execute(f"DROP TABLE IF EXISTS {old}")
             rows = db.execute(
-                "SELECT path, dev, ino, size, mtime_ns, ctime_ns, model_size, mmproj_size, text, clip, error, arch FROM views_v2 "
-                "WHERE version = ? AND translate = ?", (self.version, self.translate)).fetchall()
+                "SELECT path, dev, ino, size, mtime_ns, ctime_ns, model_size, mmproj_size, text, clip, error, arch, "
+                "model_error, mmproj_error FROM views_v3 WHERE version = ? AND translate = ?",
+                (self.version, self.translate)).fetchall()
         except sqlite3.Error:
             db.close()
             raise
-        for path, dev, ino, size, mtime, ctime, *summary in rows:
-            self._mem[path] = ((dev, ino, size, mtime, ctime), Summary(*summary))
+        ignored = 0
+        for path, *stamp_summary in rows:
+            stamp, summary = tuple(stamp_summary[:5]), Summary(*stamp_summary[5:])
+            if type(path) is str and all(type(v) is int for v in stamp) and summary.sound() and not summary.failed:
+                self._mem[path] = (stamp, summary)
+            else:
+                ignored += 1
+        if ignored:
+            log.info("index %s: %d entries made again (they record an error, or hold values of the wrong kind)",
+                     self.path, ignored)
         return db
 
     def __len__(self) -> int:
@@ -130,9 +191,10 @@ class Index:
                 return
             try:
                 self._db.execute(
-                    "INSERT OR REPLACE INTO views_v2 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT OR REPLACE INTO views_v3 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (str(path), self.version, self.translate, *stamp, summary.model_size, summary.mmproj_size,
-                     summary.text, summary.clip, summary.error, summary.arch))
+                     summary.text, summary.clip, summary.error, summary.arch, summary.model_error,
+                     summary.mmproj_error))
             except sqlite3.Error as e:
                 log.warning("index %s: cannot write (%s): working without it", self.path, e)
                 self._db = None

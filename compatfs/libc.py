@@ -1,12 +1,11 @@
 """What compatfs asks of the C library itself: `malloc`/`free` for the read
-replies libfuse frees, the allocator's thresholds (the daemon and its
-indexing workers tune them differently) and the parent-death signal of a
-worker.  The last two are Linux/glibc calls; elsewhere they do nothing."""
+replies libfuse frees, and the allocator's thresholds (the daemon and its
+indexing workers tune them differently; a glibc call, elsewhere it does
+nothing)."""
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import signal
 
 LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 LIBC.malloc.restype = ctypes.c_void_p
@@ -14,7 +13,6 @@ LIBC.malloc.argtypes = [ctypes.c_size_t]
 LIBC.free.argtypes = [ctypes.c_void_p]
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
-_PR_SET_PDEATHSIG = 1
 
 
 def tune_malloc(mmap_threshold: int, trim_threshold: int, arenas: int | None = None) -> None:
@@ -27,12 +25,4 @@ def tune_malloc(mmap_threshold: int, trim_threshold: int, arenas: int | None = N
         LIBC.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)
         LIBC.mallopt(_M_TRIM_THRESHOLD, trim_threshold)
     except AttributeError:      # not glibc
-        pass
-
-
-def die_with_parent() -> None:
-    """SIGKILL this process when its parent ends (`prctl(PR_SET_PDEATHSIG)`)."""
-    try:
-        LIBC.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
-    except AttributeError:
         pass

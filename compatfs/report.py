@@ -7,7 +7,7 @@ from pathlib import Path
 from gguf import Keys
 
 from .gguf_source import SourceGGUF
-from .gguf_values import VT, Value
+from .gguf_values import VT, GGUFError, Value
 from .opcache import OpCache
 from .store import Store, StoreError, default_source
 from .views import MMPROJ_FILE, build_view, classify, translation_enabled
@@ -48,7 +48,10 @@ def describe(path: Path, kind: str) -> dict:
     src = SourceGGUF(path)
     info = classify(src, translation_enabled())
     tr = info.clip if kind == MMPROJ_FILE else info.text
-    view = build_view(info, kind, OpCache())
+    try:
+        view = build_view(info, kind, OpCache())
+    except GGUFError as e:
+        raise GGUFError(f"{path}: {e}") from None
     report = {"file": str(path), "view": kind, "handler": tr.name if tr else None,
               "detected_by": tr.detect.text if tr else None,
               "architecture": {"before": src.architecture, "after": src.architecture},

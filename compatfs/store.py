@@ -1,9 +1,12 @@
 """The Ollama model store: manifests, their layers, and the blobs they name.
 
 Layout: `manifests/<host>/<namespace>/<model>/<tag>` (JSON) and
-`blobs/sha256-<hex>`.  A manifest that cannot be read, or names a malformed
-digest, is reported and skipped, never fatal.  Parsed manifests are cached
-by (mtime, size), so rescanning a store that has not changed is cheap.
+`blobs/sha256-<hex>`.  Manifests are read through `blobfile` (never
+blocking, only regular files, at most `MANIFEST_LIMIT` bytes).  A manifest
+that cannot be read, names a malformed digest, or takes a name another
+manifest already has, is reported and skipped, never fatal.  Parsed
+manifests are cached by identity, so rescanning a store that has not
+changed is cheap.
 """
 from __future__ import annotations
 
@@ -14,12 +17,16 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .blobfile import BlobFile, Stamp
+from .gguf_values import GGUFError
+
 MODEL = "application/vnd.ollama.image.model"
 PROJECTOR = "application/vnd.ollama.image.projector"
 ADAPTER = "application/vnd.ollama.image.adapter"
 DEFAULT_HOST = "registry.ollama.ai"
 DEFAULT_NAMESPACE = "library"
 _DIGEST = re.compile(r"^sha256[:-]([0-9a-fA-F]{64})$")
+MANIFEST_LIMIT = 4 << 20   # bytes; Ollama's manifests take a few KB (10,000 layers: about 1.6 MB)
 
 
 class StoreError(ValueError):
@@ -77,11 +84,11 @@ class Scan:
     skipped: dict[str, str] = field(default_factory=dict)   # name or manifest path -> reason
 
 
-def parse_manifest(path: Path) -> tuple[Layer, ...]:
-    """The layers of one manifest file; ValueError names what is wrong."""
+def parse_manifest(data: bytes) -> tuple[Layer, ...]:
+    """The layers of one manifest's bytes; ValueError names what is wrong."""
     try:
-        doc = json.loads(path.read_bytes())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ValueError(f"manifest is not valid JSON ({e})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("layers"), list):
         raise ValueError("manifest has no layers list")
@@ -106,34 +113,46 @@ class Store:
             raise StoreError(f"{self.root}: no such directory (expected an Ollama model store)")
         if missing:
             raise StoreError(f"{self.root}: not an Ollama model store (no {' or '.join(d + '/' for d in missing)})")
-        self._cache: dict[Path, tuple[tuple[int, int], tuple[Layer, ...] | str]] = {}
+        self._cache: dict[Path, tuple[Stamp, tuple[Layer, ...] | str]] = {}
         self._lock = threading.Lock()
 
     def blob_path(self, digest: str) -> Path:
         return self.root / "blobs" / digest
 
     def scan(self) -> Scan:
-        """Walk `manifests/` now; unchanged manifest files are not re-read."""
+        """Walk `manifests/` now; unchanged manifest files are not re-read.
+        Of manifests that take one name (a host or namespace spelled in
+        another case: `Registry.Ollama.AI`), the one spelled in lower case
+        wins (else the first in path order); the others are left out naming it."""
         out = Scan()
         base = self.root / "manifests"
         seen: set[Path] = set()
+        found, owners = [], {}
         for dirpath, _dirs, files in os.walk(base):
-            for fname in files:
-                path = Path(dirpath, fname)
-                parts = path.relative_to(base).parts
-                if len(parts) != 4:
-                    out.skipped[str(path)] = "not at manifests/<host>/<namespace>/<model>/<tag>"
-                    continue
-                seen.add(path)
-                name = display_name(*parts)
-                result, mtime_ns = self._layers(path)
-                if isinstance(result, str):
-                    out.skipped[name] = result
-                elif not any(layer.media_type == MODEL for layer in result):
-                    out.skipped[name] = "no GGUF model layer (" + (
-                        ", ".join(sorted({layer.media_type for layer in result})) or "no layers") + ")"
-                else:
-                    out.models[name] = Model(name, path, result, mtime_ns)
+            found.extend(Path(dirpath, fname) for fname in files)
+        def order(path: Path) -> tuple:   # host and namespace spelled as Ollama writes them first
+            head = path.relative_to(base).parts[:2]
+            return head != tuple(p.lower() for p in head), path
+
+        for path in sorted(found, key=order):
+            parts = path.relative_to(base).parts
+            if len(parts) != 4:
+                out.skipped[str(path)] = "not at manifests/<host>/<namespace>/<model>/<tag>"
+                continue
+            seen.add(path)
+            name = display_name(*parts)
+            if name in owners:
+                out.skipped[str(path)] = f"its name {name} is already that of {owners[name]}"
+                continue
+            owners[name] = path
+            result, mtime_ns = self._layers(path)
+            if isinstance(result, str):
+                out.skipped[name] = result
+            elif not any(layer.media_type == MODEL for layer in result):
+                out.skipped[name] = "no GGUF model layer (" + (
+                    ", ".join(sorted({layer.media_type for layer in result})) or "no layers") + ")"
+            else:
+                out.models[name] = Model(name, path, result, mtime_ns)
         with self._lock:
             for gone in set(self._cache) - seen:
                 del self._cache[gone]
@@ -142,21 +161,25 @@ class Store:
     def _layers(self, path: Path) -> tuple[tuple[Layer, ...] | str, int]:
         """The manifest's layers (or why it cannot be used) and its mtime."""
         try:
-            st = path.stat()
-        except OSError as e:
-            return f"manifest cannot be read ({e.strerror})", 0
-        stamp = (st.st_mtime_ns, st.st_size)
-        with self._lock:
-            hit = self._cache.get(path)
-        if hit and hit[0] == stamp:
-            return hit[1], st.st_mtime_ns
-        try:
-            result: tuple[Layer, ...] | str = parse_manifest(path)
-        except ValueError as e:
-            result = str(e)
+            with BlobFile(path) as f:
+                with self._lock:
+                    hit = self._cache.get(path)
+                if hit and hit[0] == f.stamp:
+                    return hit[1], f.stamp[3]
+                if f.stamp[2] > MANIFEST_LIMIT:
+                    result: tuple[Layer, ...] | str = (f"manifest has {f.stamp[2]} bytes, more than the "
+                                                       f"{MANIFEST_LIMIT} one may have")
+                else:
+                    try:
+                        result = parse_manifest(bytes(f.read(0, f.stamp[2])))
+                    except ValueError as e:
+                        result = str(e)
+                stamp = f.stamp
+        except GGUFError as e:
+            return f"manifest cannot be read ({e})", 0
         with self._lock:
             self._cache[path] = (stamp, result)
-        return result, st.st_mtime_ns
+        return result, stamp[3]
 
     def blob_digests(self, scan: Scan) -> dict[str, Path]:
         """Every GGUF blob (model, projector, adapter) the scanned manifests name."""

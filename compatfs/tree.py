@@ -7,20 +7,25 @@
     .../params.json, template, system, license
                                          the manifest's layers of those types, byte for byte
 
-The store is rescanned at most once per `rescan_seconds`, so models pulled or
-removed while mounted appear and disappear without a remount; `Tree.folders`
-tells which folders a rescan changed (for the FUSE layer to invalidate).
+The store is rescanned at most once per `rescan_seconds` (by the FUSE
+layer's rescan thread once it `follow`s the tree), so models pulled or
+removed while mounted appear and disappear without a remount; a rescan is
+built off the lock and swapped in, so a lookup never waits for one.
+`Tree.folders` tells which folders a rescan changed (for the FUSE layer to
+invalidate).  A model whose name starts with `blobs/` (a host or namespace
+named `blobs`) would hide in the mount's `blobs/` folder: it is left out,
+with that reason.
 """
 from __future__ import annotations
 
 import os
-import stat
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .gguf_source import blob_identity
+from .blobfile import identity, open_regular
+from .gguf_values import GGUFError
 from .store import Scan, Store
 from .views import LAYER_FILE, MMPROJ_FILE, MODEL_FILE, BlobViews
 
@@ -64,14 +69,21 @@ class _ModelDir:
 
 
 class Snapshot:
-    """Directories and model folders of one scan."""
+    """Directories and model folders of one scan; `files`: each folder's files
+    that do not depend on a blob's contents (all but a monolithic blob's
+    mmproj.gguf), made once."""
 
     def __init__(self, store: Store, scan: Scan):
         self.scan = scan
         self.model_dirs: dict[str, _ModelDir] = {}
         self.dirs: dict[str, set[str]] = {"": set()}
         self.dir_mtimes: dict[str, int] = {}   # folder -> newest manifest mtime under it
-        for name, model in scan.models.items():
+        self.files: dict[str, dict[str, FileRef]] = {}
+        for name, model in list(scan.models.items()):
+            if name.split("/")[0] == BLOBS:
+                del scan.models[name]
+                scan.skipped[name] = f"its first folder would be {BLOBS}/, where the mount shows every blob"
+                continue
             proj = model.projector_layer
             self._add_dir(name)
             self.model_dirs[name] = _ModelDir(store.blob_path(model.model_layer.digest),
@@ -85,6 +97,20 @@ class Snapshot:
         if self.blobs:
             self.dirs[""].add(BLOBS)
             self.dirs[BLOBS] = set(self.blobs)
+        for name, d in self.model_dirs.items():
+            files = {MODEL_FILE: FileRef(d.model_blob, MODEL_FILE)}
+            if d.projector_blob is not None:
+                files[MMPROJ_FILE] = FileRef(d.projector_blob, MMPROJ_FILE)
+            files.update((n, FileRef(blob, LAYER_FILE)) for n, blob in d.layers)
+            self.files[name] = files
+        for digest, blob in self.blobs.items():
+            self.files[f"{BLOBS}/{digest}"] = {MODEL_FILE: FileRef(blob, MODEL_FILE)}
+
+    def mmproj_of(self, folder: str) -> Path | None:
+        """The blob whose contents decide whether `folder` has an mmproj.gguf
+        (a model without a projector layer, or a blob folder); None otherwise."""
+        files = self.files[folder]
+        return None if MMPROJ_FILE in files else files[MODEL_FILE].blob
 
     def _add_dir(self, path: str) -> None:
         parts = path.split("/")
@@ -92,15 +118,6 @@ class Snapshot:
             parent, child = "/".join(parts[:i]), parts[i]
             self.dirs.setdefault(parent, set()).add(child)
             self.dirs.setdefault("/".join(parts[:i + 1]), set())
-
-
-def _regular(blob: Path) -> bool:
-    """Whether the blob is a regular file (through a symlink): nothing else is
-    ever opened (a FIFO in blobs/ would block the open)."""
-    try:
-        return stat.S_ISREG(os.stat(blob).st_mode)
-    except OSError:
-        return False
 
 
 def _listing_order(snap: Snapshot) -> list[Path]:
@@ -118,13 +135,17 @@ class Tree:
         self.rescan_seconds = rescan_seconds
         self._snap: Snapshot | None = None
         self._stamp = 0.0
-        self._lock = threading.Lock()
+        self._followed = False
+        self._lock = threading.Lock()      # held only to swap a snapshot in
+        self._building = threading.Lock()  # one rescan at a time
 
     def folders(self, snap: Snapshot) -> dict[str, tuple]:
         """Every folder that holds GGUF files, with the identity (path, device,
-        inode, size, mtime) and owner and mode of each blob behind it: what
-        changes when a model is pulled again, removed, its blob rewritten or
-        its permissions changed."""
+        inode, size, modification and change time) and owner and mode of each
+        blob behind it: what changes when a model is pulled again, removed, its
+        blob rewritten or its permissions changed.  Blobs are opened as
+        `blobfile` opens them (never blocking); one that cannot be is marked by
+        why."""
         stamps: dict[Path, tuple | None] = {}
 
         def stamp(blob: Path | None) -> tuple | None:
@@ -132,10 +153,11 @@ class Tree:
                 return None
             if blob not in stamps:
                 try:
-                    st = os.stat(blob)
-                    stamps[blob] = (str(blob), *blob_identity(st), st.st_uid, st.st_gid, st.st_mode)
-                except OSError:
-                    stamps[blob] = (str(blob),)
+                    fd, st = open_regular(blob)
+                    os.close(fd)
+                    stamps[blob] = (str(blob), *identity(st), st.st_uid, st.st_gid, st.st_mode)
+                except GGUFError as e:
+                    stamps[blob] = (str(blob), str(e))
             return stamps[blob]
 
         out = {name: (stamp(d.model_blob), stamp(d.projector_blob), *((n, stamp(b)) for n, b in d.layers))
@@ -143,36 +165,50 @@ class Tree:
         out.update({f"{BLOBS}/{digest}": (stamp(blob),) for digest, blob in snap.blobs.items()})
         return out
 
+    def follow(self) -> None:
+        """From now on only `rescan` rescans (the FUSE layer's rescan thread
+        calls it): lookups answer from the last snapshot, however old."""
+        self._followed = True
+
     def snapshot(self) -> Snapshot:
+        """The last snapshot; rescanned first when it is older than
+        `rescan_seconds` (unless followed) and no other thread rescans: a
+        thread never waits for another's rescan, except for the first one."""
+        snap = self._snap
+        if snap is not None and (self._followed or time.monotonic() - self._stamp < self.rescan_seconds):
+            return snap
+        if not self._building.acquire(blocking=snap is None):
+            return snap
+        try:
+            if self._snap is not snap:      # made while this thread waited for the first one
+                return self._snap
+            return self._rescan()
+        finally:
+            self._building.release()
+
+    def rescan(self) -> Snapshot:
+        """Scan the store now and swap the new snapshot in."""
+        with self._building:
+            return self._rescan()
+
+    def _rescan(self) -> Snapshot:
+        previous = self._snap
+        snap = Snapshot(self.store, self.store.scan())
         with self._lock:
-            now = time.monotonic()
-            if self._snap is None or now - self._stamp >= self.rescan_seconds:
-                previous = self._snap
-                self._snap = Snapshot(self.store, self.store.scan())
-                self._stamp = now
-                if previous is None or previous.blobs != self._snap.blobs:
-                    self.views.prefetch([b for b in _listing_order(self._snap) if _regular(b)])
-            return self._snap
+            self._snap, self._stamp = snap, time.monotonic()
+        if previous is None or previous.blobs != snap.blobs:
+            self.views.prefetch(_listing_order(snap))
+        return snap
 
     def _files(self, snap: Snapshot, path: str) -> dict[str, FileRef] | None:
         """The files of directory `path` (None when `path` holds no GGUF files)."""
-        if path in snap.model_dirs:
-            d = snap.model_dirs[path]
-            files = {MODEL_FILE: FileRef(d.model_blob, MODEL_FILE)}
-            if d.projector_blob is not None:
-                files[MMPROJ_FILE] = FileRef(d.projector_blob, MMPROJ_FILE)
-            elif _regular(d.model_blob) and self.views.has_mmproj(d.model_blob):
-                files[MMPROJ_FILE] = FileRef(d.model_blob, MMPROJ_FILE)
-            files.update((name, FileRef(blob, LAYER_FILE)) for name, blob in d.layers)
-            return files
-        parent, _, digest = path.rpartition("/")
-        if parent == BLOBS and digest in snap.blobs:
-            blob = snap.blobs[digest]
-            files = {MODEL_FILE: FileRef(blob, MODEL_FILE)}
-            if _regular(blob) and self.views.has_mmproj(blob):
-                files[MMPROJ_FILE] = FileRef(blob, MMPROJ_FILE)
-            return files
-        return None
+        files = snap.files.get(path)
+        if files is None:
+            return None
+        blob = snap.mmproj_of(path)
+        if blob is not None and self.views.has_mmproj(blob):
+            files = {**files, MMPROJ_FILE: FileRef(blob, MMPROJ_FILE)}
+        return files
 
     def lookup(self, path: str) -> FileRef | list[str] | None:
         """A FileRef, a directory listing, or None when nothing is there."""
@@ -184,5 +220,10 @@ class Tree:
         if path in snap.dirs:
             return sorted(snap.dirs[path])
         parent, _, leaf = path.rpartition("/")
-        files = self._files(snap, parent)
-        return files.get(leaf) if files else None
+        files = snap.files.get(parent)
+        if files is None:
+            return None
+        if leaf in files:
+            return files[leaf]
+        blob = snap.mmproj_of(parent) if leaf == MMPROJ_FILE else None
+        return FileRef(blob, MMPROJ_FILE) if blob is not None and self.views.has_mmproj(blob) else None

@@ -7,27 +7,34 @@ claims it, else the blob unchanged.  `mmproj.gguf` exists for a projector
 blob (architecture `clip`: the first clip translation that claims it, else
 unchanged) and for a monolithic blob that a clip translation claims.  With
 translation off every view is the blob unchanged.
+
+A handler that fails while claiming, planning or rendering a view (whatever
+it raises) refuses that one view: GGUFError naming the blob, the handler and
+the reason; the blob's other view is made as if it had not been asked.
 """
 from __future__ import annotations
 
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import multiprocessing
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, TimeoutError as FutureTimeout
+from typing import Callable
 
 from cachetools import LRUCache
 
 from gguf import Keys
 
 from . import handlers
-from .gguf_source import SourceGGUF, blob_identity
-from .gguf_values import GGUFError
+from .blobfile import identity, open_regular
+from .gguf_source import SourceGGUF
+from .gguf_values import VT, GGUFError
 from .index import Index, Stamp, Summary
-from .libc import die_with_parent, tune_malloc
+from .libc import tune_malloc
 from .opcache import OpCache
 from .translation import Translation, ViewSpec, first_claim, plan
 from .view import View
@@ -46,34 +53,85 @@ def translation_enabled(no_translate: bool = False) -> bool:
 
 @dataclass(frozen=True)
 class BlobInfo:
-    """A parsed blob and the translations that claim it."""
+    """A parsed blob, the translations that claim it, and why a claim
+    failed (then that view is refused)."""
 
     source: SourceGGUF
     text: Translation | None
     clip: Translation | None
+    text_error: GGUFError | None = None
+    clip_error: GGUFError | None = None
 
     @property
     def has_mmproj(self) -> bool:
-        return self.source.architecture == "clip" or self.clip is not None
+        return _is_projector(self.source) or self.clip is not None or self.clip_error is not None
+
+
+def _architecture(kvs) -> str | None:
+    """general.architecture of `kvs` where it is a string (else None)."""
+    v = kvs.get(Keys.General.ARCHITECTURE)
+    if v is None or v.vtype != VT.STRING:
+        return None
+    try:
+        return v.decode()
+    except (GGUFError, UnicodeDecodeError):
+        return None
+
+
+def _is_projector(source: SourceGGUF) -> bool:
+    return _architecture(source.kvs) == "clip"
+
+
+class HandlerFailure(GGUFError):
+    """A handler raised something other than GGUFError (it is not total): its
+    view is refused as for any GGUFError; `__cause__` is what it raised (for
+    the fuzzer, which reports these as findings)."""
+
+
+def _contained(what: str, fn, *args):
+    """`fn(*args)`; whatever it raises as GGUFError naming `what` (a handler
+    that is not total must take down no more than the view it makes)."""
+    try:
+        return fn(*args)
+    except HandlerFailure as e:
+        raise HandlerFailure(f"{what}: {e}") from e.__cause__
+    except GGUFError as e:
+        raise GGUFError(f"{what}: {e}") from None
+    except Exception as e:
+        raise HandlerFailure(f"{what}: {type(e).__name__}: {e}") from e
+
+
+def _claim(translations, source: SourceGGUF, kind: str) -> tuple[Translation | None, GGUFError | None]:
+    """The first claiming translation, or why claiming failed."""
+    try:
+        return _contained(f"claiming {kind}", first_claim, translations, source), None
+    except GGUFError as e:
+        return None, e
 
 
 def classify(source: SourceGGUF, translate: bool = True) -> BlobInfo:
-    """Which translations claim `source` (none when translation is off)."""
+    """Which translations claim `source` (none when translation is off).  A
+    clip translation is asked only of a projector or a blob with `v.*`
+    tensors (the vision part of a monolithic blob)."""
     if not translate:
         return BlobInfo(source, None, None)
-    clip = first_claim(handlers.CLIP, source)
-    if clip is not None and source.architecture != "clip" and not source.has_tensor_prefix("v."):
-        clip = None
-    return BlobInfo(source, first_claim(handlers.TEXT, source), clip)
+    text, text_error = _claim(handlers.TEXT, source, MODEL_FILE)
+    clip = clip_error = None
+    if _is_projector(source) or source.has_tensor_prefix("v."):
+        clip, clip_error = _claim(handlers.CLIP, source, MMPROJ_FILE)
+    return BlobInfo(source, text, clip, text_error, clip_error)
 
 
 def view_spec(info: BlobInfo, kind: str) -> ViewSpec | None:
     """What the `kind` (MODEL_FILE or MMPROJ_FILE) view of a classified blob
-    holds; None: the blob itself."""
-    tr = info.text if kind == MODEL_FILE else info.clip
+    holds; None: the blob itself.  GGUFError when that view is refused."""
     if kind == MMPROJ_FILE and not info.has_mmproj:
         raise FileNotFoundError(f"{info.source.path} has no projector view")
-    return plan(tr, info.source) if tr is not None else None
+    error = info.text_error if kind == MODEL_FILE else info.clip_error
+    if error is not None:
+        raise type(error)(str(error)) from error.__cause__
+    tr = info.text if kind == MODEL_FILE else info.clip
+    return _contained(f"{tr.name}: planning {kind}", plan, tr, info.source) if tr is not None else None
 
 
 def build_view(info: BlobInfo, kind: str, cache: OpCache) -> View:
@@ -81,15 +139,23 @@ def build_view(info: BlobInfo, kind: str, cache: OpCache) -> View:
     spec = view_spec(info, kind)
     if spec is None:
         return View.identity(info.source.identity)
-    return View.translated(info.source, spec, cache, key=(info.source.identity, kind))
+    return _contained(f"rendering {kind}", View.translated, info.source, spec, cache, (info.source.identity, kind))
 
 
 def _stamp(path: Path) -> Stamp:
-    try:
-        st = path.stat()
-    except OSError as e:
-        raise GGUFError(f"{path}: {e.strerror}") from None
-    return blob_identity(st)
+    """The blob's identity, from a descriptor opened as `blobfile` opens one."""
+    fd, st = open_regular(path)
+    os.close(fd)
+    return identity(st)
+
+
+def _watch_parent(parent: int) -> None:
+    """End this process within a quarter second of the daemon's end, however
+    it ends.  (Not the parent-death signal: that follows the thread that
+    started the worker, which ends long before the daemon does.)"""
+    while os.getppid() == parent:
+        time.sleep(0.25)
+    os._exit(0)
 
 
 def _die_with(parent: int) -> None:
@@ -98,7 +164,7 @@ def _die_with(parent: int) -> None:
     forever for work from a daemon killed with SIGKILL); and, as it lives for
     one batch only, it keeps freed memory for the next header rather than
     mapping fresh pages (and faulting them in) for each one."""
-    die_with_parent()
+    threading.Thread(target=_watch_parent, args=(parent,), name="compatfs-parent", daemon=True).start()
     tune_malloc(mmap_threshold=256 << 20, trim_threshold=512 << 20)
     if os.getppid() != parent:    # the daemon ended before that took effect
         os._exit(0)
@@ -106,24 +172,28 @@ def _die_with(parent: int) -> None:
 
 def summarize(path: Path, translate: bool) -> tuple[Stamp, Summary]:
     """The blob's identity and its views' summary, made from scratch (also in
-    a worker process: every argument and result is plain data)."""
+    a worker process: every argument and result is plain data).  A refused
+    view has size 0 and its reason; a blob that cannot be parsed, `error`."""
     stamp = _stamp(path)
-
-    def size(spec: ViewSpec | None) -> int:
-        return View.translated_size(spec) if spec is not None else info.source.size
-
     try:
         info = classify(SourceGGUF(path), translate)
-        model = view_spec(info, MODEL_FILE)
-        mmproj = view_spec(info, MMPROJ_FILE) if info.has_mmproj else None
-        model_size = size(model)
-        mmproj_size = size(mmproj) if info.has_mmproj else None
     except GGUFError as e:
         return stamp, Summary(0, None, error=str(e))
-    kvs = dict(model.kvs) if model else info.source.kvs
-    arch = kvs[Keys.General.ARCHITECTURE].decode() if Keys.General.ARCHITECTURE in kvs else None
+
+    def made(kind: str) -> tuple[int, str | None, ViewSpec | None]:
+        try:
+            spec = view_spec(info, kind)
+            return (_contained(f"sizing {kind}", View.translated_size, spec) if spec is not None
+                    else info.source.size), None, spec
+        except GGUFError as e:
+            return 0, f"{path}: {e}", None
+
+    model_size, model_error, model = made(MODEL_FILE)
+    mmproj_size, mmproj_error, _ = made(MMPROJ_FILE) if info.has_mmproj else (None, None, None)
+    arch = _architecture(dict(model.kvs) if model else info.source.kvs)
     return stamp, Summary(model_size, mmproj_size, info.text.name if info.text else None,
-                          info.clip.name if info.clip else None, arch=arch)
+                          info.clip.name if info.clip else None, arch=arch,
+                          model_error=model_error, mmproj_error=mmproj_error)
 
 
 class BlobViews:
@@ -143,6 +213,7 @@ class BlobViews:
         self._workers = workers
         self._pool: ProcessPoolExecutor | None = None
         self._pending: dict[str, Future] = {}
+        self.on_belied: Callable[[Path], None] | None = None
 
     # -- summaries -------------------------------------------------------------
     def summary(self, path: Path) -> Summary:
@@ -164,7 +235,7 @@ class BlobViews:
                 if got_stamp == stamp:
                     self._indexed(path, stamp, summary)
                     return summary
-            except TimeoutError:
+            except FutureTimeout:    # (on Python 3.10 not the builtin TimeoutError)
                 pass
             except Exception as e:   # a worker that died: computed here instead
                 log.debug("background summary of %s failed: %s", path, e)
@@ -258,7 +329,8 @@ class BlobViews:
 
     # -- views -----------------------------------------------------------------
     def view(self, path: Path, kind: str) -> View:
-        """The view; GGUFError (naming the blob) when it cannot be built."""
+        """The view; GGUFError (naming the blob) when it cannot be built.  The
+        index entry is checked against it: see `_verify`."""
         stamp = _stamp(path)
         if kind == LAYER_FILE or (not self.translate and kind == MODEL_FILE):
             return View.identity(stamp)
@@ -272,19 +344,35 @@ class BlobViews:
             if kind == MMPROJ_FILE and not info.has_mmproj:
                 raise GGUFError("it has no projector view")
             view = build_view(info, kind, self.op_cache)
-        except (GGUFError, ValueError) as e:
+        except GGUFError as e:
+            self._verify(path, stamp, kind, None)
             raise GGUFError(f"{path}: {e}") from None
         if view.stamp == stamp:
-            known = self.index.get(path, stamp)
-            size = None if known is None else known.model_size if kind == MODEL_FILE else known.mmproj_size
-            if size is not None and size != view.size:
-                log.error("index entry of %s said %d bytes for %s, the view has %d: entry replaced",
-                          path, size, kind, view.size)
-                self.index.forget(path)
+            self._verify(path, stamp, kind, view.size)
             with self._lock:
                 if view.nbytes_held <= self._views.maxsize:
                     self._views[key] = view
         return view
+
+    def _verify(self, path: Path, stamp: Stamp, kind: str, size: int | None) -> None:
+        """Index entries are hints: where the entry of `path` belies the view
+        just built (its size; None: no view), the entry is made again from the
+        blob and, if it changes, `on_belied(path)` is told (the FUSE layer
+        drops what the kernel keeps of the blob's files)."""
+        known = self.index.get(path, stamp)
+        if known is None:
+            return
+        shown = known.model_size if kind == MODEL_FILE else known.mmproj_size
+        if (shown or None) == size:
+            return
+        got_stamp, summary = summarize(path, self.translate)
+        if got_stamp != stamp or summary == known:
+            return
+        log.error("index entry of %s said %s bytes for %s, the view has %s: entry replaced",
+                  path, shown, kind, size if size is not None else "none")
+        self.index.put(path, stamp, summary)
+        if self.on_belied is not None:
+            self.on_belied(path)
 
     def retain(self, paths: set[Path]) -> None:
         """Forget every view and summary whose blob is not one of `paths` (blobs

@@ -89,3 +89,76 @@ def test_background_mount_and_umount(store, tmp_path):
     finally:
         assert compatfs("umount", mnt).returncode == 0
     assert not os.path.ismount(mnt)
+
+
+def _bounded(*args, seconds: float = 30):
+    """compatfs ARGS, failing (not hanging) when it has not ended within `seconds`."""
+    try:
+        return subprocess.run([sys.executable, "-m", "compatfs", *map(str, args)], capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, timeout=seconds)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"compatfs {' '.join(map(str, args))} hung") from None
+
+
+def _one_line_or_ok(res, what):
+    assert "Traceback" not in res.stderr, (what, res.stderr)
+    if res.returncode != 0:
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("compatfs: error:"), (what, res.stderr)
+
+
+def _layer_blob(store, name, tag="latest"):
+    doc = json.loads((store / "manifests/registry.ollama.ai/library" / name / tag).read_text())
+    return store / "blobs" / doc["layers"][0]["digest"].replace(":", "-")
+
+
+def test_a_fifo_blob_is_one_line_for_ls_inspect_and_export(store, tmp_path):
+    """Measured on the landed code: `compatfs ls`, `inspect` and `export`
+    hung opening a FIFO put in place of a blob."""
+    from hostile import fifo_writer_release
+    blob = _layer_blob(store, "plain")
+    blob.unlink()
+    os.mkfifo(blob)
+    try:
+        res = _bounded("ls", store)
+        assert res.returncode == 0, res.stderr
+        row = next(line for line in res.stdout.splitlines() if line.startswith("plain:latest"))
+        assert "not a regular file" in row and "gemma3x:4b" in res.stdout
+        for args in (("inspect", "plain", "--source", store), ("inspect", blob.name, "--source", store),
+                     ("export", "plain", tmp_path / "out", "--source", store)):
+            res = _bounded(*args)
+            assert res.returncode == 1, args
+            _one_line_or_ok(res, args)
+            assert "not a regular file" in res.stderr or "no blob" in res.stderr, (args, res.stderr)
+    finally:
+        fifo_writer_release(blob)
+
+
+def test_a_failing_handler_is_one_line_everywhere(store, tmp_path):
+    """Measured on the landed code: token types as strings made `compatfs
+    ls` die with a traceback (the whole store's listing lost) and `inspect`,
+    `export`, `llama-args` print tracebacks; `inspect --clip` of a text-only
+    model did too.  Whatever the handlers make of such values, each command
+    answers, or fails in one line."""
+    from compatfs.gguf_source import SourceGGUF
+    from compatfs.gguf_values import VT, array
+    from compatfs.testing import gemma3
+    from hostile import with_value
+    good = gemma3.legacy_gemma3_vision(tmp_path / "gv.gguf")
+    n = SourceGGUF(good).kvs["tokenizer.ggml.token_type"].count
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(with_value(good, "tokenizer.ggml.token_type", array(VT.STRING, ["x"] * n)))
+    add_model(store, "bad", bad, tag="4b")
+    res = _bounded("ls", store)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    names = [line.split()[0] for line in res.stdout.splitlines()[1:]]
+    assert {"bad:4b", "gemma3x:4b", "plain:latest", "configonly:latest"} <= set(names), res.stdout
+    res = _bounded("ls", store, "--json")
+    assert res.returncode == 0 and {r["name"] for r in json.loads(res.stdout)["models"]} >= {"bad:4b", "plain:latest"}
+    for args in (("inspect", "bad:4b", "--source", store), ("inspect", "bad:4b", "--clip", "--source", store),
+                 ("inspect", "plain", "--clip", "--source", store),
+                 ("export", "bad:4b", tmp_path / "out", "--source", store, "-q"),
+                 ("llama-args", "bad:4b", "--source", store, "--mount", tmp_path)):
+        _one_line_or_ok(_bounded(*args), args)
+    res = _bounded("inspect", "plain", "--clip", "--source", store)
+    assert res.returncode == 1 and "no projector view" in res.stderr

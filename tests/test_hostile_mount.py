@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -220,3 +221,185 @@ def test_truncation_under_an_op_tensor_read(store, mount_store):
         assert e.value.errno == errno.EIO
     assert m.alive
     assert (m / "text:1b/model.gguf").read_bytes() == expected(blob_of(store, "text", "1b"))
+
+
+# -- round 2: never a hang, a refused view stays one view, index rows are hints -------------
+
+from hostile import bounded, fifo_writer_release, with_value   # noqa: E402
+
+
+def test_a_fifo_manifest_appearing_while_mounted_blocks_nothing(store, mount_store):
+    """Measured on the landed code: the rescan opened the FIFO (blocking)
+    while it held the tree's lock; every lookup not yet answered hung in D
+    state, surviving SIGKILL, until somebody wrote the FIFO."""
+    m = mount_store(store)
+    fifo = store / "manifests/registry.ollama.ai/library/fifo/latest"
+    fifo.parent.mkdir()
+    os.mkfifo(fifo)
+    try:
+        time.sleep(2.5)     # two rescans
+        res = bounded(["stat", "-c", "%s", str(m / "text:1b/model.gguf")], 10, m.path)
+        assert res.returncode == 0 and int(res.stdout) == len(expected(blob_of(store, "text", "1b")))
+        assert bounded(["ls", "-lR", str(m.path)], 10, m.path).returncode == 0
+        res = bounded([sys.executable, "-m", "compatfs", "ls", str(store)], 30)
+        assert res.returncode == 0, res.stderr
+        assert "fifo:latest" in res.stdout and "not a regular file" in res.stdout
+        assert m.alive
+    finally:
+        fifo_writer_release(fifo)
+
+
+def test_a_blob_flipping_between_file_and_fifo_never_hangs_a_request(store, mount_store, tmp_path):
+    """Measured on the landed code: within seconds a thread was stuck
+    opening the FIFO (only the FUSE layer's own open was non-blocking).
+    The blob is swapped (rename) between a regular file and a FIFO while
+    the mount is asked for its files; then it is left a FIFO."""
+    import threading
+    m = mount_store(store)
+    blob = blob_of(store, "vision", "4b")
+    kept = blob.read_bytes()
+    stop = threading.Event()
+
+    def swap(fifo: bool) -> None:
+        new = Path(f"{blob}.new")
+        if fifo:
+            os.mkfifo(new)
+        else:
+            new.write_bytes(kept)
+        os.replace(new, blob)
+
+    def flip():
+        i = 0
+        while not stop.is_set():
+            swap(fifo=bool(i % 2))
+            i += 1
+            time.sleep(0.005)
+
+    t = threading.Thread(target=flip, daemon=True)
+    t.start()
+    try:
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline:
+            folder = m / "vision:4b"
+            res = bounded(["sh", "-c", f"stat {folder}/model.gguf {folder}/mmproj.gguf; head -c 100000 {folder}/model.gguf; "
+                           f"head -c 100000 {folder}/mmproj.gguf; head -c 1000 {m / 'blobs' / blob.name}/model.gguf; "
+                           "true"], 10, m.path, stdout_null=True)
+            assert res.returncode == 0
+    finally:
+        stop.set()
+        t.join(5)
+        swap(fifo=True)
+    try:
+        time.sleep(1.5)
+        for rel in ("vision:4b/model.gguf", f"blobs/{blob.name}/model.gguf"):
+            res = bounded(["cat", str(m / rel)], 10, m.path)
+            assert res.returncode != 0 and "Input/output error" in res.stderr, res.stderr
+        assert bounded(["ls", "-lR", str(m.path)], 10, m.path).returncode == 0
+        assert m.alive
+    finally:
+        fifo_writer_release(blob)
+
+
+def _wrong_types(tmp_path: Path) -> dict[str, bytes]:
+    """Blobs whose handlers read a value of the wrong type: the token types
+    as strings (gemma3 vision: the text handler reads them, its projector
+    view does not), and a vision block index that is text."""
+    from compatfs.gguf_source import SourceGGUF
+    from compatfs.gguf_values import VT, array, string
+    good = gemma3.legacy_gemma3_vision(tmp_path / "wt.gguf", seed=5)
+    n = SourceGGUF(good).kvs["tokenizer.ggml.token_type"].count
+    return {
+        "tokentypes": with_value(good, "tokenizer.ggml.token_type", array(VT.STRING, ["normal"] * n)),
+        "blocks": with_value(good, "gemma3.vision.block_count", string("many")),
+    }
+
+
+def test_values_of_the_wrong_type_refuse_one_view_at_most(store, mount_store, tmp_path):
+    """Measured on the landed code: the model folder and its blobs/ folder
+    answered EINVAL, a traceback was logged on every stat, and the good
+    files of the folder were lost with it.  Whatever the handler makes of
+    the value (it may be refused, or tolerated), each view is either served
+    whole or refused alone (size 0, EIO, one log line), and everything
+    else reads on."""
+    blobs = {}
+    for name, data in _wrong_types(tmp_path).items():
+        f = tmp_path / f"{name}.bin"
+        f.write_bytes(data)
+        add_model(store, name, f)
+        blobs[name] = blob_of(store, name, "latest")
+    m = mount_store(store)
+    for _ in range(2):
+        res = bounded(["ls", "-lR", str(m.path)], 30, m.path)
+        assert res.returncode == 0 and "?" not in res.stdout, res.stdout + res.stderr
+    refused = 0
+    for name, blob in blobs.items():
+        for folder in (m / f"{name}:latest", m / "blobs" / blob.name):
+            files = sorted(p.name for p in folder.iterdir())
+            assert "model.gguf" in files, (folder, files)
+            for f in files:
+                path = folder / f
+                size = path.stat().st_size
+                try:
+                    data = path.read_bytes()
+                except OSError as e:
+                    assert e.errno == errno.EIO and size == 0, (path, size)
+                    refused += 1
+                    continue
+                assert data == expected(blob, f), path
+    assert refused, "no view refused: the test no longer exercises a failing handler"
+    log = m.log_text()
+    assert "Traceback" not in log, log
+    for blob in blobs.values():
+        for kind in ("model.gguf", "mmproj.gguf"):
+            assert log.count(f"cannot present {kind} of {blob}") <= 1, log
+    assert (m / "text:1b/model.gguf").read_bytes() == expected(blob_of(store, "text", "1b"))
+    assert m.alive
+
+
+def test_index_rows_that_lie_are_hints(store, mount_store, tmp_path):
+    """Measured on the landed code: a row with the blob's identity and too
+    small a size served a short file and stat kept it; a forged error gave
+    EIO for good; a size that is text gave EINVAL; a phantom mmproj.gguf was
+    listed.  Now: the rows are checked against the view on open, rebuilt,
+    and the kernel's attributes dropped."""
+    import sqlite3
+    cache = tmp_path / "cache"
+    env = {"COMPATFS_CACHE_DIR": str(cache)}
+    extra = tmp_path / "other.gguf"
+    llama.plain_llama_text(extra)
+    add_model(store, "plain", extra)
+    add_model(store, "third", gemma3.legacy_gemma3_text(tmp_path / "g3.gguf", seed=7), tag="1b")
+    first = mount_store(store, env=env)
+    for name in ("text:1b", "vision:4b", "plain:latest", "third:1b"):
+        for f in (first / name).iterdir():
+            f.stat()
+    time.sleep(0.5)
+    first.close()
+    text, vision = blob_of(store, "text", "1b"), blob_of(store, "vision", "4b")
+    plain, third = blob_of(store, "plain", "latest"), blob_of(store, "third", "1b")
+    db = sqlite3.connect(cache / "index.sqlite3")
+    table = db.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name DESC").fetchone()[0]
+    assert db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] >= 4
+    db.execute(f"UPDATE {table} SET model_size = model_size - 5000 WHERE path = ?", (str(text),))
+    db.execute(f"UPDATE {table} SET error = 'forged' WHERE path = ?", (str(vision),))
+    db.execute(f"UPDATE {table} SET model_size = 'abc' WHERE path = ?", (str(plain),))
+    db.execute(f"UPDATE {table} SET mmproj_size = 4096 WHERE path = ?", (str(third),))
+    db.commit()
+    db.close()
+    m = mount_store(store, env=env)
+    want = expected(text)
+    path = m / "text:1b/model.gguf"
+    path.stat()                                     # the kernel may keep the lying size: until the open
+    assert path.read_bytes() == want
+    assert path.stat().st_size == len(want)
+    assert (m / "blobs" / text.name / "model.gguf").stat().st_size == len(want)
+    assert (m / "vision:4b/model.gguf").read_bytes() == expected(vision)
+    assert (m / "plain:latest/model.gguf").stat().st_size == len(expected(plain))
+    phantom = m / "third:1b/mmproj.gguf"
+    if "mmproj.gguf" in os.listdir(m / "third:1b"):
+        with pytest.raises(OSError):
+            phantom.read_bytes()
+    wait_for(lambda: "mmproj.gguf" not in os.listdir(m / "third:1b"), what="the phantom mmproj.gguf gone")
+    assert not phantom.exists()
+    log = m.log_text()
+    assert f"index entry of {text} said" in log and "Traceback" not in log and m.alive

@@ -177,3 +177,123 @@ def test_a_stat_never_waits_on_a_worker_that_has_not_answered(tmp_path):
     views._pending[str(blob)] = taken
     assert views.summary(blob) == summarize(blob, True)[1]
     assert not taken.done()
+
+
+def test_a_folder_named_as_the_index_is_refused_and_never_renamed(tmp_path):
+    """Measured on the landed code: `--index DIR` renamed DIR to DIR.corrupt
+    and made a database in its place."""
+    import subprocess
+    import sys
+    from compatfs.index import IndexPathError
+    import pytest
+    folder = tmp_path / "precious"
+    folder.mkdir()
+    (folder / "keep").write_text("mine")
+    with pytest.raises(IndexPathError, match="is a folder"):
+        Index(folder, translate=True, version="v1")
+    store = tmp_path / "store"
+    add_model(store, "g", legacy_gemma3_text(tmp_path / "g.gguf"), tag="1b")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        res = subprocess.run([sys.executable, "-m", "compatfs", "mount", "-f", str(store), str(mnt),
+                              "--index", str(folder)], capture_output=True, text=True, timeout=30)
+    finally:   # a mount that came up (and was killed by the timeout) is taken down
+        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
+    assert res.returncode == 1 and res.stderr.count("\n") == 1 and "is a folder" in res.stderr, res.stderr
+    assert (folder / "keep").read_text() == "mine" and not (tmp_path / "precious.corrupt").exists()
+
+
+def test_an_index_that_cannot_be_used_leaves_only_a_log_line(tmp_path, caplog):
+    """A `<index>.corrupt` folder where a corrupt index would go, and (as
+    root) a cache folder on a read-only filesystem: the index works from
+    memory, with one log line, and nothing is renamed.  Measured on the
+    landed code: OSError from os.replace (the mount failed with a traceback
+    fragment)."""
+    import subprocess
+    path = tmp_path / "index.sqlite3"
+    path.write_bytes(b"garbage" * 100)
+    aside = tmp_path / "index.sqlite3.corrupt"
+    aside.mkdir()
+    cases = [path]
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(ro)]).returncode == 0:
+        cases.append(ro / "index.sqlite3")     # the cache folder exists, read-only
+    try:
+        for where in cases:
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="compatfs"):
+                index = Index(where, translate=True, version="v1")
+            assert len(caplog.records) == 1 and "without the persistent index" in caplog.text, caplog.text
+            index.put(Path("/b"), (1, 1, 1, 1, 1), Summary(1, None))
+            assert index.get(Path("/b"), (1, 1, 1, 1, 1)) == Summary(1, None)
+        assert path.read_bytes() == b"garbage" * 100 and aside.is_dir() and not any(aside.iterdir())
+    finally:
+        if len(cases) > 1:
+            subprocess.run(["umount", str(ro)])
+
+
+def test_entries_of_the_wrong_kind_or_with_errors_are_made_again(tmp_path):
+    """Entries on disk are hints: one with a value that is no size (text, a
+    negative number) or that records an error is not taken."""
+    import sqlite3
+    path = tmp_path / "index.sqlite3"
+    index = Index(path, translate=True, version="v1")
+    good = Summary(100, None, "gemma3", arch="gemma3")
+    for i in range(4):
+        index.put(Path(f"/b{i}"), (i, 1, 1, 1, 1), good)
+    db = sqlite3.connect(path)
+    db.execute("UPDATE views_v3 SET model_size = 'abc' WHERE path = '/b1'")
+    db.execute("UPDATE views_v3 SET model_size = -5 WHERE path = '/b2'")
+    db.execute("UPDATE views_v3 SET error = 'forged' WHERE path = '/b3'")
+    db.commit()
+    db.close()
+    again = Index(path, translate=True, version="v1")
+    assert again.get(Path("/b0"), (0, 1, 1, 1, 1)) == good
+    assert [again.get(Path(f"/b{i}"), (i, 1, 1, 1, 1)) for i in (1, 2, 3)] == [None] * 3
+
+
+def test_a_view_that_belies_its_entry_rebuilds_it(tmp_path):
+    from compatfs.views import MMPROJ_FILE, MODEL_FILE, BlobViews, summarize
+    from compatfs.blobfile import identity
+    import pytest
+    from compatfs.gguf_values import GGUFError
+    blob = legacy_gemma3_text(tmp_path / "g.gguf")
+    stamp, true = summarize(blob, True)
+    index = Index(None, translate=True, version="v1")
+    told = []
+    views = BlobViews(index=index)
+    views.on_belied = told.append
+    index.put(blob, stamp, Summary(true.model_size - 1000, 1234, true.text, arch=true.arch))   # too small, phantom mmproj
+    assert views.view(blob, MODEL_FILE).size == true.model_size
+    assert index.get(blob, stamp) == true and told == [blob]
+    index.put(blob, stamp, Summary(true.model_size, 1234, true.text, arch=true.arch))
+    with pytest.raises(GGUFError, match="no projector view"):
+        views.view(blob, MMPROJ_FILE)
+    assert index.get(blob, stamp) == true and told == [blob, blob]
+    assert identity(blob.stat()) == stamp
+
+
+@needs_fuse
+def test_a_mount_comes_up_without_an_index_it_cannot_write(tmp_path, mount_store):
+    """As root: the cache folder on a read-only filesystem.  Measured on the
+    landed code: the mount failed with a traceback fragment (OSError: [Errno
+    30] Read-only file system, from os.replace)."""
+    import subprocess
+    import pytest
+    if os.geteuid() != 0:
+        pytest.skip("needs root (a read-only tmpfs)")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    assert subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(ro)]).returncode == 0
+    try:
+        store = tmp_path / "store"
+        add_model(store, "g", legacy_gemma3_text(tmp_path / "g.gguf"), tag="1b")
+        m = mount_store(store, env={"COMPATFS_CACHE_DIR": str(ro)})   # the folder exists, read-only
+        assert os.stat(m / "g:1b/model.gguf").st_size > 0
+        log = m.log_text()
+        assert log.count("without the persistent index") == 1 and "Traceback" not in log, log
+        m.close()
+    finally:
+        subprocess.run(["umount", str(ro)])

@@ -1,0 +1,120 @@
+"""Hostile store contents for the tests: GGUF blobs with one value swapped
+for one of the wrong type, and mounts whose hangs are detected by bounded
+waits and cleaned up through fusectl."""
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+from compatfs.gguf_source import SourceGGUF
+from compatfs.gguf_values import VT, Value, skip_value
+
+_U64 = struct.Struct("<Q")
+
+
+def with_value(path: Path, key: str, value: Value) -> bytes:
+    """The GGUF at `path` with KV `key` set to `value` (of any type), all
+    else kept: the header rewritten, the tensor data moved as a whole."""
+    src = SourceGGUF(path)
+    data = path.read_bytes()
+    kvs = dict(src.kvs)
+    kvs[key] = value
+    out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, len(src.tensors), len(kvs)))
+    for k, v in kvs.items():
+        name = k.encode()
+        out += _U64.pack(len(name)) + name + struct.pack("<I", v.vtype) + bytes(v.payload)
+    out += data[_kvs_end(data, len(src.kvs)):src.header_size]    # the tensor infos as they were
+    out += bytes(-len(out) % src.alignment)
+    return bytes(out) + data[src.data_offset:]
+
+
+def _kvs_end(data: bytes, n_kv: int) -> int:
+    """Where the KVs of the GGUF `data` end (its tensor infos begin)."""
+    buf, off = memoryview(data), 24
+    for _ in range(n_kv):
+        off += 8 + _U64.unpack_from(buf, off)[0]
+        vtype = VT(struct.unpack_from("<I", buf, off)[0])
+        off = skip_value(buf, off + 4, vtype, len(buf))
+    return off
+
+
+def fifo_writer_release(fifo: Path) -> None:
+    """Open `fifo` for writing, without blocking, and close it: a reader
+    blocked opening it (code under test that hung) goes on."""
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        pass
+
+
+def fuse_connection(mountpoint: Path) -> str | None:
+    """The fusectl connection number of the FUSE mount at `mountpoint` (read
+    from /proc/self/mountinfo: stat-ing a hung mount would hang)."""
+    want = str(mountpoint)
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[4].replace("\\040", " ") == want and " - fuse" in line:
+            return fields[2].split(":")[1]
+    return None
+
+
+def abort_fuse(mountpoint: Path) -> bool:
+    """Abort the FUSE connection of `mountpoint` through fusectl (mounted
+    first where it is not), then detach the mount; whether it was aborted."""
+    conn = fuse_connection(mountpoint)
+    if conn is None:
+        return False
+    base = Path("/sys/fs/fuse/connections")
+    if not (base / conn).exists():
+        subprocess.run(["mount", "-t", "fusectl", "none", str(base)], capture_output=True)
+    try:
+        (base / conn / "abort").write_text("1")
+    except OSError:
+        return False
+    # An aborted mount no longer answers stat (the fixture would not see it as mounted): detached here.
+    subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True)
+    return True
+
+
+def bounded(argv: list[str], seconds: float, mountpoint: Path | None = None,
+            stdout_null: bool = False) -> subprocess.CompletedProcess:
+    """Run `argv` (its output as text; with `stdout_null`, none kept);
+    AssertionError when it has not ended within `seconds` (a hang: the
+    mount's connection is aborted first, so nothing stays stuck)."""
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL if stdout_null else subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, errors="replace")
+    try:
+        out, err = p.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        aborted = mountpoint is not None and abort_fuse(mountpoint)
+        p.kill()
+        try:
+            p.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        raise AssertionError(f"{argv} did not end within {seconds} s (hung; connection aborted: {aborted})") from None
+    return subprocess.CompletedProcess(argv, p.returncode, out, err)
+
+
+def ends_within(fn, seconds: float, *args):
+    """`fn(*args)` in a thread: its result, or AssertionError when it has not
+    returned within `seconds` (a hang; the thread is left to its fate)."""
+    import threading
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn(*args)
+        except BaseException as e:     # handed to the caller
+            box["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"{getattr(fn, '__qualname__', fn)} did not return within {seconds} s"
+    if "error" in box:
+        raise box["error"]
+    return box["value"]

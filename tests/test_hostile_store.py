@@ -1,0 +1,263 @@
+"""Hostile store contents, in process: files that are not regular (FIFOs,
+devices) never block a reader, manifests are read with a size cap and in
+time linear in their layers, names that collide are left out with a reason,
+and a handler that fails (whatever it raises) refuses only its own view."""
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import compatfs.tree as tree_module
+from compatfs import handlers
+from compatfs.gguf_source import SourceGGUF
+from compatfs.gguf_values import GGUFError
+from compatfs.index import Index
+from compatfs.store import Store
+from compatfs.testing import gemma3, llama
+from compatfs.testing.store import add_blob, add_model
+from compatfs.tree import Tree
+from compatfs.views import MMPROJ_FILE, MODEL_FILE, BlobViews, summarize
+
+from hostile import ends_within, fifo_writer_release
+
+LIB = "manifests/registry.ollama.ai/library"
+
+
+@pytest.fixture
+def store(tmp_path):
+    root = tmp_path / "store"
+    add_model(root, "vision", gemma3.legacy_gemma3_vision(tmp_path / "gv.gguf"), tag="4b")
+    add_model(root, "text", gemma3.legacy_gemma3_text(tmp_path / "g.gguf"), tag="1b")
+    return root
+
+
+def _blob(store: Path, name: str, tag: str) -> Path:
+    doc = json.loads((store / LIB / name / tag).read_text())
+    return store / "blobs" / doc["layers"][0]["digest"].replace(":", "-")
+
+
+@pytest.fixture
+def fifo(tmp_path):
+    made = []
+
+    def make(path: Path) -> Path:
+        if path.exists():
+            path.unlink()
+        os.mkfifo(path)
+        made.append(path)
+        return path
+
+    yield make
+    for path in made:      # release whatever the code under test left blocked on it
+        fifo_writer_release(path)
+
+
+def test_no_reader_of_store_contents_blocks_on_a_fifo(store, fifo):
+    """Measured on the landed code: the header parser opened blobs blocking
+    (a FIFO put in place hung the thread until someone wrote it), and so did
+    manifests in a rescan."""
+    blob = _blob(store, "text", "1b")
+    parsed = SourceGGUF(blob)
+    fifo(blob)
+    for what, call in [("parse", lambda: SourceGGUF(blob)), ("read", lambda: parsed.read(0, 16)),
+                       ("summary", lambda: BlobViews().summary(blob)), ("view", lambda: BlobViews().view(blob, MODEL_FILE))]:
+        with pytest.raises(GGUFError, match="not a regular file"):
+            ends_within(call, 5)
+    fifo(store / LIB / "text" / "1b")
+    scan = ends_within(Store(store).scan, 5)
+    assert "not a regular file" in scan.skipped["text:1b"] and "vision:4b" in scan.models
+
+
+def test_a_manifest_that_is_a_device_or_too_large_is_left_out(store, tmp_path):
+    """Measured on the landed code: a manifest symlinked to /dev/zero was
+    read whole (3.2 GB in the daemon, MemoryError in `compatfs ls`).  Run in
+    a process limited to 1 GiB of address space, so that a regression fails
+    rather than fills the machine."""
+    (store / LIB / "zero").mkdir()
+    (store / LIB / "zero" / "latest").symlink_to("/dev/zero")
+    big = store / LIB / "big" / "latest"
+    big.parent.mkdir()
+    big.write_bytes(b" " * (5 << 20))
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30));"
+            "from compatfs.store import Store; s = Store(sys.argv[1]).scan();"
+            "print(sorted(s.models)); print(s.skipped['zero:latest']); print(s.skipped['big:latest'])")
+    res = subprocess.run([sys.executable, "-c", code, str(store)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr[-2000:]
+    models, zero, big_reason = res.stdout.splitlines()
+    assert models == "['text:1b', 'vision:4b']"
+    assert "not a regular file" in zero and "more than" in big_reason
+
+
+def test_a_folder_with_many_layers_is_listed_in_linear_work(store, monkeypatch):
+    """Measured on the landed code: every lookup in a model folder made
+    every file of the folder again (2,500 license layers: 4.8 s of daemon
+    CPU to list the folder, 10,000: 88 s).  Counted here: file references
+    made while listing the folder and looking up each of its files."""
+    n = 2000
+    manifest = store / LIB / "text" / "1b"
+    doc = json.loads(manifest.read_text())
+    for i in range(n):
+        f = store / f"license{i}.txt"
+        f.write_text(f"license {i}")
+        doc["layers"].append({"mediaType": "application/vnd.ollama.image.license", **add_blob(store, f)})
+    manifest.write_text(json.dumps(doc))
+    made = []
+    real = tree_module.FileRef
+    monkeypatch.setattr(tree_module, "FileRef", lambda *a: made.append(1) or real(*a))
+    tree = Tree(Store(store), BlobViews())
+    names = tree.lookup("text:1b")
+    assert len(names) == n + 1 and "license-2000" in names
+    for name in names:
+        assert isinstance(tree.lookup(f"text:1b/{name}"), real)
+    assert len(made) <= 3 * (n + 10), f"{len(made)} file references for a folder of {n + 1} files"
+
+
+def test_names_that_collide_are_left_out_with_the_reason(store, tmp_path):
+    """A namespace (or host) named `blobs` would hide in the mount's blobs/
+    folder, and a host spelled in another case takes the usual host's name:
+    each is left out naming why; the first keeps its name."""
+    odd = tmp_path / "odd.gguf"
+    llama.plain_llama_text(odd)
+    add_model(store, "text", odd, host="Registry.Ollama.AI", tag="1b")
+    add_model(store, "hidden", odd, namespace="blobs")
+    tree = Tree(Store(store), BlobViews())
+    snap = tree.snapshot()
+    assert snap.model_dirs["text:1b"].model_blob == _blob(store, "text", "1b")   # the usual spelling wins
+    other = str(store / "manifests/Registry.Ollama.AI/library/text/1b")
+    assert "already that of" in snap.scan.skipped[other] and str(store / LIB / "text" / "1b") in snap.scan.skipped[other]
+    assert "blobs/" in snap.scan.skipped["blobs/hidden:latest"]
+    assert tree.lookup("blobs/hidden:latest") is None and tree.lookup("blobs/hidden:latest/model.gguf") is None
+    assert "hidden:latest" not in tree.lookup("blobs")
+
+
+class Boom(Exception):
+    """What a handler that is not total might raise: anything."""
+
+
+def _failing_plan(monkeypatch, kinds: str):
+    """Make planning with the handlers of `kinds` (TEXT or CLIP) raise Boom."""
+    import compatfs.views as views_module
+    real_plan = views_module.plan
+
+    def plan(tr, src):
+        if tr in getattr(handlers, kinds):
+            raise Boom("plan")
+        return real_plan(tr, src)
+    monkeypatch.setattr(views_module, "plan", plan)
+
+
+@pytest.mark.parametrize("kinds, refused, kept", [("TEXT", MODEL_FILE, MMPROJ_FILE), ("CLIP", MMPROJ_FILE, MODEL_FILE)])
+def test_a_failing_plan_refuses_only_its_view(store, monkeypatch, kinds, refused, kept):
+    blob = _blob(store, "vision", "4b")
+    want = BlobViews().view(blob, kept).size
+    _failing_plan(monkeypatch, kinds)
+    _stamp, s = summarize(blob, True)
+    size = {MODEL_FILE: s.model_size, MMPROJ_FILE: s.mmproj_size}
+    error = {MODEL_FILE: s.model_error, MMPROJ_FILE: s.mmproj_error}
+    assert s.error is None and size[refused] == 0 and size[kept] == want
+    assert str(blob) in error[refused] and "Boom: plan" in error[refused] and error[kept] is None
+    views = BlobViews()
+    with pytest.raises(GGUFError, match="Boom: plan") as e:
+        views.view(blob, refused)
+    assert str(blob) in str(e.value)
+    assert views.view(blob, kept).size == want
+
+
+def test_a_failing_claim_refuses_only_its_view(store, monkeypatch):
+    import compatfs.views as views_module
+    blob = _blob(store, "vision", "4b")
+    want = BlobViews().view(blob, MMPROJ_FILE).size
+    real = views_module.first_claim
+
+    def first_claim(translations, src):
+        if translations is handlers.TEXT:
+            raise Boom("claim")
+        return real(translations, src)
+    monkeypatch.setattr(views_module, "first_claim", first_claim)
+    info = views_module.classify(SourceGGUF(blob))
+    # Told apart from a refusal the handler meant (the fuzzer reports these as findings).
+    assert isinstance(info.text_error, views_module.HandlerFailure) and isinstance(info.text_error.__cause__, Boom)
+    _stamp, s = summarize(blob, True)
+    assert s.model_size == 0 and "Boom: claim" in s.model_error and s.mmproj_size == want
+    assert BlobViews().view(blob, MMPROJ_FILE).size == want
+    # The text-only blob beside it: its only view refused, nothing else.
+    _stamp, t = summarize(_blob(store, "text", "1b"), True)
+    assert t.model_size == 0 and t.mmproj_size is None and "Boom: claim" in t.model_error
+
+
+def test_indexing_workers_outlive_the_thread_that_started_them(store, tmp_path):
+    """The parent-death signal follows the thread that forked a worker, not
+    the daemon: a pool started by a thread that then ends must keep
+    working (and still end with the daemon: test_index)."""
+    from concurrent.futures import ProcessPoolExecutor
+    import multiprocessing
+    import compatfs.views as views_module
+    blob = _blob(store, "text", "1b")
+    box = {}
+
+    def start():
+        pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=views_module._die_with, initargs=(os.getpid(),))
+        box["first"] = pool.submit(summarize, blob, True).result(timeout=60)   # the worker is set up
+        box["pool"] = pool
+
+    t = threading.Thread(target=start)
+    t.start()
+    t.join(90)
+    pool = box["pool"]
+    try:
+        assert pool.submit(summarize, blob, True).result(timeout=60) == box["first"]
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.mark.parametrize("value", ["array", "number", "not utf-8"])
+def test_an_architecture_of_the_wrong_type_is_an_answer(store, tmp_path, value):
+    """general.architecture is read before any handler (is it a projector?):
+    an array (which compares elementwise), a number, bytes that are not
+    UTF-8: a summary or one GGUFError, never another exception."""
+    from compatfs.gguf_values import VT, Value, array, u32
+    from hostile import with_value
+    bad = tmp_path / "arch.gguf"
+    new = {"array": array(VT.UINT32, [1, 2, 3]), "number": u32(7),
+           "not utf-8": Value(VT.STRING, (3).to_bytes(8, "little") + b"\xff\xfe\xfd")}[value]
+    bad.write_bytes(with_value(_blob(store, "vision", "4b"), "general.architecture", new))
+    _stamp, s = summarize(bad, True)
+    assert s.arch is None if value != "not utf-8" else isinstance(s.arch, str)   # decoded with replacements
+    views = BlobViews()
+    for kind in (MODEL_FILE, MMPROJ_FILE):
+        try:
+            views.view(bad, kind)
+        except GGUFError as e:
+            assert str(bad) in str(e)
+
+
+def test_a_lookup_never_waits_for_a_rescan(store, monkeypatch):
+    """Measured on the landed code: the snapshot was rebuilt under the
+    tree's lock, so every lookup waited for a rescan (for ever, when the
+    rescan hung).  A rescan that takes seconds leaves lookups answering
+    from the last snapshot."""
+    import time
+    tree = Tree(Store(store), BlobViews(), rescan_seconds=0.1)
+    assert tree.lookup("text:1b/model.gguf") is not None
+    real = tree.store.scan
+    entered = threading.Event()
+
+    def slow_scan():
+        entered.set()
+        time.sleep(3)
+        return real()
+    monkeypatch.setattr(tree.store, "scan", slow_scan)
+    time.sleep(0.2)
+    rescan = threading.Thread(target=tree.snapshot)   # stale: this thread rescans
+    rescan.start()
+    assert entered.wait(5)
+    t = time.monotonic()
+    assert ends_within(tree.lookup, 2, "text:1b/model.gguf") is not None
+    assert ends_within(tree.lookup, 2, "vision:4b") is not None
+    assert time.monotonic() - t < 1.5
+    rescan.join(10)
