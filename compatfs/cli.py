@@ -6,7 +6,6 @@ import errno
 import json
 import logging
 import os
-import re
 import shutil
 import stat
 import subprocess
@@ -45,22 +44,6 @@ def _check_fuse() -> None:
         raise CliError(f"libfuse 3 not found ({e}): install it, e.g. `apt-get install fuse3`") from None
 
 
-def _mount_fstype(path: Path) -> str | None:
-    """The filesystem type mounted at `path` (the last mount there, from
-    /proc/self/mountinfo), if any."""
-    found = None
-    try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                fields, _, tail = line.partition(" - ")
-                point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields.split()[4])
-                if point == str(path) and tail:
-                    found = tail.split()[0]
-    except (OSError, IndexError):
-        return None
-    return found
-
-
 def _stale(path: Path) -> bool:
     """Whether `path` is a FUSE mount whose daemon is gone ("Transport endpoint
     is not connected")."""
@@ -74,7 +57,8 @@ def _stale(path: Path) -> bool:
 def _clean_stale(path: Path) -> None:
     """Unmount the dead compatfs endpoint at `path` (lazily if it is busy)."""
     from .fusefs import lazy_unmount
-    fstype = _mount_fstype(path)
+    from .mounttable import fstype_at
+    fstype = fstype_at(path)
     if fstype != "fuse.compatfs":
         raise CliError(f"{path}: transport endpoint is not connected (a dead {fstype or 'FUSE'} mount, "
                        f"not compatfs's): unmount it with `fusermount3 -u {path}`")
@@ -504,11 +488,30 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="where llama-server sees the mount (default: the compatfs mount that shows MODEL)")
 
 
-def main(argv: list[str] | None = None) -> int:
+def mount_helper(argv: list[str] | None = None) -> int:
+    """Entry point of `mount.compatfs SOURCE DIR [-sfnv] [-o OPTIONS]` (mount(8)
+    and /etc/fstab), and of mount.fuse3's `compatfs SOURCE DIR -o OPTIONS`:
+    the `compatfs mount` call they mean, run by `main`."""
     from . import fstab
     argv = sys.argv[1:] if argv is None else list(argv)
-    if fstab.is_helper_call(argv):      # mount.fuse3's `compatfs SOURCE DIR -o OPTIONS` (fstab)
-        return fstab.main(argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(fstab.__doc__)
+        return 0
+    try:
+        cmd, warnings = fstab.mount_argv(argv)
+    except fstab.OptionError as e:
+        print(f"{fstab.PROG}: error: {e}", file=sys.stderr)
+        return 1
+    for w in warnings:
+        print(f"{fstab.PROG}: {w}", file=sys.stderr)
+    return 0 if cmd is None else main(cmd)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .fstab import is_helper_call
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if is_helper_call(argv):      # mount.fuse3's `compatfs SOURCE DIR -o OPTIONS` (fstab)
+        return mount_helper(argv)
     extra = []
     if argv[:1] == ["run"] and "--" in argv:     # llama-server's own arguments, passed on as they are
         cut = argv.index("--")

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from .mounttable import points_of
 from .views import MMPROJ_FILE, MODEL_FILE
 
 
@@ -176,21 +176,6 @@ def server_args(files: dict, model_dir: Path) -> Args:
     return out
 
 
-def compatfs_mounts(mounts: Path = Path("/proc/self/mounts")) -> list[Path]:
-    """Mountpoints of compatfs filesystems, as this process sees them."""
-    out = []
-    try:
-        lines = mounts.read_text().splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        fields = line.split()
-        if len(fields) >= 3 and fields[2] == "fuse.compatfs":
-            # /proc/mounts escapes space, tab, newline and backslash in octal.
-            out.append(Path(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])))
-    return out
-
-
 def _shows(path: Path) -> bool:
     """Whether `path` is there (a dead mount, ENOTCONN, shows nothing)."""
     try:
@@ -204,7 +189,7 @@ def find_model_dir(name: str, mount: str | None) -> Path:
     that shows it (ValueError when none or several do)."""
     if mount:
         return Path(mount) / name
-    candidates = [m / name for m in compatfs_mounts() if _shows(m / name / MODEL_FILE)]
+    candidates = [m / name for m in points_of("fuse.compatfs") if _shows(m / name / MODEL_FILE)]
     if len(candidates) == 1:
         return candidates[0]
     if not candidates:
