@@ -398,6 +398,8 @@ class CompatFS(fuse.Operations):
             summary = self.tree.views.summary(ref.blob)
             error = summary.error
             size = summary.model_size if ref.kind == MODEL_FILE else summary.mmproj_size
+            if size is not None and not error:
+                size = self.tree.views.sampled_size(ref.blob, ref.params, size)
         except Exception as e:   # a bad blob must never take the mount down
             error, size = str(e), None
         if error or size is None:
@@ -414,7 +416,7 @@ class CompatFS(fuse.Operations):
         if known is not None:
             raise fuse.FuseOSError(errno.EIO)
         try:
-            return self.tree.views.view(ref.blob, ref.kind)
+            return self.tree.views.view(ref.blob, ref.kind, ref.params)
         except Exception as e:   # a bad blob must never take the mount down
             self._fail(key, f"cannot present {ref.kind} of {ref.blob}: {e}")
 

@@ -25,10 +25,11 @@ from .store import Scan, Store
 from .views import LAYER_FILE, MMPROJ_FILE, MODEL_FILE, BlobViews
 
 BLOBS = "blobs"
+PARAMS_FILE = "params.json"
 
 # Manifest layers shown beside model.gguf, unchanged: media type -> file name.
 LAYER_FILES = {
-    "application/vnd.ollama.image.params": "params.json",
+    "application/vnd.ollama.image.params": PARAMS_FILE,
     "application/vnd.ollama.image.template": "template",
     "application/vnd.ollama.image.system": "system",
     "application/vnd.ollama.image.license": "license",
@@ -50,10 +51,12 @@ def layer_files(store: Store, layers) -> tuple[tuple[str, Path], ...]:
 
 @dataclass(frozen=True)
 class FileRef:
-    """A virtual file: the `kind` view of the blob at `blob`."""
+    """A virtual file: the `kind` view of the blob at `blob` (a model folder's
+    model.gguf: with the sampling defaults of the params layer at `params`)."""
 
     blob: Path
     kind: str
+    params: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -158,7 +161,8 @@ class Tree:
         """The files of directory `path` (None when `path` holds no GGUF files)."""
         if path in snap.model_dirs:
             d = snap.model_dirs[path]
-            files = {MODEL_FILE: FileRef(d.model_blob, MODEL_FILE)}
+            params = next((b for n, b in d.layers if n == PARAMS_FILE), None)
+            files = {MODEL_FILE: FileRef(d.model_blob, MODEL_FILE, params)}
             if d.projector_blob is not None:
                 files[MMPROJ_FILE] = FileRef(d.projector_blob, MMPROJ_FILE)
             elif _regular(d.model_blob) and self.views.has_mmproj(d.model_blob):
