@@ -20,6 +20,7 @@ class Mount:
     point: Path
     fstype: str
     source: str
+    device: str        # MAJ:MINOR
 
 
 def unescape(field: bytes) -> str:
@@ -37,7 +38,8 @@ def parse(text: bytes) -> list[Mount]:
         fields, rest = head.split(b" "), tail.split(b" ")
         if not sep or len(fields) < 6 or len(rest) < 2:
             continue
-        out.append(Mount(Path(unescape(fields[4])), rest[0].decode("utf-8", "replace"), unescape(rest[1])))
+        out.append(Mount(Path(unescape(fields[4])), rest[0].decode("utf-8", "replace"), unescape(rest[1]),
+                         fields[2].decode("ascii", "replace")))
     return out
 
 

@@ -7,7 +7,9 @@ section per model folder, requested by its Ollama name.
   the model with `:` written `@` (`gemma3@4b`; Ollama names never hold `@`)
   and the Ollama name is its `alias`, which the router resolves exactly.
 - `model`/`mmproj` are absolute paths under the mount (llama.cpp passes a
-  preset's paths to the model's server as they are).
+  preset's paths to the model's server as they are); an embedding model (its
+  header names a pooling type) gets `embeddings`, which llama-server needs
+  to answer /v1/embeddings.
 - The params layer's options that are not sampling defaults (those are in
   model.gguf as `general.sampling.*`) become the section's options, named as
   llama-server's flags without dashes.  An INI value ends at `;`, `#` or a
@@ -20,6 +22,8 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from cachetools import LRUCache
 
 from .llama_args import translate_params
 from .params import OPTIONS, read_params
@@ -41,6 +45,29 @@ class Entry:
     folder: Path               # where llama-server sees it
     mmproj: bool
     params: Path | None        # its params.json
+    embedding: bool = False    # an embedding model (llama-server serves it with --embeddings)
+
+
+_embedding_memo: LRUCache = LRUCache(maxsize=4096)
+
+
+def is_embedding(model: Path) -> bool:
+    """Whether the GGUF file `model` is an embedding model: its header names a
+    pooling type for its architecture (remembered by the file's identity)."""
+    from .gguf_source import SourceGGUF
+    from .gguf_values import GGUFError
+    try:
+        st = os.stat(model)
+    except OSError:
+        return False
+    key = (str(model), st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _embedding_memo:
+        try:
+            src = SourceGGUF(model)
+            _embedding_memo[key] = f"{src.architecture}.pooling_type" in src.kvs
+        except (GGUFError, OSError):
+            _embedding_memo[key] = False
+    return _embedding_memo[key]
 
 
 @dataclass
@@ -59,7 +86,8 @@ def scan_mount(mnt: Path) -> list[Entry]:
             dirs[:] = [d for d in dirs if d != BLOBS]
         if MODEL_FILE in files:
             out.append(Entry(rel.as_posix(), Path(dirpath), MMPROJ_FILE in files,
-                             Path(dirpath, PARAMS_FILE) if PARAMS_FILE in files else None))
+                             Path(dirpath, PARAMS_FILE) if PARAMS_FILE in files else None,
+                             is_embedding(Path(dirpath, MODEL_FILE))))
         dirs.sort()
     return sorted(out, key=lambda e: e.name)
 
@@ -75,6 +103,8 @@ def section(entry: Entry) -> Section:
     s.options.append(("model", str(entry.folder / MODEL_FILE)))
     if entry.mmproj:
         s.options.append(("mmproj", str(entry.folder / MMPROJ_FILE)))
+    if entry.embedding:
+        s.options.append(("embeddings", "true"))
     if entry.params is None:
         return s
     try:

@@ -16,7 +16,7 @@ def test_fields_and_escapes(tmp_path):
     ms = mounttable.mounts(f)
     assert [m.point for m in ms] == [Path("/proc"), Path("/mnt/with space\\x"), Path("/mnt/tab\there"),
                                      Path("/mnt/with space\\x")]
-    assert ms[1].source == "/srv/my store" and ms[1].fstype == "fuse.compatfs"
+    assert ms[1].source == "/srv/my store" and ms[1].fstype == "fuse.compatfs" and ms[1].device == "0:40"
     assert mounttable.points_of("fuse.compatfs", f) == [Path("/mnt/with space\\x"), Path("/mnt/tab\there")]
     # The last mount over a point is the one seen there.
     assert mounttable.fstype_at(Path("/mnt/with space\\x"), f) == "tmpfs"

@@ -119,3 +119,25 @@ def test_serve_answers_every_model_by_its_ollama_name(tmp_path, mount_store):
             proc.wait(timeout=20)
         log.close()
     assert proc.returncode is not None
+
+
+@needs_fuse
+def test_print_preset_shows_every_model_of_the_mount(tmp_path, mount_store):
+    root = tmp_path / "store"
+    blob = llama.plain_llama_text(tmp_path / "t.gguf")
+    nested = add_model(root, "Some-Repo-GGUF", blob, host="hf.co", namespace="some-org", tag="Q4_K_M")
+    set_params(root, nested, b'{"num_ctx":2048,"temperature":0.5}')
+    add_model(root, "tiny", blob, tag="1b")
+    mnt = mount_store(root)
+    run = lambda *a, **kw: subprocess.run([sys.executable, "-m", "compatfs", "serve", *map(str, a)],  # noqa: E731
+                                          capture_output=True, text=True, timeout=60, **kw)
+    res = run("--mount", mnt.path, "--print-preset")
+    assert res.returncode == 0, res.stderr
+    text = res.stdout
+    assert f"[hf.co/some-org/Some-Repo-GGUF@Q4_K_M]\nalias = {NESTED}\nmodel = {mnt.path}/{NESTED}/model.gguf\n" \
+           "ctx-size = 2048\n" in text
+    assert f"[tiny@1b]\nalias = tiny:1b\nmodel = {mnt.path}/tiny:1b/model.gguf\n" in text
+    assert "temp" not in text and "blobs" not in text
+    missing = run("--mount", mnt.path, env={**os.environ, "PATH": "/nonexistent"})
+    assert missing.returncode == 1 and missing.stderr.strip() == \
+        "compatfs: error: llama-server not found in PATH: name it with --llama-server PATH"
