@@ -192,6 +192,7 @@ class _Served:
     blob: str
     stamp: tuple
     fhs: set[int] = field(default_factory=set)
+    params: Path | None = None     # the params layer a model folder's model.gguf was built with
 
 
 class _Gathered(NamedTuple):
@@ -620,15 +621,17 @@ class CompatFS(fuse.Operations):
         with self._lock:
             self._handles[fh] = _Handle(path, view, file)
             served = self._served.get(path)
-            # Views are immutable (the same blob, by identity, makes the same
-            # bytes): the kernel may keep its pages of this path unless the
-            # path now shows another blob than it did last time.
-            fi.keep_cache = int(served is not None and served.blob == blob and served.stamp == view.stamp)
+            # Views are immutable (the same blob, by identity, and params layer
+            # make the same bytes): the kernel may keep its pages of this path
+            # unless the path now shows another view than it did last time.
+            params = served.params if served is not None and served.view is view else node.params
+            fi.keep_cache = int(served is not None and served.blob == blob and served.stamp == view.stamp
+                                and served.params == params)
             if not fi.keep_cache:
                 if served is not None and served.fhs:
                     log.info("%s now serves blob %s; %d handle(s) still read the view before", path, blob,
                              len(served.fhs))
-                served = self._served[path] = _Served(view, blob, view.stamp)
+                served = self._served[path] = _Served(view, blob, view.stamp, params=params)
             served.view = view
             served.fhs.add(fh)
             self._generation += 1
@@ -662,7 +665,7 @@ class CompatFS(fuse.Operations):
     def _outdated(self, path: str, served: _Served) -> bool:
         """Whether the store now has another blob (or bytes) at `path` than `served`."""
         ref = self.tree.lookup(path)
-        if not isinstance(ref, FileRef) or str(ref.blob) != served.blob:
+        if not isinstance(ref, FileRef) or str(ref.blob) != served.blob or ref.params != served.params:
             return True
         try:
             return blob_identity(os.stat(ref.blob)) != served.stamp

@@ -159,3 +159,21 @@ def test_the_mount_follows_the_params_layer(store, mount_store, tmp_path):
     assert sorted(os.listdir(mnt / "tiny:hot")) == ["model.gguf", "params.json"]
     assert sampling_keys(mnt / "tiny:cold/model.gguf") == {S.SAMPLING_TEMP: pytest.approx(0.1)}
     assert mnt.alive
+
+
+@needs_fuse
+def test_a_file_held_open_across_a_change_shows_the_new_params_once_reopened(store, mount_store):
+    mnt = mount_store(store)
+    f = mnt / "tiny:hot/model.gguf"
+    m = store / "manifests/registry.ollama.ai/library/tiny/hot"
+    with open(f, "rb") as held:
+        head = held.read(4096)
+        set_params(store, m, b'{"top_k": 3, "temperature": 0.5}')
+        time.sleep(2.5)                       # the rescan has seen it (and told the kernel) meanwhile
+        held.seek(0)
+        assert held.read(4096) == head        # an open file keeps the view it opened
+    # Reopened: the new view, not the pages the held file had cached.
+    deadline = time.monotonic() + 10
+    while sampling_keys(f) != {S.SAMPLING_TOP_K: 3, S.SAMPLING_TEMP: 0.5}:  # noqa: SIM113
+        assert time.monotonic() < deadline, sampling_keys(f)
+        time.sleep(0.1)
