@@ -516,7 +516,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "of the mount (rewritten as the store changes): each model is requested by "
                                     "its Ollama name (\"model\": \"gemma3:4b\") and started on first use, with "
                                     "its params layer's options; its sampling defaults are in its model.gguf. "
-                                    "EXTRA goes to llama-server (-- --models-max 2 -c 8192).")
+                                    "EXTRA goes to llama-server and overrides every model's own "
+                                    "settings (-- --models-max 2 -t 8).")
     sv.add_argument("--mount", metavar="MOUNTPOINT", help="the compatfs mount (default: the one there is)")
     sv.add_argument("--llama-server", metavar="PATH", help="the llama-server to run (default: from PATH)")
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")

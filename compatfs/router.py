@@ -3,10 +3,10 @@ as `ollama serve` is for Ollama: every model folder of the mount is a model
 of the router (`--models-preset`, see `preset`), requested by its Ollama
 name and started on the first request that names it.
 
-The preset is rewritten when the mount's model folders or params layers
-change (checked every `POLL` seconds) and the router told to read it again
-(`GET /models?reload=1`); a model whose params layer changed is unloaded, so
-its next request starts it with its new settings.
+The preset is rewritten when the mount's model folders change (checked every
+`POLL` seconds) and the router told to read it again (`GET
+/models?reload=1`); a model whose model.gguf or params layer changed is
+unloaded, so that its next request starts it with its new files and settings.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from .preset import Entry, render, scan_mount, section
+from .views import MODEL_FILE
 
 log = logging.getLogger("compatfs")
 
@@ -27,12 +28,16 @@ POLL = 1.0
 
 
 def _stamp(entry: Entry) -> tuple:
-    """What a model's preset and model.gguf follow: its params layer's identity."""
-    try:
-        st = os.stat(entry.params) if entry.params else None
-    except OSError:
-        st = None
-    return (entry.mmproj, st and (st.st_ino, st.st_size, st.st_mtime_ns))
+    """What a running model must restart for: its model.gguf or its params
+    layer (the mount gives a file a new inode number when its bytes change)."""
+    out = []
+    for path in (entry.folder / MODEL_FILE, entry.params):
+        try:
+            st = os.stat(path) if path else None
+        except OSError:
+            st = None
+        out.append(st and (st.st_ino, st.st_size, st.st_mtime_ns))
+    return (entry.mmproj, *out)
 
 
 def _write(path: Path, text: str) -> None:
