@@ -77,15 +77,21 @@ def view_spec(info: BlobInfo, kind: str) -> ViewSpec | None:
     return plan(tr, info.source) if tr is not None else None
 
 
-def build_view(info: BlobInfo, kind: str, cache: OpCache, sampling_kvs: tuple = ()) -> View:
-    """The `kind` (MODEL_FILE or MMPROJ_FILE) view of a classified blob; with
-    `sampling_kvs` (see `sampling`), the text view with those KVs set."""
+def sampled_spec(info: BlobInfo, kind: str, sampling_kvs: tuple = ()) -> ViewSpec | None:
+    """`view_spec`, with `sampling_kvs` (see `sampling`) set where there are any."""
     spec = view_spec(info, kind)
     if sampling_kvs:
         try:
             spec = with_sampling(spec, info.source, sampling_kvs)
         except GGUFError as e:   # a blob only served as it is (duplicate keys, say)
             log.warning("%s: model.gguf without its params layer's sampling defaults (%s)", info.source.path, e)
+    return spec
+
+
+def build_view(info: BlobInfo, kind: str, cache: OpCache, sampling_kvs: tuple = ()) -> View:
+    """The `kind` (MODEL_FILE or MMPROJ_FILE) view of a classified blob; with
+    `sampling_kvs`, the text view with those KVs set."""
+    spec = sampled_spec(info, kind, sampling_kvs)
     if spec is None:
         return View.identity(info.source.identity)
     return View.translated(info.source, spec, cache, key=(info.source.identity, kind))
@@ -274,8 +280,8 @@ class BlobViews:
 
     def sampled_size(self, path: Path, params: Path | None, size: int) -> int:
         """The size of a model folder's model.gguf whose blob's own text view
-        has `size` bytes: that view's with the params layer's KVs (the view is
-        built once per blob and layer, then remembered)."""
+        has `size` bytes: that view's with the params layer's KVs (counted
+        from the blob's header once per blob and layer, then remembered)."""
         kvs = self.sampling_kvs(MODEL_FILE, params)
         if not kvs:
             return size
@@ -283,7 +289,12 @@ class BlobViews:
         with self._lock:
             hit = self._sampled_sizes.get(key)
         if hit is None:
-            hit = self.view(path, MODEL_FILE, params).size
+            try:
+                info = classify(SourceGGUF(path), self.translate)
+                spec = sampled_spec(info, MODEL_FILE, kvs)
+            except (GGUFError, ValueError) as e:
+                raise GGUFError(f"{path}: {e}") from None
+            hit = View.translated_size(spec) if spec is not None else info.source.size
             with self._lock:
                 self._sampled_sizes[key] = hit
         return hit
