@@ -1,4 +1,4 @@
-"""The `compatfs` command: mount, umount, ls, inspect, demo-store."""
+"""The `compatfs` command: mount, umount, ls, inspect, llama-args, run, serve, export, demo-store."""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +6,6 @@ import errno
 import json
 import logging
 import os
-import re
 import shutil
 import stat
 import subprocess
@@ -46,22 +45,6 @@ def _check_fuse() -> None:
         raise CliError(f"libfuse 3 not found ({e}): install it, e.g. `apt-get install fuse3`") from None
 
 
-def _mount_fstype(path: Path) -> str | None:
-    """The filesystem type mounted at `path` (the last mount there, from
-    /proc/self/mountinfo), if any."""
-    found = None
-    try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                fields, _, tail = line.partition(" - ")
-                point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields.split()[4])
-                if point == str(path) and tail:
-                    found = tail.split()[0]
-    except (OSError, IndexError):
-        return None
-    return found
-
-
 def _stale(path: Path) -> bool:
     """Whether `path` is a FUSE mount whose daemon is gone ("Transport endpoint
     is not connected")."""
@@ -75,7 +58,8 @@ def _stale(path: Path) -> bool:
 def _clean_stale(path: Path) -> None:
     """Unmount the dead compatfs endpoint at `path` (lazily if it is busy)."""
     from .fusefs import lazy_unmount
-    fstype = _mount_fstype(path)
+    from .mounttable import fstype_at
+    fstype = fstype_at(path)
     if fstype != "fuse.compatfs":
         raise CliError(f"{path}: transport endpoint is not connected (a dead {fstype or 'FUSE'} mount, "
                        f"not compatfs's): unmount it with `fusermount3 -u {path}`")
@@ -284,24 +268,45 @@ def cmd_ls(args) -> int:
                 raise GGUFError(error)
             clip = clip_summary.clip or ("-" if "mmproj.gguf" not in listing else "unchanged")
             rows.append({"name": name, "files": listing, "text": summary.text or "-", "clip": clip,
-                         **_llama_cpp_verdict(tree, name)})
+                         **_llama_cpp_verdict(tree, name), "params": _params(tree, name)})
         except GGUFError as e:
             rows.append({"name": name, "files": listing, "error": str(e)})
     left_out = [{"name": n, "reason": r} for n, r in sorted(snap.scan.skipped.items())]
     if args.json:
         print(json.dumps({"source": str(store.root), "models": rows, "left_out": left_out}, indent=2))
         return 0
-    width = max([len(r["name"]) for r in rows + left_out] + [4])
-    print(f"{'NAME':<{width}}  {'FILES':<23}  {'TEXT':<10}  {'CLIP':<12}  LLAMA.CPP")
+    table = [["NAME", "FILES", "TEXT", "CLIP", "LLAMA.CPP"]]
     for r in rows:
         files = " ".join(r["files"])
         if "error" in r:
-            print(f"{r['name']:<{width}}  {files:<23}  error: {r['error']}")
+            table.append([r["name"], files, f"error: {r['error']}"])
         else:
-            print(f"{r['name']:<{width}}  {files:<23}  {r['text']:<10}  {r['clip']:<12}  {r['llama_cpp']}")
-    for r in left_out:
-        print(f"{r['name']:<{width}}  left out: {r['reason']}")
+            table.append([r["name"], files, r["text"], r["clip"], r["llama_cpp"]])
+            table += [["", f"  {note}"] for note in r["params"]["notes"]]
+    table += [[r["name"], f"left out: {r['reason']}"] for r in left_out]
+    print("\n".join(_aligned(table)))
     return 0
+
+
+def _aligned(table: list[list[str]]) -> list[str]:
+    """Rows of cells in columns as wide as their widest cell (a row's last
+    cell runs on, whatever its length; a short row's last cell too)."""
+    widths: dict[int, int] = {}
+    for row in table:
+        for i, cell in enumerate(row[:-1]):
+            widths[i] = max(widths.get(i, 0), len(cell))
+    return ["  ".join([*(c.ljust(widths[i]) for i, c in enumerate(row[:-1])), row[-1]]).rstrip() for row in table]
+
+
+def _params(tree, name: str) -> dict:
+    """`ls`'s account of the model's params layer: the general.sampling.* keys
+    its model.gguf carries, and what was left out and why."""
+    from .sampling import of_layer
+    ref = tree.lookup(f"{name}/model.gguf")
+    if getattr(ref, "params", None) is None:
+        return {"in_model_gguf": [], "notes": []}
+    s = of_layer(ref.params)
+    return {"in_model_gguf": [k for k, _ in s.kvs] if tree.views.translate else [], "notes": list(s.notes)}
 
 
 def _llama_cpp_verdict(tree, name: str) -> dict:
@@ -374,6 +379,36 @@ def cmd_run(args) -> int:
         os.execv(exe, argv)
     except OSError as e:
         raise CliError(f"cannot run {exe}: {e.strerror}") from None
+
+
+def _serve_mount(mount: str | None) -> Path:
+    """The mount `serve` uses: `mount`, else the one compatfs mount there is."""
+    from .mounttable import points_of
+    if mount:
+        mnt = Path(mount).absolute()
+        if not mnt.is_dir():
+            raise CliError(f"{mnt} is not a folder")
+        return mnt
+    mounts = points_of("fuse.compatfs")
+    if len(mounts) == 1:
+        return mounts[0]
+    if not mounts:
+        raise CliError("no compatfs mount: mount the store (compatfs mount), or name it with --mount")
+    raise CliError(f"several compatfs mounts ({', '.join(map(str, mounts))}): choose one with --mount")
+
+
+def cmd_serve(args) -> int:
+    from .preset import render, scan_mount
+    from .router import Router
+    mnt = _serve_mount(args.mount)
+    if args.print_preset:
+        print(render(scan_mount(mnt)), end="")
+        return 0
+    exe = args.llama_server or shutil.which("llama-server")
+    if not exe:
+        raise CliError("llama-server not found in PATH: name it with --llama-server PATH")
+    preset = _state_dir() / f"models-{str(mnt).strip('/').replace('/', '_') or 'root'}.ini"
+    return Router(mnt, exe, preset, args.host, args.port, args.extra).run()
 
 
 def cmd_export(args) -> int:
@@ -480,6 +515,23 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--llama-server", metavar="PATH", help="the llama-server to run (default: from PATH)")
     r.set_defaults(func=cmd_run)
 
+    sv = sub.add_parser("serve", help="run llama-server's router over a mount: every model by its Ollama name",
+                        usage="compatfs serve [--mount MOUNTPOINT] [--llama-server PATH] [--host HOST] "
+                              "[--port PORT] [--print-preset] [-- EXTRA ...]",
+                        description="Run stock llama-server in router mode with a preset of every model folder "
+                                    "of the mount (rewritten as the store changes): each model is requested by "
+                                    "its Ollama name (\"model\": \"gemma3:4b\") and started on first use, with "
+                                    "its params layer's options; its sampling defaults are in its model.gguf. "
+                                    "EXTRA goes to llama-server and overrides every model's own "
+                                    "settings (-- --models-max 2 -t 8).")
+    sv.add_argument("--mount", metavar="MOUNTPOINT", help="the compatfs mount (default: the one there is)")
+    sv.add_argument("--llama-server", metavar="PATH", help="the llama-server to run (default: from PATH)")
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    sv.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    sv.add_argument("--print-preset", action="store_true",
+                    help="print the preset (for llama-server --models-preset FILE) and stop")
+    sv.set_defaults(func=cmd_serve)
+
     e = sub.add_parser("export", help="write a model's files to a directory as real files (no FUSE needed)",
                        description="Write MODEL's files (model.gguf, mmproj.gguf, params.json, template, "
                                    "system, license) into DIRECTORY, byte-identical to the mounted ones, "
@@ -510,13 +562,32 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="where llama-server sees the mount (default: the compatfs mount that shows MODEL)")
 
 
-def main(argv: list[str] | None = None) -> int:
+def mount_helper(argv: list[str] | None = None) -> int:
+    """Entry point of `mount.compatfs SOURCE DIR [-sfnv] [-o OPTIONS]` (mount(8)
+    and /etc/fstab), and of mount.fuse3's `compatfs SOURCE DIR -o OPTIONS`:
+    the `compatfs mount` call they mean, run by `main`."""
     from . import fstab
     argv = sys.argv[1:] if argv is None else list(argv)
-    if fstab.is_helper_call(argv):      # mount.fuse3's `compatfs SOURCE DIR -o OPTIONS` (fstab)
-        return fstab.main(argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(fstab.__doc__)
+        return 0
+    try:
+        cmd, warnings = fstab.mount_argv(argv)
+    except fstab.OptionError as e:
+        print(f"{fstab.PROG}: error: {e}", file=sys.stderr)
+        return 1
+    for w in warnings:
+        print(f"{fstab.PROG}: {w}", file=sys.stderr)
+    return 0 if cmd is None else main(cmd)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .fstab import is_helper_call
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if is_helper_call(argv):      # mount.fuse3's `compatfs SOURCE DIR -o OPTIONS` (fstab)
+        return mount_helper(argv)
     extra = []
-    if argv[:1] == ["run"] and "--" in argv:     # llama-server's own arguments, passed on as they are
+    if argv[:1] in (["run"], ["serve"]) and "--" in argv:     # llama-server's own arguments, passed on as they are
         cut = argv.index("--")
         argv, extra = argv[:cut], argv[cut + 1:]
     args = build_parser().parse_args(argv)

@@ -211,7 +211,7 @@ def export_model(views: BlobViews, name: str, files: dict, outdir: Path, reflink
     gives them) into `outdir`; prints a sha256sum line per file and a summary."""
     from tqdm import tqdm
     outdir.mkdir(parents=True, exist_ok=True)
-    jobs = [(fname, files[fname], views.view(files[fname].blob, files[fname].kind))
+    jobs = [(fname, files[fname], views.view(files[fname].blob, files[fname].kind, files[fname].params))
             for fname in sorted(files, key=_order)]
     done: list[Exported] = []
     bar = tqdm(total=sum(v.size for _, _, v in jobs), unit="B", unit_scale=True, unit_divisor=1024,

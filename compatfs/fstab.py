@@ -7,9 +7,10 @@ forms reach here:
     /usr/share/ollama/.ollama/models  /mnt/compat  fuse.compatfs  ro,allow_other  0 0
     compatfs#/usr/share/ollama/.ollama/models  /mnt/compat  fuse  ro,allow_other  0 0
 
-The first runs `/sbin/mount.compatfs` (this module); the other two run
-mount.fuse3, which runs `compatfs SOURCE DIR -o OPTIONS` from PATH, and
-`compatfs` hands such a call to this module (see `is_helper_call`).
+The first runs `/sbin/mount.compatfs`; the other two run mount.fuse3, which
+runs `compatfs SOURCE DIR -o OPTIONS` from PATH (see `is_helper_call`).  This
+module turns either call into the `compatfs mount` arguments it means
+(`mount_argv`); `compatfs.cli.mount_helper` runs them.
 
 Options: those mount(8) and mount.fuse3 act on themselves (`noauto`,
 `user`, `_netdev`, `nofail`, `x-systemd.*`, ...) are ignored here; kernel
@@ -21,8 +22,6 @@ it (with `-s`, sloppy, a warning).  The mount is always read-only: `rw` is
 ignored.
 """
 from __future__ import annotations
-
-import sys
 
 PROG = "mount.compatfs"
 
@@ -120,22 +119,3 @@ def is_helper_call(argv: list[str]) -> bool:
     """Whether `compatfs ARGV` is mount.fuse3's call `compatfs SOURCE DIR -o ...`
     (a source path, which no subcommand name looks like)."""
     return len(argv) >= 2 and not argv[0].startswith("-") and ("/" in argv[0] or "#" in argv[0])
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of `mount.compatfs` (and of `compatfs SOURCE DIR -o ...`)."""
-    from . import cli
-    argv = sys.argv[1:] if argv is None else argv
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__)
-        return 0
-    try:
-        cmd, warnings = mount_argv(argv)
-    except OptionError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 1
-    for w in warnings:
-        print(f"{PROG}: {w}", file=sys.stderr)
-    if cmd is None:
-        return 0
-    return cli.main(cmd)

@@ -186,6 +186,7 @@ class _Served:
     blob: str
     stamp: tuple
     fhs: set[int] = field(default_factory=set)
+    params: Path | None = None     # the params layer a model folder's model.gguf was built with
 
 
 _UNKNOWN = object()
@@ -390,6 +391,8 @@ class CompatFS(fuse.Operations):
             summary = self.tree.views.summary(ref.blob)
             error = summary.error
             size = summary.model_size if ref.kind == MODEL_FILE else summary.mmproj_size
+            if size is not None and not error:
+                size = self.tree.views.sampled_size(ref.blob, ref.params, size)
         except Exception as e:   # a bad blob must never take the mount down
             error, size = str(e), None
         if error or size is None:
@@ -406,7 +409,7 @@ class CompatFS(fuse.Operations):
         if known is not None:
             raise fuse.FuseOSError(errno.EIO)
         try:
-            return self.tree.views.view(ref.blob, ref.kind)
+            return self.tree.views.view(ref.blob, ref.kind, ref.params)
         except Exception as e:   # a bad blob must never take the mount down
             self._fail(key, f"cannot present {ref.kind} of {ref.blob}: {e}")
 
@@ -610,15 +613,17 @@ class CompatFS(fuse.Operations):
         with self._lock:
             self._handles[fh] = _Handle(path, view, file)
             served = self._served.get(path)
-            # Views are immutable (the same blob, by identity, makes the same
-            # bytes): the kernel may keep its pages of this path unless the
-            # path now shows another blob than it did last time.
-            fi.keep_cache = int(served is not None and served.blob == blob and served.stamp == view.stamp)
+            # Views are immutable (the same blob, by identity, and params layer
+            # make the same bytes): the kernel may keep its pages of this path
+            # unless the path now shows another view than it did last time.
+            params = served.params if served is not None and served.view is view else node.params
+            fi.keep_cache = int(served is not None and served.blob == blob and served.stamp == view.stamp
+                                and served.params == params)
             if not fi.keep_cache:
                 if served is not None and served.fhs:
                     log.info("%s now serves blob %s; %d handle(s) still read the view before", path, blob,
                              len(served.fhs))
-                served = self._served[path] = _Served(view, blob, view.stamp)
+                served = self._served[path] = _Served(view, blob, view.stamp, params=params)
             served.view = view
             served.fhs.add(fh)
             self._generation += 1
@@ -652,7 +657,7 @@ class CompatFS(fuse.Operations):
     def _outdated(self, path: str, served: _Served) -> bool:
         """Whether the store now has another blob (or bytes) at `path` than `served`."""
         ref = self.tree.lookup(path)
-        if not isinstance(ref, FileRef) or str(ref.blob) != served.blob:
+        if not isinstance(ref, FileRef) or str(ref.blob) != served.blob or ref.params != served.params:
             return True
         try:
             return blob_identity(os.stat(ref.blob)) != served.stamp

@@ -30,10 +30,11 @@ from .store import Scan, Store
 from .views import LAYER_FILE, MMPROJ_FILE, MODEL_FILE, BlobViews
 
 BLOBS = "blobs"
+PARAMS_FILE = "params.json"
 
 # Manifest layers shown beside model.gguf, unchanged: media type -> file name.
 LAYER_FILES = {
-    "application/vnd.ollama.image.params": "params.json",
+    "application/vnd.ollama.image.params": PARAMS_FILE,
     "application/vnd.ollama.image.template": "template",
     "application/vnd.ollama.image.system": "system",
     "application/vnd.ollama.image.license": "license",
@@ -55,10 +56,12 @@ def layer_files(store: Store, layers) -> tuple[tuple[str, Path], ...]:
 
 @dataclass(frozen=True)
 class FileRef:
-    """A virtual file: the `kind` view of the blob at `blob`."""
+    """A virtual file: the `kind` view of the blob at `blob` (a model folder's
+    model.gguf: with the sampling defaults of the params layer at `params`)."""
 
     blob: Path
     kind: str
+    params: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,8 @@ class Snapshot:
             self.dirs[""].add(BLOBS)
             self.dirs[BLOBS] = set(self.blobs)
         for name, d in self.model_dirs.items():
-            files = {MODEL_FILE: FileRef(d.model_blob, MODEL_FILE)}
+            params = next((b for n, b in d.layers if n == PARAMS_FILE), None)
+            files = {MODEL_FILE: FileRef(d.model_blob, MODEL_FILE, params)}
             if d.projector_blob is not None:
                 files[MMPROJ_FILE] = FileRef(d.projector_blob, MMPROJ_FILE)
             files.update((n, FileRef(blob, LAYER_FILE)) for n, blob in d.layers)

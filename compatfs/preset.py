@@ -1,0 +1,150 @@
+"""llama-server's router preset (`--models-preset FILE.ini`, llama.cpp
+b11434 `common/preset.cpp`) for the models a compatfs mount shows: one
+section per model folder, requested by its Ollama name.
+
+- A section name's text after its last `:` is canonicalised by llama.cpp
+  (upper-cased, only its last `-`/`.` part kept), so a section is named as
+  the model with `:` written `@` (`gemma3@4b`; Ollama names never hold `@`)
+  and the Ollama name is its `alias`, which the router resolves exactly.
+- `model`/`mmproj` are absolute paths under the mount (llama.cpp passes a
+  preset's paths to the model's server as they are); an embedding model (its
+  header names a pooling type) gets `embeddings`, which llama-server needs
+  to answer /v1/embeddings.
+- The params layer's options that are not sampling defaults (those are in
+  model.gguf as `general.sampling.*`) become the section's options, named as
+  llama-server's flags without dashes.  An INI value ends at `;`, `#` or a
+  line end and holds one value per option: what cannot be written so is
+  left out, and a comment line in the section says why.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cachetools import LRUCache
+
+from .llama_args import translate_params
+from .params import OPTIONS, read_params
+from .tree import BLOBS, PARAMS_FILE
+from .views import MMPROJ_FILE, MODEL_FILE
+
+# Flags whose option model.gguf carries as a general.sampling.* key.
+_IN_MODEL = {o.flag for o in OPTIONS.values() if o.sampling}
+# What an INI value or section name cannot hold (llama.cpp's INI grammar).
+_NOT_IN_VALUE = re.compile(r"[;#\r\n]|^\s|\s$")
+_NOT_IN_SECTION = re.compile(r"[\]\[;#\r\n@,]|^\s|\s$")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One model folder of a mount."""
+
+    name: str                  # as `ollama list` names it (the folder's path under the mount)
+    folder: Path               # where llama-server sees it
+    mmproj: bool
+    params: Path | None        # its params.json
+    embedding: bool = False    # an embedding model (llama-server serves it with --embeddings)
+
+
+_embedding_memo: LRUCache = LRUCache(maxsize=4096)
+
+
+def is_embedding(model: Path) -> bool:
+    """Whether the GGUF file `model` is an embedding model: its header names a
+    pooling type for its architecture (remembered by the file's identity)."""
+    from .gguf_source import SourceGGUF
+    from .gguf_values import GGUFError
+    try:
+        st = os.stat(model)
+    except OSError:
+        return False
+    key = (str(model), st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _embedding_memo:
+        try:
+            src = SourceGGUF(model)
+            _embedding_memo[key] = f"{src.architecture}.pooling_type" in src.kvs
+        except (GGUFError, OSError):
+            _embedding_memo[key] = False
+    return _embedding_memo[key]
+
+
+@dataclass
+class Section:
+    name: str
+    options: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def scan_mount(mnt: Path) -> list[Entry]:
+    """The model folders of a mount (`blobs/` left out), by name."""
+    out = []
+    for dirpath, dirs, files in os.walk(mnt):
+        rel = Path(dirpath).relative_to(mnt)
+        if rel == Path("."):
+            dirs[:] = [d for d in dirs if d != BLOBS]
+        if MODEL_FILE in files:
+            out.append(Entry(rel.as_posix(), Path(dirpath), MMPROJ_FILE in files,
+                             Path(dirpath, PARAMS_FILE) if PARAMS_FILE in files else None,
+                             is_embedding(Path(dirpath, MODEL_FILE))))
+        dirs.sort()
+    return sorted(out, key=lambda e: e.name)
+
+
+def section_name(name: str) -> str:
+    return name.replace(":", "@")
+
+
+def section(entry: Entry) -> Section:
+    """The preset section of one model."""
+    s = Section(section_name(entry.name))
+    s.options.append(("alias", entry.name))
+    s.options.append(("model", str(entry.folder / MODEL_FILE)))
+    if entry.mmproj:
+        s.options.append(("mmproj", str(entry.folder / MMPROJ_FILE)))
+    if entry.embedding:
+        s.options.append(("embeddings", "true"))
+    if entry.params is None:
+        return s
+    try:
+        args = translate_params(read_params(entry.params))
+    except ValueError as e:
+        s.notes.append(str(e))
+        return s
+    s.notes += args.notes
+    seen: dict[str, int] = {}
+    for flag, value in zip(args.argv[::2], args.argv[1::2]):
+        if flag in _IN_MODEL:
+            continue
+        key = flag.lstrip("-")
+        seen[key] = seen.get(key, 0) + 1
+        if seen[key] > 1:
+            s.notes.append(f"{key} {value!r}: not passed (a preset holds one value per option; the first is)")
+        elif _NOT_IN_VALUE.search(value):
+            s.notes.append(f"{key} {value!r}: not passed (an INI value cannot hold ';', '#', a line end "
+                           "or surrounding spaces)")
+        else:
+            s.options.append((key, value))
+    return s
+
+
+def render(entries: list[Entry]) -> str:
+    """The preset INI of `entries`."""
+    lines = ["; llama-server --models-preset for a compatfs mount, written by compatfs from the mount's",
+             "; model folders: each model is requested by its Ollama name (the section's alias).", ""]
+    for entry in entries:
+        s = section(entry)
+        bad = [v for k, v in s.options if k != "alias" and _NOT_IN_VALUE.search(v)]
+        if _NOT_IN_SECTION.search(entry.name) or bad:
+            lines += [f"; {_comment(entry.name)}: left out (its name or path cannot be written in an INI file)", ""]
+            continue
+        lines.append(f"[{s.name}]")
+        lines += [f"; {_comment(n)}" for n in s.notes]
+        lines += [f"{k} = {v}" for k, v in s.options]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _comment(text: str) -> str:
+    return text.encode("unicode_escape").decode("ascii")

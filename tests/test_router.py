@@ -1,0 +1,143 @@
+"""`compatfs serve`: stock llama-server's router over a mount, every model
+by its Ollama name (nested ones too), with its params: the preset's options
+and model.gguf's sampling defaults; the preset follows the store."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import llamacpp
+from compatfs.preset import Entry, render, section
+from compatfs.testing import llama
+from compatfs.testing.store import add_model
+from conftest import needs_fuse
+from test_sampling import set_params
+
+NESTED = "hf.co/some-org/Some-Repo-GGUF:Q4_K_M"
+
+
+def test_sections_are_named_so_llama_cpp_keeps_them_and_alias_the_ollama_name(tmp_path):
+    params = tmp_path / "params.json"
+    params.write_text(json.dumps({"num_ctx": 4096, "temperature": 0.3, "stop": ["<|im_end|>", "<|endoftext|>"],
+                                  "num_predict": 64, "seed": 7, "tfs_z": 1}))
+    e = Entry("llama3.1:8b-instruct-q4_K_M", Path("/m/llama3.1:8b-instruct-q4_K_M"), True, params)
+    s = section(e)
+    assert s.name == "llama3.1@8b-instruct-q4_K_M" and ":" not in s.name
+    assert s.options == [("alias", "llama3.1:8b-instruct-q4_K_M"),
+                         ("model", "/m/llama3.1:8b-instruct-q4_K_M/model.gguf"),
+                         ("mmproj", "/m/llama3.1:8b-instruct-q4_K_M/mmproj.gguf"),
+                         ("ctx-size", "4096"), ("n-predict", "64"), ("seed", "7"), ("reverse-prompt", "<|im_end|>")]
+    # temperature is model.gguf's; what a preset cannot hold is said in the section.
+    assert any("tfs_z" in n for n in s.notes) and any("'<|endoftext|>'" in n for n in s.notes)
+    params.write_text(json.dumps({"stop": ["### Human:"]}))
+    assert ("reverse-prompt", "### Human:") not in section(e).options
+    text = render([e, Entry("bad]name:1", Path("/m/x"), False, None), Entry("ok:1", Path("/m/a#b"), False, None)])
+    assert "[llama3.1@8b-instruct-q4_K_M]" in text and "; bad]name:1: left out" in text
+    assert "; ok:1: left out" in text and "[ok@1]" not in text
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ask(port: int, path: str, body: dict | None = None, timeout: float = 120) -> dict:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={"Content-Type": "application/json"},
+                                 data=json.dumps(body).encode() if body is not None else None)
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def until(what, seconds: float):
+    """`what()` once it is truthy (errors count as not yet), within `seconds`."""
+    deadline = time.monotonic() + seconds
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            got = what()
+            if got:
+                return got
+        except (OSError, ValueError, KeyError) as e:
+            last = e
+        time.sleep(0.25)
+    raise AssertionError(f"not within {seconds} s (last error: {last})")
+
+
+@needs_fuse
+def test_serve_answers_every_model_by_its_ollama_name(tmp_path, mount_store):
+    server = llamacpp.tool("llama-server")
+    root = tmp_path / "store"
+    blob = llama.plain_llama_text(tmp_path / "t.gguf")
+    nested = add_model(root, "Some-Repo-GGUF", blob, host="hf.co", namespace="some-org", tag="Q4_K_M")
+    set_params(root, nested, b'{"temperature":0.25,"top_k":5,"num_ctx":256,"stop":["</s>"]}')
+    add_model(root, "tiny", blob, tag="1b")
+    mnt = mount_store(root)
+    port = free_port()
+    log = open(tmp_path / "serve.log", "wb")
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    proc = subprocess.Popen([sys.executable, "-m", "compatfs", "serve", "--mount", str(mnt.path),
+                             "--llama-server", str(server), "--port", str(port), "--",
+                             "--models-max", "1", "-t", "1", "--no-webui"],
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    try:
+        until(lambda: ask(port, "/health", timeout=2)["status"] == "ok", 60)
+        listed = ask(port, "/v1/models")["data"]
+        aliases = {a for m in listed for a in m["aliases"]}
+        assert {NESTED, "tiny:1b"} <= aliases
+        for name in (NESTED, "tiny:1b"):
+            r = ask(port, "/completion", {"model": name, "prompt": "Hello", "n_predict": 4})
+            assert r["tokens_predicted"] > 0, r
+        # The params layer: sampling defaults from model.gguf, num_ctx from the preset.
+        props = ask(port, f"/props?model={urllib.request.quote(NESTED)}")
+        gen = props["default_generation_settings"]
+        assert gen["params"]["temperature"] == pytest.approx(0.25) and gen["params"]["top_k"] == 5
+        assert gen["n_ctx"] == 256
+        # The store changes while serving: the preset follows, and the model restarts with the new params.
+        set_params(root, nested, b'{"temperature":1.5,"top_k":9,"num_ctx":512}')
+        preset = next((tmp_path / "state" / "compatfs").glob("models-*.ini"))
+        until(lambda: "ctx-size = 512" in preset.read_text(), 15)
+
+        def new_props():
+            ask(port, "/completion", {"model": NESTED, "prompt": "Hi", "n_predict": 1})
+            p = ask(port, f"/props?model={urllib.request.quote(NESTED)}")["default_generation_settings"]
+            return p["params"]["top_k"] == 9 and p["n_ctx"] == 512 and p
+        p = until(new_props, 60)
+        assert p["params"]["temperature"] == pytest.approx(1.5)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=20)
+        log.close()
+    assert proc.returncode is not None
+
+
+@needs_fuse
+def test_print_preset_shows_every_model_of_the_mount(tmp_path, mount_store):
+    root = tmp_path / "store"
+    blob = llama.plain_llama_text(tmp_path / "t.gguf")
+    nested = add_model(root, "Some-Repo-GGUF", blob, host="hf.co", namespace="some-org", tag="Q4_K_M")
+    set_params(root, nested, b'{"num_ctx":2048,"temperature":0.5}')
+    add_model(root, "tiny", blob, tag="1b")
+    mnt = mount_store(root)
+    run = lambda *a, **kw: subprocess.run([sys.executable, "-m", "compatfs", "serve", *map(str, a)],  # noqa: E731
+                                          capture_output=True, text=True, timeout=60, **kw)
+    res = run("--mount", mnt.path, "--print-preset")
+    assert res.returncode == 0, res.stderr
+    text = res.stdout
+    assert f"[hf.co/some-org/Some-Repo-GGUF@Q4_K_M]\nalias = {NESTED}\nmodel = {mnt.path}/{NESTED}/model.gguf\n" \
+           "ctx-size = 2048\n" in text
+    assert f"[tiny@1b]\nalias = tiny:1b\nmodel = {mnt.path}/tiny:1b/model.gguf\n" in text
+    assert "temp" not in text and "blobs" not in text
+    missing = run("--mount", mnt.path, env={**os.environ, "PATH": "/nonexistent"})
+    assert missing.returncode == 1 and missing.stderr.strip() == \
+        "compatfs: error: llama-server not found in PATH: name it with --llama-server PATH"
