@@ -13,7 +13,7 @@ from gguf import GGUFValueType as VT
 from compatfs.gguf_source import SourceGGUF, TensorInfo
 from compatfs.gguf_values import GGUFError, array, u32
 from compatfs.handlers import qwen35
-from compatfs.handlers.qwen35 import PadSections, PerLayerToMax, stack
+from compatfs.handlers.qwen35 import stack
 from compatfs.testing.qwen35 import legacy_qwen35_moe
 from compatfs.testing.store import add_model
 
@@ -75,19 +75,6 @@ def test_loads_in_llama_cpp_through_the_mount(store, mount_store):
     # Untranslated, the blob loads neither as a model nor as a projector.
     assert "dimension_sections" in run_job({"model": str(BLOB)})["error"]
     assert not run_job({"model": str(UPSTREAM / "model.gguf"), "mmproj": str(BLOB)})["ok"]
-
-
-def test_sections_padded_and_kv_heads_collapsed():
-    kv = {"s": array(VT.INT32, [2, 1, 1]), "h": array(VT.UINT32, [0, 0, 0, 2])}
-    PadSections("s", 4).apply(kv, None)
-    PerLayerToMax("h").apply(kv, None)
-    assert list(kv["s"].decode()) == [2, 1, 1, 0] and kv["h"] == u32(2)
-    # Already four sections, or no attention layer at all: left alone.
-    kv = {"s": array(VT.INT32, [11, 11, 10, 0]), "h": array(VT.UINT32, [0, 0])}
-    before = dict(kv)
-    PadSections("s", 4).apply(kv, None)
-    PerLayerToMax("h").apply(kv, None)
-    assert kv == before
 
 
 def test_experts_stack_along_a_new_axis():
