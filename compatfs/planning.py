@@ -9,6 +9,7 @@ data.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from math import prod
 from typing import Iterable
 
@@ -147,7 +148,8 @@ def plan(tr: Translation, src: SourceGGUF) -> ViewSpec:
 
 def label(edit) -> str:
     """An edit as its class and its names and numbers (its tuples and callables left out)."""
-    parts = [repr(v) for v in vars(edit).values() if isinstance(v, (str, int)) and not isinstance(v, bool)]
+    parts = [v.name if isinstance(v, Enum) else repr(v) for v in vars(edit).values()
+             if isinstance(v, (str, int)) and not isinstance(v, bool)]
     return f"{type(edit).__name__}({', '.join(parts)})"
 
 
