@@ -16,7 +16,7 @@ from gguf import TokenType as TT
 
 from .gguf_source import SourceGGUF
 from .gguf_values import VT, GGUFError, Value, array, u32
-from .kv_reads import INTEGERS, describe, finite, integer_array, is_integer_array, whole
+from .kv_reads import describe, finite, integer_array, is_integer_array, whole
 from .predicates import ALWAYS, Pred
 
 KVs = dict[str, Value]
@@ -209,15 +209,18 @@ class PerLayerToMax(KVEdit):
 
 @dataclass(frozen=True)
 class FillArray(KVEdit):
-    """Every element of the numeric array `key` becomes `value`
-    (length and element type kept)."""
+    """Every element of the float array `key` becomes `value` (length and
+    element type kept); a scalar `key` is left alone, an array of anything
+    but floats refused."""
     key: str
     value: float
 
     def apply(self, kv: KVs, src: SourceGGUF) -> None:
         old = kv.get(self.key)
-        if old is None or old.element_type in (None, VT.STRING, VT.ARRAY):
+        if old is None or old.vtype != VT.ARRAY:
             return
+        if old.element_type not in (VT.FLOAT32, VT.FLOAT64):
+            raise GGUFError(f"{self.key} is {describe(old)}, not an array of floats")
         kv[self.key] = array(old.element_type, [self.value] * old.count)
 
 
@@ -357,5 +360,5 @@ class Reciprocal(KVEdit):
 __all__ = [
     "KVs", "KVEdit", "Copy", "CopyEach", "Default", "Set", "CopyPrefix", "Drop", "When", "TruncateToRows",
     "FromShape", "FromFirstBlock", "BlockCount", "ZeroPerLayer", "PerLayerToMax", "FillArray", "PadArray",
-    "BYTE_TOKENS", "TokenType", "PadTokensUnused", "DefaultTokenId", "Scaled", "Reciprocal", "INTEGERS",
+    "BYTE_TOKENS", "TokenType", "PadTokensUnused", "DefaultTokenId", "Scaled", "Reciprocal",
 ]

@@ -65,3 +65,16 @@ def number_array(key: str, value: Value) -> np.ndarray:
     if value.element_type in (VT.FLOAT32, VT.FLOAT64) and not np.isfinite(items).all():
         raise GGUFError(f"{key} holds a value that is not a finite number")
     return items
+
+
+__all__ = [
+    "describe",
+    "scalar",
+    "whole",
+    "finite",
+    "is_integer_array",
+    "integer_array",
+    "number_array",
+    "INTEGERS",
+    "NUMBERS",
+]

@@ -184,3 +184,14 @@ def check_data(src: SourceGGUF, stored: tuple[StoredType, ...] = ()) -> None:
 def first_claim(translations: Iterable[Translation], src: SourceGGUF) -> Translation | None:
     """The first translation, in dispatch order, whose detector claims `src`."""
     return next((t for t in translations if t.claims(src)), None)
+
+
+__all__ = [
+    "Count",
+    "StoredType",
+    "Translation",
+    "ViewSpec",
+    "plan",
+    "check_data",
+    "first_claim",
+]

@@ -134,3 +134,26 @@ def has_token(text: str) -> Pred:
         tokens = s.kvs.get(Keys.Tokenizer.LIST)
         return tokens is not None and text in tokens.indices_of({text})
     return Pred(f"has token {text}", test)
+
+
+__all__ = [
+    "Pred",
+    "any_of",
+    "arch_is",
+    "has_key",
+    "has_true",
+    "is_array",
+    "per_layer_mismatch",
+    "has_tensor",
+    "has_tensor_prefix",
+    "has_tensor_ending",
+    "has_block_tensor",
+    "rows_differ",
+    "value_is",
+    "value_at_least",
+    "str_contains",
+    "missing_or_default",
+    "token_is",
+    "has_token",
+    "ALWAYS",
+]

@@ -56,3 +56,11 @@ def clip_projector(name: str, detect: Pred, arch: str, projector_type: str, *,
         *as_projector(arch),
     )
     return Translation(name=name, detect=detect, kv=kv, tensors=(KeepOnly(keep), *tensors), counts=counts)
+
+
+__all__ = [
+    "as_projector",
+    "clip_projector",
+    "OPENAI_CLIP_MEAN",
+    "OPENAI_CLIP_STD",
+]

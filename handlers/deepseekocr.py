@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from gguf import Keys
 
 from compatfs.gguf_source import SourceGGUF
-from compatfs.gguf_values import boolean, f32, string, u32
+from compatfs.gguf_values import f32, string, u32
 from compatfs.translation import (
     Copy, CopyEach, CopyPrefix, Count, Default, Drop, FromFirstBlock, Hide, KVEdit, KVs, Rename, Scaled, Set, ToF32,
     Translation, arch_is, clip_projector, whole,

@@ -38,7 +38,8 @@ from compatfs.translation import (
 @dataclass(frozen=True)
 class RotaryWidth(KVEdit):
     """`key` (u32) = the head width `head` times the rotary fraction `factor`
-    (1.0 when absent; a fraction that is no number in (0, 1] leaves `key` out), when `key` is absent: the dimensions rope turns."""
+    (1.0 when absent; one that is no number in (0, 1] leaves `key` out),
+    when `key` is absent: the dimensions rope turns."""
     head: str
     factor: str
     key: str

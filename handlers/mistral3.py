@@ -22,16 +22,17 @@ from dataclasses import dataclass
 from gguf import Keys
 from gguf import GGMLQuantizationType as DT
 
-from compatfs.gguf_source import SourceGGUF, TensorInfo, tensor_nbytes
+from compatfs.gguf_source import SourceGGUF
 from compatfs.gguf_values import GGUFError, f32, string
-from compatfs.ops import Permute, Promote
+from compatfs.ops import Permute
 from compatfs.translation import (
     OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Copy, Default, Drop, Hide, Produce, Rename, Set, TensorEdit, Tensors,
-    Translation, When, any_of, arch_is, clip_projector, has_key, has_tensor_prefix, missing_or_default, whole,
+    Translation, When, any_of, arch_is, clip_projector, embedding_row, has_key, has_tensor_prefix, missing_or_default,
+    whole,
 )
 
 
-# -- Mistral 3's own tensor edit and tensor maker ----------------------------
+# -- Mistral 3's own tensor edit ----------------------------------------------
 
 @dataclass(frozen=True)
 class RopePermute(TensorEdit):
@@ -56,20 +57,6 @@ class RopePermute(TensorEdit):
             view = (n_head, 2, rows // n_head // 2, *rest)
             t.op = Permute.of(t.source, view, (0, 2, 1, *range(3, len(view))))
         return ts
-
-
-def embedding_row(token: str, embedding: str = "token_embd.weight"):
-    """A `Produce` maker: the row of `embedding` for the vocabulary token
-    `token`, as a 1-D F32 tensor.  Only that row's bytes are read (any dtype:
-    a row is whole quantization blocks)."""
-    def make(src: SourceGGUF):
-        t, tokens = src.tensors.get(embedding), src.kvs.get(Keys.Tokenizer.LIST)
-        index = tokens.indices_of({token}).get(token) if tokens is not None else None
-        if t is None or index is None or len(t.shape) != 2 or index >= t.shape[1]:
-            return None
-        row_bytes = tensor_nbytes(t.shape[:1], t.dtype)
-        return Promote.of(TensorInfo(f"{t.name}[{index}]", t.shape[:1], t.dtype, t.offset + index * row_bytes))
-    return make
 
 
 # -- the translations --------------------------------------------------------------

@@ -33,10 +33,10 @@ from gguf import GGMLQuantizationType as DT
 
 from compatfs.gguf_source import SourceGGUF
 from compatfs.gguf_values import GGUFError, f32, string, u32
-from compatfs.ops import Concat, Elementwise, Op, to_f32
+from compatfs.ops import Elementwise, Op, to_f32
 from compatfs.translation import (
     OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, CopyPrefix, Count, Default, Drop, FromFirstBlock, Hide, Produce,
-    ProducePerBlock, Rename, Set, ToF32, Translation, When, any_of, arch_is, clip_projector, describe,
+    ProducePerBlock, Rename, Set, ToF32, Translation, When, any_of, arch_is, clip_projector, concatenated, describe,
     has_block_tensor, has_tensor_prefix, value_at_least, whole,
 )
 
@@ -166,12 +166,9 @@ def patch_kernel(src: SourceGGUF) -> Op | None:
     return Reshaped((t,), (patch, patch, channels, width), DT.F32)
 
 
-def fused_qkv(kind: str):
-    """A `ProducePerBlock` maker: vision Q, K and V of block i stacked into one `attn_qkv.<kind>`."""
-    def make(src: SourceGGUF, i: int) -> Op | None:
-        parts = [src.tensors.get(f"v.blk.{i}.attn_{p}.{kind}") for p in "qkv"]
-        return Concat.of(*parts) if all(parts) else None
-    return make
+def vision_qkv(kind: str) -> tuple[str, ...]:
+    """Vision block Q, K and V `kind` (weight or bias), `{}` for the block."""
+    return tuple(f"v.blk.{{}}.attn_{p}.{kind}" for p in "qkv")
 
 
 CLIP = clip_projector(
@@ -195,10 +192,8 @@ CLIP = clip_projector(
         Produce("v.position_embd.weight", position_table, consumes=("v.position_embd",)),
         Produce("v.patch_embd.weight", patch_kernel, consumes=("v.patch_embd.weight",)),
         # Ollama's converter split RADIO's fused QKV; llama.cpp's keeps it fused.
-        ProducePerBlock(V + "block_count", "v.blk.{}.attn_qkv.weight", fused_qkv("weight"),
-                        consumes=tuple(f"v.blk.{{}}.attn_{p}.weight" for p in "qkv")),
-        ProducePerBlock(V + "block_count", "v.blk.{}.attn_qkv.bias", fused_qkv("bias"),
-                        consumes=tuple(f"v.blk.{{}}.attn_{p}.bias" for p in "qkv")),
+        *(ProducePerBlock(V + "block_count", f"v.blk.{{}}.attn_qkv.{kind}", concatenated(*vision_qkv(kind)),
+                          consumes=vision_qkv(kind)) for kind in ("weight", "bias")),
         Rename("mm.norm", "mm.model.mlp.0"),
         Rename("mm.1", "mm.model.mlp.1"),
         Rename("mm.2", "mm.model.mlp.3"),

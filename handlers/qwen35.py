@@ -35,12 +35,12 @@ from dataclasses import dataclass
 from gguf import GGMLQuantizationType as DT
 from gguf import MODEL_TENSOR, TENSOR_NAMES
 
-from compatfs.gguf_source import SourceGGUF, TensorInfo
+from compatfs.gguf_source import SourceGGUF
 from compatfs.gguf_values import VT, GGUFError, array, u32
-from compatfs.ops import AddScalar, Concat
+from compatfs.ops import AddScalar
 from compatfs.translation import (
     AddSuffix, Count, Default, Drop, Hide, KVEdit, KVs, PadArray, PerLayerToMax, Produce, Rename, TensorEdit,
-    Tensors, Translation, any_of, arch_is, describe, has_key, has_tensor_prefix, has_true, whole,
+    Tensors, Translation, any_of, arch_is, describe, has_key, has_tensor_prefix, has_true, stacked, whole,
 )
 
 from .qwen3vl import qwen_tokenizer, vision_projector
@@ -102,16 +102,6 @@ MTP_EXPERTS = (("gate_proj", MODEL_TENSOR.FFN_GATE_EXP), ("up_proj", MODEL_TENSO
                ("down_proj", MODEL_TENSOR.FFN_DOWN_EXP))
 
 
-def stack(srcs: list[TensorInfo]) -> Concat:
-    """2-D tensors of one shape stacked along a new slowest axis (bytes kept;
-    F32 where their dtypes differ)."""
-    if (not srcs or len({t.shape for t in srcs}) != 1 or len(srcs[0].shape) != 2
-            or not all(isinstance(t.dtype, DT) for t in srcs)):
-        raise GGUFError(f"cannot stack {[(t.name, t.shape, t.dtype) for t in srcs]}")
-    same = len({t.dtype for t in srcs}) == 1
-    return Concat(tuple(srcs), (*srcs[0].shape, len(srcs)), srcs[0].dtype if same else DT.F32)
-
-
 @dataclass(frozen=True)
 class PlaceMtp(TensorEdit):
     """Tensor edit: the MTP layer becomes block n (KV `blocks`, the text
@@ -132,7 +122,7 @@ class PlaceMtp(TensorEdit):
             names = tuple(f"{prefix}{e}.{leaf}.weight" for e in range(len(experts)))
             if any(name not in src.tensors for name in names):
                 raise GGUFError(f"{prefix}*.{leaf}.weight: not every expert has one")
-            make = lambda s, names=names: stack([s.tensors[name] for name in names])
+            make = lambda s, names=names: stacked([s.tensors[name] for name in names])
             ts = Produce(TENSOR_NAMES[tensor].format(bid=n) + ".weight", make, consumes=names).apply(ts, src)
         ts = Rename("mtp.layers.0", f"blk.{n}").apply(ts, src)
         shifted = set()

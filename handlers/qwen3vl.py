@@ -49,11 +49,11 @@ from gguf import TokenType as TT
 
 from compatfs.gguf_source import SourceGGUF, TensorInfo
 from compatfs.gguf_values import VT, GGUFError, array, boolean, u32
-from compatfs.ops import Concat, Op, as_array
+from compatfs.ops import Op, as_array
 from compatfs.translation import (
     BlockCount, Copy, CopyEach, Count, Default, DefaultTokenId, Drop, FromShape, Hide, KVEdit, KVs, PadArray,
     PadTokensUnused, Produce, ProducePerBlock, Rename, TensorEdit, Tensors, ToF32, TokenType, Translation, arch_is,
-    clip_projector, describe, has_key, integer_array, whole,
+    clip_projector, concatenated, describe, has_key, integer_array, whole,
 )
 
 from .qwen25vl import FIM_MARKERS
@@ -171,19 +171,9 @@ def patch_frame(frame: int, weight: str = "v.patch_embed.weight", bias: str = "v
     return make
 
 
-def qkv(part: str):
-    """A `ProducePerBlock` maker: vision block i's Q, K and V `part`
-    (weight or bias) concatenated (as F32 where their dtypes differ).  The
-    converter split one QKV into three equal parts: Q, K and V of another
-    shape, or of a type ggml does not define, are refused."""
-    def make(src: SourceGGUF, i: int) -> Op | None:
-        ts = [src.tensors.get(f"v.blk.{i}.attn_{x}.{part}") for x in "qkv"]
-        if None in ts:
-            return None
-        if len({t.shape for t in ts}) != 1 or not all(isinstance(t.dtype, DT) for t in ts):
-            raise GGUFError(f"cannot merge {[(t.name, t.shape, t.dtype) for t in ts]} into one QKV")
-        return Concat.of(*ts)
-    return make
+def vision_qkv(kind: str) -> tuple[str, ...]:
+    """Vision block Q, K and V `kind` (weight or bias), `{}` for the block."""
+    return tuple(f"v.blk.{{}}.attn_{x}.{kind}" for x in "qkv")
 
 
 DEEPSTACK_LEAVES = (("norm", MODEL_TENSOR.V_DS_NORM), ("linear_fc1", MODEL_TENSOR.V_DS_FC1),
@@ -260,10 +250,9 @@ def vision_projector(name: str, arch: str, detect) -> Translation:
         tail=(DeepstackMask(Keys.ClipVision.IS_DEEPSTACK_LAYERS, f"{v}deepstack_visual_indexes", f"{v}block_count"),),
         keep=("v.",),
         tensors=(
-            ProducePerBlock(f"{v}block_count", "v.blk.{}.attn_qkv.weight", qkv("weight"),
-                            consumes=tuple(f"v.blk.{{}}.attn_{x}.weight" for x in "qkv")),
-            ProducePerBlock(f"{v}block_count", "v.blk.{}.attn_qkv.bias", qkv("bias"),
-                            consumes=tuple(f"v.blk.{{}}.attn_{x}.bias" for x in "qkv")),
+            # The converter split one QKV into three equal parts.
+            *(ProducePerBlock(f"{v}block_count", f"v.blk.{{}}.attn_qkv.{kind}", concatenated(*vision_qkv(kind)),
+                              consumes=vision_qkv(kind)) for kind in ("weight", "bias")),
             Produce("v.patch_embd.weight", patch_frame(0), consumes=("v.patch_embed.weight",)),
             Produce("v.patch_embd.weight.1", patch_frame(1)),
             Rename("v.patch_embed", "v.patch_embd"),

@@ -11,7 +11,7 @@ import pytest
 from gguf import GGUFValueType as VT
 
 from compatfs.gguf_values import GGUFError
-from compatfs.testing import fuzz
+from compatfs.testing import fuzz, fuzz_structure
 
 from conftest import SHARED, needs_fuse, needs_shared
 
@@ -93,12 +93,12 @@ def test_edited_headers_are_served_or_refused(seeds, tmp_path):
     assert [(o.seed_blob, o.mutation, o.result, o.message[:200]) for o in summary.findings] == []
     assert summary.by_result["served"] > 20 and summary.by_result["refused"] > 20
     kinds = {part.split(":")[0] for o in summary.outcomes for part in o.mutation.split("; ")}
-    assert kinds == set(fuzz.STRUCTURE)
+    assert kinds == set(fuzz_structure.STRUCTURE)
 
 
 def test_the_handlers_tables_are_the_targets():
     from compatfs import handlers
-    targets = fuzz.handler_targets((*handlers.TEXT, *handlers.CLIP))
+    targets = fuzz_structure.handler_targets((*handlers.TEXT, *handlers.CLIP))
     # Read by an edit, a count, a detector's closure and a tensor maker's.
     for name in ("qwen25vl.vision.fullatt_block_indexes", "gemma4.vision.block_count",
                  "lfm2.attention.head_count_kv", "tokenizer.ggml.token_type", "blk.{}.ffn_gate_exps.weight",
@@ -114,7 +114,7 @@ def test_edited_headers_through_a_mount(seeds, tmp_path, mount_store):
     import random
     from compatfs import handlers
     from compatfs.testing.store import add_model
-    mutate = fuzz.structure_mutator((*handlers.TEXT, *handlers.CLIP), tmp_path)
+    mutate = fuzz_structure.structure_mutator((*handlers.TEXT, *handlers.CLIP), tmp_path)
     rng = random.Random(20261202)
     store, cases = tmp_path / "store", {}
     names = sorted(seeds)
@@ -225,6 +225,7 @@ def test_vision_block_indexes_of_another_type_are_refused(tmp_path, items):
     ("nemotron3", "v.position_embd", (0,)),
     ("qwen3-vl", "v.patch_embed.bias", ()),
     ("mistral3", "v.blk.0.attn_q.weight", ()),
+    ("nemotron3", "v.blk.1.attn_q.bias", ()),      # a structure-fuzz finding: IndexError merging Q, K, V
 ])
 def test_a_shape_of_too_few_axes_is_refused_or_served(tmp_path, writer, tensor, dims):
     """0-d, 1-d and zero-length tensors where a handler reads a shape: were

@@ -3,7 +3,6 @@ and the projector builder on its own, and every one of them total: whatever
 the type of a value it reads, it gives a verdict or a GGUFError naming the
 key, never another exception."""
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,8 +15,8 @@ from compatfs.gguf_source import SourceGGUF
 from compatfs.gguf_values import GGUFError, Value, array, boolean, f32, string, u32
 from compatfs.testing.gguf_edit import Blob, payload
 from compatfs.translation import (
-    ALWAYS, BYTE_TOKENS, BlockCount, Copy, Count, Default, Drop, FromShape, Hide, KVEdit, PadArray, PadTokensUnused,
-    PerLayerToMax, Pred, Reciprocal, Rename, Scaled, Set, StoredType, TensorEdit, TokenType, Translation,
+    ALWAYS, BYTE_TOKENS, BlockCount, Copy, Count, Default, Drop, FillArray, FromShape, Hide, KVEdit, PadArray,
+    PadTokensUnused, PerLayerToMax, Reciprocal, Rename, Scaled, Set, StoredType, TensorEdit, TokenType, Translation,
     TruncateToRows, ZeroPerLayer, any_of, arch_is, clip_projector, has_true, per_layer_mismatch, plan, str_contains,
     token_is, value_at_least, value_is,
 )
@@ -151,6 +150,7 @@ EDITS = [
     Copy(KEY, "d"), Default(KEY, u32(1)), Set("d", u32(1), when=value_is(KEY, 1)), BlockCount(KEY, "blk."),
     ZeroPerLayer(KEY, "blk.{}.attn_q.weight"), PerLayerToMax(KEY), PadArray(KEY, "d", 4), PadArray(KEY, KEY, 4),
     Reciprocal(KEY, "d"), Scaled(KEY, "d", 4), FromShape(KEY, "t", axis=1), TruncateToRows("t", (KEY,)),
+    FillArray(KEY, -1000.0),
 ]
 TOKEN_EDITS = [TokenType(("a",), TT.CONTROL), PadTokensUnused()]
 PREDS = [value_is(KEY, "x"), value_is(KEY, 1), value_at_least(KEY, 1), has_true(KEY), str_contains(KEY, "x"),
