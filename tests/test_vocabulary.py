@@ -217,3 +217,77 @@ def test_a_stored_type_is_range_checked(tmp_path):
     same.write_bytes(w.serialize())
     with pytest.raises(GGUFError, match="overlaps"):
         plan(tr, SourceGGUF(same))
+
+
+# -- tensor makers and the detectors of tensors ---------------------------------------
+
+class FakeBlob:
+    """Just what makers and detectors read: KVs and tensor infos."""
+
+    def __init__(self, kvs: dict, tensors: dict):
+        from compatfs.gguf_source import TensorInfo
+        self.kvs = kvs
+        self.tensors = {n: TensorInfo(n, shape, dtype, 4096 * i)
+                        for i, (n, (shape, dtype)) in enumerate(tensors.items())}
+
+    def has_tensor_prefix(self, prefix):
+        return any(n.startswith(prefix) for n in self.tensors)
+
+    def block_ids(self, prefix):
+        return frozenset(int(n[len(prefix):].split(".")[0]) for n in self.tensors if n.startswith(prefix))
+
+
+def test_parts_concatenated_per_block_in_f32_where_dtypes_differ():
+    from gguf import GGMLQuantizationType as DT
+    from compatfs.translation import concatenated
+    parts = tuple(f"v.blk.{{}}.attn_{x}.weight" for x in "qkv")
+    same = {p.format(0): ((64, 64), DT.F16) for p in parts}
+    mixed = {**same, "v.blk.0.attn_v.weight": ((64, 64), DT.Q8_0)}
+    assert concatenated(*parts)(FakeBlob({}, same), 0).dtype == DT.F16
+    op = concatenated(*parts)(FakeBlob({}, mixed), 0)
+    assert op.dtype == DT.F32 and op.shape == (64, 192)
+    assert concatenated(*parts)(FakeBlob({}, same), 1) is None
+    for odd in (((64, 32), DT.F16), ((), DT.F16), ((64, 64), 4)):
+        with pytest.raises(GGUFError, match="cannot merge"):
+            concatenated(*parts)(FakeBlob({}, {**same, "v.blk.0.attn_k.weight": odd}), 0)
+
+
+def test_tensors_stacked_along_a_new_axis():
+    from gguf import GGMLQuantizationType as DT
+    from compatfs.gguf_source import TensorInfo
+    from compatfs.translation import stacked
+    experts = [TensorInfo(f"e{i}", (64, 32), DT.BF16, 100 * i) for i in range(3)]
+    op = stacked(experts)
+    assert op.shape == (64, 32, 3) and op.dtype == DT.BF16
+    assert stacked([*experts[:2], TensorInfo("q", (64, 32), DT.Q8_0, 0)]).dtype == DT.F32
+    with pytest.raises(GGUFError, match="e0"):
+        stacked([experts[0], TensorInfo("odd", (64, 16), DT.BF16, 0)])
+
+
+def test_an_embedding_row_by_its_token():
+    from gguf import GGMLQuantizationType as DT
+    from compatfs.translation import embedding_row
+    blob = FakeBlob({TOKENS: array(VT.STRING, ["a", "[IMG_BREAK]", "c"])}, {"token_embd.weight": ((64, 3), DT.Q8_0)})
+    op = embedding_row("[IMG_BREAK]")(blob)
+    row = 64 // 32 * 34                                     # two Q8_0 blocks
+    assert op.shape == (64,) and op.dtype == DT.F32 and op.inputs[0].offset == row
+    assert embedding_row("absent")(blob) is None
+    blob.tensors["token_embd.weight"] = type(blob.tensors["token_embd.weight"])("token_embd.weight", (64,), DT.F32, 0)
+    assert embedding_row("[IMG_BREAK]")(blob) is None       # 1-d: no rows to take
+
+
+def test_tensor_detectors():
+    from gguf import GGMLQuantizationType as DT
+    from compatfs.translation import BlockCount, has_block_tensor, has_tensor_ending, has_token, is_array, rows_differ
+    blob = FakeBlob({TOKENS: array(VT.STRING, ["a", "<b>"]), "n": u32(2), "l": array(VT.INT32, [1])},
+                    {"x.weight": ((4, 3), DT.F32), "y.weight": ((4, 5), DT.F32), "blk.3.ffn_latent_in.weight":
+                     ((4,), DT.F32), "v.blk.0.a": ((4,), DT.F32), "v.blk.2.a": ((4,), DT.F32)})
+    assert rows_differ("x.weight", "y.weight")(blob) and not rows_differ("x.weight", "x.weight")(blob)
+    assert not rows_differ("x.weight", "blk.3.ffn_latent_in.weight")(blob)
+    assert has_block_tensor("ffn_latent_in")(blob) and not has_block_tensor("ffn_latent_out")(blob)
+    assert has_tensor_ending(".ffn_latent_in.weight")(blob) and not has_tensor_ending(".bias")(blob)
+    assert has_token("<b>")(blob) and not has_token("<c>")(blob)
+    assert is_array("l")(blob) and not is_array("n")(blob) and not is_array("absent")(blob)
+    kv = {}
+    BlockCount("k", "v.blk.").apply(kv, blob)
+    assert kv["k"] == u32(2)
