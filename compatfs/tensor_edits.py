@@ -11,7 +11,8 @@ from gguf import GGMLQuantizationType as DT
 
 from .gguf_source import SourceGGUF, TensorInfo, tensor_nbytes
 from .kv_reads import whole
-from .ops import Op, Promote
+from .gguf_values import GGUFError
+from .ops import Op, Permute, Promote
 
 
 @dataclass
@@ -124,6 +125,31 @@ class ToF32(TensorEdit):
 
 
 @dataclass(frozen=True)
+class RopePermute(TensorEdit):
+    """Every tensor named `prefix`...`suffix` gets llama.cpp's rope row order
+    (`LlamaModel.permute` of its converter): per head, the HF layout [first
+    halves | second halves] becomes interleaved pairs.  The head count is the
+    blob's KV `heads`.  Plain dtypes only (F32/F16/BF16); a quantized match
+    is an error rather than a silently wrong tensor."""
+    prefix: str
+    suffixes: tuple[str, ...]
+    heads: str
+
+    def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
+        n_head = whole(src.kvs.get(self.heads))
+        for t in ts:
+            if not (t.name.startswith(self.prefix) and t.name.endswith(self.suffixes)) or t.op is not None:
+                continue
+            rows, rest = (t.shape[-1], tuple(reversed(t.shape[:-1]))) if t.shape else (0, ())
+            if (n_head is None or n_head <= 0 or not rows or rows % (2 * n_head)
+                    or t.dtype not in (DT.F32, DT.F16, DT.BF16)):
+                raise GGUFError(f"{t.name}: cannot rope-permute {t.dtype!r} with {self.heads}={n_head!r}")
+            view = (n_head, 2, rows // n_head // 2, *rest)
+            t.op = Permute.of(t.source, view, (0, 2, 1, *range(3, len(view))))
+        return ts
+
+
+@dataclass(frozen=True)
 class Produce(TensorEdit):
     """Tensor `name` is made by `make(src)` from blob tensors; it takes the
     place of its first input, and the blob tensors in `consumes` are left out."""
@@ -162,6 +188,6 @@ class ProducePerBlock(TensorEdit):
 
 
 __all__ = [
-    "ViewTensor", "Tensors", "TensorEdit", "Hide", "KeepOnly", "Rename", "AddSuffix", "ToF32", "Produce",
-    "ProducePerBlock",
+    "ViewTensor", "Tensors", "TensorEdit", "Hide", "KeepOnly", "Rename", "AddSuffix", "ToF32", "RopePermute",
+    "Produce", "ProducePerBlock",
 ]

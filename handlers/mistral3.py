@@ -17,46 +17,13 @@ text embedding into the projector as `v.token_embd.img_break`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from gguf import Keys
-from gguf import GGMLQuantizationType as DT
 
-from compatfs.gguf_source import SourceGGUF
-from compatfs.gguf_values import GGUFError, f32, string
-from compatfs.ops import Permute
+from compatfs.gguf_values import f32, string
 from compatfs.translation import (
-    OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Copy, Default, Drop, Hide, Produce, Rename, Set, TensorEdit, Tensors,
-    Translation, When, any_of, arch_is, clip_projector, embedding_row, has_key, has_tensor_prefix, missing_or_default,
-    whole,
+    OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Copy, Default, Drop, Hide, Produce, Rename, RopePermute, Set, Translation,
+    When, any_of, arch_is, clip_projector, embedding_row, has_key, has_tensor_prefix, missing_or_default,
 )
-
-
-# -- Mistral 3's own tensor edit ----------------------------------------------
-
-@dataclass(frozen=True)
-class RopePermute(TensorEdit):
-    """Tensor edit: every tensor named `prefix`...`suffix` gets llama.cpp's
-    rope row order (`LlamaModel.permute` of its converter): per head, the HF
-    layout [first halves | second halves] becomes interleaved pairs.  The
-    head count is the blob's KV `heads`.  Plain dtypes only (F32/F16/BF16);
-    a quantized match is an error rather than a silently wrong tensor."""
-    prefix: str
-    suffixes: tuple[str, ...]
-    heads: str
-
-    def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
-        n_head = whole(src.kvs.get(self.heads))
-        for t in ts:
-            if not (t.name.startswith(self.prefix) and t.name.endswith(self.suffixes)) or t.op is not None:
-                continue
-            rows, rest = (t.shape[-1], tuple(reversed(t.shape[:-1]))) if t.shape else (0, ())
-            if (n_head is None or n_head <= 0 or not rows or rows % (2 * n_head)
-                    or t.dtype not in (DT.F32, DT.F16, DT.BF16)):
-                raise GGUFError(f"{t.name}: cannot rope-permute {t.dtype!r} with {self.heads}={n_head!r}")
-            view = (n_head, 2, rows // n_head // 2, *rest)
-            t.op = Permute.of(t.source, view, (0, 2, 1, *range(3, len(view))))
-        return ts
 
 
 # -- the translations --------------------------------------------------------------

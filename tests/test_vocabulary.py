@@ -291,3 +291,20 @@ def test_tensor_detectors():
     kv = {}
     BlockCount("k", "v.blk.").apply(kv, blob)
     assert kv["k"] == u32(2)
+
+
+def test_rope_permute_is_llama_cpps_row_order():
+    """Against llama.cpp's converter's permutation, written out here with numpy."""
+    from gguf import GGMLQuantizationType as DT
+    from compatfs.gguf_source import TensorInfo
+    from compatfs.translation import RopePermute, ViewTensor
+    hf = np.arange(8 * 3, dtype="<f4").reshape(8, 3)       # HF [rows, cols] = ggml (3, 8)
+    name = "v.blk.0.attn_q.weight"
+    ts = [ViewTensor(name, (3, 8), DT.F32, source=TensorInfo(name, (3, 8), DT.F32, 0))]
+    ts = RopePermute("v.blk.", (".attn_q.weight",), "heads").apply(ts, FakeBlob({"heads": u32(2)}, {}))
+    got = np.frombuffer(ts[0].op.compute(lambda _: memoryview(hf.tobytes())), "<f4").reshape(8, 3)
+    np.testing.assert_array_equal(got, hf.reshape(2, 2, 2, 3).swapaxes(1, 2).reshape(8, 3))
+    for heads in (string("2"), u32(0), u32(3)):
+        ts = [ViewTensor(name, (3, 8), DT.F32, source=TensorInfo(name, (3, 8), DT.F32, 0))]
+        with pytest.raises(GGUFError, match="cannot rope-permute"):
+            RopePermute("v.blk.", (".attn_q.weight",), "heads").apply(ts, FakeBlob({"heads": heads}, {}))
