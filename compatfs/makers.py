@@ -27,6 +27,13 @@ def concatenated(*parts: str):
     return make
 
 
+def split_qkv(kind: str, block: str = "v.blk.{}") -> tuple[str, ...]:
+    """The names a converter gives the Q, K and V `kind` (weight or bias) it
+    split one QKV of `block` into, `{}` for the block: what `concatenated`
+    merges back."""
+    return tuple(f"{block}.attn_{x}.{kind}" for x in "qkv")
+
+
 def stacked(srcs: list[TensorInfo]) -> Concat:
     """2-D tensors of one shape stacked along a new slowest axis (bytes kept;
     F32 where their dtypes differ)."""
@@ -51,4 +58,4 @@ def embedding_row(token: str, embedding: str = "token_embd.weight"):
     return make
 
 
-__all__ = ["concatenated", "stacked", "embedding_row"]
+__all__ = ["concatenated", "split_qkv", "stacked", "embedding_row"]

@@ -37,7 +37,7 @@ from compatfs.ops import Elementwise, Op, to_f32
 from compatfs.translation import (
     OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, CopyPrefix, Count, Default, Drop, FromFirstBlock, Hide, Produce,
     ProducePerBlock, Rename, Set, ToF32, Translation, When, any_of, arch_is, clip_projector, concatenated, describe,
-    has_block_tensor, has_tensor_prefix, value_at_least, whole,
+    has_block_tensor, has_tensor_prefix, split_qkv, value_at_least, whole,
 )
 
 
@@ -166,11 +166,6 @@ def patch_kernel(src: SourceGGUF) -> Op | None:
     return Reshaped((t,), (patch, patch, channels, width), DT.F32)
 
 
-def vision_qkv(kind: str) -> tuple[str, ...]:
-    """Vision block Q, K and V `kind` (weight or bias), `{}` for the block."""
-    return tuple(f"v.blk.{{}}.attn_{p}.{kind}" for p in "qkv")
-
-
 CLIP = clip_projector(
     "nemotron_h_omni-clip", DETECT_OMNI & has_tensor_prefix("v."), OMNI, "nemotron_v2_vl",
     counts=(Count(V + "block_count", "v.blk."),),
@@ -192,8 +187,8 @@ CLIP = clip_projector(
         Produce("v.position_embd.weight", position_table, consumes=("v.position_embd",)),
         Produce("v.patch_embd.weight", patch_kernel, consumes=("v.patch_embd.weight",)),
         # Ollama's converter split RADIO's fused QKV; llama.cpp's keeps it fused.
-        *(ProducePerBlock(V + "block_count", f"v.blk.{{}}.attn_qkv.{kind}", concatenated(*vision_qkv(kind)),
-                          consumes=vision_qkv(kind)) for kind in ("weight", "bias")),
+        *(ProducePerBlock(V + "block_count", f"v.blk.{{}}.attn_qkv.{kind}", concatenated(*split_qkv(kind)),
+                          consumes=split_qkv(kind)) for kind in ("weight", "bias")),
         Rename("mm.norm", "mm.model.mlp.0"),
         Rename("mm.1", "mm.model.mlp.1"),
         Rename("mm.2", "mm.model.mlp.3"),

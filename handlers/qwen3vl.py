@@ -53,7 +53,7 @@ from compatfs.ops import Op, as_array
 from compatfs.translation import (
     BlockCount, Copy, CopyEach, Count, Default, DefaultTokenId, Drop, FromShape, Hide, KVEdit, KVs, PadArray,
     PadTokensUnused, Produce, ProducePerBlock, Rename, TensorEdit, Tensors, ToF32, TokenType, Translation, arch_is,
-    clip_projector, concatenated, describe, has_key, integer_array, whole,
+    clip_projector, concatenated, describe, has_key, integer_array, split_qkv, whole,
 )
 
 from .qwen25vl import FIM_MARKERS
@@ -171,11 +171,6 @@ def patch_frame(frame: int, weight: str = "v.patch_embed.weight", bias: str = "v
     return make
 
 
-def vision_qkv(kind: str) -> tuple[str, ...]:
-    """Vision block Q, K and V `kind` (weight or bias), `{}` for the block."""
-    return tuple(f"v.blk.{{}}.attn_{x}.{kind}" for x in "qkv")
-
-
 DEEPSTACK_LEAVES = (("norm", MODEL_TENSOR.V_DS_NORM), ("linear_fc1", MODEL_TENSOR.V_DS_FC1),
                     ("linear_fc2", MODEL_TENSOR.V_DS_FC2))
 
@@ -251,8 +246,8 @@ def vision_projector(name: str, arch: str, detect) -> Translation:
         keep=("v.",),
         tensors=(
             # The converter split one QKV into three equal parts.
-            *(ProducePerBlock(f"{v}block_count", f"v.blk.{{}}.attn_qkv.{kind}", concatenated(*vision_qkv(kind)),
-                              consumes=vision_qkv(kind)) for kind in ("weight", "bias")),
+            *(ProducePerBlock(f"{v}block_count", f"v.blk.{{}}.attn_qkv.{kind}", concatenated(*split_qkv(kind)),
+                              consumes=split_qkv(kind)) for kind in ("weight", "bias")),
             Produce("v.patch_embd.weight", patch_frame(0), consumes=("v.patch_embed.weight",)),
             Produce("v.patch_embd.weight.1", patch_frame(1)),
             Rename("v.patch_embed", "v.patch_embd"),

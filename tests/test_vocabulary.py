@@ -239,8 +239,9 @@ class FakeBlob:
 
 def test_parts_concatenated_per_block_in_f32_where_dtypes_differ():
     from gguf import GGMLQuantizationType as DT
-    from compatfs.translation import concatenated
-    parts = tuple(f"v.blk.{{}}.attn_{x}.weight" for x in "qkv")
+    from compatfs.translation import concatenated, split_qkv
+    parts = split_qkv("weight")
+    assert parts == ("v.blk.{}.attn_q.weight", "v.blk.{}.attn_k.weight", "v.blk.{}.attn_v.weight")
     same = {p.format(0): ((64, 64), DT.F16) for p in parts}
     mixed = {**same, "v.blk.0.attn_v.weight": ((64, 64), DT.Q8_0)}
     assert concatenated(*parts)(FakeBlob({}, same), 0).dtype == DT.F16
