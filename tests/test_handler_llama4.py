@@ -16,7 +16,7 @@ from conftest import needs_fuse
 from xlc_client import run_job
 
 MODEL = "llama4:scout"
-UNUSED = 5   # tokenizer.ggml.token_type
+UNUSED = gguf.TokenType.UNUSED
 
 
 @pytest.fixture(scope="module")
