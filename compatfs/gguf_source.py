@@ -183,7 +183,9 @@ class SourceGGUF:
     # -- queries used by handlers -----------------------------------------
     @property
     def architecture(self) -> str | None:
-        return self.get("general.architecture")
+        """`general.architecture` when it is a string (a hostile header may hold anything there)."""
+        v = self.kvs.get("general.architecture")
+        return v.decode() if v is not None and v.vtype == VT.STRING else None
 
     def get(self, key: str, default=None):
         """Decoded value of `key`, or `default` when the key is absent."""

@@ -21,7 +21,7 @@ from gguf import Keys
 
 from compatfs.gguf_source import SourceGGUF
 from compatfs.gguf_values import VT, Value, array
-from compatfs.translation import Pred, Translation, arch_is, value_is
+from compatfs.translation import KVEdit, Pred, Translation, arch_is, value_is
 
 CHARSMAP = Keys.Tokenizer.PRECOMPILED_CHARSMAP
 
@@ -41,7 +41,7 @@ def base64_chars(value: Value | None) -> str | None:
 
 
 @dataclass(frozen=True)
-class CharsmapFromBase64:
+class CharsmapFromBase64(KVEdit):
     """`key`, an array of single-character strings spelling base64 text,
     becomes the bytes that text encodes (UINT8 array); anything else, or
     text that is not base64, is left as it is."""

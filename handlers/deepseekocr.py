@@ -16,62 +16,33 @@ from dataclasses import dataclass
 from gguf import Keys
 
 from compatfs.gguf_source import SourceGGUF
-from compatfs.gguf_values import VT, Value, array, boolean, f32, string, u32
+from compatfs.gguf_values import f32, string, u32
 from compatfs.translation import (
-    Copy, CopyEach, CopyPrefix, Count, Default, Drop, FromFirstBlock, Hide, KeepOnly, Rename, Set, Tensors,
-    ToF32, Translation, arch_is, as_projector,
+    Copy, CopyEach, CopyPrefix, Count, Default, Drop, FromFirstBlock, Hide, KVEdit, KVs, Rename, Scaled, Set, ToF32,
+    Translation, arch_is, clip_projector, whole,
 )
 
-KVs = dict[str, Value]
 
-
-# -- DeepSeek-OCR's own KV and tensor edits --------------------------------------------
+# -- DeepSeek-OCR's own KV edit ----------------------------------------------------------
 
 @dataclass(frozen=True)
-class SharedExpertCount:
+class SharedExpertCount(KVEdit):
     """`key` (u32) = the shared experts' stacked width (axis 0 of the first
-    `<prefix><i>.<suffix>`) over `per_expert` (a u32 KV), when `key` is absent."""
+    `<prefix><i>.<suffix>`) over `per_expert` (an integer KV), when `key` is absent."""
     key: str
     prefix: str
     suffix: str
     per_expert: str
 
     def apply(self, kv: KVs, src: SourceGGUF) -> None:
-        width = kv.get(self.per_expert)
-        if self.key in kv or width is None or width.vtype != VT.UINT32 or not width.decode():
+        width = whole(kv.get(self.per_expert))
+        if self.key in kv or not width:
             return
         for i in sorted(src.block_ids(self.prefix)):
             t = src.tensors.get(f"{self.prefix}{i}.{self.suffix}")
-            if t is not None:
-                kv[self.key] = u32(t.shape[0] // width.decode())
+            if t is not None and t.shape:
+                kv[self.key] = u32(t.shape[0] // width)
                 return
-
-
-@dataclass(frozen=True)
-class TimesFour:
-    """`dst` (u32) = 4 x the u32 `src`, when `dst` is absent and `src` present."""
-    src: str
-    dst: str
-
-    def apply(self, kv: KVs, src: SourceGGUF) -> None:
-        value = kv.get(self.src)
-        if self.dst not in kv and value is not None and value.vtype == VT.UINT32:
-            kv[self.dst] = u32(4 * value.decode())
-
-
-@dataclass(frozen=True)
-class MovePrefix:
-    """Tensor edit: names starting with `old` start with `new` instead.  A
-    move of the whole tower, applied after the renames of its inner names
-    (unlike `Rename`, it may follow one on the same tensor)."""
-    old: str
-    new: str
-
-    def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
-        for t in ts:
-            if t.name.startswith(self.old):
-                t.name = self.new + t.name[len(self.old):]
-        return ts
 
 
 # -- the translations -------------------------------------------------------------------
@@ -103,42 +74,36 @@ TEXT = Translation(
 
 V, SAM = f"{OLD}.vision.", f"{OLD}.sam."
 
-CLIP = Translation(
-    name="deepseekocr-clip",
-    detect=DETECT,
+CLIP = clip_projector(
+    "deepseekocr-clip", DETECT, OLD, "deepseekocr",
     counts=(Count(V + "block_count", "v.blk."), Count(SAM + "block_count", "s.blk.")),
-    kv=(
-        CopyEach(V, "clip.vision.", ("block_count", "embedding_length", "image_size", "patch_size")),
+    copy=("block_count", "embedding_length", "image_size", "patch_size"),
+    head=(
         Copy(V + "head_count", Keys.ClipVision.Attention.HEAD_COUNT),
         CopyEach(SAM, "clip.vision.sam.", ("block_count", "embedding_length", "head_count")),
-        # The projector's output feeds the language model's embedding.
-        Copy(f"{OLD}.embedding_length", Keys.ClipVision.PROJECTION_DIM),
+    ),
+    edits=(
         # As llama.cpp's converter writes them for DeepSeek-OCR's config: the
         # feed-forward length as 4 x heads (unused by this projector), one CLIP
         # patch per SAM output cell, windows of 14, 2 to 9 tiles.
-        TimesFour(Keys.ClipVision.Attention.HEAD_COUNT, Keys.ClipVision.FEED_FORWARD_LENGTH),
+        Scaled(Keys.ClipVision.Attention.HEAD_COUNT, Keys.ClipVision.FEED_FORWARD_LENGTH, 4),
         Default(Keys.ClipVision.Projector.SCALE_FACTOR, u32(1)),
         Default(Keys.ClipVision.WINDOW_SIZE, u32(14)),
         Default(Keys.ClipVision.PREPROC_MIN_TILES, u32(2)),
         Default(Keys.ClipVision.PREPROC_MAX_TILES, u32(9)),
         Default(Keys.ClipVision.Attention.LAYERNORM_EPS, f32(1e-6)),
-        Default(Keys.ClipVision.IMAGE_MEAN, array(VT.FLOAT32, (0.5, 0.5, 0.5))),
-        Default(Keys.ClipVision.IMAGE_STD, array(VT.FLOAT32, (0.5, 0.5, 0.5))),
-        Set(Keys.Clip.HAS_VISION_ENCODER, boolean(True)),
-        Set(Keys.ClipVision.USE_GELU, boolean(True)),
-        Set(Keys.Clip.PROJECTOR_TYPE, string("deepseekocr")),
-        *as_projector(OLD),
     ),
+    mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5),
+    keep=("s.", "v.", "mm."),
     tensors=(
-        KeepOnly(("s.", "v.", "mm.")),
-        # SAM, renamed within `s.` and then moved under `v.sam.`.
-        Rename("s.position_embd", "s.pos_embd.weight"),
-        Rename(".attn.proj", ".attn.out", under="s.blk."),
-        Rename(".attn.rel_pos_h", ".attn.pos_h.weight", under="s.blk."),
-        Rename(".attn.rel_pos_w", ".attn.pos_w.weight", under="s.blk."),
-        Rename(".norm1", ".pre_ln", under="s.blk."),
-        Rename(".norm2", ".post_ln", under="s.blk."),
-        MovePrefix("s.", "v.sam."),
+        # SAM: its inner names renamed as the tower moves under `v.sam.`, the rest moved as they are.
+        Rename("s.position_embd", "v.sam.pos_embd.weight"),
+        Rename(".attn.proj", ".attn.out", under="s.blk.", into="v.sam.blk."),
+        Rename(".attn.rel_pos_h", ".attn.pos_h.weight", under="s.blk.", into="v.sam.blk."),
+        Rename(".attn.rel_pos_w", ".attn.pos_w.weight", under="s.blk.", into="v.sam.blk."),
+        Rename(".norm1", ".pre_ln", under="s.blk.", into="v.sam.blk."),
+        Rename(".norm2", ".post_ln", under="s.blk.", into="v.sam.blk."),
+        Rename("s", "v.sam"),
         # CLIP.
         Rename("v.pre_layrnorm", "v.pre_ln"),
         Rename(".self_attn.qkv_proj", ".attn_qkv", under="v.blk."),

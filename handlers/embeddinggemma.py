@@ -24,13 +24,13 @@ dropped.  Ollama's handler also renames a
 that name, and the rename is left out.
 """
 from gguf import Keys
+from gguf import TokenType as TT
 
 from compatfs.gguf_values import boolean, f32, string
 from compatfs.translation import (
     Copy, CopyPrefix, Default, Drop, FromShape, Rename, Set, TokenType, Translation, arch_is, has_key, has_tensor,
 )
 
-CONTROL = 3   # tokenizer.ggml.token_type of a control token
 ARCH = "gemma-embedding"
 
 TEXT = Translation(
@@ -60,7 +60,7 @@ TEXT = Translation(
         # Gemma's SentencePiece model adds no dummy prefix.
         Default(Keys.Tokenizer.ADD_PREFIX, boolean(False)),
         Default(Keys.Tokenizer.ADD_SEP, boolean(False)),
-        TokenType(("<start_of_image>", "<end_of_image>"), CONTROL),
+        TokenType(("<start_of_image>", "<end_of_image>"), TT.CONTROL),
     ),
     tensors=(
         Rename("dense.0", "dense_2"),

@@ -7,11 +7,12 @@ the SigLIP tower and projector (`v.*`, `mm.*`) in the same file under their
 own names.
 """
 from gguf import Keys
+from gguf import TokenType as TT
 
-from compatfs.gguf_values import VT, array, boolean, f32, string
+from compatfs.gguf_values import boolean, f32, string
 from compatfs.translation import (
-    Copy, CopyEach, Default, Hide, KeepOnly, Rename, Set, ToF32, TokenType, Translation, TruncateToRows, When,
-    any_of, arch_is, as_projector, has_key, has_tensor, has_tensor_prefix, value_at_least,
+    Copy, Default, Hide, Rename, ToF32, TokenType, Translation, TruncateToRows, When, any_of, arch_is,
+    clip_projector, has_key, has_tensor, has_tensor_prefix, value_at_least,
 )
 
 # Google's published Gemma 3 chat template (Ollama files carry none).
@@ -23,8 +24,6 @@ CHAT_TEMPLATE = (
     "{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}"
 )
-
-CONTROL = 3   # tokenizer.ggml.token_type of a control token
 
 # Any one of these marks a gemma3 blob as Ollama-written.  Blobs with
 # `dense.0.weight` are EmbeddingGemma, which is a different translation.
@@ -63,30 +62,17 @@ TEXT = Translation(
         Default(Keys.Tokenizer.ADD_PREFIX, boolean(False)),
         # Ollama typed the image markers as ordinary text, so llama.cpp would
         # split "<start_of_image>" into pieces instead of matching the token.
-        TokenType(("<start_of_image>", "<end_of_image>"), CONTROL),
+        TokenType(("<start_of_image>", "<end_of_image>"), TT.CONTROL),
     ),
     tensors=(Hide(("v.", "mm.")),),
 )
 
-CLIP = Translation(
-    name="gemma3-clip",
-    detect=DETECT & has_tensor_prefix("v."),
-    kv=(
-        CopyEach("gemma3.vision.", "clip.vision.", (
-            "block_count", "embedding_length", "feed_forward_length", "image_size", "patch_size",
-            "attention.head_count", "attention.layer_norm_epsilon",
-        )),
-        # The projector's output feeds the language model's embedding.
-        Copy("gemma3.embedding_length", Keys.ClipVision.PROJECTION_DIM),
-        Default(Keys.ClipVision.IMAGE_MEAN, array(VT.FLOAT32, [0.5, 0.5, 0.5])),
-        Default(Keys.ClipVision.IMAGE_STD, array(VT.FLOAT32, [0.5, 0.5, 0.5])),
-        Default(Keys.Clip.HAS_VISION_ENCODER, boolean(True)),
-        Default(Keys.ClipVision.USE_GELU, boolean(True)),
-        Set(Keys.Clip.PROJECTOR_TYPE, string("gemma3")),
-        *as_projector("gemma3"),
-    ),
+CLIP = clip_projector(
+    "gemma3-clip", DETECT & has_tensor_prefix("v."), "gemma3", "gemma3",
+    copy=("block_count", "embedding_length", "feed_forward_length", "image_size", "patch_size",
+          "attention.head_count", "attention.layer_norm_epsilon"),
+    mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), keep_present=True,
     tensors=(
-        KeepOnly(("v.", "mm.")),
         Rename("v.patch_embedding", "v.patch_embd"),
         Rename("v.position_embedding", "v.position_embd"),
         Rename("v.post_layernorm", "v.post_ln"),

@@ -31,34 +31,25 @@ Departures from Ollama's handler, each toward llama.cpp's conversion:
 from __future__ import annotations
 
 from gguf import Keys
+from gguf import TokenType as TT
 
 from compatfs.gguf_source import SourceGGUF
 from compatfs.gguf_values import boolean, f32, string
 from compatfs.ops import Op, PadRows
 from compatfs.translation import (
-    Copy, Default, Drop, Hide, Pred, Produce, Set, TokenType, Translation, any_of, arch_is, has_key,
+    BYTE_TOKENS, Copy, Default, Drop, Hide, PadTokensUnused, Produce, Set, TokenType, Translation, any_of, arch_is,
+    has_key, rows_differ,
 )
 
-from .gemma4 import BYTE_TOKENS
-from .qwen25vl import PadTokensUnused
-
-CONTROL, BYTE = 3, 6   # tokenizer.ggml.token_type values
 TOKEN_EMBD, PER_LAYER_EMBD = "token_embd.weight", "per_layer_token_embd.weight"
-
-
-def rows_differ(a: str, b: str) -> Pred:
-    """Blob matrices `a` and `b` both exist and differ in row count (ggml axis 1)."""
-    def test(s: SourceGGUF) -> bool:
-        ta, tb = s.tensors.get(a), s.tensors.get(b)
-        return ta is not None and tb is not None and len(ta.shape) == len(tb.shape) == 2 and ta.shape[1] != tb.shape[1]
-    return Pred(f"{a} and {b} differ in rows", test)
 
 
 def padded_per_layer_embd(src: SourceGGUF) -> Op | None:
     """The per-layer embedding with zero rows up to `token_embd`'s rows
     (llama.cpp's converter pads the image/audio slots so); None when they agree."""
     tok, per_layer = src.tensors.get(TOKEN_EMBD), src.tensors.get(PER_LAYER_EMBD)
-    if tok is None or per_layer is None or len(tok.shape) != 2 or tok.shape[1] == per_layer.shape[-1]:
+    if (tok is None or per_layer is None or len(tok.shape) != 2 or not per_layer.shape
+            or tok.shape[1] == per_layer.shape[-1]):
         return None
     return PadRows.of(per_layer, tok.shape[1])
 
@@ -88,8 +79,8 @@ TEXT = Translation(
         Set(Keys.Tokenizer.MODEL, string("llama")),
         Default(Keys.Tokenizer.ADD_PREFIX, boolean(False)),
         Default(Keys.Tokenizer.ADD_SEP, boolean(False)),
-        TokenType(BYTE_TOKENS, BYTE),
-        TokenType(("<start_of_image>", "<end_of_image>"), CONTROL),
+        TokenType(BYTE_TOKENS, TT.BYTE),
+        TokenType(("<start_of_image>", "<end_of_image>"), TT.CONTROL),
         PadTokensUnused(),
     ),
     tensors=(

@@ -28,16 +28,16 @@ from dataclasses import dataclass
 
 from gguf import Keys
 from gguf import GGMLQuantizationType as DT
+from gguf import TokenType as TT
 
 from compatfs.gguf_source import SourceGGUF, TensorInfo
 from compatfs.gguf_values import VT, array, boolean, string, u32
 from compatfs.ops import ConcatRows, Op
 from compatfs.translation import (
-    Copy, CopyEach, Count, Default, Drop, FillArray, Hide, KeepOnly, ProducePerBlock, Rename, Set, Tensors, ToF32,
-    TokenType, Translation, ViewTensor, When, any_of, arch_is, as_projector, has_tensor_prefix, value_is,
+    BYTE_TOKENS, Copy, CopyEach, Count, Default, Drop, FillArray, Hide, KeepOnly, ProducePerBlock, Rename, Set,
+    TensorEdit, Tensors, ToF32, TokenType, Translation, ViewTensor, When, any_of, arch_is, as_projector,
+    has_tensor_prefix, value_is, whole,
 )
-
-CONTROL, BYTE = 3, 6   # tokenizer.ggml.token_type values
 
 
 # -- Gemma 4's own tensor edit ------------------------------------------------------------
@@ -46,7 +46,7 @@ CLAMPS = ("input_min", "input_max", "output_min", "output_max")
 
 
 @dataclass(frozen=True)
-class UnpackClamps:
+class UnpackClamps(TensorEdit):
     """Tensor edit: the F32 tensor `packed` holds, for each block i <
     KV `blocks` and each of its linears `per_block` (`<block>.<linear>`), then
     for each linear of `after`, the four values of `CLAMPS`; each value
@@ -62,7 +62,7 @@ class UnpackClamps:
     def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
         t = src.tensors.get(self.packed)
         blocks = src.block_ids(self.block.partition("{}")[0])
-        if src.get(self.blocks) != len(blocks) or blocks != frozenset(range(len(blocks))):
+        if whole(src.kvs.get(self.blocks)) != len(blocks) or blocks != frozenset(range(len(blocks))):
             return ts
         linears = [f"{self.block.format(i)}.{lin}" for i in range(len(blocks)) for lin in self.per_block]
         linears += list(self.after)
@@ -101,7 +101,6 @@ DETECT = arch_is("gemma4") & any_of(
     value_is(Keys.Tokenizer.MODEL, "llama"),
 )
 
-BYTE_TOKENS = tuple(f"<0x{b:02X}>" for b in range(256))
 # Image and audio markers: special tokens of Gemma 4's processor, control in
 # llama.cpp's conversion, user-defined in Ollama's.  (The other added tokens,
 # `<|turn>` and the like, stay user-defined: see the tests.)
@@ -115,8 +114,8 @@ TEXT = Translation(
         # Gemma 4's tokenizer is BPE with SentencePiece-style byte fallback;
         # as `llama` (SPM) its special tokens split into pieces.
         Set(Keys.Tokenizer.MODEL, string("gemma4"), when=value_is(Keys.Tokenizer.MODEL, "llama")),
-        TokenType(BYTE_TOKENS, BYTE),
-        TokenType(MEDIA_MARKERS, CONTROL),
+        TokenType(BYTE_TOKENS, TT.BYTE),
+        TokenType(MEDIA_MARKERS, TT.CONTROL),
         FillArray(Keys.Tokenizer.SCORES, -1000.0),
         Default(Keys.Tokenizer.ADD_PREFIX, boolean(False)),
         Default(Keys.Tokenizer.ADD_SEP, boolean(False)),

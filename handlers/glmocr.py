@@ -24,32 +24,33 @@ from gguf import Keys
 from gguf import GGMLQuantizationType as DT
 
 from compatfs.gguf_source import SourceGGUF, TensorInfo
-from compatfs.gguf_values import VT, GGUFError, Value, array, boolean, string, u32
-from compatfs.handlers.qwen25vl import PadTokensUnused
+from compatfs.gguf_values import GGUFError, string, u32
 from compatfs.ops import Concat, Op
 from compatfs.translation import (
-    Copy, CopyEach, CopyPrefix, Count, Default, DefaultTokenId, Drop, Hide, KeepOnly, PadArray, ProducePerBlock,
-    Rename, Set, Translation, arch_is, as_projector, has_tensor_prefix,
+    OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Copy, CopyPrefix, Count, DefaultTokenId, Drop, Hide, KVEdit, KVs, PadArray,
+    PadTokensUnused, ProducePerBlock, Rename, Set, Translation, arch_is, clip_projector, finite, has_tensor_prefix,
+    whole,
 )
 
 
 # -- GLM-OCR's own KV edit and tensor maker -------------------------------------------------
 
 @dataclass(frozen=True)
-class RotaryWidth:
+class RotaryWidth(KVEdit):
     """`key` (u32) = the head width `head` times the rotary fraction `factor`
-    (1.0 when absent), when `key` is absent: the dimensions rope turns."""
+    (1.0 when absent; one that is no number in (0, 1] leaves `key` out),
+    when `key` is absent: the dimensions rope turns."""
     head: str
     factor: str
     key: str
 
-    def apply(self, kv: dict[str, Value], src: SourceGGUF) -> None:
-        head, factor = kv.get(self.head), kv.get(self.factor)
-        if self.key in kv or head is None or head.vtype != VT.UINT32:
+    def apply(self, kv: KVs, src: SourceGGUF) -> None:
+        head, factor = whole(kv.get(self.head)), kv.get(self.factor)
+        if self.key in kv or head is None:
             return
-        fraction = factor.decode() if factor is not None and factor.vtype == VT.FLOAT32 else 1.0
-        if 0 < fraction <= 1:
-            kv[self.key] = u32(int(head.decode() * fraction))
+        fraction = 1.0 if factor is None else finite(factor)
+        if fraction is not None and 0 < fraction <= 1:
+            kv[self.key] = u32(int(head * fraction))
 
 
 def gate_up(src: SourceGGUF, i: int) -> Op | None:
@@ -100,34 +101,20 @@ TEXT = Translation(
     ),
 )
 
-# GLM-OCR's preprocessor (the OpenAI CLIP statistics), for files without them.
-IMAGE_MEAN = (0.48145466, 0.4578275, 0.40821073)
-IMAGE_STD = (0.26862954, 0.26130258, 0.27577711)
-
-CLIP = Translation(
-    name="glmocr-clip",
-    detect=DETECT & has_tensor_prefix("v."),
-    kv=(
-        CopyEach("glmocr.vision.", "clip.vision.", (
-            "block_count", "embedding_length", "attention.head_count", "image_size", "patch_size",
-            "image_mean", "image_std",
-        )),
+CLIP = clip_projector(
+    "glmocr-clip", DETECT & has_tensor_prefix("v."), "glmocr", "glm4v",
+    copy=("block_count", "embedding_length", "attention.head_count", "image_size", "patch_size", "image_mean",
+          "image_std"),
+    head=(
         Copy("glmocr.vision.intermediate_size", Keys.ClipVision.FEED_FORWARD_LENGTH),
         Copy("glmocr.vision.attention.layer_norm_rms_epsilon", Keys.ClipVision.Attention.LAYERNORM_EPS),
-        # The merger's output feeds the language model's embedding.
-        Copy("glmocr.embedding_length", Keys.ClipVision.PROJECTION_DIM),
-        Default(Keys.ClipVision.IMAGE_MEAN, array(VT.FLOAT32, IMAGE_MEAN)),
-        Default(Keys.ClipVision.IMAGE_STD, array(VT.FLOAT32, IMAGE_STD)),
-        Set(Keys.Clip.HAS_VISION_ENCODER, boolean(True)),
-        Set(Keys.ClipVision.USE_SILU, boolean(True)),
-        Set(Keys.Clip.PROJECTOR_TYPE, string("glm4v")),
-        # Not carried, as llama.cpp's converter writes none of them: spatial
-        # merge (clip.cpp's glm4v default is GLM's 2), temporal patch, pixel
-        # limits, the merger's output width (the text width).
-        *as_projector("glmocr"),
     ),
+    # GLM-OCR's preprocessor (OpenAI CLIP's statistics), for files without them.
+    mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD, activation=Keys.ClipVision.USE_SILU,
+    # Not carried, as llama.cpp's converter writes none of them: spatial
+    # merge (clip.cpp's glm4v default is GLM's 2), temporal patch, pixel
+    # limits, the merger's output width (the text width).
     tensors=(
-        KeepOnly(("v.", "mm.")),
         # The Conv3D patch embedding, split into its two temporal halves.
         Rename("v.patch_embd_0.weight", "v.patch_embd.weight"),
         Rename("v.patch_embd_1.weight", "v.patch_embd.weight.1"),

@@ -40,8 +40,8 @@ from compatfs.gguf_source import SourceGGUF, TensorInfo
 from compatfs.gguf_values import GGUFError, f32, string
 from compatfs.ops import Op, Strided
 from compatfs.translation import (
-    CopyPrefix, Count, Default, DefaultTokenId, Drop, FromShape, Pred, ProducePerBlock, Rename, Set, Translation,
-    When, arch_is, has_key,
+    CopyPrefix, Count, Default, DefaultTokenId, Drop, FromShape, ProducePerBlock, Rename, Set, StoredType,
+    Translation, When, arch_is, has_key, has_token,
 )
 
 OLLAMA_MXFP4 = 4            # the ggml type number Ollama's converter gave MXFP4 before 59412fbb4
@@ -53,26 +53,21 @@ class OllamaMXFP4(Op):
     """An MXFP4 stack of Ollama's type 4 in ggml's layout (type MXFP4):
     each block's scale kept, its nibbles reordered; rows (ggml axis 1)
     `start`::`step` of each slab of the slower axes.  The input is the
-    blob's bytes of the tensor, sized from its shape and checked to lie in
-    the blob's data apart from other tensors, as a flat I8 tensor (a view
-    reads an op's inputs by their size, which type 4 does not have)."""
+    blob's bytes of the tensor, sized from its shape (the translation's
+    `StoredType` has `plan` check that they lie in the blob's data apart
+    from other tensors), as a flat I8 tensor (a view reads an op's inputs
+    by their size, which type 4 does not have)."""
 
     stored: tuple[int, ...] = ()      # the tensor's ggml shape as the blob declares it
     start: int = 0
     step: int = 1
 
     @classmethod
-    def of(cls, src: SourceGGUF, t: TensorInfo, start: int = 0, step: int = 1) -> "OllamaMXFP4":
+    def of(cls, t: TensorInfo, start: int = 0, step: int = 1) -> "OllamaMXFP4":
         shape = t.shape
         if len(shape) < 2 or shape[0] % QK or not 0 <= start < step or shape[1] % step:
             raise GGUFError(f"{t.name}: shape {shape} is not an MXFP4 stack whose rows split {step} ways")
-        nbytes = prod(shape) // QK * BLOCK
-        end = t.offset + nbytes
-        if t.offset < src.data_offset or end > src.size:
-            raise GGUFError(f"{t.name}: {nbytes} bytes at {t.offset} lie outside the blob's data")
-        if any(t.offset < other.offset < end for other in src.tensors.values()):
-            raise GGUFError(f"{t.name}: its {nbytes} bytes overlap another tensor")
-        raw = TensorInfo(t.name, (nbytes,), DT.I8, t.offset)
+        raw = TensorInfo(t.name, (prod(shape) // QK * BLOCK,), DT.I8, t.offset)
         return cls((raw,), (shape[0], shape[1] // step, *shape[2:]), DT.MXFP4, shape, start, step)
 
     @property
@@ -114,7 +109,7 @@ def from_fused(kind: str, half: int):
         if fused is None:
             return None
         if fused.dtype == OLLAMA_MXFP4:
-            return OllamaMXFP4.of(src, fused, half, 2)
+            return OllamaMXFP4.of(fused, half, 2)
         return Strided.of(fused, 1 if kind == "weight" else 0, half, 2)
     return make
 
@@ -124,15 +119,8 @@ def repacked(part: str):
     when the blob stores it as Ollama's type 4."""
     def make(src: SourceGGUF, i: int) -> Op | None:
         t = src.tensors.get(f"blk.{i}.ffn_{part}_exps.weight")
-        return OllamaMXFP4.of(src, t) if t is not None and t.dtype == OLLAMA_MXFP4 else None
+        return OllamaMXFP4.of(t) if t is not None and t.dtype == OLLAMA_MXFP4 else None
     return make
-
-
-def has_token(text: str) -> Pred:
-    def test(s: SourceGGUF) -> bool:
-        tokens = s.kvs.get(Keys.Tokenizer.LIST)
-        return tokens is not None and text in tokens.indices_of({text})
-    return Pred(f"has token {text}", test)
 
 
 BOS, EOS = "<|startoftext|>", "<|return|>"
@@ -143,6 +131,7 @@ TEXT = Translation(
     name="gptoss",
     detect=arch_is("gptoss"),
     counts=(Count(BLOCKS, "blk."),),
+    stored_types=(StoredType(OLLAMA_MXFP4, QK, BLOCK),),
     kv=(
         Set(Keys.General.ARCHITECTURE, string("gpt-oss")),
         CopyPrefix("gptoss.", "gpt-oss."),

@@ -17,40 +17,13 @@ to `v.blk.N.attn_post_norm` (a name gemma4 later claimed), which clip.cpp
 applies after attention instead of before the MLP; here it is `ln2`, as
 clip.cpp's Llama 4 graph needs it and as earlier llama.cpp conversions wrote.
 """
-from __future__ import annotations
-
-from dataclasses import dataclass
-
 from gguf import Keys
 
-from compatfs.gguf_source import SourceGGUF
-from compatfs.gguf_values import VT, Value, array, boolean, string, u32
-from compatfs.handlers.qwen25vl import PadTokensUnused
+from compatfs.gguf_values import boolean, string
 from compatfs.translation import (
-    Copy, CopyEach, Default, Drop, Hide, KeepOnly, Rename, Set, Translation, any_of, arch_is, as_projector,
+    Copy, Drop, Hide, PadTokensUnused, Reciprocal, Rename, Set, Translation, any_of, arch_is, clip_projector,
     has_tensor_prefix, missing_or_default,
 )
-
-
-# -- Llama 4's own KV edit ---------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ScaleFactor:
-    """`key` (u32) = 1 / the float at `ratio` (the pixel-shuffle ratio 0.5
-    shuffles 2x2 patches into one), when `key` is absent and the ratio is a
-    positive number whose inverse is a whole number; nothing otherwise (clip.cpp
-    then refuses the projector for lack of it)."""
-    ratio: str
-    key: str
-
-    def apply(self, kv: dict[str, Value], src: SourceGGUF) -> None:
-        value = kv.get(self.ratio)
-        ratio = None if value is None or value.vtype != VT.FLOAT32 else value.decode()
-        if self.key in kv or not ratio or ratio <= 0:
-            return
-        scale = round(1.0 / ratio)
-        if scale >= 1 and abs(scale * ratio - 1.0) < 1e-4:
-            kv[self.key] = u32(scale)
 
 
 # -- the translations ----------------------------------------------------------------------
@@ -76,32 +49,18 @@ TEXT = Translation(
     tensors=(Hide(("v.", "mm.")),),
 )
 
-# Llama 4's preprocessor normalises with mean = std = 0.5.
-IMAGE_MEAN_STD = (0.5, 0.5, 0.5)
-
-CLIP = Translation(
-    name="llama4-clip",
-    detect=DETECT & has_tensor_prefix("v."),
-    kv=(
-        CopyEach("llama4.vision.", "clip.vision.", (
-            "block_count", "embedding_length", "feed_forward_length", "attention.head_count", "image_size",
-            "patch_size",
-        )),
-        Copy("llama4.vision.layer_norm_epsilon", Keys.ClipVision.Attention.LAYERNORM_EPS),
-        # The projector's output feeds the language model's embedding.
-        Copy("llama4.embedding_length", Keys.ClipVision.PROJECTION_DIM),
-        ScaleFactor("llama4.vision.pixel_shuffle_ratio", Keys.ClipVision.Projector.SCALE_FACTOR),
-        Default(Keys.ClipVision.IMAGE_MEAN, array(VT.FLOAT32, IMAGE_MEAN_STD)),
-        Default(Keys.ClipVision.IMAGE_STD, array(VT.FLOAT32, IMAGE_MEAN_STD)),
-        Set(Keys.Clip.HAS_VISION_ENCODER, boolean(True)),
-        Set(Keys.ClipVision.USE_GELU, boolean(True)),
-        Set(Keys.Clip.PROJECTOR_TYPE, string("llama4")),
-        # Not carried, as llama.cpp's converter writes neither: the vision rope
-        # base (clip.cpp fixes 10000) and the pixel-shuffle ratio itself.
-        *as_projector("llama4"),
-    ),
+CLIP = clip_projector(
+    "llama4-clip", DETECT & has_tensor_prefix("v."), "llama4", "llama4",
+    copy=("block_count", "embedding_length", "feed_forward_length", "attention.head_count", "image_size",
+          "patch_size"),
+    head=(Copy("llama4.vision.layer_norm_epsilon", Keys.ClipVision.Attention.LAYERNORM_EPS),),
+    # The pixel-shuffle ratio 0.5 shuffles 2x2 patches into one: scale factor 2.
+    edits=(Reciprocal("llama4.vision.pixel_shuffle_ratio", Keys.ClipVision.Projector.SCALE_FACTOR),),
+    # Llama 4's preprocessor normalises with mean = std = 0.5.
+    mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5),
+    # Not carried, as llama.cpp's converter writes neither: the vision rope
+    # base (clip.cpp fixes 10000) and the pixel-shuffle ratio itself.
     tensors=(
-        KeepOnly(("v.", "mm.")),
         # The adapter MLP first: the block-leaf rename below would take its fc1/fc2.
         Rename("v.vision_adapter.mlp.fc1", "mm.model.mlp.1"),
         Rename("v.vision_adapter.mlp.fc2", "mm.model.mlp.2"),

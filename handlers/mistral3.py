@@ -17,59 +17,13 @@ text embedding into the projector as `v.token_embd.img_break`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from gguf import Keys
-from gguf import GGMLQuantizationType as DT
 
-from compatfs.gguf_source import SourceGGUF, TensorInfo, tensor_nbytes
-from compatfs.gguf_values import VT, GGUFError, array, boolean, f32, string
-from compatfs.ops import Permute, Promote
+from compatfs.gguf_values import f32, string
 from compatfs.translation import (
-    Copy, CopyEach, Default, Drop, Hide, KeepOnly, Produce, Rename, Set, Tensors, Translation, When, any_of,
-    arch_is, as_projector, has_key, has_tensor_prefix, missing_or_default,
+    OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Copy, Default, Drop, Hide, Produce, Rename, RopePermute, Set, Translation,
+    When, any_of, arch_is, clip_projector, embedding_row, has_key, has_tensor_prefix, missing_or_default,
 )
-
-
-# -- Mistral 3's own tensor edit and tensor maker ----------------------------
-
-@dataclass(frozen=True)
-class RopePermute:
-    """Tensor edit: every tensor named `prefix`...`suffix` gets llama.cpp's
-    rope row order (`LlamaModel.permute` of its converter): per head, the HF
-    layout [first halves | second halves] becomes interleaved pairs.  The
-    head count is the blob's KV `heads`.  Plain dtypes only (F32/F16/BF16);
-    a quantized match is an error rather than a silently wrong tensor."""
-    prefix: str
-    suffixes: tuple[str, ...]
-    heads: str
-
-    def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
-        n_head = src.get(self.heads)
-        for t in ts:
-            if not (t.name.startswith(self.prefix) and t.name.endswith(self.suffixes)) or t.op is not None:
-                continue
-            rows, rest = t.shape[-1], tuple(reversed(t.shape[:-1]))
-            if (not isinstance(n_head, int) or n_head <= 0 or rows % (2 * n_head)
-                    or t.dtype not in (DT.F32, DT.F16, DT.BF16)):
-                raise GGUFError(f"{t.name}: cannot rope-permute {t.dtype!r} with {self.heads}={n_head!r}")
-            view = (n_head, 2, rows // n_head // 2, *rest)
-            t.op = Permute.of(t.source, view, (0, 2, 1, *range(3, len(view))))
-        return ts
-
-
-def embedding_row(token: str, embedding: str = "token_embd.weight"):
-    """A `Produce` maker: the row of `embedding` for the vocabulary token
-    `token`, as a 1-D F32 tensor.  Only that row's bytes are read (any dtype:
-    a row is whole quantization blocks)."""
-    def make(src: SourceGGUF):
-        t, tokens = src.tensors.get(embedding), src.kvs.get(Keys.Tokenizer.LIST)
-        index = tokens.indices_of({token}).get(token) if tokens is not None else None
-        if t is None or index is None or index >= t.shape[1]:
-            return None
-        row_bytes = tensor_nbytes(t.shape[:1], t.dtype)
-        return Promote.of(TensorInfo(f"{t.name}[{index}]", t.shape[:1], t.dtype, t.offset + index * row_bytes))
-    return make
 
 
 # -- the translations --------------------------------------------------------------
@@ -106,32 +60,16 @@ TEXT = Translation(
     tensors=(Hide(("v.", "mm.")),),
 )
 
-# Pixtral's preprocessing constants (the CLIP image statistics).
-IMAGE_MEAN = [0.48145466, 0.4578275, 0.40821073]
-IMAGE_STD = [0.26862954, 0.26130258, 0.27577711]
-
-CLIP = Translation(
-    name="mistral3-clip",
-    detect=DETECT & has_tensor_prefix("v."),
-    kv=(
-        CopyEach("mistral3.vision.", "clip.vision.", (
-            "block_count", "embedding_length", "feed_forward_length", "attention.head_count", "image_size",
-            "patch_size",
-        )),
-        Copy("mistral3.spatial_merge_size", Keys.ClipVision.SPATIAL_MERGE_SIZE),
-        # The projector's output feeds the language model's embedding.
-        Copy("mistral3.embedding_length", Keys.ClipVision.PROJECTION_DIM),
-        # Hard-coded in HF's modeling_pixtral; the vision MLP is gated SiLU.
-        Default(Keys.ClipVision.Attention.LAYERNORM_EPS, f32(1e-5)),
-        Default(Keys.ClipVision.IMAGE_MEAN, array(VT.FLOAT32, IMAGE_MEAN)),
-        Default(Keys.ClipVision.IMAGE_STD, array(VT.FLOAT32, IMAGE_STD)),
-        Default(Keys.Clip.HAS_VISION_ENCODER, boolean(True)),
-        Default(Keys.ClipVision.USE_SILU, boolean(True)),
-        Set(Keys.Clip.PROJECTOR_TYPE, string("pixtral")),
-        *as_projector("mistral3"),
-    ),
+CLIP = clip_projector(
+    "mistral3-clip", DETECT & has_tensor_prefix("v."), "mistral3", "pixtral",
+    copy=("block_count", "embedding_length", "feed_forward_length", "attention.head_count", "image_size",
+          "patch_size"),
+    head=(Copy("mistral3.spatial_merge_size", Keys.ClipVision.SPATIAL_MERGE_SIZE),),
+    # Hard-coded in HF's modeling_pixtral; the vision MLP is gated SiLU.
+    edits=(Default(Keys.ClipVision.Attention.LAYERNORM_EPS, f32(1e-5)),),
+    # Pixtral's preprocessing constants (OpenAI CLIP's image statistics).
+    mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD, activation=Keys.ClipVision.USE_SILU, keep_present=True,
     tensors=(
-        KeepOnly(("v.", "mm.")),
         # Pixtral's 2D rope expects llama.cpp's row order in vision Q/K.
         RopePermute("v.blk.", (".attn_q.weight", ".attn_k.weight"), heads="mistral3.vision.attention.head_count"),
         # The [IMG_BREAK] row separator, from the text embedding.

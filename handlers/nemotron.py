@@ -32,21 +32,16 @@ from gguf import Keys
 from gguf import GGMLQuantizationType as DT
 
 from compatfs.gguf_source import SourceGGUF
-from compatfs.gguf_values import VT, GGUFError, array, boolean, f32, string, u32
-from compatfs.ops import Concat, Elementwise, Op, to_f32
+from compatfs.gguf_values import GGUFError, f32, string, u32
+from compatfs.ops import Elementwise, Op, to_f32
 from compatfs.translation import (
-    Copy, CopyEach, CopyPrefix, Count, Default, Drop, FromFirstBlock, Hide, KeepOnly, Pred, Produce, ProducePerBlock,
-    Rename, Set, ToF32, Translation, When, any_of, arch_is, as_projector, has_tensor_prefix, value_at_least,
+    OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, CopyPrefix, Count, Default, Drop, FromFirstBlock, Hide, Produce,
+    ProducePerBlock, Rename, Set, ToF32, Translation, When, any_of, arch_is, clip_projector, concatenated, describe,
+    has_block_tensor, has_tensor_prefix, split_qkv, value_at_least, whole,
 )
 
 
-# -- Nemotron's own detector and ops ------------------------------------------
-
-def has_block_tensor(component: str) -> Pred:
-    """Some `blk.<i>.<component>.*` tensor is in the blob."""
-    needle = f".{component}."
-    return Pred(f"has blk.*.{component} tensors",
-                lambda s: any(n.startswith("blk.") and needle in n for n in s.tensors))
+# -- Nemotron's own ops -------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -131,14 +126,12 @@ TEXT_OMNI = Translation(
 # -- the projector -------------------------------------------------------------------
 
 V = f"{OMNI}.vision."
-CLIP_IMAGE_MEAN = (0.48145466, 0.4578275, 0.40821073)   # the converter's defaults (OpenAI CLIP values)
-CLIP_IMAGE_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 def _u32(src: SourceGGUF, key: str) -> int:
-    value = src.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise GGUFError(f"{key} = {value!r}, expected a positive count")
+    value = whole(src.kvs.get(key))
+    if value is None or value <= 0:
+        raise GGUFError(f"{key} is {describe(src.kvs.get(key))}, expected a positive count")
     return value
 
 
@@ -148,6 +141,8 @@ def position_table(src: SourceGGUF) -> Op | None:
     t = src.tensors.get("v.position_embd")
     if t is None:
         return None
+    if len(t.shape) < 2:
+        raise GGUFError(f"{t.name}: shape {t.shape} is not [width, side²]")
     width, target = _u32(src, V + "embedding_length"), _u32(src, V + "image_size") // _u32(src, V + "patch_size")
     rows = math.prod(t.shape[1:])
     source = _square_side(rows)
@@ -171,49 +166,29 @@ def patch_kernel(src: SourceGGUF) -> Op | None:
     return Reshaped((t,), (patch, patch, channels, width), DT.F32)
 
 
-def fused_qkv(kind: str):
-    """A `ProducePerBlock` maker: vision Q, K and V of block i stacked into one `attn_qkv.<kind>`."""
-    def make(src: SourceGGUF, i: int) -> Op | None:
-        parts = [src.tensors.get(f"v.blk.{i}.attn_{p}.{kind}") for p in "qkv"]
-        return Concat.of(*parts) if all(parts) else None
-    return make
-
-
-CLIP = Translation(
-    name="nemotron_h_omni-clip",
-    detect=DETECT_OMNI & has_tensor_prefix("v."),
+CLIP = clip_projector(
+    "nemotron_h_omni-clip", DETECT_OMNI & has_tensor_prefix("v."), OMNI, "nemotron_v2_vl",
     counts=(Count(V + "block_count", "v.blk."),),
-    kv=(
-        CopyEach(V, "clip.vision.", (
-            "block_count", "embedding_length", "feed_forward_length", "attention.head_count",
-            "attention.layer_norm_epsilon", "patch_size", "image_size", "projector.scale_factor",
-            "image_mean", "image_std",
-        )),
-        # The projector's output feeds the language model's embedding.
-        Copy(f"{OMNI}.embedding_length", Keys.ClipVision.PROJECTION_DIM),
+    copy=("block_count", "embedding_length", "feed_forward_length", "attention.head_count",
+          "attention.layer_norm_epsilon", "patch_size", "image_size", "projector.scale_factor", "image_mean",
+          "image_std"),
+    edits=(
         Default(Keys.ClipVision.Attention.LAYERNORM_EPS, f32(1e-6)),
         Default(Keys.ClipVision.Projector.SCALE_FACTOR, u32(2)),
-        Default(Keys.ClipVision.IMAGE_MEAN, array(VT.FLOAT32, CLIP_IMAGE_MEAN)),
-        Default(Keys.ClipVision.IMAGE_STD, array(VT.FLOAT32, CLIP_IMAGE_STD)),
-        Set(Keys.Clip.HAS_VISION_ENCODER, boolean(True)),
-        Set(Keys.ClipVision.USE_GELU, boolean(True)),
-        Set(Keys.Clip.PROJECTOR_TYPE, string("nemotron_v2_vl")),
-        # Not carried, as llama.cpp's converter writes none of them: channels,
-        # tiling (clip.cpp resizes to the fixed size), media token ids.
-        *as_projector(OMNI),
     ),
+    # The converter's defaults: OpenAI CLIP's statistics.
+    mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD,
+    # Not carried, as llama.cpp's converter writes none of them: channels,
+    # tiling (clip.cpp resizes to the fixed size), media token ids.
     tensors=(
-        KeepOnly(("v.", "mm.")),
         Hide(("mm.a.",)),                     # the audio projector
         Rename("v.cls_embd", "v.class_embd"),
         ToF32(("v.class_embd",)),             # concatenated with the F32 patch rows
         Produce("v.position_embd.weight", position_table, consumes=("v.position_embd",)),
         Produce("v.patch_embd.weight", patch_kernel, consumes=("v.patch_embd.weight",)),
         # Ollama's converter split RADIO's fused QKV; llama.cpp's keeps it fused.
-        ProducePerBlock(V + "block_count", "v.blk.{}.attn_qkv.weight", fused_qkv("weight"),
-                        consumes=tuple(f"v.blk.{{}}.attn_{p}.weight" for p in "qkv")),
-        ProducePerBlock(V + "block_count", "v.blk.{}.attn_qkv.bias", fused_qkv("bias"),
-                        consumes=tuple(f"v.blk.{{}}.attn_{p}.bias" for p in "qkv")),
+        *(ProducePerBlock(V + "block_count", f"v.blk.{{}}.attn_qkv.{kind}", concatenated(*split_qkv(kind)),
+                          consumes=split_qkv(kind)) for kind in ("weight", "bias")),
         Rename("mm.norm", "mm.model.mlp.0"),
         Rename("mm.1", "mm.model.mlp.1"),
         Rename("mm.2", "mm.model.mlp.3"),

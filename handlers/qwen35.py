@@ -35,36 +35,18 @@ from dataclasses import dataclass
 from gguf import GGMLQuantizationType as DT
 from gguf import MODEL_TENSOR, TENSOR_NAMES
 
-from compatfs.gguf_source import SourceGGUF, TensorInfo
-from compatfs.gguf_values import VT, GGUFError, Value, array, u32
-from compatfs.ops import AddScalar, Concat
+from compatfs.gguf_source import SourceGGUF
+from compatfs.gguf_values import VT, GGUFError, array, u32
+from compatfs.ops import AddScalar
 from compatfs.translation import (
-    AddSuffix, Count, Default, Drop, Hide, PerLayerToMax, Produce, Rename, Tensors, Translation, any_of, arch_is,
-    has_key, has_tensor_prefix, has_true,
+    AddSuffix, Count, Default, Drop, Hide, KVEdit, KVs, PadArray, PerLayerToMax, Produce, Rename, TensorEdit,
+    Tensors, Translation, any_of, arch_is, describe, has_key, has_tensor_prefix, has_true, stacked, whole,
 )
 
 from .qwen3vl import qwen_tokenizer, vision_projector
 
-KVs = dict[str, Value]
-INTEGERS = (VT.UINT8, VT.INT8, VT.UINT16, VT.INT16, VT.UINT32, VT.INT32, VT.UINT64, VT.INT64)
-
 
 # -- Qwen3.5's own KV edits -----------------------------------------------------------
-
-@dataclass(frozen=True)
-class PadSections:
-    """The integer array `key`, when shorter than `length`, padded with zeros."""
-    key: str
-    length: int
-
-    def apply(self, kv: KVs, src: SourceGGUF) -> None:
-        value = kv.get(self.key)
-        if value is None or value.element_type not in INTEGERS or value.count >= self.length:
-            return
-        items = [int(x) for x in value.decode()]
-        kv[self.key] = array(value.element_type, items + [0] * (self.length - len(items)))
-
-
 
 def mtp_block(src: SourceGGUF, blocks: str) -> int | None:
     """The block number the MTP layer takes in llama.cpp's layout: the one
@@ -72,13 +54,14 @@ def mtp_block(src: SourceGGUF, blocks: str) -> int | None:
     if src.block_ids("mtp.layers.") != frozenset({0}):
         return None
     text = src.block_ids("blk.")
-    if text != frozenset(range(len(text))) or src.get(blocks) != len(text):
-        raise GGUFError(f"{blocks} = {src.get(blocks)!r}, but the text blocks held are {sorted(text)}")
+    if text != frozenset(range(len(text))) or whole(src.kvs.get(blocks)) != len(text):
+        raise GGUFError(f"{blocks} is {describe(src.kvs.get(blocks))}, but the text blocks held are "
+                        f"{sorted(text)[:8]}{' ...' if len(text) > 8 else ''}")
     return len(text)
 
 
 @dataclass(frozen=True)
-class MtpBlockCount:
+class MtpBlockCount(KVEdit):
     """With an MTP layer, `blocks` counts it too and `nextn` = 1."""
     blocks: str
     nextn: str
@@ -90,7 +73,7 @@ class MtpBlockCount:
 
 
 @dataclass(frozen=True)
-class RecurrentLayers:
+class RecurrentLayers(KVEdit):
     """`key` (bool per block of KV `blocks`, as counted by now) = which blocks
     are delta-net layers: those whose `marker` tensor the blob holds."""
     key: str
@@ -98,7 +81,7 @@ class RecurrentLayers:
     marker: str
 
     def apply(self, kv: KVs, src: SourceGGUF) -> None:
-        n = kv[self.blocks].decode() if self.blocks in kv else 0
+        n = whole(kv.get(self.blocks)) or 0
         kv[self.key] = array(VT.BOOL, [self.marker.format(i) in src.tensors for i in range(n)])
 
 
@@ -119,18 +102,8 @@ MTP_EXPERTS = (("gate_proj", MODEL_TENSOR.FFN_GATE_EXP), ("up_proj", MODEL_TENSO
                ("down_proj", MODEL_TENSOR.FFN_DOWN_EXP))
 
 
-def stack(srcs: list[TensorInfo]) -> Concat:
-    """2-D tensors of one shape stacked along a new slowest axis (bytes kept;
-    F32 where their dtypes differ)."""
-    if (not srcs or len({t.shape for t in srcs}) != 1 or len(srcs[0].shape) != 2
-            or not all(isinstance(t.dtype, DT) for t in srcs)):
-        raise GGUFError(f"cannot stack {[(t.name, t.shape, t.dtype) for t in srcs]}")
-    same = len({t.dtype for t in srcs}) == 1
-    return Concat(tuple(srcs), (*srcs[0].shape, len(srcs)), srcs[0].dtype if same else DT.F32)
-
-
 @dataclass(frozen=True)
-class PlaceMtp:
+class PlaceMtp(TensorEdit):
     """Tensor edit: the MTP layer becomes block n (KV `blocks`, the text
     blocks): `mtp.layers.0.*` -> `blk.<n>.*`, per-expert tensors stacked,
     shared tensors per `MTP_SHARED`.  Without a single MTP layer the `mtp.*`
@@ -149,7 +122,7 @@ class PlaceMtp:
             names = tuple(f"{prefix}{e}.{leaf}.weight" for e in range(len(experts)))
             if any(name not in src.tensors for name in names):
                 raise GGUFError(f"{prefix}*.{leaf}.weight: not every expert has one")
-            make = lambda s, names=names: stack([s.tensors[name] for name in names])
+            make = lambda s, names=names: stacked([s.tensors[name] for name in names])
             ts = Produce(TENSOR_NAMES[tensor].format(bid=n) + ".weight", make, consumes=names).apply(ts, src)
         ts = Rename("mtp.layers.0", f"blk.{n}").apply(ts, src)
         shifted = set()
@@ -190,7 +163,7 @@ def text_translation(arch: str) -> Translation:
         detect=detector(arch),
         counts=(Count(f"{arch}.block_count", "blk."),),
         kv=(
-            PadSections(f"{arch}.rope.dimension_sections", 4),
+            PadArray(f"{arch}.rope.dimension_sections", f"{arch}.rope.dimension_sections", 4),
             # llama.cpp's converter writes Qwen3.5's default when the config has none.
             Default(f"{arch}.rope.dimension_sections", array(VT.INT32, [11, 11, 10, 0])),
             PerLayerToMax(f"{arch}.attention.head_count_kv"),

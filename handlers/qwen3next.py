@@ -26,21 +26,11 @@ from gguf import Keys
 
 from compatfs.gguf_values import string
 from compatfs.translation import (
-    AddSuffix, Count, CopyPrefix, Drop, PerLayerToMax, Pred, Set, Translation, any_of, arch_is, has_key,
-    has_tensor_prefix, value_is,
+    AddSuffix, Count, CopyPrefix, Drop, PerLayerToMax, Set, Translation, any_of, arch_is, has_key,
+    has_tensor_ending, has_tensor_prefix, is_array, value_is,
 )
 
 ARCH = "qwen3next"
-
-
-def has_tensor_ending(end: str) -> Pred:
-    return Pred(f"has *{end} tensors", lambda s: any(name.endswith(end) for name in s.tensors))
-
-
-def is_array(key: str) -> Pred:
-    return Pred(f"{key} is an array", lambda s: key in s.kvs and s.kvs[key].element_type is not None)
-
-
 
 
 # Ollama's `qwen35moe` form of a Qwen3-Next checkpoint: Qwen3-Next's fused

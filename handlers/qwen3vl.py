@@ -45,19 +45,18 @@ import numpy as np
 from gguf import Keys
 from gguf import GGMLQuantizationType as DT
 from gguf import MODEL_TENSOR, TENSOR_NAMES
+from gguf import TokenType as TT
 
 from compatfs.gguf_source import SourceGGUF, TensorInfo
-from compatfs.gguf_values import VT, GGUFError, Value, array, boolean, string, u32
-from compatfs.ops import Concat, Op, as_array
+from compatfs.gguf_values import VT, GGUFError, array, boolean, u32
+from compatfs.ops import Op, as_array
 from compatfs.translation import (
-    Copy, CopyEach, Count, Default, DefaultTokenId, Drop, FromShape, Hide, KeepOnly, PadArray, Produce,
-    ProducePerBlock, Rename, Set, Tensors, ToF32, TokenType, Translation, arch_is, as_projector, has_key,
+    BlockCount, Copy, CopyEach, Count, Default, DefaultTokenId, Drop, FromShape, Hide, KVEdit, KVs, PadArray,
+    PadTokensUnused, Produce, ProducePerBlock, Rename, TensorEdit, Tensors, ToF32, TokenType, Translation, arch_is,
+    clip_projector, concatenated, describe, has_key, integer_array, split_qkv, whole,
 )
 
-from .qwen25vl import FIM_MARKERS, PadTokensUnused
-
-KVs = dict[str, Value]
-CONTROL = 3   # tokenizer.ggml.token_type
+from .qwen25vl import FIM_MARKERS
 
 
 # -- Qwen3-VL's own KV edits ----------------------------------------------------------
@@ -67,7 +66,7 @@ PUBLISHED_SECTIONS, PUBLISHED_PAIRS = (24, 20, 20), 64
 
 
 @dataclass(frozen=True)
-class MRopeSections:
+class MRopeSections(KVEdit):
     """`key` (4 x i32) = M-RoPE sections for the head size of `tensor` (a
     per-head norm, one weight per head dimension), when `key` is absent: the
     published proportions scaled to head/2 rotary pairs, height and width
@@ -87,32 +86,24 @@ class MRopeSections:
         kv[self.key] = array(VT.INT32, [pairs - 2 * spatial, spatial, spatial, 0])
 
 
-@dataclass(frozen=True)
-class BlockCount:
-    """`key` (u32) = how many blocks `<prefix><i>.*` the blob holds, when absent."""
-    key: str
-    prefix: str
-
-    def apply(self, kv: KVs, src: SourceGGUF) -> None:
-        kv.setdefault(self.key, u32(len(src.block_ids(self.prefix))))
-
-
 def deepstack_layers(src: SourceGGUF, indexes: str, blocks: str) -> list[int]:
     """The vision blocks the deepstack mergers follow, merger j after block
     `indexes[j]`: one distinct block < KV `blocks` per merger the blob holds."""
     value = src.kvs.get(indexes)
-    layers = [] if value is None or value.element_type in (None, VT.STRING, VT.ARRAY, VT.FLOAT32, VT.FLOAT64) \
-        else [int(x) for x in value.decode()]
-    mergers, n_blocks = src.block_ids("v.deepstack_merger."), src.get(blocks, 0)
+    layers = [] if value is None else [int(x) for x in integer_array(indexes, value)]
+    mergers, n_blocks = src.block_ids("v.deepstack_merger."), whole(src.kvs.get(blocks))
+    if n_blocks is None and blocks in src.kvs:
+        raise GGUFError(f"{blocks} is {describe(src.kvs[blocks])}, not a block count")
+    n_blocks = n_blocks or 0
     if (mergers != frozenset(range(len(layers))) or len(set(layers)) != len(layers)
             or any(not 0 <= b < n_blocks for b in layers)):
-        raise GGUFError(f"{indexes} = {layers} does not place the {len(mergers)} deepstack mergers "
+        raise GGUFError(f"{indexes} = {layers[:8]} does not place the {len(mergers)} deepstack mergers "
                         f"among {n_blocks} vision blocks")
     return layers
 
 
 @dataclass(frozen=True)
-class DeepstackMask:
+class DeepstackMask(KVEdit):
     """`key` (bool array, one per vision block, KV `blocks`) = which blocks a
     deepstack merger follows (the array `indexes`)."""
     key: str
@@ -121,11 +112,11 @@ class DeepstackMask:
 
     def apply(self, kv: KVs, src: SourceGGUF) -> None:
         layers = set(deepstack_layers(src, self.indexes, self.blocks))
-        kv[self.key] = array(VT.BOOL, [i in layers for i in range(src.get(self.blocks, 0))])
+        kv[self.key] = array(VT.BOOL, [i in layers for i in range(whole(src.kvs.get(self.blocks)) or 0)])
 
 
 @dataclass(frozen=True)
-class ImageSize:
+class ImageSize(KVEdit):
     """`key` (u32) = the side of the position grid of `positions` (ggml
     [n_embd, side*side]) times the patch side of `patch` (ggml [p, p, ...]):
     the image size the learnt position table was trained for."""
@@ -174,22 +165,9 @@ def patch_frame(frame: int, weight: str = "v.patch_embed.weight", bias: str = "v
         w, b = src.tensors.get(weight), src.tensors.get(bias)
         if w is None or b is None:
             return None
+        if len(b.shape) != 1:
+            raise GGUFError(f"{bias}: shape {b.shape} is not one bias per output channel")
         return FrameOfPatchEmbedding.of(w, b.shape[0], frame)
-    return make
-
-
-def qkv(part: str):
-    """A `ProducePerBlock` maker: vision block i's Q, K and V `part`
-    (weight or bias) concatenated (as F32 where their dtypes differ).  The
-    converter split one QKV into three equal parts: Q, K and V of another
-    shape, or of a type ggml does not define, are refused."""
-    def make(src: SourceGGUF, i: int) -> Op | None:
-        ts = [src.tensors.get(f"v.blk.{i}.attn_{x}.{part}") for x in "qkv"]
-        if None in ts:
-            return None
-        if len({t.shape for t in ts}) != 1 or not all(isinstance(t.dtype, DT) for t in ts):
-            raise GGUFError(f"cannot merge {[(t.name, t.shape, t.dtype) for t in ts]} into one QKV")
-        return Concat.of(*ts)
     return make
 
 
@@ -198,7 +176,7 @@ DEEPSTACK_LEAVES = (("norm", MODEL_TENSOR.V_DS_NORM), ("linear_fc1", MODEL_TENSO
 
 
 @dataclass(frozen=True)
-class RenameDeepstack:
+class RenameDeepstack(TensorEdit):
     """Tensor edit: `v.deepstack_merger.<j>.<leaf>` becomes llama.cpp's
     `v.deepstack.<indexes[j]>.<leaf>`, numbered by the vision block it follows."""
     indexes: str
@@ -221,7 +199,7 @@ def qwen_tokenizer() -> tuple:
         DefaultTokenId(Keys.Tokenizer.BOS_ID, "<|endoftext|>"),
         Default(Keys.Tokenizer.ADD_BOS, boolean(False)),
         Default(Keys.Tokenizer.ADD_EOS, boolean(False)),
-        TokenType(FIM_MARKERS, CONTROL),
+        TokenType(FIM_MARKERS, TT.CONTROL),
         PadTokensUnused(),
     )
 
@@ -251,36 +229,25 @@ def vision_projector(name: str, arch: str, detect) -> Translation:
     """The `qwen3vl_merger` projector of a Qwen3-VL-style vision tower
     embedded in an `arch` blob (Qwen3-VL, Qwen3.5)."""
     v = f"{arch}.vision."
-    return Translation(
-        name=name,
-        detect=detect,
+    return clip_projector(
+        name, detect, arch, "qwen3vl_merger",
         counts=(Count(f"{v}block_count", "v.blk."),),
-        kv=(
-            CopyEach(v, "clip.vision.", (
-                "block_count", "embedding_length", "attention.head_count", "patch_size", "spatial_merge_size",
-            )),
-            # The merger's output feeds the language model's embedding.
-            Copy(f"{arch}.embedding_length", Keys.ClipVision.PROJECTION_DIM),
+        copy=("block_count", "embedding_length", "attention.head_count", "patch_size", "spatial_merge_size"),
+        edits=(
             FromShape(Keys.ClipVision.FEED_FORWARD_LENGTH, "v.blk.0.mlp.linear_fc1.weight", axis=1),
             ImageSize(Keys.ClipVision.IMAGE_SIZE, "v.pos_embed.weight", "v.patch_embed.weight"),
             # llama.cpp's converter takes the text model's RMS epsilon.
             Copy(f"{arch}.attention.layer_norm_rms_epsilon", Keys.ClipVision.Attention.LAYERNORM_EPS),
             Copy(f"{v}attention.layer_norm_epsilon", Keys.ClipVision.Attention.LAYERNORM_EPS),
             CopyEach(v, "clip.vision.", ("image_mean", "image_std")),
-            Default(Keys.ClipVision.IMAGE_MEAN, array(VT.FLOAT32, [0.5, 0.5, 0.5])),
-            Default(Keys.ClipVision.IMAGE_STD, array(VT.FLOAT32, [0.5, 0.5, 0.5])),
-            DeepstackMask(Keys.ClipVision.IS_DEEPSTACK_LAYERS, f"{v}deepstack_visual_indexes", f"{v}block_count"),
-            Set(Keys.Clip.HAS_VISION_ENCODER, boolean(True)),
-            Set(Keys.ClipVision.USE_GELU, boolean(True)),
-            Set(Keys.Clip.PROJECTOR_TYPE, string("qwen3vl_merger")),
-            *as_projector(arch),
         ),
+        mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5),
+        tail=(DeepstackMask(Keys.ClipVision.IS_DEEPSTACK_LAYERS, f"{v}deepstack_visual_indexes", f"{v}block_count"),),
+        keep=("v.",),
         tensors=(
-            KeepOnly(("v.",)),
-            ProducePerBlock(f"{v}block_count", "v.blk.{}.attn_qkv.weight", qkv("weight"),
-                            consumes=tuple(f"v.blk.{{}}.attn_{x}.weight" for x in "qkv")),
-            ProducePerBlock(f"{v}block_count", "v.blk.{}.attn_qkv.bias", qkv("bias"),
-                            consumes=tuple(f"v.blk.{{}}.attn_{x}.bias" for x in "qkv")),
+            # The converter split one QKV into three equal parts.
+            *(ProducePerBlock(f"{v}block_count", f"v.blk.{{}}.attn_qkv.{kind}", concatenated(*split_qkv(kind)),
+                              consumes=split_qkv(kind)) for kind in ("weight", "bias")),
             Produce("v.patch_embd.weight", patch_frame(0), consumes=("v.patch_embed.weight",)),
             Produce("v.patch_embd.weight.1", patch_frame(1)),
             Rename("v.patch_embed", "v.patch_embd"),

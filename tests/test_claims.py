@@ -1,5 +1,7 @@
 """Which handler claims which blob: every handler against every fixture in
-../shared/fixtures and every legacy writer's output, one table.  llama.cpp's
+../shared/fixtures, every legacy writer's output and near misses made here,
+one table; no blob claimed by two translations of a table but the listed
+overlaps, which go to the translation dispatched first.  llama.cpp's
 own conversions are never claimed; every `Rename` of a handler renames
 something in at least one blob it claims; every translation plans."""
 from pathlib import Path
@@ -70,6 +72,46 @@ GEMMA4_AUDIO = ("a.pre_encode.out.weight", "mm.a.fc.weight", "a.blk.0.ln1.weight
                 "blk.0.ffn_gate_inp.per_expert_scale")
 
 
+# Near misses: blobs at the edges of the detectors, made here: label ->
+# (architecture, KVs, tensor names, (text, clip) claims).
+NEAR_MISSES = {
+    "qwen35moe with ssm_ba and image_token_id": (
+        "qwen35moe", {"qwen35moe.image_token_id": 5}, ("blk.0.ssm_ba.weight",), ("qwen35moe", None)),
+    "qwen35moe with ssm_ba and reordered V heads": (
+        "qwen35moe", {"qwen35moe.ssm.v_head_reordered": True}, ("blk.0.ssm_ba.weight",), ("qwen35moe", None)),
+    "qwen35moe with ssm_ba only": ("qwen35moe", {}, ("blk.0.ssm_ba.weight",), ("qwen3next", None)),
+    "qwen35moe with ssm_ba and an MTP head": (
+        "qwen35moe", {}, ("blk.0.ssm_ba.weight", "mtp.fc.weight"), (None, None)),
+    "qwen35moe with ssm_ba and vision": (
+        "qwen35moe", {}, ("blk.0.ssm_ba.weight", "v.blk.0.attn_q.weight"), ("qwen35moe", "qwen35moe-clip")),
+    "qwen3next with a scalar KV head count": ("qwen3next", {"qwen3next.attention.head_count_kv": 2},
+                                              ("blk.0.ssm_a",), (None, None)),
+    "gemma3 with a projection head and a vision tower": (
+        "gemma3", {}, ("dense.0.weight", "v.blk.0.attn_q.weight"), ("embeddinggemma", None)),
+    "gemma-embedding with add_space_prefix": (
+        "gemma-embedding", {"tokenizer.ggml.add_space_prefix": False}, ("token_embd.weight",), (None, None)),
+    "gemma4 named llama, no towers": ("gemma4", {"tokenizer.ggml.model": "llama"}, ("token_embd.weight",),
+                                      ("gemma4", None)),
+    "qwen3vl with sections": ("qwen3vl", {"qwen3vl.rope.dimension_sections": [24, 20, 20, 0]},
+                              ("v.blk.0.attn_q.weight",), (None, None)),
+    "olmo2 with the attention factor": ("olmo2", {"olmo2.rope.scaling.attn_factor": 1.2}, ("token_embd.weight",),
+                                        ("olmo3", None)),
+    "olmo2 as llama.cpp writes it": ("olmo2", {"olmo2.rope.scaling.yarn_attn_factor": 1.2},
+                                     ("token_embd.weight",), (None, None)),
+    "glm4moelite before MLA": ("glm4moelite", {"glm4moelite.attention.key_length": 192}, ("blk.0.attn_kv_b.weight",),
+                               (None, None)),
+    "nemotron_h_moe with latents in a late block": ("nemotron_h_moe", {}, ("blk.7.ffn_latent_in.weight",),
+                                                    ("nemotron_h_moe", None)),
+    "clip with a projector type": ("clip", {"clip.has_vision_encoder": True, "clip.projector_type": "mlp"},
+                                   ("mm.0.weight",), (None, None)),
+    "mistral3 without rope scaling": ("mistral3", {"mistral3.rope.scaling.type": "default"}, ("token_embd.weight",),
+                                      ("mistral3", None)),
+    "lfm2 with both norms": ("lfm2", {}, ("output_norm.weight", "token_embd_norm.weight"), (None, None)),
+    "llama4 as llama.cpp writes it": ("llama4", {"tokenizer.ggml.pre": "llama4"}, ("token_embd.weight",),
+                                      (None, None)),
+}
+
+
 def claims(path: Path) -> tuple:
     info = classify(SourceGGUF(path))
     return (info.text.name if info.text else None, info.clip.name if info.clip else None)
@@ -89,6 +131,9 @@ def corpus(tmp_path_factory) -> dict[str, Path]:
         tensors={n: np.ones(4, dtype=np.float32) for n in GEMMA4_AUDIO})
     blobs["synthetic:lfm2-output-norm"] = write_gguf(
         d / "lfm2-old.gguf", "lfm2", tensors={"output_norm.weight": np.ones(4, dtype=np.float32)})
+    for i, (label, (arch, kvs, names, _)) in enumerate(NEAR_MISSES.items()):
+        blobs[f"near:{label}"] = write_gguf(d / f"near{i}.gguf", arch, kvs=kvs,
+                                            tensors={n: np.ones(4, dtype=np.float32) for n in names})
     if SHARED.is_dir():
         for p in sorted((SHARED / "ollama").glob("*.gguf")):
             blobs[f"ollama:{p.stem}"] = p
@@ -108,6 +153,44 @@ def test_shared_fixtures_are_claimed_as_the_table_says(corpus):
     assert got == OLLAMA
     upstream = {k: claims(p) for k, p in corpus.items() if k.startswith("upstream:")}
     assert upstream and all(c == (None, None) for c in upstream.values()), upstream
+
+
+def test_near_misses_are_claimed_as_the_table_says(corpus):
+    got = {k.split(":", 1)[1]: claims(p) for k, p in corpus.items() if k.startswith("near:")}
+    assert got == {label: want for label, (*_, want) in NEAR_MISSES.items()}
+
+
+def claimed_by(src: SourceGGUF, table) -> list[str]:
+    return [tr.name for tr in table if tr.claims(src)]
+
+
+def test_no_blob_is_claimed_twice_but_as_listed(corpus):
+    """At most one text and one clip translation claim each blob of the
+    corpus; the exceptions are `handlers.OVERLAPS`, and each of them occurs."""
+    allowed = {frozenset((first, other)) for first, other, *_ in handlers.OVERLAPS}
+    twice, seen = {}, set()
+    for label, path in corpus.items():
+        src = SourceGGUF(path)
+        for table in (handlers.TEXT, handlers.CLIP):
+            names = claimed_by(src, table)
+            if len(names) > 1:
+                if frozenset(names) in allowed and len(names) == 2:
+                    seen.add(frozenset(names))
+                else:
+                    twice[label] = names
+    assert twice == {}
+    assert seen == allowed
+
+
+def test_listed_overlaps_go_to_the_translation_named_first(corpus):
+    """Fails when the dispatch order puts the other first."""
+    order = [tr.name for tr in handlers.TEXT + handlers.CLIP]
+    for first, other, *_ in handlers.OVERLAPS:
+        assert order.index(first) < order.index(other), (first, other)
+        for label, path in corpus.items():
+            src = SourceGGUF(path)
+            if {first, other} <= set(claimed_by(src, handlers.TEXT + handlers.CLIP)):
+                assert classify(src).text.name == first, label
 
 
 def test_every_rename_renames_something_it_claims(corpus):

@@ -20,7 +20,7 @@ from ggufs import write_gguf
 from xlc_client import run_job
 
 MODEL = "glm-ocr:latest"
-UNUSED = 5   # tokenizer.ggml.token_type
+UNUSED = gguf.TokenType.UNUSED
 
 
 @pytest.fixture(scope="module")

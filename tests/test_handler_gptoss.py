@@ -13,6 +13,7 @@ from compatfs.gguf_source import SourceGGUF
 from compatfs.gguf_values import GGUFError
 from compatfs.handlers import gptoss
 from compatfs.testing import gptoss as writers
+from compatfs.testing.gguf_edit import Blob
 from compatfs.testing.store import add_model
 from compatfs.translation import plan
 
@@ -137,8 +138,9 @@ def test_legacy_writers_models_load_and_generate(tmp_path, mount_store):
 
 def test_type4_bytes_are_checked_against_the_blob(tmp_path):
     """A type-4 stack whose bytes, sized from its shape, would run past the
-    blob or into the next tensor refuses the view; converted, it is MXFP4 of
-    the declared shape."""
+    blob or into another tensor refuses the view, whatever the other's type
+    (two at one offset were served, the same bytes twice); converted, it is
+    MXFP4 of the declared shape."""
     path = writers.legacy_gptoss_mxfp4(tmp_path / "ok.gguf")
     spec = plan(gptoss.TEXT, SourceGGUF(path))
     out = {t.name: t for t in spec.tensors}
@@ -146,14 +148,28 @@ def test_type4_bytes_are_checked_against_the_blob(tmp_path):
     assert out["blk.0.ffn_gate_exps.weight"].shape == (64, 96, 4)
     assert "blk.0.ffn_gate_up_exps.weight" not in out
 
-    src = SourceGGUF(path)
-    fused = src.tensors["blk.0.ffn_gate_up_exps.weight"]
-    with pytest.raises(GGUFError, match="outside the blob"):
-        gptoss.OllamaMXFP4.of(src, type(fused)(fused.name, fused.shape, fused.dtype, src.size - 17))
-    with pytest.raises(GGUFError, match="overlap"):
-        gptoss.OllamaMXFP4.of(src, type(fused)(fused.name, (64, 400, 4), fused.dtype, fused.offset))
+    def edited(change) -> SourceGGUF:
+        blob = Blob.parse(path.read_bytes())
+        change(blob)
+        (tmp_path / "bad.gguf").write_bytes(blob.serialize())
+        return SourceGGUF(tmp_path / "bad.gguf")
+
+    fused = lambda b, i: b.tensor(f"blk.{i}.ffn_gate_up_exps.weight")   # noqa: E731
+    type4 = [t for t in Blob.parse(path.read_bytes()).tensors if t.ggml_type == gptoss.OLLAMA_MXFP4]
+    assert len(type4) >= 2
+
+    def same_offset(b):  # noqa: E306
+        fused(b, 1).offset = fused(b, 0).offset
+    def past_the_end(b):
+        fused(b, 0).offset = -(-len(b.data) // 32) * 32
+    def into_a_known_type(b):
+        fused(b, 0).offset = b.tensor("blk.0.ffn_gate_up_exps.bias").offset
+    for change, match in ((same_offset, "overlaps"), (past_the_end, "overlaps the end of the file"),
+                          (into_a_known_type, "overlaps")):
+        with pytest.raises(GGUFError, match=match):
+            plan(gptoss.TEXT, edited(change))
     with pytest.raises(GGUFError, match="not an MXFP4 stack"):
-        gptoss.OllamaMXFP4.of(src, type(fused)(fused.name, (48, 192, 4), fused.dtype, fused.offset))
+        gptoss.OllamaMXFP4.of(type(spec.tensors[0].source)("x", (48, 192, 4), gptoss.OLLAMA_MXFP4, 0))
 
 
 def test_strided_refuses_what_it_cannot_take_apart():
@@ -197,7 +213,7 @@ def test_type4_repack_by_range_equals_the_whole(tmp_path):
         reads.append(size)
         return src.read(t.offset + start, size)
     for half in (0, 1):
-        op = gptoss.OllamaMXFP4.of(src, fused, half, 2)
+        op = gptoss.OllamaMXFP4.of(fused, half, 2)
         whole = op.compute(lambda t: src.read(t.offset, t.nbytes))
         for lo, hi in ((0, op.nbytes), (5, 40), (17 * 7 + 3, 17 * 300), (op.nbytes - 20, op.nbytes)):
             reads.clear()

@@ -2,6 +2,8 @@
 (no `attn_gate`); through the mount it has llama.cpp's tensor and rope key
 names (the YaRN attention factor as `yarn_attn_factor`, which llama.cpp does
 not multiply in a second time), the same tensor values, and generates."""
+import math
+
 import gguf
 import pytest
 
@@ -37,20 +39,25 @@ def test_laguna_loads_with_llama_cpp_names(blob, tmp_path, mount_store):
     store = tmp_path / "store"
     add_model(store, "laguna", blob, tag="xs.2")
     mounted = mount_store(store) / "laguna:xs.2/model.gguf"
-    raw, got = kvs(blob), kvs(mounted)
-    p = "laguna."
-    assert got[p + "rope.dimension_count_swa"] == raw[p + "rope.swa.dimension_count"]
-    assert got[p + "rope.freq_base_swa"] == raw[p + "rope.swa.freq_base"]
-    assert got[p + "rope.scaling.yarn_attn_factor"] == raw[p + "rope.scaling.attn_factor"]
-    assert got[p + "rope.scaling.yarn_beta_fast"] == raw[p + "rope.scaling.beta_fast"]
-    assert not any(k.startswith((p + "rope.swa.", p + "rope.scaling.attn_factor", p + "rope.scaling.beta_"))
-                   for k in got)
+    got = kvs(mounted)
+    # llama.cpp's key names (gguf-py's), with the values of the checkpoint's config.
+    rope = {k: getattr(gguf.Keys.Rope, k).format(arch="laguna") for k in dir(gguf.Keys.Rope) if k.isupper()}
+    assert got[rope["DIMENSION_COUNT_SWA"]] == laguna.LAGUNA["head_dim"]           # sliding layers: whole heads
+    assert got[rope["FREQ_BASE_SWA"]] == pytest.approx(laguna.LAGUNA["swa_rope_theta"])
+    assert got[rope["SCALING_YARN_ATTN_FACTOR"]] == pytest.approx(0.1 * math.log(laguna.LAGUNA["rope_factor"]) + 1)
+    assert (got[rope["SCALING_YARN_BETA_FAST"]], got[rope["SCALING_YARN_BETA_SLOW"]]) == (32.0, 1.0)
+    # Every rope-scaling key is one llama.cpp reads, and no sliding-window key
+    # keeps Ollama's own form (llama.cpp's have none under `rope.swa.`).
+    assert {k for k in got if k.startswith("laguna.rope.scaling.")} <= set(rope.values())
+    assert not [k for k in got if k.startswith("laguna.rope.swa.")]
 
+    # Every tensor has a name llama.cpp knows, and the bytes of one of the blob's.
+    known = {gguf.TENSOR_NAMES[t].format(bid=i) for t in gguf.MODEL_TENSOR for i in range(laguna.LAGUNA["n_layer"])}
     mine = {t.name: t for t in gguf.GGUFReader(mounted).tensors}
-    theirs = {t.name: t for t in gguf.GGUFReader(blob).tensors}
-    assert sorted(mine) == sorted(n.replace(".attn_g.", ".attn_gate.") for n in theirs)
-    for name, t in theirs.items():
-        assert (as_f32(mine[name.replace(".attn_g.", ".attn_gate.")]) == as_f32(t)).all(), name
+    theirs = {as_f32(t).tobytes() for t in gguf.GGUFReader(blob).tensors}
+    assert len(mine) == len(theirs)
+    for name, t in mine.items():
+        assert name.rsplit(".", 1)[0] in known and as_f32(t).tobytes() in theirs, name
 
     r = run_job({"model": str(mounted), "actions": JOB})
     assert r["ok"], r

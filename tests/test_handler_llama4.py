@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from compatfs.gguf_values import VT, array, f32, u32
-from compatfs.handlers.llama4 import ScaleFactor
 from compatfs.testing.llama4 import LLAMA4, LLAMA4_SPECIALS, legacy_llama4, llama4_tokens
 from compatfs.testing.store import add_model
 
@@ -17,7 +16,7 @@ from conftest import needs_fuse
 from xlc_client import run_job
 
 MODEL = "llama4:scout"
-UNUSED = 5   # tokenizer.ggml.token_type
+UNUSED = gguf.TokenType.UNUSED
 
 
 @pytest.fixture(scope="module")
@@ -182,12 +181,3 @@ def test_tokenizes_as_llama_cpp_conversion(blob, store, mount_store, tmp_path):
     assert any(ids[1:] != r for ids, r in zip(got_ids, raw_ids))       # the pre-tokenizer matters too
 
 
-def test_scale_factor_from_pixel_shuffle_ratio():
-    edit = ScaleFactor("ratio", "scale")
-    for ratio, want in ((0.5, 2), (0.25, 4), (1.0, 1), (0.4, None), (0.0, None), (-0.5, None)):
-        kv = {"ratio": f32(ratio)}
-        edit.apply(kv, None)
-        assert kv.get("scale") == (None if want is None else u32(want)), ratio
-    kv = {"ratio": array(VT.FLOAT32, [0.5])}
-    edit.apply(kv, None)
-    assert "scale" not in kv

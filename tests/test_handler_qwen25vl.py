@@ -6,7 +6,7 @@ import pytest
 from gguf import GGUFValueType as VT
 
 from compatfs.gguf_values import array, u32
-from compatfs.handlers.qwen25vl import PadTokensUnused, WindowPattern
+from compatfs.handlers.qwen25vl import WindowPattern
 from compatfs.testing.store import add_model
 
 from compare import assert_same_tensors, kvs
@@ -86,15 +86,3 @@ def test_window_pattern_from_full_attention_blocks():
         assert kv.get("n_wa") == (None if want is None else u32(want)), blocks
 
 
-def test_pad_tokens_become_unused_and_named_by_id():
-    kv = {"tokenizer.ggml.tokens": array(VT.STRING, ["a", "<|x|>", "[PAD0]", "[PAD1]"]),
-          "tokenizer.ggml.token_type": array(VT.INT32, [1, 3, 4, 4])}
-    PadTokensUnused().apply(kv, None)
-    assert kv["tokenizer.ggml.tokens"].decode() == ["a", "<|x|>", "[PAD2]", "[PAD3]"]
-    assert list(kv["tokenizer.ggml.token_type"].decode()) == [1, 3, 5, 5]
-    # A vocabulary whose last token only looks like a filler is left alone.
-    kv = {"tokenizer.ggml.tokens": array(VT.STRING, ["a", "[PAD1]"]),
-          "tokenizer.ggml.token_type": array(VT.INT32, [1, 4])}
-    before = dict(kv)
-    PadTokensUnused().apply(kv, None)
-    assert kv == before

@@ -13,7 +13,6 @@ from gguf import GGUFValueType as VT
 from compatfs.gguf_source import SourceGGUF, TensorInfo
 from compatfs.gguf_values import GGUFError, array, u32
 from compatfs.handlers import qwen35
-from compatfs.handlers.qwen35 import PadSections, PerLayerToMax, stack
 from compatfs.testing.qwen35 import legacy_qwen35_moe
 from compatfs.testing.store import add_model
 
@@ -75,28 +74,6 @@ def test_loads_in_llama_cpp_through_the_mount(store, mount_store):
     # Untranslated, the blob loads neither as a model nor as a projector.
     assert "dimension_sections" in run_job({"model": str(BLOB)})["error"]
     assert not run_job({"model": str(UPSTREAM / "model.gguf"), "mmproj": str(BLOB)})["ok"]
-
-
-def test_sections_padded_and_kv_heads_collapsed():
-    kv = {"s": array(VT.INT32, [2, 1, 1]), "h": array(VT.UINT32, [0, 0, 0, 2])}
-    PadSections("s", 4).apply(kv, None)
-    PerLayerToMax("h").apply(kv, None)
-    assert list(kv["s"].decode()) == [2, 1, 1, 0] and kv["h"] == u32(2)
-    # Already four sections, or no attention layer at all: left alone.
-    kv = {"s": array(VT.INT32, [11, 11, 10, 0]), "h": array(VT.UINT32, [0, 0])}
-    before = dict(kv)
-    PadSections("s", 4).apply(kv, None)
-    PerLayerToMax("h").apply(kv, None)
-    assert kv == before
-
-
-def test_experts_stack_along_a_new_axis():
-    experts = [TensorInfo(f"e{i}", (64, 32), DT.BF16, 100 * i) for i in range(3)]
-    op = stack(experts)
-    assert op.shape == (64, 32, 3) and op.dtype == DT.BF16
-    assert stack([*experts[:2], TensorInfo("q", (64, 32), DT.Q8_0, 0)]).dtype == DT.F32
-    with pytest.raises(GGUFError, match="e0"):
-        stack([experts[0], TensorInfo("odd", (64, 16), DT.BF16, 0)])
 
 
 # -- Qwen3.5-MoE with vision: no genuine fixture; the writer follows f63eea3's converter --

@@ -11,7 +11,7 @@ from gguf import GGUFValueType as VT
 from compatfs.gguf_source import SourceGGUF, TensorInfo
 from compatfs.gguf_values import GGUFError, array, u32
 from compatfs.handlers import qwen3vl
-from compatfs.handlers.qwen3vl import FrameOfPatchEmbedding, MRopeSections, deepstack_layers, qkv
+from compatfs.handlers.qwen3vl import FrameOfPatchEmbedding, MRopeSections, deepstack_layers
 from compatfs.testing.qwen3vl import legacy_qwen3vl_moe
 from compatfs.testing.store import add_model
 
@@ -177,15 +177,6 @@ class Blob:
 
     def block_ids(self, prefix):
         return frozenset(int(n[len(prefix):].split(".")[0]) for n in self.tensors if n.startswith(prefix))
-
-
-def test_qkv_merge_takes_f32_where_dtypes_differ():
-    same = {f"v.blk.0.attn_{x}.weight": ((64, 64), DT.F16) for x in "qkv"}
-    mixed = {**same, "v.blk.0.attn_v.weight": ((64, 64), DT.Q8_0)}
-    assert qkv("weight")(Blob({}, same), 0).dtype == DT.F16
-    op = qkv("weight")(Blob({}, mixed), 0)
-    assert op.dtype == DT.F32 and op.shape == (64, 192)
-    assert qkv("weight")(Blob({}, same), 1) is None
 
 
 def test_deepstack_indexes_must_place_every_merger():

@@ -3,11 +3,18 @@ through everything the mount does with a blob (parse, classify, plan each
 view, render its header, read a few ranges, ops included) in bounded time
 and memory.  A case passes when it is served or refused with `GGUFError`;
 anything else (another exception, a case over its time or memory bound) is a
-finding.  Used by `tests/test_fuzz.py` (a few hundred cases) and
-`scripts/fuzz.py` (tens of thousands).
+finding.  Two modes: `bytes` mutates the file's bytes
+(`compatfs.testing.fuzz_bytes`); `structure` edits the parsed header at the
+keys and tensors the handlers' tables name (`compatfs.testing.fuzz_structure`).
+`views_of` and `check_mounted` compare what a mount serves with what the
+process does.  Used by
+`tests/test_fuzz.py` (a few hundred cases, in process and through a mount)
+and `scripts/fuzz.py` (tens of thousands).
 """
 from __future__ import annotations
 
+import errno
+import os
 import random
 import struct
 import time
@@ -15,94 +22,13 @@ import tracemalloc
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from ..gguf_source import SourceGGUF
 from ..gguf_values import GGUFError
 from ..opcache import OpCache
 from ..views import MMPROJ_FILE, MODEL_FILE, build_view, classify
-
-Mutation = Callable[[bytearray, random.Random, int], str]
-
-
-def _flip(buf: bytearray, rng: random.Random, header: int) -> str:
-    at = rng.randrange(header)
-    buf[at] ^= 1 << rng.randrange(8)
-    return f"bit flip at {at}"
-
-
-def _bytes(buf: bytearray, rng: random.Random, header: int) -> str:
-    at = rng.randrange(header)
-    n = rng.randint(1, 8)
-    buf[at:at + n] = bytes(rng.randrange(256) for _ in range(n))
-    return f"{n} random bytes at {at}"
-
-
-_BIG = (0, 1, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**63 - 1, 2**64 - 1, 2**22, 10**6)
-
-
-def _u64(buf: bytearray, rng: random.Random, header: int) -> str:
-    """A 64-bit field (count, length, offset or dimension) set to an extreme."""
-    at = rng.randrange(max(header - 8, 1))
-    value = rng.choice(_BIG)
-    struct.pack_into("<Q", buf, at, value)
-    return f"u64 {value} at {at}"
-
-
-def _u32(buf: bytearray, rng: random.Random, header: int) -> str:
-    """A 32-bit field (a type tag, a u32 value such as a block count) set to an extreme."""
-    at = rng.randrange(max(header - 4, 1))
-    value = rng.choice((0, 1, 2**22, 2**31 - 1, 2**32 - 1, 13, 12, 9, 39))
-    struct.pack_into("<I", buf, at, value)
-    return f"u32 {value} at {at}"
-
-
-def _count_key(buf: bytearray, rng: random.Random, header: int) -> str:
-    """The u32 after a `*count*` or `*length*` key name set to an extreme (a
-    valid header otherwise: what a handler would loop over)."""
-    starts = [i for n in (b"block_count", b"head_count", b"_length") for i in _find_all(buf, n, header)]
-    if not starts:
-        return _u32(buf, rng, header)
-    at = rng.choice(starts)
-    end = at
-    while end < header and 32 < buf[end] < 127:   # to the end of the key's name
-        end += 1
-    vtype = struct.unpack_from("<I", buf, end)[0] if end + 4 <= header else None
-    if vtype in (4, 5):   # u32 / i32
-        value = rng.choice((2**32 - 1, 2**31 - 1, 2**22, 0))
-        struct.pack_into("<I", buf, end + 4, value)
-        return f"count key at {at} = {value}"
-    return _u32(buf, rng, header)
-
-
-def _find_all(buf: bytearray, needle: bytes, limit: int) -> list[int]:
-    out, at = [], buf.find(needle, 0, limit)
-    while at >= 0 and len(out) < 64:
-        out.append(at)
-        at = buf.find(needle, at + 1, limit)
-    return out
-
-
-def _truncate(buf: bytearray, rng: random.Random, header: int) -> str:
-    cut = rng.randrange(len(buf))
-    del buf[cut:]
-    return f"truncated to {cut}"
-
-
-def _duplicate_name(buf: bytearray, rng: random.Random, header: int) -> str:
-    """Two tensors (or keys) given the same name, lengths kept."""
-    names = _find_all(buf, b"blk.0.", header) + _find_all(buf, b"v.blk.0", header)
-    if not names:
-        return _flip(buf, rng, header)
-    at = rng.choice(names)
-    buf[at + 4] = ord("1") if buf[at + 4] == ord("0") else ord("0")
-    return f"block digit changed at {at}"
-
-
-MUTATIONS: dict[str, Mutation] = {
-    "flip": _flip, "bytes": _bytes, "u64": _u64, "u32": _u32, "count_key": _count_key,
-    "truncate": _truncate, "duplicate_name": _duplicate_name,
-}
+from .fuzz_bytes import byte_mutator
+from .fuzz_structure import structure_mutator
 
 
 @dataclass
@@ -114,6 +40,7 @@ class Outcome:
     message: str
     seconds: float
     peak_bytes: int
+    blob: bytes | None = field(default=None, repr=False)   # kept for findings only
 
 
 @dataclass
@@ -137,34 +64,43 @@ class Summary:
         return max(self.outcomes, key=lambda o: o.peak_bytes)
 
 
-def exercise(path: Path) -> None:
-    """Everything the mount does with the blob at `path`, on every view it has."""
+def exercise(path: Path) -> list[bytes]:
+    """Everything the mount does with the blob at `path`, on every view it
+    has; the bytes read (the first, middle and last 4 KiB of each view)."""
     info = classify(SourceGGUF(path))
     kinds = [MODEL_FILE] + ([MMPROJ_FILE] if info.has_mmproj else [])
+    out = []
     for kind in kinds:
         view = build_view(info, kind, OpCache())
         if view.source is None:
             continue
         for offset in (0, view.size // 2, max(view.size - 4096, 0)):
-            view.read(offset, 4096)
+            out.append(view.read(offset, 4096))
+    return out
 
 
-def run(seeds: dict[str, bytes], cases: int, seed: int, workdir: Path,
-        max_seconds: float = 5.0, max_bytes: int = 256 << 20) -> Summary:
-    """`cases` mutated copies of the `seeds` blobs (name -> bytes), each exercised."""
+def run(seeds: dict[str, bytes], cases: int, seed: int, workdir: Path, max_seconds: float = 5.0,
+        max_bytes: int = 256 << 20, mode: str = "bytes", translations=None) -> Summary:
+    """`cases` mutated copies of the `seeds` blobs (name -> bytes), each
+    exercised.  `mode` "bytes" mutates bytes; "structure" edits headers at
+    the names `translations` (default: every handler's) read."""
+    if mode == "structure":
+        if translations is None:
+            from .. import handlers
+            translations = (*handlers.TEXT, *handlers.CLIP)
+        mutate = structure_mutator(translations, workdir)
+    elif mode == "bytes":
+        mutate = byte_mutator()
+    else:
+        raise ValueError(f"unknown fuzz mode {mode!r}")
     rng = random.Random(seed)
     summary = Summary()
     names = sorted(seeds)
     path = workdir / "case.gguf"
-    headers = {name: header_size(blob) for name, blob in seeds.items()}
     for case in range(cases):
         name = rng.choice(names)
-        original = seeds[name]
-        header = headers[name]
-        buf = bytearray(original)
-        kind = rng.choice(sorted(MUTATIONS))
-        what = f"{kind}: " + MUTATIONS[kind](buf, rng, header)
-        path.write_bytes(buf)
+        data, what = mutate(seeds[name], rng)
+        path.write_bytes(data)
         tracemalloc.start()
         t0 = time.perf_counter()
         try:
@@ -181,17 +117,60 @@ def run(seeds: dict[str, bytes], cases: int, seed: int, workdir: Path,
             result, message = "too slow", f"{seconds:.1f} s; {message}"
         elif peak > max_bytes:
             result, message = "too much memory", f"{peak >> 20} MiB; {message}"
-        summary.outcomes.append(Outcome(case, name, what, result, message, seconds, peak))
+        finding = result not in ("served", "refused")
+        summary.outcomes.append(Outcome(case, name, what, result, message, seconds, peak,
+                                        data if finding else None))
     return summary
 
 
-def header_size(blob: bytes) -> int:
-    """Where the first blob's tensor data starts (mutations aim at the header)."""
-    import tempfile
-    with tempfile.NamedTemporaryFile(suffix=".gguf") as f:
-        f.write(blob)
-        f.flush()
-        return SourceGGUF(f.name).data_offset
+def views_of(path: Path) -> dict[str, bytes | str]:
+    """What the mount should serve for the blob at `path`: each view's whole
+    bytes, or the refusal's message (a `GGUFError`) for a view it refuses."""
+    try:
+        info = classify(SourceGGUF(path))
+    except GGUFError as e:
+        return {MODEL_FILE: str(e)}
+    out: dict[str, bytes | str] = {}
+    for kind in [MODEL_FILE] + ([MMPROJ_FILE] if info.has_mmproj else []):
+        try:
+            view = build_view(info, kind, OpCache())
+            out[kind] = path.read_bytes() if view.source is None else view.read(0, view.size)
+        except GGUFError as e:
+            out[kind] = str(e)
+    return out
+
+
+def check_mounted(folder: Path, expected: dict[str, bytes | str]) -> list[str]:
+    """How a mounted model folder departs from `expected` (`views_of` its
+    blob): a listing that fails, a view served with other bytes than in
+    process, a refused view that opens and reads as anything but empty (or,
+    for a projector, is not there at all).
+    The empty list when it holds."""
+    problems = []
+    try:
+        listed = set(os.listdir(folder))
+    except OSError as e:
+        return [f"{folder.name}: listing fails: {e}"]
+    for kind, want in expected.items():
+        path = folder / kind
+        try:
+            with open(path, "rb") as f:
+                got = f.read()
+        except OSError as e:
+            if isinstance(want, bytes):
+                others = [w for k, w in expected.items() if k != kind and isinstance(w, str)]
+                with_other = " (its other view is refused)" if others else ""
+                problems.append(f"{folder.name}/{kind}: served in process, {e} through the mount{with_other}")
+            elif e.errno != errno.EIO and not (kind == MMPROJ_FILE and e.errno == errno.ENOENT):
+                problems.append(f"{folder.name}/{kind}: refused with {e}, not EIO")
+            continue
+        if isinstance(want, bytes) and got != want:
+            problems.append(f"{folder.name}/{kind}: {len(got)} bytes differ from the {len(want)} served in process")
+        elif isinstance(want, str) and got:
+            problems.append(f"{folder.name}/{kind}: refused in process ({want[:80]}), read {len(got)} bytes")
+        if kind == MODEL_FILE and kind not in listed:
+            problems.append(f"{folder.name}: {kind} opens but is not listed")
+    return problems
 
 
 def seed_blobs(workdir: Path, extra: list[Path] = (), max_bytes: int = 2_000_000) -> dict[str, bytes]:
