@@ -94,7 +94,10 @@ def build_tools(cache: Path) -> Path:
     subprocess.run(["cmake", "-S", str(src), "-B", str(cache / "build"), "-DCMAKE_BUILD_TYPE=Release",
                     "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
                     "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-                    "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF"], check=True, stdout=subprocess.DEVNULL)
+                    # Not -march=native: on CPUs that advertise AMX a native build takes ggml's AMX
+                    # kernels, which die with SIGILL where the kernel does not grant AMX state (as in
+                    # this project's VMs): every Q8_0 file then fails to load.  AVX2/FMA/F16C build.
+                    "-DGGML_NATIVE=OFF", "-DBUILD_SHARED_LIBS=OFF"], check=True, stdout=subprocess.DEVNULL)
     log("building " + ", ".join(TOOLS) + f" with {os.cpu_count()} jobs (about 6 minutes on 2 cores)")
     subprocess.run(["cmake", "--build", str(cache / "build"), "-j", str(os.cpu_count() or 2),
                     "--target", *TOOLS], check=True, stdout=subprocess.DEVNULL)

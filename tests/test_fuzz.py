@@ -141,8 +141,6 @@ def test_edited_headers_through_a_mount(seeds, tmp_path, mount_store):
 
 
 @needs_fuse
-@pytest.mark.xfail(strict=True, reason="views.summarize refuses both views of a blob when one cannot be "
-                   "planned; containing a failure to its one view is helper hostile's change to views.py")
 def test_a_refused_projector_leaves_the_text_view(tmp_path, mount_store):
     """A blob whose projector cannot be planned (a vision block count that is
     a bool) still serves its text view, with the bytes served in process."""
