@@ -49,7 +49,8 @@ if not os.environ.get("FUSE_LIBRARY_PATH"):
 import mfusepy as fuse  # noqa: E402
 
 from .tree import BLOBS, FileRef, Tree  # noqa: E402
-from .blobfile import BlobFile, unchanged  # noqa: E402
+from .access import READ, Caller  # noqa: E402
+from .blobfile import BlobFile, Denied, keep_out, status, unchanged  # noqa: E402
 from .gguf_values import GGUFError  # noqa: E402
 from .gguf_source import blob_identity  # noqa: E402
 from .libc import LIBC  # noqa: E402
@@ -120,55 +121,9 @@ def _ino(*parts) -> int:
     return (int.from_bytes(h, "little") >> 2) + 2
 
 
-class _Caller:
-    """The process calling now: its uid, and its groups (primary and
-    supplementary) read from /proc only when a permission check needs them."""
-
-    def __init__(self):
-        self.uid, self._gid, self._pid = fuse.fuse_get_context()
-        self._groups: set[int] | None = None
-
-    @property
-    def groups(self) -> set[int]:
-        if self._groups is None:
-            self._groups = {self._gid}
-            try:
-                with open(f"/proc/{self._pid}/status") as f:
-                    for line in f:
-                        if line.startswith("Groups:"):
-                            self._groups.update(int(g) for g in line.split()[1:])
-                            break
-            except (OSError, ValueError):
-                pass
-        return self._groups
-
-    def allows(self, st: os.stat_result, bit: int) -> bool:
-        """Whether its owner/group/other class has permission `bit` (4 r, 1 x)."""
-        if self.uid == 0:
-            return True
-        if self.uid == st.st_uid:
-            return bool(st.st_mode >> 6 & bit)
-        if st.st_gid in self.groups:
-            return bool(st.st_mode >> 3 & bit)
-        return bool(st.st_mode & bit)
-
-
-def may_access(path: Path, caller: _Caller, read: bool = True) -> bool:
-    """Whether `caller` could open `path` for reading (a directory: list it)
-    in the store itself: search permission on every folder on the way to it, as
-    named and as its symlinks resolve, and read permission on it (root: that
-    it is there)."""
-    if caller.uid == 0:
-        return os.path.exists(path)
-    try:
-        real = Path(os.path.realpath(path))
-        for chain in (path.parents, real.parents):
-            for d in chain:
-                if not caller.allows(os.stat(d), 1):
-                    return False
-        return not read or caller.allows(os.stat(real), 4)
-    except OSError:
-        return False
+def _caller() -> Caller:
+    """The process whose request is being answered (libfuse's context)."""
+    return Caller(*fuse.fuse_get_context())
 
 
 @dataclass
@@ -225,6 +180,7 @@ class CompatFS(fuse.Operations):
     def __init__(self, tree: Tree, mountpoint: str, read_ahead_kb: int = 0):
         self.tree = tree
         self._mountpoint = mountpoint
+        keep_out(mountpoint)     # nothing is ever looked up through it (a request to this very daemon)
         self._read_ahead_kb = read_ahead_kb
         self.root = tree.store.root
         self._handles: dict[int, _Handle] = {}
@@ -259,15 +215,14 @@ class CompatFS(fuse.Operations):
         self._fuse_ptr = None
 
     def exit(self) -> None:
-        """End the FUSE loop (libfuse then unmounts): flag the session, and wake
-        a worker with a lookup the kernel cannot answer from its cache."""
+        """End the FUSE loop (libfuse then unmounts) without a request to the
+        mount: flag the session, then interrupt the main thread's wait for
+        the loop's workers (a signal; its handler is mount()'s, which does
+        nothing), so that it sees the flag and ends them."""
         ptr = self._fuse_ptr
         if ptr:
             _libfuse.fuse_exit(ptr)
-            try:
-                os.stat(os.path.join(self._mountpoint, f".compatfs-exit-{os.getpid()}"))
-            except OSError:
-                pass
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
         else:
             lazy_unmount(self._mountpoint)
 
@@ -366,7 +321,7 @@ class CompatFS(fuse.Operations):
         """The blob's status (through a symlink); EIO and a log line for anything
         but a regular file."""
         try:
-            st = os.stat(ref.blob)
+            st = status(ref.blob)
         except OSError as e:
             self._fail(("missing", str(ref.blob), e.errno), f"cannot read blob {ref.blob}: {e.strerror}")
         if not stat.S_ISREG(st.st_mode):
@@ -444,7 +399,7 @@ class CompatFS(fuse.Operations):
         rel = path.strip("/")
         base = self.root / (BLOBS if rel == BLOBS or rel.startswith(BLOBS + "/") else "manifests")
         try:
-            st = os.stat(base)
+            st = status(base)
             owner = {"st_uid": st.st_uid, "st_gid": st.st_gid, "st_mode": stat.S_IFDIR | st.st_mode & 0o555}
             mtime = st.st_mtime_ns
         except OSError:
@@ -457,7 +412,7 @@ class CompatFS(fuse.Operations):
             mtime = max([mtime, *snap.dir_mtimes.values()])
         elif rel.startswith(BLOBS + "/"):
             try:
-                mtime = os.stat(snap.blobs[rel.rpartition("/")[2]]).st_mtime_ns
+                mtime = status(snap.blobs[rel.rpartition("/")[2]]).st_mtime_ns
             except (KeyError, OSError):
                 pass
         else:
@@ -543,8 +498,13 @@ class CompatFS(fuse.Operations):
     def readdir(self, path, fh):
         entries = self._recall(self._listings, path, self._list)
         rel = path.strip("/")
-        if not may_access(self.root / (BLOBS if rel.split("/")[0] == BLOBS else "manifests"), _Caller()):
-            raise fuse.FuseOSError(errno.EACCES)
+        # Listing needs what listing the store folder it comes from needs.
+        try:
+            status(self.root / (BLOBS if rel.split("/")[0] == BLOBS else "manifests"), _caller(), READ)
+        except Denied:
+            raise fuse.FuseOSError(errno.EACCES) from None
+        except OSError as e:
+            raise fuse.FuseOSError(e.errno or errno.EIO) from None
         return entries
 
     def _list(self, path: str) -> list[tuple]:
@@ -578,7 +538,7 @@ class CompatFS(fuse.Operations):
             stamp = served.stamp if served is not None and served.fhs else None
         if stamp is None:
             try:
-                stamp = blob_identity(os.stat(ref.blob))
+                stamp = blob_identity(status(ref.blob))
             except OSError:
                 return _ino("bad", path)
         return _ino(path, stamp)
@@ -598,13 +558,15 @@ class CompatFS(fuse.Operations):
         node = self._node(path)
         if isinstance(node, list):
             raise fuse.FuseOSError(errno.EISDIR)
-        caller = _Caller()
+        caller = _caller()
         for _attempt in range(2):
             view, blob = self._choose(path, node)
-            if not may_access(Path(blob), caller):
-                raise fuse.FuseOSError(errno.EACCES)
+            # Decided on the file opened, which is the one served (its view
+            # must have been built from those very bytes).
             try:
-                file = BlobFile(blob)
+                file = BlobFile(blob, caller=caller)
+            except Denied:
+                raise fuse.FuseOSError(errno.EACCES) from None
             except GGUFError as e:
                 log.error("cannot open blob: %s", e)
                 raise fuse.FuseOSError(errno.EIO) from None
@@ -663,7 +625,7 @@ class CompatFS(fuse.Operations):
         if not isinstance(ref, FileRef) or str(ref.blob) != served.blob:
             return True
         try:
-            return blob_identity(os.stat(ref.blob)) != served.stamp
+            return blob_identity(status(ref.blob)) != served.stamp
         except OSError:
             return True
 
