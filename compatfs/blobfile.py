@@ -219,6 +219,29 @@ class BlobFile:
             os.close(self.fd)
             self.fd = -1
 
+    def reopen(self, caller: Caller | None = None) -> "BlobFile":
+        """Another descriptor of this very file (removed from its folder or
+        not), checked like `open_regular`: `caller` must be allowed to search
+        the folders that lead to its path and to read the file."""
+        if caller is not None:
+            try:
+                status(self.path.parent, caller, SEARCH)
+            except OSError as e:
+                raise GGUFError(f"{self.path.parent}: cannot open: {e.strerror}") from None
+        again = object.__new__(BlobFile)
+        again.path, again.stamp = self.path, self.stamp
+        try:
+            again.fd = os.open(_proc(self.fd), _OPEN_FLAGS)
+        except OSError as e:
+            raise GGUFError(f"{self.path}: cannot open again: {e.strerror}") from None
+        try:
+            if caller is not None:
+                _require(caller, again.fd, os.fstat(again.fd), READ, str(self.path))
+        except BaseException:
+            again.close()
+            raise
+        return again
+
     def intact(self) -> bool:
         """Whether the file still has the identity it was opened with."""
         try:

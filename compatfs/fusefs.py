@@ -189,6 +189,7 @@ class CompatFS(fuse.Operations):
         self._served: dict[str, _Served] = {}       # path -> what it served last (page-cache validity)
         self._failures: dict[tuple, str] = {}      # what failed (blob, kind, stamp) -> the line logged once
         self._stale_paths: set[str] = set()      # to invalidate: they kept a view for open files
+        self._told: dict[str, set] = {}           # path -> blob identities getattr gave sizes of (None: a bad file's 0)
         # getattr's answers (None: no such path) as of the last rescan, so that
         # a listing is answered from memory (permissions are checked anew); emptied whenever a rescan sees a
         # change, before the kernel is told, and for a path whose files open
@@ -373,27 +374,29 @@ class CompatFS(fuse.Operations):
         except Exception as e:   # a bad blob must never take the mount down
             self._fail(key, f"cannot present {ref.kind} of {ref.blob}: {e}")
 
-    def _sticky(self, path: str) -> tuple[_Served, os.stat_result, bool] | None:
+    def _sticky(self, path: str) -> tuple[_Served, os.stat_result, bool, BlobFile] | None:
         """What `path` served last while handles are open on it: the served
-        view, its blob's status by descriptor, and whether that blob is intact."""
+        view, its blob's status by descriptor, whether that blob is intact,
+        and one open handle's file of it."""
         with self._lock:
             served = self._served.get(path)
-            fd = next((self._handles[fh].file.fd for fh in served.fhs if fh in self._handles), None) if served else None
-            if fd is None or served.view is None:
+            file = next((self._handles[fh].file for fh in served.fhs if fh in self._handles), None) if served else None
+            if file is None or served.view is None:
                 return None
             served = _Served(served.view, served.blob, served.stamp)   # as it is now, for the caller
-        st = self._fstat(fd)
+        st = self._fstat(file.fd)
         if st is None:
             return None
-        return served, st, unchanged(served.stamp, st)
+        return served, st, unchanged(served.stamp, st), file
 
-    def _choose(self, path: str, ref: FileRef) -> tuple[View, str]:
+    def _choose(self, path: str, ref: FileRef) -> tuple[View, str, BlobFile | None]:
         """The view `path` serves now: the one its open handles read while their
-        blob is intact, else the store's current one."""
+        blob is intact (with one of their files: its blob may have left the
+        store), else the store's current one."""
         sticky = self._sticky(path)
         if sticky is not None and sticky[2]:
-            return sticky[0].view, sticky[0].blob
-        return self._build(ref, self._blob_stat(ref)), str(ref.blob)
+            return sticky[0].view, sticky[0].blob, sticky[3]
+        return self._build(ref, self._blob_stat(ref)), str(ref.blob), None
 
     def _dir_attrs(self, path: str) -> dict:
         rel = path.strip("/")
@@ -428,10 +431,15 @@ class CompatFS(fuse.Operations):
     def getattr(self, path, fh=None):
         handle = self._handles.get(fh.fh) if fh is not None else None
         if handle is not None:
-            return self._file_attrs(path, handle.view.stamp, handle.view.size, self._fstat(handle.file.fd))
-        attrs = self._recall(self._attrs, path, self._getattr, unless_open=True)
+            attrs = self._file_attrs(path, handle.view.stamp, handle.view.size, self._fstat(handle.file.fd))
+        else:
+            attrs = self._recall(self._attrs, path, self._getattr, unless_open=True)
         if attrs is None:
             raise fuse.FuseOSError(errno.ENOENT)
+        if stat.S_ISREG(attrs["st_mode"]):
+            attrs = dict(attrs)
+            with self._lock:
+                self._told.setdefault(path, set()).add(attrs.pop("st_stamp", None))
         return attrs
 
     def _recall(self, table: dict, path: str, compute, unless_open: bool = False):
@@ -480,9 +488,11 @@ class CompatFS(fuse.Operations):
     @staticmethod
     def _file_attrs(path: str, stamp: tuple, size: int, st: os.stat_result | None) -> dict:
         """A file's attributes: its blob's owner, mode (minus write bits) and
-        times, one inode number per (path, blob identity)."""
+        times, one inode number per (path, blob identity); `st_stamp` the
+        identity (getattr notes it as told to the kernel, and drops it)."""
         attrs = {"st_mode": stat.S_IFREG | (st.st_mode & 0o555 if st else 0), "st_nlink": 1,
-                 "st_size": size, "st_blocks": (size + 511) // 512, "st_ino": _ino(path, stamp)}
+                 "st_size": size, "st_blocks": (size + 511) // 512, "st_ino": _ino(path, stamp),
+                 "st_stamp": tuple(stamp)}
         if st is not None:
             attrs.update(st_uid=st.st_uid, st_gid=st.st_gid, st_mtime=st.st_mtime_ns,
                          st_ctime=st.st_ctime_ns, st_atime=st.st_atime_ns)
@@ -560,11 +570,11 @@ class CompatFS(fuse.Operations):
             raise fuse.FuseOSError(errno.EISDIR)
         caller = _caller()
         for _attempt in range(2):
-            view, blob = self._choose(path, node)
+            view, blob, open_file = self._choose(path, node)
             # Decided on the file opened, which is the one served (its view
             # must have been built from those very bytes).
             try:
-                file = BlobFile(blob, caller=caller)
+                file = open_file.reopen(caller) if open_file is not None else BlobFile(blob, caller=caller)
             except Denied:
                 raise fuse.FuseOSError(errno.EACCES) from None
             except GGUFError as e:
@@ -593,6 +603,17 @@ class CompatFS(fuse.Operations):
             served.fhs.add(fh)
             self._generation += 1
             self._attrs.pop(path, None)
+            told = self._told.get(path, set())
+            stale = bool(told - {view.stamp})
+            if stale:
+                told.clear()
+        if stale and self._fuse_ptr:
+            # Since this was last done, getattr gave the kernel another view's
+            # size for this path (it may hold it, or a reply still on its way
+            # may set it): it must ask again (getattr with this handle) before
+            # it serves any byte of this view, or it would cut it short or
+            # mix the two.  Invalidating also discards replies sent before.
+            _libfuse.fuse_invalidate_path(self._fuse_ptr, path.encode())
         fi.fh = fh
         return 0
 
