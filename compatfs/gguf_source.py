@@ -15,7 +15,7 @@ from pathlib import Path
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as DT
 
-from .blobfile import identity as blob_identity
+from .blobfile import identity as blob_identity, open_regular
 from .gguf_values import VT, GGUFError, Value, skip_value, string_starts
 
 MAGIC = b"GGUF"
@@ -197,10 +197,7 @@ class SourceGGUF:
         return cached
 
     def _open(self) -> int:
-        try:
-            return os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as e:
-            raise GGUFError(f"{self.path}: cannot open: {e.strerror}") from None
+        return open_regular(self.path)[0]
 
     def read(self, offset: int, size: int) -> bytes:
         """`size` bytes at absolute `offset`, read now from the blob; GGUFError

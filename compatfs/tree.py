@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .blobfile import status
 from .gguf_source import blob_identity
 from .store import Scan, Store
 from .views import LAYER_FILE, MMPROJ_FILE, MODEL_FILE, BlobViews
@@ -98,7 +99,7 @@ def _regular(blob: Path) -> bool:
     """Whether the blob is a regular file (through a symlink): nothing else is
     ever opened (a FIFO in blobs/ would block the open)."""
     try:
-        return stat.S_ISREG(os.stat(blob).st_mode)
+        return stat.S_ISREG(status(blob).st_mode)
     except OSError:
         return False
 
@@ -132,7 +133,7 @@ class Tree:
                 return None
             if blob not in stamps:
                 try:
-                    st = os.stat(blob)
+                    st = status(blob)
                     stamps[blob] = (str(blob), *blob_identity(st), st.st_uid, st.st_gid, st.st_mode)
                 except OSError:
                     stamps[blob] = (str(blob),)

@@ -24,6 +24,7 @@ from cachetools import LRUCache
 from gguf import Keys
 
 from . import handlers
+from .blobfile import status
 from .gguf_source import SourceGGUF, blob_identity
 from .gguf_values import GGUFError
 from .index import Index, Stamp, Summary
@@ -86,7 +87,7 @@ def build_view(info: BlobInfo, kind: str, cache: OpCache) -> View:
 
 def _stamp(path: Path) -> Stamp:
     try:
-        st = path.stat()
+        st = status(path)
     except OSError as e:
         raise GGUFError(f"{path}: {e.strerror}") from None
     return blob_identity(st)
