@@ -219,28 +219,20 @@ class BlobFile:
             os.close(self.fd)
             self.fd = -1
 
-    def reopen(self, caller: Caller | None = None) -> "BlobFile":
-        """Another descriptor of this very file (removed from its folder or
-        not), checked like `open_regular`: `caller` must be allowed to search
-        the folders that lead to its path and to read the file."""
-        if caller is not None:
-            try:
-                status(self.path.parent, caller, SEARCH)
-            except OSError as e:
-                raise GGUFError(f"{self.path.parent}: cannot open: {e.strerror}") from None
+    def duplicate(self) -> "BlobFile":
+        """Another descriptor of this very file (removed from its folder or not)."""
         again = object.__new__(BlobFile)
-        again.path, again.stamp = self.path, self.stamp
-        try:
-            again.fd = os.open(_proc(self.fd), _OPEN_FLAGS)
-        except OSError as e:
-            raise GGUFError(f"{self.path}: cannot open again: {e.strerror}") from None
-        try:
-            if caller is not None:
-                _require(caller, again.fd, os.fstat(again.fd), READ, str(self.path))
-        except BaseException:
-            again.close()
-            raise
+        again.path, again.stamp, again.fd = self.path, self.stamp, os.dup(self.fd)
         return again
+
+    def allow(self, caller: Caller) -> None:
+        """Denied unless `caller` may search the folders that lead to the
+        file's path now and read this file (a `duplicate` is checked so)."""
+        try:
+            status(self.path.parent, caller, SEARCH)
+            _require(caller, self.fd, os.fstat(self.fd), READ, str(self.path))
+        except OSError as e:
+            raise GGUFError(f"{self.path}: cannot open: {e.strerror}") from None
 
     def intact(self) -> bool:
         """Whether the file still has the identity it was opened with."""

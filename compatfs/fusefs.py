@@ -189,6 +189,7 @@ class CompatFS(fuse.Operations):
         self._served: dict[str, _Served] = {}       # path -> what it served last (page-cache validity)
         self._failures: dict[tuple, str] = {}      # what failed (blob, kind, stamp) -> the line logged once
         self._stale_paths: set[str] = set()      # to invalidate: they kept a view for open files
+        self._opening = [threading.Lock() for _ in range(64)]   # opens of one path, one at a time
         self._told: dict[str, set] = {}           # path -> blob identities getattr gave sizes of (None: a bad file's 0)
         # getattr's answers (None: no such path) as of the last rescan, so that
         # a listing is answered from memory (permissions are checked anew); emptied whenever a rescan sees a
@@ -374,26 +375,28 @@ class CompatFS(fuse.Operations):
         except Exception as e:   # a bad blob must never take the mount down
             self._fail(key, f"cannot present {ref.kind} of {ref.blob}: {e}")
 
-    def _sticky(self, path: str) -> tuple[_Served, os.stat_result, bool, BlobFile] | None:
+    def _sticky(self, path: str, duplicate: bool = False) -> tuple[_Served, os.stat_result, bool, BlobFile | None] | None:
         """What `path` served last while handles are open on it: the served
         view, its blob's status by descriptor, whether that blob is intact,
-        and one open handle's file of it."""
+        and with `duplicate` a descriptor of that blob of the caller's own
+        (taken while the handle cannot be closed)."""
         with self._lock:
             served = self._served.get(path)
             file = next((self._handles[fh].file for fh in served.fhs if fh in self._handles), None) if served else None
             if file is None or served.view is None:
                 return None
             served = _Served(served.view, served.blob, served.stamp)   # as it is now, for the caller
-        st = self._fstat(file.fd)
-        if st is None:
-            return None
-        return served, st, unchanged(served.stamp, st), file
+            st = self._fstat(file.fd)
+            if st is None:
+                return None
+            own = file.duplicate() if duplicate and unchanged(served.stamp, st) else None
+        return served, st, unchanged(served.stamp, st), own
 
     def _choose(self, path: str, ref: FileRef) -> tuple[View, str, BlobFile | None]:
         """The view `path` serves now: the one its open handles read while their
-        blob is intact (with one of their files: its blob may have left the
-        store), else the store's current one."""
-        sticky = self._sticky(path)
+        blob is intact (with a descriptor of it, the caller's to close: the
+        blob may have left the store), else the store's current one."""
+        sticky = self._sticky(path, duplicate=True)
         if sticky is not None and sticky[2]:
             return sticky[0].view, sticky[0].blob, sticky[3]
         return self._build(ref, self._blob_stat(ref)), str(ref.blob), None
@@ -568,24 +571,35 @@ class CompatFS(fuse.Operations):
         node = self._node(path)
         if isinstance(node, list):
             raise fuse.FuseOSError(errno.EISDIR)
+        with self._opening[hash(path) % len(self._opening)]:
+            return self._open(path, node, fi)
+
+    def _open(self, path: str, node: FileRef, fi) -> int:
+        """`open` of `path`, one at a time per path: what it serves is chosen
+        knowing every handle opened on it before."""
         caller = _caller()
-        for _attempt in range(2):
-            view, blob, open_file = self._choose(path, node)
-            # Decided on the file opened, which is the one served (its view
-            # must have been built from those very bytes).
+        for _attempt in range(4):
             try:
-                file = open_file.reopen(caller) if open_file is not None else BlobFile(blob, caller=caller)
-            except Denied:
-                raise fuse.FuseOSError(errno.EACCES) from None
-            except GGUFError as e:
-                log.error("cannot open blob: %s", e)
-                raise fuse.FuseOSError(errno.EIO) from None
-            if file.stamp == view.stamp:
+                opened = self._open_view(path, node, caller)
+            except fuse.FuseOSError as e:
+                if e.errno != errno.EIO:
+                    raise
+                opened, failed = None, e
+            else:
+                failed = None
+            if opened is not None:
                 break
-            file.close()
+            # The blob changed as it was opened, or the store moved on since
+            # the last scan (a model pulled again, its old blob removed):
+            # the path's current blob, from a scan made now.
+            self.tree.snapshot(fresh=True)
+            node = self._node(path)
         else:
+            if failed is not None:
+                raise failed
             log.error("blob %s changes while it is opened: not served", node.blob)
             raise fuse.FuseOSError(errno.EIO)
+        view, blob, file = opened
         fh = next(self._fh)
         with self._lock:
             self._handles[fh] = _Handle(path, view, file)
@@ -616,6 +630,31 @@ class CompatFS(fuse.Operations):
             _libfuse.fuse_invalidate_path(self._fuse_ptr, path.encode())
         fi.fh = fh
         return 0
+
+    def _open_view(self, path: str, node: FileRef, caller: Caller) -> tuple[View, str, BlobFile] | None:
+        """The view `path` serves now, its blob's path and the file it is
+        served from, opened for `caller` (EACCES unless it may read it; the
+        permission is decided on that very file); None when the file opened
+        is not the one the view was built from (it changed meanwhile)."""
+        view, blob, file = self._choose(path, node)
+        try:
+            if file is not None:
+                try:
+                    file.allow(caller)
+                except BaseException:
+                    file.close()
+                    raise
+            else:
+                file = BlobFile(blob, caller=caller)
+        except Denied:
+            raise fuse.FuseOSError(errno.EACCES) from None
+        except GGUFError as e:
+            log.error("cannot open blob: %s", e)
+            raise fuse.FuseOSError(errno.EIO) from None
+        if file.stamp != view.stamp:
+            file.close()
+            return None
+        return view, blob, file
 
     def release(self, path, fi):
         with self._lock:

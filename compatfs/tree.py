@@ -144,10 +144,12 @@ class Tree:
         out.update({f"{BLOBS}/{digest}": (stamp(blob),) for digest, blob in snap.blobs.items()})
         return out
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, fresh: bool = False) -> Snapshot:
+        """The current scan; made anew when older than `rescan_seconds` (or
+        at once with `fresh`: a blob it names was found gone)."""
         with self._lock:
             now = time.monotonic()
-            if self._snap is None or now - self._stamp >= self.rescan_seconds:
+            if self._snap is None or fresh or now - self._stamp >= self.rescan_seconds:
                 previous = self._snap
                 self._snap = Snapshot(self.store, self.store.scan())
                 self._stamp = now

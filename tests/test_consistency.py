@@ -4,6 +4,7 @@ anything; a store folder that disappears reads as gone."""
 import errno
 import os
 import signal
+import threading
 import subprocess
 import sys
 import time
@@ -154,3 +155,77 @@ def test_a_removed_store_folder_reads_as_gone(store, mount_store):
     time.sleep(1.5)
     assert os.listdir(m.path) == []     # never PermissionError
     assert m.alive
+
+
+def test_reads_during_re_pulls_are_one_view_each(store, mount_store, tmp_path):
+    """A model pulled again every 50 ms (a new blob written, the manifest
+    renamed over it, the blob before last removed) while 3 readers open and
+    read it whole, 10 s.  Measured on the landed code: reads with one view's
+    size and another blob's bytes, short reads, and opens failing with an
+    errno though the path always named a model.  Every read is now exactly
+    one of the views, as long as the size its open showed, and no open fails."""
+    sources = [gemma3.legacy_gemma3_text(tmp_path / "a.gguf", seed=1), llama.plain_llama_text(tmp_path / "b.gguf"),
+               gemma3.legacy_gemma3_vision(tmp_path / "c.gguf", seed=2)]
+    views = {}
+    for src in sources:
+        add_model(store, "churn", src, tag="1b")
+        b = blob_of(store, "churn", "1b")
+        views[b.name] = expected(b)
+    assert len({len(v) for v in views.values()}) == 3
+    contents = {name: (store / "blobs" / name).read_bytes() for name in views}
+    manifest = store / "manifests/registry.ollama.ai/library/churn/1b"
+    layout = manifest.read_text()
+    current = blob_of(store, "churn", "1b").name
+    m = mount_store(store)
+    path = m / "churn:1b/model.gguf"
+    assert path.read_bytes() == views[current]
+    stop = threading.Event()
+    counts = {"reads": 0, "mixed": 0, "short": 0, "errors": 0}
+    seen = []
+
+    def reader():
+        while not stop.is_set():
+            try:
+                with open(path, "rb") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    data = f.read()
+            except OSError as e:
+                counts["errors"] += 1
+                seen.append(repr(e))
+                continue
+            counts["reads"] += 1
+            if data not in views.values():
+                counts["mixed"] += 1
+            elif len(data) != size:
+                counts["short"] += 1
+
+    def repull():
+        names = list(views)
+        i = names.index(current)
+        while not stop.is_set():
+            old, i = names[i], (i + 1) % len(names)
+            new = names[i]
+            (store / "blobs" / new).write_bytes(contents[new])    # pulled anew
+            tmp = manifest.with_name(".1b.tmp")
+            tmp.write_text(layout.replace(current_digest(layout), new.replace("-", ":")))
+            os.replace(tmp, manifest)
+            gone = store / "blobs" / names[(i + 1) % len(names)]   # neither the new nor the one before
+            gone.unlink(missing_ok=True)
+            del old
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=reader) for _ in range(3)] + [threading.Thread(target=repull)]
+    for t in threads:
+        t.start()
+    time.sleep(10)
+    stop.set()
+    for t in threads:
+        t.join(timeout=30)
+    assert counts["reads"] > 50, counts
+    assert counts["mixed"] == counts["short"] == counts["errors"] == 0, (counts, seen[:3])
+    assert m.alive
+
+
+def current_digest(layout: str) -> str:
+    import json
+    return json.loads(layout)["layers"][0]["digest"]
