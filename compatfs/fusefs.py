@@ -165,6 +165,10 @@ def _piece_size(piece) -> int:
 _UNKNOWN = object()
 
 
+class _Changed(Exception):
+    """The blob at a path became another file while it was looked at."""
+
+
 def _erofs(*_args, **_kwargs):
     raise fuse.FuseOSError(errno.EROFS)
 
@@ -346,15 +350,20 @@ class CompatFS(fuse.Operations):
             log.error("%s", message)
 
     def _size(self, ref: FileRef, st: os.stat_result) -> int | None:
-        """The file's size from the blob's summary (no view is built for
-        `stat`); None, logged once, when the view cannot be presented."""
+        """The file's size from the summary of the blob of status `st` (no view
+        is built for `stat`); None, logged once, when the view cannot be
+        presented; _Changed when the blob at that path is another by now."""
         key = (str(ref.blob), ref.kind, blob_identity(st))
         if ref.kind == LAYER_FILE or (not self.tree.views.translate and ref.kind == MODEL_FILE):
             return st.st_size   # served byte for byte, GGUF or not (as `BlobViews.view` does)
         try:
-            summary = self.tree.views.summary(ref.blob)
+            summary = self.tree.views.summary(ref.blob, blob_identity(st))
+            if summary is None:
+                raise _Changed
             error = summary.error
             size = summary.model_size if ref.kind == MODEL_FILE else summary.mmproj_size
+        except _Changed:
+            raise
         except Exception as e:   # a bad blob must never take the mount down
             error, size = str(e), None
         if error or size is None:
@@ -473,11 +482,18 @@ class CompatFS(fuse.Operations):
         sticky = self._sticky(path)
         if sticky is not None and sticky[2]:
             return self._file_attrs(path, sticky[0].view.stamp, sticky[0].view.size, sticky[1])
-        try:
-            st = self._blob_stat(node)
-            size = self._size(node, st)
-        except fuse.FuseOSError:
-            st = size = None
+        for _attempt in range(3):
+            # Size and identity of one blob (the path may name another by the
+            # time its summary is looked up).
+            try:
+                st = self._blob_stat(node)
+                size = self._size(node, st)
+                break
+            except fuse.FuseOSError:
+                st = size = None
+                break
+            except _Changed:
+                st = size = None
         if size is not None:
             return self._file_attrs(path, blob_identity(st), size, st)
         if sticky is not None:

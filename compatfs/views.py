@@ -107,7 +107,8 @@ def _die_with(parent: int) -> None:
 
 def summarize(path: Path, translate: bool) -> tuple[Stamp, Summary]:
     """The blob's identity and its views' summary, made from scratch (also in
-    a worker process: every argument and result is plain data)."""
+    a worker process: every argument and result is plain data).  The
+    identity is the parsed file's own (the path may name another by then)."""
     stamp = _stamp(path)
 
     def size(spec: ViewSpec | None) -> int:
@@ -121,6 +122,7 @@ def summarize(path: Path, translate: bool) -> tuple[Stamp, Summary]:
         mmproj_size = size(mmproj) if info.has_mmproj else None
     except GGUFError as e:
         return stamp, Summary(0, None, error=str(e))
+    stamp = info.source.identity
     kvs = dict(model.kvs) if model else info.source.kvs
     arch = kvs[Keys.General.ARCHITECTURE].decode() if Keys.General.ARCHITECTURE in kvs else None
     return stamp, Summary(model_size, mmproj_size, info.text.name if info.text else None,
@@ -146,9 +148,11 @@ class BlobViews:
         self._pending: dict[str, Future] = {}
 
     # -- summaries -------------------------------------------------------------
-    def summary(self, path: Path) -> Summary:
-        """The blob's summary; GGUFError when the blob cannot be read at all."""
-        stamp = _stamp(path)
+    def summary(self, path: Path, stamp: Stamp | None = None) -> Summary | None:
+        """The blob's summary; GGUFError when the blob cannot be read at all.
+        With `stamp`: the summary of the blob of that identity, None when the
+        file at `path` turns out to be another."""
+        expect, stamp = stamp, stamp or _stamp(path)
         hit = self.index.get(path, stamp)
         if hit is not None:
             return hit
@@ -172,6 +176,8 @@ class BlobViews:
         got_stamp, summary = summarize(path, self.translate)
         if got_stamp == stamp:
             self._indexed(path, stamp, summary)
+        elif expect is not None:
+            return None
         return summary
 
     def _indexed(self, path: Path, stamp: Stamp, summary: Summary) -> None:

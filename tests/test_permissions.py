@@ -150,7 +150,8 @@ def test_a_flipped_symlink_never_serves_what_the_caller_may_not_read(user, base,
     """The store's owner flips its blob's symlink between its own GGUF and a
     file it may not read (0600 root's, or 0644 in a 0700 folder), while it
     reads through the root mount: the landed code served the secret 17-22
-    times in 20 s.  Decided on the descriptor served: never, in 8 s."""
+    times in 20 s.  Decided on the descriptor served: never, in 8 s; and
+    every read is the whole of the view it opened (size and bytes of one blob)."""
     store = base / "store"
     own = gemma3.legacy_gemma3_text(base / "own.gguf")
     own.chmod(0o644)
@@ -193,8 +194,10 @@ def test_a_flipped_symlink_never_serves_what_the_caller_may_not_read(user, base,
             stop.set()
             flipper.join(timeout=10)
         leaked = [x for x in lines if x in secret_views]
+        other = [x for x in lines if "sha256sum:" not in x and x != sha(own_view) and x not in secret_views]
         served = [x for x in lines if x == sha(own_view)]
         assert not leaked, f"{len(leaked)} of {len(lines)} reads served the file the user may not read"
+        assert not other, f"{len(other)} of {len(lines)} reads served other bytes (one view's size, another's bytes)"
         assert served, "the user's own model was never served"
         assert m.alive
     finally:
