@@ -169,6 +169,15 @@ class _Changed(Exception):
     """The blob at a path became another file while it was looked at."""
 
 
+class _CannotOpen(fuse.FuseOSError):
+    """EIO for a blob that cannot be opened; `message` is logged if opening
+    the path's blob of a scan made then fails too."""
+
+    def __init__(self, message: str):
+        super().__init__(errno.EIO)
+        self.message = message
+
+
 def _erofs(*_args, **_kwargs):
     raise fuse.FuseOSError(errno.EROFS)
 
@@ -180,6 +189,7 @@ class CompatFS(fuse.Operations):
     RESCAN_SECONDS = 1.0
     _FAILURES_KEPT = 1024
     _ATTRS_KEPT = 1 << 14       # remembered answers (a few per model; ~10 MB at most)
+    _OPEN_ATTEMPTS = 8          # an open racing re-pulls tries the path's newest blob this often
 
     def __init__(self, tree: Tree, mountpoint: str, read_ahead_kb: int = 0):
         self.tree = tree
@@ -594,7 +604,7 @@ class CompatFS(fuse.Operations):
         """`open` of `path`, one at a time per path: what it serves is chosen
         knowing every handle opened on it before."""
         caller = _caller()
-        for _attempt in range(4):
+        for _attempt in range(self._OPEN_ATTEMPTS):
             try:
                 opened = self._open_view(path, node, caller)
             except fuse.FuseOSError as e:
@@ -611,10 +621,11 @@ class CompatFS(fuse.Operations):
             self.tree.snapshot(fresh=True)
             node = self._node(path)
         else:
-            if failed is not None:
-                raise failed
-            log.error("blob %s changes while it is opened: not served", node.blob)
-            raise fuse.FuseOSError(errno.EIO)
+            if isinstance(failed, _CannotOpen):
+                log.error("cannot open blob: %s", failed.message)
+            elif failed is None:
+                log.error("blob %s changes while it is opened: not served", node.blob)
+            raise failed or fuse.FuseOSError(errno.EIO)
         view, blob, file = opened
         fh = next(self._fh)
         with self._lock:
@@ -665,8 +676,7 @@ class CompatFS(fuse.Operations):
         except Denied:
             raise fuse.FuseOSError(errno.EACCES) from None
         except GGUFError as e:
-            log.error("cannot open blob: %s", e)
-            raise fuse.FuseOSError(errno.EIO) from None
+            raise _CannotOpen(str(e)) from None
         if file.stamp != view.stamp:
             file.close()
             return None
