@@ -1,23 +1,59 @@
 """Store files opened and read one way: never blocking, only regular files,
-every read checked against the identity the file had when it was opened.
+never through the daemon's own mount, every read checked against the
+identity the file had when it was opened.
 
 Everything compatfs reads out of a store (blobs, manifests, params layers)
-comes through here: `open_regular` opens without blocking (a FIFO or device
-put in place of a file never hangs the caller) and refuses anything the open
-descriptor does not show to be a regular file; `BlobFile` is one open blob,
-its descriptor and identity, and reads exactly the bytes asked for or raises.
+comes through here.  A path is resolved by walking it one component at a
+time from the root, each relative to the folder descriptor before it and
+never following a symlink implicitly (symlinks are read and resolved here,
+at most 40): so the folders traversed are known exactly, a path that leads
+into a mount compatfs serves (`keep_out`) is refused before anything in it is
+looked up, and with a `Caller` each folder must grant it search permission
+(mode bits and ACL, on the folder's descriptor).  The last component is held
+by an O_PATH descriptor (nothing is opened yet: no device or FIFO is ever
+opened); only a regular file is then opened, without blocking, from that very
+descriptor, and a caller must be allowed to read the opened file.
+`BlobFile` is one open file, its descriptor and identity, and reads exactly
+the bytes asked for or raises.
 """
 from __future__ import annotations
 
+import errno
+import json
 import os
 import stat
 from pathlib import Path
 
+from .access import READ, SEARCH, BadACL, Caller, read_acl
 from .gguf_values import GGUFError
 
 Stamp = tuple[int, int, int, int, int]   # st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
+_PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+_MAX_LINKS = 40                          # the kernel's own limit
+KEEP_OUT_ENV = "COMPATFS_KEEP_OUT"       # mounts never looked into, a JSON list (inherited by workers)
+
+
+class Denied(GGUFError):
+    """The caller may not reach or read the file."""
+
+
+def keep_out(mountpoint: str | os.PathLike) -> None:
+    """Never look inside `mountpoint` (a mount this process serves): a request
+    to it from the process answering it could wait forever.  Call before it
+    is mounted (its real path is taken then).  Kept in the environment, so
+    that the processes this one starts (indexing workers) keep out too."""
+    kept = [*_kept_out(), os.path.realpath(mountpoint)]
+    os.environ[KEEP_OUT_ENV] = json.dumps(list(dict.fromkeys(kept)))
+
+
+def _kept_out() -> list[str]:
+    try:
+        kept = json.loads(os.environ.get(KEEP_OUT_ENV) or "[]")
+    except ValueError:
+        return []
+    return [m for m in kept if isinstance(m, str)] if isinstance(kept, list) else []
 
 
 def identity(st: os.stat_result) -> Stamp:
@@ -36,21 +72,117 @@ def unchanged(stamp: Stamp, st: os.stat_result) -> bool:
     return now == tuple(stamp) or (st.st_nlink == 0 and now[:4] == tuple(stamp[:4]))
 
 
-def open_regular(path: str | os.PathLike) -> tuple[int, os.stat_result]:
-    """A read-only descriptor of the regular file at `path` and its status
-    (taken from the descriptor); GGUFError naming the path otherwise."""
+def _proc(fd: int) -> str:
+    return f"/proc/self/fd/{fd}"
+
+
+def _require(caller: Caller, fd: int, st: os.stat_result, bit: int, where: str) -> None:
+    """Denied unless `caller` has permission `bit` on the file `fd` holds."""
+    if caller.uid == 0:
+        return
     try:
-        fd = os.open(path, _OPEN_FLAGS)
+        allowed = caller.may(st, read_acl(_proc(fd)), bit)
+    except BadACL as e:
+        raise Denied(f"{where}: its access ACL is unreadable ({e}): refused") from None
+    if not allowed:
+        raise Denied(f"{where}: uid {caller.uid} may not {'read' if bit == READ else 'search'} it")
+
+
+def _inside_mount(path: str, kept: list[str]) -> str | None:
+    return next((m for m in kept if path == m or path.startswith(m.rstrip("/") + "/")), None)
+
+
+def _walk(path: str | os.PathLike, caller: Caller | None) -> int:
+    """An O_PATH descriptor of what `path` resolves to (never a symlink);
+    OSError as the kernel's lookup would fail, Denied when `caller` lacks
+    search permission on a folder on the way."""
+    todo = os.path.abspath(os.fspath(path)).split("/")[::-1]   # components still to resolve, next last
+    here, fd = "/", os.open("/", _PATH_FLAGS)
+    links, kept = 0, _kept_out()
+    try:
+        st = os.fstat(fd)
+        while todo:
+            name = todo.pop()
+            if name in ("", "."):
+                continue
+            there = os.path.dirname(here) if name == ".." else os.path.join(here, name)
+            mount = _inside_mount(there, kept)
+            if mount is not None:
+                raise OSError(errno.ELOOP, f"it leads into {mount}, compatfs's own mount")
+            if not stat.S_ISDIR(st.st_mode):
+                raise OSError(errno.ENOTDIR, f"{here} is not a folder")
+            if caller is not None:
+                _require(caller, fd, st, SEARCH, here)
+            child = os.open(name, _PATH_FLAGS, dir_fd=fd)
+            try:
+                cst = os.fstat(child)
+                target = os.readlink("", dir_fd=child) if stat.S_ISLNK(cst.st_mode) else None
+            except BaseException:
+                os.close(child)
+                raise
+            if target is None:
+                os.close(fd)
+                fd, here, st = child, there, cst
+                continue
+            os.close(child)
+            links += 1
+            if links > _MAX_LINKS:
+                raise OSError(errno.ELOOP, "too many levels of symbolic links")
+            todo.extend(target.split("/")[::-1])
+            if target.startswith("/"):
+                os.close(fd)
+                fd = -1
+                here, fd = "/", os.open("/", _PATH_FLAGS)
+                st = os.fstat(fd)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        raise
+    return fd
+
+
+def status(path: str | os.PathLike, caller: Caller | None = None, need: int = 0) -> os.stat_result:
+    """The status of what `path` resolves to (through symlinks, as resolved
+    here; nothing is opened); with `caller`: Denied unless it may search every
+    folder on the way and has permission `need` (READ, SEARCH) on the file.
+    OSError otherwise, as a lookup would fail."""
+    fd = _walk(path, caller)
+    try:
+        st = os.fstat(fd)
+        if caller is not None and need:
+            _require(caller, fd, st, need, str(path))
+        return st
+    finally:
+        os.close(fd)
+
+
+def open_regular(path: str | os.PathLike, caller: Caller | None = None) -> tuple[int, os.stat_result]:
+    """A read-only descriptor of the regular file at `path` and its status
+    (taken from the descriptor); with `caller`: Denied unless it may search
+    every folder on the way and read the opened file; GGUFError naming the
+    path otherwise."""
+    try:
+        pfd = _walk(path, caller)
     except OSError as e:
         raise GGUFError(f"{path}: cannot open: {e.strerror}") from None
     try:
+        if not stat.S_ISREG(os.fstat(pfd).st_mode):
+            raise GGUFError(f"{path}: not a regular file")
+        fd = os.open(_proc(pfd), _OPEN_FLAGS)
+    except OSError as e:
+        raise GGUFError(f"{path}: cannot open: {e.strerror}") from None
+    finally:
+        os.close(pfd)
+    try:
         st = os.fstat(fd)
+        if caller is not None:
+            _require(caller, fd, st, READ, str(path))
     except OSError as e:
         os.close(fd)
         raise GGUFError(f"{path}: cannot read: {e.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
+    except BaseException:
         os.close(fd)
-        raise GGUFError(f"{path}: not a regular file")
+        raise
     return fd, st
 
 
@@ -65,11 +197,12 @@ def read_small(path: str | os.PathLike, limit: int) -> bytes:
 
 class BlobFile:
     """One open store file: its descriptor and the identity it had when
-    opened (`expect`: the identity it must have, else GGUFError)."""
+    opened (`expect`: the identity it must have, else GGUFError; `caller`:
+    who must be allowed to read it, else Denied; see `open_regular`)."""
 
-    def __init__(self, path: str | os.PathLike, expect: Stamp | None = None):
+    def __init__(self, path: str | os.PathLike, expect: Stamp | None = None, caller: Caller | None = None):
         self.path = Path(path)
-        self.fd, st = open_regular(path)
+        self.fd, st = open_regular(path, caller)
         self.stamp = identity(st)
         if expect is not None and self.stamp != tuple(expect):
             self.close()
@@ -85,6 +218,21 @@ class BlobFile:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+    def duplicate(self) -> "BlobFile":
+        """Another descriptor of this very file (removed from its folder or not)."""
+        again = object.__new__(BlobFile)
+        again.path, again.stamp, again.fd = self.path, self.stamp, os.dup(self.fd)
+        return again
+
+    def allow(self, caller: Caller) -> None:
+        """Denied unless `caller` may search the folders that lead to the
+        file's path now and read this file (a `duplicate` is checked so)."""
+        try:
+            status(self.path.parent, caller, SEARCH)
+            _require(caller, self.fd, os.fstat(self.fd), READ, str(self.path))
+        except OSError as e:
+            raise GGUFError(f"{self.path}: cannot open: {e.strerror}") from None
 
     def intact(self) -> bool:
         """Whether the file still has the identity it was opened with."""

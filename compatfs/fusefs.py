@@ -47,9 +47,9 @@ if not os.environ.get("FUSE_LIBRARY_PATH"):
 import mfusepy as fuse  # noqa: E402
 
 from .tree import BLOBS, FileRef, Tree  # noqa: E402
-from .blobfile import BlobFile, unchanged  # noqa: E402
+from .access import READ, Caller  # noqa: E402
+from .blobfile import BlobFile, Denied, identity, keep_out, status, unchanged  # noqa: E402
 from .gguf_values import GGUFError  # noqa: E402
-from .gguf_source import blob_identity  # noqa: E402
 from .libc import LIBC  # noqa: E402
 from . import viewbytes  # noqa: E402
 from .view import View  # noqa: E402
@@ -114,55 +114,9 @@ def _ino(*parts) -> int:
     return (int.from_bytes(h, "little") >> 2) + 2
 
 
-class _Caller:
-    """The process calling now: its uid, and its groups (primary and
-    supplementary) read from /proc only when a permission check needs them."""
-
-    def __init__(self):
-        self.uid, self._gid, self._pid = fuse.fuse_get_context()
-        self._groups: set[int] | None = None
-
-    @property
-    def groups(self) -> set[int]:
-        if self._groups is None:
-            self._groups = {self._gid}
-            try:
-                with open(f"/proc/{self._pid}/status") as f:
-                    for line in f:
-                        if line.startswith("Groups:"):
-                            self._groups.update(int(g) for g in line.split()[1:])
-                            break
-            except (OSError, ValueError):
-                pass
-        return self._groups
-
-    def allows(self, st: os.stat_result, bit: int) -> bool:
-        """Whether its owner/group/other class has permission `bit` (4 r, 1 x)."""
-        if self.uid == 0:
-            return True
-        if self.uid == st.st_uid:
-            return bool(st.st_mode >> 6 & bit)
-        if st.st_gid in self.groups:
-            return bool(st.st_mode >> 3 & bit)
-        return bool(st.st_mode & bit)
-
-
-def may_access(path: Path, caller: _Caller, read: bool = True) -> bool:
-    """Whether `caller` could open `path` for reading (a directory: list it)
-    in the store itself: search permission on every folder on the way to it, as
-    named and as its symlinks resolve, and read permission on it (root: that
-    it is there)."""
-    if caller.uid == 0:
-        return os.path.exists(path)
-    try:
-        real = Path(os.path.realpath(path))
-        for chain in (path.parents, real.parents):
-            for d in chain:
-                if not caller.allows(os.stat(d), 1):
-                    return False
-        return not read or caller.allows(os.stat(real), 4)
-    except OSError:
-        return False
+def _caller() -> Caller:
+    """The process whose request is being answered (libfuse's context)."""
+    return Caller(*fuse.fuse_get_context())
 
 
 @dataclass
@@ -192,6 +146,19 @@ class _Served:
 _UNKNOWN = object()
 
 
+class _Changed(Exception):
+    """The blob at a path became another file while it was looked at."""
+
+
+class _CannotOpen(fuse.FuseOSError):
+    """EIO for a blob that cannot be opened; `message` is logged if opening
+    the path's blob of a scan made then fails too."""
+
+    def __init__(self, message: str):
+        super().__init__(errno.EIO)
+        self.message = message
+
+
 def _erofs(*_args, **_kwargs):
     raise fuse.FuseOSError(errno.EROFS)
 
@@ -203,10 +170,12 @@ class CompatFS(fuse.Operations):
     RESCAN_SECONDS = 1.0
     _FAILURES_KEPT = 1024
     _ATTRS_KEPT = 1 << 14       # remembered answers (a few per model; ~10 MB at most)
+    _OPEN_ATTEMPTS = 8          # an open racing re-pulls tries the path's newest blob this often
 
     def __init__(self, tree: Tree, mountpoint: str, read_ahead_kb: int = 0):
         self.tree = tree
         self._mountpoint = mountpoint
+        keep_out(mountpoint)     # nothing is ever looked up through it (a request to this very daemon)
         self._read_ahead_kb = read_ahead_kb
         self.root = tree.store.root
         self._handles: dict[int, _Handle] = {}
@@ -215,6 +184,8 @@ class CompatFS(fuse.Operations):
         self._served: dict[str, _Served] = {}       # path -> what it served last (page-cache validity)
         self._failures: dict[tuple, str] = {}      # what failed (blob, kind, stamp) -> the line logged once
         self._stale_paths: set[str] = set()      # to invalidate: they kept a view for open files
+        self._opening = [threading.Lock() for _ in range(64)]   # opens of one path, one at a time
+        self._told: dict[str, set] = {}           # path -> blob identities getattr gave sizes of (None: a bad file's 0)
         # getattr's answers (None: no such path) as of the last rescan, so that
         # a listing is answered from memory (permissions are checked anew); emptied whenever a rescan sees a
         # change, before the kernel is told, and for a path whose files open
@@ -242,15 +213,14 @@ class CompatFS(fuse.Operations):
         self._fuse_ptr = None
 
     def exit(self) -> None:
-        """End the FUSE loop (libfuse then unmounts): flag the session, and wake
-        a worker with a lookup the kernel cannot answer from its cache."""
+        """End the FUSE loop (libfuse then unmounts) without a request to the
+        mount: flag the session, then interrupt the main thread's wait for
+        the loop's workers (a signal; its handler is mount()'s, which does
+        nothing), so that it sees the flag and ends them."""
         ptr = self._fuse_ptr
         if ptr:
             _libfuse.fuse_exit(ptr)
-            try:
-                os.stat(os.path.join(self._mountpoint, f".compatfs-exit-{os.getpid()}"))
-            except OSError:
-                pass
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
         else:
             lazy_unmount(self._mountpoint)
 
@@ -359,11 +329,11 @@ class CompatFS(fuse.Operations):
         """The blob's status (through a symlink); EIO and a log line for anything
         but a regular file."""
         try:
-            st = os.stat(ref.blob)
+            st = status(ref.blob)
         except OSError as e:
             self._fail(("missing", str(ref.blob), e.errno), f"cannot read blob {ref.blob}: {e.strerror}")
         if not stat.S_ISREG(st.st_mode):
-            self._fail(("irregular", str(ref.blob), blob_identity(st)), f"blob {ref.blob} is not a regular file: not served")
+            self._fail(("irregular", str(ref.blob), identity(st)), f"blob {ref.blob} is not a regular file: not served")
         return st
 
     def _fail(self, key: tuple, message: str) -> NoReturn:
@@ -382,17 +352,22 @@ class CompatFS(fuse.Operations):
             log.error("%s", message)
 
     def _size(self, ref: FileRef, st: os.stat_result) -> int | None:
-        """The file's size from the blob's summary (no view is built for
-        `stat`); None, logged once, when the view cannot be presented."""
-        key = (str(ref.blob), ref.kind, blob_identity(st))
+        """The file's size from the summary of the blob of status `st` (no view
+        is built for `stat`); None, logged once, when the view cannot be
+        presented; _Changed when the blob at that path is another by now."""
+        key = (str(ref.blob), ref.kind, identity(st))
         if ref.kind == LAYER_FILE or (not self.tree.views.translate and ref.kind == MODEL_FILE):
             return st.st_size   # served byte for byte, GGUF or not (as `BlobViews.view` does)
         try:
-            summary = self.tree.views.summary(ref.blob)
+            summary = self.tree.views.summary(ref.blob, identity(st))
+            if summary is None:
+                raise _Changed
             error = summary.error
             size = summary.model_size if ref.kind == MODEL_FILE else summary.mmproj_size
             if size is not None and not error:
                 size = self.tree.views.sampled_size(ref.blob, ref.params, size)
+        except _Changed:
+            raise
         except Exception as e:   # a bad blob must never take the mount down
             error, size = str(e), None
         if error or size is None:
@@ -403,7 +378,7 @@ class CompatFS(fuse.Operations):
     def _build(self, ref: FileRef, st: os.stat_result) -> View:
         """The store's current `ref.kind` view of the blob; a view that cannot be
         built is EIO with one log line (and not built again until the blob changes)."""
-        key = (str(ref.blob), ref.kind, blob_identity(st))
+        key = (str(ref.blob), ref.kind, identity(st))
         with self._lock:
             known = self._failures.get(key)
         if known is not None:
@@ -413,33 +388,37 @@ class CompatFS(fuse.Operations):
         except Exception as e:   # a bad blob must never take the mount down
             self._fail(key, f"cannot present {ref.kind} of {ref.blob}: {e}")
 
-    def _sticky(self, path: str) -> tuple[_Served, os.stat_result, bool] | None:
+    def _sticky(self, path: str, duplicate: bool = False) -> tuple[_Served, os.stat_result, bool, BlobFile | None] | None:
         """What `path` served last while handles are open on it: the served
-        view, its blob's status by descriptor, and whether that blob is intact."""
+        view, its blob's status by descriptor, whether that blob is intact,
+        and with `duplicate` a descriptor of that blob of the caller's own
+        (taken while the handle cannot be closed)."""
         with self._lock:
             served = self._served.get(path)
-            fd = next((self._handles[fh].file.fd for fh in served.fhs if fh in self._handles), None) if served else None
-            if fd is None or served.view is None:
+            file = next((self._handles[fh].file for fh in served.fhs if fh in self._handles), None) if served else None
+            if file is None or served.view is None:
                 return None
             served = _Served(served.view, served.blob, served.stamp)   # as it is now, for the caller
-        st = self._fstat(fd)
-        if st is None:
-            return None
-        return served, st, unchanged(served.stamp, st)
+            st = self._fstat(file.fd)
+            if st is None:
+                return None
+            own = file.duplicate() if duplicate and unchanged(served.stamp, st) else None
+        return served, st, unchanged(served.stamp, st), own
 
-    def _choose(self, path: str, ref: FileRef) -> tuple[View, str]:
+    def _choose(self, path: str, ref: FileRef) -> tuple[View, str, BlobFile | None]:
         """The view `path` serves now: the one its open handles read while their
-        blob is intact, else the store's current one."""
-        sticky = self._sticky(path)
+        blob is intact (with a descriptor of it, the caller's to close: the
+        blob may have left the store), else the store's current one."""
+        sticky = self._sticky(path, duplicate=True)
         if sticky is not None and sticky[2]:
-            return sticky[0].view, sticky[0].blob
-        return self._build(ref, self._blob_stat(ref)), str(ref.blob)
+            return sticky[0].view, sticky[0].blob, sticky[3]
+        return self._build(ref, self._blob_stat(ref)), str(ref.blob), None
 
     def _dir_attrs(self, path: str) -> dict:
         rel = path.strip("/")
         base = self.root / (BLOBS if rel == BLOBS or rel.startswith(BLOBS + "/") else "manifests")
         try:
-            st = os.stat(base)
+            st = status(base)
             owner = {"st_uid": st.st_uid, "st_gid": st.st_gid, "st_mode": stat.S_IFDIR | st.st_mode & 0o555}
             mtime = st.st_mtime_ns
         except OSError:
@@ -452,7 +431,7 @@ class CompatFS(fuse.Operations):
             mtime = max([mtime, *snap.dir_mtimes.values()])
         elif rel.startswith(BLOBS + "/"):
             try:
-                mtime = os.stat(snap.blobs[rel.rpartition("/")[2]]).st_mtime_ns
+                mtime = status(snap.blobs[rel.rpartition("/")[2]]).st_mtime_ns
             except (KeyError, OSError):
                 pass
         else:
@@ -468,10 +447,15 @@ class CompatFS(fuse.Operations):
     def getattr(self, path, fh=None):
         handle = self._handles.get(fh.fh) if fh is not None else None
         if handle is not None:
-            return self._file_attrs(path, handle.view.stamp, handle.view.size, self._fstat(handle.file.fd))
-        attrs = self._recall(self._attrs, path, self._getattr, unless_open=True)
+            attrs = self._file_attrs(path, handle.view.stamp, handle.view.size, self._fstat(handle.file.fd))
+        else:
+            attrs = self._recall(self._attrs, path, self._getattr, unless_open=True)
         if attrs is None:
             raise fuse.FuseOSError(errno.ENOENT)
+        if stat.S_ISREG(attrs["st_mode"]):
+            attrs = dict(attrs)
+            with self._lock:
+                self._told.setdefault(path, set()).add(attrs.pop("st_stamp", None))
         return attrs
 
     def _recall(self, table: dict, path: str, compute, unless_open: bool = False):
@@ -502,13 +486,20 @@ class CompatFS(fuse.Operations):
         sticky = self._sticky(path)
         if sticky is not None and sticky[2]:
             return self._file_attrs(path, sticky[0].view.stamp, sticky[0].view.size, sticky[1])
-        try:
-            st = self._blob_stat(node)
-            size = self._size(node, st)
-        except fuse.FuseOSError:
-            st = size = None
+        for _attempt in range(3):
+            # Size and identity of one blob (the path may name another by the
+            # time its summary is looked up).
+            try:
+                st = self._blob_stat(node)
+                size = self._size(node, st)
+                break
+            except fuse.FuseOSError:
+                st = size = None
+                break
+            except _Changed:
+                st = size = None
         if size is not None:
-            return self._file_attrs(path, blob_identity(st), size, st)
+            return self._file_attrs(path, identity(st), size, st)
         if sticky is not None:
             # Its blob broke under open files: they keep their size (and get
             # EIO on read), rather than an early end of file.
@@ -520,9 +511,11 @@ class CompatFS(fuse.Operations):
     @staticmethod
     def _file_attrs(path: str, stamp: tuple, size: int, st: os.stat_result | None) -> dict:
         """A file's attributes: its blob's owner, mode (minus write bits) and
-        times, one inode number per (path, blob identity)."""
+        times, one inode number per (path, blob identity); `st_stamp` the
+        identity (getattr notes it as told to the kernel, and drops it)."""
         attrs = {"st_mode": stat.S_IFREG | (st.st_mode & 0o555 if st else 0), "st_nlink": 1,
-                 "st_size": size, "st_blocks": (size + 511) // 512, "st_ino": _ino(path, stamp)}
+                 "st_size": size, "st_blocks": (size + 511) // 512, "st_ino": _ino(path, stamp),
+                 "st_stamp": tuple(stamp)}
         if st is not None:
             attrs.update(st_uid=st.st_uid, st_gid=st.st_gid, st_mtime=st.st_mtime_ns,
                          st_ctime=st.st_ctime_ns, st_atime=st.st_atime_ns)
@@ -538,8 +531,13 @@ class CompatFS(fuse.Operations):
     def readdir(self, path, fh):
         entries = self._recall(self._listings, path, self._list)
         rel = path.strip("/")
-        if not may_access(self.root / (BLOBS if rel.split("/")[0] == BLOBS else "manifests"), _Caller()):
-            raise fuse.FuseOSError(errno.EACCES)
+        # Listing needs what listing the store folder it comes from needs.
+        try:
+            status(self.root / (BLOBS if rel.split("/")[0] == BLOBS else "manifests"), _caller(), READ)
+        except Denied:
+            raise fuse.FuseOSError(errno.EACCES) from None
+        except OSError as e:
+            raise fuse.FuseOSError(e.errno or errno.EIO) from None
         return entries
 
     def _list(self, path: str) -> list[tuple]:
@@ -573,7 +571,7 @@ class CompatFS(fuse.Operations):
             stamp = served.stamp if served is not None and served.fhs else None
         if stamp is None:
             try:
-                stamp = blob_identity(os.stat(ref.blob))
+                stamp = identity(status(ref.blob))
             except OSError:
                 return _ino("bad", path)
         return _ino(path, stamp)
@@ -593,22 +591,36 @@ class CompatFS(fuse.Operations):
         node = self._node(path)
         if isinstance(node, list):
             raise fuse.FuseOSError(errno.EISDIR)
-        caller = _Caller()
-        for _attempt in range(2):
-            view, blob = self._choose(path, node)
-            if not may_access(Path(blob), caller):
-                raise fuse.FuseOSError(errno.EACCES)
+        with self._opening[hash(path) % len(self._opening)]:
+            return self._open(path, node, fi)
+
+    def _open(self, path: str, node: FileRef, fi) -> int:
+        """`open` of `path`, one at a time per path: what it serves is chosen
+        knowing every handle opened on it before."""
+        caller = _caller()
+        for _attempt in range(self._OPEN_ATTEMPTS):
             try:
-                file = BlobFile(blob)
-            except GGUFError as e:
-                log.error("cannot open blob: %s", e)
-                raise fuse.FuseOSError(errno.EIO) from None
-            if file.stamp == view.stamp:
+                opened = self._open_view(path, node, caller)
+            except fuse.FuseOSError as e:
+                if e.errno != errno.EIO:
+                    raise
+                opened, failed = None, e
+            else:
+                failed = None
+            if opened is not None:
                 break
-            file.close()
+            # The blob changed as it was opened, or the store moved on since
+            # the last scan (a model pulled again, its old blob removed):
+            # the path's current blob, from a scan made now.
+            self.tree.snapshot(fresh=True)
+            node = self._node(path)
         else:
-            log.error("blob %s changes while it is opened: not served", node.blob)
-            raise fuse.FuseOSError(errno.EIO)
+            if isinstance(failed, _CannotOpen):
+                log.error("cannot open blob: %s", failed.message)
+            elif failed is None:
+                log.error("blob %s changes while it is opened: not served", node.blob)
+            raise failed or fuse.FuseOSError(errno.EIO)
+        view, blob, file = opened
         fh = next(self._fh)
         with self._lock:
             self._handles[fh] = _Handle(path, view, file)
@@ -628,8 +640,43 @@ class CompatFS(fuse.Operations):
             served.fhs.add(fh)
             self._generation += 1
             self._attrs.pop(path, None)
+            told = self._told.get(path, set())
+            stale = bool(told - {view.stamp})
+            if stale:
+                told.clear()
+        if stale and self._fuse_ptr:
+            # Since this was last done, getattr gave the kernel another view's
+            # size for this path (it may hold it, or a reply still on its way
+            # may set it): it must ask again (getattr with this handle) before
+            # it serves any byte of this view, or it would cut it short or
+            # mix the two.  Invalidating also discards replies sent before.
+            _libfuse.fuse_invalidate_path(self._fuse_ptr, path.encode())
         fi.fh = fh
         return 0
+
+    def _open_view(self, path: str, node: FileRef, caller: Caller) -> tuple[View, str, BlobFile] | None:
+        """The view `path` serves now, its blob's path and the file it is
+        served from, opened for `caller` (EACCES unless it may read it; the
+        permission is decided on that very file); None when the file opened
+        is not the one the view was built from (it changed meanwhile)."""
+        view, blob, file = self._choose(path, node)
+        try:
+            if file is not None:
+                try:
+                    file.allow(caller)
+                except BaseException:
+                    file.close()
+                    raise
+            else:
+                file = BlobFile(blob, caller=caller)
+        except Denied:
+            raise fuse.FuseOSError(errno.EACCES) from None
+        except GGUFError as e:
+            raise _CannotOpen(str(e)) from None
+        if file.stamp != view.stamp:
+            file.close()
+            return None
+        return view, blob, file
 
     def release(self, path, fi):
         with self._lock:
@@ -660,7 +707,7 @@ class CompatFS(fuse.Operations):
         if not isinstance(ref, FileRef) or str(ref.blob) != served.blob or ref.params != served.params:
             return True
         try:
-            return blob_identity(os.stat(ref.blob)) != served.stamp
+            return identity(status(ref.blob)) != served.stamp
         except OSError:
             return True
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as DT
 
-from .blobfile import BlobFile, identity as blob_identity
+from .blobfile import BlobFile
 from .gguf_values import _SCALAR as _SCALAR_FORMATS, VT, GGUFError, Value, skip_value, string_starts
 
 MAGIC = b"GGUF"

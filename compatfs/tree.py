@@ -18,14 +18,12 @@ with that reason.
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .blobfile import identity, open_regular
-from .gguf_values import GGUFError
+from .blobfile import identity, status
 from .store import Scan, Store
 from .views import LAYER_FILE, MMPROJ_FILE, MODEL_FILE, BlobViews
 
@@ -157,11 +155,10 @@ class Tree:
                 return None
             if blob not in stamps:
                 try:
-                    fd, st = open_regular(blob)
-                    os.close(fd)
+                    st = status(blob)
                     stamps[blob] = (str(blob), *identity(st), st.st_uid, st.st_gid, st.st_mode)
-                except GGUFError as e:
-                    stamps[blob] = (str(blob), str(e))
+                except OSError as e:
+                    stamps[blob] = (str(blob), e.strerror)
             return stamps[blob]
 
         out = {name: (stamp(d.model_blob), stamp(d.projector_blob), *((n, stamp(b)) for n, b in d.layers))
@@ -174,10 +171,13 @@ class Tree:
         calls it): lookups answer from the last snapshot, however old."""
         self._followed = True
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, fresh: bool = False) -> Snapshot:
         """The last snapshot; rescanned first when it is older than
         `rescan_seconds` (unless followed) and no other thread rescans: a
-        thread never waits for another's rescan, except for the first one."""
+        thread never waits for another's rescan, except for the first one.
+        With `fresh` (a blob it names was found gone), a new scan, now."""
+        if fresh:
+            return self.rescan()
         snap = self._snap
         if snap is not None and (self._followed or time.monotonic() - self._stamp < self.rescan_seconds):
             return snap

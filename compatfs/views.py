@@ -30,7 +30,7 @@ from cachetools import LRUCache
 from gguf import Keys
 
 from . import handlers
-from .blobfile import identity, open_regular
+from .blobfile import identity, status
 from .gguf_source import SourceGGUF
 from .gguf_values import VT, GGUFError
 from .index import Index, Stamp, Summary
@@ -156,9 +156,11 @@ def build_view(info: BlobInfo, kind: str, cache: OpCache, sampling_kvs: tuple = 
 
 
 def _stamp(path: Path) -> Stamp:
-    """The blob's identity, from a descriptor opened as `blobfile` opens one."""
-    fd, st = open_regular(path)
-    os.close(fd)
+    """The identity of what `path` resolves to (resolved as `blobfile` resolves it)."""
+    try:
+        st = status(path)
+    except OSError as e:
+        raise GGUFError(f"{path}: {e.strerror}") from None
     return identity(st)
 
 
@@ -186,12 +188,14 @@ def _die_with(parent: int) -> None:
 def summarize(path: Path, translate: bool) -> tuple[Stamp, Summary]:
     """The blob's identity and its views' summary, made from scratch (also in
     a worker process: every argument and result is plain data).  A refused
-    view has size 0 and its reason; a blob that cannot be parsed, `error`."""
+    view has size 0 and its reason; a blob that cannot be parsed, `error`.
+    The identity is the parsed file's own (the path may name another by then)."""
     stamp = _stamp(path)
     try:
         info = classify(SourceGGUF(path), translate)
     except GGUFError as e:
         return stamp, Summary(0, None, error=str(e))
+    stamp = info.source.identity
 
     def made(kind: str) -> tuple[int, str | None, ViewSpec | None]:
         try:
@@ -230,9 +234,11 @@ class BlobViews:
         self.on_belied: Callable[[Path], None] | None = None
 
     # -- summaries -------------------------------------------------------------
-    def summary(self, path: Path) -> Summary:
-        """The blob's summary; GGUFError when the blob cannot be read at all."""
-        stamp = _stamp(path)
+    def summary(self, path: Path, stamp: Stamp | None = None) -> Summary | None:
+        """The blob's summary; GGUFError when the blob cannot be read at all.
+        With `stamp`: the summary of the blob of that identity, None when the
+        file at `path` turns out to be another."""
+        expect, stamp = stamp, stamp or _stamp(path)
         hit = self.index.get(path, stamp)
         if hit is not None:
             return hit
@@ -256,6 +262,8 @@ class BlobViews:
         got_stamp, summary = summarize(path, self.translate)
         if got_stamp == stamp:
             self._indexed(path, stamp, summary)
+        elif expect is not None:
+            return None
         return summary
 
     def _indexed(self, path: Path, stamp: Stamp, summary: Summary) -> None:

@@ -1,0 +1,120 @@
+"""The permission decision the kernel makes, made for a FUSE caller on a file
+the daemon holds open: the caller's uid and groups against the file's owner,
+group and other bits and its POSIX access ACL (the `system.posix_acl_access`
+extended attribute), as acl(5) orders them.
+
+The ACL's binary layout (Linux's, little-endian): a 4-byte version (2), then
+8-byte entries of a 2-byte tag, 2-byte permission bits (4 r, 2 w, 1 x) and a
+4-byte uid or gid (unused for the owner, owning group, mask and other).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import struct
+from dataclasses import dataclass, field
+
+READ, SEARCH = 4, 1
+
+ACL_XATTR = "system.posix_acl_access"
+_VERSION = 2
+USER_OBJ, USER, GROUP_OBJ, GROUP, MASK, OTHER = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
+_TAGS = {USER_OBJ, USER, GROUP_OBJ, GROUP, MASK, OTHER}
+
+
+class BadACL(ValueError):
+    """An access ACL that is not in the documented layout."""
+
+
+@dataclass(frozen=True)
+class ACL:
+    """A parsed access ACL: entries as (tag, id, permission bits)."""
+
+    entries: tuple[tuple[int, int, int], ...]
+
+    def perms(self, tag: int) -> int | None:
+        return next((p for t, _, p in self.entries if t == tag), None)
+
+
+def parse_acl(data: bytes) -> ACL:
+    """The ACL in `data`; BadACL unless it is version 2, whole entries of known
+    tags, and has exactly one owner, owning group and other entry (and a mask
+    when it names users or groups), as the kernel itself requires."""
+    if len(data) < 4 or (len(data) - 4) % 8:
+        raise BadACL(f"{len(data)} bytes is not a header and whole entries")
+    (version,) = struct.unpack_from("<I", data)
+    if version != _VERSION:
+        raise BadACL(f"version {version}, not {_VERSION}")
+    entries = tuple((tag, ident, perm & 7) for tag, perm, ident in struct.iter_unpack("<HHI", data[4:]))
+    tags = [t for t, _, _ in entries]
+    if any(t not in _TAGS for t in tags):
+        raise BadACL(f"unknown tag in {sorted(set(tags) - _TAGS)}")
+    if any(tags.count(t) != 1 for t in (USER_OBJ, GROUP_OBJ, OTHER)) or tags.count(MASK) > 1:
+        raise BadACL("not one owner, owning group and other entry")
+    if (USER in tags or GROUP in tags) and MASK not in tags:
+        raise BadACL("named entries without a mask")
+    return ACL(entries)
+
+
+def read_acl(path: str) -> ACL | None:
+    """The access ACL of what `path` names (a /proc/self/fd link works for any
+    descriptor, O_PATH ones included); None when it has none. BadACL when
+    it cannot be read or parsed: the caller then refuses."""
+    try:
+        data = os.getxattr(path, ACL_XATTR)
+    except OSError as e:
+        if e.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
+            return None
+        raise BadACL(f"cannot read: {e.strerror}") from None
+    return parse_acl(data)
+
+
+@dataclass
+class Caller:
+    """The process a FUSE request comes from: uid, primary gid and pid; its
+    supplementary groups are read from /proc only when a decision needs them."""
+
+    uid: int
+    gid: int
+    pid: int
+    _groups: frozenset[int] | None = field(default=None, repr=False)
+
+    @property
+    def groups(self) -> frozenset[int]:
+        if self._groups is None:
+            groups = {self.gid}
+            try:
+                with open(f"/proc/{self.pid}/status") as f:
+                    for line in f:
+                        if line.startswith("Groups:"):
+                            groups.update(int(g) for g in line.split()[1:])
+                            break
+            except (OSError, ValueError):
+                pass
+            self._groups = frozenset(groups)
+        return self._groups
+
+    def may(self, st: os.stat_result, acl: ACL | None, bit: int) -> bool:
+        """Whether the kernel would grant permission `bit` (READ, SEARCH) on a
+        file of status `st` and access ACL `acl`.  Root may read anything and
+        search any folder (as CAP_DAC_OVERRIDE lets it)."""
+        if self.uid == 0:
+            return True
+        if acl is None:
+            if self.uid == st.st_uid:
+                return bool(st.st_mode >> 6 & bit)
+            if st.st_gid in self.groups:
+                return bool(st.st_mode >> 3 & bit)
+            return bool(st.st_mode & bit)
+        if self.uid == st.st_uid:
+            return bool(acl.perms(USER_OBJ) & bit)
+        mask = acl.perms(MASK)
+        mask = 7 if mask is None else mask
+        named = [p for t, i, p in acl.entries if t == USER and i == self.uid]
+        if named:
+            return bool(named[0] & mask & bit)
+        groups = [p for t, i, p in acl.entries
+                  if (t == GROUP_OBJ and st.st_gid in self.groups) or (t == GROUP and i in self.groups)]
+        if groups:
+            return any(p & mask & bit for p in groups)
+        return bool(acl.perms(OTHER) & bit)
