@@ -80,7 +80,7 @@ class OllamaMXFP4(Op):
         return f"OllamaMXFP4({self.inputs[0].name}, rows {self.start}::{self.step})"
 
     ranged = True   # a read computes just the blocks it covers
-    CHUNK_BLOCKS = 1 << 14  # blocks converted at a time (~280 KB, twice that in scratch): they stay in the CPU's cache
+    CHUNK_BLOCKS = 1 << 12  # blocks converted at a time (~70 KB, four times that in scratch): they stay in the CPU's cache
 
     def _compute(self, data):
         return bytes(self.compute_range(lambda t, start, size: data[0][start:start + size], 0, self.nbytes))
@@ -131,10 +131,9 @@ def _to_ggml(blocks: np.ndarray, out: np.ndarray, pairs: np.ndarray) -> None:
     n = blocks.size
     p, q = pairs[:n], pairs[n:2 * n]
     np.copyto(p.reshape(blocks.shape), blocks)            # widened, gathered from strided rows
-    np.bitwise_and(p, 0xF0, out=q)
-    np.left_shift(q, 4, out=q)
-    np.bitwise_and(p, 0x0F, out=p)
+    np.left_shift(p, 4, out=q)
     p |= q
+    p &= 0x0F0F                                           # the low nibble in the low byte, the high one above
     np.left_shift(p[8:], 4, out=q[:-8])
     p[:-8] |= q[:-8]
     wide = p.view(np.uint8)                                # block j's pairs at bytes 34j + 2 .. 34j + 17

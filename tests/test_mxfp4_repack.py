@@ -74,7 +74,7 @@ def test_repack_by_range_equals_the_reference_at_real_width(fused, start, step):
         # one read a chunk of whole rows (the rows it takes and, when
         # strided, those between), one for each row cut by the range
         assert sum(size for _, size in reads) <= step * (hi - lo) + 4 * COLS // QK * BLOCK, (lo, hi)
-        assert len(reads) <= -(-(hi - lo) // (op.CHUNK_BLOCKS * BLOCK)) + 3, (lo, hi)
+        assert len(reads) <= -(-(hi - lo) // (op.CHUNK_BLOCKS // (COLS // QK) * COLS // QK * BLOCK)) + 3, (lo, hi)
 
 
 def test_rows_wider_than_a_chunk(fused, monkeypatch):
