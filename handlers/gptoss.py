@@ -80,7 +80,7 @@ class OllamaMXFP4(Op):
         return f"OllamaMXFP4({self.inputs[0].name}, rows {self.start}::{self.step})"
 
     ranged = True   # a read computes just the blocks it covers
-    CHUNK_BLOCKS = 1 << 12  # blocks converted at a time (~70 KB, four times that in scratch): they stay in the CPU's cache
+    CHUNK_BLOCKS = 1 << 12  # blocks converted at a time (~70 KB; four times that in scratch): kept in cache
 
     def _compute(self, data):
         return bytes(self.compute_range(lambda t, start, size: data[0][start:start + size], 0, self.nbytes))
@@ -88,9 +88,9 @@ class OllamaMXFP4(Op):
     def compute_range_into(self, read, lo, hi, out):
         """Output row r (of every slab: `step` divides a slab's rows) is
         input row `start + r * step`, so the blocks of [lo, hi) are taken a
-        chunk at a time, whole rows from one strided read (a row cut by the
-        range from its own blocks alone), and converted straight into
-        `out` (a chunk cut inside a block through one buffer)."""
+        chunk at a time: whole rows from one read of the span they lie in (a
+        row cut by the range from its own blocks alone), converted straight
+        into `out` (a chunk cut inside a block through one buffer)."""
         per_row = self.stored[0] // QK
         row = per_row * BLOCK
         dst = np.frombuffer(out, np.uint8)
@@ -103,7 +103,10 @@ class OllamaMXFP4(Op):
             else:
                 rows, width = min(max(1, self.CHUNK_BLOCKS // per_row), (end - b) // per_row), per_row
             first = ((self.start + r * self.step) * per_row + c) * BLOCK
-            span = np.frombuffer(read(self.inputs[0], first, (rows - 1) * self.step * row + width * BLOCK), np.uint8)
+            size = (rows - 1) * self.step * row + width * BLOCK
+            span = np.frombuffer(read(self.inputs[0], first, size), np.uint8)
+            if len(span) != size:
+                raise GGUFError(f"{self.description}: {len(span)} bytes read at {first}, expected {size}")
             blocks = np.lib.stride_tricks.as_strided(span, (rows, width, BLOCK), (self.step * row, BLOCK, 1))
             a, e = b * BLOCK, (b + rows * width) * BLOCK       # the chunk's output bytes
             if a >= lo and e <= hi:
@@ -138,8 +141,8 @@ def _to_ggml(blocks: np.ndarray, out: np.ndarray, pairs: np.ndarray) -> None:
     p[:-8] |= q[:-8]
     wide = p.view(np.uint8)                                # block j's pairs at bytes 34j + 2 .. 34j + 17
     np.copyto(wide[1::2 * BLOCK].reshape(blocks.shape[:-1]), blocks[..., 0])
-    count = n // BLOCK
-    np.copyto(np.ndarray((count,), f"V{BLOCK}", out, 0, (BLOCK,)), np.ndarray((count,), f"V{BLOCK}", wide, 1, (2 * BLOCK,)))
+    record, count = np.dtype(f"V{BLOCK}"), n // BLOCK
+    np.copyto(np.ndarray((count,), record, out, 0, (BLOCK,)), np.ndarray((count,), record, wide, 1, (2 * BLOCK,)))
 
 
 def from_fused(kind: str, half: int):

@@ -9,6 +9,7 @@ import pytest
 from gguf import GGMLQuantizationType as DT
 
 from compatfs.gguf_source import TensorInfo
+from compatfs.gguf_values import GGUFError
 from compatfs.handlers.gptoss import BLOCK, QK, OllamaMXFP4
 
 COLS, FF = 2880, 2880            # gpt-oss-120b: n_embd, expert feed-forward width
@@ -86,3 +87,10 @@ def test_rows_wider_than_a_chunk(fused, monkeypatch):
         want = _reference(data, stored, start, step)
         for lo, hi in ((0, 1 << 20), (12345, 12345 + 300_000), (op.nbytes - 100_001, op.nbytes)):
             assert op.compute_range(lambda t, at, size: memoryview(data[at:at + size].copy()), lo, hi) == want[lo:hi]
+
+
+def test_a_short_read_is_an_error_naming_the_tensor(fused):
+    stored, data = fused
+    op = _op(stored, 1, 2)
+    with pytest.raises(GGUFError, match="ffn_gate_up_exps.*bytes read at"):
+        op.compute_range(lambda t, at, size: memoryview(data[at:at + size - 1].copy()), 0, 1 << 20)
