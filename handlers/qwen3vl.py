@@ -153,6 +153,16 @@ class FrameOfPatchEmbedding(Op):
         w, h, _, packed = src.shape
         return cls((src,), (w, h, packed // channels_out, channels_out), src.dtype, frame)
 
+    def pieces(self):
+        """Each of the out*in channel pairs holds its frames' w*h elements
+        one after the other: the frame's, pair after pair, as one strided
+        run served from the blob."""
+        from compatfs.ops import Part, Runs
+        src = self.inputs[0]
+        frames, packed = src.shape[2:]
+        unit = src.nbytes // (frames * packed)
+        return [Runs((Part(src, self.frame * unit, unit, frames * unit),), packed)]
+
     def _compute(self, data):
         arr = as_array(self.inputs[0], data[0])          # numpy [out*in, frames, h, w]
         return np.ascontiguousarray(arr[:, self.frame]).tobytes()

@@ -11,8 +11,10 @@ import tracemalloc
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as DT
+from gguf import GGUFValueType
 
 from compatfs.gguf_source import SourceGGUF
+from compatfs.handlers.qwen3vl import FrameOfPatchEmbedding
 from compatfs.opcache import COMPUTING, OpCache
 from compatfs.ops import CHUNK_BYTES, ConcatRows, Permute, Split, Strided
 from compatfs.testing import qwen3vl
@@ -22,7 +24,7 @@ from compatfs.view import View
 
 import wide
 from conftest import needs_fuse
-from ggufs import write_gguf
+from ggufs import bf16, write_gguf
 
 MIB = 1 << 20
 
@@ -194,15 +196,73 @@ def test_concurrent_computations_stay_under_the_memory_bound(heads_src):
     assert peak <= bound, f"peak {peak / MIB:.0f} MiB over the bound {bound / MIB:.0f} MiB"
 
 
+# -- Qwen3-VL's patch frames -----------------------------------------------------------------------
+
+def test_patch_frames_are_strided_runs_of_the_blob(tmp_path):
+    """Each temporal frame of a Conv3D patch embedding (2 and 3 frames; F16,
+    BF16, F32) is one strided run of the blob, and the view's bytes are the
+    frame as numpy takes it."""
+    rng = np.random.default_rng(9)
+    convs = {   # numpy [out*in, frames, h, w]
+        "f16": rng.standard_normal((3 * 40, 2, 16, 16)).astype(np.float16),
+        "f32": rng.standard_normal((3 * 6, 3, 14, 14)).astype(np.float32),
+        "bf16": bf16(rng.standard_normal((3 * 8, 2, 16, 16))),
+    }
+    src = SourceGGUF(write_gguf(tmp_path / "conv.gguf", "test", tensors=convs))
+    ops = {f"{name}.{frame}": FrameOfPatchEmbedding.of(src.tensors[name], src.tensors[name].shape[3] // 3, frame)
+           for name in convs for frame in range(src.tensors[name].shape[2])}
+    view = _view(src, ops, OpCache(MIB))
+    placed = _placed(view)
+    with view.open() as blob:
+        for name, op in ops.items():
+            assert [type(p).__name__ for p in op.pieces()] == ["Runs"], name
+            at, size = placed[name]
+            data = convs[name.split(".")[0]]
+            frame = (data[0] if isinstance(data, tuple) else data)[:, int(name.split(".")[1])]
+            assert view.read(at, size, blob) == frame.tobytes() == _whole(op, src), name
+            assert view.read(at + 3, size - 5, blob) == frame.tobytes()[3:-2], name
+
+
 # -- through a mount -------------------------------------------------------------------------------
 
 CHANNELS = 21760        # a patch embedding of 2 x 32 MiB frames (Qwen3-VL's is 1152 channels, 3.5 MB)
 
 
+def _read_while_listing(m, path, readers: int = 2) -> tuple[list[bytes], float]:
+    """`path` read through in 1 MiB reads by `readers` threads at once while
+    another folder is listed and a file in it stat'ed every 20 ms: what each
+    reader got, and the slowest listing."""
+    results, errors = {}, []
+
+    def reader(i):
+        try:
+            with open(path, "rb", buffering=0) as f:
+                results[i] = b"".join(iter(lambda: f.read(MIB), b""))
+        except OSError as e:
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(readers)]
+    slowest = 0.0
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 120
+    while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+        t0 = time.monotonic()
+        os.listdir(m / "other:latest")
+        os.stat(m / "other:latest/model.gguf")
+        slowest = max(slowest, time.monotonic() - t0)
+        time.sleep(0.02)
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a reader did not finish within two minutes"
+    assert not errors, errors
+    return [results[i] for i in range(readers)], slowest
+
+
 @pytest.fixture(scope="module")
 def big_frame_store(tmp_path_factory):
     """A Qwen3-VL projector whose Conv3D patch embedding (split into its two
-    frames by an op computed whole) is 64 MiB, and a second model to list."""
+    frames) is 64 MiB, and a second model to list."""
     d = tmp_path_factory.mktemp("frames")
     tiny = qwen3vl.legacy_qwen3vl_moe(d / "tiny.gguf")
     rng = np.random.default_rng(5)
@@ -218,39 +278,58 @@ def big_frame_store(tmp_path_factory):
 
 
 @needs_fuse
-def test_a_frame_over_the_cache_through_the_mount(big_frame_store, mount_store):
-    """--op-cache-mb 8, two 32 MiB op tensors read through in 1 MiB reads by
-    two readers at once: each tensor computed once (counted in the debug log),
-    the bytes those of the view in-process, and a listing and a stat of
-    another folder answered within a second all the while."""
+def test_frames_over_the_cache_are_served_from_the_blob_through_the_mount(big_frame_store, mount_store):
+    """--op-cache-mb 8, two 32 MiB frames read through in 1 MiB reads by two
+    readers at once: nothing computed (the frames are strided runs of the
+    blob), the bytes those of the view in-process, and a listing and a stat
+    of another folder answered within a second all the while."""
     from compatfs.views import MMPROJ_FILE, BlobViews
     store, blob = big_frame_store
     want = BlobViews().view(blob, MMPROJ_FILE).read(0, 1 << 40)
     m = mount_store(store, "-v", "--op-cache-mb", "8")
-    path = m / "big:latest/mmproj.gguf"
-    results, errors = {}, []
-
-    def reader(i):
-        try:
-            with open(path, "rb", buffering=0) as f:
-                results[i] = b"".join(iter(lambda: f.read(MIB), b""))
-        except OSError as e:
-            errors.append(repr(e))
-
-    threads = [threading.Thread(target=reader, args=(i,)) for i in range(2)]
-    slowest = 0.0
-    for t in threads:
-        t.start()
-    while any(t.is_alive() for t in threads):
-        t0 = time.monotonic()
-        os.listdir(m / "other:latest")
-        os.stat(m / "other:latest/model.gguf")
-        slowest = max(slowest, time.monotonic() - t0)
-        time.sleep(0.02)
-    for t in threads:
-        t.join(timeout=60)
-    assert not errors, errors
+    results, slowest = _read_while_listing(m, m / "big:latest/mmproj.gguf")
     assert results[0] == want and results[1] == want
     assert slowest < 1.0, f"a listing took {slowest:.2f} s"
-    computed = [line for line in m.log_text().splitlines() if "computed FrameOfPatchEmbedding" in line]
-    assert len(computed) == 2, computed
+    computed = [line for line in m.log_text().splitlines() if "computed " in line]
+    assert computed == [], computed
+
+
+SIDE = 200              # a 200 x 200 position grid of width 64, resampled whole: 10 MB of F32
+
+
+@pytest.fixture(scope="module")
+def big_grid_store(tmp_path_factory):
+    """A Nemotron omni projector whose position table is resampled (an op
+    computed whole) into a 10 MB tensor, and a second model to list."""
+    from compatfs.testing import nemotron
+    d = tmp_path_factory.mktemp("grid")
+    tiny = nemotron.legacy_nemotron_h_omni(d / "tiny.gguf")
+    width, patch = nemotron.RADIO["v_n_embd"], nemotron.RADIO["patch_size"]
+    table = np.random.default_rng(6).standard_normal(SIDE * SIDE * width, dtype=np.float32)
+    blob = wide.rewritten(tiny, d / "big.gguf", {
+        "v.position_embd": ((width, SIDE * SIDE), DT.BF16, bf16(table)[0].view(np.uint8)),
+    }, kvs={"nemotron_h_omni.vision.image_size": (SIDE * patch, GGUFValueType.UINT32, None)})
+    store = d / "store"
+    add_model(store, "big", blob)
+    add_model(store, "other", tiny)
+    return store, blob
+
+
+@needs_fuse
+def test_a_whole_op_over_the_cache_through_the_mount(big_grid_store, mount_store):
+    """--op-cache-mb 8, a 10 MB op tensor computed whole read through in
+    1 MiB reads by two readers at once: computed once (counted in the debug
+    log), the bytes those of the view in-process, and a listing and a stat
+    of another folder answered within a second all the while."""
+    from compatfs.views import MMPROJ_FILE, BlobViews
+    store, blob = big_grid_store
+    view = BlobViews().view(blob, MMPROJ_FILE)
+    assert any(t.op is not None and t.op.nbytes > 8 * MIB and type(t.op).__name__ == "ResampleGrid"
+               for t in view.spec.tensors)
+    want = view.read(0, 1 << 40)
+    m = mount_store(store, "-v", "--op-cache-mb", "8")
+    results, slowest = _read_while_listing(m, m / "big:latest/mmproj.gguf")
+    assert results[0] == want and results[1] == want
+    assert slowest < 1.0, f"a listing took {slowest:.2f} s"
+    computed = [line for line in m.log_text().splitlines() if "computed ResampleGrid" in line]
+    assert len(computed) == 1, computed

@@ -66,14 +66,15 @@ def fused_gptoss(path: Path, n_embd: int, n_ff: int, n_expert: int, layers: int 
     return path
 
 
-def rewritten(src: Path, path: Path, replace: dict) -> Path:
+def rewritten(src: Path, path: Path, replace: dict, kvs: dict | None = None) -> Path:
     """The GGUF `src` written again at `path` (as Ollama lays a blob out)
     with the tensors of `replace` (name -> (ggml shape, ggml type, bytes))
-    in place of its own."""
+    and the keys of `kvs` (name -> (value, type, element type)) in place of
+    its own."""
     r = gguf.GGUFReader(src)
-    kvs = {name: (f.contents(), f.types[0], f.types[1] if len(f.types) > 1 else None)
+    own = {name: (f.contents(), f.types[0], f.types[1] if len(f.types) > 1 else None)
            for name, f in r.fields.items() if not name.startswith("GGUF.")}
     tensors = {t.name: (tuple(int(d) for d in t.shape), t.tensor_type, np.asarray(t.data).view(np.uint8))
                for t in r.tensors}
     tensors.update(replace)
-    return gptoss.write_raw(path, kvs, tensors)
+    return gptoss.write_raw(path, {**own, **(kvs or {})}, tensors)
