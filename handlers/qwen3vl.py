@@ -49,7 +49,7 @@ from gguf import TokenType as TT
 
 from compatfs.gguf_source import SourceGGUF, TensorInfo
 from compatfs.gguf_values import VT, GGUFError, array, boolean, u32
-from compatfs.ops import Op, as_array
+from compatfs.ops import Op, Part, Runs, as_array
 from compatfs.translation import (
     BlockCount, Copy, CopyEach, Count, Default, DefaultTokenId, Drop, FromShape, Hide, KVEdit, KVs, PadArray,
     PadTokensUnused, Produce, ProducePerBlock, Rename, TensorEdit, Tensors, ToF32, TokenType, Translation, arch_is,
@@ -157,7 +157,6 @@ class FrameOfPatchEmbedding(Op):
         """Each of the out*in channel pairs holds its frames' w*h elements
         one after the other: the frame's, pair after pair, as one strided
         run served from the blob."""
-        from compatfs.ops import Part, Runs
         src = self.inputs[0]
         frames, packed = src.shape[2:]
         unit = src.nbytes // (frames * packed)
