@@ -267,7 +267,7 @@ class CompatFS(fuse.Operations):
         marks = self.tree.folders(snap)
         for top in ("manifests", BLOBS):
             try:
-                st = os.stat(self.root / top)
+                st = status(self.root / top)
                 marks[f"<{top}>"] = (st.st_uid, st.st_gid, st.st_mode, st.st_mtime_ns)
             except OSError:
                 marks[f"<{top}>"] = None

@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .blobfile import BlobFile, Stamp
+from .blobfile import BlobFile, Stamp, status
 from .gguf_values import GGUFError
 
 MODEL = "application/vnd.ollama.image.model"
@@ -105,6 +105,27 @@ def parse_manifest(data: bytes) -> tuple[Layer, ...]:
     return tuple(layers)
 
 
+def _files_below(base: Path) -> list[Path]:
+    """Every entry below `base` that is not a folder, its folders walked
+    without following a symlink and nothing stat'ed through one (a link may
+    lead into the mount itself; a linked manifest is opened, and refused
+    there, by `blobfile`); a folder that cannot be listed is passed over."""
+    try:
+        status(base)          # a `manifests/` that leads into the mount is refused here
+    except OSError:
+        return []
+    out, todo = [], [base]
+    while todo:
+        folder = todo.pop()
+        try:
+            with os.scandir(folder) as entries:
+                for entry in entries:
+                    (todo if entry.is_dir(follow_symlinks=False) else out).append(Path(entry.path))
+        except OSError:
+            continue
+    return out
+
+
 class Store:
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root).expanduser()
@@ -128,8 +149,8 @@ class Store:
         base = self.root / "manifests"
         seen: set[Path] = set()
         found, owners = [], {}
-        for dirpath, _dirs, files in os.walk(base):
-            found.extend(Path(dirpath, fname) for fname in files)
+        found.extend(_files_below(base))
+
         def order(path: Path) -> tuple:   # host and namespace spelled as Ollama writes them first
             head = path.relative_to(base).parts[:2]
             return head != tuple(p.lower() for p in head), path
