@@ -17,7 +17,8 @@ from pathlib import Path
 from .gguf_values import GGUFError
 from .index import IndexPathError
 from .opcache import DEFAULT_MB
-from .store import Store, StoreError, default_source
+from .source import Source, SourceError
+from .sources import default_source, open_source
 
 PROG = "compatfs"
 
@@ -146,7 +147,7 @@ def _mount_options(args) -> dict:
 
 def cmd_mount(args) -> int:
     source = Path(args.source).expanduser() if args.source else default_source()
-    store = Store(source.absolute())
+    store = open_source(source.absolute())
     mnt = Path(args.mountpoint).absolute()
     _check_mountpoint(mnt)
     _check_fuse()
@@ -211,7 +212,7 @@ def _tune_malloc() -> None:
     tune_malloc(mmap_threshold=(1 << 20) + (64 << 10), trim_threshold=4 << 20, arenas=2)
 
 
-def _serve(store: Store, mnt: Path, args, translate: bool) -> int:
+def _serve(store: Source, mnt: Path, args, translate: bool) -> int:
     _tune_malloc()
     from . import fusefs
     from .opcache import OpCache
@@ -266,17 +267,18 @@ def cmd_ls(args) -> int:
     from .gguf_values import GGUFError
     from .tree import Tree
     from .views import BlobViews, translation_enabled
-    store = Store(Path(args.source).expanduser() if args.source else default_source())
+    store = open_source(args.source)
     views = BlobViews(translate=translation_enabled(args.no_translate))
     tree = Tree(store, views)
     snap = tree.snapshot()
     rows = []
-    for name in sorted(snap.model_dirs):
+    models = snap.models
+    for name in sorted(models):
         listing = tree.lookup(name)
-        d = snap.model_dirs[name]
+        d = models[name]
         try:
-            summary = views.summary(d.model_blob)
-            clip_summary = views.summary(d.projector_blob) if d.projector_blob else summary
+            summary = views.summary(d.model)
+            clip_summary = views.summary(d.projector) if d.projector else summary
             # A refused view (its handler failed) is the row's error, as an unreadable blob is.
             error = summary.error or clip_summary.error or summary.model_error or (
                 clip_summary.mmproj_error if "mmproj.gguf" in listing else None)
@@ -287,7 +289,7 @@ def cmd_ls(args) -> int:
                          **_llama_cpp_verdict(tree, name)})
         except GGUFError as e:
             rows.append({"name": name, "files": listing, "error": str(e)})
-    left_out = [{"name": n, "reason": r} for n, r in sorted(snap.scan.skipped.items())]
+    left_out = [{"name": n, "reason": r} for n, r in sorted(snap.listing.skipped.items())]
     if args.json:
         print(json.dumps({"source": str(store.root), "models": rows, "left_out": left_out}, indent=2))
         return 0
@@ -326,11 +328,10 @@ def cmd_inspect(args) -> int:
 # -- llama-args / run / export ------------------------------------------------------
 
 def _model_tree(source: str | None, no_translate: bool = False):
-    """A Tree over the store (views built in-process, as the mount builds them)."""
+    """A Tree over the source (views built in-process, as the mount builds them)."""
     from .tree import Tree
     from .views import BlobViews, translation_enabled
-    store = Store(Path(source).expanduser() if source else default_source())
-    return Tree(store, BlobViews(translate=translation_enabled(no_translate)))
+    return Tree(open_source(source), BlobViews(translate=translation_enabled(no_translate)))
 
 
 def _server_args(args):
@@ -523,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     args.extra = extra
     try:
         return args.func(args)
-    except (CliError, StoreError, GGUFError, IndexPathError) as e:
+    except (CliError, SourceError, GGUFError, IndexPathError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
