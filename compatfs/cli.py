@@ -149,6 +149,9 @@ def cmd_mount(args) -> int:
     source = Path(args.source).expanduser() if args.source else default_source()
     store = open_source(source.absolute())
     mnt = Path(args.mountpoint).absolute()
+    why = store.refuses_mountpoint(mnt)
+    if why:
+        raise CliError(why)
     _check_mountpoint(mnt)
     _check_fuse()
     _mount_options(args)
