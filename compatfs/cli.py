@@ -422,7 +422,7 @@ class _Version(argparse.Action):
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=(
-        "Present the models of an Ollama store as llama.cpp-compatible GGUF files "
+        "Present the models of an Ollama store, or of a folder of GGUF files, as llama.cpp-compatible GGUF files "
         "(read-only FUSE): <model>/model.gguf and, where the model has one, <model>/mmproj.gguf."),
         epilog="In /etc/fstab (type compatfs or fuse.compatfs) mount(8) runs mount.compatfs, or mount.fuse3 "
                "runs `compatfs SOURCE DIR -o OPTIONS`; see `mount.compatfs --help`.")
@@ -430,7 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     m = sub.add_parser("mount", help="mount a store (returns once mounted; -f stays attached)")
-    m.add_argument("source", nargs="?", help="the Ollama store (default $OLLAMA_MODELS, else ~/.ollama/models)")
+    m.add_argument("source", nargs="?", help="an Ollama store, or a folder of GGUF files (default $OLLAMA_MODELS, else ~/.ollama/models)")
     m.add_argument("mountpoint")
     m.add_argument("-f", "--foreground", action="store_true", help="stay attached (logging to stderr unless --log)")
     m.add_argument("-o", dest="options", action="append", default=[], metavar="opt[,opt]",
@@ -454,7 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.set_defaults(func=cmd_umount)
 
     ls = sub.add_parser("ls", help="list every model: the files it shows, the handlers that claim it, whether stock llama.cpp loads it, or why it is left out")
-    ls.add_argument("source", nargs="?", help="the Ollama store (default as for mount)")
+    ls.add_argument("source", nargs="?", help="an Ollama store, or a folder of GGUF files (default as for mount)")
     ls.add_argument("--no-translate", action="store_true", help="as the mount would show it untranslated")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_ls)
@@ -462,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", help="show the translation of a model, blob or GGUF file")
     i.add_argument("target", help="MODEL (as ollama names it), BLOB-DIGEST (sha256-<hex>) or FILE.gguf")
     i.add_argument("--clip", action="store_true", help="the mmproj.gguf view instead of model.gguf")
-    i.add_argument("--source", help="the Ollama store for MODEL or DIGEST (default as for mount)")
+    i.add_argument("--source", help="the Ollama store or folder of GGUF files for MODEL or DIGEST (default as for mount)")
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=cmd_inspect)
 
@@ -491,7 +491,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "name and renamed when complete.")
     e.add_argument("model", help="MODEL as ollama names it (gemma3:4b, hf.co/org/repo:tag)")
     e.add_argument("directory", help="where to write (created if missing)")
-    e.add_argument("--source", help="the Ollama store (default as for mount)")
+    e.add_argument("--source", help="an Ollama store, or a folder of GGUF files (default as for mount)")
     e.add_argument("--reflink", dest="reflink", action="store_const", const="always", default="auto",
                    help="share all tensor data read from the blobs with them (btrfs, XFS), or fail; by default "
                         "data is shared where the filesystem and the file's layout allow and copied elsewhere")
@@ -509,7 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="MODEL as ollama names it (gemma3:4b, hf.co/org/repo:tag)")
-    p.add_argument("--source", help="the Ollama store (default as for mount)")
+    p.add_argument("--source", help="an Ollama store, or a folder of GGUF files (default as for mount)")
     p.add_argument("--mount", metavar="MOUNTPOINT",
                    help="where llama-server sees the mount (default: the compatfs mount that shows MODEL)")
 

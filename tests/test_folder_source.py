@@ -131,6 +131,22 @@ def test_only_the_ollama_store_knows_its_layout():
         assert '"manifests"' not in text and '"blobs"' not in text and "vnd.ollama" not in text, name
 
 
+def test_ls_and_inspect_take_a_folder(lms):
+    res = subprocess.run([os.sys.executable, "-m", "compatfs", "ls", str(lms), "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    rows = {r["name"]: r for r in doc["models"]}
+    assert rows["google/gemma3-4b"]["files"] == ["mmproj.gguf", "model.gguf"]
+    assert rows["google/gemma3-4b"]["text"] == "gemma3" and rows["google/gemma3-4b"]["clip"] == "gemma3-clip"
+    assert rows["liuhaotian/llava"]["files"] == ["mmproj.gguf", "model.gguf"]
+    assert {r["name"] for r in doc["left_out"]} >= {"twoproj/mmproj-a.gguf", "split/big-00001-of-00002.gguf"}
+    res = subprocess.run([os.sys.executable, "-m", "compatfs", "inspect", "google/gemma3-4b", "--clip",
+                          "--source", str(lms), "--json"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["handler"] == "gemma3-clip"
+
+
 # -- mounted -------------------------------------------------------------------
 
 @needs_fuse
