@@ -184,12 +184,17 @@ def _post(url: str, body: dict, timeout: float) -> dict:
 
 @needs_fuse
 @pytest.mark.skipif(not LLAMA_SERVER.is_file(), reason=f"stock llama-server not built at {LLAMA_SERVER}")
-def test_stock_llama_server_loads_the_folders_vision_model(lms, mount_store, tmp_path):
+@pytest.mark.parametrize("folder", ["google/gemma3-4b", "liuhaotian/llava", "google/gemma3-1b"])
+def test_stock_llama_server_loads_the_folders_models(lms, mount_store, tmp_path, folder):
+    """A monolithic vision blob (its mmproj.gguf from its own contents), a
+    model with a projector file beside it, a text model."""
     m = mount_store(lms)
     port = _free_port()
-    d = m / "google/gemma3-4b"
+    d = m / folder
+    mmproj = ["--mmproj", str(d / "mmproj.gguf")] if (d / "mmproj.gguf").exists() else []
+    assert bool(mmproj) == (folder != "google/gemma3-1b")
     log = open(tmp_path / "llama-server.log", "wb")
-    server = subprocess.Popen([str(LLAMA_SERVER), "-m", str(d / "model.gguf"), "--mmproj", str(d / "mmproj.gguf"),
+    server = subprocess.Popen([str(LLAMA_SERVER), "-m", str(d / "model.gguf"), *mmproj,
                                "--port", str(port), "--host", "127.0.0.1", "-c", "512", "-t", "2",
                                "--no-warmup"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
@@ -204,7 +209,9 @@ def test_stock_llama_server_loads_the_folders_vision_model(lms, mount_store, tmp
         assert healthy, out[-3000:]
         res = _post(f"http://127.0.0.1:{port}/completion", {"prompt": "hello", "n_predict": 3}, timeout=60)
         assert res["tokens_predicted"] == 3, res
-        assert "mmproj" in out or "clip" in out.lower()   # the projector was loaded too
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/props", timeout=10) as r:
+            props = json.load(r)
+        assert props["modalities"]["vision"] == bool(mmproj), props.get("modalities")   # the projector loaded
     finally:
         server.terminate()
         try:
