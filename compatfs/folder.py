@@ -17,7 +17,8 @@ projector file.  A folder with several projector files gives its models
 none of them (which belongs to which is not known), and says so in `ls`.
 Files that are not GGUF, hidden files and folders, and split GGUFs
 (`-00001-of-00003.gguf`) are left out; a folder name that another entry of
-the folder on disk already takes is left out with the reason.  Each mounted
+the folder on disk already takes, and a folder that cannot be listed, are
+left out with the reason.  Each mounted
 folder mirrors the owner, mode and time of the folder on disk it shows.
 """
 from __future__ import annotations
@@ -67,7 +68,11 @@ class GGUFFolder(Source):
 
     def scan(self) -> FolderListing:
         out = FolderListing()
-        for visited, (dirpath, dirs, files) in enumerate(os.walk(self.root)):
+
+        def unreadable(e: OSError) -> None:
+            out.skipped[str(e.filename)] = f"cannot be listed ({e.strerror})"
+
+        for visited, (dirpath, dirs, files) in enumerate(os.walk(self.root, onerror=unreadable)):
             if visited >= MAX_FOLDERS:
                 out.skipped[dirpath] = f"more than {MAX_FOLDERS} folders: the rest is not scanned"
                 break

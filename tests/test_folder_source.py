@@ -107,6 +107,25 @@ def test_names_taken_on_disk_are_left_out(tmp_path):
     assert "taken by" in snap.listing.skipped["pub/a.gguf"]
 
 
+def test_a_folder_that_cannot_be_listed_is_left_out_with_why(tmp_path, monkeypatch):
+    """A folder whose listing fails (simulated: as root, permissions do not
+    keep a listing out) is named in `ls` with the reason; the rest shows."""
+    root = tmp_path / "models"
+    for name in ("ok", "locked"):
+        (root / name).mkdir(parents=True)
+        llama.plain_llama_text(root / name / "m.gguf")
+    real = os.scandir
+
+    def scandir(path="."):
+        if Path(path) == root / "locked":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+    monkeypatch.setattr(os, "scandir", scandir)
+    listing = GGUFFolder(root).scan()
+    assert list(listing.folders) == ["ok"]
+    assert listing.skipped[str(root / "locked")] == "cannot be listed (Permission denied)"
+
+
 def test_what_is_neither_kind_is_one_clear_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(SourceError, match="not an Ollama model store .* nor a folder holding .gguf files"):
