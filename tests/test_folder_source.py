@@ -226,7 +226,8 @@ def test_stock_llama_server_loads_the_folders_models(lms, mount_store, tmp_path,
                 time.sleep(0.5)
         out = (tmp_path / "llama-server.log").read_text(errors="replace")
         assert healthy, out[-3000:]
-        res = _post(f"http://127.0.0.1:{port}/completion", {"prompt": "hello", "n_predict": 3}, timeout=60)
+        res = _post(f"http://127.0.0.1:{port}/completion",
+                    {"prompt": "hello", "n_predict": 3, "ignore_eos": True, "temperature": 0}, timeout=60)
         assert res["tokens_predicted"] == 3, res
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/props", timeout=10) as r:
             props = json.load(r)
