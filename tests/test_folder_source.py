@@ -183,6 +183,28 @@ def test_mounted_folder_serves_what_the_ollama_mount_serves(legacy, lms, mount_s
 
 
 @needs_fuse
+def test_models_added_and_removed_while_mounted(legacy, tmp_path, mount_store):
+    root = tmp_path / "models"
+    (root / "pub" / "a").mkdir(parents=True)
+    shutil.copyfile(legacy[1]["gemma3"], root / "pub" / "a" / "a.gguf")
+    m = mount_store(root)
+    assert os.listdir(m / "pub") == ["a"]
+    (root / "pub" / "b").mkdir()
+    shutil.copyfile(legacy[1]["gemma3v"], root / "pub" / "b" / "b.gguf")
+
+    def within(seconds: float, cond) -> bool:
+        end = time.monotonic() + seconds
+        while not cond() and time.monotonic() < end:
+            time.sleep(0.2)
+        return cond()
+    assert within(10, lambda: sorted(os.listdir(m / "pub")) == ["a", "b"])
+    assert sorted(os.listdir(m / "pub/b")) == ["mmproj.gguf", "model.gguf"]
+    shutil.rmtree(root / "pub" / "b")
+    assert within(10, lambda: os.listdir(m / "pub") == ["a"])
+    assert m.alive
+
+
+@needs_fuse
 def test_a_mountpoint_inside_the_folder_is_refused(lms):
     res = subprocess.run([os.sys.executable, "-m", "compatfs", "mount", str(lms), str(lms / "google")],
                          capture_output=True, text=True, timeout=60)
