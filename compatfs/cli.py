@@ -16,7 +16,8 @@ from pathlib import Path
 from .gguf_values import GGUFError
 from .index import IndexPathError
 from .opcache import DEFAULT_MB
-from .store import Store, StoreError, default_source
+from .source import Source, SourceError
+from .sources import default_source, open_source
 
 PROG = "compatfs"
 
@@ -130,8 +131,11 @@ def _mount_options(args) -> dict:
 
 def cmd_mount(args) -> int:
     source = Path(args.source).expanduser() if args.source else default_source()
-    store = Store(source.absolute())
+    store = open_source(source.absolute())
     mnt = Path(args.mountpoint).absolute()
+    why = store.refuses_mountpoint(mnt)
+    if why:
+        raise CliError(why)
     _check_mountpoint(mnt)
     _check_fuse()
     _mount_options(args)
@@ -195,7 +199,7 @@ def _tune_malloc() -> None:
     tune_malloc(mmap_threshold=(1 << 20) + (64 << 10), trim_threshold=4 << 20, arenas=2)
 
 
-def _serve(store: Store, mnt: Path, args, translate: bool) -> int:
+def _serve(store: Source, mnt: Path, args, translate: bool) -> int:
     _tune_malloc()
     from . import fusefs
     from .opcache import OpCache
@@ -250,17 +254,18 @@ def cmd_ls(args) -> int:
     from .gguf_values import GGUFError
     from .tree import Tree
     from .views import BlobViews, translation_enabled
-    store = Store(Path(args.source).expanduser() if args.source else default_source())
+    store = open_source(args.source)
     views = BlobViews(translate=translation_enabled(args.no_translate))
     tree = Tree(store, views)
     snap = tree.snapshot()
     rows = []
-    for name in sorted(snap.model_dirs):
+    models = snap.models
+    for name in sorted(models):
         listing = tree.lookup(name)
-        d = snap.model_dirs[name]
+        d = models[name]
         try:
-            summary = views.summary(d.model_blob)
-            clip_summary = views.summary(d.projector_blob) if d.projector_blob else summary
+            summary = views.summary(d.model)
+            clip_summary = views.summary(d.projector) if d.projector else summary
             # A refused view (its handler failed) is the row's error, as an unreadable blob is.
             error = summary.error or clip_summary.error or summary.model_error or (
                 clip_summary.mmproj_error if "mmproj.gguf" in listing else None)
@@ -271,7 +276,7 @@ def cmd_ls(args) -> int:
                          **_llama_cpp_verdict(tree, name), "params": _params(tree, name)})
         except GGUFError as e:
             rows.append({"name": name, "files": listing, "error": str(e)})
-    left_out = [{"name": n, "reason": r} for n, r in sorted(snap.scan.skipped.items())]
+    left_out = [{"name": n, "reason": r} for n, r in sorted(snap.listing.skipped.items())]
     if args.json:
         print(json.dumps({"source": str(store.root), "models": rows, "left_out": left_out}, indent=2))
         return 0
@@ -331,11 +336,10 @@ def cmd_inspect(args) -> int:
 # -- llama-args / run / export ------------------------------------------------------
 
 def _model_tree(source: str | None, no_translate: bool = False):
-    """A Tree over the store (views built in-process, as the mount builds them)."""
+    """A Tree over the source (views built in-process, as the mount builds them)."""
     from .tree import Tree
     from .views import BlobViews, translation_enabled
-    store = Store(Path(source).expanduser() if source else default_source())
-    return Tree(store, BlobViews(translate=translation_enabled(no_translate)))
+    return Tree(open_source(source), BlobViews(translate=translation_enabled(no_translate)))
 
 
 def _server_args(args):
@@ -453,7 +457,7 @@ class _Version(argparse.Action):
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=(
-        "Present the models of an Ollama store as llama.cpp-compatible GGUF files "
+        "Present the models of an Ollama store, or of a folder of GGUF files, as llama.cpp-compatible GGUF files "
         "(read-only FUSE): <model>/model.gguf and, where the model has one, <model>/mmproj.gguf."),
         epilog="In /etc/fstab (type compatfs or fuse.compatfs) mount(8) runs mount.compatfs, or mount.fuse3 "
                "runs `compatfs SOURCE DIR -o OPTIONS`; see `mount.compatfs --help`.")
@@ -461,7 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     m = sub.add_parser("mount", help="mount a store (returns once mounted; -f stays attached)")
-    m.add_argument("source", nargs="?", help="the Ollama store (default $OLLAMA_MODELS, else ~/.ollama/models)")
+    m.add_argument("source", nargs="?", help="an Ollama store, or a folder of GGUF files (default $OLLAMA_MODELS, else ~/.ollama/models)")
     m.add_argument("mountpoint")
     m.add_argument("-f", "--foreground", action="store_true", help="stay attached (logging to stderr unless --log)")
     m.add_argument("-o", dest="options", action="append", default=[], metavar="opt[,opt]",
@@ -485,7 +489,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.set_defaults(func=cmd_umount)
 
     ls = sub.add_parser("ls", help="list every model: the files it shows, the handlers that claim it, whether stock llama.cpp loads it, or why it is left out")
-    ls.add_argument("source", nargs="?", help="the Ollama store (default as for mount)")
+    ls.add_argument("source", nargs="?", help="an Ollama store, or a folder of GGUF files (default as for mount)")
     ls.add_argument("--no-translate", action="store_true", help="as the mount would show it untranslated")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_ls)
@@ -493,7 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", help="show the translation of a model, blob or GGUF file")
     i.add_argument("target", help="MODEL (as ollama names it), BLOB-DIGEST (sha256-<hex>) or FILE.gguf")
     i.add_argument("--clip", action="store_true", help="the mmproj.gguf view instead of model.gguf")
-    i.add_argument("--source", help="the Ollama store for MODEL or DIGEST (default as for mount)")
+    i.add_argument("--source", help="the Ollama store or folder of GGUF files for MODEL or DIGEST (default as for mount)")
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=cmd_inspect)
 
@@ -539,7 +543,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "name and renamed when complete.")
     e.add_argument("model", help="MODEL as ollama names it (gemma3:4b, hf.co/org/repo:tag)")
     e.add_argument("directory", help="where to write (created if missing)")
-    e.add_argument("--source", help="the Ollama store (default as for mount)")
+    e.add_argument("--source", help="an Ollama store, or a folder of GGUF files (default as for mount)")
     e.add_argument("--reflink", dest="reflink", action="store_const", const="always", default="auto",
                    help="share all tensor data read from the blobs with them (btrfs, XFS), or fail; by default "
                         "data is shared where the filesystem and the file's layout allow and copied elsewhere")
@@ -557,7 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="MODEL as ollama names it (gemma3:4b, hf.co/org/repo:tag)")
-    p.add_argument("--source", help="the Ollama store (default as for mount)")
+    p.add_argument("--source", help="an Ollama store, or a folder of GGUF files (default as for mount)")
     p.add_argument("--mount", metavar="MOUNTPOINT",
                    help="where llama-server sees the mount (default: the compatfs mount that shows MODEL)")
 
@@ -594,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
     args.extra = extra
     try:
         return args.func(args)
-    except (CliError, StoreError, GGUFError, IndexPathError) as e:
+    except (CliError, SourceError, GGUFError, IndexPathError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

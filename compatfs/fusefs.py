@@ -46,7 +46,7 @@ if not os.environ.get("FUSE_LIBRARY_PATH"):
 
 import mfusepy as fuse  # noqa: E402
 
-from .tree import BLOBS, FileRef, Tree  # noqa: E402
+from .tree import FileRef, Tree  # noqa: E402
 from .access import READ, Caller  # noqa: E402
 from .blobfile import BlobFile, Denied, identity, keep_out, status, unchanged  # noqa: E402
 from .gguf_values import GGUFError  # noqa: E402
@@ -177,7 +177,7 @@ class CompatFS(fuse.Operations):
         self._mountpoint = mountpoint
         keep_out(mountpoint)     # nothing is ever looked up through it (a request to this very daemon)
         self._read_ahead_kb = read_ahead_kb
-        self.root = tree.store.root
+        self.root = tree.source.root
         self._handles: dict[int, _Handle] = {}
         self._fh = itertools.count(1)
         self._lock = threading.Lock()
@@ -235,7 +235,7 @@ class CompatFS(fuse.Operations):
             log.info(set_read_ahead(self._mountpoint, self._read_ahead_kb))
         old_snap = self.tree.snapshot()
         self.tree.follow()     # from now on only this thread rescans; lookups never wait for it
-        before = self._marks(old_snap)
+        before = self.tree.marks(old_snap)
         while not self._stop.is_set():
             self._kick.wait(self.RESCAN_SECONDS)
             self._kick.clear()
@@ -245,7 +245,7 @@ class CompatFS(fuse.Operations):
                 with self._lock:
                     stale, self._stale_paths = self._stale_paths, set()
                 snap = self.tree.rescan()
-                now = self._marks(snap)
+                now = self.tree.marks(snap)
                 changed = {d for d in before.keys() | now.keys() if before.get(d) != now.get(d)}
                 before = now
                 if changed or stale:
@@ -253,25 +253,12 @@ class CompatFS(fuse.Operations):
                 if changed:
                     log.info("store changed: %s", ", ".join(sorted(changed)))
                     self._invalidate(changed, old_snap, snap)
-                    self.tree.views.retain(set(snap.blobs.values()))
+                    self.tree.views.retain(set(snap.ggufs))
                 old_snap = snap
                 self._invalidate_paths(stale)
                 self._prune(changed | {p.strip("/").rpartition("/")[0] for p in stale}, now)
             except Exception:   # the mount outlives a failed rescan
                 log.exception("rescan of %s failed", self.root)
-
-    def _marks(self, snap) -> dict[str, tuple]:
-        """What the rescan compares: each folder's blobs (`Tree.folders`), and
-        the owner, mode and time of the store's two top folders (which every
-        folder of the mount shows)."""
-        marks = self.tree.folders(snap)
-        for top in ("manifests", BLOBS):
-            try:
-                st = status(self.root / top)
-                marks[f"<{top}>"] = (st.st_uid, st.st_gid, st.st_mode, st.st_mtime_ns)
-            except OSError:
-                marks[f"<{top}>"] = None
-        return marks
 
     def _forget_attrs(self) -> None:
         """Drop every remembered attribute and listing."""
@@ -283,12 +270,12 @@ class CompatFS(fuse.Operations):
     def _invalidate(self, folders: set[str], *snaps) -> None:
         """Invalidate the folders, their files (as either snapshot names them) and parents."""
         paths = set()
-        if any(d.startswith("<") for d in folders):   # the store's top folders: every folder shows them
+        if any(d.startswith("<") for d in folders):   # a folder on disk whose owner and mode folders show
             folders = {d for d in folders if not d.startswith("<")} | set(snaps[-1].dirs)
         for d in folders:
             names = {MODEL_FILE, MMPROJ_FILE}
             for snap in snaps:
-                names |= {n for n, _ in getattr(snap.model_dirs.get(d), "layers", ())}
+                names |= set(snap.files.get(d, ()))
             paths |= {f"/{d}/{n}" for n in names} | {f"/{d}"}
             parts = d.split("/")
             paths |= {"/" + "/".join(parts[:i]) for i in range(len(parts))}
@@ -416,33 +403,10 @@ class CompatFS(fuse.Operations):
 
     def _dir_attrs(self, path: str) -> dict:
         rel = path.strip("/")
-        base = self.root / (BLOBS if rel == BLOBS or rel.startswith(BLOBS + "/") else "manifests")
-        try:
-            st = status(base)
-            owner = {"st_uid": st.st_uid, "st_gid": st.st_gid, "st_mode": stat.S_IFDIR | st.st_mode & 0o555}
-            mtime = st.st_mtime_ns
-        except OSError:
-            owner = {"st_uid": os.getuid(), "st_gid": os.getgid(), "st_mode": stat.S_IFDIR | 0o500}
-            mtime = 0
-        # Folder times: the newest manifest under it (the root and blobs/: of
-        # the whole store), a blob folder: its blob's.
         snap = self.tree.snapshot()
-        if rel in ("", BLOBS):
-            mtime = max([mtime, *snap.dir_mtimes.values()])
-        elif rel.startswith(BLOBS + "/"):
-            try:
-                mtime = status(snap.blobs[rel.rpartition("/")[2]]).st_mtime_ns
-            except (KeyError, OSError):
-                pass
-        else:
-            mtime = snap.dir_mtimes.get(rel, mtime)
         # Link count: 2 + subfolders, as `find` expects of a Unix folder.
-        if rel == BLOBS:
-            subdirs = len(snap.blobs)
-        else:
-            subdirs = sum(1 for c in snap.dirs.get(rel, ()) if (f"{rel}/{c}" if rel else c) in snap.dirs)
-        return {**owner, "st_nlink": 2 + subdirs, "st_ino": self._dir_ino(rel),
-                "st_mtime": mtime, "st_ctime": mtime, "st_atime": mtime}
+        subdirs = sum(1 for c in snap.dirs.get(rel, ()) if (f"{rel}/{c}" if rel else c) in snap.dirs)
+        return {**self.tree.folder_attrs(rel), "st_nlink": 2 + subdirs, "st_ino": self._dir_ino(rel)}
 
     def getattr(self, path, fh=None):
         handle = self._handles.get(fh.fh) if fh is not None else None
@@ -531,9 +495,9 @@ class CompatFS(fuse.Operations):
     def readdir(self, path, fh):
         entries = self._recall(self._listings, path, self._list)
         rel = path.strip("/")
-        # Listing needs what listing the store folder it comes from needs.
+        # Listing needs what listing the folder on disk it mirrors needs.
         try:
-            status(self.root / (BLOBS if rel.split("/")[0] == BLOBS else "manifests"), _caller(), READ)
+            status(self.tree.owner(rel), _caller(), READ)
         except Denied:
             raise fuse.FuseOSError(errno.EACCES) from None
         except OSError as e:
@@ -552,7 +516,7 @@ class CompatFS(fuse.Operations):
         for name in node:
             child = f"{path.rstrip('/')}/{name}"
             # Files are looked up, folders not (looking one up reads its blob's header).
-            is_dir = rel == BLOBS or (f"{rel}/{name}" if rel else name) in snap.dirs
+            is_dir = (f"{rel}/{name}" if rel else name) in snap.dirs
             ref = None if is_dir else self.tree.lookup(child)
             if isinstance(ref, FileRef):
                 entries.append((name, {"st_mode": stat.S_IFREG, "st_ino": self._file_ino(child, ref)}, 0))

@@ -27,9 +27,11 @@ from cachetools import LRUCache
 
 from .llama_args import translate_params
 from .params import OPTIONS, read_params
-from .tree import BLOBS, PARAMS_FILE
 from .views import MMPROJ_FILE, MODEL_FILE
 
+# How the mount shows an Ollama store, as `serve` finds it by walking the mount:
+# `blobs/` holds each blob's own views (not models); a model folder's params layer.
+_BLOBS, _PARAMS_FILE = "blobs", "params.json"
 # Flags whose option model.gguf carries as a general.sampling.* key.
 _IN_MODEL = {o.flag for o in OPTIONS.values() if o.sampling}
 # What an INI value or section name cannot hold (llama.cpp's INI grammar).
@@ -83,10 +85,10 @@ def scan_mount(mnt: Path) -> list[Entry]:
     for dirpath, dirs, files in os.walk(mnt):
         rel = Path(dirpath).relative_to(mnt)
         if rel == Path("."):
-            dirs[:] = [d for d in dirs if d != BLOBS]
+            dirs[:] = [d for d in dirs if d != _BLOBS]
         if MODEL_FILE in files:
             out.append(Entry(rel.as_posix(), Path(dirpath), MMPROJ_FILE in files,
-                             Path(dirpath, PARAMS_FILE) if PARAMS_FILE in files else None,
+                             Path(dirpath, _PARAMS_FILE) if _PARAMS_FILE in files else None,
                              is_embedding(Path(dirpath, MODEL_FILE))))
         dirs.sort()
     return sorted(out, key=lambda e: e.name)

@@ -1,7 +1,6 @@
 """`compatfs inspect`: what a translation changes, as a report."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from gguf import Keys
@@ -9,31 +8,25 @@ from gguf import Keys
 from .gguf_source import SourceGGUF
 from .gguf_values import VT, GGUFError, Value
 from .opcache import OpCache
-from .store import Store, StoreError, default_source
+from .source import SourceError
+from .sources import open_source
 from .views import MMPROJ_FILE, build_view, classify, translation_enabled
-
-_HEX = re.compile(r"^(?:sha256[:-])?([0-9a-fA-F]{64})$")
 
 
 def resolve_target(target: str, source: str | None, clip: bool) -> Path:
-    """A FILE path, a blob digest, or a model name, to the blob it means."""
+    """A FILE path, or the name of a folder of the source (a model, or an
+    Ollama blob by digest), to the GGUF it means: the folder's projector
+    GGUF with `clip` where it has one, else its model GGUF."""
     if Path(target).is_file():
         return Path(target)
-    store = Store(Path(source).expanduser() if source else default_source())
-    m = _HEX.match(target)
-    if m:
-        path = store.blob_path(f"sha256-{m.group(1).lower()}")
-        if not path.is_file():
-            raise StoreError(f"no blob {path.name} in {store.root}")
-        return path
-    scan = store.scan()
-    name = target if ":" in target.rsplit("/", 1)[-1] else target + ":latest"
-    model = scan.models.get(name)
-    if model is None:
-        why = scan.skipped.get(name)
-        raise StoreError(f"no model {name} in {store.root}" + (f" ({why})" if why else ""))
-    layer = model.projector_layer if clip and model.projector_layer else model.model_layer
-    return store.blob_path(layer.digest)
+    src = open_source(source)
+    name = src.name(target)
+    listing = src.scan()
+    folder = listing.folders.get(name)
+    if folder is None:
+        why = listing.skipped.get(name)
+        raise SourceError(f"no model {name} in {src.root}" + (f" ({why})" if why else ""))
+    return folder.projector if clip and folder.projector else folder.model
 
 
 def _show(v: Value) -> object:

@@ -1,7 +1,22 @@
-"""The Ollama model store: manifests, their layers, and the blobs they name.
+"""The Ollama model store as a `Source`: manifests, their layers, and the blobs they name.
 
 Layout: `manifests/<host>/<namespace>/<model>/<tag>` (JSON) and
-`blobs/sha256-<hex>`.  Manifests are read through `blobfile` (never
+`blobs/sha256-<hex>`.  Mounted as
+
+    /<model>:<tag>/model.gguf            library models at the top
+    /<host>/<namespace>/<model>:<tag>/   everything else nested, as `ollama list` names it
+    /blobs/sha256-<hex>/model.gguf       every GGUF blob (model, projector, adapter) a manifest names
+    .../mmproj.gguf                      the projector layer's, or the model blob's own
+    .../params.json, template, system, license
+                                         the manifest's layers of those types, byte for byte
+
+Folders mirror the owner and mode of `blobs/` (the blob folders) or
+`manifests/` (all others); a model folder's time is its manifest's (a
+folder above models: the newest of theirs; the root and `blobs/`: the
+newest of the store's, or `manifests/`' or `blobs/`' own if newer), a blob
+folder's its blob's.  A model whose name starts with `blobs/` (a host or
+namespace named `blobs`) would hide in the mount's `blobs/` folder: it is
+left out, with that reason.  Manifests are read through `blobfile` (never
 blocking, only regular files, at most `MANIFEST_LIMIT` bytes).  A manifest
 that cannot be read, names a malformed digest, or takes a name another
 manifest already has, is reported and skipped, never fatal.  Parsed
@@ -19,18 +34,31 @@ from pathlib import Path
 
 from .blobfile import BlobFile, Stamp, status
 from .gguf_values import GGUFError
+from .source import Folder, Listing, Source, SourceError
 
 MODEL = "application/vnd.ollama.image.model"
 PROJECTOR = "application/vnd.ollama.image.projector"
 ADAPTER = "application/vnd.ollama.image.adapter"
+PARAMS = "application/vnd.ollama.image.params"
 DEFAULT_HOST = "registry.ollama.ai"
 DEFAULT_NAMESPACE = "library"
 _DIGEST = re.compile(r"^sha256[:-]([0-9a-fA-F]{64})$")
 MANIFEST_LIMIT = 4 << 20   # bytes; Ollama's manifests take a few KB (10,000 layers: about 1.6 MB)
+BLOBS = "blobs"
+_HEX = re.compile(r"^(?:sha256[:-])?([0-9a-fA-F]{64})$")
+
+# Manifest layers shown beside model.gguf, unchanged: media type -> file name.
+LAYER_FILES = {
+    PARAMS: "params.json",
+    "application/vnd.ollama.image.template": "template",
+    "application/vnd.ollama.image.system": "system",
+    "application/vnd.ollama.image.license": "license",
+}
 
 
-class StoreError(ValueError):
-    """SOURCE is not an Ollama model store."""
+def is_store(root: Path) -> bool:
+    """Whether `root` has an Ollama store's two folders."""
+    return (root / "manifests").is_dir() and (root / BLOBS).is_dir()
 
 
 def default_source() -> Path:
@@ -78,10 +106,18 @@ class Model:
 
 @dataclass
 class Scan:
-    """The store at one moment: models with a GGUF model layer, and what was left out."""
+    """The manifests at one moment: models with a GGUF model layer, and what was left out."""
 
     models: dict[str, Model] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)   # name or manifest path -> reason
+
+
+@dataclass
+class StoreListing(Listing):
+    """A `Listing` with each model folder's time (and that of every folder
+    above models): the newest manifest under it."""
+
+    times: dict[str, int] = field(default_factory=dict)
 
 
 def parse_manifest(data: bytes) -> tuple[Layer, ...]:
@@ -126,21 +162,81 @@ def _files_below(base: Path) -> list[Path]:
     return out
 
 
-class Store:
+class OllamaStore(Source):
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root).expanduser()
-        missing = [d for d in ("manifests", "blobs") if not (self.root / d).is_dir()]
+        missing = [d for d in ("manifests", BLOBS) if not (self.root / d).is_dir()]
         if not self.root.is_dir():
-            raise StoreError(f"{self.root}: no such directory (expected an Ollama model store)")
+            raise SourceError(f"{self.root}: no such directory (expected an Ollama model store)")
         if missing:
-            raise StoreError(f"{self.root}: not an Ollama model store (no {' or '.join(d + '/' for d in missing)})")
+            raise SourceError(f"{self.root}: not an Ollama model store (no {' or '.join(d + '/' for d in missing)})")
         self._cache: dict[Path, tuple[Stamp, tuple[Layer, ...] | str]] = {}
         self._lock = threading.Lock()
 
     def blob_path(self, digest: str) -> Path:
-        return self.root / "blobs" / digest
+        return self.root / BLOBS / digest
 
-    def scan(self) -> Scan:
+    # -- Source ----------------------------------------------------------------
+    def scan(self) -> StoreListing:
+        """The model folders (sorted by name), then one folder per GGUF blob."""
+        manifests = self.manifests()
+        out = StoreListing(skipped=manifests.skipped)
+        for name in sorted(manifests.models):
+            model = manifests.models[name]
+            if name.split("/")[0] == BLOBS:
+                out.skipped[name] = f"its first folder would be {BLOBS}/, where the mount shows every blob"
+                continue
+            proj, params = model.projector_layer, model.first(PARAMS)
+            out.folders[name] = Folder(self.blob_path(model.model_layer.digest),
+                                       self.blob_path(proj.digest) if proj else None,
+                                       self._layer_files(model.layers),
+                                       params=self.blob_path(params.digest) if params else None)
+            parts = name.split("/")
+            for i in range(1, len(parts) + 1):
+                d = "/".join(parts[:i])
+                out.times[d] = max(out.times.get(d, 0), model.mtime_ns)
+        kept = {name: manifests.models[name] for name in out.folders}
+        for digest, blob in self.blob_digests(kept).items():
+            out.folders[f"{BLOBS}/{digest}"] = Folder(blob, is_model=False)
+        return out
+
+    def owner(self, folder: str, listing: Listing) -> Path:
+        return self.root / (BLOBS if folder.split("/")[0] == BLOBS else "manifests")
+
+    def mtime(self, folder: str, listing: Listing, owner_mtime: int) -> int:
+        times = listing.times if isinstance(listing, StoreListing) else {}
+        if folder in ("", BLOBS):
+            return max([owner_mtime, *times.values()])
+        if folder.startswith(BLOBS + "/"):
+            try:
+                return os.stat(listing.folders[folder].model).st_mtime_ns
+            except (KeyError, OSError):
+                return owner_mtime
+        return times.get(folder, owner_mtime)
+
+    def name(self, target: str) -> str:
+        """A blob digest (`sha256:<hex>`, `sha256-<hex>` or the bare hex) is
+        its blob folder; a name without a tag means `:latest`, as in `ollama run`."""
+        target = target.strip("/")
+        m = _HEX.match(target)
+        if m:
+            return f"{BLOBS}/sha256-{m.group(1).lower()}"
+        return target if ":" in target.rsplit("/", 1)[-1] else target + ":latest"
+
+    def _layer_files(self, layers) -> tuple[tuple[str, Path], ...]:
+        """(file name, blob) of the `LAYER_FILES` layers; a second license is
+        `license-2`, and so on (Ollama keeps every license layer)."""
+        out, seen = [], {}
+        for layer in layers:
+            base = LAYER_FILES.get(layer.media_type)
+            if base is None or (base != "license" and base in seen):
+                continue
+            seen[base] = seen.get(base, 0) + 1
+            out.append((base if seen[base] == 1 else f"{base}-{seen[base]}", self.blob_path(layer.digest)))
+        return tuple(out)
+
+    # -- manifests ---------------------------------------------------------------
+    def manifests(self) -> Scan:
         """Walk `manifests/` now; unchanged manifest files are not re-read.
         Of manifests that take one name (a host or namespace spelled in
         another case: `Registry.Ollama.AI`), the one spelled in lower case
@@ -202,10 +298,10 @@ class Store:
             self._cache[path] = (stamp, result)
         return result, stamp[3]
 
-    def blob_digests(self, scan: Scan) -> dict[str, Path]:
-        """Every GGUF blob (model, projector, adapter) the scanned manifests name."""
+    def blob_digests(self, models: dict[str, Model]) -> dict[str, Path]:
+        """Every GGUF blob (model, projector, adapter) the models' manifests name."""
         out = {}
-        for model in scan.models.values():
+        for model in models.values():
             for layer in model.layers:
                 if layer.media_type in (MODEL, PROJECTOR, ADAPTER):
                     out[layer.digest] = self.blob_path(layer.digest)

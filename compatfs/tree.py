@@ -1,55 +1,31 @@
-"""The mounted directory tree, derived from a scan of the store.
+"""The mounted directory tree, derived from a scan of a `Source`.
 
-    /<model>:<tag>/model.gguf            library models at the top
-    /<host>/<namespace>/<model>:<tag>/   everything else nested, as `ollama list` names it
-    /blobs/sha256-<hex>/model.gguf       every GGUF blob (model, projector, adapter) a manifest names
-    .../mmproj.gguf                      where the model has a projector view
-    .../params.json, template, system, license
-                                         the manifest's layers of those types, byte for byte
+Each folder of the source's listing is a folder of the mount, holding
+`model.gguf` (the text view of its model GGUF), `mmproj.gguf` (the
+projector view of its projector GGUF, or of the model GGUF where that
+holds a projector itself) and the files it passes through, byte for byte;
+the folders above them hold only folders.
 
-The store is rescanned at most once per `rescan_seconds` (by the FUSE
-layer's rescan thread once it `follow`s the tree), so models pulled or
+The source is rescanned at most once per `rescan_seconds` (by the FUSE
+layer's rescan thread once it `follow`s the tree), so models added or
 removed while mounted appear and disappear without a remount; a rescan is
 built off the lock and swapped in, so a lookup never waits for one.
-`Tree.folders` tells which folders a rescan changed (for the FUSE layer to
-invalidate).  A model whose name starts with `blobs/` (a host or namespace
-named `blobs`) would hide in the mount's `blobs/` folder: it is left out,
-with that reason.
+`Tree.marks` tells what a rescan compares (for the FUSE layer to
+invalidate what changed); `Tree.folder_attrs` whose owner, mode and time
+a folder shows.
 """
 from __future__ import annotations
 
+import os
+import stat
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from .blobfile import identity, status
-from .store import Scan, Store
+from .source import Folder, Listing, Source
 from .views import LAYER_FILE, MMPROJ_FILE, MODEL_FILE, BlobViews
-
-BLOBS = "blobs"
-PARAMS_FILE = "params.json"
-
-# Manifest layers shown beside model.gguf, unchanged: media type -> file name.
-LAYER_FILES = {
-    "application/vnd.ollama.image.params": PARAMS_FILE,
-    "application/vnd.ollama.image.template": "template",
-    "application/vnd.ollama.image.system": "system",
-    "application/vnd.ollama.image.license": "license",
-}
-
-
-def layer_files(store: Store, layers) -> tuple[tuple[str, Path], ...]:
-    """(file name, blob) of the `LAYER_FILES` layers; a second license is
-    `license-2`, and so on (Ollama keeps every license layer)."""
-    out, seen = [], {}
-    for layer in layers:
-        base = LAYER_FILES.get(layer.media_type)
-        if base is None or (base != "license" and base in seen):
-            continue
-        seen[base] = seen.get(base, 0) + 1
-        out.append((base if seen[base] == 1 else f"{base}-{seen[base]}", store.blob_path(layer.digest)))
-    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -62,55 +38,34 @@ class FileRef:
     params: Path | None = None
 
 
-@dataclass(frozen=True)
-class _ModelDir:
-    model_blob: Path
-    projector_blob: Path | None
-    layers: tuple[tuple[str, Path], ...] = ()
-
-
 class Snapshot:
-    """Directories and model folders of one scan; `files`: each folder's files
+    """Directories and model folders of one listing; `files`: each folder's files
     that do not depend on a blob's contents (all but a monolithic blob's
-    mmproj.gguf), made once."""
+    mmproj.gguf), made once; `ggufs`: every GGUF file behind a folder, in the
+    order the listing gives (what a listing asks for next is what the
+    indexing workers take next)."""
 
-    def __init__(self, store: Store, scan: Scan):
-        self.scan = scan
-        self.model_dirs: dict[str, _ModelDir] = {}
+    def __init__(self, listing: Listing):
+        self.listing = listing
         self.dirs: dict[str, set[str]] = {"": set()}
-        self.dir_mtimes: dict[str, int] = {}   # folder -> newest manifest mtime under it
         self.files: dict[str, dict[str, FileRef]] = {}
-        for name, model in list(scan.models.items()):
-            if name.split("/")[0] == BLOBS:
-                del scan.models[name]
-                scan.skipped[name] = f"its first folder would be {BLOBS}/, where the mount shows every blob"
-                continue
-            proj = model.projector_layer
+        for name, folder in listing.folders.items():
             self._add_dir(name)
-            self.model_dirs[name] = _ModelDir(store.blob_path(model.model_layer.digest),
-                                              store.blob_path(proj.digest) if proj else None,
-                                              layer_files(store, model.layers))
-            parts = name.split("/")
-            for i in range(1, len(parts) + 1):
-                d = "/".join(parts[:i])
-                self.dir_mtimes[d] = max(self.dir_mtimes.get(d, 0), model.mtime_ns)
-        self.blobs = store.blob_digests(scan)
-        if self.blobs:
-            self.dirs[""].add(BLOBS)
-            self.dirs[BLOBS] = set(self.blobs)
-        for name, d in self.model_dirs.items():
-            params = next((b for n, b in d.layers if n == PARAMS_FILE), None)
-            files = {MODEL_FILE: FileRef(d.model_blob, MODEL_FILE, params)}
-            if d.projector_blob is not None:
-                files[MMPROJ_FILE] = FileRef(d.projector_blob, MMPROJ_FILE)
-            files.update((n, FileRef(blob, LAYER_FILE)) for n, blob in d.layers)
+            files = {MODEL_FILE: FileRef(folder.model, MODEL_FILE, folder.params)}
+            if folder.projector is not None:
+                files[MMPROJ_FILE] = FileRef(folder.projector, MMPROJ_FILE)
+            files.update((n, FileRef(path, LAYER_FILE)) for n, path in folder.passed)
             self.files[name] = files
-        for digest, blob in self.blobs.items():
-            self.files[f"{BLOBS}/{digest}"] = {MODEL_FILE: FileRef(blob, MODEL_FILE)}
+        self.ggufs = tuple(dict.fromkeys(p for folder in listing.folders.values() for p in folder.ggufs()))
+
+    @property
+    def models(self) -> dict[str, Folder]:
+        """The folders that are models (what `ls` lists), by name."""
+        return {name: f for name, f in self.listing.folders.items() if f.is_model}
 
     def mmproj_of(self, folder: str) -> Path | None:
         """The blob whose contents decide whether `folder` has an mmproj.gguf
-        (a model without a projector layer, or a blob folder); None otherwise."""
+        (a folder without a projector GGUF); None otherwise."""
         files = self.files[folder]
         return None if MMPROJ_FILE in files else files[MODEL_FILE].blob
 
@@ -122,17 +77,9 @@ class Snapshot:
             self.dirs.setdefault("/".join(parts[:i + 1]), set())
 
 
-def _listing_order(snap: Snapshot) -> list[Path]:
-    """Every blob, those behind model folders first in the order `ls` lists
-    them: what a listing asks for next is what the indexing workers take next."""
-    folders = [b for name in sorted(snap.model_dirs)
-               for b in (snap.model_dirs[name].model_blob, snap.model_dirs[name].projector_blob) if b is not None]
-    return list(dict.fromkeys([*folders, *snap.blobs.values()]))
-
-
 class Tree:
-    def __init__(self, store: Store, views: BlobViews, rescan_seconds: float = 1.0):
-        self.store = store
+    def __init__(self, source: Source, views: BlobViews, rescan_seconds: float = 1.0):
+        self.source = source
         self.views = views
         self.rescan_seconds = rescan_seconds
         self._snap: Snapshot | None = None
@@ -141,11 +88,14 @@ class Tree:
         self._lock = threading.Lock()      # held only to swap a snapshot in
         self._building = threading.Lock()  # one rescan at a time
 
-    def folders(self, snap: Snapshot) -> dict[str, tuple]:
-        """Every folder that holds GGUF files, with the identity (path, device,
-        inode, size, modification and change time) and owner and mode of each
-        blob behind it: what changes when a model is pulled again, removed, its
-        blob rewritten or its permissions changed.  Blobs are opened as
+    def marks(self, snap: Snapshot) -> dict[str, tuple | None]:
+        """What a rescan compares: every folder that holds GGUF files, with the
+        identity (path, device, inode, size, modification and change time) and
+        owner and mode of each file behind it (what changes when a model is
+        added again, removed, its file rewritten or its permissions changed),
+        and, as `<path>` (relative to the source's root), the owner, mode and
+        time of every folder on disk a mounted folder mirrors (a change there
+        changes folders the files do not tell).  Files are opened as
         `blobfile` opens them (never blocking); one that cannot be is marked by
         why."""
         stamps: dict[Path, tuple | None] = {}
@@ -161,10 +111,38 @@ class Tree:
                     stamps[blob] = (str(blob), e.strerror)
             return stamps[blob]
 
-        out = {name: (stamp(d.model_blob), stamp(d.projector_blob), *((n, stamp(b)) for n, b in d.layers))
-               for name, d in snap.model_dirs.items()}
-        out.update({f"{BLOBS}/{digest}": (stamp(blob),) for digest, blob in snap.blobs.items()})
+        out: dict[str, tuple | None] = {
+            name: (stamp(f.model), stamp(f.projector), *((n, stamp(p)) for n, p in f.passed))
+            for name, f in snap.listing.folders.items()}
+        owners = {self.source.owner(d, snap.listing) for d in snap.dirs}
+        for owner in sorted(owners):
+            try:
+                st = status(owner)
+                mark: tuple | None = (st.st_uid, st.st_gid, st.st_mode, st.st_mtime_ns)
+            except OSError:
+                mark = None
+            out[f"<{os.path.relpath(owner, self.source.root)}>"] = mark
         return out
+
+    def owner(self, folder: str) -> Path:
+        """The folder on disk whose owner and mode `folder` mirrors (and which
+        a caller must be able to list to list it)."""
+        return self.source.owner(folder, self.snapshot().listing)
+
+    def folder_attrs(self, folder: str) -> dict:
+        """A mounted folder's owner, mode (read and search bits of its owner on
+        disk) and times; the caller's own, with mode 0500, when that cannot be
+        read."""
+        listing = self.snapshot().listing
+        try:
+            st = status(self.source.owner(folder, listing))
+            attrs = {"st_uid": st.st_uid, "st_gid": st.st_gid, "st_mode": stat.S_IFDIR | st.st_mode & 0o555}
+            owner_mtime = st.st_mtime_ns
+        except OSError:
+            attrs = {"st_uid": os.getuid(), "st_gid": os.getgid(), "st_mode": stat.S_IFDIR | 0o500}
+            owner_mtime = 0
+        mtime = self.source.mtime(folder, listing, owner_mtime)
+        return {**attrs, "st_mtime": mtime, "st_ctime": mtime, "st_atime": mtime}
 
     def follow(self) -> None:
         """From now on only `rescan` rescans (the FUSE layer's rescan thread
@@ -191,17 +169,17 @@ class Tree:
             self._building.release()
 
     def rescan(self) -> Snapshot:
-        """Scan the store now and swap the new snapshot in."""
+        """Scan the source now and swap the new snapshot in."""
         with self._building:
             return self._rescan()
 
     def _rescan(self) -> Snapshot:
         previous = self._snap
-        snap = Snapshot(self.store, self.store.scan())
+        snap = Snapshot(self.source.scan())
         with self._lock:
             self._snap, self._stamp = snap, time.monotonic()
-        if previous is None or previous.blobs != snap.blobs:
-            self.views.prefetch(_listing_order(snap))
+        if previous is None or previous.ggufs != snap.ggufs:
+            self.views.prefetch(list(snap.ggufs))
         return snap
 
     def _files(self, snap: Snapshot, path: str) -> dict[str, FileRef] | None:

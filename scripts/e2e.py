@@ -292,9 +292,9 @@ def describe(store: Path, name: str) -> dict:
     """What the mount makes of model `name`: the blobs behind its files, the
     architecture before -> after with the handlers, and whether it is an
     embedding model (its header names a pooling type)."""
-    from compatfs.store import Store
+    from compatfs.store import OllamaStore
     from compatfs.tree import Tree
-    tree = Tree(Store(store), BlobViews())
+    tree = Tree(OllamaStore(store), BlobViews())
     text, clip = tree.lookup(name + "/model.gguf"), tree.lookup(name + "/mmproj.gguf")
     out = {"blob": text.blob, "projector_blob": clip.blob if clip else None, "embedding": False}
     try:

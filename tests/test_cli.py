@@ -30,9 +30,10 @@ def store(tmp_path):
 
 
 def test_errors_are_one_clear_line(store, tmp_path):
+    (tmp_path / "empty").mkdir()
     cases = [
         (("mount", store, tmp_path / "nowhere"), "mountpoint"),
-        (("mount", tmp_path, tmp_path), "not an Ollama model store"),
+        (("mount", tmp_path / "empty", tmp_path), "not an Ollama model store"),   # tmp_path itself holds .gguf files
         (("mount", tmp_path / "missing", tmp_path), "no such directory"),
         (("ls", tmp_path / "missing"), "no such directory"),
         (("umount", tmp_path), "is not mounted"),

@@ -16,7 +16,7 @@ from compatfs import handlers
 from compatfs.gguf_source import SourceGGUF
 from compatfs.gguf_values import GGUFError
 from compatfs.index import Index
-from compatfs.store import Store
+from compatfs.store import OllamaStore
 from compatfs.testing import gemma3, llama
 from compatfs.testing.store import add_blob, add_model
 from compatfs.tree import Tree
@@ -68,7 +68,7 @@ def test_no_reader_of_store_contents_blocks_on_a_fifo(store, fifo):
         with pytest.raises(GGUFError, match="not a regular file"):
             ends_within(call, 5)
     fifo(store / LIB / "text" / "1b")
-    scan = ends_within(Store(store).scan, 5)
+    scan = ends_within(OllamaStore(store).manifests, 5)
     assert "not a regular file" in scan.skipped["text:1b"] and "vision:4b" in scan.models
 
 
@@ -83,7 +83,7 @@ def test_a_manifest_that_is_a_device_or_too_large_is_left_out(store, tmp_path):
     big.parent.mkdir()
     big.write_bytes(b" " * (5 << 20))
     code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30));"
-            "from compatfs.store import Store; s = Store(sys.argv[1]).scan();"
+            "from compatfs.store import OllamaStore; s = OllamaStore(sys.argv[1]).manifests();"
             "print(sorted(s.models)); print(s.skipped['zero:latest']); print(s.skipped['big:latest'])")
     res = subprocess.run([sys.executable, "-c", code, str(store)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -108,7 +108,7 @@ def test_a_folder_with_many_layers_is_listed_in_linear_work(store, monkeypatch):
     made = []
     real = tree_module.FileRef
     monkeypatch.setattr(tree_module, "FileRef", lambda *a: made.append(1) or real(*a))
-    tree = Tree(Store(store), BlobViews())
+    tree = Tree(OllamaStore(store), BlobViews())
     names = tree.lookup("text:1b")
     assert len(names) == n + 1 and "license-2000" in names
     for name in names:
@@ -124,12 +124,12 @@ def test_names_that_collide_are_left_out_with_the_reason(store, tmp_path):
     llama.plain_llama_text(odd)
     add_model(store, "text", odd, host="Registry.Ollama.AI", tag="1b")
     add_model(store, "hidden", odd, namespace="blobs")
-    tree = Tree(Store(store), BlobViews())
+    tree = Tree(OllamaStore(store), BlobViews())
     snap = tree.snapshot()
-    assert snap.model_dirs["text:1b"].model_blob == _blob(store, "text", "1b")   # the usual spelling wins
+    assert snap.models["text:1b"].model == _blob(store, "text", "1b")   # the usual spelling wins
     other = str(store / "manifests/Registry.Ollama.AI/library/text/1b")
-    assert "already that of" in snap.scan.skipped[other] and str(store / LIB / "text" / "1b") in snap.scan.skipped[other]
-    assert "blobs/" in snap.scan.skipped["blobs/hidden:latest"]
+    assert "already that of" in snap.listing.skipped[other] and str(store / LIB / "text" / "1b") in snap.listing.skipped[other]
+    assert "blobs/" in snap.listing.skipped["blobs/hidden:latest"]
     assert tree.lookup("blobs/hidden:latest") is None and tree.lookup("blobs/hidden:latest/model.gguf") is None
     assert "hidden:latest" not in tree.lookup("blobs")
 
@@ -242,16 +242,16 @@ def test_a_lookup_never_waits_for_a_rescan(store, monkeypatch):
     rescan hung).  A rescan that takes seconds leaves lookups answering
     from the last snapshot."""
     import time
-    tree = Tree(Store(store), BlobViews(), rescan_seconds=0.1)
+    tree = Tree(OllamaStore(store), BlobViews(), rescan_seconds=0.1)
     assert tree.lookup("text:1b/model.gguf") is not None
-    real = tree.store.scan
+    real = tree.source.scan
     entered = threading.Event()
 
     def slow_scan():
         entered.set()
         time.sleep(3)
         return real()
-    monkeypatch.setattr(tree.store, "scan", slow_scan)
+    monkeypatch.setattr(tree.source, "scan", slow_scan)
     time.sleep(0.2)
     rescan = threading.Thread(target=tree.snapshot)   # stale: this thread rescans
     rescan.start()

@@ -1,0 +1,77 @@
+"""What a mount shows, as any kind of source says it: the seam between a store
+on disk and the mounted tree.
+
+A source is a folder on disk holding GGUF files in some layout (an Ollama
+store: `store.OllamaStore`; a plain folder tree: `folder.GGUFFolder`).  It
+tells, at one moment (`scan`), which folders the mount has and what each
+holds: the GGUF whose text view is `model.gguf`, the GGUF whose projector
+view is `mmproj.gguf` (or none: then the model GGUF's own, if it has one),
+and files passed through byte for byte.  It tells whose owner and mode each
+mounted folder mirrors (`owner`: a folder on disk, which a caller must be
+able to list to list the mounted one) and the folder's time (`mtime`).
+What marks a change is derived from that by the tree: the identity of every
+file a folder shows, and the status of every owner.  Nothing outside a
+source's own module knows its layout.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class SourceError(ValueError):
+    """SOURCE is not a source compatfs can mount, or has no such model."""
+
+
+@dataclass(frozen=True)
+class Folder:
+    """One mounted folder of GGUF files."""
+
+    model: Path                                # the GGUF shown as model.gguf (its text view)
+    projector: Path | None = None              # the GGUF shown as mmproj.gguf; None: `model`'s own, if any
+    passed: tuple[tuple[str, Path], ...] = ()  # (file name, file) shown byte for byte
+    is_model: bool = True                      # False: a folder that is not a model (an Ollama blob's), left out of `ls`
+    params: Path | None = None                 # Ollama's params layer: model.gguf carries its sampling options
+
+    def ggufs(self) -> tuple[Path, ...]:
+        return (self.model,) if self.projector is None else (self.model, self.projector)
+
+
+@dataclass
+class Listing:
+    """A source at one moment: its folders by mounted path (`a/b`), in the
+    order their GGUFs are best indexed, and what was left out, with why."""
+
+    folders: dict[str, Folder] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)   # name or path -> reason
+
+
+class Source(ABC):
+    """One kind of store; `root` is the folder it was opened at."""
+
+    root: Path
+
+    @abstractmethod
+    def scan(self) -> Listing:
+        """The source now (cheap when nothing changed: it runs every second)."""
+
+    @abstractmethod
+    def owner(self, folder: str, listing: Listing) -> Path:
+        """The folder on disk whose owner and mode the mounted `folder` (any
+        folder of the mount: "" is its root) mirrors, and which a caller must
+        be able to list to list it."""
+
+    @abstractmethod
+    def mtime(self, folder: str, listing: Listing, owner_mtime: int) -> int:
+        """The mounted `folder`'s modification time (ns); `owner_mtime`: that
+        of its `owner` (0 when it cannot be read)."""
+
+    @abstractmethod
+    def name(self, target: str) -> str:
+        """The mounted folder a user's model name means (`gemma3` is
+        `gemma3:latest` in an Ollama store)."""
+
+    def refuses_mountpoint(self, mountpoint: Path) -> str | None:
+        """Why the source cannot be mounted at `mountpoint` (None: it can)."""
+        return None
