@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -156,11 +157,14 @@ def build_view(info: BlobInfo, kind: str, cache: OpCache, sampling_kvs: tuple = 
 
 
 def _stamp(path: Path) -> Stamp:
-    """The identity of what `path` resolves to (resolved as `blobfile` resolves it)."""
+    """The identity of the regular file `path` resolves to (resolved as
+    `blobfile` resolves it, nothing opened); GGUFError for anything else."""
     try:
         st = status(path)
     except OSError as e:
         raise GGUFError(f"{path}: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise GGUFError(f"{path}: not a regular file")
     return identity(st)
 
 

@@ -12,7 +12,7 @@ import pytest
 from gguf import GGUFReader, Keys
 
 from compatfs.params import sampling
-from compatfs.store import Store
+from compatfs.store import OllamaStore
 from compatfs.testing import llama
 from compatfs.testing.store import add_model
 from compatfs.tree import Tree
@@ -94,7 +94,7 @@ def view_bytes(tree: Tree, path: str, tmp_path: Path) -> Path:
 
 
 def test_two_tags_of_one_blob_each_carry_their_own(store, tmp_path):
-    tree = Tree(Store(store), BlobViews())
+    tree = Tree(OllamaStore(store), BlobViews())
     hot, cold = sampling_keys(view_bytes(tree, "tiny:hot/model.gguf", tmp_path)), \
         sampling_keys(view_bytes(tree, "tiny:cold/model.gguf", tmp_path))
     assert hot[S.SAMPLING_TEMP] == 1.5 and hot[S.SAMPLING_TOP_K] == 7 and hot[S.SAMPLING_MIROSTAT] == 2
@@ -121,7 +121,7 @@ HOSTILE = [b"not json", b"[1, 2]", b'{"temperature": "warm", "top_k": -5}', b"\x
 def test_a_hostile_layer_leaves_the_model_served_without_it(store, tmp_path, data):
     m = store / "manifests/registry.ollama.ai/library/tiny/hot"
     set_params(store, m, data)
-    tree = Tree(Store(store), BlobViews())
+    tree = Tree(OllamaStore(store), BlobViews())
     assert sampling_keys(view_bytes(tree, "tiny:hot/model.gguf", tmp_path)) == {}
     from compatfs.sampling import of_layer
     notes = of_layer(tree.lookup("tiny:hot/model.gguf").params).notes
