@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from compatfs.testing import gemma3, llama, llava, qwen3vl
+from compatfs.testing import gemma3, llama, llava, nemotron
 from compatfs.views import BlobViews
 from compatfs.testing.store import add_model
 
@@ -190,23 +190,23 @@ def test_removed_model_leaves_nothing_held(store, mount_store):
 
 def test_removed_model_keeps_serving_its_op_tensors(tmp_path, mount_store):
     """`ollama rm` while a projector is open, its pages dropped: the op
-    tensors computed whole from it (a Qwen3-VL patch embedding's frames) are
+    tensors computed whole from it (Nemotron-H Omni's resampled position table) are
     read through the open file's descriptor like the rest, never by the
     blob's path (measured on the landed code: EIO there)."""
     store = tmp_path / "store"
-    add_model(store, "qvl", qwen3vl.legacy_qwen3vl_moe(tmp_path / "q.gguf"))
-    blob = blob_of(store, "qvl", "latest")
+    add_model(store, "omni", nemotron.legacy_nemotron_h_omni(tmp_path / "o.gguf"))
+    blob = blob_of(store, "omni", "latest")
     want = expected(blob, "mmproj.gguf")
     view = BlobViews().view(blob, "mmproj.gguf")
     op_at = next(s.start for s in view._segments if s.kind == "op")
     m = mount_store(store)
-    with open(m / "qvl:latest/mmproj.gguf", "rb", buffering=0) as f:
+    with open(m / "omni:latest/mmproj.gguf", "rb", buffering=0) as f:
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)   # no read-ahead: the op is not read yet
         head = f.read(4096)
         assert len(head) == 4096 < op_at
-        shutil.rmtree(store / "manifests/registry.ollama.ai/library/qvl")
+        shutil.rmtree(store / "manifests/registry.ollama.ai/library/omni")
         blob.unlink()
-        wait_for(lambda: "qvl:latest" not in os.listdir(m.path), what="the removed model leaving the listing")
+        wait_for(lambda: "omni:latest" not in os.listdir(m.path), what="the removed model leaving the listing")
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
         rest = f.read()
     assert head + rest == want
