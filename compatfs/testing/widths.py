@@ -202,7 +202,7 @@ def _gptoss_shape(name: str, p: dict, n_vocab: int) -> tuple[int, ...]:
 
 def _tile(dtype, nbytes: int = 4 << 20) -> bytes:
     """About `nbytes` of valid data of `dtype`, whole blocks (seeded)."""
-    rng = np.random.default_rng(int(dtype))
+    rng = np.random.default_rng(0)
     if dtype in (T.MXFP4, gptoss.OLLAMA_MXFP4):
         n = nbytes // 17
         blocks = rng.integers(0, 256, (n, 17), dtype=np.uint8)
