@@ -246,6 +246,14 @@ class CompatFS(fuse.Operations):
         self._watcher: threading.Thread | None = None
 
     # -- lifetime ------------------------------------------------------------
+    def init_with_config(self, conn, config):
+        # The kernel lowers the mount's read-ahead to the INIT reply's
+        # max_readahead when it takes the reply (sent after this returns):
+        # allowing `read_ahead_kb` keeps set_read_ahead's value, whenever it lands.
+        if self._read_ahead_kb:
+            conn.max_readahead = max(conn.max_readahead, self._read_ahead_kb << 10)
+        self.init("/")
+
     def init(self, path):
         self._fuse_ptr = _libfuse.fuse_get_context().contents.fuse
         self._watcher = threading.Thread(target=self._watch, name="compatfs-rescan", daemon=True)
@@ -848,47 +856,22 @@ def set_read_ahead(mountpoint: str, kb: int) -> str:
     largest request).  Root may write it; others keep the kernel's value.
     The device comes from /proc/self/mountinfo: the daemon never stats its own
     mount (a request to itself that a kill would leave unanswered forever).
-
-    The kernel sets the value once more when it takes libfuse's INIT reply,
-    to at most the 128 KiB it offered, and libfuse sends that reply just
-    after the filesystem's `init` returns, which is where this runs: a write
-    that lands first is undone (one mount in two on a busy machine).  So a
-    thread watches the knob for `READ_AHEAD_SETTLE` seconds and writes it
-    again once if it drops.  Returns the line to log."""
+    The INIT reply allows `kb` as its max_readahead (`CompatFS.init_with_config`),
+    else the kernel, taking that reply, would lower a value written before it
+    to the 128 KiB it offered.  Returns the line to log."""
     device = _mount_device(mountpoint)
     if device is None:
         return f"read-ahead not set: {mountpoint} is not in /proc/self/mountinfo"
     knob = Path(f"/sys/class/bdi/{device}/read_ahead_kb")
     try:
         knob.write_text(f"{kb}\n")
+        return f"read-ahead {kb} KiB ({knob})"
     except OSError as e:
         try:
             current = knob.read_text().strip()
         except OSError:
             current = "?"
         return f"read-ahead left at the kernel's {current} KiB: cannot write {knob} ({e.strerror})"
-    threading.Thread(target=_keep_read_ahead, args=(knob, kb), name="compatfs-read-ahead", daemon=True).start()
-    return f"read-ahead {kb} KiB ({knob})"
-
-
-# How long after mounting the read-ahead is watched for the INIT reply's reset.
-READ_AHEAD_SETTLE = 5.0
-
-
-def _keep_read_ahead(knob: Path, kb: int) -> None:
-    """Write `kb` to `knob` again, once, if it drops within READ_AHEAD_SETTLE s."""
-    deadline = time.monotonic() + READ_AHEAD_SETTLE
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
-        try:
-            now = knob.read_text().strip()
-            if now == str(kb):
-                continue
-            knob.write_text(f"{kb}\n")
-        except OSError:          # unmounted meanwhile
-            return
-        log.info("read-ahead %d KiB set again (%s): libfuse's INIT reply had lowered it to %s KiB", kb, knob, now)
-        return
 
 
 def _mount_device(mountpoint: str, tries: int = 20) -> str | None:
