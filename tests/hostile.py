@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import struct
 import subprocess
-import time
 from pathlib import Path
 
 from compatfs.gguf_source import SourceGGUF

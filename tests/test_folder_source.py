@@ -20,7 +20,7 @@ from compatfs.folder import GGUFFolder
 from compatfs.source import SourceError
 from compatfs.sources import open_source
 from compatfs.store import OllamaStore
-from compatfs.testing import gemma3, llama, llava
+from compatfs.testing import llama
 from compatfs.tree import FileRef, Tree
 from compatfs.views import BlobViews
 

@@ -6,7 +6,6 @@ import gguf
 import numpy as np
 import pytest
 
-from compatfs.gguf_values import VT, array, f32, u32
 from compatfs.testing.llama4 import LLAMA4, LLAMA4_SPECIALS, legacy_llama4, llama4_tokens
 from compatfs.testing.store import add_model
 

@@ -7,11 +7,8 @@ import re
 import gguf
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType as DT
-from gguf import GGUFValueType as VT
 
-from compatfs.gguf_source import SourceGGUF, TensorInfo
-from compatfs.gguf_values import GGUFError, array, u32
+from compatfs.gguf_source import SourceGGUF
 from compatfs.handlers import qwen35
 from compatfs.testing.qwen35 import legacy_qwen35_moe
 from compatfs.testing.store import add_model

@@ -15,7 +15,6 @@ import compatfs.tree as tree_module
 from compatfs import handlers
 from compatfs.gguf_source import SourceGGUF
 from compatfs.gguf_values import GGUFError
-from compatfs.index import Index
 from compatfs.store import OllamaStore
 from compatfs.testing import gemma3, llama
 from compatfs.testing.store import add_blob, add_model

@@ -9,10 +9,8 @@ import shutil
 import stat
 import struct
 import subprocess
-import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
