@@ -1,9 +1,9 @@
 """GGUF metadata values: one encoded value, decoded only when somebody asks.
 
 A `Value` holds the bytes that follow a key in a GGUF header (the type tag and
-its payload).  Values read from a blob are slices of the blob's memory map, so
-a KV that no handler touches is carried to the translated header as a byte
-span and never decoded.
+its payload).  Values read from a blob are slices of the copy of its header
+that `SourceGGUF` keeps, so a KV that no handler touches is carried to the
+translated header as a byte span and never decoded.
 """
 from __future__ import annotations
 
