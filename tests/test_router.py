@@ -101,7 +101,8 @@ def test_serve_answers_every_model_by_its_ollama_name(tmp_path, mount_store):
         assert gen["n_ctx"] == 256
         # The store changes while serving: the preset follows, and the model restarts with the new params.
         set_params(root, nested, b'{"temperature":1.5,"top_k":9,"num_ctx":512}')
-        preset = next((tmp_path / "state" / "compatfs").glob("models-*.ini"))
+        preset = mnt / "models.ini"   # the mount's own, which serve runs the router with
+        assert not list((tmp_path / "state").glob("compatfs/models-*.ini"))
         until(lambda: "ctx-size = 512" in preset.read_text(), 15)
 
         def new_props():
