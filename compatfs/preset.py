@@ -66,10 +66,11 @@ _embedding_memo: LRUCache = LRUCache(maxsize=4096)
 def is_embedding(model: Path) -> bool:
     """Whether the GGUF file `model` is an embedding model: its header names a
     pooling type for its architecture (remembered by the file's identity)."""
+    from .blobfile import status
     from .gguf_source import SourceGGUF
     from .gguf_values import GGUFError
     try:
-        st = os.stat(model)
+        st = status(model)   # as blobfile resolves it: never into a mount this process serves
     except OSError:
         return False
     key = (str(model), st.st_ino, st.st_size, st.st_mtime_ns)

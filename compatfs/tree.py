@@ -104,13 +104,16 @@ class Tree:
 
     def publish(self, mountpoint: Path) -> None:
         """Show `models.ini` at the root, its paths under `mountpoint` (absolute),
-        from the next scan on; not when the daemon has no state folder (logged)."""
+        from the next scan on; not when the daemon has no state folder, or one
+        inside the mountpoint (logged).  Called before the mount is made."""
         try:
-            self._published = Published(published_path(mountpoint))
+            path = published_path(mountpoint)
+            if Path(os.path.realpath(path)).is_relative_to(os.path.realpath(mountpoint)):
+                raise OSError(f"the state folder {path.parent} is inside the mountpoint")
         except OSError as e:
             log.error("no %s at the mount's root: %s", PUBLISHED_FILE, e)
             return
-        self._mountpoint = mountpoint
+        self._published, self._mountpoint = Published(path), mountpoint
 
     def marks(self, snap: Snapshot) -> dict[str, tuple | None]:
         """What a rescan compares: every folder that holds GGUF files, with the
