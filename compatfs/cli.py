@@ -402,11 +402,12 @@ def _serve_mount(mount: str | None) -> Path:
 
 
 def cmd_serve(args) -> int:
-    from .preset import render, scan_mount
+    from .preset import PUBLISHED_FILE, render, scan_mount
     from .router import Router
     mnt = _serve_mount(args.mount)
     if args.print_preset:
-        print(render(scan_mount(mnt)), end="")
+        published = mnt / PUBLISHED_FILE
+        print(published.read_text() if published.is_file() else render(scan_mount(mnt)), end="")
         return 0
     exe = args.llama_server or shutil.which("llama-server")
     if not exe:
@@ -523,7 +524,8 @@ def build_parser() -> argparse.ArgumentParser:
                         usage="compatfs serve [--mount MOUNTPOINT] [--llama-server PATH] [--host HOST] "
                               "[--port PORT] [--print-preset] [-- EXTRA ...]",
                         description="Run stock llama-server in router mode with a preset of every model folder "
-                                    "of the mount (rewritten as the store changes): each model is requested by "
+                                    "of the mount (the mount's own models.ini, which follows the store; for a "
+                                    "mount without one, one written from the mount): each model is requested by "
                                     "its Ollama name (\"model\": \"gemma3:4b\") and started on first use, with "
                                     "its params layer's options; its sampling defaults are in its model.gguf. "
                                     "EXTRA goes to llama-server and overrides every model's own "
@@ -533,7 +535,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     sv.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
     sv.add_argument("--print-preset", action="store_true",
-                    help="print the preset (for llama-server --models-preset FILE) and stop")
+                    help="print the preset (the mount's models.ini, for llama-server --models-preset FILE) "
+                         "and stop")
     sv.set_defaults(func=cmd_serve)
 
     e = sub.add_parser("export", help="write a model's files to a directory as real files (no FUSE needed)",

@@ -176,6 +176,7 @@ class CompatFS(fuse.Operations):
         self.tree = tree
         self._mountpoint = mountpoint
         keep_out(mountpoint)     # nothing is ever looked up through it (a request to this very daemon)
+        tree.publish(Path(os.path.abspath(mountpoint)))   # its root shows models.ini, paths under the mountpoint
         self._read_ahead_kb = read_ahead_kb
         self.root = tree.source.root
         self._handles: dict[int, _Handle] = {}
@@ -633,6 +634,9 @@ class CompatFS(fuse.Operations):
         is not the one the view was built from (it changed meanwhile)."""
         view, blob, file = self._choose(path, node)
         try:
+            if node.readable_as is not None:   # a file the mount makes: readable as that folder is, not as itself
+                status(node.readable_as, caller, READ)
+                caller = Caller(0, 0, caller.pid)
             if file is not None:
                 try:
                     file.allow(caller)

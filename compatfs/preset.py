@@ -15,11 +15,17 @@ section per model folder, requested by its Ollama name.
   llama-server's flags without dashes.  An INI value ends at `;`, `#` or a
   line end and holds one value per option: what cannot be written so is
   left out, and a comment line in the section says why.
+
+A mount shows its own preset at its root (`models.ini`, `Published`), made
+from its tree; `compatfs serve` makes one by walking a mount (`scan_mount`)
+only when the mount shows none.
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +34,10 @@ from cachetools import LRUCache
 from .llama_args import translate_params
 from .params import OPTIONS, read_params
 from .views import MMPROJ_FILE, MODEL_FILE
+
+log = logging.getLogger("compatfs")
+
+PUBLISHED_FILE = "models.ini"   # the preset a mount shows at its root
 
 # How the mount shows an Ollama store, as `serve` finds it by walking the mount:
 # `blobs/` holds each blob's own views (not models); a model folder's params layer.
@@ -56,10 +66,11 @@ _embedding_memo: LRUCache = LRUCache(maxsize=4096)
 def is_embedding(model: Path) -> bool:
     """Whether the GGUF file `model` is an embedding model: its header names a
     pooling type for its architecture (remembered by the file's identity)."""
+    from .blobfile import status
     from .gguf_source import SourceGGUF
     from .gguf_values import GGUFError
     try:
-        st = os.stat(model)
+        st = status(model)   # as blobfile resolves it: never into a mount this process serves
     except OSError:
         return False
     key = (str(model), st.st_ino, st.st_size, st.st_mtime_ns)
@@ -92,6 +103,71 @@ def scan_mount(mnt: Path) -> list[Entry]:
                              is_embedding(Path(dirpath, MODEL_FILE))))
         dirs.sort()
     return sorted(out, key=lambda e: e.name)
+
+
+class Published:
+    """The preset a mount shows at its root, kept as one file of the daemon's
+    state folder (never the store): replaced whole when its text changes
+    (written beside it, then renamed over it), so a file open on it keeps the
+    bytes it opened; owned as, and readable (only) as, the folder `like` it
+    mirrors (the mount root's).  `update` tells whether it is there now."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._written: tuple | None = None    # (text, owner, mode, the file's identity) as last written
+
+    def update(self, text: str, like: os.stat_result | None) -> bool:
+        uid, gid = (like.st_uid, like.st_gid) if like is not None else (os.getuid(), os.getgid())
+        mode = like.st_mode & 0o444 if like is not None else 0o400
+        try:
+            if self._written is not None and self._written[:3] == (text, (uid, gid), mode) \
+                    and self._written[3] == _identity(self.path):
+                return True
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, text.encode())
+                try:
+                    os.fchown(fd, uid, gid)
+                except PermissionError:   # not root: the daemon's own file, with the mode it mirrors
+                    pass
+                os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.path)
+            self._written = (text, (uid, gid), mode, _identity(self.path))
+            return True
+        except OSError as e:
+            if self._written != ("failed", str(e)):
+                log.error("cannot write the mount's %s at %s: %s: not shown", PUBLISHED_FILE, self.path, e)
+            self._written = ("failed", str(e))
+            return False
+
+    def remove(self) -> None:
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+        self._written = None
+
+
+def _identity(path: Path) -> tuple | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) if stat.S_ISREG(st.st_mode) else None
+
+
+def published_path(mountpoint: Path) -> Path:
+    """Where the daemon serving `mountpoint` keeps its `models.ini` (its state
+    folder; OSError when there is none)."""
+    from .cli import CliError, _state_dir
+    try:
+        folder = _state_dir()
+    except CliError as e:
+        raise OSError(str(e)) from None
+    return folder / f"mount-{str(mountpoint).strip('/').replace('/', '_') or 'root'}.models.ini"
 
 
 def section_name(name: str) -> str:

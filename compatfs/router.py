@@ -3,10 +3,13 @@ as `ollama serve` is for Ollama: every model folder of the mount is a model
 of the router (`--models-preset`, see `preset`), requested by its Ollama
 name and started on the first request that names it.
 
-The preset is rewritten when the mount's model folders change (checked every
-`POLL` seconds) and the router told to read it again (`GET
-/models?reload=1`); a model whose model.gguf or params layer changed is
-unloaded, so that its next request starts it with its new files and settings.
+The preset is the mount's own `models.ini` when its root shows one (the
+mount keeps it up to date); else one written here from a walk of the mount.
+Every `POLL` seconds the mount's model folders are walked and the preset
+read: when either changed the router is told to read the preset again
+(`GET /models?reload=1`), and a model whose model.gguf or params layer
+changed is unloaded, so that its next request starts it with its new files
+and settings.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from .preset import Entry, render, scan_mount, section
+from .preset import PUBLISHED_FILE, Entry, render, scan_mount, section
 from .views import MODEL_FILE
 
 log = logging.getLogger("compatfs")
@@ -59,26 +62,38 @@ def _ask(base: str, method: str, path: str, body: dict | None = None) -> dict | 
 
 
 class Router:
-    def __init__(self, mnt: Path, exe: str, preset_file: Path, host: str, port: int, extra: list[str]):
-        self.mnt, self.exe, self.preset_file = mnt, exe, preset_file
+    def __init__(self, mnt: Path, exe: str, own_preset: Path, host: str, port: int, extra: list[str]):
+        self.mnt, self.exe = mnt, exe
+        published = mnt / PUBLISHED_FILE
+        self.published = published.is_file()
+        self.preset_file = published if self.published else own_preset
         self.base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
-        self.argv = [exe, "--models-preset", str(preset_file), "--host", host, "--port", str(port), *extra]
+        self.argv = [exe, "--models-preset", str(self.preset_file), "--host", host, "--port", str(port), *extra]
         self.entries: dict[str, tuple] = {}
+        self.text: str | None = None
 
-    def refresh(self) -> list[str]:
-        """Rewrite the preset if the mount changed; the models whose section or
-        params changed (empty when nothing did)."""
+    def refresh(self) -> tuple[list[str], bool]:
+        """Look at the mount again (and rewrite the preset made here if it
+        changed): the models whose section or files changed, and whether the
+        preset did."""
         entries = scan_mount(self.mnt)
         now = {e.name: (_stamp(e), section(e).options) for e in entries}
         changed = sorted(n for n in now.keys() | self.entries.keys() if now.get(n) != self.entries.get(n))
-        if changed or not self.preset_file.exists():
-            _write(self.preset_file, render(entries))
-        self.entries = now
-        return changed
+        if self.published:
+            text = self.preset_file.read_text()
+        else:
+            text = render(entries)
+            if text != self.text or not self.preset_file.exists():
+                _write(self.preset_file, text)
+        reload = text != self.text
+        self.entries, self.text = now, text
+        return changed, reload
 
     def run(self) -> int:
         self.refresh()
-        print(f"compatfs: {len(self.entries)} models of {self.mnt}; preset {self.preset_file}", file=sys.stderr)
+        mine = "the mount's own" if self.published else "written by compatfs serve"
+        print(f"compatfs: {len(self.entries)} models of {self.mnt}; preset {self.preset_file} ({mine})",
+              file=sys.stderr)
         print(f"compatfs: exec {' '.join(self.argv)}", file=sys.stderr, flush=True)
         proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL)
         stop = []
@@ -96,12 +111,13 @@ class Router:
             if stop:
                 continue
             try:
-                changed = self.refresh()
+                changed, reload = self.refresh()
             except OSError as e:   # the mount went away: the router keeps what it has
                 log.warning("cannot read %s: %s", self.mnt, e)
                 continue
-            if changed:
-                print(f"compatfs: the mount changed ({', '.join(changed)}): preset reloaded", file=sys.stderr)
+            if changed or reload:
+                print(f"compatfs: the mount changed ({', '.join(changed) or PUBLISHED_FILE}): preset reloaded",
+                      file=sys.stderr)
                 _ask(self.base, "GET", "/models?reload=1")
                 for name in changed:
                     _ask(self.base, "POST", "/models/unload", {"model": name})

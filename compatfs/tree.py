@@ -13,9 +13,16 @@ built off the lock and swapped in, so a lookup never waits for one.
 `Tree.marks` tells what a rescan compares (for the FUSE layer to
 invalidate what changed); `Tree.folder_attrs` whose owner, mode and time
 a folder shows.
+
+Once `publish`ed at its mountpoint, the root of a tree with models also
+shows `models.ini`: llama-server's router preset of its model folders
+(`preset`), with paths under the mountpoint, made from each scan (never by
+looking into the mount) and kept as a file of the daemon's state folder,
+which the tree shows as a file passed through, readable as the root is.
 """
 from __future__ import annotations
 
+import logging
 import os
 import stat
 import threading
@@ -24,18 +31,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .blobfile import identity, status
+from .preset import PUBLISHED_FILE, Entry, Published, is_embedding, published_path, render
 from .source import Folder, Listing, Source
 from .views import LAYER_FILE, MMPROJ_FILE, MODEL_FILE, BlobViews
 
+log = logging.getLogger("compatfs")
 
 @dataclass(frozen=True)
 class FileRef:
     """A virtual file: the `kind` view of the blob at `blob` (a model folder's
-    model.gguf: with the sampling defaults of the params layer at `params`)."""
+    model.gguf: with the sampling defaults of the params layer at `params`;
+    a file the mount makes itself, `models.ini`: `readable_as` is the folder
+    on disk whose permission to read decides who may open it)."""
 
     blob: Path
     kind: str
     params: Path | None = None
+    readable_as: Path | None = None
 
 
 class Snapshot:
@@ -67,7 +79,7 @@ class Snapshot:
         """The blob whose contents decide whether `folder` has an mmproj.gguf
         (a folder without a projector GGUF); None otherwise."""
         files = self.files[folder]
-        return None if MMPROJ_FILE in files else files[MODEL_FILE].blob
+        return None if MMPROJ_FILE in files or MODEL_FILE not in files else files[MODEL_FILE].blob
 
     def _add_dir(self, path: str) -> None:
         parts = path.split("/")
@@ -87,6 +99,21 @@ class Tree:
         self._followed = False
         self._lock = threading.Lock()      # held only to swap a snapshot in
         self._building = threading.Lock()  # one rescan at a time
+        self._mountpoint: Path | None = None
+        self._published: Published | None = None
+
+    def publish(self, mountpoint: Path) -> None:
+        """Show `models.ini` at the root, its paths under `mountpoint` (absolute),
+        from the next scan on; not when the daemon has no state folder, or one
+        inside the mountpoint (logged).  Called before the mount is made."""
+        try:
+            path = published_path(mountpoint)
+            if Path(os.path.realpath(path)).is_relative_to(os.path.realpath(mountpoint)):
+                raise OSError(f"the state folder {path.parent} is inside the mountpoint")
+        except OSError as e:
+            log.error("no %s at the mount's root: %s", PUBLISHED_FILE, e)
+            return
+        self._published, self._mountpoint = Published(path), mountpoint
 
     def marks(self, snap: Snapshot) -> dict[str, tuple | None]:
         """What a rescan compares: every folder that holds GGUF files, with the
@@ -114,6 +141,7 @@ class Tree:
         out: dict[str, tuple | None] = {
             name: (stamp(f.model), stamp(f.projector), *((n, stamp(p)) for n, p in f.passed))
             for name, f in snap.listing.folders.items()}
+        out[""] = tuple(stamp(ref.blob) for ref in snap.files.get("", {}).values())   # the root's models.ini
         owners = {self.source.owner(d, snap.listing) for d in snap.dirs}
         for owner in sorted(owners):
             try:
@@ -176,11 +204,34 @@ class Tree:
     def _rescan(self) -> Snapshot:
         previous = self._snap
         snap = Snapshot(self.source.scan())
+        if self._published is not None:
+            self._publish(snap)
         with self._lock:
             self._snap, self._stamp = snap, time.monotonic()
         if previous is None or previous.ggufs != snap.ggufs:
             self.views.prefetch(list(snap.ggufs))
         return snap
+
+    def _publish(self, snap: Snapshot) -> None:
+        """Render the preset of `snap`'s models (none: no file) and show it at its root."""
+        models = snap.models
+        if not models:
+            self._published.remove()
+            return
+        try:
+            entries = [Entry(name, self._mountpoint / name, MMPROJ_FILE in self._files(snap, name), f.params,
+                             is_embedding(f.model)) for name, f in sorted(models.items())]
+            owner = self.source.owner("", snap.listing)
+            try:
+                like = status(owner)
+            except OSError:
+                like = None
+            shown = self._published.update(render(entries), like)
+        except Exception:   # a bad store file must never fail a scan
+            log.exception("cannot make the mount's %s", PUBLISHED_FILE)
+            return
+        if shown:
+            snap.files[""] = {PUBLISHED_FILE: FileRef(self._published.path, LAYER_FILE, readable_as=owner)}
 
     def _files(self, snap: Snapshot, path: str) -> dict[str, FileRef] | None:
         """The files of directory `path` (None when `path` holds no GGUF files)."""

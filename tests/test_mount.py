@@ -52,7 +52,7 @@ def test_tree_names_like_ollama_list(store, mount_store, tmp_path):
     doc["layers"].append({"mediaType": "application/vnd.ollama.image.adapter", **add_blob(store, adapter)})
     manifest.write_text(json.dumps(doc))
     m = mount_store(store)
-    assert sorted(os.listdir(m.path)) == ["blobs", "gemma3x:4b", "hf.co", "plain:latest"]
+    assert sorted(os.listdir(m.path)) == ["blobs", "gemma3x:4b", "hf.co", "models.ini", "plain:latest"]
     assert os.listdir(m / "hf.co/org") == ["repo:Q4"]
     assert sorted(os.listdir(m / "gemma3x:4b")) == ["mmproj.gguf", "model.gguf"]
     assert os.listdir(m / "plain:latest") == ["model.gguf"]

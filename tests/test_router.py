@@ -14,6 +14,7 @@ import pytest
 
 import llamacpp
 from compatfs.preset import Entry, render, section
+from compatfs.router import Router
 from compatfs.testing import llama
 from compatfs.testing.store import add_model
 from conftest import needs_fuse
@@ -40,6 +41,23 @@ def test_sections_are_named_so_llama_cpp_keeps_them_and_alias_the_ollama_name(tm
     text = render([e, Entry("bad]name:1", Path("/m/x"), False, None), Entry("ok:1", Path("/m/a#b"), False, None)])
     assert "[llama3.1@8b-instruct-q4_K_M]" in text and "; bad]name:1: left out" in text
     assert "; ok:1: left out" in text and "[ok@1]" not in text
+
+
+def test_serve_takes_the_mounts_own_preset_and_reloads_it_when_it_changes(tmp_path):
+    mnt, own = tmp_path / "mnt", tmp_path / "own.ini"
+    mnt.mkdir()
+    (mnt / "models.ini").write_text("[a@1]\nalias = a:1\n")
+    r = Router(mnt, "llama-server", own, "127.0.0.1", 8080, [])
+    assert r.argv[1:3] == ["--models-preset", str(mnt / "models.ini")]
+    assert r.refresh() == ([], True) and r.refresh() == ([], False)
+    (mnt / "models.ini").write_text("[b@1]\nalias = b:1\n")   # the mount rewrote it: the router reads it again
+    assert r.refresh() == ([], True)
+    assert not own.exists()
+    # A mount that shows none: serve writes its own from the mount.
+    (mnt / "models.ini").unlink()
+    r = Router(mnt, "llama-server", own, "127.0.0.1", 8080, [])
+    assert r.argv[1:3] == ["--models-preset", str(own)]
+    assert r.refresh() == ([], True) and own.read_text() == render([])
 
 
 def free_port() -> int:
@@ -101,7 +119,8 @@ def test_serve_answers_every_model_by_its_ollama_name(tmp_path, mount_store):
         assert gen["n_ctx"] == 256
         # The store changes while serving: the preset follows, and the model restarts with the new params.
         set_params(root, nested, b'{"temperature":1.5,"top_k":9,"num_ctx":512}')
-        preset = next((tmp_path / "state" / "compatfs").glob("models-*.ini"))
+        preset = mnt / "models.ini"   # the mount's own, which serve runs the router with
+        assert not list((tmp_path / "state").glob("compatfs/models-*.ini"))
         until(lambda: "ctx-size = 512" in preset.read_text(), 15)
 
         def new_props():

@@ -1,0 +1,204 @@
+"""The mount's own router preset, `models.ini` at its root: every model of the
+store by its Ollama name with its files and params, made from the mounted
+tree, following the store within the rescan, readable as the root is, and
+what stock `llama-server --models-preset MNT/models.ini` serves."""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+import llamacpp
+from compatfs.testing import llama, llava
+from compatfs.testing.store import add_model
+from conftest import Mount, needs_fuse
+from test_router import NESTED, ask, free_port, until
+from test_sampling import set_params
+
+pytestmark = needs_fuse
+
+
+def preset(mnt) -> str:
+    return (mnt / "models.ini").read_text()
+
+
+def store_with_models(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A store with a nested model (with a params layer) and a plain one; (store, text blob, nested manifest)."""
+    root = tmp_path / "store"
+    blob = llama.plain_llama_text(tmp_path / "t.gguf")
+    nested = add_model(root, "Some-Repo-GGUF", blob, host="hf.co", namespace="some-org", tag="Q4_K_M")
+    set_params(root, nested, b'{"num_ctx":2048,"temperature":0.5,"stop":["</s>"]}')
+    add_model(root, "tiny", blob, tag="1b")
+    return root, blob, nested
+
+
+def mounted(tmp_path: Path, root: Path, mount_store) -> Mount:
+    mnt = mount_store(root, env={"XDG_STATE_HOME": str(tmp_path / "state")})
+    until(lambda: (mnt / "models.ini").exists(), 10)
+    return mnt
+
+
+def test_models_ini_lists_every_model_with_its_files_and_alias(tmp_path, mount_store):
+    root, blob, _ = store_with_models(tmp_path)
+    proj = llava.legacy_llava_projector(tmp_path / "p.gguf")
+    add_model(root, "withproj", blob, projector=proj, tag="2b")
+    mnt = mounted(tmp_path, root, mount_store)
+    text = preset(mnt)
+    assert f"[hf.co/some-org/Some-Repo-GGUF@Q4_K_M]\nalias = {NESTED}\nmodel = {mnt.path}/{NESTED}/model.gguf\n" \
+           "ctx-size = 2048\nreverse-prompt = </s>\n" in text
+    assert f"[tiny@1b]\nalias = tiny:1b\nmodel = {mnt.path}/tiny:1b/model.gguf\n\n" in text
+    assert f"[withproj@2b]\nalias = withproj:2b\nmodel = {mnt.path}/withproj:2b/model.gguf\n" \
+           f"mmproj = {mnt.path}/withproj:2b/mmproj.gguf\n" in text
+    assert "blobs" not in text and "temp" not in text
+    # What `serve --print-preset` prints is the mount's own; every path it names is there.
+    res = subprocess.run([sys.executable, "-m", "compatfs", "serve", "--mount", str(mnt.path), "--print-preset"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout == text, res.stderr
+    for line in text.splitlines():
+        if line.startswith(("model = ", "mmproj = ")):
+            assert Path(line.split(" = ", 1)[1]).is_file(), line
+    # Listed in the root, readable as the root is (its read bits, its owner), size as read.
+    assert "models.ini" in os.listdir(mnt.path)
+    st, top = os.stat(mnt / "models.ini"), os.stat(mnt.path)
+    assert stat_mode(st) == top.st_mode & 0o444 and (st.st_uid, st.st_gid) == (top.st_uid, top.st_gid)
+    assert st.st_size == len((mnt / "models.ini").read_bytes())
+
+
+def stat_mode(st: os.stat_result) -> int:
+    return st.st_mode & 0o7777
+
+
+def test_a_source_without_models_shows_no_models_ini(tmp_path, mount_store):
+    root = tmp_path / "store"
+    (root / "blobs").mkdir(parents=True)
+    (root / "manifests").mkdir()
+    mnt = mount_store(root, env={"XDG_STATE_HOME": str(tmp_path / "state")})
+    time.sleep(2.5)   # two rescans
+    assert "models.ini" not in os.listdir(mnt.path)
+    with pytest.raises(FileNotFoundError):
+        (mnt / "models.ini").read_bytes()
+
+
+def test_models_ini_follows_the_store(tmp_path, mount_store):
+    root, blob, nested = store_with_models(tmp_path)
+    mnt = mounted(tmp_path, root, mount_store)
+    path = mnt / "models.ini"
+    old_size = os.stat(path).st_size
+    # A params layer changed: stat alone (no open) sees the new size: the kernel's attributes were dropped.
+    set_params(root, nested, b'{"num_ctx":4096,"num_predict":77}')
+    until(lambda: os.stat(path).st_size != old_size, 5)
+    text = preset(mnt)
+    assert "ctx-size = 4096\nn-predict = 77\n" in text and "ctx-size = 2048" not in text
+    assert os.stat(path).st_size == len(text.encode())
+    # A file opened before a change keeps the bytes it opened (and its size); once closed, the new ones.
+    with open(path, "rb") as held:
+        before = held.read()
+        set_params(root, nested, b'{"num_ctx":3072}')
+        time.sleep(2.5)
+        held.seek(0)
+        assert held.read() == before and os.fstat(held.fileno()).st_size == len(before)
+    until(lambda: "ctx-size = 3072" in preset(mnt), 5)
+    # Removed, added again, a model added and one removed.
+    set_params(root, nested, None)
+    until(lambda: "ctx-size" not in preset(mnt), 5)
+    set_params(root, nested, b'{"num_ctx":1024}')
+    until(lambda: "ctx-size = 1024" in preset(mnt), 5)
+    add_model(root, "late", blob, tag="3b")
+    until(lambda: f"[late@3b]\nalias = late:3b\nmodel = {mnt.path}/late:3b/model.gguf\n" in preset(mnt), 5)
+    shutil.rmtree(root / "manifests/registry.ollama.ai/library/tiny")
+    until(lambda: "tiny:1b" not in preset(mnt), 5)
+    assert os.stat(path).st_size == len(path.read_bytes())
+    assert mnt.alive
+
+
+@pytest.mark.parametrize("layer", [b"not json {", b'{"num_ctx":"many","temperature":"hot"}',
+                                   b'{"num_ctx":-5,"stop":[1,{"a":2}]}', b"[1,2]", b"\xff\xfe" * 40])
+def test_a_hostile_params_layer_never_breaks_models_ini(tmp_path, mount_store, layer):
+    root, blob, nested = store_with_models(tmp_path)
+    mnt = mounted(tmp_path, root, mount_store)
+    set_params(root, nested, layer)
+    until(lambda: "ctx-size = 2048" not in preset(mnt), 5)
+    text = preset(mnt)
+    # The model stays, with its files, and the section says why its params are not there.
+    assert f"alias = {NESTED}\nmodel = {mnt.path}/{NESTED}/model.gguf\n" in text
+    assert "[tiny@1b]" in text and "; " in text.split("[hf.co", 1)[1]
+    assert mnt.alive and "Traceback" not in mnt.log_text()
+
+
+@pytest.fixture
+def shared_dir():
+    """A folder every user may traverse (pytest's own tmp folders are root-only)."""
+    d = Path(tempfile.mkdtemp(prefix="compatfs-preset-", dir="/tmp"))
+    d.chmod(0o755)
+    yield d
+    for p in d.iterdir():
+        if os.path.ismount(p):
+            subprocess.run(["fusermount3", "-u", "-z", str(p)], capture_output=True)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def read_as_nobody(path: Path) -> str:
+    """What uid/gid 65534 gets reading `path` with cat: "ok", or cat's error."""
+    res = subprocess.run(["cat", str(path)], user=65534, group=65534, extra_groups=[], capture_output=True,
+                         timeout=30)
+    return "ok" if res.returncode == 0 and res.stdout == path.read_bytes() else res.stderr.decode()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root (another user reads through the shared mount)")
+def test_models_ini_is_readable_as_the_mount_root_is(shared_dir):
+    root, _, _ = store_with_models(shared_dir)
+    root.chmod(0o755)
+    mnt = Mount(root, shared_dir / "mnt", env={"XDG_STATE_HOME": str(shared_dir / "state")})
+    try:
+        until(lambda: (mnt / "models.ini").exists(), 10)
+        # The daemon's state folder is its own (0700): the file is readable as the store's root is.
+        assert stat_mode(os.stat(shared_dir / "state" / "compatfs")) == 0o700
+        assert read_as_nobody(mnt / "models.ini") == "ok"
+        (root / "manifests").chmod(0o711)   # what the mount root mirrors: others may not list it now
+        until(lambda: stat_mode(os.stat(mnt.path)) == 0o511, 5)
+        until(lambda: stat_mode(os.stat(mnt / "models.ini")) == 0o400, 5)
+        assert "Permission denied" in read_as_nobody(mnt / "models.ini")
+        # An access ACL the mode bits do not show refuses it too, as it refuses listing the root.
+        if shutil.which("setfacl"):
+            (root / "manifests").chmod(0o755)
+            subprocess.run(["setfacl", "-m", "u:65534:---", str(root / "manifests")], check=True)
+            until(lambda: stat_mode(os.stat(mnt / "models.ini")) == 0o444, 5)
+            assert "Permission denied" in read_as_nobody(mnt / "models.ini")
+            subprocess.run(["setfacl", "-b", str(root / "manifests")], check=True)
+            until(lambda: read_as_nobody(mnt / "models.ini") == "ok", 5)
+    finally:
+        mnt.close()
+
+
+def test_stock_llama_server_serves_the_mounts_models_ini(tmp_path, mount_store):
+    server = llamacpp.tool("llama-server")
+    root, _, nested = store_with_models(tmp_path)
+    set_params(root, nested, b'{"temperature":0.25,"top_k":5,"num_ctx":256}')
+    mnt = mounted(tmp_path, root, mount_store)
+    until(lambda: "ctx-size = 256" in preset(mnt), 5)
+    port = free_port()
+    log = open(tmp_path / "server.log", "wb")
+    proc = subprocess.Popen([str(server), "--models-preset", str(mnt / "models.ini"), "--port", str(port),
+                             "--models-max", "1", "-t", "1", "--no-webui"],
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        until(lambda: ask(port, "/health", timeout=2)["status"] == "ok", 60)
+        aliases = {a for m in ask(port, "/v1/models")["data"] for a in m["aliases"]}
+        assert {NESTED, "tiny:1b"} <= aliases
+        r = ask(port, "/completion", {"model": NESTED, "prompt": "Hello", "n_predict": 4})
+        assert r["tokens_predicted"] > 0, r
+        from urllib.parse import quote
+        gen = ask(port, f"/props?model={quote(NESTED)}")["default_generation_settings"]
+        assert gen["n_ctx"] == 256 and gen["params"]["top_k"] == 5
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=20)
+        log.close()
