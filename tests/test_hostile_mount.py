@@ -201,7 +201,7 @@ def test_du_df_and_folder_times(store, mount_store):
     # Folder link counts are 2 + subfolders; find sees every file.
     assert m.path.stat().st_nlink == 2 + 3 and (m / "blobs").stat().st_nlink == 2 + 2
     found = subprocess.run(["find", str(m.path), "-type", "f"], capture_output=True, text=True, check=True)
-    assert len(found.stdout.split()) == 3 + 3   # vision: model + mmproj, text: model; the same under blobs/
+    assert len(found.stdout.split()) == 3 + 3 + 1   # vision: model + mmproj, text: model; the same under blobs/; models.ini
 
 
 def test_truncation_under_an_op_tensor_read(store, mount_store):
