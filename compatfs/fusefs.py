@@ -200,6 +200,14 @@ class CompatFS(fuse.Operations):
         tree.views.on_belied = self._belied      # an index entry was wrong: the kernel's attributes too
 
     # -- lifetime ------------------------------------------------------------
+    def init_with_config(self, conn, config):
+        # The kernel lowers the mount's read-ahead to the INIT reply's
+        # max_readahead when it takes the reply (sent after this returns):
+        # allowing `read_ahead_kb` keeps set_read_ahead's value, whenever it lands.
+        if self._read_ahead_kb:
+            conn.max_readahead = max(conn.max_readahead, self._read_ahead_kb << 10)
+        self.init("/")
+
     def init(self, path):
         self._fuse_ptr = _libfuse.fuse_get_context().contents.fuse
         self._watcher = threading.Thread(target=self._watch, name="compatfs-rescan", daemon=True)
@@ -839,7 +847,9 @@ def set_read_ahead(mountpoint: str, kb: int) -> str:
     largest request).  Root may write it; others keep the kernel's value.
     The device comes from /proc/self/mountinfo: the daemon never stats its own
     mount (a request to itself that a kill would leave unanswered forever).
-    Returns the line to log."""
+    The INIT reply allows `kb` as its max_readahead (`CompatFS.init_with_config`),
+    else the kernel, taking that reply, would lower a value written before it
+    to the 128 KiB it offered.  Returns the line to log."""
     device = _mount_device(mountpoint)
     if device is None:
         return f"read-ahead not set: {mountpoint} is not in /proc/self/mountinfo"

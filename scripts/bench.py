@@ -44,6 +44,16 @@ models are cached in .cache/):
   start) against a local copy of the same bytes (copied out of the mount),
   untranslated and translated, when a stock llama-server is at hand
   (scripts/e2e --build-only builds one).
+* widths: the op-heavy legacy forms at published widths, one or two layers
+  each, written once into .cache/bench-widths by compatfs.testing.widths
+  (gpt-oss-120b fused and type-4 MXFP4, Gemma 4 26B-A4B's older MoE form,
+  Qwen3-VL-30B-A3B, GLM-OCR): model.gguf (and mmproj.gguf) read cold through
+  a fresh mount against the file `compatfs export` writes, read cold; the
+  daemon's peak RSS; llama-server start-to-ready through the mount against
+  the exported file for two of them; and first the widened gpt-oss-20b fused
+  form read with --op-cache-mb 16 against the default cache.  Every
+  measurement is bounded by --timeout seconds (default 300) and printed as
+  "> N s (timed out)" past it.
 
 "Cold" drops the page cache (`echo 3 > /proc/sys/vm/drop_caches`, as root)
 where the output says drop_caches; where that is not permitted it is a fresh
@@ -114,8 +124,15 @@ class Daemon:
         wait_mounted(mnt, self.proc)
 
     def close(self) -> None:
+        """Unmount and wait for the daemon; one still busy after 10 s (a
+        computation under way) is unmounted lazily and killed."""
         subprocess.run(["fusermount3", "-u", str(self.mnt)], capture_output=True)
-        self.proc.wait(timeout=10)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            subprocess.run(["fusermount3", "-u", "-z", str(self.mnt)], capture_output=True)
+            self.proc.kill()
+            self.proc.wait(timeout=10)
 
 
 def compatfs_daemon(store: Path, mnt: Path, *extra: str, index: Path | None = None) -> Daemon:
@@ -172,7 +189,7 @@ def ratio(a: float, b: float) -> str:
     return f"{a / b:6.2f}x"
 
 
-SECTIONS = ("read", "ops", "interleaved", "textops", "big", "scale", "server")
+SECTIONS = ("read", "ops", "interleaved", "textops", "big", "scale", "server", "widths")
 
 
 def main() -> None:
@@ -181,6 +198,8 @@ def main() -> None:
     ap.add_argument("--work", type=Path, help="scratch folder (default: a temporary one)")
     ap.add_argument("--llama-server", type=Path, default=ROOT / ".cache/llama.cpp-b11434/build/bin/llama-server",
                     help="stock llama-server for the start-to-ready ratio (default: the one scripts/e2e builds)")
+    ap.add_argument("--timeout", type=float, default=300, metavar="S",
+                    help="widths: the bound on each measurement, in seconds (default 300)")
     ap.add_argument("--only", metavar="SECTION[,SECTION]",
                     help=f"run only these sections, of: {', '.join(SECTIONS)} (default: all)")
     args = ap.parse_args()
@@ -221,6 +240,8 @@ def run_sections(args, only: set[str], work: Path) -> None:
         scale_bench(model, work)
     if "server" in only:
         server_bench(args.llama_server, store, work, ["plain:latest"] + (["legacy:latest"] if legacy else []))
+    if "widths" in only:
+        widths_bench(args.llama_server, work, args.timeout)
 
 
 def read_bench(model: Path, legacy: Path | None, binary: Path, store: Path, work: Path) -> None:
@@ -354,8 +375,9 @@ def op_bench(binary: Path, work: Path) -> None:
           f" is computed per requested range, nothing of it is kept)")
 
 
-def start_to_ready(server: Path, model: Path) -> float:
-    """Seconds from starting llama-server on `model` to its /health answering ok."""
+def start_to_ready(server: Path, model: Path, timeout: float = 300) -> float:
+    """Seconds from starting llama-server on `model` to its /health answering
+    ok; TimeoutError after `timeout` s, RuntimeError when it exits first."""
     import json
     import socket
     import urllib.request
@@ -366,17 +388,23 @@ def start_to_ready(server: Path, model: Path) -> float:
     proc = subprocess.Popen([str(server), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
                              "-c", "512", "-t", "2", "--no-webui"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        while proc.poll() is None and time.perf_counter() - t < 300:
+        while proc.poll() is None and time.perf_counter() - t < timeout:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
                     if json.loads(r.read()).get("status") == "ok":
                         return time.perf_counter() - t
             except OSError:
                 time.sleep(0.02)
+        if proc.poll() is None:
+            raise TimeoutError(f"llama-server not ready on {model} after {timeout:.0f} s")
         raise RuntimeError(f"llama-server did not become ready on {model}")
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:    # stuck in a page fault on a busy mount
+            proc.kill()
+            proc.wait(timeout=30)
 
 
 def server_bench(server: Path, store: Path, work: Path, models: list[str]) -> None:
@@ -578,6 +606,8 @@ def big_bench(binary: Path, work: Path, server: Path) -> None:
                 d = compatfs_daemon(store, work / "mnt-big", "--read-ahead-kb", str(kb))
             cold = read_cold(d.mnt / name)
             warm = min(read_all(d.mnt / name) for _ in range(2))
+            after = bdi_knob(d.mnt).read_text().strip()     # the kernel may lower it after the first look
+            ra = ra if after == ra else f"{ra} -> {after}"
         finally:
             d.close()
         rows.append((kb, ra, cold, warm))
@@ -596,7 +626,7 @@ def big_bench(binary: Path, work: Path, server: Path) -> None:
               f" / {ratio(c_cold_raised * vmb / mb, cold)}   {ratio(plain_cold * vmb / mb, cold)}")
         print(f"  {'compatfs warm, ' + label:<58}{vmb / warm:7.0f}   {ratio(c_warm * vmb / mb, warm)}"
               f"            {ratio(plain_warm * vmb / mb, warm)}")
-    (k2048, _, cold2048, _), (k0, _, cold0, _) = rows
+    (_, _, cold2048, _), (_, _, cold0, _) = rows
     print(f"  read-ahead effect: cold through the mount {cold0 / cold2048:.2f}x as fast with 2048 KiB as with the"
           f" kernel default\n  (compatfs cold rows: vs C passthrough at its default / at 2048 KiB read-ahead;"
           f" speed ratios, 1.00x = as fast)")
@@ -889,6 +919,182 @@ def scale_bench(model: Path, work: Path) -> None:
     print(f"  floor: a do-nothing mfusepy filesystem of that shape, timeouts 0: {floor:.3f} s"
           " (Python FUSE round trips alone)")
     print(f"  daemon RSS after the listings       {rss:7.0f} MiB <= 80 MiB (666 MB); after the remount's: {rss_remount:.0f} MiB")
+
+
+# -- real widths: the op-heavy legacy forms at published sizes ---------------------------------
+
+WIDTHS_SERVER = ("gptoss-120b-fused", "gemma4-26b-moe")     # llama-server start-to-ready on these two
+
+
+def widths_blob(form: str) -> tuple[Path, bool]:
+    """The form's blob (compatfs.testing.widths), written once into
+    .cache/bench-widths; whether it was cached."""
+    from compatfs.testing import widths
+    path = ROOT / ".cache" / "bench-widths" / f"{form}.gguf"
+    if path.exists():
+        return path, True
+    tmp = widths.write_blob(widths.FORMS[form][1](), path.with_suffix(".tmp"))
+    tmp.rename(path)
+    os.sync()
+    return path, False
+
+
+def read_bounded(path: Path, timeout: float) -> float | None:
+    """Seconds to read `path` sequentially in 1 MiB reads; None when that
+    takes longer than `timeout` (checked between reads)."""
+    buf = bytearray(CHUNK)
+    t = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buf):
+            if time.perf_counter() - t > timeout:
+                return None
+    return time.perf_counter() - t
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _speed(mb: float, seconds: float | None, timeout: float) -> str:
+    return f"{mb / seconds:7.0f}" if seconds else f"> {timeout:.0f} s (timed out)"
+
+
+def _verdict(ok: bool | None) -> str:
+    return "" if ok is None else ("  ok" if ok else "  MISSED")
+
+
+def widths_bench(server: Path, work: Path, timeout: float) -> None:
+    """Section `widths`: the issue's op-cache row (the widened gpt-oss-20b
+    fused form with --op-cache-mb 16 against the default), then each legacy
+    form at published widths: model.gguf (and mmproj.gguf) read cold through
+    a fresh mount against the exported translated file read cold; the
+    daemon's peak RSS; llama-server start-to-ready through the mount against
+    the exported file for two of them.  Every measurement bounded by
+    `timeout` seconds."""
+    from compatfs.opcache import DEFAULT_MB
+    from compatfs.testing import widths
+    method = cold_method()
+    print(f"\nwidths: op-heavy legacy forms at published widths; cold = {method}; each measurement bounded by"
+          f" {timeout:.0f} s (--timeout)")
+
+    # The issue's first row: a sequential read computes each op tensor a bounded number of times.
+    blob = wide_gptoss()
+    store = work / "gptoss-store"
+    shutil.rmtree(store, ignore_errors=True)
+    add_model(store, "gptoss", blob)
+    name = "gptoss:latest/model.gguf"
+    read_all(blob)                                      # in the page cache, as the issue measured
+    seconds = {}
+    for mb_cache in (DEFAULT_MB, 16):
+        d = compatfs_daemon(store, work / "mnt-gptoss", "--op-cache-mb", str(mb_cache))
+        try:
+            size = (d.mnt / name).stat().st_size
+            seconds[mb_cache] = read_bounded(d.mnt / name, timeout)
+        finally:
+            d.close()
+    mb = size / 1e6
+    small, default = seconds[16], seconds[DEFAULT_MB]
+    print(f"  {blob.name} (gpt-oss-20b's 32 experts x 2880, rows narrowed to 512): its {mb:.0f} MB text view read"
+          "\n  through a fresh mount, blob in the page cache, 1 MiB reads; every half-stack is an op tensor"
+          " larger than 16 MiB\n                                                                 MB/s")
+    print(f"  --op-cache-mb {DEFAULT_MB} (default)                                   {_speed(mb, default, timeout)}")
+    ratio_small = (default / small) if small and default else None
+    print(f"  --op-cache-mb 16                                              {_speed(mb, small, timeout)}   "
+          + (f"{ratio_small:5.2f}x of the default  goal >= 0.5x{_verdict(ratio_small >= 0.5)}"
+             if ratio_small else "goal >= 0.5x of the default  MISSED"))
+
+    # Each form: blob written once, exported, read cold both ways.
+    store = work / "widths-store"
+    shutil.rmtree(store, ignore_errors=True)
+    exports = work / "widths-export"
+    env = {**os.environ, "COMPATFS_CACHE_DIR": str(work / "widths-index")}
+    blobs = {}
+    for form in widths.FORMS:
+        t = time.perf_counter()
+        blobs[form], cached = widths_blob(form)
+        add_model(store, form, blobs[form])
+        if not cached:
+            print(f"  {form}: blob written in {time.perf_counter() - t:.0f} s")
+    rss_goal = DEFAULT_MB + 256
+    print("  form (one or two layers at published widths)      file           exported     through the   mount /"
+          "\n                                                                    MB/s    mount MB/s    exported  goal")
+    for form, (what, _) in widths.FORMS.items():
+        model = f"{form}:latest"
+        out = exports / form
+        t = time.perf_counter()
+        try:
+            subprocess.run([sys.executable, "-m", "compatfs", "export", model, str(out), "--source", str(store),
+                            "--no-checksum", "-q"], check=True, timeout=timeout, env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            exported = time.perf_counter() - t
+        except subprocess.TimeoutExpired:
+            exported = None
+            shutil.rmtree(out, ignore_errors=True)
+        print(f"  {what}: {blobs[form].name}, {blobs[form].stat().st_size / 1e9:.1f} GB blob, "
+              + (f"exported in {exported:.0f} s" if exported else f"export > {timeout:.0f} s (timed out): no baseline"))
+        d = compatfs_daemon(store, work / "mnt-widths")
+        rows = []
+        try:
+            for f in ("model.gguf", "mmproj.gguf"):
+                if not (d.mnt / model / f).exists():
+                    continue
+                mb = (d.mnt / model / f).stat().st_size / 1e6
+                local = None
+                if exported:
+                    drop_caches()
+                    local = read_bounded(out / f, timeout)
+                drop_caches()
+                mounted = read_bounded(d.mnt / model / f, timeout)
+                rows.append((f, mb, local, mounted))
+            rss = peak_rss_mib(d.proc.pid)
+        finally:
+            d.close()
+        for f, mb, local, mounted in rows:
+            r = local / mounted if mounted and local else None
+            print(f"  {'':<48}{f:<12} {_speed(mb, local, timeout) if exported else '      -'}  "
+                  f"{_speed(mb, mounted, timeout)}" + (f"   {r:5.2f}x   >= 0.5x{_verdict(r >= 0.5)}" if r else
+                                                       "            >= 0.5x" + _verdict(False if exported else None)))
+        print(f"  {'':<48}daemon peak RSS {rss:5.0f} MiB   goal <= {rss_goal} MiB (op cache {DEFAULT_MB} + 256)"
+              f"{_verdict(rss <= rss_goal)}")
+        if form in WIDTHS_SERVER and exported:
+            widths_server(server, store, work, form, out / "model.gguf", timeout)
+        shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(exports, ignore_errors=True)
+
+
+def widths_server(server: Path, store: Path, work: Path, form: str, exported: Path, timeout: float) -> None:
+    """llama-server start-to-ready on the form's model.gguf through the mount
+    against the exported file, page cache dropped before each start, median
+    of 3 (a start that times out ends the series)."""
+    label = f"  {'':<48}llama-server start-to-ready, cold, median of 3:"
+    if not server.is_file():
+        print(f"{label} skipped ({server} missing)")
+        return
+    mounted, local = [], []
+    d = compatfs_daemon(store, work / "mnt-widths")
+    try:
+        for _ in range(3):
+            for times, path in ((local, exported), (mounted, d.mnt / f"{form}:latest" / "model.gguf")):
+                drop_caches()
+                try:
+                    times.append(start_to_ready(server, path, timeout))
+                except TimeoutError:
+                    times.append(None)
+            if None in mounted or None in local:
+                break
+    finally:
+        d.close()
+    if None in local:
+        print(f"{label} the exported file > {timeout:.0f} s (timed out)")
+        return
+    l = median(local)
+    m = None if None in mounted else median(mounted)
+    print(f"{label} exported {l:.2f} s, through the mount "
+          + (f"{m:.2f} s: {m / l:.2f}x   goal <= 1.5x{_verdict(m / l <= 1.5)}" if m else
+             f"> {timeout:.0f} s (timed out)   goal <= 1.5x  MISSED"))
 
 
 def _timed(fn) -> float:
