@@ -40,7 +40,7 @@ def _check_fuse() -> None:
     if not os.path.exists("/dev/fuse"):
         raise CliError("/dev/fuse is missing: load the fuse kernel module (or run the container with --device /dev/fuse)")
     try:
-        from . import fusefs  # noqa: F401  (loading it finds libfuse 3)
+        from . import libfuse  # noqa: F401  (loading it finds libfuse 3)
     except OSError as e:
         raise CliError(f"libfuse 3 not found ({e}): install it, e.g. `apt-get install fuse3`") from None
 
@@ -197,7 +197,7 @@ def _tune_malloc() -> None:
 
 def _serve(store: Store, mnt: Path, args, translate: bool) -> int:
     _tune_malloc()
-    from . import fusefs
+    from . import fusefs, libfuse
     from .opcache import OpCache
     from .tree import Tree
     from .views import BlobViews
@@ -213,7 +213,7 @@ def _serve(store: Store, mnt: Path, args, translate: bool) -> int:
     views = BlobViews(translate=translate, op_cache=OpCache(args.op_cache_mb << 20),
                       index=Index(index_path, translate), workers=os.cpu_count() or 1)
     log.info("serving %s at %s (translation %s, libfuse %s, %s reads, pid %d)", store.root, mnt,
-             "on" if translate else "off", fusefs.libfuse_version(), fusefs.READ_REPLIES, os.getpid())
+             "on" if translate else "off", libfuse.libfuse_version(), libfuse.READ_REPLIES, os.getpid())
     from .sdnotify import notify_when_mounted
     notify_when_mounted(mnt)            # READY=1 for a systemd Type=notify unit
     try:
@@ -433,7 +433,7 @@ def cmd_demo_store(args) -> int:
 def _version() -> str:
     from . import __version__
     try:
-        from .fusefs import libfuse_version
+        from .libfuse import libfuse_version
         fuse = f"libfuse {libfuse_version()}"
     except OSError as e:
         fuse = f"libfuse 3 not found: {e}"

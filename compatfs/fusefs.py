@@ -30,7 +30,6 @@ import itertools
 import logging
 import os
 import signal
-import re
 import stat
 import subprocess
 import threading
@@ -40,20 +39,17 @@ from pathlib import Path
 from typing import NoReturn
 
 
-# mfusepy takes libfuse 2 when both are installed; this layer is written for 3.
-if not os.environ.get("FUSE_LIBRARY_PATH"):
-    os.environ["FUSE_LIBRARY_NAME"] = "fuse3"
-
-import mfusepy as fuse  # noqa: E402
-
-from .tree import BLOBS, FileRef, Tree  # noqa: E402
-from .access import READ, Caller  # noqa: E402
-from .blobfile import BlobFile, Denied, identity, keep_out, status, unchanged  # noqa: E402
-from .gguf_values import GGUFError  # noqa: E402
-from .libc import LIBC  # noqa: E402
-from . import viewbytes  # noqa: E402
-from .view import View  # noqa: E402
-from .views import LAYER_FILE, MMPROJ_FILE, MODEL_FILE  # noqa: E402
+from . import libfuse
+from .libfuse import fuse
+from .tree import BLOBS, FileRef, Tree
+from .access import READ, Caller
+from .blobfile import BlobFile, Denied, identity, keep_out, status, unchanged
+from .gguf_values import GGUFError
+from .libc import LIBC
+from . import mounttable
+from . import viewbytes
+from .view import View
+from .views import LAYER_FILE, MMPROJ_FILE, MODEL_FILE
 
 log = logging.getLogger("compatfs")
 
@@ -64,59 +60,10 @@ class MountError(Exception):
     """The mount could not be set up or ended in an error; one line for the user."""
 
 
-class _FuseBuf(ctypes.Structure):
-    # libfuse 3's struct fuse_buf.
-    _fields_ = [("size", ctypes.c_size_t), ("flags", ctypes.c_int), ("mem", ctypes.c_void_p),
-                ("fd", ctypes.c_int), ("pos", ctypes.c_int64)]
-
-
-class _FuseBufvec(ctypes.Structure):
-    # libfuse 3's struct fuse_bufvec holding one buffer (libfuse declares
-    # `buf[1]` inline; mfusepy's declaration has a pointer there).
-    _fields_ = [("count", ctypes.c_size_t), ("idx", ctypes.c_size_t), ("off", ctypes.c_size_t),
-                ("buf", _FuseBuf * 1), ("_slack", ctypes.c_size_t * 2)]
-
-
-def libfuse_version() -> str:
-    """The libfuse this process runs on, e.g. "3.14.0"."""
-    lib = fuse._libfuse
-    try:
-        lib.fuse_pkgversion.restype = ctypes.c_char_p
-        return lib.fuse_pkgversion().decode()
-    except AttributeError:
-        return f"{fuse.fuse_version_major}.{fuse.fuse_version_minor}"
-
-
-def _libfuse_tuple() -> tuple[int, int]:
-    try:
-        major, minor = libfuse_version().split(".")[:2]
-        return int(major), int(minor)
-    except ValueError:
-        return (0, 0)
-
-
-if fuse.fuse_version_major != 3:
-    raise OSError(f"compatfs needs libfuse 3; {fuse._libfuse_path} is libfuse {libfuse_version()}")
-
-# A read is answered in one memory buffer, whatever it spans (the serving
-# log line names it).
-READ_REPLIES = "single-buffer"
-
-_libfuse = fuse._libfuse
-_libfuse.fuse_invalidate_path.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-_libfuse.fuse_invalidate_path.restype = ctypes.c_int
-_libfuse.fuse_exit.argtypes = [ctypes.c_void_p]
-
-
 def _ino(*parts) -> int:
     """A stable inode number for what `parts` name (never 0 or 1, the root's)."""
     h = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return (int.from_bytes(h, "little") >> 2) + 2
-
-
-def _caller() -> Caller:
-    """The process whose request is being answered (libfuse's context)."""
-    return Caller(*fuse.fuse_get_context())
 
 
 @dataclass
@@ -209,7 +156,7 @@ class CompatFS(fuse.Operations):
         self.init("/")
 
     def init(self, path):
-        self._fuse_ptr = _libfuse.fuse_get_context().contents.fuse
+        self._fuse_ptr = libfuse.session()
         self._watcher = threading.Thread(target=self._watch, name="compatfs-rescan", daemon=True)
         self._watcher.start()
 
@@ -227,7 +174,7 @@ class CompatFS(fuse.Operations):
         nothing), so that it sees the flag and ends them."""
         ptr = self._fuse_ptr
         if ptr:
-            _libfuse.fuse_exit(ptr)
+            libfuse.exit_loop(ptr)
             signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
         else:
             lazy_unmount(self._mountpoint)
@@ -316,7 +263,7 @@ class CompatFS(fuse.Operations):
         for p in sorted(paths, key=len, reverse=True):
             if self._stop.is_set() or not self._fuse_ptr:
                 return
-            _libfuse.fuse_invalidate_path(self._fuse_ptr, p.encode())
+            libfuse.invalidate_path(self._fuse_ptr, p)
 
     def _prune(self, changed: set[str], folders: dict[str, tuple]) -> None:
         """Forget what changed or removed paths served, unless a handle still reads it."""
@@ -541,7 +488,7 @@ class CompatFS(fuse.Operations):
         rel = path.strip("/")
         # Listing needs what listing the store folder it comes from needs.
         try:
-            status(self.root / (BLOBS if rel.split("/")[0] == BLOBS else "manifests"), _caller(), READ)
+            status(self.root / (BLOBS if rel.split("/")[0] == BLOBS else "manifests"), libfuse.caller(), READ)
         except Denied:
             raise fuse.FuseOSError(errno.EACCES) from None
         except OSError as e:
@@ -605,7 +552,7 @@ class CompatFS(fuse.Operations):
     def _open(self, path: str, node: FileRef, fi) -> int:
         """`open` of `path`, one at a time per path: what it serves is chosen
         knowing every handle opened on it before."""
-        caller = _caller()
+        caller = libfuse.caller()
         for _attempt in range(self._OPEN_ATTEMPTS):
             try:
                 opened = self._open_view(path, node, caller)
@@ -658,7 +605,7 @@ class CompatFS(fuse.Operations):
             # may set it): it must ask again (getattr with this handle) before
             # it serves any byte of this view, or it would cut it short or
             # mix the two.  Invalidating also discards replies sent before.
-            _libfuse.fuse_invalidate_path(self._fuse_ptr, path.encode())
+            libfuse.invalidate_path(self._fuse_ptr, path)
         fi.fh = fh
         return 0
 
@@ -761,16 +708,10 @@ class CompatFS(fuse.Operations):
             if n:
                 self._fill(handle, offset, memoryview((ctypes.c_char * n).from_address(mem)).cast("B"))
             self._handle(fi)   # the blob is still the one the view was built from
-            out = LIBC.malloc(ctypes.sizeof(_FuseBufvec))
-            if not out:
-                raise fuse.FuseOSError(errno.ENOMEM)
+            libfuse.reply_buffer(bufpp, mem, n)
         except BaseException:
             LIBC.free(mem)
             raise
-        vec = _FuseBufvec(count=1)
-        vec.buf[0].size, vec.buf[0].mem = n, mem
-        ctypes.memmove(out, ctypes.addressof(vec), ctypes.sizeof(vec))
-        ctypes.cast(bufpp, ctypes.POINTER(ctypes.c_void_p))[0] = out
         return 0
 
     # -- everything that would write -------------------------------------------
@@ -867,23 +808,13 @@ def set_read_ahead(mountpoint: str, kb: int) -> str:
 
 def _mount_device(mountpoint: str, tries: int = 20) -> str | None:
     """`major:minor` of the mount at `mountpoint` (the last one mounted there)."""
-    want = os.path.abspath(mountpoint)
+    want = Path(os.path.abspath(mountpoint))
     for _ in range(tries):
-        try:
-            lines = Path("/proc/self/mountinfo").read_text().splitlines()
-        except OSError:
-            return None
-        found = [fields[2] for fields in (line.split() for line in lines)
-                 if len(fields) > 4 and _unescape(fields[4]) == want]
+        found = [m.device for m in mounttable.mounts() if m.point == want]
         if found:
             return found[-1]
         time.sleep(0.05)
     return None
-
-
-def _unescape(field: str) -> str:
-    """mountinfo escapes space, tab, newline and backslash as octal."""
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def mount(tree: Tree, mountpoint: str, options: dict | None = None, read_ahead_kb: int = 0) -> None:
@@ -895,7 +826,7 @@ def mount(tree: Tree, mountpoint: str, options: dict | None = None, read_ahead_k
             "attr_timeout": ATTR_TIMEOUT, "entry_timeout": ATTR_TIMEOUT, "default_permissions": True}
     if os.getuid() == 0:
         opts["allow_other"] = True
-    if _libfuse_tuple() >= (3, 12) and "max_threads" not in options:
+    if libfuse.libfuse_tuple() >= (3, 12) and "max_threads" not in options:
         # libfuse 3.12+ warns about its own default for this ("Ignoring invalid
         # max threads value 4294967295"); 10 is libfuse's historic default.
         opts["max_idle_threads"] = 10
