@@ -29,11 +29,8 @@ import hashlib
 import itertools
 import logging
 import os
-import signal
 import stat
-import subprocess
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
@@ -46,7 +43,6 @@ from .access import READ, Caller
 from .blobfile import BlobFile, Denied, identity, keep_out, status, unchanged
 from .gguf_values import GGUFError
 from .libc import LIBC
-from . import mounttable
 from . import viewbytes
 from .view import View
 from .views import LAYER_FILE, MMPROJ_FILE, MODEL_FILE
@@ -54,10 +50,6 @@ from .views import LAYER_FILE, MMPROJ_FILE, MODEL_FILE
 log = logging.getLogger("compatfs")
 
 
-
-
-class MountError(Exception):
-    """The mount could not be set up or ended in an error; one line for the user."""
 
 
 def _ino(*parts) -> int:
@@ -119,11 +111,12 @@ class CompatFS(fuse.Operations):
     _ATTRS_KEPT = 1 << 14       # remembered answers (a few per model; ~10 MB at most)
     _OPEN_ATTEMPTS = 8          # an open racing re-pulls tries the path's newest blob this often
 
-    def __init__(self, tree: Tree, mountpoint: str, read_ahead_kb: int = 0):
+    def __init__(self, tree: Tree, mountpoint: str, read_ahead_kb: int = 0, on_start=None):
         self.tree = tree
         self._mountpoint = mountpoint
         keep_out(mountpoint)     # nothing is ever looked up through it (a request to this very daemon)
         self._read_ahead_kb = read_ahead_kb
+        self._on_start = on_start                 # run by the rescan thread as it starts (the mount is up)
         self.root = tree.store.root
         self._handles: dict[int, _Handle] = {}
         self._fh = itertools.count(1)
@@ -167,17 +160,10 @@ class CompatFS(fuse.Operations):
             self._watcher.join(timeout=5)
         self._fuse_ptr = None
 
-    def exit(self) -> None:
-        """End the FUSE loop (libfuse then unmounts) without a request to the
-        mount: flag the session, then interrupt the main thread's wait for
-        the loop's workers (a signal; its handler is mount()'s, which does
-        nothing), so that it sees the flag and ends them."""
-        ptr = self._fuse_ptr
-        if ptr:
-            libfuse.exit_loop(ptr)
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
-        else:
-            lazy_unmount(self._mountpoint)
+    @property
+    def session(self) -> int | None:
+        """The FUSE session while the loop runs (set in `init`), else None."""
+        return self._fuse_ptr
 
     @property
     def open_files(self) -> int:
@@ -186,8 +172,8 @@ class CompatFS(fuse.Operations):
 
     def _watch(self) -> None:
         """Rescan the store every second; tell the kernel what changed."""
-        if self._read_ahead_kb:
-            log.info(set_read_ahead(self._mountpoint, self._read_ahead_kb))
+        if self._on_start is not None:
+            self._on_start()
         old_snap = self.tree.snapshot()
         self.tree.follow()     # from now on only this thread rescans; lookups never wait for it
         before = self._marks(old_snap)
@@ -717,147 +703,3 @@ class CompatFS(fuse.Operations):
     # -- everything that would write -------------------------------------------
     write = create = mkdir = mknod = unlink = rmdir = rename = _erofs
     chmod = chown = truncate = utimens = symlink = link = setxattr = removexattr = _erofs
-
-
-# The kernel keeps attributes and entries this long: the rescan invalidates
-# whatever changed within about a second, so a repeat listing is answered by
-# the kernel, not by a round trip per file.
-ATTR_TIMEOUT = 3600
-
-# Options this layer sets itself (or that mfusepy takes as its own arguments).
-RESERVED_OPTIONS = frozenset({"foreground", "nothreads", "raw_fi", "encoding", "errors", "operations",
-                              "mountpoint", "use_ino", "rw"})
-
-# fuse_main_real's exit codes.
-_LIBFUSE_ERRORS = {1: "invalid mount options", 2: "no mountpoint", 3: "libfuse set-up failed",
-                   4: "mounting failed", 5: "cannot daemonize", 6: "cannot set signal handlers",
-                   7: "the filesystem loop failed", 8: "the filesystem loop ended with an error"}
-_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
-
-
-def check_options(options: dict) -> None:
-    """MountError naming an option the FUSE layer sets itself."""
-    bad = sorted(set(options) & RESERVED_OPTIONS)
-    if bad:
-        hint = " (stay in the foreground with -f)" if "foreground" in bad else ""
-        raise MountError(f"option {', '.join('-o ' + b for b in bad)} is set by compatfs itself{hint}")
-
-
-def lazy_unmount(mountpoint: str) -> bool:
-    """`fusermount3 -u`, else `-u -z` (lazily, when busy or its daemon is gone)."""
-    for args in (["-u"], ["-u", "-z"]):
-        for tool in ("fusermount3", "fusermount"):
-            try:
-                if subprocess.run([tool, *args, "-q", mountpoint], capture_output=True).returncode == 0:
-                    return True
-            except FileNotFoundError:
-                continue
-    return False
-
-
-def _keep_handler(signum, _handler):
-    """Stands in for `signal.signal` in mfusepy while it mounts: mfusepy resets
-    SIGINT to SIG_DFL there, and libfuse then installs its own handler, which
-    ends the loop only once the main thread notices (and exits with status 8)."""
-    return signal.getsignal(signum)
-
-
-def _stop_on_signal(fs: CompatFS, mountpoint: str, wake: int, done: threading.Event) -> None:
-    """Wait for SIGTERM/SIGINT/SIGHUP (Python's handler writes its number to
-    `wake` from whichever thread it lands on), then unmount; files still open
-    after a grace period end with the process."""
-    while True:
-        sig = os.read(wake, 1)
-        if done.is_set() or not sig:
-            return
-        if sig[0] in _STOP_SIGNALS:
-            break
-    log.info("%s: unmounting %s", signal.Signals(sig[0]).name, mountpoint)
-    fs.exit()
-    if not done.wait(5):
-        lazy_unmount(mountpoint)
-        log.info("%d file(s) still open at %s: exiting, their readers get ENOTCONN", fs.open_files, mountpoint)
-        logging.shutdown()
-        os._exit(0)
-
-
-def set_read_ahead(mountpoint: str, kb: int) -> str:
-    """Raise the kernel's read-ahead for the mount (its backing device's
-    `read_ahead_kb`): FUSE negotiates 128 KiB, so a cold sequential read
-    crosses into the daemon every 128 KiB; with more, every 1 MiB (libfuse's
-    largest request).  Root may write it; others keep the kernel's value.
-    The device comes from /proc/self/mountinfo: the daemon never stats its own
-    mount (a request to itself that a kill would leave unanswered forever).
-    The INIT reply allows `kb` as its max_readahead (`CompatFS.init_with_config`),
-    else the kernel, taking that reply, would lower a value written before it
-    to the 128 KiB it offered.  Returns the line to log."""
-    device = _mount_device(mountpoint)
-    if device is None:
-        return f"read-ahead not set: {mountpoint} is not in /proc/self/mountinfo"
-    knob = Path(f"/sys/class/bdi/{device}/read_ahead_kb")
-    try:
-        knob.write_text(f"{kb}\n")
-        return f"read-ahead {kb} KiB ({knob})"
-    except OSError as e:
-        try:
-            current = knob.read_text().strip()
-        except OSError:
-            current = "?"
-        return f"read-ahead left at the kernel's {current} KiB: cannot write {knob} ({e.strerror})"
-
-
-def _mount_device(mountpoint: str, tries: int = 20) -> str | None:
-    """`major:minor` of the mount at `mountpoint` (the last one mounted there)."""
-    want = Path(os.path.abspath(mountpoint))
-    for _ in range(tries):
-        found = [m.device for m in mounttable.mounts() if m.point == want]
-        if found:
-            return found[-1]
-        time.sleep(0.05)
-    return None
-
-
-def mount(tree: Tree, mountpoint: str, options: dict | None = None, read_ahead_kb: int = 0) -> None:
-    """Serve `tree` at `mountpoint` in the foreground until unmounted or
-    signalled (blocks; call from the main thread); MountError when libfuse fails."""
-    options = dict(options or {})
-    check_options(options)
-    opts = {"ro": True, "fsname": "compatfs", "subtype": "compatfs", "use_ino": True,
-            "attr_timeout": ATTR_TIMEOUT, "entry_timeout": ATTR_TIMEOUT, "default_permissions": True}
-    if os.getuid() == 0:
-        opts["allow_other"] = True
-    if libfuse.libfuse_tuple() >= (3, 12) and "max_threads" not in options:
-        # libfuse 3.12+ warns about its own default for this ("Ignoring invalid
-        # max threads value 4294967295"); 10 is libfuse's historic default.
-        opts["max_idle_threads"] = 10
-        # Readers waiting for an op computation hold a thread each: 64, not
-        # libfuse's 10, so listings and other files never queue behind them.
-        opts["max_threads"] = 64
-    opts.update(options)
-    fs = CompatFS(tree, mountpoint, read_ahead_kb)
-    done = threading.Event()
-    wake, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    # A Python handler (not SIG_DFL) keeps libfuse from installing its own;
-    # the wakeup fd carries the signal to the thread that unmounts.
-    old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-    old_handlers = {s: signal.signal(s, lambda *_: None) for s in _STOP_SIGNALS}
-    watcher = threading.Thread(target=_stop_on_signal, args=(fs, mountpoint, wake, done),
-                               name="compatfs-signals", daemon=True)
-    watcher.start()
-    saved, fuse.signal = fuse.signal, _keep_handler
-    try:
-        fuse.FUSE(fs, mountpoint, foreground=True, raw_fi=True, **opts)
-    except RuntimeError as e:
-        code = e.args[0] if e.args else 0
-        raise MountError(f"libfuse: {_LIBFUSE_ERRORS.get(code, f'error {code}')} (see its message above)") from None
-    finally:
-        fuse.signal = saved
-        done.set()
-        os.write(wake_w, b"\0")
-        watcher.join(timeout=5)
-        signal.set_wakeup_fd(old_wakeup)
-        for s, h in old_handlers.items():
-            signal.signal(s, h)
-        os.close(wake)
-        os.close(wake_w)
