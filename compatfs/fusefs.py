@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import hashlib
 import itertools
 import logging
 import os
@@ -36,7 +35,7 @@ from pathlib import Path
 from typing import NoReturn
 
 
-from . import libfuse
+from . import inodes, libfuse
 from .libfuse import fuse
 from .tree import BLOBS, FileRef, Tree
 from .access import READ, Caller
@@ -50,12 +49,6 @@ from .views import LAYER_FILE, MMPROJ_FILE, MODEL_FILE
 log = logging.getLogger("compatfs")
 
 
-
-
-def _ino(*parts) -> int:
-    """A stable inode number for what `parts` name (never 0 or 1, the root's)."""
-    h = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return (int.from_bytes(h, "little") >> 2) + 2
 
 
 @dataclass
@@ -382,7 +375,7 @@ class CompatFS(fuse.Operations):
             subdirs = len(snap.blobs)
         else:
             subdirs = sum(1 for c in snap.dirs.get(rel, ()) if (f"{rel}/{c}" if rel else c) in snap.dirs)
-        return {**owner, "st_nlink": 2 + subdirs, "st_ino": self._dir_ino(rel),
+        return {**owner, "st_nlink": 2 + subdirs, "st_ino": inodes.dir_ino(rel),
                 "st_mtime": mtime, "st_ctime": mtime, "st_atime": mtime}
 
     def getattr(self, path, fh=None):
@@ -446,7 +439,7 @@ class CompatFS(fuse.Operations):
             # EIO on read), rather than an early end of file.
             return self._file_attrs(path, sticky[0].view.stamp, sticky[0].view.size, sticky[1])
         # Shown (empty, unreadable), so that opening it reports the error.
-        return {"st_mode": stat.S_IFREG, "st_nlink": 1, "st_size": 0, "st_ino": _ino("bad", path),
+        return {"st_mode": stat.S_IFREG, "st_nlink": 1, "st_size": 0, "st_ino": inodes.bad_ino(path),
                 "st_uid": os.getuid(), "st_gid": os.getgid()}
 
     @staticmethod
@@ -455,7 +448,7 @@ class CompatFS(fuse.Operations):
         times, one inode number per (path, blob identity); `st_stamp` the
         identity (getattr notes it as told to the kernel, and drops it)."""
         attrs = {"st_mode": stat.S_IFREG | (st.st_mode & 0o555 if st else 0), "st_nlink": 1,
-                 "st_size": size, "st_blocks": (size + 511) // 512, "st_ino": _ino(path, stamp),
+                 "st_size": size, "st_blocks": (size + 511) // 512, "st_ino": inodes.file_ino(path, stamp),
                  "st_stamp": tuple(stamp)}
         if st is not None:
             attrs.update(st_uid=st.st_uid, st_gid=st.st_gid, st_mtime=st.st_mtime_ns,
@@ -487,8 +480,8 @@ class CompatFS(fuse.Operations):
             raise fuse.FuseOSError(errno.ENOTDIR)
         rel = path.strip("/")
         # d_ino must be set (readers skip entries with inode 0) and match stat's.
-        entries = [(".", {"st_mode": stat.S_IFDIR, "st_ino": self._dir_ino(rel)}, 0),
-                   ("..", {"st_mode": stat.S_IFDIR, "st_ino": self._dir_ino(rel.rpartition("/")[0])}, 0)]
+        entries = [(".", {"st_mode": stat.S_IFDIR, "st_ino": inodes.dir_ino(rel)}, 0),
+                   ("..", {"st_mode": stat.S_IFDIR, "st_ino": inodes.dir_ino(rel.rpartition("/")[0])}, 0)]
         snap = self.tree.snapshot()
         for name in node:
             child = f"{path.rstrip('/')}/{name}"
@@ -498,12 +491,8 @@ class CompatFS(fuse.Operations):
             if isinstance(ref, FileRef):
                 entries.append((name, {"st_mode": stat.S_IFREG, "st_ino": self._file_ino(child, ref)}, 0))
             else:
-                entries.append((name, {"st_mode": stat.S_IFDIR, "st_ino": self._dir_ino(child.strip("/"))}, 0))
+                entries.append((name, {"st_mode": stat.S_IFDIR, "st_ino": inodes.dir_ino(child.strip("/"))}, 0))
         return entries
-
-    @staticmethod
-    def _dir_ino(rel: str) -> int:
-        return 1 if not rel else _ino("dir", rel)
 
     def _file_ino(self, path: str, ref: FileRef) -> int:
         """The inode number `getattr` gives `path`: one per (path, view)."""
@@ -514,8 +503,8 @@ class CompatFS(fuse.Operations):
             try:
                 stamp = identity(status(ref.blob))
             except OSError:
-                return _ino("bad", path)
-        return _ino(path, stamp)
+                return inodes.bad_ino(path)
+        return inodes.file_ino(path, stamp)
 
     def statfs(self, path):
         try:
