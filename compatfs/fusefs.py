@@ -42,6 +42,7 @@ from .access import READ, Caller
 from .blobfile import BlobFile, Denied, identity, keep_out, status, unchanged
 from .gguf_values import GGUFError
 from .libc import LIBC
+from .memo import Memo
 from . import viewbytes
 from .view import View
 from .views import LAYER_FILE, MMPROJ_FILE, MODEL_FILE
@@ -75,9 +76,6 @@ class _Served:
     params: Path | None = None     # the params layer a model folder's model.gguf was built with
 
 
-_UNKNOWN = object()
-
-
 class _Changed(Exception):
     """The blob at a path became another file while it was looked at."""
 
@@ -101,7 +99,6 @@ class CompatFS(fuse.Operations):
     use_ns = True
     RESCAN_SECONDS = 1.0
     _FAILURES_KEPT = 1024
-    _ATTRS_KEPT = 1 << 14       # remembered answers (a few per model; ~10 MB at most)
     _OPEN_ATTEMPTS = 8          # an open racing re-pulls tries the path's newest blob this often
 
     def __init__(self, tree: Tree, mountpoint: str, read_ahead_kb: int = 0, on_start=None):
@@ -119,13 +116,7 @@ class CompatFS(fuse.Operations):
         self._stale_paths: set[str] = set()      # to invalidate: they kept a view for open files
         self._opening = [threading.Lock() for _ in range(64)]   # opens of one path, one at a time
         self._told: dict[str, set] = {}           # path -> blob identities getattr gave sizes of (None: a bad file's 0)
-        # getattr's answers (None: no such path) as of the last rescan, so that
-        # a listing is answered from memory (permissions are checked anew); emptied whenever a rescan sees a
-        # change, before the kernel is told, and for a path whose files open
-        # or close.  `_generation` keeps an answer computed across a change out.
-        self._attrs: dict[str, dict | None] = {}
-        self._listings: dict[str, list] = {}       # readdir's answers, remembered alike
-        self._generation = 0
+        self._memo = Memo(self._lock, self._open_on)   # getattr's and readdir's answers
         self._fuse_ptr: int | None = None
         self._stop = threading.Event()
         self._kick = threading.Event()             # rescan now
@@ -183,7 +174,7 @@ class CompatFS(fuse.Operations):
                 changed = {d for d in before.keys() | now.keys() if before.get(d) != now.get(d)}
                 before = now
                 if changed or stale:
-                    self._forget_attrs()
+                    self._memo.forget()
                 if changed:
                     log.info("store changed: %s", ", ".join(sorted(changed)))
                     self._invalidate(changed, old_snap, snap)
@@ -207,13 +198,6 @@ class CompatFS(fuse.Operations):
                 marks[f"<{top}>"] = None
         return marks
 
-    def _forget_attrs(self) -> None:
-        """Drop every remembered attribute and listing."""
-        with self._lock:
-            self._generation += 1
-            self._attrs.clear()
-            self._listings.clear()
-
     def _invalidate(self, folders: set[str], *snaps) -> None:
         """Invalidate the folders, their files (as either snapshot names them) and parents."""
         paths = set()
@@ -234,7 +218,7 @@ class CompatFS(fuse.Operations):
         kernel's attributes of the folders that show the blob and their files."""
         snap = self.tree.snapshot()
         folders = {name for name, files in snap.files.items() if any(ref.blob == blob for ref in files.values())}
-        self._forget_attrs()
+        self._memo.forget()
         self._invalidate(folders, snap)
 
     def _invalidate_paths(self, paths: set[str]) -> None:
@@ -383,7 +367,7 @@ class CompatFS(fuse.Operations):
         if handle is not None:
             attrs = self._file_attrs(path, handle.view.stamp, handle.view.size, self._fstat(handle.file.fd))
         else:
-            attrs = self._recall(self._attrs, path, self._getattr, unless_open=True)
+            attrs = self._memo.attrs(path, self._getattr)
         if attrs is None:
             raise fuse.FuseOSError(errno.ENOENT)
         if stat.S_ISREG(attrs["st_mode"]):
@@ -392,23 +376,10 @@ class CompatFS(fuse.Operations):
                 self._told.setdefault(path, set()).add(attrs.pop("st_stamp", None))
         return attrs
 
-    def _recall(self, table: dict, path: str, compute, unless_open: bool = False):
-        """`table`'s answer for `path`, else `compute(path)`, remembered there
-        unless a change came in meanwhile (or, with `unless_open`, while files
-        are open on `path`: their answers follow the open view)."""
-        with self._lock:
-            hit = table.get(path, _UNKNOWN)
-            generation = self._generation
-            served = self._served.get(path) if unless_open else None
-            remember = served is None or not served.fhs
-        if hit is not _UNKNOWN and remember:
-            return hit
-        value = compute(path)
-        if remember:
-            with self._lock:
-                if generation == self._generation and len(table) < self._ATTRS_KEPT:
-                    table[path] = value
-        return value
+    def _open_on(self, path: str) -> bool:
+        """Whether handles are open on `path` (the lock is held)."""
+        served = self._served.get(path)
+        return served is not None and bool(served.fhs)
 
     def _getattr(self, path: str) -> dict | None:
         """The attributes of `path`; None when nothing is there."""
@@ -463,7 +434,7 @@ class CompatFS(fuse.Operations):
             return None
 
     def readdir(self, path, fh):
-        entries = self._recall(self._listings, path, self._list)
+        entries = self._memo.listing(path, self._list)
         rel = path.strip("/")
         # Listing needs what listing the store folder it comes from needs.
         try:
@@ -568,8 +539,7 @@ class CompatFS(fuse.Operations):
                 served = self._served[path] = _Served(view, blob, view.stamp, params=params)
             served.view = view
             served.fhs.add(fh)
-            self._generation += 1
-            self._attrs.pop(path, None)
+            self._memo.forget_path(path)
             told = self._told.get(path, set())
             stale = bool(told - {view.stamp})
             if stale:
@@ -617,8 +587,7 @@ class CompatFS(fuse.Operations):
                 if not served.fhs:
                     served.view = None
             if handle is not None:
-                self._generation += 1
-                self._attrs.pop(handle.path, None)
+                self._memo.forget_path(handle.path)
         if handle is None:
             return 0
         handle.file.close()
