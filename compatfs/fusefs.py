@@ -32,7 +32,6 @@ import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
 
 
 from . import inodes, libfuse
@@ -43,9 +42,10 @@ from .blobfile import BlobFile, Denied, identity, keep_out, status, unchanged
 from .gguf_values import GGUFError
 from .libc import LIBC
 from .memo import Memo
+from .presented import Changed, Presented
 from . import viewbytes
 from .view import View
-from .views import LAYER_FILE, MMPROJ_FILE, MODEL_FILE
+from .views import MMPROJ_FILE, MODEL_FILE
 
 log = logging.getLogger("compatfs")
 
@@ -76,10 +76,6 @@ class _Served:
     params: Path | None = None     # the params layer a model folder's model.gguf was built with
 
 
-class _Changed(Exception):
-    """The blob at a path became another file while it was looked at."""
-
-
 class _CannotOpen(fuse.FuseOSError):
     """EIO for a blob that cannot be opened; `message` is logged if opening
     the path's blob of a scan made then fails too."""
@@ -98,7 +94,6 @@ class CompatFS(fuse.Operations):
 
     use_ns = True
     RESCAN_SECONDS = 1.0
-    _FAILURES_KEPT = 1024
     _OPEN_ATTEMPTS = 8          # an open racing re-pulls tries the path's newest blob this often
 
     def __init__(self, tree: Tree, mountpoint: str, read_ahead_kb: int = 0, on_start=None):
@@ -112,7 +107,7 @@ class CompatFS(fuse.Operations):
         self._fh = itertools.count(1)
         self._lock = threading.Lock()
         self._served: dict[str, _Served] = {}       # path -> what it served last (page-cache validity)
-        self._failures: dict[tuple, str] = {}      # what failed (blob, kind, stamp) -> the line logged once
+        self._store = Presented(tree, self._lock)     # the store's current views, failures logged once
         self._stale_paths: set[str] = set()      # to invalidate: they kept a view for open files
         self._opening = [threading.Lock() for _ in range(64)]   # opens of one path, one at a time
         self._told: dict[str, set] = {}           # path -> blob identities getattr gave sizes of (None: a bad file's 0)
@@ -243,69 +238,6 @@ class CompatFS(fuse.Operations):
             raise fuse.FuseOSError(errno.ENOENT)
         return node
 
-    def _blob_stat(self, ref: FileRef) -> os.stat_result:
-        """The blob's status (through a symlink); EIO and a log line for anything
-        but a regular file."""
-        try:
-            st = status(ref.blob)
-        except OSError as e:
-            self._fail(("missing", str(ref.blob), e.errno), f"cannot read blob {ref.blob}: {e.strerror}")
-        if not stat.S_ISREG(st.st_mode):
-            self._fail(("irregular", str(ref.blob), identity(st)), f"blob {ref.blob} is not a regular file: not served")
-        return st
-
-    def _fail(self, key: tuple, message: str) -> NoReturn:
-        """Log `message` once per `key`, then EIO."""
-        self._log_once(key, message)
-        raise fuse.FuseOSError(errno.EIO)
-
-    def _log_once(self, key: tuple, message: str) -> None:
-        with self._lock:
-            new = key not in self._failures
-            if new:
-                if len(self._failures) >= self._FAILURES_KEPT:
-                    self._failures.clear()
-                self._failures[key] = message
-        if new:
-            log.error("%s", message)
-
-    def _size(self, ref: FileRef, st: os.stat_result) -> int | None:
-        """The file's size from the summary of the blob of status `st` (no view
-        is built for `stat`); None, logged once, when the view cannot be
-        presented; _Changed when the blob at that path is another by now."""
-        key = (str(ref.blob), ref.kind, identity(st))
-        if ref.kind == LAYER_FILE or (not self.tree.views.translate and ref.kind == MODEL_FILE):
-            return st.st_size   # served byte for byte, GGUF or not (as `BlobViews.view` does)
-        try:
-            summary = self.tree.views.summary(ref.blob, identity(st))
-            if summary is None:
-                raise _Changed
-            error = summary.error
-            size = summary.model_size if ref.kind == MODEL_FILE else summary.mmproj_size
-            if size is not None and not error:
-                size = self.tree.views.sampled_size(ref.blob, ref.params, size)
-        except _Changed:
-            raise
-        except Exception as e:   # a bad blob must never take the mount down
-            error, size = str(e), None
-        if error or size is None:
-            self._log_once(key, f"cannot present {ref.kind} of {ref.blob}: {error or 'no such view'}")
-            return None
-        return size
-
-    def _build(self, ref: FileRef, st: os.stat_result) -> View:
-        """The store's current `ref.kind` view of the blob; a view that cannot be
-        built is EIO with one log line (and not built again until the blob changes)."""
-        key = (str(ref.blob), ref.kind, identity(st))
-        with self._lock:
-            known = self._failures.get(key)
-        if known is not None:
-            raise fuse.FuseOSError(errno.EIO)
-        try:
-            return self.tree.views.view(ref.blob, ref.kind, ref.params)
-        except Exception as e:   # a bad blob must never take the mount down
-            self._fail(key, f"cannot present {ref.kind} of {ref.blob}: {e}")
-
     def _sticky(self, path: str, duplicate: bool = False) -> tuple[_Served, os.stat_result, bool, BlobFile | None] | None:
         """What `path` served last while handles are open on it: the served
         view, its blob's status by descriptor, whether that blob is intact,
@@ -330,7 +262,7 @@ class CompatFS(fuse.Operations):
         sticky = self._sticky(path, duplicate=True)
         if sticky is not None and sticky[2]:
             return sticky[0].view, sticky[0].blob, sticky[3]
-        return self._build(ref, self._blob_stat(ref)), str(ref.blob), None
+        return self._store.build(ref, self._store.blob_stat(ref)), str(ref.blob), None
 
     def _dir_attrs(self, path: str) -> dict:
         rel = path.strip("/")
@@ -395,13 +327,13 @@ class CompatFS(fuse.Operations):
             # Size and identity of one blob (the path may name another by the
             # time its summary is looked up).
             try:
-                st = self._blob_stat(node)
-                size = self._size(node, st)
+                st = self._store.blob_stat(node)
+                size = self._store.size(node, st)
                 break
             except fuse.FuseOSError:
                 st = size = None
                 break
-            except _Changed:
+            except Changed:
                 st = size = None
         if size is not None:
             return self._file_attrs(path, identity(st), size, st)
