@@ -25,64 +25,28 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import itertools
 import logging
 import os
 import stat
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 
 
 from . import inodes, libfuse
 from .libfuse import fuse
 from .tree import BLOBS, FileRef, Tree
-from .access import READ, Caller
-from .blobfile import BlobFile, Denied, identity, keep_out, status, unchanged
-from .gguf_values import GGUFError
+from .access import READ
+from .blobfile import Denied, identity, keep_out, status
 from .libc import LIBC
 from .memo import Memo
+from .openfiles import CannotOpen, Handle, OpenFiles, fstat
 from .presented import Changed, Presented
 from . import viewbytes
-from .view import View
 from .views import MMPROJ_FILE, MODEL_FILE
 
 log = logging.getLogger("compatfs")
 
 
-
-
-@dataclass
-class _Handle:
-    path: str
-    view: View
-    file: BlobFile           # the blob, opened once: every byte of this handle is read through it
-    failed: bool = False     # its blob changed: every read is EIO (logged once)
-
-    @property
-    def blob(self) -> str:
-        return str(self.file.path)
-
-
-@dataclass
-class _Served:
-    """The view a path served last and the handles open on it; the view itself
-    is held only while handles are open (the kernel's page-cache decision
-    needs just its blob and stamp)."""
-    view: View | None
-    blob: str
-    stamp: tuple
-    fhs: set[int] = field(default_factory=set)
-    params: Path | None = None     # the params layer a model folder's model.gguf was built with
-
-
-class _CannotOpen(fuse.FuseOSError):
-    """EIO for a blob that cannot be opened; `message` is logged if opening
-    the path's blob of a scan made then fails too."""
-
-    def __init__(self, message: str):
-        super().__init__(errno.EIO)
-        self.message = message
 
 
 def _erofs(*_args, **_kwargs):
@@ -103,15 +67,12 @@ class CompatFS(fuse.Operations):
         self._read_ahead_kb = read_ahead_kb
         self._on_start = on_start                 # run by the rescan thread as it starts (the mount is up)
         self.root = tree.store.root
-        self._handles: dict[int, _Handle] = {}
-        self._fh = itertools.count(1)
         self._lock = threading.Lock()
-        self._served: dict[str, _Served] = {}       # path -> what it served last (page-cache validity)
         self._store = Presented(tree, self._lock)     # the store's current views, failures logged once
         self._stale_paths: set[str] = set()      # to invalidate: they kept a view for open files
         self._opening = [threading.Lock() for _ in range(64)]   # opens of one path, one at a time
-        self._told: dict[str, set] = {}           # path -> blob identities getattr gave sizes of (None: a bad file's 0)
-        self._memo = Memo(self._lock, self._open_on)   # getattr's and readdir's answers
+        self._files = OpenFiles(tree, self._store, self._lock, forget=lambda path: self._memo.forget_path(path))
+        self._memo = Memo(self._lock, self._files.open_on)   # getattr's and readdir's answers
         self._fuse_ptr: int | None = None
         self._stop = threading.Event()
         self._kick = threading.Event()             # rescan now
@@ -146,8 +107,7 @@ class CompatFS(fuse.Operations):
 
     @property
     def open_files(self) -> int:
-        with self._lock:
-            return len(self._handles)
+        return self._files.count
 
     def _watch(self) -> None:
         """Rescan the store every second; tell the kernel what changed."""
@@ -176,7 +136,7 @@ class CompatFS(fuse.Operations):
                     self.tree.views.retain(set(snap.blobs.values()))
                 old_snap = snap
                 self._invalidate_paths(stale)
-                self._prune(changed | {p.strip("/").rpartition("/")[0] for p in stale}, now)
+                self._files.prune(changed | {p.strip("/").rpartition("/")[0] for p in stale}, now)
             except Exception:   # the mount outlives a failed rescan
                 log.exception("rescan of %s failed", self.root)
 
@@ -223,46 +183,12 @@ class CompatFS(fuse.Operations):
                 return
             libfuse.invalidate_path(self._fuse_ptr, p)
 
-    def _prune(self, changed: set[str], folders: dict[str, tuple]) -> None:
-        """Forget what changed or removed paths served, unless a handle still reads it."""
-        with self._lock:
-            for path, served in list(self._served.items()):
-                folder = path.strip("/").rpartition("/")[0]
-                if not served.fhs and (folder in changed or folder not in folders):
-                    del self._served[path]
-
     # -- lookups -------------------------------------------------------------
     def _node(self, path: str):
         node = self.tree.lookup(path)
         if node is None:
             raise fuse.FuseOSError(errno.ENOENT)
         return node
-
-    def _sticky(self, path: str, duplicate: bool = False) -> tuple[_Served, os.stat_result, bool, BlobFile | None] | None:
-        """What `path` served last while handles are open on it: the served
-        view, its blob's status by descriptor, whether that blob is intact,
-        and with `duplicate` a descriptor of that blob of the caller's own
-        (taken while the handle cannot be closed)."""
-        with self._lock:
-            served = self._served.get(path)
-            file = next((self._handles[fh].file for fh in served.fhs if fh in self._handles), None) if served else None
-            if file is None or served.view is None:
-                return None
-            served = _Served(served.view, served.blob, served.stamp)   # as it is now, for the caller
-            st = self._fstat(file.fd)
-            if st is None:
-                return None
-            own = file.duplicate() if duplicate and unchanged(served.stamp, st) else None
-        return served, st, unchanged(served.stamp, st), own
-
-    def _choose(self, path: str, ref: FileRef) -> tuple[View, str, BlobFile | None]:
-        """The view `path` serves now: the one its open handles read while their
-        blob is intact (with a descriptor of it, the caller's to close: the
-        blob may have left the store), else the store's current one."""
-        sticky = self._sticky(path, duplicate=True)
-        if sticky is not None and sticky[2]:
-            return sticky[0].view, sticky[0].blob, sticky[3]
-        return self._store.build(ref, self._store.blob_stat(ref)), str(ref.blob), None
 
     def _dir_attrs(self, path: str) -> dict:
         rel = path.strip("/")
@@ -295,23 +221,17 @@ class CompatFS(fuse.Operations):
                 "st_mtime": mtime, "st_ctime": mtime, "st_atime": mtime}
 
     def getattr(self, path, fh=None):
-        handle = self._handles.get(fh.fh) if fh is not None else None
+        handle = self._files.get(fh.fh) if fh is not None else None
         if handle is not None:
-            attrs = self._file_attrs(path, handle.view.stamp, handle.view.size, self._fstat(handle.file.fd))
+            attrs = self._file_attrs(path, handle.view.stamp, handle.view.size, fstat(handle.file.fd))
         else:
             attrs = self._memo.attrs(path, self._getattr)
         if attrs is None:
             raise fuse.FuseOSError(errno.ENOENT)
         if stat.S_ISREG(attrs["st_mode"]):
             attrs = dict(attrs)
-            with self._lock:
-                self._told.setdefault(path, set()).add(attrs.pop("st_stamp", None))
+            self._files.told(path, attrs.pop("st_stamp", None))
         return attrs
-
-    def _open_on(self, path: str) -> bool:
-        """Whether handles are open on `path` (the lock is held)."""
-        served = self._served.get(path)
-        return served is not None and bool(served.fhs)
 
     def _getattr(self, path: str) -> dict | None:
         """The attributes of `path`; None when nothing is there."""
@@ -320,7 +240,7 @@ class CompatFS(fuse.Operations):
             return None
         if isinstance(node, list):
             return self._dir_attrs(path)
-        sticky = self._sticky(path)
+        sticky = self._files.sticky(path)
         if sticky is not None and sticky[2]:
             return self._file_attrs(path, sticky[0].view.stamp, sticky[0].view.size, sticky[1])
         for _attempt in range(3):
@@ -358,13 +278,6 @@ class CompatFS(fuse.Operations):
                          st_ctime=st.st_ctime_ns, st_atime=st.st_atime_ns)
         return attrs
 
-    @staticmethod
-    def _fstat(fd: int) -> os.stat_result | None:
-        try:
-            return os.fstat(fd)
-        except OSError:
-            return None
-
     def readdir(self, path, fh):
         entries = self._memo.listing(path, self._list)
         rel = path.strip("/")
@@ -399,9 +312,7 @@ class CompatFS(fuse.Operations):
 
     def _file_ino(self, path: str, ref: FileRef) -> int:
         """The inode number `getattr` gives `path`: one per (path, view)."""
-        with self._lock:
-            served = self._served.get(path)
-            stamp = served.stamp if served is not None and served.fhs else None
+        stamp = self._files.open_stamp(path)
         if stamp is None:
             try:
                 stamp = identity(status(ref.blob))
@@ -433,7 +344,7 @@ class CompatFS(fuse.Operations):
         caller = libfuse.caller()
         for _attempt in range(self._OPEN_ATTEMPTS):
             try:
-                opened = self._open_view(path, node, caller)
+                opened = self._files.open_view(path, node, caller)
             except fuse.FuseOSError as e:
                 if e.errno != errno.EIO:
                     raise
@@ -448,34 +359,14 @@ class CompatFS(fuse.Operations):
             self.tree.snapshot(fresh=True)
             node = self._node(path)
         else:
-            if isinstance(failed, _CannotOpen):
+            if isinstance(failed, CannotOpen):
                 log.error("cannot open blob: %s", failed.message)
             elif failed is None:
                 log.error("blob %s changes while it is opened: not served", node.blob)
             raise failed or fuse.FuseOSError(errno.EIO)
         view, blob, file = opened
-        fh = next(self._fh)
-        with self._lock:
-            self._handles[fh] = _Handle(path, view, file)
-            served = self._served.get(path)
-            # Views are immutable (the same blob, by identity, and params layer
-            # make the same bytes): the kernel may keep its pages of this path
-            # unless the path now shows another view than it did last time.
-            params = served.params if served is not None and served.view is view else node.params
-            fi.keep_cache = int(served is not None and served.blob == blob and served.stamp == view.stamp
-                                and served.params == params)
-            if not fi.keep_cache:
-                if served is not None and served.fhs:
-                    log.info("%s now serves blob %s; %d handle(s) still read the view before", path, blob,
-                             len(served.fhs))
-                served = self._served[path] = _Served(view, blob, view.stamp, params=params)
-            served.view = view
-            served.fhs.add(fh)
-            self._memo.forget_path(path)
-            told = self._told.get(path, set())
-            stale = bool(told - {view.stamp})
-            if stale:
-                told.clear()
+        fh, keep_cache, stale = self._files.add(path, node, view, blob, file)
+        fi.keep_cache = int(keep_cache)
         if stale and self._fuse_ptr:
             # Since this was last done, getattr gave the kernel another view's
             # size for this path (it may hold it, or a reply still on its way
@@ -486,44 +377,9 @@ class CompatFS(fuse.Operations):
         fi.fh = fh
         return 0
 
-    def _open_view(self, path: str, node: FileRef, caller: Caller) -> tuple[View, str, BlobFile] | None:
-        """The view `path` serves now, its blob's path and the file it is
-        served from, opened for `caller` (EACCES unless it may read it; the
-        permission is decided on that very file); None when the file opened
-        is not the one the view was built from (it changed meanwhile)."""
-        view, blob, file = self._choose(path, node)
-        try:
-            if file is not None:
-                try:
-                    file.allow(caller)
-                except BaseException:
-                    file.close()
-                    raise
-            else:
-                file = BlobFile(blob, caller=caller)
-        except Denied:
-            raise fuse.FuseOSError(errno.EACCES) from None
-        except GGUFError as e:
-            raise _CannotOpen(str(e)) from None
-        if file.stamp != view.stamp:
-            file.close()
-            return None
-        return view, blob, file
-
     def release(self, path, fi):
-        with self._lock:
-            handle = self._handles.pop(fi.fh, None)
-            served = self._served.get(handle.path) if handle is not None else None
-            if served is not None:
-                served.fhs.discard(fi.fh)
-                if not served.fhs:
-                    served.view = None
-            if handle is not None:
-                self._memo.forget_path(handle.path)
-        if handle is None:
-            return 0
-        handle.file.close()
-        if served is not None and not served.fhs and self._outdated(handle.path, served):
+        handle, outdated = self._files.remove(fi.fh)
+        if handle is not None and outdated:
             # The path kept its view for open files: now the kernel learns the
             # store's current one (from the rescan thread: no notification from
             # inside an operation).
@@ -532,36 +388,8 @@ class CompatFS(fuse.Operations):
             self._kick.set()
         return 0
 
-    def _outdated(self, path: str, served: _Served) -> bool:
-        """Whether the store now has another blob (or bytes) at `path` than `served`."""
-        ref = self.tree.lookup(path)
-        if not isinstance(ref, FileRef) or str(ref.blob) != served.blob or ref.params != served.params:
-            return True
-        try:
-            return identity(status(ref.blob)) != served.stamp
-        except OSError:
-            return True
-
-    def _handle(self, fi) -> _Handle:
-        """The open handle, checked against its blob: EIO once the blob was
-        truncated or rewritten since the view was built."""
-        handle = self._handles.get(fi.fh)
-        if handle is None:
-            raise fuse.FuseOSError(errno.EBADF)
-        if not handle.failed:
-            try:
-                intact = unchanged(handle.view.stamp, os.fstat(handle.file.fd))
-            except OSError:
-                intact = False
-            if intact:
-                return handle
-            handle.failed = True
-            log.error("blob %s changed under an open file (size, modification or change time): reads of %s fail "
-                      "until it is opened again", handle.blob, handle.path)
-        raise fuse.FuseOSError(errno.EIO)
-
     @staticmethod
-    def _fill(handle: _Handle, offset: int, out: memoryview) -> None:
+    def _fill(handle: Handle, offset: int, out: memoryview) -> None:
         """The view's bytes at `offset` into `out`, every blob byte (op inputs
         included) read through the handle's blob; EIO and a log line when the
         blob cannot give them or an op fails on its data."""
@@ -572,7 +400,7 @@ class CompatFS(fuse.Operations):
             raise fuse.FuseOSError(errno.EIO) from None
 
     def read_buf(self, path, bufpp, size, offset, fi):
-        handle = self._handle(fi)
+        handle = self._files.handle(fi.fh)
         n = max(0, min(size, handle.view.size - offset))
         # One memory buffer, which libfuse frees, filled here (a blob cut
         # short under a read is EIO, never a short reply, which the kernel
@@ -583,7 +411,7 @@ class CompatFS(fuse.Operations):
         try:
             if n:
                 self._fill(handle, offset, memoryview((ctypes.c_char * n).from_address(mem)).cast("B"))
-            self._handle(fi)   # the blob is still the one the view was built from
+            self._files.handle(fi.fh)   # the blob is still the one the view was built from
             libfuse.reply_buffer(bufpp, mem, n)
         except BaseException:
             LIBC.free(mem)
