@@ -29,7 +29,6 @@ import logging
 import os
 import stat
 import threading
-from pathlib import Path
 
 
 from . import inodes, libfuse
@@ -39,10 +38,10 @@ from .access import READ
 from .blobfile import Denied, identity, keep_out, status
 from .libc import LIBC
 from .memo import Memo
+from .rescan import Rescan
 from .openfiles import CannotOpen, Handle, OpenFiles, fstat
 from .presented import Changed, Presented
 from . import viewbytes
-from .views import MMPROJ_FILE, MODEL_FILE
 
 log = logging.getLogger("compatfs")
 
@@ -57,7 +56,6 @@ class CompatFS(fuse.Operations):
     """Read-only operations over a `Tree`."""
 
     use_ns = True
-    RESCAN_SECONDS = 1.0
     _OPEN_ATTEMPTS = 8          # an open racing re-pulls tries the path's newest blob this often
 
     def __init__(self, tree: Tree, mountpoint: str, read_ahead_kb: int = 0, on_start=None):
@@ -65,19 +63,13 @@ class CompatFS(fuse.Operations):
         self._mountpoint = mountpoint
         keep_out(mountpoint)     # nothing is ever looked up through it (a request to this very daemon)
         self._read_ahead_kb = read_ahead_kb
-        self._on_start = on_start                 # run by the rescan thread as it starts (the mount is up)
         self.root = tree.store.root
         self._lock = threading.Lock()
         self._store = Presented(tree, self._lock)     # the store's current views, failures logged once
-        self._stale_paths: set[str] = set()      # to invalidate: they kept a view for open files
         self._opening = [threading.Lock() for _ in range(64)]   # opens of one path, one at a time
         self._files = OpenFiles(tree, self._store, self._lock, forget=lambda path: self._memo.forget_path(path))
         self._memo = Memo(self._lock, self._files.open_on)   # getattr's and readdir's answers
-        self._fuse_ptr: int | None = None
-        self._stop = threading.Event()
-        self._kick = threading.Event()             # rescan now
-        self._watcher: threading.Thread | None = None
-        tree.views.on_belied = self._belied      # an index entry was wrong: the kernel's attributes too
+        self._rescan = Rescan(tree, self._lock, self._memo, self._files, on_start)
 
     # -- lifetime ------------------------------------------------------------
     def init_with_config(self, conn, config):
@@ -89,99 +81,19 @@ class CompatFS(fuse.Operations):
         self.init("/")
 
     def init(self, path):
-        self._fuse_ptr = libfuse.session()
-        self._watcher = threading.Thread(target=self._watch, name="compatfs-rescan", daemon=True)
-        self._watcher.start()
+        self._rescan.start(libfuse.session())
 
     def destroy(self, path):
-        self._stop.set()
-        self._kick.set()
-        if self._watcher is not None:
-            self._watcher.join(timeout=5)
-        self._fuse_ptr = None
+        self._rescan.stop()
 
     @property
     def session(self) -> int | None:
         """The FUSE session while the loop runs (set in `init`), else None."""
-        return self._fuse_ptr
+        return self._rescan.session
 
     @property
     def open_files(self) -> int:
         return self._files.count
-
-    def _watch(self) -> None:
-        """Rescan the store every second; tell the kernel what changed."""
-        if self._on_start is not None:
-            self._on_start()
-        old_snap = self.tree.snapshot()
-        self.tree.follow()     # from now on only this thread rescans; lookups never wait for it
-        before = self._marks(old_snap)
-        while not self._stop.is_set():
-            self._kick.wait(self.RESCAN_SECONDS)
-            self._kick.clear()
-            if self._stop.is_set():
-                return
-            try:
-                with self._lock:
-                    stale, self._stale_paths = self._stale_paths, set()
-                snap = self.tree.rescan()
-                now = self._marks(snap)
-                changed = {d for d in before.keys() | now.keys() if before.get(d) != now.get(d)}
-                before = now
-                if changed or stale:
-                    self._memo.forget()
-                if changed:
-                    log.info("store changed: %s", ", ".join(sorted(changed)))
-                    self._invalidate(changed, old_snap, snap)
-                    self.tree.views.retain(set(snap.blobs.values()))
-                old_snap = snap
-                self._invalidate_paths(stale)
-                self._files.prune(changed | {p.strip("/").rpartition("/")[0] for p in stale}, now)
-            except Exception:   # the mount outlives a failed rescan
-                log.exception("rescan of %s failed", self.root)
-
-    def _marks(self, snap) -> dict[str, tuple]:
-        """What the rescan compares: each folder's blobs (`Tree.folders`), and
-        the owner, mode and time of the store's two top folders (which every
-        folder of the mount shows)."""
-        marks = self.tree.folders(snap)
-        for top in ("manifests", BLOBS):
-            try:
-                st = status(self.root / top)
-                marks[f"<{top}>"] = (st.st_uid, st.st_gid, st.st_mode, st.st_mtime_ns)
-            except OSError:
-                marks[f"<{top}>"] = None
-        return marks
-
-    def _invalidate(self, folders: set[str], *snaps) -> None:
-        """Invalidate the folders, their files (as either snapshot names them) and parents."""
-        paths = set()
-        if any(d.startswith("<") for d in folders):   # the store's top folders: every folder shows them
-            folders = {d for d in folders if not d.startswith("<")} | set(snaps[-1].dirs)
-        for d in folders:
-            names = {MODEL_FILE, MMPROJ_FILE}
-            for snap in snaps:
-                names |= {n for n, _ in getattr(snap.model_dirs.get(d), "layers", ())}
-            paths |= {f"/{d}/{n}" for n in names} | {f"/{d}"}
-            parts = d.split("/")
-            paths |= {"/" + "/".join(parts[:i]) for i in range(len(parts))}
-        self._invalidate_paths(paths)
-
-    def _belied(self, blob: Path) -> None:
-        """The index entry of `blob` was wrong (its sizes, or whether it has an
-        mmproj.gguf) and is made again: drop every remembered answer, and the
-        kernel's attributes of the folders that show the blob and their files."""
-        snap = self.tree.snapshot()
-        folders = {name for name, files in snap.files.items() if any(ref.blob == blob for ref in files.values())}
-        self._memo.forget()
-        self._invalidate(folders, snap)
-
-    def _invalidate_paths(self, paths: set[str]) -> None:
-        """Drop the kernel's attributes and pages of `paths` (those it knows)."""
-        for p in sorted(paths, key=len, reverse=True):
-            if self._stop.is_set() or not self._fuse_ptr:
-                return
-            libfuse.invalidate_path(self._fuse_ptr, p)
 
     # -- lookups -------------------------------------------------------------
     def _node(self, path: str):
@@ -367,13 +279,13 @@ class CompatFS(fuse.Operations):
         view, blob, file = opened
         fh, keep_cache, stale = self._files.add(path, node, view, blob, file)
         fi.keep_cache = int(keep_cache)
-        if stale and self._fuse_ptr:
+        if stale and self._rescan.session:
             # Since this was last done, getattr gave the kernel another view's
             # size for this path (it may hold it, or a reply still on its way
             # may set it): it must ask again (getattr with this handle) before
             # it serves any byte of this view, or it would cut it short or
             # mix the two.  Invalidating also discards replies sent before.
-            libfuse.invalidate_path(self._fuse_ptr, path)
+            libfuse.invalidate_path(self._rescan.session, path)
         fi.fh = fh
         return 0
 
@@ -383,9 +295,7 @@ class CompatFS(fuse.Operations):
             # The path kept its view for open files: now the kernel learns the
             # store's current one (from the rescan thread: no notification from
             # inside an operation).
-            with self._lock:
-                self._stale_paths.add(handle.path)
-            self._kick.set()
+            self._rescan.stale(handle.path)
         return 0
 
     @staticmethod
