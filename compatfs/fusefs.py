@@ -23,7 +23,6 @@ What this layer guarantees on its own:
 """
 from __future__ import annotations
 
-import ctypes
 import errno
 import logging
 import os
@@ -31,17 +30,15 @@ import stat
 import threading
 
 
-from . import inodes, libfuse
+from . import inodes, libfuse, readpath
 from .libfuse import fuse
 from .tree import BLOBS, FileRef, Tree
 from .access import READ
 from .blobfile import Denied, identity, keep_out, status
-from .libc import LIBC
 from .memo import Memo
 from .rescan import Rescan
-from .openfiles import CannotOpen, Handle, OpenFiles, fstat
+from .openfiles import CannotOpen, OpenFiles, fstat
 from .presented import Changed, Presented
-from . import viewbytes
 
 log = logging.getLogger("compatfs")
 
@@ -298,34 +295,8 @@ class CompatFS(fuse.Operations):
             self._rescan.stale(handle.path)
         return 0
 
-    @staticmethod
-    def _fill(handle: Handle, offset: int, out: memoryview) -> None:
-        """The view's bytes at `offset` into `out`, every blob byte (op inputs
-        included) read through the handle's blob; EIO and a log line when the
-        blob cannot give them or an op fails on its data."""
-        try:
-            viewbytes.fill(handle.view, handle.file, offset, out)
-        except Exception as e:   # a blob cut short, an op that fails on bad tensor data
-            log.error("read of %s at %d failed: %s", handle.blob, offset, e)
-            raise fuse.FuseOSError(errno.EIO) from None
-
     def read_buf(self, path, bufpp, size, offset, fi):
-        handle = self._files.handle(fi.fh)
-        n = max(0, min(size, handle.view.size - offset))
-        # One memory buffer, which libfuse frees, filled here (a blob cut
-        # short under a read is EIO, never a short reply, which the kernel
-        # would take for the end of the file).
-        mem = LIBC.malloc(max(n, 1))
-        if not mem:
-            raise fuse.FuseOSError(errno.ENOMEM)
-        try:
-            if n:
-                self._fill(handle, offset, memoryview((ctypes.c_char * n).from_address(mem)).cast("B"))
-            self._files.handle(fi.fh)   # the blob is still the one the view was built from
-            libfuse.reply_buffer(bufpp, mem, n)
-        except BaseException:
-            LIBC.free(mem)
-            raise
+        readpath.reply(self._files.handle(fi.fh), bufpp, size, offset, lambda: self._files.handle(fi.fh))
         return 0
 
     # -- everything that would write -------------------------------------------
