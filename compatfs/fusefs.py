@@ -1,13 +1,19 @@
-"""The FUSE layer: paths to tree lookups, file handles to views, reads to pieces.
+"""The FUSE layer: the `fuse.Operations` adapter, turning each request into
+calls on the modules that decide:
 
-Kept thin on purpose: every decision about what a file contains lives in
-`tree`, `views` and `view`.  A read is answered with one malloc'ed buffer
-that libfuse frees (`read_buf`), filled by `viewbytes` through the blob the
-open file holds: blob ranges are read with preadv straight into C memory
-(their bytes never become Python objects), ranges of elementwise ops are
-computed straight into it, header bytes and op tensors' chunks copied in.
+- `attributes`: what getattr and readdir answer; `memo` keeps those answers
+  between rescans;
+- `presented`: the store's current view of a file (failures logged once);
+- `openfiles`: the views paths keep while files are open on them, and what
+  an open snapshots (the view and the blob's descriptor it is read through);
+- `readpath`: a read's reply, one malloc'ed buffer filled by `viewbytes`;
+- `rescan`: the background rescan and the kernel's invalidations;
+- `inodes`: inode numbers; `libfuse`: the libfuse 3 binding;
+- `access` and `blobfile`: permissions, decided on the store files themselves.
 
-What this layer guarantees on its own:
+Every decision about what a file contains lives in `tree`, `views` and
+`view`; the mount's lifecycle (options, signals, read-ahead, unmount) in
+`daemon`.  What the mount guarantees:
 - libfuse 3, chosen explicitly (mfusepy would take libfuse 2 first).
 - A file shows its blob's owner and mode (minus write bits); opening it also
   needs the caller to be able to reach and read the blob in the store itself.
@@ -19,7 +25,7 @@ What this layer guarantees on its own:
   page cache per path), and switches to the store's new one when they close.
 - The store is rescanned every second in the background; the kernel's cached
   attributes and pages of changed folders are invalidated at once.
-- SIGTERM, SIGINT and SIGHUP unmount cleanly.
+- SIGTERM, SIGINT and SIGHUP unmount cleanly (`daemon`).
 """
 from __future__ import annotations
 
@@ -30,15 +36,16 @@ import stat
 import threading
 
 
-from . import inodes, libfuse, readpath
+from . import libfuse, readpath
 from .libfuse import fuse
 from .tree import BLOBS, FileRef, Tree
 from .access import READ
-from .blobfile import Denied, identity, keep_out, status
+from .blobfile import Denied, keep_out, status
+from .attributes import Attributes, file_attrs
 from .memo import Memo
 from .rescan import Rescan
 from .openfiles import CannotOpen, OpenFiles, fstat
-from .presented import Changed, Presented
+from .presented import Presented
 
 log = logging.getLogger("compatfs")
 
@@ -66,6 +73,7 @@ class CompatFS(fuse.Operations):
         self._opening = [threading.Lock() for _ in range(64)]   # opens of one path, one at a time
         self._files = OpenFiles(tree, self._store, self._lock, forget=lambda path: self._memo.forget_path(path))
         self._memo = Memo(self._lock, self._files.open_on)   # getattr's and readdir's answers
+        self._attrs = Attributes(tree, self._store, self._files)
         self._rescan = Rescan(tree, self._lock, self._memo, self._files, on_start)
 
     # -- lifetime ------------------------------------------------------------
@@ -93,48 +101,12 @@ class CompatFS(fuse.Operations):
         return self._files.count
 
     # -- lookups -------------------------------------------------------------
-    def _node(self, path: str):
-        node = self.tree.lookup(path)
-        if node is None:
-            raise fuse.FuseOSError(errno.ENOENT)
-        return node
-
-    def _dir_attrs(self, path: str) -> dict:
-        rel = path.strip("/")
-        base = self.root / (BLOBS if rel == BLOBS or rel.startswith(BLOBS + "/") else "manifests")
-        try:
-            st = status(base)
-            owner = {"st_uid": st.st_uid, "st_gid": st.st_gid, "st_mode": stat.S_IFDIR | st.st_mode & 0o555}
-            mtime = st.st_mtime_ns
-        except OSError:
-            owner = {"st_uid": os.getuid(), "st_gid": os.getgid(), "st_mode": stat.S_IFDIR | 0o500}
-            mtime = 0
-        # Folder times: the newest manifest under it (the root and blobs/: of
-        # the whole store), a blob folder: its blob's.
-        snap = self.tree.snapshot()
-        if rel in ("", BLOBS):
-            mtime = max([mtime, *snap.dir_mtimes.values()])
-        elif rel.startswith(BLOBS + "/"):
-            try:
-                mtime = status(snap.blobs[rel.rpartition("/")[2]]).st_mtime_ns
-            except (KeyError, OSError):
-                pass
-        else:
-            mtime = snap.dir_mtimes.get(rel, mtime)
-        # Link count: 2 + subfolders, as `find` expects of a Unix folder.
-        if rel == BLOBS:
-            subdirs = len(snap.blobs)
-        else:
-            subdirs = sum(1 for c in snap.dirs.get(rel, ()) if (f"{rel}/{c}" if rel else c) in snap.dirs)
-        return {**owner, "st_nlink": 2 + subdirs, "st_ino": inodes.dir_ino(rel),
-                "st_mtime": mtime, "st_ctime": mtime, "st_atime": mtime}
-
     def getattr(self, path, fh=None):
         handle = self._files.get(fh.fh) if fh is not None else None
         if handle is not None:
-            attrs = self._file_attrs(path, handle.view.stamp, handle.view.size, fstat(handle.file.fd))
+            attrs = file_attrs(path, handle.view.stamp, handle.view.size, fstat(handle.file.fd))
         else:
-            attrs = self._memo.attrs(path, self._getattr)
+            attrs = self._memo.attrs(path, self._attrs.of)
         if attrs is None:
             raise fuse.FuseOSError(errno.ENOENT)
         if stat.S_ISREG(attrs["st_mode"]):
@@ -142,53 +114,8 @@ class CompatFS(fuse.Operations):
             self._files.told(path, attrs.pop("st_stamp", None))
         return attrs
 
-    def _getattr(self, path: str) -> dict | None:
-        """The attributes of `path`; None when nothing is there."""
-        node = self.tree.lookup(path)
-        if node is None:
-            return None
-        if isinstance(node, list):
-            return self._dir_attrs(path)
-        sticky = self._files.sticky(path)
-        if sticky is not None and sticky[2]:
-            return self._file_attrs(path, sticky[0].view.stamp, sticky[0].view.size, sticky[1])
-        for _attempt in range(3):
-            # Size and identity of one blob (the path may name another by the
-            # time its summary is looked up).
-            try:
-                st = self._store.blob_stat(node)
-                size = self._store.size(node, st)
-                break
-            except fuse.FuseOSError:
-                st = size = None
-                break
-            except Changed:
-                st = size = None
-        if size is not None:
-            return self._file_attrs(path, identity(st), size, st)
-        if sticky is not None:
-            # Its blob broke under open files: they keep their size (and get
-            # EIO on read), rather than an early end of file.
-            return self._file_attrs(path, sticky[0].view.stamp, sticky[0].view.size, sticky[1])
-        # Shown (empty, unreadable), so that opening it reports the error.
-        return {"st_mode": stat.S_IFREG, "st_nlink": 1, "st_size": 0, "st_ino": inodes.bad_ino(path),
-                "st_uid": os.getuid(), "st_gid": os.getgid()}
-
-    @staticmethod
-    def _file_attrs(path: str, stamp: tuple, size: int, st: os.stat_result | None) -> dict:
-        """A file's attributes: its blob's owner, mode (minus write bits) and
-        times, one inode number per (path, blob identity); `st_stamp` the
-        identity (getattr notes it as told to the kernel, and drops it)."""
-        attrs = {"st_mode": stat.S_IFREG | (st.st_mode & 0o555 if st else 0), "st_nlink": 1,
-                 "st_size": size, "st_blocks": (size + 511) // 512, "st_ino": inodes.file_ino(path, stamp),
-                 "st_stamp": tuple(stamp)}
-        if st is not None:
-            attrs.update(st_uid=st.st_uid, st_gid=st.st_gid, st_mtime=st.st_mtime_ns,
-                         st_ctime=st.st_ctime_ns, st_atime=st.st_atime_ns)
-        return attrs
-
     def readdir(self, path, fh):
-        entries = self._memo.listing(path, self._list)
+        entries = self._memo.listing(path, self._attrs.listing)
         rel = path.strip("/")
         # Listing needs what listing the store folder it comes from needs.
         try:
@@ -198,36 +125,6 @@ class CompatFS(fuse.Operations):
         except OSError as e:
             raise fuse.FuseOSError(e.errno or errno.EIO) from None
         return entries
-
-    def _list(self, path: str) -> list[tuple]:
-        node = self._node(path)
-        if not isinstance(node, list):
-            raise fuse.FuseOSError(errno.ENOTDIR)
-        rel = path.strip("/")
-        # d_ino must be set (readers skip entries with inode 0) and match stat's.
-        entries = [(".", {"st_mode": stat.S_IFDIR, "st_ino": inodes.dir_ino(rel)}, 0),
-                   ("..", {"st_mode": stat.S_IFDIR, "st_ino": inodes.dir_ino(rel.rpartition("/")[0])}, 0)]
-        snap = self.tree.snapshot()
-        for name in node:
-            child = f"{path.rstrip('/')}/{name}"
-            # Files are looked up, folders not (looking one up reads its blob's header).
-            is_dir = rel == BLOBS or (f"{rel}/{name}" if rel else name) in snap.dirs
-            ref = None if is_dir else self.tree.lookup(child)
-            if isinstance(ref, FileRef):
-                entries.append((name, {"st_mode": stat.S_IFREG, "st_ino": self._file_ino(child, ref)}, 0))
-            else:
-                entries.append((name, {"st_mode": stat.S_IFDIR, "st_ino": inodes.dir_ino(child.strip("/"))}, 0))
-        return entries
-
-    def _file_ino(self, path: str, ref: FileRef) -> int:
-        """The inode number `getattr` gives `path`: one per (path, view)."""
-        stamp = self._files.open_stamp(path)
-        if stamp is None:
-            try:
-                stamp = identity(status(ref.blob))
-            except OSError:
-                return inodes.bad_ino(path)
-        return inodes.file_ino(path, stamp)
 
     def statfs(self, path):
         try:
@@ -241,7 +138,7 @@ class CompatFS(fuse.Operations):
     def open(self, path, fi):
         if fi.flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
             raise fuse.FuseOSError(errno.EROFS)
-        node = self._node(path)
+        node = self._attrs.node(path)
         if isinstance(node, list):
             raise fuse.FuseOSError(errno.EISDIR)
         with self._opening[hash(path) % len(self._opening)]:
@@ -266,7 +163,7 @@ class CompatFS(fuse.Operations):
             # the last scan (a model pulled again, its old blob removed):
             # the path's current blob, from a scan made now.
             self.tree.snapshot(fresh=True)
-            node = self._node(path)
+            node = self._attrs.node(path)
         else:
             if isinstance(failed, CannotOpen):
                 log.error("cannot open blob: %s", failed.message)
