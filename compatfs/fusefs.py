@@ -35,7 +35,6 @@ import os
 import stat
 import threading
 
-
 from . import libfuse, readpath
 from .libfuse import fuse
 from .tree import BLOBS, FileRef, Tree
@@ -48,8 +47,6 @@ from .openfiles import CannotOpen, OpenFiles, fstat
 from .presented import Presented
 
 log = logging.getLogger("compatfs")
-
-
 
 
 def _erofs(*_args, **_kwargs):
