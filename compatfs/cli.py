@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import errno
 import json
-import logging
 import os
 import shutil
 import stat
@@ -41,7 +40,7 @@ def _check_fuse() -> None:
     if not os.path.exists("/dev/fuse"):
         raise CliError("/dev/fuse is missing: load the fuse kernel module (or run the container with --device /dev/fuse)")
     try:
-        from . import fusefs  # noqa: F401  (loading it finds libfuse 3)
+        from . import libfuse  # noqa: F401  (loading it finds libfuse 3)
     except OSError as e:
         raise CliError(f"libfuse 3 not found ({e}): install it, e.g. `apt-get install fuse3`") from None
 
@@ -58,7 +57,7 @@ def _stale(path: Path) -> bool:
 
 def _clean_stale(path: Path) -> None:
     """Unmount the dead compatfs endpoint at `path` (lazily if it is busy)."""
-    from .fusefs import lazy_unmount
+    from .daemon import lazy_unmount
     from .mounttable import fstype_at
     fstype = fstype_at(path)
     if fstype != "fuse.compatfs":
@@ -120,7 +119,7 @@ def _open_log(path: Path, safe: bool) -> int:
 
 
 def _mount_options(args) -> dict:
-    from .fusefs import MountError, check_options
+    from .daemon import MountError, check_options
     opts = _parse_options(args.options)
     try:
         check_options(opts)
@@ -187,48 +186,14 @@ def cmd_mount(args) -> int:
     raise CliError(f"mount of {mnt} did not come up within 30 s ({where})")
 
 
-def _tune_malloc() -> None:
-    """Large allocations (parsed and rendered headers, whole op tensors) mapped
-    on their own, so that freeing them returns the memory: glibc otherwise
-    raises that threshold as blocks are freed and keeps them in a heap that
-    only grows over a long-running mount.  Read replies (up to 1 MiB, and the
-    op inputs behind them) stay below the threshold and reuse heap memory: a
-    fresh mapping per reply would fault in every page of it again.  Two
-    arenas, each keeping at most a few MiB free, bound what that reuse holds."""
-    from .libc import tune_malloc
-    tune_malloc(mmap_threshold=(1 << 20) + (64 << 10), trim_threshold=4 << 20, arenas=2)
-
-
 def _serve(store: Source, mnt: Path, args, translate: bool) -> int:
-    _tune_malloc()
-    from . import fusefs
-    from .opcache import OpCache
-    from .tree import Tree
-    from .views import BlobViews
-    handler = logging.FileHandler(args.log) if args.log else logging.StreamHandler()
-    level = logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose else logging.WARNING
-    logging.basicConfig(level=level, handlers=[handler], format="%(asctime)s compatfs %(levelname)s %(message)s")
-    log = logging.getLogger("compatfs")
-    log.setLevel(min(level, logging.INFO))
-    from .index import Index, default_path
-    index_path = None if args.no_index else Path(args.index).absolute() if args.index else default_path()
-    if index_path is not None and index_path.resolve().is_relative_to(store.root.resolve()):
-        raise CliError(f"the index {index_path} would be inside the store {store.root}: compatfs never writes there")
-    views = BlobViews(translate=translate, op_cache=OpCache(args.op_cache_mb << 20),
-                      index=Index(index_path, translate), workers=os.cpu_count() or 1)
-    log.info("serving %s at %s (translation %s, libfuse %s, %s reads, pid %d)", store.root, mnt,
-             "on" if translate else "off", fusefs.libfuse_version(), fusefs.READ_REPLIES, os.getpid())
-    from .sdnotify import notify_when_mounted
-    notify_when_mounted(mnt)            # READY=1 for a systemd Type=notify unit
+    from . import daemon
     try:
-        fusefs.mount(Tree(store, views), str(mnt), options=_mount_options(args), read_ahead_kb=args.read_ahead_kb)
-    except fusefs.MountError as e:
-        log.error("%s", e)
+        return daemon.serve(store, mnt, translate=translate, options=_mount_options(args), log_file=args.log,
+                            verbose=args.verbose, index=args.index, no_index=args.no_index,
+                            op_cache_mb=args.op_cache_mb, read_ahead_kb=args.read_ahead_kb)
+    except daemon.MountError as e:
         raise CliError(str(e)) from None
-    finally:
-        views.close()
-    log.info("unmounted %s", mnt)
-    return 0
 
 
 def cmd_umount(args) -> int:
@@ -438,7 +403,7 @@ def cmd_demo_store(args) -> int:
 def _version() -> str:
     from . import __version__
     try:
-        from .fusefs import libfuse_version
+        from .libfuse import libfuse_version
         fuse = f"libfuse {libfuse_version()}"
     except OSError as e:
         fuse = f"libfuse 3 not found: {e}"

@@ -1,13 +1,19 @@
-"""The FUSE layer: paths to tree lookups, file handles to views, reads to pieces.
+"""The FUSE layer: the `fuse.Operations` adapter, turning each request into
+calls on the modules that decide:
 
-Kept thin on purpose: every decision about what a file contains lives in
-`tree`, `views` and `view`.  A read is answered with one malloc'ed buffer
-that libfuse frees (`read_buf`), filled by `viewbytes` through the blob the
-open file holds: blob ranges are read with preadv straight into C memory
-(their bytes never become Python objects), ranges of elementwise ops are
-computed straight into it, header bytes and op tensors' chunks copied in.
+- `attributes`: what getattr and readdir answer; `memo` keeps those answers
+  between rescans;
+- `presented`: the store's current view of a file (failures logged once);
+- `openfiles`: the views paths keep while files are open on them, and what
+  an open snapshots (the view and the blob's descriptor it is read through);
+- `readpath`: a read's reply, one malloc'ed buffer filled by `viewbytes`;
+- `rescan`: the background rescan and the kernel's invalidations;
+- `inodes`: inode numbers; `libfuse`: the libfuse 3 binding;
+- `access` and `blobfile`: permissions, decided on the store files themselves.
 
-What this layer guarantees on its own:
+Every decision about what a file contains lives in `tree`, `views` and
+`view`; the mount's lifecycle (options, signals, read-ahead, unmount) in
+`daemon`.  What the mount guarantees:
 - libfuse 3, chosen explicitly (mfusepy would take libfuse 2 first).
 - A file shows its blob's owner and mode (minus write bits); opening it also
   needs the caller to be able to reach and read the blob in the store itself.
@@ -19,144 +25,29 @@ What this layer guarantees on its own:
   page cache per path), and switches to the store's new one when they close.
 - The store is rescanned every second in the background; the kernel's cached
   attributes and pages of changed folders are invalidated at once.
-- SIGTERM, SIGINT and SIGHUP unmount cleanly.
+- SIGTERM, SIGINT and SIGHUP unmount cleanly (`daemon`).
 """
 from __future__ import annotations
 
-import ctypes
 import errno
-import hashlib
-import itertools
 import logging
 import os
-import signal
-import re
 import stat
-import subprocess
 import threading
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
 
-
-# mfusepy takes libfuse 2 when both are installed; this layer is written for 3.
-if not os.environ.get("FUSE_LIBRARY_PATH"):
-    os.environ["FUSE_LIBRARY_NAME"] = "fuse3"
-
-import mfusepy as fuse  # noqa: E402
-
-from .tree import FileRef, Tree  # noqa: E402
-from .access import READ, Caller  # noqa: E402
-from .blobfile import BlobFile, Denied, identity, keep_out, status, unchanged  # noqa: E402
-from .gguf_values import GGUFError  # noqa: E402
-from .libc import LIBC  # noqa: E402
-from . import viewbytes  # noqa: E402
-from .view import View  # noqa: E402
-from .views import LAYER_FILE, MMPROJ_FILE, MODEL_FILE  # noqa: E402
+from . import libfuse, readpath
+from .libfuse import fuse
+from .tree import FileRef, Tree
+from .access import READ
+from .blobfile import Denied, keep_out, status
+from .attributes import Attributes, file_attrs
+from .memo import Memo
+from .rescan import Rescan
+from .openfiles import CannotOpen, OpenFiles, fstat
+from .presented import Presented
 
 log = logging.getLogger("compatfs")
-
-
-
-
-class MountError(Exception):
-    """The mount could not be set up or ended in an error; one line for the user."""
-
-
-class _FuseBuf(ctypes.Structure):
-    # libfuse 3's struct fuse_buf.
-    _fields_ = [("size", ctypes.c_size_t), ("flags", ctypes.c_int), ("mem", ctypes.c_void_p),
-                ("fd", ctypes.c_int), ("pos", ctypes.c_int64)]
-
-
-class _FuseBufvec(ctypes.Structure):
-    # libfuse 3's struct fuse_bufvec holding one buffer (libfuse declares
-    # `buf[1]` inline; mfusepy's declaration has a pointer there).
-    _fields_ = [("count", ctypes.c_size_t), ("idx", ctypes.c_size_t), ("off", ctypes.c_size_t),
-                ("buf", _FuseBuf * 1), ("_slack", ctypes.c_size_t * 2)]
-
-
-def libfuse_version() -> str:
-    """The libfuse this process runs on, e.g. "3.14.0"."""
-    lib = fuse._libfuse
-    try:
-        lib.fuse_pkgversion.restype = ctypes.c_char_p
-        return lib.fuse_pkgversion().decode()
-    except AttributeError:
-        return f"{fuse.fuse_version_major}.{fuse.fuse_version_minor}"
-
-
-def _libfuse_tuple() -> tuple[int, int]:
-    try:
-        major, minor = libfuse_version().split(".")[:2]
-        return int(major), int(minor)
-    except ValueError:
-        return (0, 0)
-
-
-if fuse.fuse_version_major != 3:
-    raise OSError(f"compatfs needs libfuse 3; {fuse._libfuse_path} is libfuse {libfuse_version()}")
-
-# A read is answered in one memory buffer, whatever it spans (the serving
-# log line names it).
-READ_REPLIES = "single-buffer"
-
-_libfuse = fuse._libfuse
-_libfuse.fuse_invalidate_path.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-_libfuse.fuse_invalidate_path.restype = ctypes.c_int
-_libfuse.fuse_exit.argtypes = [ctypes.c_void_p]
-
-
-def _ino(*parts) -> int:
-    """A stable inode number for what `parts` name (never 0 or 1, the root's)."""
-    h = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return (int.from_bytes(h, "little") >> 2) + 2
-
-
-def _caller() -> Caller:
-    """The process whose request is being answered (libfuse's context)."""
-    return Caller(*fuse.fuse_get_context())
-
-
-@dataclass
-class _Handle:
-    path: str
-    view: View
-    file: BlobFile           # the blob, opened once: every byte of this handle is read through it
-    failed: bool = False     # its blob changed: every read is EIO (logged once)
-
-    @property
-    def blob(self) -> str:
-        return str(self.file.path)
-
-
-@dataclass
-class _Served:
-    """The view a path served last and the handles open on it; the view itself
-    is held only while handles are open (the kernel's page-cache decision
-    needs just its blob and stamp)."""
-    view: View | None
-    blob: str
-    stamp: tuple
-    fhs: set[int] = field(default_factory=set)
-    params: Path | None = None     # the params layer a model folder's model.gguf was built with
-
-
-_UNKNOWN = object()
-
-
-class _Changed(Exception):
-    """The blob at a path became another file while it was looked at."""
-
-
-class _CannotOpen(fuse.FuseOSError):
-    """EIO for a blob that cannot be opened; `message` is logged if opening
-    the path's blob of a scan made then fails too."""
-
-    def __init__(self, message: str):
-        super().__init__(errno.EIO)
-        self.message = message
 
 
 def _erofs(*_args, **_kwargs):
@@ -167,38 +58,22 @@ class CompatFS(fuse.Operations):
     """Read-only operations over a `Tree`."""
 
     use_ns = True
-    RESCAN_SECONDS = 1.0
-    _FAILURES_KEPT = 1024
-    _ATTRS_KEPT = 1 << 14       # remembered answers (a few per model; ~10 MB at most)
     _OPEN_ATTEMPTS = 8          # an open racing re-pulls tries the path's newest blob this often
 
-    def __init__(self, tree: Tree, mountpoint: str, read_ahead_kb: int = 0):
+    def __init__(self, tree: Tree, mountpoint: str, read_ahead_kb: int = 0, on_start=None):
         self.tree = tree
         self._mountpoint = mountpoint
         keep_out(mountpoint)     # nothing is ever looked up through it (a request to this very daemon)
         tree.publish(Path(os.path.abspath(mountpoint)))   # its root shows models.ini, paths under the mountpoint
         self._read_ahead_kb = read_ahead_kb
         self.root = tree.source.root
-        self._handles: dict[int, _Handle] = {}
-        self._fh = itertools.count(1)
         self._lock = threading.Lock()
-        self._served: dict[str, _Served] = {}       # path -> what it served last (page-cache validity)
-        self._failures: dict[tuple, str] = {}      # what failed (blob, kind, stamp) -> the line logged once
-        self._stale_paths: set[str] = set()      # to invalidate: they kept a view for open files
+        self._store = Presented(tree, self._lock)     # the store's current views, failures logged once
         self._opening = [threading.Lock() for _ in range(64)]   # opens of one path, one at a time
-        self._told: dict[str, set] = {}           # path -> blob identities getattr gave sizes of (None: a bad file's 0)
-        # getattr's answers (None: no such path) as of the last rescan, so that
-        # a listing is answered from memory (permissions are checked anew); emptied whenever a rescan sees a
-        # change, before the kernel is told, and for a path whose files open
-        # or close.  `_generation` keeps an answer computed across a change out.
-        self._attrs: dict[str, dict | None] = {}
-        self._listings: dict[str, list] = {}       # readdir's answers, remembered alike
-        self._generation = 0
-        self._fuse_ptr: int | None = None
-        self._stop = threading.Event()
-        self._kick = threading.Event()             # rescan now
-        self._watcher: threading.Thread | None = None
-        tree.views.on_belied = self._belied      # an index entry was wrong: the kernel's attributes too
+        self._files = OpenFiles(tree, self._store, self._lock, forget=lambda path: self._memo.forget_path(path))
+        self._memo = Memo(self._lock, self._files.open_on)   # getattr's and readdir's answers
+        self._attrs = Attributes(tree, self._store, self._files)
+        self._rescan = Rescan(tree, self._lock, self._memo, self._files, on_start)
 
     # -- lifetime ------------------------------------------------------------
     def init_with_config(self, conn, config):
@@ -210,344 +85,45 @@ class CompatFS(fuse.Operations):
         self.init("/")
 
     def init(self, path):
-        self._fuse_ptr = _libfuse.fuse_get_context().contents.fuse
-        self._watcher = threading.Thread(target=self._watch, name="compatfs-rescan", daemon=True)
-        self._watcher.start()
+        self._rescan.start(libfuse.session())
 
     def destroy(self, path):
-        self._stop.set()
-        self._kick.set()
-        if self._watcher is not None:
-            self._watcher.join(timeout=5)
-        self._fuse_ptr = None
+        self._rescan.stop()
 
-    def exit(self) -> None:
-        """End the FUSE loop (libfuse then unmounts) without a request to the
-        mount: flag the session, then interrupt the main thread's wait for
-        the loop's workers (a signal; its handler is mount()'s, which does
-        nothing), so that it sees the flag and ends them."""
-        ptr = self._fuse_ptr
-        if ptr:
-            _libfuse.fuse_exit(ptr)
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
-        else:
-            lazy_unmount(self._mountpoint)
+    @property
+    def session(self) -> int | None:
+        """The FUSE session while the loop runs (set in `init`), else None."""
+        return self._rescan.session
 
     @property
     def open_files(self) -> int:
-        with self._lock:
-            return len(self._handles)
-
-    def _watch(self) -> None:
-        """Rescan the store every second; tell the kernel what changed."""
-        if self._read_ahead_kb:
-            log.info(set_read_ahead(self._mountpoint, self._read_ahead_kb))
-        old_snap = self.tree.snapshot()
-        self.tree.follow()     # from now on only this thread rescans; lookups never wait for it
-        before = self.tree.marks(old_snap)
-        while not self._stop.is_set():
-            self._kick.wait(self.RESCAN_SECONDS)
-            self._kick.clear()
-            if self._stop.is_set():
-                return
-            try:
-                with self._lock:
-                    stale, self._stale_paths = self._stale_paths, set()
-                snap = self.tree.rescan()
-                now = self.tree.marks(snap)
-                changed = {d for d in before.keys() | now.keys() if before.get(d) != now.get(d)}
-                before = now
-                if changed or stale:
-                    self._forget_attrs()
-                if changed:
-                    log.info("store changed: %s", ", ".join(sorted(changed)))
-                    self._invalidate(changed, old_snap, snap)
-                    self.tree.views.retain(set(snap.ggufs))
-                old_snap = snap
-                self._invalidate_paths(stale)
-                self._prune(changed | {p.strip("/").rpartition("/")[0] for p in stale}, now)
-            except Exception:   # the mount outlives a failed rescan
-                log.exception("rescan of %s failed", self.root)
-
-    def _forget_attrs(self) -> None:
-        """Drop every remembered attribute and listing."""
-        with self._lock:
-            self._generation += 1
-            self._attrs.clear()
-            self._listings.clear()
-
-    def _invalidate(self, folders: set[str], *snaps) -> None:
-        """Invalidate the folders, their files (as either snapshot names them) and parents."""
-        paths = set()
-        if any(d.startswith("<") for d in folders):   # a folder on disk whose owner and mode folders show
-            folders = {d for d in folders if not d.startswith("<")} | set(snaps[-1].dirs)
-        for d in folders:
-            names = {MODEL_FILE, MMPROJ_FILE}
-            for snap in snaps:
-                names |= set(snap.files.get(d, ()))
-            paths |= {f"/{d}/{n}" for n in names} | {f"/{d}"}
-            parts = d.split("/")
-            paths |= {"/" + "/".join(parts[:i]) for i in range(len(parts))}
-        self._invalidate_paths(paths)
-
-    def _belied(self, blob: Path) -> None:
-        """The index entry of `blob` was wrong (its sizes, or whether it has an
-        mmproj.gguf) and is made again: drop every remembered answer, and the
-        kernel's attributes of the folders that show the blob and their files."""
-        snap = self.tree.snapshot()
-        folders = {name for name, files in snap.files.items() if any(ref.blob == blob for ref in files.values())}
-        self._forget_attrs()
-        self._invalidate(folders, snap)
-
-    def _invalidate_paths(self, paths: set[str]) -> None:
-        """Drop the kernel's attributes and pages of `paths` (those it knows)."""
-        for p in sorted(paths, key=len, reverse=True):
-            if self._stop.is_set() or not self._fuse_ptr:
-                return
-            _libfuse.fuse_invalidate_path(self._fuse_ptr, p.encode())
-
-    def _prune(self, changed: set[str], folders: dict[str, tuple]) -> None:
-        """Forget what changed or removed paths served, unless a handle still reads it."""
-        with self._lock:
-            for path, served in list(self._served.items()):
-                folder = path.strip("/").rpartition("/")[0]
-                if not served.fhs and (folder in changed or folder not in folders):
-                    del self._served[path]
+        return self._files.count
 
     # -- lookups -------------------------------------------------------------
-    def _node(self, path: str):
-        node = self.tree.lookup(path)
-        if node is None:
-            raise fuse.FuseOSError(errno.ENOENT)
-        return node
-
-    def _blob_stat(self, ref: FileRef) -> os.stat_result:
-        """The blob's status (through a symlink); EIO and a log line for anything
-        but a regular file."""
-        try:
-            st = status(ref.blob)
-        except OSError as e:
-            self._fail(("missing", str(ref.blob), e.errno), f"cannot read blob {ref.blob}: {e.strerror}")
-        if not stat.S_ISREG(st.st_mode):
-            self._fail(("irregular", str(ref.blob), identity(st)), f"blob {ref.blob} is not a regular file: not served")
-        return st
-
-    def _fail(self, key: tuple, message: str) -> NoReturn:
-        """Log `message` once per `key`, then EIO."""
-        self._log_once(key, message)
-        raise fuse.FuseOSError(errno.EIO)
-
-    def _log_once(self, key: tuple, message: str) -> None:
-        with self._lock:
-            new = key not in self._failures
-            if new:
-                if len(self._failures) >= self._FAILURES_KEPT:
-                    self._failures.clear()
-                self._failures[key] = message
-        if new:
-            log.error("%s", message)
-
-    def _size(self, ref: FileRef, st: os.stat_result) -> int | None:
-        """The file's size from the summary of the blob of status `st` (no view
-        is built for `stat`); None, logged once, when the view cannot be
-        presented; _Changed when the blob at that path is another by now."""
-        key = (str(ref.blob), ref.kind, identity(st))
-        if ref.kind == LAYER_FILE or (not self.tree.views.translate and ref.kind == MODEL_FILE):
-            return st.st_size   # served byte for byte, GGUF or not (as `BlobViews.view` does)
-        try:
-            summary = self.tree.views.summary(ref.blob, identity(st))
-            if summary is None:
-                raise _Changed
-            error = summary.error
-            size = summary.model_size if ref.kind == MODEL_FILE else summary.mmproj_size
-            if size is not None and not error:
-                size = self.tree.views.sampled_size(ref.blob, ref.params, size)
-        except _Changed:
-            raise
-        except Exception as e:   # a bad blob must never take the mount down
-            error, size = str(e), None
-        if error or size is None:
-            self._log_once(key, f"cannot present {ref.kind} of {ref.blob}: {error or 'no such view'}")
-            return None
-        return size
-
-    def _build(self, ref: FileRef, st: os.stat_result) -> View:
-        """The store's current `ref.kind` view of the blob; a view that cannot be
-        built is EIO with one log line (and not built again until the blob changes)."""
-        key = (str(ref.blob), ref.kind, identity(st))
-        with self._lock:
-            known = self._failures.get(key)
-        if known is not None:
-            raise fuse.FuseOSError(errno.EIO)
-        try:
-            return self.tree.views.view(ref.blob, ref.kind, ref.params)
-        except Exception as e:   # a bad blob must never take the mount down
-            self._fail(key, f"cannot present {ref.kind} of {ref.blob}: {e}")
-
-    def _sticky(self, path: str, duplicate: bool = False) -> tuple[_Served, os.stat_result, bool, BlobFile | None] | None:
-        """What `path` served last while handles are open on it: the served
-        view, its blob's status by descriptor, whether that blob is intact,
-        and with `duplicate` a descriptor of that blob of the caller's own
-        (taken while the handle cannot be closed)."""
-        with self._lock:
-            served = self._served.get(path)
-            file = next((self._handles[fh].file for fh in served.fhs if fh in self._handles), None) if served else None
-            if file is None or served.view is None:
-                return None
-            served = _Served(served.view, served.blob, served.stamp)   # as it is now, for the caller
-            st = self._fstat(file.fd)
-            if st is None:
-                return None
-            own = file.duplicate() if duplicate and unchanged(served.stamp, st) else None
-        return served, st, unchanged(served.stamp, st), own
-
-    def _choose(self, path: str, ref: FileRef) -> tuple[View, str, BlobFile | None]:
-        """The view `path` serves now: the one its open handles read while their
-        blob is intact (with a descriptor of it, the caller's to close: the
-        blob may have left the store), else the store's current one."""
-        sticky = self._sticky(path, duplicate=True)
-        if sticky is not None and sticky[2]:
-            return sticky[0].view, sticky[0].blob, sticky[3]
-        return self._build(ref, self._blob_stat(ref)), str(ref.blob), None
-
-    def _dir_attrs(self, path: str) -> dict:
-        rel = path.strip("/")
-        snap = self.tree.snapshot()
-        # Link count: 2 + subfolders, as `find` expects of a Unix folder.
-        subdirs = sum(1 for c in snap.dirs.get(rel, ()) if (f"{rel}/{c}" if rel else c) in snap.dirs)
-        return {**self.tree.folder_attrs(rel), "st_nlink": 2 + subdirs, "st_ino": self._dir_ino(rel)}
-
     def getattr(self, path, fh=None):
-        handle = self._handles.get(fh.fh) if fh is not None else None
+        handle = self._files.get(fh.fh) if fh is not None else None
         if handle is not None:
-            attrs = self._file_attrs(path, handle.view.stamp, handle.view.size, self._fstat(handle.file.fd))
+            attrs = file_attrs(path, handle.view.stamp, handle.view.size, fstat(handle.file.fd))
         else:
-            attrs = self._recall(self._attrs, path, self._getattr, unless_open=True)
+            attrs = self._memo.attrs(path, self._attrs.of)
         if attrs is None:
             raise fuse.FuseOSError(errno.ENOENT)
         if stat.S_ISREG(attrs["st_mode"]):
             attrs = dict(attrs)
-            with self._lock:
-                self._told.setdefault(path, set()).add(attrs.pop("st_stamp", None))
+            self._files.told(path, attrs.pop("st_stamp", None))
         return attrs
-
-    def _recall(self, table: dict, path: str, compute, unless_open: bool = False):
-        """`table`'s answer for `path`, else `compute(path)`, remembered there
-        unless a change came in meanwhile (or, with `unless_open`, while files
-        are open on `path`: their answers follow the open view)."""
-        with self._lock:
-            hit = table.get(path, _UNKNOWN)
-            generation = self._generation
-            served = self._served.get(path) if unless_open else None
-            remember = served is None or not served.fhs
-        if hit is not _UNKNOWN and remember:
-            return hit
-        value = compute(path)
-        if remember:
-            with self._lock:
-                if generation == self._generation and len(table) < self._ATTRS_KEPT:
-                    table[path] = value
-        return value
-
-    def _getattr(self, path: str) -> dict | None:
-        """The attributes of `path`; None when nothing is there."""
-        node = self.tree.lookup(path)
-        if node is None:
-            return None
-        if isinstance(node, list):
-            return self._dir_attrs(path)
-        sticky = self._sticky(path)
-        if sticky is not None and sticky[2]:
-            return self._file_attrs(path, sticky[0].view.stamp, sticky[0].view.size, sticky[1])
-        for _attempt in range(3):
-            # Size and identity of one blob (the path may name another by the
-            # time its summary is looked up).
-            try:
-                st = self._blob_stat(node)
-                size = self._size(node, st)
-                break
-            except fuse.FuseOSError:
-                st = size = None
-                break
-            except _Changed:
-                st = size = None
-        if size is not None:
-            return self._file_attrs(path, identity(st), size, st)
-        if sticky is not None:
-            # Its blob broke under open files: they keep their size (and get
-            # EIO on read), rather than an early end of file.
-            return self._file_attrs(path, sticky[0].view.stamp, sticky[0].view.size, sticky[1])
-        # Shown (empty, unreadable), so that opening it reports the error.
-        return {"st_mode": stat.S_IFREG, "st_nlink": 1, "st_size": 0, "st_ino": _ino("bad", path),
-                "st_uid": os.getuid(), "st_gid": os.getgid()}
-
-    @staticmethod
-    def _file_attrs(path: str, stamp: tuple, size: int, st: os.stat_result | None) -> dict:
-        """A file's attributes: its blob's owner, mode (minus write bits) and
-        times, one inode number per (path, blob identity); `st_stamp` the
-        identity (getattr notes it as told to the kernel, and drops it)."""
-        attrs = {"st_mode": stat.S_IFREG | (st.st_mode & 0o555 if st else 0), "st_nlink": 1,
-                 "st_size": size, "st_blocks": (size + 511) // 512, "st_ino": _ino(path, stamp),
-                 "st_stamp": tuple(stamp)}
-        if st is not None:
-            attrs.update(st_uid=st.st_uid, st_gid=st.st_gid, st_mtime=st.st_mtime_ns,
-                         st_ctime=st.st_ctime_ns, st_atime=st.st_atime_ns)
-        return attrs
-
-    @staticmethod
-    def _fstat(fd: int) -> os.stat_result | None:
-        try:
-            return os.fstat(fd)
-        except OSError:
-            return None
 
     def readdir(self, path, fh):
-        entries = self._recall(self._listings, path, self._list)
+        entries = self._memo.listing(path, self._attrs.listing)
         rel = path.strip("/")
-        # Listing needs what listing the folder on disk it mirrors needs.
+        # Listing needs what listing the store folder it comes from needs.
         try:
-            status(self.tree.owner(rel), _caller(), READ)
+            status(self.tree.owner(rel), libfuse.caller(), READ)
         except Denied:
             raise fuse.FuseOSError(errno.EACCES) from None
         except OSError as e:
             raise fuse.FuseOSError(e.errno or errno.EIO) from None
         return entries
-
-    def _list(self, path: str) -> list[tuple]:
-        node = self._node(path)
-        if not isinstance(node, list):
-            raise fuse.FuseOSError(errno.ENOTDIR)
-        rel = path.strip("/")
-        # d_ino must be set (readers skip entries with inode 0) and match stat's.
-        entries = [(".", {"st_mode": stat.S_IFDIR, "st_ino": self._dir_ino(rel)}, 0),
-                   ("..", {"st_mode": stat.S_IFDIR, "st_ino": self._dir_ino(rel.rpartition("/")[0])}, 0)]
-        snap = self.tree.snapshot()
-        for name in node:
-            child = f"{path.rstrip('/')}/{name}"
-            # Files are looked up, folders not (looking one up reads its blob's header).
-            is_dir = (f"{rel}/{name}" if rel else name) in snap.dirs
-            ref = None if is_dir else self.tree.lookup(child)
-            if isinstance(ref, FileRef):
-                entries.append((name, {"st_mode": stat.S_IFREG, "st_ino": self._file_ino(child, ref)}, 0))
-            else:
-                entries.append((name, {"st_mode": stat.S_IFDIR, "st_ino": self._dir_ino(child.strip("/"))}, 0))
-        return entries
-
-    @staticmethod
-    def _dir_ino(rel: str) -> int:
-        return 1 if not rel else _ino("dir", rel)
-
-    def _file_ino(self, path: str, ref: FileRef) -> int:
-        """The inode number `getattr` gives `path`: one per (path, view)."""
-        with self._lock:
-            served = self._served.get(path)
-            stamp = served.stamp if served is not None and served.fhs else None
-        if stamp is None:
-            try:
-                stamp = identity(status(ref.blob))
-            except OSError:
-                return _ino("bad", path)
-        return _ino(path, stamp)
 
     def statfs(self, path):
         try:
@@ -561,7 +137,7 @@ class CompatFS(fuse.Operations):
     def open(self, path, fi):
         if fi.flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
             raise fuse.FuseOSError(errno.EROFS)
-        node = self._node(path)
+        node = self._attrs.node(path)
         if isinstance(node, list):
             raise fuse.FuseOSError(errno.EISDIR)
         with self._opening[hash(path) % len(self._opening)]:
@@ -570,10 +146,10 @@ class CompatFS(fuse.Operations):
     def _open(self, path: str, node: FileRef, fi) -> int:
         """`open` of `path`, one at a time per path: what it serves is chosen
         knowing every handle opened on it before."""
-        caller = _caller()
+        caller = libfuse.caller()
         for _attempt in range(self._OPEN_ATTEMPTS):
             try:
-                opened = self._open_view(path, node, caller)
+                opened = self._files.open_view(path, node, caller)
             except fuse.FuseOSError as e:
                 if e.errno != errno.EIO:
                     raise
@@ -586,315 +162,39 @@ class CompatFS(fuse.Operations):
             # the last scan (a model pulled again, its old blob removed):
             # the path's current blob, from a scan made now.
             self.tree.snapshot(fresh=True)
-            node = self._node(path)
+            node = self._attrs.node(path)
         else:
-            if isinstance(failed, _CannotOpen):
+            if isinstance(failed, CannotOpen):
                 log.error("cannot open blob: %s", failed.message)
             elif failed is None:
                 log.error("blob %s changes while it is opened: not served", node.blob)
             raise failed or fuse.FuseOSError(errno.EIO)
         view, blob, file = opened
-        fh = next(self._fh)
-        with self._lock:
-            self._handles[fh] = _Handle(path, view, file)
-            served = self._served.get(path)
-            # Views are immutable (the same blob, by identity, and params layer
-            # make the same bytes): the kernel may keep its pages of this path
-            # unless the path now shows another view than it did last time.
-            params = served.params if served is not None and served.view is view else node.params
-            fi.keep_cache = int(served is not None and served.blob == blob and served.stamp == view.stamp
-                                and served.params == params)
-            if not fi.keep_cache:
-                if served is not None and served.fhs:
-                    log.info("%s now serves blob %s; %d handle(s) still read the view before", path, blob,
-                             len(served.fhs))
-                served = self._served[path] = _Served(view, blob, view.stamp, params=params)
-            served.view = view
-            served.fhs.add(fh)
-            self._generation += 1
-            self._attrs.pop(path, None)
-            told = self._told.get(path, set())
-            stale = bool(told - {view.stamp})
-            if stale:
-                told.clear()
-        if stale and self._fuse_ptr:
+        fh, keep_cache, stale = self._files.add(path, node, view, blob, file)
+        fi.keep_cache = int(keep_cache)
+        if stale and self._rescan.session:
             # Since this was last done, getattr gave the kernel another view's
             # size for this path (it may hold it, or a reply still on its way
             # may set it): it must ask again (getattr with this handle) before
             # it serves any byte of this view, or it would cut it short or
             # mix the two.  Invalidating also discards replies sent before.
-            _libfuse.fuse_invalidate_path(self._fuse_ptr, path.encode())
+            libfuse.invalidate_path(self._rescan.session, path)
         fi.fh = fh
         return 0
 
-    def _open_view(self, path: str, node: FileRef, caller: Caller) -> tuple[View, str, BlobFile] | None:
-        """The view `path` serves now, its blob's path and the file it is
-        served from, opened for `caller` (EACCES unless it may read it; the
-        permission is decided on that very file); None when the file opened
-        is not the one the view was built from (it changed meanwhile)."""
-        view, blob, file = self._choose(path, node)
-        try:
-            if node.readable_as is not None:   # a file the mount makes: readable as that folder is, not as itself
-                status(node.readable_as, caller, READ)
-                caller = Caller(0, 0, caller.pid)
-            if file is not None:
-                try:
-                    file.allow(caller)
-                except BaseException:
-                    file.close()
-                    raise
-            else:
-                file = BlobFile(blob, caller=caller)
-        except Denied:
-            raise fuse.FuseOSError(errno.EACCES) from None
-        except GGUFError as e:
-            raise _CannotOpen(str(e)) from None
-        if file.stamp != view.stamp:
-            file.close()
-            return None
-        return view, blob, file
-
     def release(self, path, fi):
-        with self._lock:
-            handle = self._handles.pop(fi.fh, None)
-            served = self._served.get(handle.path) if handle is not None else None
-            if served is not None:
-                served.fhs.discard(fi.fh)
-                if not served.fhs:
-                    served.view = None
-            if handle is not None:
-                self._generation += 1
-                self._attrs.pop(handle.path, None)
-        if handle is None:
-            return 0
-        handle.file.close()
-        if served is not None and not served.fhs and self._outdated(handle.path, served):
+        handle, outdated = self._files.remove(fi.fh)
+        if handle is not None and outdated:
             # The path kept its view for open files: now the kernel learns the
             # store's current one (from the rescan thread: no notification from
             # inside an operation).
-            with self._lock:
-                self._stale_paths.add(handle.path)
-            self._kick.set()
+            self._rescan.stale(handle.path)
         return 0
 
-    def _outdated(self, path: str, served: _Served) -> bool:
-        """Whether the store now has another blob (or bytes) at `path` than `served`."""
-        ref = self.tree.lookup(path)
-        if not isinstance(ref, FileRef) or str(ref.blob) != served.blob or ref.params != served.params:
-            return True
-        try:
-            return identity(status(ref.blob)) != served.stamp
-        except OSError:
-            return True
-
-    def _handle(self, fi) -> _Handle:
-        """The open handle, checked against its blob: EIO once the blob was
-        truncated or rewritten since the view was built."""
-        handle = self._handles.get(fi.fh)
-        if handle is None:
-            raise fuse.FuseOSError(errno.EBADF)
-        if not handle.failed:
-            try:
-                intact = unchanged(handle.view.stamp, os.fstat(handle.file.fd))
-            except OSError:
-                intact = False
-            if intact:
-                return handle
-            handle.failed = True
-            log.error("blob %s changed under an open file (size, modification or change time): reads of %s fail "
-                      "until it is opened again", handle.blob, handle.path)
-        raise fuse.FuseOSError(errno.EIO)
-
-    @staticmethod
-    def _fill(handle: _Handle, offset: int, out: memoryview) -> None:
-        """The view's bytes at `offset` into `out`, every blob byte (op inputs
-        included) read through the handle's blob; EIO and a log line when the
-        blob cannot give them or an op fails on its data."""
-        try:
-            viewbytes.fill(handle.view, handle.file, offset, out)
-        except Exception as e:   # a blob cut short, an op that fails on bad tensor data
-            log.error("read of %s at %d failed: %s", handle.blob, offset, e)
-            raise fuse.FuseOSError(errno.EIO) from None
-
     def read_buf(self, path, bufpp, size, offset, fi):
-        handle = self._handle(fi)
-        n = max(0, min(size, handle.view.size - offset))
-        # One memory buffer, which libfuse frees, filled here (a blob cut
-        # short under a read is EIO, never a short reply, which the kernel
-        # would take for the end of the file).
-        mem = LIBC.malloc(max(n, 1))
-        if not mem:
-            raise fuse.FuseOSError(errno.ENOMEM)
-        try:
-            if n:
-                self._fill(handle, offset, memoryview((ctypes.c_char * n).from_address(mem)).cast("B"))
-            self._handle(fi)   # the blob is still the one the view was built from
-            out = LIBC.malloc(ctypes.sizeof(_FuseBufvec))
-            if not out:
-                raise fuse.FuseOSError(errno.ENOMEM)
-        except BaseException:
-            LIBC.free(mem)
-            raise
-        vec = _FuseBufvec(count=1)
-        vec.buf[0].size, vec.buf[0].mem = n, mem
-        ctypes.memmove(out, ctypes.addressof(vec), ctypes.sizeof(vec))
-        ctypes.cast(bufpp, ctypes.POINTER(ctypes.c_void_p))[0] = out
+        readpath.reply(self._files.handle(fi.fh), bufpp, size, offset, lambda: self._files.handle(fi.fh))
         return 0
 
     # -- everything that would write -------------------------------------------
     write = create = mkdir = mknod = unlink = rmdir = rename = _erofs
     chmod = chown = truncate = utimens = symlink = link = setxattr = removexattr = _erofs
-
-
-# The kernel keeps attributes and entries this long: the rescan invalidates
-# whatever changed within about a second, so a repeat listing is answered by
-# the kernel, not by a round trip per file.
-ATTR_TIMEOUT = 3600
-
-# Options this layer sets itself (or that mfusepy takes as its own arguments).
-RESERVED_OPTIONS = frozenset({"foreground", "nothreads", "raw_fi", "encoding", "errors", "operations",
-                              "mountpoint", "use_ino", "rw"})
-
-# fuse_main_real's exit codes.
-_LIBFUSE_ERRORS = {1: "invalid mount options", 2: "no mountpoint", 3: "libfuse set-up failed",
-                   4: "mounting failed", 5: "cannot daemonize", 6: "cannot set signal handlers",
-                   7: "the filesystem loop failed", 8: "the filesystem loop ended with an error"}
-_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
-
-
-def check_options(options: dict) -> None:
-    """MountError naming an option the FUSE layer sets itself."""
-    bad = sorted(set(options) & RESERVED_OPTIONS)
-    if bad:
-        hint = " (stay in the foreground with -f)" if "foreground" in bad else ""
-        raise MountError(f"option {', '.join('-o ' + b for b in bad)} is set by compatfs itself{hint}")
-
-
-def lazy_unmount(mountpoint: str) -> bool:
-    """`fusermount3 -u`, else `-u -z` (lazily, when busy or its daemon is gone)."""
-    for args in (["-u"], ["-u", "-z"]):
-        for tool in ("fusermount3", "fusermount"):
-            try:
-                if subprocess.run([tool, *args, "-q", mountpoint], capture_output=True).returncode == 0:
-                    return True
-            except FileNotFoundError:
-                continue
-    return False
-
-
-def _keep_handler(signum, _handler):
-    """Stands in for `signal.signal` in mfusepy while it mounts: mfusepy resets
-    SIGINT to SIG_DFL there, and libfuse then installs its own handler, which
-    ends the loop only once the main thread notices (and exits with status 8)."""
-    return signal.getsignal(signum)
-
-
-def _stop_on_signal(fs: CompatFS, mountpoint: str, wake: int, done: threading.Event) -> None:
-    """Wait for SIGTERM/SIGINT/SIGHUP (Python's handler writes its number to
-    `wake` from whichever thread it lands on), then unmount; files still open
-    after a grace period end with the process."""
-    while True:
-        sig = os.read(wake, 1)
-        if done.is_set() or not sig:
-            return
-        if sig[0] in _STOP_SIGNALS:
-            break
-    log.info("%s: unmounting %s", signal.Signals(sig[0]).name, mountpoint)
-    fs.exit()
-    if not done.wait(5):
-        lazy_unmount(mountpoint)
-        log.info("%d file(s) still open at %s: exiting, their readers get ENOTCONN", fs.open_files, mountpoint)
-        logging.shutdown()
-        os._exit(0)
-
-
-def set_read_ahead(mountpoint: str, kb: int) -> str:
-    """Raise the kernel's read-ahead for the mount (its backing device's
-    `read_ahead_kb`): FUSE negotiates 128 KiB, so a cold sequential read
-    crosses into the daemon every 128 KiB; with more, every 1 MiB (libfuse's
-    largest request).  Root may write it; others keep the kernel's value.
-    The device comes from /proc/self/mountinfo: the daemon never stats its own
-    mount (a request to itself that a kill would leave unanswered forever).
-    The INIT reply allows `kb` as its max_readahead (`CompatFS.init_with_config`),
-    else the kernel, taking that reply, would lower a value written before it
-    to the 128 KiB it offered.  Returns the line to log."""
-    device = _mount_device(mountpoint)
-    if device is None:
-        return f"read-ahead not set: {mountpoint} is not in /proc/self/mountinfo"
-    knob = Path(f"/sys/class/bdi/{device}/read_ahead_kb")
-    try:
-        knob.write_text(f"{kb}\n")
-        return f"read-ahead {kb} KiB ({knob})"
-    except OSError as e:
-        try:
-            current = knob.read_text().strip()
-        except OSError:
-            current = "?"
-        return f"read-ahead left at the kernel's {current} KiB: cannot write {knob} ({e.strerror})"
-
-
-def _mount_device(mountpoint: str, tries: int = 20) -> str | None:
-    """`major:minor` of the mount at `mountpoint` (the last one mounted there)."""
-    want = os.path.abspath(mountpoint)
-    for _ in range(tries):
-        try:
-            lines = Path("/proc/self/mountinfo").read_text().splitlines()
-        except OSError:
-            return None
-        found = [fields[2] for fields in (line.split() for line in lines)
-                 if len(fields) > 4 and _unescape(fields[4]) == want]
-        if found:
-            return found[-1]
-        time.sleep(0.05)
-    return None
-
-
-def _unescape(field: str) -> str:
-    """mountinfo escapes space, tab, newline and backslash as octal."""
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-def mount(tree: Tree, mountpoint: str, options: dict | None = None, read_ahead_kb: int = 0) -> None:
-    """Serve `tree` at `mountpoint` in the foreground until unmounted or
-    signalled (blocks; call from the main thread); MountError when libfuse fails."""
-    options = dict(options or {})
-    check_options(options)
-    opts = {"ro": True, "fsname": "compatfs", "subtype": "compatfs", "use_ino": True,
-            "attr_timeout": ATTR_TIMEOUT, "entry_timeout": ATTR_TIMEOUT, "default_permissions": True}
-    if os.getuid() == 0:
-        opts["allow_other"] = True
-    if _libfuse_tuple() >= (3, 12) and "max_threads" not in options:
-        # libfuse 3.12+ warns about its own default for this ("Ignoring invalid
-        # max threads value 4294967295"); 10 is libfuse's historic default.
-        opts["max_idle_threads"] = 10
-        # Readers waiting for an op computation hold a thread each: 64, not
-        # libfuse's 10, so listings and other files never queue behind them.
-        opts["max_threads"] = 64
-    opts.update(options)
-    fs = CompatFS(tree, mountpoint, read_ahead_kb)
-    done = threading.Event()
-    wake, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    # A Python handler (not SIG_DFL) keeps libfuse from installing its own;
-    # the wakeup fd carries the signal to the thread that unmounts.
-    old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-    old_handlers = {s: signal.signal(s, lambda *_: None) for s in _STOP_SIGNALS}
-    watcher = threading.Thread(target=_stop_on_signal, args=(fs, mountpoint, wake, done),
-                               name="compatfs-signals", daemon=True)
-    watcher.start()
-    saved, fuse.signal = fuse.signal, _keep_handler
-    try:
-        fuse.FUSE(fs, mountpoint, foreground=True, raw_fi=True, **opts)
-    except RuntimeError as e:
-        code = e.args[0] if e.args else 0
-        raise MountError(f"libfuse: {_LIBFUSE_ERRORS.get(code, f'error {code}')} (see its message above)") from None
-    finally:
-        fuse.signal = saved
-        done.set()
-        os.write(wake_w, b"\0")
-        watcher.join(timeout=5)
-        signal.set_wakeup_fd(old_wakeup)
-        for s, h in old_handlers.items():
-            signal.signal(s, h)
-        os.close(wake)
-        os.close(wake_w)
