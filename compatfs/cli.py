@@ -17,6 +17,7 @@ from .index import IndexPathError
 from .opcache import DEFAULT_MB
 from .source import Source, SourceError
 from .sources import default_source, open_source
+from .statedir import state_dir
 
 PROG = "compatfs"
 
@@ -80,25 +81,11 @@ def _check_mountpoint(path: Path) -> None:
 
 
 def _state_dir() -> Path:
-    """compatfs's per-user log folder: $XDG_STATE_HOME/compatfs, else
-    ~/.local/state/compatfs; created 0700, refused if it is not ours."""
-    base = os.environ.get("XDG_STATE_HOME", "")
-    root = Path(base) if os.path.isabs(base) else Path.home() / ".local" / "state"
-    d = root / "compatfs"
+    """The state folder (`statedir`), as one line for the user when it cannot be had."""
     try:
-        root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        try:
-            os.mkdir(d, 0o700)
-        except FileExistsError:
-            pass
-        st = os.lstat(d)
+        return state_dir()
     except OSError as e:
-        raise CliError(f"cannot create the log folder {d}: {e.strerror} (pass --log FILE)") from None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-        raise CliError(f"{d} is not a folder of yours (a symlink, or another user's): not logging there")
-    if st.st_mode & 0o077:
-        os.chmod(d, 0o700)
-    return d
+        raise CliError(f"{e.strerror or e}: not logging there (pass --log FILE)") from None
 
 
 def _open_log(path: Path, safe: bool) -> int:

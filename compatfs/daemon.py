@@ -20,7 +20,7 @@ from .libfuse import fuse, libfuse_tuple
 from .source import Source
 from .tree import Tree
 
-log = logging.getLogger("compatfs")
+log = logging.getLogger(__name__)
 
 
 class MountError(Exception):
@@ -49,7 +49,7 @@ def serve(store: Source, mnt: Path, *, translate: bool, options: dict, log_file:
     handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler()
     level = logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING
     logging.basicConfig(level=level, handlers=[handler], format="%(asctime)s compatfs %(levelname)s %(message)s")
-    log.setLevel(min(level, logging.INFO))
+    logging.getLogger("compatfs").setLevel(min(level, logging.INFO))   # every module logs under it
     from .index import Index, default_path
     index_path = None if no_index else Path(index).absolute() if index else default_path()
     if index_path is not None and index_path.resolve().is_relative_to(store.root.resolve()):

@@ -47,7 +47,7 @@ from .rescan import Rescan
 from .openfiles import CannotOpen, OpenFiles, fstat
 from .presented import Presented
 
-log = logging.getLogger("compatfs")
+log = logging.getLogger(__name__)
 
 
 def _erofs(*_args, **_kwargs):

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from .blobfile import Stamp
 
-log = logging.getLogger("compatfs")
+log = logging.getLogger(__name__)
 
 _CORRUPT = {11, 26}   # SQLITE_CORRUPT, SQLITE_NOTADB: the file is not a sound database
 _MAX_SIZE = 1 << 62   # a view size beyond this is no size of a real file

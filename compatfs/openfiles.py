@@ -27,7 +27,7 @@ from .presented import Presented
 from .tree import FileRef, Tree
 from .view import View
 
-log = logging.getLogger("compatfs")
+log = logging.getLogger(__name__)
 
 
 @dataclass

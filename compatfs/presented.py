@@ -18,7 +18,7 @@ from .tree import FileRef, Tree
 from .view import View
 from .views import LAYER_FILE, MODEL_FILE
 
-log = logging.getLogger("compatfs")
+log = logging.getLogger(__name__)
 
 
 class Changed(Exception):

@@ -31,11 +31,13 @@ from pathlib import Path
 
 from cachetools import LRUCache
 
+from .blobfile import identity
 from .llama_args import translate_params
 from .params import OPTIONS, read_params
+from .statedir import state_dir
 from .views import MMPROJ_FILE, MODEL_FILE
 
-log = logging.getLogger("compatfs")
+log = logging.getLogger(__name__)
 
 PUBLISHED_FILE = "models.ini"   # the preset a mount shows at its root
 
@@ -156,18 +158,13 @@ def _identity(path: Path) -> tuple | None:
         st = os.lstat(path)
     except OSError:
         return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) if stat.S_ISREG(st.st_mode) else None
+    return identity(st) if stat.S_ISREG(st.st_mode) else None
 
 
 def published_path(mountpoint: Path) -> Path:
     """Where the daemon serving `mountpoint` keeps its `models.ini` (its state
     folder; OSError when there is none)."""
-    from .cli import CliError, _state_dir
-    try:
-        folder = _state_dir()
-    except CliError as e:
-        raise OSError(str(e)) from None
-    return folder / f"mount-{str(mountpoint).strip('/').replace('/', '_') or 'root'}.models.ini"
+    return state_dir() / f"mount-{str(mountpoint).strip('/').replace('/', '_') or 'root'}.models.ini"
 
 
 def section_name(name: str) -> str:

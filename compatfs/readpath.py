@@ -18,7 +18,7 @@ from .libc import LIBC
 from .libfuse import fuse
 from .openfiles import Handle
 
-log = logging.getLogger("compatfs")
+log = logging.getLogger(__name__)
 
 
 def _fill(handle: Handle, offset: int, out: memoryview) -> None:

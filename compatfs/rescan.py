@@ -17,7 +17,7 @@ from .openfiles import OpenFiles
 from .tree import Tree
 from .views import MMPROJ_FILE, MODEL_FILE
 
-log = logging.getLogger("compatfs")
+log = logging.getLogger(__name__)
 
 
 class Rescan:

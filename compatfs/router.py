@@ -25,7 +25,7 @@ from pathlib import Path
 from .preset import PUBLISHED_FILE, Entry, render, scan_mount, section
 from .views import MODEL_FILE
 
-log = logging.getLogger("compatfs")
+log = logging.getLogger(__name__)
 
 POLL = 1.0
 

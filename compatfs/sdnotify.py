@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-log = logging.getLogger("compatfs")
+log = logging.getLogger(__name__)
 
 
 def notify(message: str) -> bool:

@@ -35,7 +35,7 @@ from .preset import PUBLISHED_FILE, Entry, Published, is_embedding, published_pa
 from .source import Folder, Listing, Source
 from .views import LAYER_FILE, MMPROJ_FILE, MODEL_FILE, BlobViews
 
-log = logging.getLogger("compatfs")
+log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class FileRef:

@@ -41,7 +41,7 @@ from .sampling import of_layer, with_sampling
 from .translation import Translation, ViewSpec, first_claim, plan
 from .view import View
 
-log = logging.getLogger("compatfs")
+log = logging.getLogger(__name__)
 
 MODEL_FILE = "model.gguf"
 MMPROJ_FILE = "mmproj.gguf"

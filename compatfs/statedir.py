@@ -1,0 +1,30 @@
+"""compatfs's per-user state folder: the daemon's logs and the `models.ini`
+each mount publishes, never inside a store."""
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+
+def state_dir() -> Path:
+    """$XDG_STATE_HOME/compatfs, else ~/.local/state/compatfs; created 0700.
+    OSError (one line naming the folder) when it cannot be made or is not a
+    folder of this user's own (a symlink, or another user's)."""
+    base = os.environ.get("XDG_STATE_HOME", "")
+    root = Path(base) if os.path.isabs(base) else Path.home() / ".local" / "state"
+    d = root / "compatfs"
+    try:
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass
+        st = os.lstat(d)
+    except OSError as e:
+        raise OSError(e.errno, f"cannot create the state folder {d}: {e.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise OSError(f"{d} is not a folder of yours (a symlink, or another user's)")
+    if st.st_mode & 0o077:
+        os.chmod(d, 0o700)
+    return d
