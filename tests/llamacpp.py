@@ -4,6 +4,7 @@ named by $LLAMA_CPP_DIR, else e2e's default cache `.cache/llama.cpp-b11434`."""
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -27,3 +28,15 @@ def tool(name: str) -> Path:
     if not os.access(path, os.X_OK):
         pytest.skip(f"stock {name} not built: {HOW}")
     return path
+
+
+def stop(proc: subprocess.Popen, log=None) -> None:
+    """End a llama-server a test started (SIGTERM, SIGKILL after 20 s), and close its log."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=20)
+    if log is not None:
+        log.close()

@@ -24,9 +24,9 @@ from compatfs.testing import llama
 from compatfs.tree import FileRef, Tree
 from compatfs.views import BlobViews
 
+import llamacpp
 from conftest import ROOT, needs_fuse
 
-LLAMA_SERVER = Path("/work/llama.cpp-b11434/build/bin/llama-server")
 
 
 @pytest.fixture(scope="module")
@@ -224,18 +224,18 @@ def _post(url: str, body: dict, timeout: float) -> dict:
 
 
 @needs_fuse
-@pytest.mark.skipif(not LLAMA_SERVER.is_file(), reason=f"stock llama-server not built at {LLAMA_SERVER}")
 @pytest.mark.parametrize("folder", ["google/gemma3-4b", "liuhaotian/llava", "google/gemma3-1b"])
 def test_stock_llama_server_loads_the_folders_models(lms, mount_store, tmp_path, folder):
     """A monolithic vision blob (its mmproj.gguf from its own contents), a
     model with a projector file beside it, a text model."""
+    llama_server = llamacpp.tool("llama-server")
     m = mount_store(lms)
     port = _free_port()
     d = m / folder
     mmproj = ["--mmproj", str(d / "mmproj.gguf")] if (d / "mmproj.gguf").exists() else []
     assert bool(mmproj) == (folder != "google/gemma3-1b")
     log = open(tmp_path / "llama-server.log", "wb")
-    server = subprocess.Popen([str(LLAMA_SERVER), "-m", str(d / "model.gguf"), *mmproj,
+    server = subprocess.Popen([str(llama_server), "-m", str(d / "model.gguf"), *mmproj,
                                "--port", str(port), "--host", "127.0.0.1", "-c", "512", "-t", "2",
                                "--no-warmup"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
@@ -255,13 +255,7 @@ def test_stock_llama_server_loads_the_folders_models(lms, mount_store, tmp_path,
             props = json.load(r)
         assert props["modalities"]["vision"] == bool(mmproj), props.get("modalities")   # the projector loaded
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=20)
-        log.close()
+        llamacpp.stop(server, log)
 
 
 def test_the_ollama_store_is_picked_for_a_store(legacy):

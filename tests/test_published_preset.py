@@ -195,10 +195,4 @@ def test_stock_llama_server_serves_the_mounts_models_ini(tmp_path, mount_store):
         gen = ask(port, f"/props?model={quote(NESTED)}")["default_generation_settings"]
         assert gen["n_ctx"] == 256 and gen["params"]["top_k"] == 5
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=20)
-        log.close()
+        llamacpp.stop(proc, log)

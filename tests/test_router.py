@@ -130,13 +130,7 @@ def test_serve_answers_every_model_by_its_ollama_name(tmp_path, mount_store):
         p = until(new_props, 60)
         assert p["params"]["temperature"] == pytest.approx(1.5)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=20)
-        log.close()
+        llamacpp.stop(proc, log)
     assert proc.returncode is not None
 
 
