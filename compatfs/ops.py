@@ -3,7 +3,8 @@
 An op names its input tensors (as the blob stores them), declares the shape
 and dtype it produces, and says how its bytes are made, in one of three
 ways: as input bytes moved (`pieces`: splits, strided halves,
-concatenations, zero padding, laid out by arithmetic at any size); any byte
+concatenations, zero padding, laid out by arithmetic at any size; those ops
+are in `byte_ops`, same-dtype `Concat` here); any byte
 range computed from the input bytes it needs (`ranged`: dtype promotions and
 other elementwise ops, mixed-dtype concatenations); or computed with numpy
 `chunk_bytes` at a time (a permutation, block by block), by default whole
@@ -25,14 +26,14 @@ from .gguf_values import GGUFError
 ReadTensor = Callable[[TensorInfo], memoryview]
 
 _FLOAT = {DT.F32: "<f4", DT.F16: "<f2", DT.F64: "<f8"}
-_PLAIN = {**_FLOAT, DT.I8: "<i1", DT.I16: "<i2", DT.I32: "<i4", DT.I64: "<i8", DT.BF16: "<u2"}
+PLAIN_TYPES = {**_FLOAT, DT.I8: "<i1", DT.I16: "<i2", DT.I32: "<i4", DT.I64: "<i8", DT.BF16: "<u2"}
 
 
 def as_array(t: TensorInfo, data: memoryview) -> np.ndarray:
     """The stored elements of an unquantized tensor, numpy-shaped (slow axis first)."""
-    if t.dtype not in _PLAIN:
+    if t.dtype not in PLAIN_TYPES:
         raise GGUFError(f"{t.name}: {t.dtype.name} cannot be reshaped without dequantizing")
-    return np.frombuffer(data, dtype=_PLAIN[t.dtype]).reshape(tuple(reversed(t.shape)))
+    return np.frombuffer(data, dtype=PLAIN_TYPES[t.dtype]).reshape(tuple(reversed(t.shape)))
 
 
 def to_f32(t: TensorInfo, data: memoryview) -> np.ndarray:
@@ -40,7 +41,7 @@ def to_f32(t: TensorInfo, data: memoryview) -> np.ndarray:
     if t.dtype == DT.BF16:
         raw = np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16
         return raw.view("<f4").reshape(tuple(reversed(t.shape)))
-    if t.dtype in _PLAIN:
+    if t.dtype in PLAIN_TYPES:
         return as_array(t, data).astype("<f4")
     flat = quants.dequantize(np.frombuffer(data, dtype=np.uint8), t.dtype)
     return np.asarray(flat, dtype="<f4").reshape(tuple(reversed(t.shape)))
@@ -136,7 +137,7 @@ class Runs(NamedTuple):
         return self.count * sum(p.unit for p in self.parts)
 
 
-def _strided(t: TensorInfo, start: int, unit: int, stride: int, count: int) -> Runs:
+def strided_runs(t: TensorInfo, start: int, unit: int, stride: int, count: int) -> Runs:
     """`count` runs of `unit` bytes of `t`, `stride` apart from `start`
     (one range when they touch)."""
     if stride == unit or count == 1:
@@ -280,59 +281,18 @@ class Concat(Op):
     def compute_range_into(self, read, lo, hi, out):
         base = 0
         for t in self.inputs:
-            size = 4 * _elements(t.shape)
+            size = 4 * elements(t.shape)
             a, b = max(lo, base), min(hi, base + size)
             if a < b:
                 _elementwise_into(t, read, a - base, b - base, out[a - lo:b - lo])
             base += size
 
 
-def _elements(shape: tuple[int, ...]) -> int:
+def elements(shape: tuple[int, ...]) -> int:
     n = 1
     for d in shape:
         n *= d
     return n
-
-
-@dataclass(frozen=True)
-class Split(Op):
-    """Elements [start, start+length) of ggml `axis` of one tensor."""
-
-    axis: int = 0
-    start: int = 0
-
-    @classmethod
-    def of(cls, src: TensorInfo, axis: int, start: int, length: int) -> "Split":
-        shape = list(src.shape)
-        if start + length > shape[axis]:
-            raise GGUFError(f"{src.name}: split {start}+{length} exceeds axis {axis} of {shape[axis]}")
-        shape[axis] = length
-        return cls((src,), tuple(shape), src.dtype, axis, start)
-
-    def pieces(self):
-        """Each slab of the slower axes holds one contiguous run of the split
-        axis: that run, slab after slab, `stride` apart (whole quantization
-        blocks of quantized types, else computed)."""
-        src = self.inputs[0]
-        if self.axis == 0:
-            row = tensor_nbytes(src.shape[:1], src.dtype)
-            if self.start % GGML_QUANT_SIZES[src.dtype][0] or self.shape[0] % GGML_QUANT_SIZES[src.dtype][0]:
-                return None
-            unit, stride, outer = row * self.shape[0] // src.shape[0], row, _elements(src.shape[1:])
-            first = row * self.start // src.shape[0]
-        else:
-            inner = tensor_nbytes(src.shape[:self.axis], src.dtype)
-            unit, stride = inner * self.shape[self.axis], inner * src.shape[self.axis]
-            outer, first = _elements(src.shape[self.axis + 1:]), inner * self.start
-        return [_strided(src, first, unit, stride, outer)]
-
-    def _compute(self, data):
-        src = self.inputs[0]
-        arr = as_array(src, data[0])
-        np_axis = len(src.shape) - 1 - self.axis
-        index = [slice(None)] * arr.ndim
-        index[np_axis] = slice(self.start, self.start + self.shape[self.axis])
-        return np.ascontiguousarray(arr[tuple(index)]).tobytes()
 
 
 @dataclass(frozen=True)
@@ -369,10 +329,10 @@ class Permute(Op):
         are whole such blocks, about `CHUNK_BYTES` (the whole tensor when the
         slowest axis moves)."""
         kept = self._kept
-        if not kept or self.dtype not in _PLAIN:   # (a quantized input is refused when computed)
+        if not kept or self.dtype not in PLAIN_TYPES:   # (a quantized input is refused when computed)
             return self.nbytes
-        block = _elements(self.view[kept:]) * np.dtype(_PLAIN[self.dtype]).itemsize
-        return block * max(1, min(_elements(self.view[:kept]), CHUNK_BYTES // block))
+        block = elements(self.view[kept:]) * np.dtype(PLAIN_TYPES[self.dtype]).itemsize
+        return block * max(1, min(elements(self.view[:kept]), CHUNK_BYTES // block))
 
     def compute_chunk(self, read, k):
         size = self.chunk_bytes
@@ -383,7 +343,7 @@ class Permute(Op):
         data = read(src, lo, min(size, self.nbytes - lo))
         if size == self.nbytes:
             return self._compute([data])
-        arr = np.frombuffer(data, dtype=_PLAIN[src.dtype]).reshape(-1, *self.view[kept:])
+        arr = np.frombuffer(data, dtype=PLAIN_TYPES[src.dtype]).reshape(-1, *self.view[kept:])
         axes = (0, *(a - kept + 1 for a in self.axes[kept:]))
         return np.ascontiguousarray(arr.transpose(axes)).tobytes()
 
@@ -400,113 +360,3 @@ class AddScalar(Elementwise):
 
     def _values(self, values):
         return values + np.float32(self.value)
-
-
-@dataclass(frozen=True)
-class Zeros(Op):
-    """A tensor of zeros with no input."""
-
-    @classmethod
-    def of(cls, shape: tuple[int, ...], dtype: DT = DT.F32) -> "Zeros":
-        return cls((), tuple(shape), dtype)
-
-    def pieces(self):
-        return [self.nbytes] if self.nbytes else []
-
-    def _compute(self, data):
-        return bytes(self.nbytes)
-
-
-@dataclass(frozen=True)
-class ConcatRows(Op):
-    """Concatenation along ggml axis 1 within each slab of the slower axes:
-    for expert stacks [n_embd, n_ff, n_expert], expert e's rows of the first
-    input, then its rows of the second (a per-expert gate/up merge).  Inputs
-    of one dtype; bytes kept (a row is whole quantization blocks)."""
-
-    @classmethod
-    def of(cls, *srcs: TensorInfo) -> "ConcatRows":
-        if len({t.dtype for t in srcs}) != 1 or len({(t.shape[0], *t.shape[2:]) for t in srcs}) != 1:
-            raise GGUFError(f"cannot concatenate rows of {[(t.name, t.shape, t.dtype.name) for t in srcs]}")
-        first = srcs[0]
-        return cls(tuple(srcs), (first.shape[0], sum(t.shape[1] for t in srcs), *first.shape[2:]), first.dtype)
-
-    def pieces(self):
-        """Slab by slab, each input's rows of that slab: one round a slab."""
-        slabs = _elements(self.shape[2:])
-        sizes = [t.nbytes // slabs for t in self.inputs]
-        if slabs == 1:
-            return [Runs.span(t, 0, size) for t, size in zip(self.inputs, sizes)]
-        return [Runs(tuple(Part(t, 0, size, size) for t, size in zip(self.inputs, sizes)), slabs)]
-
-    def _compute(self, data):
-        slabs = int(np.prod(self.shape[2:], dtype=np.int64))
-        parts = [np.frombuffer(d, dtype=np.uint8).reshape(slabs, -1) for d in data]
-        return np.concatenate(parts, axis=1).tobytes()
-
-
-@dataclass(frozen=True)
-class PadRows(Op):
-    """Rows of zeros appended to a matrix (ggml shape [n, rows]) up to `rows`
-    rows: the stored rows served from the blob, then zeros; any dtype (a block
-    of zero bytes decodes to zeros in every ggml type: its scales are zero)."""
-
-    @classmethod
-    def of(cls, src: TensorInfo, rows: int) -> "PadRows":
-        if len(src.shape) != 2 or rows < src.shape[1]:
-            raise GGUFError(f"{src.name}: cannot pad shape {src.shape} to {rows} rows")
-        return cls((src,), (src.shape[0], rows), src.dtype)
-
-    def pieces(self):
-        src = self.inputs[0]
-        pad = self.nbytes - src.nbytes
-        return ([Runs.span(src, 0, src.nbytes)] if src.nbytes else []) + ([pad] if pad else [])
-
-    def _compute(self, data):
-        return bytes(data[0]) + bytes(self.nbytes - len(data[0]))
-
-
-@dataclass(frozen=True)
-class Strided(Op):
-    """Every `step`-th element of ggml `axis` from `start`, within each slab
-    of the slower axes: one half of a stack whose two halves are interleaved
-    (gate = fused[0::2], up = fused[1::2]).  Along axis 0 the tensor must be
-    unquantized; along a slower axis a row is whole quantization blocks and
-    its bytes are kept."""
-
-    axis: int = 1
-    start: int = 0
-    step: int = 1
-
-    @classmethod
-    def of(cls, src: TensorInfo, axis: int, start: int, step: int) -> "Strided":
-        shape = list(src.shape)
-        if not 0 <= axis < len(shape) or not 0 <= start < step or shape[axis] % step:
-            raise GGUFError(f"{src.name}: cannot take elements {start}::{step} of axis {axis} of shape {src.shape}")
-        if axis == 0 and src.dtype not in _PLAIN:
-            raise GGUFError(f"{src.name}: elements of a {src.dtype!r} row cannot be taken apart")
-        shape[axis] //= step
-        return cls((src,), tuple(shape), src.dtype, axis, start, step)
-
-    @property
-    def description(self) -> str:
-        return f"Strided({self.inputs[0].name}, axis {self.axis}, {self.start}::{self.step})"
-
-    def pieces(self):
-        """The elements (along axis 0) or rows and slabs (along a slower axis)
-        taken, slab after slab: one strided run, as `step` divides the axis
-        (the last taken of a slab is `step` before the first of the next)."""
-        src = self.inputs[0]
-        unit = tensor_nbytes(src.shape[:self.axis], src.dtype) if self.axis else np.dtype(_PLAIN[src.dtype]).itemsize
-        count = _elements(src.shape[self.axis + 1:]) * (src.shape[self.axis] // self.step)
-        return [_strided(src, self.start * unit, unit, self.step * unit, count)]
-
-    def _compute(self, data):
-        src = self.inputs[0]
-        if self.axis == 0:
-            arr = as_array(src, data[0])
-        else:   # rows as byte strings: the row axis stands in for axis 0
-            arr = np.frombuffer(data[0], dtype=np.uint8).reshape(*reversed(src.shape[1:]), -1)
-        index = [slice(None)] * arr.ndim
-        index[arr.ndim - 1 - self.axis] = slice(self.start, None, self.step)
-        return np.ascontiguousarray(arr[tuple(index)]).tobytes()

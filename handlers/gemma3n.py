@@ -35,7 +35,8 @@ from gguf import TokenType as TT
 
 from compatfs.gguf_source import SourceGGUF
 from compatfs.gguf_values import boolean, f32, string
-from compatfs.ops import Op, PadRows
+from compatfs.byte_ops import PadRows
+from compatfs.ops import Op
 from compatfs.translation import (
     BYTE_TOKENS, Copy, Default, Drop, Hide, PadTokensUnused, Produce, Set, TokenType, Translation, any_of, arch_is,
     has_key, rows_differ,

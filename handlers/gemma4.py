@@ -32,7 +32,8 @@ from gguf import TokenType as TT
 
 from compatfs.gguf_source import SourceGGUF, TensorInfo
 from compatfs.gguf_values import VT, array, boolean, string, u32
-from compatfs.ops import ConcatRows, Op
+from compatfs.byte_ops import ConcatRows
+from compatfs.ops import Op
 from compatfs.translation import (
     BYTE_TOKENS, Copy, CopyEach, Count, Default, Drop, FillArray, Hide, KeepOnly, ProducePerBlock, Rename, Set,
     TensorEdit, Tensors, ToF32, TokenType, Translation, ViewTensor, When, any_of, arch_is, as_projector,

@@ -38,7 +38,8 @@ from gguf import Keys
 
 from compatfs.gguf_source import SourceGGUF, TensorInfo
 from compatfs.gguf_values import GGUFError, f32, string
-from compatfs.ops import Op, Strided
+from compatfs.byte_ops import Strided
+from compatfs.ops import Op
 from compatfs.translation import (
     CopyPrefix, Count, Default, DefaultTokenId, Drop, FromShape, ProducePerBlock, Rename, Set, StoredType,
     Translation, When, arch_is, has_key, has_token,

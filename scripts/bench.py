@@ -829,7 +829,7 @@ def scale_store(model: Path) -> Path:
     header with `model`'s vocabulary (Ollama's gemma3 marker: no RMS-norm
     epsilon) and tiny tensors; written once into .cache/bench-scale."""
     from compatfs.gguf_values import string
-    from compatfs.ops import Zeros
+    from compatfs.byte_ops import Zeros
     from compatfs.translation import KeepOnly, Produce, Set
     root = ROOT / ".cache" / "bench-scale"
     store = root / f"store-{SCALE_MODELS}"

@@ -174,7 +174,7 @@ def test_type4_bytes_are_checked_against_the_blob(tmp_path):
 
 def test_strided_refuses_what_it_cannot_take_apart():
     from compatfs.gguf_source import TensorInfo
-    from compatfs.ops import Strided
+    from compatfs.byte_ops import Strided
     with pytest.raises(GGUFError, match="cannot take elements 0::2"):
         Strided.of(TensorInfo("odd", (64, 5, 4), DT.F32, 0), 1, 0, 2)
     with pytest.raises(GGUFError, match="cannot be taken apart"):
@@ -190,7 +190,7 @@ def test_strided_rows_are_served_as_blob_ranges():
     """Rows of a quantized stack are taken whole: the op is a run of the
     blob's byte ranges, the same bytes as computing it."""
     from compatfs.gguf_source import TensorInfo
-    from compatfs.ops import Strided
+    from compatfs.byte_ops import Strided
     src = TensorInfo("fused", (64, 6, 3), DT.Q8_0, 0)
     data = np.random.default_rng(0).integers(0, 256, src.nbytes, dtype=np.uint8).tobytes()
     for start in (0, 1):

@@ -16,7 +16,8 @@ from gguf import GGUFValueType
 from compatfs.gguf_source import SourceGGUF
 from compatfs.handlers.qwen3vl import FrameOfPatchEmbedding
 from compatfs.opcache import COMPUTING, OpCache
-from compatfs.ops import CHUNK_BYTES, ConcatRows, Permute, Split, Strided
+from compatfs.byte_ops import ConcatRows, Split, Strided
+from compatfs.ops import CHUNK_BYTES, Permute
 from compatfs.testing import qwen3vl
 from compatfs.testing.store import add_model
 from compatfs.translation import ALWAYS, Produce, Translation, plan

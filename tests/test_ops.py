@@ -5,7 +5,8 @@ from gguf import GGMLQuantizationType as DT
 from gguf import quants
 
 from compatfs.gguf_source import SourceGGUF
-from compatfs.ops import AddScalar, Concat, Permute, Promote, Split, Zeros, to_f32
+from compatfs.byte_ops import Split, Zeros
+from compatfs.ops import AddScalar, Concat, Permute, Promote, to_f32
 
 from ggufs import bf16, write_gguf
 
@@ -149,7 +150,7 @@ def from_pieces(op, src) -> bytes:
 
 
 def test_ops_that_move_bytes_are_served_as_pieces_equal_to_the_computation(src):
-    from compatfs.ops import ConcatRows, PadRows, Strided
+    from compatfs.byte_ops import ConcatRows, PadRows, Strided
     e = rng.standard_normal((3, 4, 32)).astype(np.float32)
     path = write_gguf(src.path.with_name("experts.gguf"), "test", tensors={
         "g": e, "u": e[:, :2] + 1, "gq": (quants.quantize(e, DT.Q8_0), DT.Q8_0)})
