@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -103,3 +104,16 @@ def legacy(tmp_path_factory):
     add_model(store, "llama3", files["llama3"], tag="8b")
     add_model(store, "llava", files["llava"], files["llava-proj"], tag="7b")
     return store, files
+
+
+@pytest.fixture
+def open_tmp():
+    """A folder every user may traverse (pytest's own tmp folders are root-only);
+    mounts left in it are detached and it is removed afterwards."""
+    d = Path(tempfile.mkdtemp(prefix="compatfs-open-", dir="/tmp"))
+    d.chmod(0o755)
+    yield d
+    for p in d.iterdir():
+        if os.path.ismount(p):
+            subprocess.run(["fusermount3", "-u", "-z", str(p)], capture_output=True)
+    shutil.rmtree(d, ignore_errors=True)

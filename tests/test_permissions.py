@@ -9,7 +9,6 @@ import shutil
 import stat
 import struct
 import subprocess
-import tempfile
 import threading
 from pathlib import Path
 
@@ -53,28 +52,16 @@ def add_link(store: Path, name: str, target: str) -> Path:
     return blob
 
 
-@pytest.fixture
-def base():
-    """A folder every user may traverse (pytest's own tmp folders are root-only)."""
-    d = Path(tempfile.mkdtemp(prefix="compatfs-perm-", dir="/tmp"))
-    d.chmod(0o755)
-    yield d
-    for p in d.iterdir():
-        if os.path.ismount(p):
-            subprocess.run(["fusermount3", "-u", "-z", str(p)], capture_output=True)
-    shutil.rmtree(d, ignore_errors=True)
-
-
 @pytest.mark.parametrize("mode", ["translated", "--no-translate"])
-def test_nobody_reads_more_than_the_store_lets_them(user, base, mode):
-    store = base / "store"
-    add_model(store, "open", gemma3.legacy_gemma3_text(base / "g.gguf"), tag="1b")
-    add_model(store, "private", llama.plain_llama_text(base / "p.gguf"), tag="1b")
-    add_model(store, "group", gemma3.legacy_gemma3_text(base / "g2.gguf", seed=4), tag="1b")
+def test_nobody_reads_more_than_the_store_lets_them(user, open_tmp, mode):
+    store = open_tmp / "store"
+    add_model(store, "open", gemma3.legacy_gemma3_text(open_tmp / "g.gguf"), tag="1b")
+    add_model(store, "private", llama.plain_llama_text(open_tmp / "p.gguf"), tag="1b")
+    add_model(store, "group", gemma3.legacy_gemma3_text(open_tmp / "g2.gguf", seed=4), tag="1b")
     blob_of(store, "private", "1b").chmod(0o600)
     shutil.chown(blob_of(store, "group", "1b"), "root", user)
     blob_of(store, "group", "1b").chmod(0o640)
-    outside = base / "outside"
+    outside = open_tmp / "outside"
     outside.mkdir(mode=0o755)
     elsewhere = llama.plain_llama_text(outside / "elsewhere.gguf", seed=2)
     elsewhere.chmod(0o644)
@@ -88,7 +75,7 @@ def test_nobody_reads_more_than_the_store_lets_them(user, base, mode):
         if d.is_dir() and not d.is_symlink():
             d.chmod(0o755)
 
-    m = Mount(store, base / "mnt", *([mode] if mode.startswith("--") else []))
+    m = Mount(store, open_tmp / "mnt", *([mode] if mode.startswith("--") else []))
     try:
         line = next(x for x in Path("/proc/mounts").read_text().splitlines() if f" {m.path} " in x)
         assert "default_permissions" in line and "allow_other" in line
@@ -144,16 +131,16 @@ def sha(data: bytes) -> str:
 
 @pytest.mark.parametrize("mode,denial", [("translated", "file"), ("translated", "folder"),
                                          ("--no-translate", "file")])
-def test_a_flipped_symlink_never_serves_what_the_caller_may_not_read(user, base, mode, denial):
+def test_a_flipped_symlink_never_serves_what_the_caller_may_not_read(user, open_tmp, mode, denial):
     """The store's owner flips its blob's symlink between its own GGUF and a
     file it may not read (0600 root's, or 0644 in a 0700 folder), while it
     reads through the root mount: the landed code served the secret 17-22
     times in 20 s.  Decided on the descriptor served: never, in 8 s; and
     every read is the whole of the view it opened (size and bytes of one blob)."""
-    store = base / "store"
-    own = gemma3.legacy_gemma3_text(base / "own.gguf")
+    store = open_tmp / "store"
+    own = gemma3.legacy_gemma3_text(open_tmp / "own.gguf")
     own.chmod(0o644)
-    secret_dir = base / "secret"
+    secret_dir = open_tmp / "secret"
     secret_dir.mkdir(mode=0o755)
     secret = llama.plain_llama_text(secret_dir / "secret.gguf", seed=3)
     if denial == "file":
@@ -167,7 +154,7 @@ def test_a_flipped_symlink_never_serves_what_the_caller_may_not_read(user, base,
         if d.is_dir():
             d.chmod(0o755)
     translate = () if mode == "translated" else (mode,)
-    m = Mount(store, base / "mnt", *translate)
+    m = Mount(store, open_tmp / "mnt", *translate)
     try:
         path = m / "flip:latest/model.gguf"
         own_view = path.read_bytes()
@@ -212,14 +199,14 @@ USER_OBJ, USER, GROUP_OBJ, GROUP, MASK, OTHER = 0x01, 0x02, 0x04, 0x08, 0x10, 0x
 
 
 @pytest.mark.parametrize("mode", ["translated", "--no-translate"])
-def test_acls_that_deny_are_honoured(user, base, mode):
+def test_acls_that_deny_are_honoured(user, open_tmp, mode):
     """A blob 0644 whose ACL says user:<user>:---, one whose ACL denies the
     user's group, and a folder on the way whose ACL denies the user search:
     the landed code checked mode bits only, and served all three."""
-    store = base / "store"
+    store = open_tmp / "store"
     names = ("named", "group", "folder", "plain")
     for i, name in enumerate(names):
-        add_model(store, name, gemma3.legacy_gemma3_text(base / f"{name}.gguf", seed=20 + i), tag="1b")
+        add_model(store, name, gemma3.legacy_gemma3_text(open_tmp / f"{name}.gguf", seed=20 + i), tag="1b")
     for d in [store, *store.rglob("*")]:
         if d.is_dir():
             d.chmod(0o755)
@@ -234,7 +221,7 @@ def test_acls_that_deny_are_honoured(user, base, mode):
                 _acl((USER_OBJ, 6, _NONE), (GROUP_OBJ, 4, _NONE), (GROUP, 0, gid), (MASK, 4, _NONE),
                      (OTHER, 4, _NONE)))
     # The "folder" model's blob is reached through a folder the user may not search.
-    hidden = base / "hidden"
+    hidden = open_tmp / "hidden"
     hidden.mkdir(mode=0o755)
     os.setxattr(hidden, "system.posix_acl_access",
                 _acl((USER_OBJ, 7, _NONE), (USER, 4, uid), (GROUP_OBJ, 5, _NONE), (MASK, 5, _NONE),
@@ -246,7 +233,7 @@ def test_acls_that_deny_are_honoured(user, base, mode):
         res = as_user(user, "cat", blob_of(store, name, "1b"))
         assert (res.returncode == 0) == (name == "plain"), (name, res.stderr)
 
-    m = Mount(store, base / "mnt", *([mode] if mode.startswith("--") else []))
+    m = Mount(store, open_tmp / "mnt", *([mode] if mode.startswith("--") else []))
     try:
         for name in names:
             res = as_user(user, "cat", m / f"{name}:1b/model.gguf")

@@ -6,7 +6,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -129,18 +128,6 @@ def test_a_hostile_params_layer_never_breaks_models_ini(tmp_path, mount_store, l
     assert mnt.alive and "Traceback" not in mnt.log_text()
 
 
-@pytest.fixture
-def shared_dir():
-    """A folder every user may traverse (pytest's own tmp folders are root-only)."""
-    d = Path(tempfile.mkdtemp(prefix="compatfs-preset-", dir="/tmp"))
-    d.chmod(0o755)
-    yield d
-    for p in d.iterdir():
-        if os.path.ismount(p):
-            subprocess.run(["fusermount3", "-u", "-z", str(p)], capture_output=True)
-    shutil.rmtree(d, ignore_errors=True)
-
-
 def read_as_nobody(path: Path) -> str:
     """What uid/gid 65534 gets reading `path` with cat: "ok", or cat's error."""
     res = subprocess.run(["cat", str(path)], user=65534, group=65534, extra_groups=[], capture_output=True,
@@ -149,14 +136,14 @@ def read_as_nobody(path: Path) -> str:
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root (another user reads through the shared mount)")
-def test_models_ini_is_readable_as_the_mount_root_is(shared_dir):
-    root, _, _ = store_with_models(shared_dir)
+def test_models_ini_is_readable_as_the_mount_root_is(open_tmp):
+    root, _, _ = store_with_models(open_tmp)
     root.chmod(0o755)
-    mnt = Mount(root, shared_dir / "mnt", env={"XDG_STATE_HOME": str(shared_dir / "state")})
+    mnt = Mount(root, open_tmp / "mnt", env={"XDG_STATE_HOME": str(open_tmp / "state")})
     try:
         until(lambda: (mnt / "models.ini").exists(), 10)
         # The daemon's state folder is its own (0700): the file is readable as the store's root is.
-        assert stat_mode(os.stat(shared_dir / "state" / "compatfs")) == 0o700
+        assert stat_mode(os.stat(open_tmp / "state" / "compatfs")) == 0o700
         assert read_as_nobody(mnt / "models.ini") == "ok"
         (root / "manifests").chmod(0o711)   # what the mount root mirrors: others may not list it now
         until(lambda: stat_mode(os.stat(mnt.path)) == 0o511, 5)
