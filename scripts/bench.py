@@ -85,7 +85,7 @@ from compatfs.opcache import OpCache  # noqa: E402
 from compatfs.ops import Concat, Promote  # noqa: E402
 from compatfs.testing.store import add_model  # noqa: E402
 from compatfs.translation import ALWAYS, Drop, Translation, plan  # noqa: E402
-from compatfs.view import FileRange, View  # noqa: E402
+from compatfs.view import View  # noqa: E402
 
 CHUNK = 1 << 20
 
@@ -178,9 +178,7 @@ def legacy_copy(model: Path, out: Path) -> Path:
     src = SourceGGUF(model)
     strip = Translation("to-legacy", ALWAYS, kv=(Drop((f"{src.architecture}.attention.layer_norm_rms_epsilon",)),))
     view = View.translated(src, plan(strip, src), OpCache(), key="legacy")
-    with open(out, "wb") as f:
-        for p in view.pieces(0, view.size):
-            f.write(src.read(p.offset, p.size) if isinstance(p, FileRange) else p)
+    out.write_bytes(view.read(0, view.size))
     os.sync()   # writeback of the new file would slow the reads measured next
     return out
 
@@ -847,9 +845,7 @@ def scale_store(model: Path) -> Path:
                      Produce("token_embd.weight", lambda s: Zeros.of((16, rows), DT.F16))))
         view = View.translated(src, plan(tr, src), OpCache(0), key=i)
         blob = root / "blob.gguf"
-        with open(blob, "wb") as f:
-            for p in view.pieces(0, view.size):
-                f.write(src.read(p.offset, p.size) if isinstance(p, FileRange) else p)
+        blob.write_bytes(view.read(0, view.size))
         add_model(store, f"scale{i:03d}", blob, tag="270m")
     (store / ".complete").touch()
     os.sync()

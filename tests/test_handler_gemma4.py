@@ -13,7 +13,7 @@ from compatfs.handlers import gemma4
 from compatfs.opcache import OpCache
 from compatfs.testing.store import add_model
 from compatfs.translation import plan
-from compatfs.view import FileRange, View
+from compatfs.view import View
 
 from compare import assert_same_tensors, kvs
 from conftest import SHARED, needs_fuse, needs_shared
@@ -127,8 +127,7 @@ def render(path, translation) -> dict:
     src = SourceGGUF(path)
     view = View.translated(src, plan(translation, src), OpCache(), key="k")
     out = path.with_suffix(f".{translation.name}.gguf")
-    out.write_bytes(b"".join(bytes(src.read(p.offset, p.size)) if isinstance(p, FileRange) else bytes(p)
-                             for p in view.pieces(0, view.size)))
+    out.write_bytes(view.read(0, view.size))
     tensors = {}
     for t in gguf.GGUFReader(out).tensors:
         values = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)

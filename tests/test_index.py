@@ -16,7 +16,7 @@ from compatfs.testing.gemma3 import legacy_gemma3_text
 from compatfs.testing.llama import legacy_llama3_instruct
 from compatfs.testing.store import add_model
 from compatfs.translation import ALWAYS, Set, Translation, plan
-from compatfs.view import FileRange, View
+from compatfs.view import View
 
 from conftest import needs_fuse
 
@@ -78,9 +78,7 @@ def _variant(src: SourceGGUF, out: Path, name: str) -> Path:
     """The blob at `src` with another general.name: a distinct blob, same layout."""
     view = View.translated(src, plan(Translation("rename", ALWAYS, kv=(Set("general.name", string(name)),)), src),
                            OpCache(0), key=name)
-    with open(out, "wb") as f:
-        for p in view.pieces(0, view.size):
-            f.write(src.read(p.offset, p.size) if isinstance(p, FileRange) else p)
+    out.write_bytes(view.read(0, view.size))
     return out
 
 
