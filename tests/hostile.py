@@ -10,8 +10,19 @@ from pathlib import Path
 
 from compatfs.gguf_source import SourceGGUF
 from compatfs.gguf_values import VT, Value, skip_value
+from compatfs.testing import gemma3
+from compatfs.testing.store import add_model
 
 _U64 = struct.Struct("<Q")
+
+
+def vision_and_text_store(tmp_path: Path) -> Path:
+    """A store of two legacy models: `vision:4b` (a monolithic Gemma 3 vision
+    blob) and `text:1b`."""
+    root = tmp_path / "store"
+    add_model(root, "vision", gemma3.legacy_gemma3_vision(tmp_path / "gv.gguf"), tag="4b")
+    add_model(root, "text", gemma3.legacy_gemma3_text(tmp_path / "g.gguf"), tag="1b")
+    return root
 
 
 def with_value(path: Path, key: str, value: Value) -> bytes:

@@ -18,6 +18,7 @@ from compatfs.view import FileRange
 from compatfs.views import BlobViews
 
 from conftest import needs_fuse
+from hostile import vision_and_text_store
 
 pytestmark = needs_fuse
 
@@ -48,10 +49,7 @@ def wait_for(cond, seconds: float = 4.0, what: str = "condition"):
 
 @pytest.fixture
 def store(tmp_path):
-    root = tmp_path / "store"
-    add_model(root, "vision", gemma3.legacy_gemma3_vision(tmp_path / "gv.gguf"), tag="4b")
-    add_model(root, "text", gemma3.legacy_gemma3_text(tmp_path / "g.gguf"), tag="1b")
-    return root
+    return vision_and_text_store(tmp_path)
 
 
 def test_truncated_blob_is_eio_not_eof(store, mount_store):

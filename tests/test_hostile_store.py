@@ -16,22 +16,19 @@ from compatfs import handlers
 from compatfs.gguf_source import SourceGGUF
 from compatfs.gguf_values import GGUFError
 from compatfs.store import OllamaStore
-from compatfs.testing import gemma3, llama
+from compatfs.testing import llama
 from compatfs.testing.store import add_blob, add_model
 from compatfs.tree import Tree
 from compatfs.views import MMPROJ_FILE, MODEL_FILE, BlobViews, summarize
 
-from hostile import ends_within, fifo_writer_release
+from hostile import ends_within, fifo_writer_release, vision_and_text_store
 
 LIB = "manifests/registry.ollama.ai/library"
 
 
 @pytest.fixture
 def store(tmp_path):
-    root = tmp_path / "store"
-    add_model(root, "vision", gemma3.legacy_gemma3_vision(tmp_path / "gv.gguf"), tag="4b")
-    add_model(root, "text", gemma3.legacy_gemma3_text(tmp_path / "g.gguf"), tag="1b")
-    return root
+    return vision_and_text_store(tmp_path)
 
 
 def _blob(store: Path, name: str, tag: str) -> Path:
