@@ -2,24 +2,20 @@
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import os
 import shutil
-import stat
-import subprocess
 import sys
-import time
 from pathlib import Path
 
+from . import PROG, launch
 from .gguf_values import GGUFError
 from .index import IndexPathError
+from .launch import LaunchError, MountRequest
 from .opcache import DEFAULT_MB
-from .source import Source, SourceError
+from .source import SourceError
 from .sources import default_source, open_source
-from .statedir import state_dir
-
-PROG = "compatfs"
+from .statedir import StateDirError, mount_file
 
 
 class CliError(Exception):
@@ -28,176 +24,17 @@ class CliError(Exception):
 
 # -- mount / umount -----------------------------------------------------------
 
-def _parse_options(values: list[str]) -> dict:
-    opts: dict = {}
-    for value in values:
-        for item in filter(None, value.split(",")):
-            key, eq, val = item.partition("=")
-            opts[key] = val if eq else True
-    return opts
-
-
-def _check_fuse() -> None:
-    if not os.path.exists("/dev/fuse"):
-        raise CliError("/dev/fuse is missing: load the fuse kernel module (or run the container with --device /dev/fuse)")
-    try:
-        from . import libfuse  # noqa: F401  (loading it finds libfuse 3)
-    except OSError as e:
-        raise CliError(f"libfuse 3 not found ({e}): install it, e.g. `apt-get install fuse3`") from None
-
-
-def _stale(path: Path) -> bool:
-    """Whether `path` is a FUSE mount whose daemon is gone ("Transport endpoint
-    is not connected")."""
-    try:
-        os.statvfs(path)   # never answered from the kernel's caches, as stat can be
-        return False
-    except OSError as e:
-        return e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
-
-
-def _clean_stale(path: Path) -> None:
-    """Unmount the dead compatfs endpoint at `path` (lazily if it is busy)."""
-    from .daemon import lazy_unmount
-    from .mounttable import fstype_at
-    fstype = fstype_at(path)
-    if fstype != "fuse.compatfs":
-        raise CliError(f"{path}: transport endpoint is not connected (a dead {fstype or 'FUSE'} mount, "
-                       f"not compatfs's): unmount it with `fusermount3 -u {path}`")
-    if not lazy_unmount(str(path)):
-        raise CliError(f"{path}: cannot unmount the dead compatfs mount there")
-    print(f"{PROG}: cleaned up the dead mount at {path} (its daemon had gone)", file=sys.stderr)
-
-
-def _check_mountpoint(path: Path) -> None:
-    if _stale(path):
-        _clean_stale(path)
-    if not path.exists():
-        raise CliError(f"mountpoint {path} does not exist")
-    if not path.is_dir():
-        raise CliError(f"mountpoint {path} is not a directory")
-    if os.path.ismount(path):
-        raise CliError(f"mountpoint {path} is busy: something is already mounted there")
-
-
-def _state_dir() -> Path:
-    """The state folder (`statedir`), as one line for the user when it cannot be had."""
-    try:
-        return state_dir()
-    except OSError as e:
-        raise CliError(f"{e.strerror or e}: not logging there (pass --log FILE)") from None
-
-
-def _open_log(path: Path, safe: bool) -> int:
-    """An append descriptor of the log file `path`; `safe`: never through a
-    symlink, and only a regular file of ours."""
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
-    if safe:
-        flags |= os.O_NOFOLLOW
-    try:
-        fd = os.open(path, flags, 0o600)
-    except OSError as e:
-        raise CliError(f"cannot open log file {path}: {e.strerror}") from None
-    st = os.fstat(fd)
-    if safe and (not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid()):
-        os.close(fd)
-        raise CliError(f"log file {path} is not a regular file of yours")
-    return fd
-
-
-def _mount_options(args) -> dict:
-    from .daemon import MountError, check_options
-    opts = _parse_options(args.options)
-    try:
-        check_options(opts)
-    except MountError as e:
-        raise CliError(str(e)) from None
-    return opts
-
-
 def cmd_mount(args) -> int:
-    source = Path(args.source).expanduser() if args.source else default_source()
-    store = open_source(source.absolute())
-    mnt = Path(args.mountpoint).absolute()
-    why = store.refuses_mountpoint(mnt)
-    if why:
-        raise CliError(why)
-    _check_mountpoint(mnt)
-    _check_fuse()
-    _mount_options(args)
     from .views import translation_enabled
-    translate = translation_enabled(args.no_translate)
-    if args.foreground:
-        return _serve(store, mnt, args, translate)
-
-    # The daemon logs to its stderr: the file asked for, the journal when run
-    # by systemd, else a file in the per-user state folder.
-    if args.log:
-        log_file: Path | None = Path(args.log).absolute()
-        out = _open_log(log_file, safe=False)
-    elif os.environ.get("JOURNAL_STREAM"):
-        log_file, out = None, None
-    else:
-        log_file = _state_dir() / f"mount-{str(mnt).strip('/').replace('/', '_') or 'root'}.log"
-        out = _open_log(log_file, safe=True)
-    cmd = [sys.executable, "-m", "compatfs", "mount", "-f", str(store.root), str(mnt),
-           "--op-cache-mb", str(args.op_cache_mb)]
-    cmd += ["--index", str(Path(args.index).absolute())] if args.index else []
-    cmd += ["--no-index"] if args.no_index else []
-    cmd += ["--read-ahead-kb", str(args.read_ahead_kb)]
-    cmd += ["-v"] * args.verbose
-    cmd += [x for o in args.options for x in ("-o", o)]
-    if not translate:
-        cmd.append("--no-translate")
-    start = os.lseek(out, 0, os.SEEK_END) if out is not None else 0
-    try:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
-    finally:
-        if out is not None:
-            os.close(out)
-    where = f"log {log_file}" if log_file else "logging to the journal"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if os.path.ismount(mnt):
-            print(f"{PROG}: mounted {store.root} at {mnt} (pid {proc.pid}, {where})")
-            return 0
-        if proc.poll() is not None:
-            tail = []
-            if log_file:
-                with open(log_file, "rb") as f:
-                    f.seek(start)
-                    tail = f.read().decode(errors="replace").strip().splitlines()[-3:]
-            raise CliError(f"mount failed: {' | '.join(tail) or 'the daemon exited'} ({where})")
-        time.sleep(0.05)
-    proc.terminate()
-    raise CliError(f"mount of {mnt} did not come up within 30 s ({where})")
-
-
-def _serve(store: Source, mnt: Path, args, translate: bool) -> int:
-    from . import daemon
-    try:
-        return daemon.serve(store, mnt, translate=translate, options=_mount_options(args), log_file=args.log,
-                            verbose=args.verbose, index=args.index, no_index=args.no_index,
-                            op_cache_mb=args.op_cache_mb, read_ahead_kb=args.read_ahead_kb)
-    except daemon.MountError as e:
-        raise CliError(str(e)) from None
+    source = Path(args.source).expanduser() if args.source else default_source()
+    request = MountRequest(tuple(args.options), translation_enabled(args.no_translate), args.op_cache_mb,
+                           args.read_ahead_kb, args.index, args.no_index, args.log, args.verbose)
+    return launch.mount(open_source(source.absolute()), Path(args.mountpoint).absolute(), request, args.foreground)
 
 
 def cmd_umount(args) -> int:
-    mnt = Path(args.mountpoint).absolute()
-    if _stale(mnt):
-        _clean_stale(mnt)
-        return 0
-    if not os.path.ismount(mnt):
-        raise CliError(f"{mnt} is not mounted")
-    errors = []
-    for tool in (["fusermount3", "-u"], ["fusermount", "-u"], ["umount"]):
-        if shutil.which(tool[0]):
-            res = subprocess.run(tool + [str(mnt)], capture_output=True, text=True)
-            if res.returncode == 0:
-                return 0
-            errors.append(res.stderr.strip())
-    raise CliError(f"cannot unmount {mnt}: {errors[0] if errors else 'no fusermount or umount found'}")
+    launch.umount(Path(args.mountpoint).absolute())
+    return 0
 
 
 # -- ls / inspect ---------------------------------------------------------------
@@ -364,7 +201,7 @@ def cmd_serve(args) -> int:
     exe = args.llama_server or shutil.which("llama-server")
     if not exe:
         raise CliError("llama-server not found in PATH: name it with --llama-server PATH")
-    preset = _state_dir() / f"models-{str(mnt).strip('/').replace('/', '_') or 'root'}.ini"
+    preset = mount_file("models", mnt, ".ini")
     return Router(mnt, exe, preset, args.host, args.port, args.extra).run()
 
 
@@ -553,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     args.extra = extra
     try:
         return args.func(args)
-    except (CliError, SourceError, GGUFError, IndexPathError) as e:
+    except (CliError, LaunchError, SourceError, GGUFError, IndexPathError, StateDirError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -34,7 +34,7 @@ from cachetools import LRUCache
 from .blobfile import identity
 from .llama_args import translate_params
 from .params import OPTIONS, read_params
-from .statedir import state_dir
+from .statedir import mount_file
 from .views import MMPROJ_FILE, MODEL_FILE
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ def _identity(path: Path) -> tuple | None:
 def published_path(mountpoint: Path) -> Path:
     """Where the daemon serving `mountpoint` keeps its `models.ini` (its state
     folder; OSError when there is none)."""
-    return state_dir() / f"mount-{str(mountpoint).strip('/').replace('/', '_') or 'root'}.models.ini"
+    return mount_file("mount", mountpoint, ".models.ini")
 
 
 def section_name(name: str) -> str:

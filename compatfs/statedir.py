@@ -7,10 +7,14 @@ import stat
 from pathlib import Path
 
 
+class StateDirError(OSError):
+    """The state folder cannot be made, or is not this user's own; one line naming it."""
+
+
 def state_dir() -> Path:
     """$XDG_STATE_HOME/compatfs, else ~/.local/state/compatfs; created 0700.
-    OSError (one line naming the folder) when it cannot be made or is not a
-    folder of this user's own (a symlink, or another user's)."""
+    StateDirError when it cannot be made or is not a folder of this user's
+    own (a symlink, or another user's)."""
     base = os.environ.get("XDG_STATE_HOME", "")
     root = Path(base) if os.path.isabs(base) else Path.home() / ".local" / "state"
     d = root / "compatfs"
@@ -22,9 +26,15 @@ def state_dir() -> Path:
             pass
         st = os.lstat(d)
     except OSError as e:
-        raise OSError(e.errno, f"cannot create the state folder {d}: {e.strerror}") from None
+        raise StateDirError(f"cannot create the state folder {d}: {e.strerror}") from None
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-        raise OSError(f"{d} is not a folder of yours (a symlink, or another user's)")
+        raise StateDirError(f"{d} is not a folder of yours (a symlink, or another user's)")
     if st.st_mode & 0o077:
         os.chmod(d, 0o700)
     return d
+
+
+def mount_file(prefix: str, mountpoint: Path | str, suffix: str) -> Path:
+    """The state folder's file `prefix`-<mountpoint as one name>`suffix` of a
+    mount (`/mnt/compat` is `mnt_compat`, `/` is `root`)."""
+    return state_dir() / f"{prefix}-{str(mountpoint).strip('/').replace('/', '_') or 'root'}{suffix}"

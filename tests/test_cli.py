@@ -48,6 +48,29 @@ def test_errors_are_one_clear_line(store, tmp_path):
         assert "Traceback" not in res.stderr
 
 
+@needs_fuse
+def test_an_unusable_state_folder_is_one_line(store, tmp_path):
+    """The state folder (logs, presets) cannot be made: `mount` and `serve`
+    say so and name it; `mount --log FILE` does not need it."""
+    (tmp_path / "state").write_text("a file, not a folder")
+    env = {"XDG_STATE_HOME": str(tmp_path / "state")}
+    (tmp_path / "mnt").mkdir()
+    cases = [
+        (("mount", store, tmp_path / "mnt"), "not logging there (pass --log FILE)"),
+        (("serve", "--mount", tmp_path / "mnt", "--llama-server", "/bin/true"), "cannot create the state folder"),
+    ]
+    for args, words in cases:
+        res = compatfs(*args, env=env)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 1 and len(lines) == 1, (args, res.stderr)
+        assert lines[0].startswith("compatfs: error:") and words in lines[0] and str(tmp_path / "state") in lines[0]
+    res = compatfs("mount", store, tmp_path / "mnt", "--log", tmp_path / "log", env=env)
+    try:
+        assert res.returncode == 0, res.stderr
+    finally:
+        compatfs("umount", tmp_path / "mnt")
+
+
 def test_ls_reports_handlers_and_what_is_left_out(store):
     res = compatfs("ls", store, "--json")
     doc = json.loads(res.stdout)
