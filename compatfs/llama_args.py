@@ -8,6 +8,8 @@ dropped in silence.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,22 +85,44 @@ def server_args(files: dict, model_dir: Path) -> Args:
     return out
 
 
-def _shows(path: Path) -> bool:
-    """Whether `path` is there (a dead mount, ENOTCONN, shows nothing)."""
-    try:
-        return path.exists()
-    except OSError:
-        return False
+ANSWER_WITHIN = 2.0     # seconds a compatfs mount has to say whether it shows a model
+
+
+def _showing(paths: list[Path]) -> tuple[list[Path], list[Path]]:
+    """Of `paths`, those there and those whose mount did not answer within
+    `ANSWER_WITHIN` (a stopped or hung daemon): each is looked up in a thread
+    of its own, so one stuck mount delays the answer by that bound at most.
+    A dead mount (ENOTCONN) shows nothing."""
+    found: dict[Path, bool] = {}
+
+    def look(path: Path) -> None:
+        try:
+            found[path] = path.exists()
+        except OSError:
+            found[path] = False
+
+    threads = [threading.Thread(target=look, args=(p,), daemon=True) for p in paths]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + ANSWER_WITHIN
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return [p for p in paths if found.get(p)], [p for p in paths if p not in found]
 
 
 def find_model_dir(name: str, mount: str | None) -> Path:
     """The model's directory under `mount`, else under the one compatfs mount
-    that shows it (ValueError when none or several do)."""
+    that shows it (ValueError when none or several do; a mount that does not
+    answer is left out, and named when no other shows the model)."""
     if mount:
         return Path(mount) / name
-    candidates = [m / name for m in points_of("fuse.compatfs") if _shows(m / name / MODEL_FILE)]
+    points = points_of("fuse.compatfs")
+    shown, silent = _showing([m / name / MODEL_FILE for m in points])
+    candidates = [m / name for m in points if m / name / MODEL_FILE in shown]
     if len(candidates) == 1:
         return candidates[0]
     if not candidates:
-        raise ValueError(f"no compatfs mount shows {name}: mount the store, or name the mountpoint with --mount")
+        why = "".join(f"; {m} did not answer within {ANSWER_WITHIN:g} s" for m in points
+                      if m / name / MODEL_FILE in silent)
+        raise ValueError(f"no compatfs mount shows {name}{why}: mount the store, or name the mountpoint with --mount")
     raise ValueError(f"several compatfs mounts show {name} ({', '.join(map(str, candidates))}): choose one with --mount")

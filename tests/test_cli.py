@@ -1,8 +1,10 @@
 """The command line: mount/umount in the background, ls, inspect, clear errors."""
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -218,3 +220,23 @@ def test_ls_columns_stay_aligned_for_any_name_length(tmp_path):
     doc = json.loads(compatfs("ls", root, "--json").stdout)
     p = next(r for r in doc["models"] if r["name"] == "p:1")
     assert p["params"]["in_model_gguf"] == [] and "is not JSON" in p["params"]["notes"][0]
+
+
+@needs_fuse
+def test_llama_args_finds_the_mount_past_a_stopped_daemon(store, mount_store):
+    """Without --mount, `llama-args` asks every compatfs mount whether it shows
+    the model: a mount whose daemon is stopped is left out after a bounded
+    wait (and named when no other shows the model), never a hang."""
+    stuck, good = mount_store(store), mount_store(store)
+    os.kill(stuck.proc.pid, signal.SIGSTOP)
+    try:
+        t = time.monotonic()
+        res = compatfs("llama-args", "gemma3x:4b", "--source", store, "--lines")
+        assert res.returncode == 0, res.stderr
+        assert str(good.path / "gemma3x:4b" / "model.gguf") in res.stdout.splitlines()
+        assert time.monotonic() - t < 60
+        good.close()
+        res = compatfs("llama-args", "plain", "--source", store)
+        assert res.returncode == 1 and f"{stuck.path} did not answer within" in res.stderr, res.stderr
+    finally:
+        os.kill(stuck.proc.pid, signal.SIGCONT)
