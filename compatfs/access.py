@@ -32,8 +32,10 @@ class ACL:
 
     entries: tuple[tuple[int, int, int], ...]
 
-    def perms(self, tag: int) -> int | None:
-        return next((p for t, _, p in self.entries if t == tag), None)
+    def perms(self, tag: int, absent: int = 0) -> int:
+        """The bits of the first entry tagged `tag`; `absent` when there is
+        none (0, nothing granted, unless the caller says otherwise)."""
+        return next((p for t, _, p in self.entries if t == tag), absent)
 
 
 def parse_acl(data: bytes) -> ACL:
@@ -108,8 +110,7 @@ class Caller:
             return bool(st.st_mode & bit)
         if self.uid == st.st_uid:
             return bool(acl.perms(USER_OBJ) & bit)
-        mask = acl.perms(MASK)
-        mask = 7 if mask is None else mask
+        mask = acl.perms(MASK, absent=7)
         named = [p for t, i, p in acl.entries if t == USER and i == self.uid]
         if named:
             return bool(named[0] & mask & bit)

@@ -65,8 +65,11 @@ class Attributes:
         if isinstance(node, list):
             return self._dir_attrs(path)
         sticky = self._files.sticky(path)
-        if sticky is not None and sticky[2]:
-            return file_attrs(path, sticky[0].view.stamp, sticky[0].view.size, sticky[1])
+        held = sticky[0].view if sticky is not None else None   # the view its open handles read
+        if sticky is not None and held is not None and sticky[2]:
+            return file_attrs(path, held.stamp, held.size, sticky[1])
+        st: os.stat_result | None = None
+        size: int | None = None
         for _attempt in range(3):
             # Size and identity of one blob (the path may name another by the
             # time its summary is looked up).
@@ -79,12 +82,12 @@ class Attributes:
                 break
             except Changed:
                 st = size = None
-        if size is not None:
+        if st is not None and size is not None:
             return file_attrs(path, identity(st), size, st)
-        if sticky is not None:
+        if sticky is not None and held is not None:
             # Its blob broke under open files: they keep their size (and get
             # EIO on read), rather than an early end of file.
-            return file_attrs(path, sticky[0].view.stamp, sticky[0].view.size, sticky[1])
+            return file_attrs(path, held.stamp, held.size, sticky[1])
         # Shown (empty, unreadable), so that opening it reports the error.
         return {"st_mode": stat.S_IFREG, "st_nlink": 1, "st_size": 0, "st_ino": inodes.bad_ino(path),
                 "st_uid": os.getuid(), "st_gid": os.getgid()}

@@ -16,8 +16,8 @@ NESTED = ("hf.co", "demo", "tiny-llama", "Q8_0", plain_llama_text)
 def write_demo_store(root: Path) -> Path:
     """Write (or refresh) the demo store at `root`; returns `root`."""
     root = Path(root)
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = Path(scratch)
         write_models(root, tmp)
         host, namespace, name, tag, model = NESTED
         add_model(root, name, model(tmp / "nested.gguf"), host=host, namespace=namespace, tag=tag)

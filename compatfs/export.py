@@ -198,11 +198,14 @@ def _order(name: str) -> tuple:
 
 
 def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
-        n /= 1024
-    return f"{n} B"
+    if n < 1024:
+        return f"{n} B"
+    x = n / 1024
+    for unit in ("KiB", "MiB"):
+        if x < 1024:
+            return f"{x:.1f} {unit}"
+        x /= 1024
+    return f"{x:.1f} GiB"
 
 
 def export_model(views: BlobViews, name: str, files: dict, outdir: Path, reflink: str = "auto",

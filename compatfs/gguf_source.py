@@ -28,6 +28,7 @@ def tensor_nbytes(shape: tuple[int, ...], dtype: DT | int) -> int:
     """Bytes of a tensor of ggml `shape` (fastest axis first) and `dtype`."""
     if dtype not in GGML_QUANT_SIZES:
         raise GGUFError(f"ggml type {int(dtype)} is unknown to GGUF readers; its size cannot be told")
+    dtype = DT(dtype)     # (a plain int of a known type, too)
     block, size = GGML_QUANT_SIZES[dtype]
     n = 1
     for d in shape:
@@ -49,6 +50,13 @@ class TensorInfo:
     @property
     def nbytes(self) -> int:
         return tensor_nbytes(self.shape, self.dtype)
+
+    def known_dtype(self) -> DT:
+        """The ggml type, when gguf-py knows it; GGUFError naming the tensor
+        when not (such a tensor has no size an op could work with)."""
+        if not isinstance(self.dtype, DT):
+            raise GGUFError(f"tensor {self.name} has ggml type {self.dtype}, which GGUF readers do not know")
+        return self.dtype
 
 
 class SourceGGUF:

@@ -83,7 +83,7 @@ def string_starts(buf, off: int, count: int, end: int, base: int = 0) -> tuple[_
     if seen is not None:
         raw, delta, starts = seen
         # (startswith of a slice as long as `raw` is equality, without a copy)
-        if off + len(raw) <= hi and raw.startswith(memoryview(mem)[off:off + len(raw)]):
+        if off + len(raw) <= hi and raw.startswith(mem.data[off:off + len(raw)]):
             return _shifted(starts, off - base - delta), off + len(raw)
     starts, pos = _bulk_walk(buf, mem, off, count, end, base)
     with _remembered_lock:
@@ -97,7 +97,7 @@ def _shifted(starts: _arr.array, by: int) -> _arr.array:
     if not by:
         return _arr.array("Q", starts)
     out = _arr.array("Q")
-    out.frombytes(memoryview((np.frombuffer(starts, np.uint64).astype(np.int64) + by).astype(np.uint64)).cast("B"))
+    out.frombytes((np.frombuffer(starts, np.uint64).astype(np.int64) + by).astype(np.uint64).data.cast("B"))
     return out
 
 
@@ -136,7 +136,7 @@ def _bulk_walk(buf, mem: np.ndarray, off: int, count: int, end: int, base: int) 
         pos += 8 + _U64.unpack_from(buf, pos)[0]
     starts = _arr.array("Q")
     if parts:
-        starts.frombytes(memoryview((np.concatenate(parts) - base).astype(np.uint64)).cast("B"))
+        starts.frombytes((np.concatenate(parts) - base).astype(np.uint64).data.cast("B"))
     if left:
         rest, pos = _walk(buf, pos, left, end, base)
         starts.extend(rest)
@@ -229,11 +229,10 @@ class Value:
     @classmethod
     def strings(cls, payload: bytes | memoryview) -> "Value":
         """A string array value with its element offsets recorded."""
-        count = _U64.unpack_from(payload, 4)[0]
-        return cls(VT.ARRAY, payload, string_starts(payload, 12, count, len(payload))[0])
+        return cls(VT.ARRAY, payload, _element_starts(payload))
 
     def _starts(self) -> _arr.array:
-        return self.starts if self.starts is not None else Value.strings(self.payload).starts
+        return self.starts if self.starts is not None else _element_starts(self.payload)
 
     # -- inspection ------------------------------------------------------
     @property
@@ -248,11 +247,12 @@ class Value:
     def decode(self) -> Any:
         """The Python value: int/float/bool/str, a list of str, or a numpy array."""
         p = self.payload
-        if self.vtype in _SCALAR:
+        etype = self.element_type
+        if etype is None:   # a scalar or a string
+            if self.vtype == VT.STRING:
+                return bytes(p[8:8 + _U64.unpack_from(p, 0)[0]]).decode("utf-8", "replace")
             return struct.unpack_from(_SCALAR[self.vtype], p, 0)[0]
-        if self.vtype == VT.STRING:
-            return bytes(p[8:8 + _U64.unpack_from(p, 0)[0]]).decode("utf-8", "replace")
-        etype, n = self.element_type, self.count
+        n = self.count
         if etype == VT.STRING:
             return [s for s in self.iter_strings()]
         if etype == VT.ARRAY:
@@ -292,6 +292,14 @@ class Value:
                 pos = data.find(needle, pos + 1)
         return found
 
+    def with_items(self, items: Sequence[Any] | np.ndarray) -> "Value":
+        """An array of this array's element type holding `items`; GGUFError
+        for a value that is not an array."""
+        etype = self.element_type
+        if etype is None:
+            raise GGUFError(f"a {self.vtype.name.lower()} has no elements to replace")
+        return array(etype, items)
+
     def truncated(self, n: int) -> "Value":
         """The first `n` elements of an array value (itself if it is not longer)."""
         if self.vtype != VT.ARRAY or n >= self.count:
@@ -308,6 +316,12 @@ class Value:
         if etype == VT.STRING:
             return Value(VT.ARRAY, head + bytes(self.payload[12:end]), starts[:n])
         return Value(VT.ARRAY, head + bytes(self.payload[12:end]))
+
+
+def _element_starts(payload: bytes | memoryview) -> _arr.array:
+    """The element offsets of the string array in `payload` (see `string_starts`)."""
+    count = _U64.unpack_from(payload, 4)[0]
+    return string_starts(payload, 12, count, len(payload))[0]
 
 
 # -- constructors for handler tables -------------------------------------------
@@ -344,7 +358,7 @@ def string(s: str) -> Value:
     return Value(VT.STRING, _str_payload(s))
 
 
-def array(etype: VT, items: Sequence[Any]) -> Value:
+def array(etype: VT, items: Sequence[Any] | np.ndarray) -> Value:
     """An array of `etype` (strings or numbers)."""
     head = _U32.pack(etype) + _U64.pack(len(items))
     if etype == VT.STRING:

@@ -77,7 +77,7 @@ class Summary:
 @functools.lru_cache(maxsize=None)
 def translation_version() -> str:
     """A digest of the source of every module that decides a view's bytes."""
-    from . import handlers
+    from . import handlers  # type: ignore[attr-defined]  # handlers/, by package-dir: mypy cannot see it
     here = Path(__file__).resolve().parent
     files = sorted(here.glob("*.py")) + sorted(Path(handlers.__file__).resolve().parent.glob("*.py"))
     h = hashlib.sha256()
@@ -116,42 +116,42 @@ class Index:
         self._mem: dict[str, tuple[Stamp, Summary]] = {}
         self._db: sqlite3.Connection | None = None
         if path is not None:
-            self._open()
+            self._open(path)
 
-    def _open(self) -> None:
+    def _open(self, path: Path) -> None:
         try:
-            if self.path.is_dir():
-                raise IndexPathError(f"the index {self.path} is a folder, not a file")
+            if path.is_dir():
+                raise IndexPathError(f"the index {path} is a folder, not a file")
             try:
-                self._db = self._connect()
+                self._db = self._connect(path)
             except sqlite3.DatabaseError as e:
                 if getattr(e, "sqlite_errorcode", None) not in _CORRUPT:
                     raise
-                self._set_aside(e)
-                self._db = self._connect()
+                self._set_aside(path, e)
+                self._db = self._connect(path)
         except (sqlite3.Error, OSError) as e:
-            log.warning("index %s cannot be used (%s): working without the persistent index", self.path,
+            log.warning("index %s cannot be used (%s): working without the persistent index", path,
                         getattr(e, "strerror", None) or e)
             self._db = None
             self._mem.clear()
 
-    def _set_aside(self, why: Exception) -> None:
+    def _set_aside(self, path: Path, why: Exception) -> None:
         """Move a corrupt index file (a regular file: ours) to `<file>.corrupt`;
         OSError when that cannot be done without touching anything else."""
-        aside = self.path.with_name(self.path.name + ".corrupt")
-        if not stat.S_ISREG(os.lstat(self.path).st_mode):
-            raise OSError(f"{self.path} is not a regular file")
+        aside = path.with_name(path.name + ".corrupt")
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            raise OSError(f"{path} is not a regular file")
         try:
             if not stat.S_ISREG(os.lstat(aside).st_mode):
                 raise OSError(f"{aside} is there and is not a regular file")
         except FileNotFoundError:
             pass
-        log.warning("index %s is unreadable (%s): moved to %s and rebuilt", self.path, why, aside.name)
-        os.replace(self.path, aside)
+        log.warning("index %s is unreadable (%s): moved to %s and rebuilt", path, why, aside.name)
+        os.replace(path, aside)
 
-    def _connect(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        db = sqlite3.connect(self.path, timeout=10, check_same_thread=False, isolation_level=None)
+    def _connect(self, path: Path) -> sqlite3.Connection:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        db = sqlite3.connect(path, timeout=10, check_same_thread=False, isolation_level=None)
         try:
             db.execute(_SCHEMA)
             for old in _OLD_TABLES:
@@ -172,7 +172,7 @@ class Index:
                 ignored += 1
         if ignored:
             log.info("index %s: %d entries made again (they record an error, or hold values of the wrong kind)",
-                     self.path, ignored)
+                     path, ignored)
         return db
 
     def __len__(self) -> int:

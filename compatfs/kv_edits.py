@@ -187,7 +187,7 @@ class ZeroPerLayer(KVEdit):
         for i in range(len(per_layer)):
             if self.tensor.format(i) not in src.tensors:
                 per_layer[i] = 0
-        kv[self.key] = array(value.element_type, per_layer)
+        kv[self.key] = value.with_items(per_layer)
 
 
 @dataclass(frozen=True)
@@ -239,7 +239,7 @@ class PadArray(KVEdit):
             return
         items = [int(x) for x in integer_array(self.src, value)]
         if len(items) <= self.length:
-            kv[self.dst] = array(value.element_type, items + [0] * (self.length - len(items)))
+            kv[self.dst] = value.with_items(items + [0] * (self.length - len(items)))
 
 
 # -- the tokenizer ---------------------------------------------------------------------
@@ -272,7 +272,7 @@ class TokenType(KVEdit):
         if change:
             new = current.copy()
             new[change] = self.token_type
-            kv[Keys.Tokenizer.TOKEN_TYPE] = array(kv[Keys.Tokenizer.TOKEN_TYPE].element_type, new)
+            kv[Keys.Tokenizer.TOKEN_TYPE] = kv[Keys.Tokenizer.TOKEN_TYPE].with_items(new)
 
 
 _PAD = re.compile(r"\[PAD(\d+)\]\Z")
@@ -305,7 +305,7 @@ class PadTokensUnused(KVEdit):
             VT.ARRAY, head + bytes(tokens.truncated(first).payload[12:]) + bytes(names.payload[12:]))
         kinds = kinds.copy()
         kinds[first:] = TT.UNUSED
-        kv[Keys.Tokenizer.TOKEN_TYPE] = array(kv[Keys.Tokenizer.TOKEN_TYPE].element_type, kinds)
+        kv[Keys.Tokenizer.TOKEN_TYPE] = kv[Keys.Tokenizer.TOKEN_TYPE].with_items(kinds)
 
 
 @dataclass(frozen=True)

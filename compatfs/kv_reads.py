@@ -5,6 +5,7 @@ another exception."""
 from __future__ import annotations
 
 import math
+from typing import TypeGuard
 
 import numpy as np
 
@@ -18,11 +19,11 @@ def describe(value: Value | None) -> str:
     """What `value` is, in a few words (for error messages; never its contents)."""
     if value is None:
         return "absent"
-    if value.vtype != VT.ARRAY:
+    etype = value.element_type
+    if etype is None:   # a scalar or a string
         if value.vtype == VT.STRING:
             return "a string"
         return f"{value.vtype.name} {value.decode()!r}"
-    etype = value.element_type
     return f"an array of {value.count} {etype.name}" if etype != VT.ARRAY else f"a nested array of {value.count}"
 
 
@@ -44,7 +45,7 @@ def finite(value: Value | None) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def is_integer_array(value: Value | None) -> bool:
+def is_integer_array(value: Value | None) -> TypeGuard[Value]:
     return value is not None and value.element_type in INTEGERS
 
 

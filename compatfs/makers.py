@@ -18,8 +18,8 @@ def concatenated(*parts: str):
     agree, F32 where they differ; None where the block lacks one.  Parts of
     different shapes, or of a type ggml does not define, are refused."""
     def make(src: SourceGGUF, i: int) -> Op | None:
-        ts = [src.tensors.get(p.format(i)) for p in parts]
-        if None in ts:
+        ts = [t for p in parts if (t := src.tensors.get(p.format(i))) is not None]
+        if len(ts) < len(parts):
             return None
         if len({t.shape for t in ts}) != 1 or not ts[0].shape or not all(isinstance(t.dtype, DT) for t in ts):
             raise GGUFError(f"cannot merge {[(t.name, t.shape, t.dtype) for t in ts]} into one tensor")
@@ -41,7 +41,7 @@ def stacked(srcs: list[TensorInfo]) -> Concat:
             or not all(isinstance(t.dtype, DT) for t in srcs)):
         raise GGUFError(f"cannot stack {[(t.name, t.shape, t.dtype) for t in srcs][:4]}")
     same = len({t.dtype for t in srcs}) == 1
-    return Concat(tuple(srcs), (*srcs[0].shape, len(srcs)), srcs[0].dtype if same else DT.F32)
+    return Concat(tuple(srcs), (*srcs[0].shape, len(srcs)), srcs[0].known_dtype() if same else DT.F32)
 
 
 def embedding_row(token: str, embedding: str = "token_embd.weight"):

@@ -12,9 +12,9 @@ def model_files(tree: Tree, name: str) -> tuple[str, dict[str, FileRef]]:
     SourceError when the source has no such model (with the reason it is left out)."""
     name = tree.source.name(name)
     snap = tree.snapshot()
-    if name not in snap.models:
+    listing = tree.lookup(name) if name in snap.models else None
+    if not isinstance(listing, list):   # (not a model, or gone in a rescan since the snapshot)
         why = snap.listing.skipped.get(name)
         raise SourceError(f"no model {name} in {tree.source.root}" + (f" ({why})" if why else ""))
-    listing = tree.lookup(name)
     files = {f: tree.lookup(f"{name}/{f}") for f in listing}
     return name, {f: ref for f, ref in files.items() if isinstance(ref, FileRef)}

@@ -77,7 +77,7 @@ class Option:
         if self.kind == "stop":    # llama-server's stop words for requests that name none (repeatable)
             return [x for w in v for x in (self.flag, w)]
         if self.kind == "true":
-            return [self.flag, self.const] if v else []
+            return [self.flag, *([] if self.const is None else [self.const])] if v else []
         return [self.flag, repr(v) if self.kind == "float" else str(v)]
 
 

@@ -122,15 +122,15 @@ def plan(tr: Translation, src: SourceGGUF) -> ViewSpec:
         except GGUFError as e:
             raise GGUFError(f"{tr.name}: {label(edit)}: {e}") from None
     ts: Tensors = [ViewTensor(t.name, t.shape, t.dtype, source=t, order=t.offset) for t in src.tensors.values()]
-    idle = []
-    for edit in tr.tensors:
-        before = [t.name for t in ts] if isinstance(edit, Rename) else None
+    idle: list[TensorEdit] = []
+    for t_edit in tr.tensors:
+        before = [t.name for t in ts] if isinstance(t_edit, Rename) else None
         try:
-            ts = edit.apply(ts, src)
+            ts = t_edit.apply(ts, src)
         except GGUFError as e:
-            raise GGUFError(f"{tr.name}: {label(edit)}: {e}") from None
+            raise GGUFError(f"{tr.name}: {label(t_edit)}: {e}") from None
         if before is not None and before == [t.name for t in ts]:
-            idle.append(edit)
+            idle.append(t_edit)
     names = [t.name for t in ts]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})

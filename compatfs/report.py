@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gguf import GGMLQuantizationType as DT
 from gguf import Keys
 
 from .gguf_source import SourceGGUF
-from .gguf_values import VT, GGUFError, Value
+from .gguf_values import GGUFError, Value
 from .opcache import OpCache
 from .source import SourceError
 from .sources import open_source
@@ -30,10 +31,15 @@ def resolve_target(target: str, source: str | None, clip: bool) -> Path:
 
 
 def _show(v: Value) -> object:
-    if v.vtype == VT.ARRAY:
-        return f"[{v.element_type.name} x {v.count}]"
+    etype = v.element_type
+    if etype is not None:
+        return f"[{etype.name} x {v.count}]"
     value = v.decode()
     return value if not isinstance(value, str) or len(value) <= 60 else value[:57] + "..."
+
+
+def _type_name(dtype: DT | int) -> str:
+    return dtype.name if isinstance(dtype, DT) else f"ggml type {dtype}"
 
 
 def describe(path: Path, kind: str) -> dict:
@@ -45,39 +51,44 @@ def describe(path: Path, kind: str) -> dict:
         view = build_view(info, kind, OpCache())
     except GGUFError as e:
         raise GGUFError(f"{path}: {e}") from None
-    report = {"file": str(path), "view": kind, "handler": tr.name if tr else None,
-              "detected_by": tr.detect.text if tr else None,
-              "architecture": {"before": src.architecture, "after": src.architecture},
-              "size": {"blob": src.size, "view": view.size},
-              "kv": {"added": {}, "changed": {}, "removed": []},
-              "tensors": {"renamed": {}, "hidden": [], "ops": {}}}
-    if view.spec is None:
-        return report
-    kvs = dict(view.spec.kvs)
-    arch = kvs.get(Keys.General.ARCHITECTURE)
-    report["architecture"]["after"] = arch.decode() if arch else None
-    for key, v in kvs.items():
-        old = src.kvs.get(key)
-        if old is None:
-            report["kv"]["added"][key] = _show(v)
-        elif old.vtype != v.vtype or bytes(old.payload) != bytes(v.payload):
-            report["kv"]["changed"][key] = {"before": _show(old), "after": _show(v)}
-    report["kv"]["removed"] = [k for k in src.kvs if k not in kvs]
-    used = set()
-    for t in view.spec.tensors:
-        if t.op is not None:
-            used.update(i.name for i in t.op.inputs)
-            report["tensors"]["ops"][t.name] = {"op": t.op.description, "shape": list(t.shape),
-                                                "dtype": t.dtype.name, "bytes": t.nbytes}
-        else:
-            used.add(t.source.name)
-            if t.source.name != t.name:
-                report["tensors"]["renamed"][t.source.name] = t.name
-            if t.nbytes != t.source.nbytes:
-                report["tensors"]["ops"][t.name] = {"op": f"rows of {t.source.name}", "shape": list(t.shape),
-                                                    "dtype": t.dtype.name, "bytes": t.nbytes}
-    report["tensors"]["hidden"] = [n for n in src.tensors if n not in used]
-    return report
+    after = src.architecture
+    added: dict[str, object] = {}
+    changed: dict[str, dict[str, object]] = {}
+    removed: list[str] = []
+    renamed: dict[str, str] = {}
+    hidden: list[str] = []
+    ops: dict[str, dict[str, object]] = {}
+    if view.spec is not None:
+        kvs = dict(view.spec.kvs)
+        arch = kvs.get(Keys.General.ARCHITECTURE)
+        after = arch.decode() if arch else None
+        for key, v in kvs.items():
+            old = src.kvs.get(key)
+            if old is None:
+                added[key] = _show(v)
+            elif old.vtype != v.vtype or bytes(old.payload) != bytes(v.payload):
+                changed[key] = {"before": _show(old), "after": _show(v)}
+        removed = [k for k in src.kvs if k not in kvs]
+        used: set[str] = set()
+        for t in view.spec.tensors:
+            if t.op is not None:
+                used.update(i.name for i in t.op.inputs)
+                ops[t.name] = {"op": t.op.description, "shape": list(t.shape), "dtype": _type_name(t.dtype),
+                               "bytes": t.nbytes}
+            elif t.source is not None:
+                used.add(t.source.name)
+                if t.source.name != t.name:
+                    renamed[t.source.name] = t.name
+                if t.nbytes != t.source.nbytes:
+                    ops[t.name] = {"op": f"rows of {t.source.name}", "shape": list(t.shape),
+                                   "dtype": _type_name(t.dtype), "bytes": t.nbytes}
+        hidden = [n for n in src.tensors if n not in used]
+    return {"file": str(path), "view": kind, "handler": tr.name if tr else None,
+            "detected_by": tr.detect.text if tr else None,
+            "architecture": {"before": src.architecture, "after": after},
+            "size": {"blob": src.size, "view": view.size},
+            "kv": {"added": added, "changed": changed, "removed": removed},
+            "tensors": {"renamed": renamed, "hidden": hidden, "ops": ops}}
 
 
 def format_report(r: dict) -> str:

@@ -150,7 +150,8 @@ def _files_below(base: Path) -> list[Path]:
         status(base)          # a `manifests/` that leads into the mount is refused here
     except OSError:
         return []
-    out, todo = [], [base]
+    out: list[Path] = []
+    todo = [base]
     while todo:
         folder = todo.pop()
         try:
@@ -186,8 +187,10 @@ class OllamaStore(Source):
             if name.split("/")[0] == BLOBS:
                 out.skipped[name] = f"its first folder would be {BLOBS}/, where the mount shows every blob"
                 continue
-            proj, params = model.projector_layer, model.first(PARAMS)
-            out.folders[name] = Folder(self.blob_path(model.model_layer.digest),
+            layer, proj, params = model.model_layer, model.projector_layer, model.first(PARAMS)
+            if layer is None:   # (`manifests` leaves such models out, naming why)
+                continue
+            out.folders[name] = Folder(self.blob_path(layer.digest),
                                        self.blob_path(proj.digest) if proj else None,
                                        self._layer_files(model.layers),
                                        params=self.blob_path(params.digest) if params else None)
@@ -226,7 +229,8 @@ class OllamaStore(Source):
     def _layer_files(self, layers) -> tuple[tuple[str, Path], ...]:
         """(file name, blob) of the `LAYER_FILES` layers; a second license is
         `license-2`, and so on (Ollama keeps every license layer)."""
-        out, seen = [], {}
+        out: list[tuple[str, Path]] = []
+        seen: dict[str, int] = {}
         for layer in layers:
             base = LAYER_FILES.get(layer.media_type)
             if base is None or (base != "license" and base in seen):
@@ -244,8 +248,8 @@ class OllamaStore(Source):
         out = Scan()
         base = self.root / "manifests"
         seen: set[Path] = set()
-        found, owners = [], {}
-        found.extend(_files_below(base))
+        found = _files_below(base)
+        owners: dict[str, Path] = {}
 
         def order(path: Path) -> tuple:   # host and namespace spelled as Ollama writes them first
             head = path.relative_to(base).parts[:2]

@@ -21,7 +21,7 @@ class ViewTensor:
 
     name: str
     shape: tuple[int, ...]
-    dtype: DT
+    dtype: DT | int                    # an int: a blob tensor of a type gguf-py does not know (see plan)
     source: TensorInfo | None = None   # blob tensor whose bytes are served (a prefix, if shorter)
     op: Op | None = None
     order: int = 0                     # blob offset that places it in the data section
@@ -118,7 +118,7 @@ class ToF32(TensorEdit):
 
     def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
         for t in ts:
-            if t.name in self.names and t.op is None and t.dtype in (DT.F16, DT.BF16):
+            if t.name in self.names and t.op is None and t.source is not None and t.dtype in (DT.F16, DT.BF16):
                 t.op = Promote.of(t.source)
                 t.dtype = DT.F32
         return ts
@@ -138,7 +138,8 @@ class RopePermute(TensorEdit):
     def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
         n_head = whole(src.kvs.get(self.heads))
         for t in ts:
-            if not (t.name.startswith(self.prefix) and t.name.endswith(self.suffixes)) or t.op is not None:
+            if not (t.name.startswith(self.prefix) and t.name.endswith(self.suffixes)) or t.op is not None \
+                    or t.source is None:
                 continue
             rows, rest = (t.shape[-1], tuple(reversed(t.shape[:-1]))) if t.shape else (0, ())
             if (n_head is None or n_head <= 0 or not rows or rows % (2 * n_head)
@@ -158,13 +159,18 @@ class Produce(TensorEdit):
     consumes: tuple[str, ...] = ()
 
     def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
-        op = self.make(src)
-        if op is None:
-            return ts
-        first = op.inputs[0].offset if op.inputs else 0
-        ts = [t for t in ts if t.source is None or t.source.name not in self.consumes]
-        ts.append(ViewTensor(self.name, op.shape, op.dtype, op=op, order=first))
+        return _produced(ts, self.name, self.make(src), self.consumes)
+
+
+def _produced(ts: Tensors, name: str, op: Op | None, consumes: tuple[str, ...]) -> Tensors:
+    """`ts` with tensor `name` made by `op` in the place of its first input,
+    less the blob tensors `consumes`; `ts` itself when `op` is None."""
+    if op is None:
         return ts
+    first = op.inputs[0].offset if op.inputs else 0
+    ts = [t for t in ts if t.source is None or t.source.name not in consumes]
+    ts.append(ViewTensor(name, op.shape, op.dtype, op=op, order=first))
+    return ts
 
 
 @dataclass(frozen=True)
@@ -181,9 +187,7 @@ class ProducePerBlock(TensorEdit):
         prefix = self.name.partition("{}")[0]
         count = whole(src.kvs.get(self.blocks)) or 0
         for i in sorted(i for i in src.block_ids(prefix) if i < count):
-            produce = Produce(self.name.format(i), lambda s, i=i: self.make(s, i),
-                              tuple(c.format(i) for c in self.consumes))
-            ts = produce.apply(ts, src)
+            ts = _produced(ts, self.name.format(i), self.make(src, i), tuple(c.format(i) for c in self.consumes))
         return ts
 
 

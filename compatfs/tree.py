@@ -99,8 +99,7 @@ class Tree:
         self._followed = False
         self._lock = threading.Lock()      # held only to swap a snapshot in
         self._building = threading.Lock()  # one rescan at a time
-        self._mountpoint: Path | None = None
-        self._published: Published | None = None
+        self._publishing: tuple[Published, Path] | None = None   # models.ini, and the mountpoint it names
 
     def publish(self, mountpoint: Path) -> None:
         """Show `models.ini` at the root, its paths under `mountpoint` (absolute),
@@ -113,7 +112,7 @@ class Tree:
         except OSError as e:
             log.error("no %s at the mount's root: %s", PUBLISHED_FILE, e)
             return
-        self._published, self._mountpoint = Published(path), mountpoint
+        self._publishing = Published(path), mountpoint
 
     def marks(self, snap: Snapshot) -> dict[str, tuple | None]:
         """What a rescan compares: every folder that holds GGUF files, with the
@@ -185,13 +184,15 @@ class Tree:
         if fresh:
             return self.rescan()
         snap = self._snap
-        if snap is not None and (self._followed or time.monotonic() - self._stamp < self.rescan_seconds):
-            return snap
-        if not self._building.acquire(blocking=snap is None):
+        if snap is None:
+            self._building.acquire()
+        elif self._followed or time.monotonic() - self._stamp < self.rescan_seconds \
+                or not self._building.acquire(blocking=False):
             return snap
         try:
-            if self._snap is not snap:      # made while this thread waited for the first one
-                return self._snap
+            current = self._snap
+            if current is not None and current is not snap:   # made while this thread waited for the first one
+                return current
             return self._rescan()
         finally:
             self._building.release()
@@ -204,34 +205,35 @@ class Tree:
     def _rescan(self) -> Snapshot:
         previous = self._snap
         snap = Snapshot(self.source.scan())
-        if self._published is not None:
-            self._publish(snap)
+        if self._publishing is not None:
+            self._publish(snap, *self._publishing)
         with self._lock:
             self._snap, self._stamp = snap, time.monotonic()
         if previous is None or previous.ggufs != snap.ggufs:
             self.views.prefetch(list(snap.ggufs))
         return snap
 
-    def _publish(self, snap: Snapshot) -> None:
-        """Render the preset of `snap`'s models (none: no file) and show it at its root."""
+    def _publish(self, snap: Snapshot, published: Published, mountpoint: Path) -> None:
+        """Render the preset of `snap`'s models (none: no file), paths under
+        `mountpoint`, into `published` and show it at the root."""
         models = snap.models
         if not models:
-            self._published.remove()
+            published.remove()
             return
         try:
-            entries = [Entry(name, self._mountpoint / name, MMPROJ_FILE in self._files(snap, name), f.params,
+            entries = [Entry(name, mountpoint / name, MMPROJ_FILE in (self._files(snap, name) or {}), f.params,
                              is_embedding(f.model)) for name, f in sorted(models.items())]
             owner = self.source.owner("", snap.listing)
             try:
                 like = status(owner)
             except OSError:
                 like = None
-            shown = self._published.update(render(entries), like)
+            shown = published.update(render(entries), like)
         except Exception:   # a bad store file must never fail a scan
             log.exception("cannot make the mount's %s", PUBLISHED_FILE)
             return
         if shown:
-            snap.files[""] = {PUBLISHED_FILE: FileRef(self._published.path, LAYER_FILE, readable_as=owner)}
+            snap.files[""] = {PUBLISHED_FILE: FileRef(published.path, LAYER_FILE, readable_as=owner)}
 
     def _files(self, snap: Snapshot, path: str) -> dict[str, FileRef] | None:
         """The files of directory `path` (None when `path` holds no GGUF files)."""

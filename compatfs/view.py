@@ -20,17 +20,52 @@ from .blobfile import BlobFile
 from .gguf_source import MAGIC, SourceGGUF
 from .gguf_values import GGUFError
 from .opcache import OpCache
-from .ops import Runs
+from .ops import Op, Runs
 from .translation import ViewSpec, ViewTensor
 from .viewbytes import Cached, Computed, FileRange, InRounds, Piece, Rounds, Zeros
 
 
 @dataclass(frozen=True)
 class _Segment:
+    """`size` bytes of the view from `start`; what they are is the subclass's."""
     start: int
     size: int
-    kind: str                 # "mem", "zero", "file", "rounds", "range", "op"
-    arg: object = None        # bytes, blob offset, Rounds, Op, or (cache key, Op)
+
+
+@dataclass(frozen=True)
+class _Mem(_Segment):
+    """Bytes held in memory (the rendered header)."""
+    data: bytes
+
+
+@dataclass(frozen=True)
+class _Zero(_Segment):
+    """Zeros (padding, an op's zero pieces)."""
+
+
+@dataclass(frozen=True)
+class _File(_Segment):
+    """The blob's bytes from absolute `offset`."""
+    offset: int
+
+
+@dataclass(frozen=True)
+class _InRounds(_Segment):
+    """Blob bytes laid out in `rounds`."""
+    rounds: Rounds
+
+
+@dataclass(frozen=True)
+class _Ranged(_Segment):
+    """A ranged op, each range computed from the input bytes it needs."""
+    op: Op
+
+
+@dataclass(frozen=True)
+class _CachedOp(_Segment):
+    """An op computed in chunks into the view's op cache, under `key`."""
+    op: Op
+    key: Hashable
 
 
 def _pad(n: int, align: int) -> int:
@@ -73,7 +108,7 @@ class View:
     @property
     def nbytes_held(self) -> int:
         """Memory this view keeps: its rendered header and the parsed blob header."""
-        held = sum(len(s.arg) for s in self._segments if s.kind == "mem")
+        held = sum(len(s.data) for s in self._segments if isinstance(s, _Mem))
         return held + (self.source.header_size if self.source is not None else 0)
 
     # -- construction ------------------------------------------------------
@@ -81,7 +116,7 @@ class View:
     def identity(cls, stamp: tuple) -> "View":
         """The blob itself, byte for byte (`stamp` as in `View.stamp`)."""
         size = stamp[2]
-        segs = [_Segment(0, size, "file", 0)] if size else []
+        segs: list[_Segment] = [_File(0, size, 0)] if size else []
         return cls(stamp, None, segs, size, None, None)
 
     @classmethod
@@ -90,7 +125,7 @@ class View:
         spec, offsets = _data_order(spec)
         header = render_header(spec, offsets)
         segs, size = _data_segments(spec, len(header), key)
-        return cls(source.identity, source, [_Segment(0, len(header), "mem", header), *segs], size, spec, cache)
+        return cls(source.identity, source, [_Mem(0, len(header), header), *segs], size, spec, cache)
 
     @staticmethod
     def translated_size(spec: ViewSpec) -> int:
@@ -110,19 +145,19 @@ class View:
             seg = self._segments[i]
             lo = offset - seg.start
             n = min(seg.size - lo, end - offset)
-            if seg.kind == "file":
-                out.append(FileRange(seg.arg + lo, n))
-            elif seg.kind == "mem":
-                out.append(memoryview(seg.arg)[lo:lo + n])
-            elif seg.kind == "zero":
+            if isinstance(seg, _File):
+                out.append(FileRange(seg.offset + lo, n))
+            elif isinstance(seg, _Mem):
+                out.append(memoryview(seg.data)[lo:lo + n])
+            elif isinstance(seg, _Zero):
                 out.append(Zeros(n))
-            elif seg.kind == "rounds":
-                out.append(InRounds(seg.arg, lo, n))
-            elif seg.kind == "range":
-                out.append(Computed(seg.arg, lo, n))
+            elif isinstance(seg, _InRounds):
+                out.append(InRounds(seg.rounds, lo, n))
+            elif isinstance(seg, _Ranged):
+                out.append(Computed(seg.op, lo, n))
             else:
-                key, op = seg.arg
-                out.append(Cached(op, self._cache, key, lo, n))
+                assert isinstance(seg, _CachedOp) and self._cache is not None   # (only translated views have ops)
+                out.append(Cached(seg.op, self._cache, seg.key, lo, n))
             offset += n
             i += 1
         return out
@@ -186,13 +221,13 @@ def _header_size(spec: ViewSpec) -> int:
 def _data_segments(spec: ViewSpec, pos: int, key: Hashable) -> tuple[list[_Segment], int]:
     """The segments of the tensor data from `pos` (padding included), and
     where they end: the view's size."""
-    segs = []
+    segs: list[_Segment] = []
     for t in spec.tensors:
         segs.extend(s for s in _tensor_segments(t, pos, key) if s.size)
         pos += t.nbytes
         pad = _pad(t.nbytes, spec.alignment)
         if pad:
-            segs.append(_Segment(pos, pad, "zero"))
+            segs.append(_Zero(pos, pad))
             pos += pad
     return segs, pos
 
@@ -204,32 +239,34 @@ def _tensor_segments(t: ViewTensor, pos: int, key: Hashable) -> list[_Segment]:
     range; or an op computed in chunks (or whole) into the op cache."""
     op = t.op
     if op is None:
-        return [_Segment(pos, t.nbytes, "file", t.source.offset)]
+        if t.source is None:
+            raise GGUFError(f"tensor {t.name} is neither blob bytes nor an op")
+        return [_File(pos, t.nbytes, t.source.offset)]
     pieces = op.pieces()
     if pieces is not None:
         segs = []
         for p in pieces:
-            size = p.nbytes if isinstance(p, Runs) else p
             if isinstance(p, Runs):
                 segs.append(_runs_segment(op.description, p, pos))
+                pos += p.nbytes
             else:
-                segs.append(_Segment(pos, p, "zero"))
-            pos += size
+                segs.append(_Zero(pos, p))
+                pos += p
         if sum(s.size for s in segs) != t.nbytes:
             raise GGUFError(f"{op.description}: pieces make {sum(s.size for s in segs)} bytes, not {t.nbytes}")
         return segs
     if op.ranged:
-        return [_Segment(pos, t.nbytes, "range", op)]
+        return [_Ranged(pos, t.nbytes, op)]
     if op.nbytes and op.chunk_bytes <= 0:
         raise GGUFError(f"{op.description}: chunks of {op.chunk_bytes} bytes")
-    return [_Segment(pos, t.nbytes, "op", ((key, t.name), op))]
+    return [_CachedOp(pos, t.nbytes, op, (key, t.name))]
 
 
 def _runs_segment(what: str, runs: Runs, pos: int) -> _Segment:
     """The segment of `runs` at `pos`: a blob range, or rounds; every run
     checked to lie inside its input tensor."""
     if runs.nbytes == 0:
-        return _Segment(pos, 0, "zero")
+        return _Zero(pos, 0)
     parts, at = [], 0
     for p in runs.parts:
         if runs.count < 1 or p.unit < 0 or p.start < 0 or p.stride < 0 \
@@ -238,5 +275,5 @@ def _runs_segment(what: str, runs: Runs, pos: int) -> _Segment:
         parts.append((at, p.tensor.offset + p.start, p.unit, p.stride))
         at += p.unit
     if runs.count == 1 and len(parts) == 1:
-        return _Segment(pos, at, "file", parts[0][1])
-    return _Segment(pos, runs.nbytes, "rounds", Rounds(at, tuple(parts), runs.count))
+        return _File(pos, at, parts[0][1])
+    return _InRounds(pos, runs.nbytes, Rounds(at, tuple(parts), runs.count))

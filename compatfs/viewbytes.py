@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Hashable, NamedTuple, Union
 
 import numpy as np
@@ -33,7 +34,8 @@ class Zeros(NamedTuple):
     size: int
 
 
-class Rounds(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Rounds:
     """Blob bytes laid out in `count` rounds of `period` bytes: round k
     holds, for each (at, offset, unit, stride) of `parts`, the `unit` blob
     bytes from `offset + k * stride` at byte `k * period + at` of the rounds."""
@@ -125,8 +127,8 @@ def _reader(blob: BlobFile):
     """An op's input reader: (tensor, start, size) -> those bytes, through `blob`."""
     def read(t, start: int, size: int) -> memoryview:
         buf = np.empty(size, np.uint8)
-        blob.read_into(memoryview(buf), t.offset + start)
-        return memoryview(buf)
+        blob.read_into(buf.data, t.offset + start)
+        return buf.data
     return read
 
 
@@ -156,7 +158,7 @@ def _fill_rounds(blob: BlobFile, r: Rounds, lo: int, out: memoryview) -> None:
                 scratch = np.empty((min(batch, whole - k) - 1) * stride + unit, np.uint8)
                 for j in range(k, whole, batch):
                     m = min(batch, whole - j)
-                    span = memoryview(scratch)[:(m - 1) * stride + unit]
+                    span = scratch.data[:(m - 1) * stride + unit]
                     blob.read_into(span, offset + j * stride)
                     target = as_strided(dst[j * r.period + at - lo:], shape=(m, unit), strides=(r.period, 1))
                     target[...] = as_strided(scratch, shape=(m, unit), strides=(stride, 1))

@@ -14,6 +14,7 @@ the reason; the blob's other view is made as if it had not been asked.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import stat
@@ -24,13 +25,13 @@ from pathlib import Path
 
 import multiprocessing
 from concurrent.futures import Future, ProcessPoolExecutor, TimeoutError as FutureTimeout
-from typing import Callable
+from typing import Callable, overload
 
 from cachetools import LRUCache
 
 from gguf import Keys
 
-from . import handlers
+from . import handlers  # type: ignore[attr-defined]  # handlers/, by package-dir: mypy cannot see it
 from .blobfile import identity, status
 from .gguf_source import SourceGGUF
 from .gguf_values import VT, GGUFError
@@ -238,6 +239,12 @@ class BlobViews:
         self.on_belied: Callable[[Path], None] | None = None
 
     # -- summaries -------------------------------------------------------------
+    @overload
+    def summary(self, path: Path) -> Summary: ...
+
+    @overload
+    def summary(self, path: Path, stamp: Stamp) -> Summary | None: ...
+
     def summary(self, path: Path, stamp: Stamp | None = None) -> Summary | None:
         """The blob's summary; GGUFError when the blob cannot be read at all.
         With `stamp`: the summary of the blob of that identity, None when the
@@ -329,7 +336,7 @@ class BlobViews:
                     self._pending[str(path)] = future
                     futures.append((path, future))
         for path, future in futures:
-            future.add_done_callback(lambda f, p=path: self._done(p, f))
+            future.add_done_callback(functools.partial(self._done, path))
 
     def _done(self, path: Path, future: Future) -> None:
         try:

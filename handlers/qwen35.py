@@ -132,7 +132,7 @@ class PlaceMtp(TensorEdit):
             if shift:
                 shifted.add(new + ".weight")
         for t in ts:
-            if t.name in shifted and t.op is None:
+            if t.name in shifted and t.op is None and t.source is not None:
                 if t.dtype not in (DT.F32, DT.F16, DT.BF16):
                     raise GGUFError(f"{t.source.name}: a norm weight stored as {t.dtype!r}")
                 t.op, t.dtype = AddScalar.of(t.source, 1.0), DT.F32

@@ -6,7 +6,7 @@ import gguf
 import numpy as np
 import pytest
 
-from compatfs.gguf_source import SourceGGUF
+from compatfs.gguf_source import SourceGGUF, tensor_nbytes
 from compatfs.gguf_values import VT, GGUFError, array, string, u32
 
 from ggufs import write_gguf
@@ -63,3 +63,13 @@ def test_truncated_tensor_data_is_detected(small, tmp_path):
     bad.write_bytes(small.read_bytes()[:-40])
     with pytest.raises(GGUFError, match="runs past the end"):
         SourceGGUF(bad)
+
+
+def test_sizes_of_a_plain_int_type_number():
+    """A ggml type given as its number is sized, and refused, as its enum
+    is (measured on the landed code: an AttributeError instead of the error
+    naming a row that is not whole blocks)."""
+    q8 = int(gguf.GGMLQuantizationType.Q8_0)
+    assert tensor_nbytes((64, 2), q8) == tensor_nbytes((64, 2), gguf.GGMLQuantizationType.Q8_0) == 136
+    with pytest.raises(GGUFError, match="Q8_0 row of 33"):
+        tensor_nbytes((33,), q8)

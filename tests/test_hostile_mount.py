@@ -14,7 +14,7 @@ import pytest
 
 from compatfs.testing import gemma3, llama
 from compatfs.testing.store import add_model
-from compatfs.view import FileRange
+from compatfs.view import FileRange, _CachedOp, _Ranged
 from compatfs.views import BlobViews
 
 from conftest import needs_fuse
@@ -209,7 +209,7 @@ def test_truncation_under_an_op_tensor_read(store, mount_store):
     m = mount_store(store)
     blob = blob_of(store, "vision", "4b")
     view = BlobViews().view(blob, "mmproj.gguf")
-    op_at = next(s.start for s in view._segments if s.kind in ("op", "range"))
+    op_at = next(s.start for s in view._segments if isinstance(s, (_CachedOp, _Ranged)))
     with open(m / "vision:4b/mmproj.gguf", "rb", buffering=0) as f:
         f.read(4)
         os.truncate(blob, op_at // 2)

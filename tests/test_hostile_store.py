@@ -15,6 +15,8 @@ import compatfs.tree as tree_module
 from compatfs import handlers
 from compatfs.gguf_source import SourceGGUF
 from compatfs.gguf_values import GGUFError
+from compatfs.models import model_files
+from compatfs.source import SourceError
 from compatfs.store import OllamaStore
 from compatfs.testing import llama
 from compatfs.testing.store import add_blob, add_model
@@ -230,6 +232,24 @@ def test_an_architecture_of_the_wrong_type_is_an_answer(store, tmp_path, value):
             views.view(bad, kind)
         except GGUFError as e:
             assert str(bad) in str(e)
+
+
+def test_a_model_removed_between_two_scans_is_no_model(store, monkeypatch):
+    """`model_files` (what `compatfs export` reads) finds the model in one
+    scan and lists its folder in the next: a model removed in between is "no
+    model", as one never there is (measured on the landed code: a TypeError
+    iterating the None the second lookup gave)."""
+    source = OllamaStore(store)
+    tree = Tree(source, BlobViews(), rescan_seconds=0)
+    scan = source.scan
+
+    def scan_then_remove():
+        listing = scan()
+        (store / LIB / "text" / "1b").unlink(missing_ok=True)
+        return listing
+    monkeypatch.setattr(source, "scan", scan_then_remove)
+    with pytest.raises(SourceError, match="no model text:1b"):
+        model_files(tree, "text:1b")
 
 
 def test_a_lookup_never_waits_for_a_rescan(store, monkeypatch):

@@ -21,7 +21,7 @@ from compatfs.ops import CHUNK_BYTES, Permute
 from compatfs.testing import qwen3vl
 from compatfs.testing.store import add_model
 from compatfs.translation import ALWAYS, Produce, Translation, plan
-from compatfs.view import View
+from compatfs.view import View, _CachedOp, _InRounds, _Ranged
 
 import wide
 from conftest import needs_fuse
@@ -92,7 +92,7 @@ def test_runs_equal_the_computation_past_the_old_piece_limit(wide_src):
     assert ops["gate"].shape[1] * ops["gate"].shape[2] == 92160 > 65536
     view = _view(s, ops, OpCache(0))
     assert len(view._segments) <= 2 * len(ops) + 1   # header, one segment per op, padding
-    assert not any(seg.kind in ("op", "range") for seg in view._segments)
+    assert not any(isinstance(seg, (_CachedOp, _Ranged)) for seg in view._segments)
     placed = _placed(view)
     r = random.Random(3)
     with view.open() as blob:
@@ -106,7 +106,8 @@ def test_runs_equal_the_computation_past_the_old_piece_limit(wide_src):
             else:
                 want = _whole(op, s)
             assert view.read(at, size, blob) == want, name
-            rounds = next((seg.arg for seg in view._segments if seg.kind == "rounds" and seg.start == at), None)
+            rounds = next((seg.rounds for seg in view._segments if isinstance(seg, _InRounds) and seg.start == at),
+                          None)
             unit = min(p[2] for p in rounds.parts) if rounds else 4096
             edges = [k * unit for k in range(0, size // unit, max(1, size // unit // 50))] + [size - unit, size]
             for e in edges:

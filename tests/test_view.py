@@ -9,7 +9,7 @@ from compatfs.gguf_source import SourceGGUF
 from compatfs.opcache import OpCache
 from compatfs.translation import ALWAYS, Rename, Set, ToF32, Translation, plan
 from compatfs.gguf_values import string
-from compatfs.view import View
+from compatfs.view import View, _CachedOp, _Ranged
 
 
 TR = Translation("t", ALWAYS, kv=(Set("general.architecture", string("renamed")),),
@@ -123,8 +123,8 @@ def test_interleaved_readers_never_recompute_a_tensor(tmp_path):
     for blob in blobs:
         views = BlobViews()
         view = views.view(blob, MMPROJ_FILE)
-        chunks = sum(-(-s.arg[1].nbytes // s.arg[1].chunk_bytes) for s in view._segments if s.kind == "op")
-        assert any(s.kind in ("op", "range") for s in view._segments)
+        chunks = sum(-(-s.op.nbytes // s.op.chunk_bytes) for s in view._segments if isinstance(s, _CachedOp))
+        assert any(isinstance(s, (_CachedOp, _Ranged)) for s in view._segments)
         got = _interleaved(view)
         assert views.op_cache.computations == chunks
         assert got == BlobViews().view(blob, MMPROJ_FILE).read(0, view.size)

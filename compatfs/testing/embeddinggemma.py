@@ -40,9 +40,23 @@ import gguf
 import numpy as np
 
 from .core import T, normal, write
-from .gemma3 import gemma3_hparams, gemma3_tokens
+from .gemma3 import Gemma3Hparams, gemma3_hparams, gemma3_tokens
 
-EMBEDDINGGEMMA = dict(
+
+class EmbeddingGemmaDims(Gemma3Hparams):
+    """The widths, settings and special tokens of the EmbeddingGemma blob."""
+    n_dense: int
+    rope_base: float
+    rope_local: float
+    eps: float
+    pooling_type: int
+    bos: int
+    eos: int
+    pad: int
+    unk: int
+
+
+EMBEDDINGGEMMA: EmbeddingGemmaDims = dict(
     n_layer=6, n_embd=96, n_ff=144, n_head=3, n_head_kv=1, head_dim=32, n_dense=384,
     context_length=2048, sliding_window=512, rope_base=1_000_000.0, rope_local=10_000.0,
     eps=1e-6, pooling_type=1, bos=2, eos=1, pad=0, unk=3,
@@ -83,29 +97,29 @@ def _from_current(blob: Path) -> tuple[dict[str, Any], dict[str, tuple[np.ndarra
 
 def _seeded(seed: int) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, T]]]:
     """Random weights in the fixture's shapes, with the Gemma 3 test vocabulary."""
-    p = dict(EMBEDDINGGEMMA)
+    d = EMBEDDINGGEMMA
     rng = np.random.default_rng(seed)
     toks, scores, types, merges = gemma3_tokens()
-    p["tokenizer"] = {
+    p: dict[str, Any] = {**d, "tokenizer": {
         "tokenizer.ggml.model": "llama", "tokenizer.ggml.pre": "default",
         "tokenizer.ggml.tokens": toks, "tokenizer.ggml.scores": scores, "tokenizer.ggml.token_type": types,
         "tokenizer.ggml.merges": merges,
-        "tokenizer.ggml.bos_token_id": p["bos"], "tokenizer.ggml.eos_token_id": p["eos"],
-        "tokenizer.ggml.padding_token_id": p["pad"], "tokenizer.ggml.unknown_token_id": p["unk"],
+        "tokenizer.ggml.bos_token_id": d["bos"], "tokenizer.ggml.eos_token_id": d["eos"],
+        "tokenizer.ggml.padding_token_id": d["pad"], "tokenizer.ggml.unknown_token_id": d["unk"],
         "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": True,
-    }
-    E, F, hd, D = p["n_embd"], p["n_ff"], p["head_dim"], p["n_dense"]
+    }}
+    E, F, hd, D = d["n_embd"], d["n_ff"], d["head_dim"], d["n_dense"]
 
     def norm(n: int) -> tuple[np.ndarray, T]:   # Gemma RMSNorm weight, +1 applied as Ollama stored it
         return (1.0 + normal(rng, (n,), 0.05)).astype(np.float32), T.F32
 
     t = {"token_embd.weight": (normal(rng, (len(toks), E), 0.05), T.F16), "output_norm.weight": norm(E)}
-    for i in range(p["n_layer"]):
+    for i in range(d["n_layer"]):
         b = f"blk.{i}."
-        t[b + "attn_q.weight"] = (normal(rng, (p["n_head"] * hd, E), 0.05), T.F16)
-        t[b + "attn_k.weight"] = (normal(rng, (p["n_head_kv"] * hd, E), 0.05), T.F16)
-        t[b + "attn_v.weight"] = (normal(rng, (p["n_head_kv"] * hd, E), 0.05), T.F16)
-        t[b + "attn_output.weight"] = (normal(rng, (E, p["n_head"] * hd), 0.05), T.F16)
+        t[b + "attn_q.weight"] = (normal(rng, (d["n_head"] * hd, E), 0.05), T.F16)
+        t[b + "attn_k.weight"] = (normal(rng, (d["n_head_kv"] * hd, E), 0.05), T.F16)
+        t[b + "attn_v.weight"] = (normal(rng, (d["n_head_kv"] * hd, E), 0.05), T.F16)
+        t[b + "attn_output.weight"] = (normal(rng, (E, d["n_head"] * hd), 0.05), T.F16)
         for n, size in (("attn_q_norm", hd), ("attn_k_norm", hd), ("attn_norm", E), ("post_attention_norm", E),
                         ("ffn_norm", E), ("post_ffw_norm", E)):
             t[b + n + ".weight"] = norm(size)

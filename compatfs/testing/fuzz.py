@@ -22,6 +22,7 @@ import tracemalloc
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable
 
 from ..gguf_source import SourceGGUF
 from ..gguf_values import GGUFError
@@ -86,7 +87,7 @@ def run(seeds: dict[str, bytes], cases: int, seed: int, workdir: Path, max_secon
     the names `translations` (default: every handler's) read."""
     if mode == "structure":
         if translations is None:
-            from .. import handlers
+            from .. import handlers  # type: ignore[attr-defined]  # handlers/, by package-dir: mypy cannot see it
             translations = (*handlers.TEXT, *handlers.CLIP)
         mutate = structure_mutator(translations, workdir)
     elif mode == "bytes":
@@ -173,7 +174,7 @@ def check_mounted(folder: Path, expected: dict[str, bytes | str]) -> list[str]:
     return problems
 
 
-def seed_blobs(workdir: Path, extra: list[Path] = (), max_bytes: int = 2_000_000) -> dict[str, bytes]:
+def seed_blobs(workdir: Path, extra: Iterable[Path] = (), max_bytes: int = 2_000_000) -> dict[str, bytes]:
     """The blobs mutations start from: every legacy writer's (model and
     projector) under `max_bytes` (a large vocabulary would dominate the run
     time), and the `extra` GGUF files."""

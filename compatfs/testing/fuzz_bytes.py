@@ -64,7 +64,8 @@ def _count_key(buf: bytearray, rng: random.Random, header: int) -> str:
 
 
 def _find_all(buf: bytearray, needle: bytes, limit: int) -> list[int]:
-    out, at = [], buf.find(needle, 0, limit)
+    out: list[int] = []
+    at = buf.find(needle, 0, limit)
     while at >= 0 and len(out) < 64:
         out.append(at)
         at = buf.find(needle, at + 1, limit)
@@ -93,7 +94,7 @@ MUTATIONS: dict[str, Mutation] = {
 }
 
 
-def byte_mutator():
+def byte_mutator() -> Callable[[bytes, random.Random], tuple[bytes, str]]:
     """mutate(raw, rng) -> (bytes, description): one of `MUTATIONS` applied
     to a copy of `raw`, aimed at its header."""
     headers: dict[bytes, int] = {}

@@ -14,7 +14,7 @@ import re
 import struct
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from gguf import GGUFValueType as VT
 
@@ -136,7 +136,7 @@ def hostile_value(rng: random.Random, like: KV | None = None) -> tuple[int, byte
         return VT.ARRAY, payload(VT.ARRAY, (VT.UINT64, [2**64 - 1, 0, 3])), kind
     if kind == "nested":
         depth = rng.choice(_NESTED_DEPTH)
-        value = (VT.INT32, [1, 2])
+        value: tuple[VT, list[Any]] = (VT.INT32, [1, 2])
         for _ in range(depth - 1):
             value = (VT.ARRAY, [value])
         return VT.ARRAY, payload(VT.ARRAY, value), f"nested {depth} deep"

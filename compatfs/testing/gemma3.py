@@ -18,20 +18,62 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence, TypedDict
 
 import numpy as np
 
 from .core import T, normal, write
 from .tokenizers import byte_tokens, spm_pieces
 
-GEMMA3_TEXT = dict(
+
+class Gemma3Hparams(TypedDict):
+    """The widths every Gemma 3 converter writes as text hyperparameters (`gemma3_hparams`)."""
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    context_length: int
+    sliding_window: int
+
+
+class Gemma3TextDims(Gemma3Hparams):
+    """The widths, settings and special tokens of the Gemma 3 text blob."""
+    rope_global: float
+    rope_local: float
+    final_logit_softcapping: float
+    bos: int
+    eos: int
+    pad: int
+    unk: int
+    start_of_turn: int
+    end_of_turn: int
+
+
+GEMMA3_TEXT: Gemma3TextDims = dict(
     n_layer=4, n_embd=64, n_ff=128, n_head=4, n_head_kv=1, head_dim=16,
     context_length=32768, sliding_window=512, rope_global=1_000_000.0, rope_local=10_000.0,
     final_logit_softcapping=30.0,
     bos=2, eos=1, pad=0, unk=3, start_of_turn=10, end_of_turn=11,
 )
-GEMMA3_VISION = dict(
+
+
+class Gemma3VisionDims(Gemma3Hparams):
+    """The widths and settings of the Gemma 3 vision blob (text and vision towers)."""
+    n_vocab: int
+    tokens_per_image: int
+    v_n_layer: int
+    v_n_embd: int
+    v_n_ff: int
+    v_n_head: int
+    v_eps: float
+    image_size: int
+    patch_size: int
+    num_channels: int
+
+
+GEMMA3_VISION: Gemma3VisionDims = dict(
     # 34 blocks: the only way Ollama's converter writes non-zero head counts for a
     # Gemma3ForConditionalGeneration checkpoint (table keyed on 34/48/62 blocks).
     n_layer=34, n_embd=64, n_ff=128, n_head=8, n_head_kv=4, head_dim=16,
@@ -71,7 +113,7 @@ def _gemma_norm(rng: np.random.Generator, n: int) -> np.ndarray:
     return (1.0 + normal(rng, (n,), 0.05)).astype(np.float32)
 
 
-def _gemma3_text_tensors(rng: np.random.Generator, p: dict, n_vocab: int) -> dict[str, tuple[np.ndarray, T]]:
+def _gemma3_text_tensors(rng: np.random.Generator, p: Gemma3Hparams, n_vocab: int) -> dict[str, tuple[np.ndarray, T]]:
     E, F, hd = p["n_embd"], p["n_ff"], p["head_dim"]
     q, kv = p["n_head"] * hd, p["n_head_kv"] * hd
     emb = normal(rng, (n_vocab, E), 0.05)
@@ -98,8 +140,9 @@ def _gemma3_text_tensors(rng: np.random.Generator, p: dict, n_vocab: int) -> dic
     return t
 
 
-def gemma3_hparams(p: dict) -> dict[str, Any]:
-    """The text hyperparameter KVs every Ollama gemma3 converter wrote."""
+def gemma3_hparams(p: Mapping[str, Any]) -> dict[str, Any]:
+    """The text hyperparameter KVs every Ollama gemma3 converter wrote, from the
+    `Gemma3Hparams` keys of `p` (a table here, or values read from a blob)."""
     return {
         "general.file_type": 1,
         "general.quantization_version": 2,
@@ -157,7 +200,8 @@ def legacy_gemma3_text(path: Path, seed: int = 0, *,
     """
     p = GEMMA3_TEXT
     rng = np.random.default_rng(seed)
-    toks, scores, types, merges = (list(x) for x in gemma3_tokens())
+    toks, scores, types, merges = gemma3_tokens()
+    toks, scores, types = list(toks), list(scores), list(types)   # (the cached lists stay as they are)
     n_rows = len(toks)
     for extra in extra_tokens:
         toks.append(extra)
@@ -196,7 +240,8 @@ def legacy_gemma3_vision(path: Path, seed: int = 0) -> Path:
     """
     p = GEMMA3_VISION
     rng = np.random.default_rng(seed)
-    toks, scores, types, merges = (list(x) for x in gemma3_tokens())
+    toks, scores, types, merges = gemma3_tokens()
+    toks, scores, types = list(toks), list(scores), list(types)   # (the cached lists stay as they are)
     toks.append("<image_soft_token>")
     scores.append(-1000.0)
     types.append(4)

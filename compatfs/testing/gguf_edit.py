@@ -103,8 +103,16 @@ class Blob:
         out += bytes(-len(out) % self.alignment)
         return bytes(out) + self.data
 
-    def kv(self, key: str) -> KV | None:
-        return next((kv for kv in self.kvs if kv.key == key), None)
+    def kv(self, key: str) -> KV:
+        """The first KV `key`; KeyError when there is none."""
+        found = next((kv for kv in self.kvs if kv.key == key), None)
+        if found is None:
+            raise KeyError(key)
+        return found
 
-    def tensor(self, name: str) -> TensorEntry | None:
-        return next((t for t in self.tensors if t.name == name), None)
+    def tensor(self, name: str) -> TensorEntry:
+        """The first tensor info `name`; KeyError when there is none."""
+        found = next((t for t in self.tensors if t.name == name), None)
+        if found is None:
+            raise KeyError(name)
+        return found

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import gguf
 import numpy as np
@@ -36,7 +36,25 @@ from .tokenizers import byte_level_merges, bytes_to_unicode
 
 OLLAMA_MXFP4 = 4    # ggml type number of MXFP4 in Ollama's converter before 59412fbb4
 
-GPTOSS = dict(
+
+class GptOssDims(TypedDict):
+    """The widths and settings of the gpt-oss blobs."""
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_expert: int
+    n_expert_used: int
+    context_length: int
+    original_context: int
+    sliding_window: int
+    rope_base: float
+    rope_factor: float
+
+
+GPTOSS: GptOssDims = dict(
     n_layer=2, n_embd=64, n_ff=96, n_head=4, n_head_kv=2, head_dim=16, n_expert=4, n_expert_used=2,
     context_length=131072, original_context=4096, sliding_window=128, rope_base=150000.0, rope_factor=32.0,
 )
@@ -99,11 +117,13 @@ def to_ollama_mxfp4(t: Raw) -> Raw:
 def write_raw(path: Path, kvs: dict[str, tuple], tensors: dict[str, Raw]) -> Path:
     """A GGUF laid out as Ollama's WriteGGUF does (keys sorted, tensors by
     block then name, alignment 32): `kvs` name -> (value, type, element
-    type); a type-4 tensor is written as MXFP4 (same block size) and its type
-    then patched, as gguf-py refuses unknown types."""
+    type), general.architecture among them; a type-4 tensor is written as
+    MXFP4 (same block size) and its type then patched, as gguf-py refuses
+    unknown types."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    w = gguf.GGUFWriter(str(path), None)
+    w = gguf.GGUFWriter(str(path), kvs["general.architecture"][0])
+    w.kv_data[0].clear()   # (the architecture it adds: written below with the other keys, in order)
     for key in sorted(kvs):
         value, vtype, sub = kvs[key]
         w.add_key_value(key, value, vtype, sub_type=sub)

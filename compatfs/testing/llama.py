@@ -9,14 +9,29 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
 from .core import T, normal, write
 from .tokenizers import byte_level_merges, bytes_to_unicode, llama_spm_tokens
 
-LLAMA3 = dict(
+
+class Llama3Dims(TypedDict):
+    """The widths and settings of the Llama 3 instruct blob."""
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    context_length: int
+    rope_freq_base: float
+    rms_eps: float
+    n_vocab: int
+    n_base: int
+
+
+LLAMA3: Llama3Dims = dict(
     n_layer=2, n_embd=16, n_ff=32, n_head=2, n_head_kv=1, context_length=8192,
     rope_freq_base=500000.0, rms_eps=1e-5, n_vocab=128256, n_base=128000,
 )
@@ -27,7 +42,23 @@ LLAMA3_END_HEADER_ID = 128007
 LLAMA3_EOT_ID = 128009
 LLAMA3_N_VOCAB = 128256
 
-PLAIN_LLAMA = dict(
+
+class PlainLlamaDims(TypedDict):
+    """The widths, settings and special tokens of the plain SentencePiece llama."""
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    context_length: int
+    rope_freq_base: float
+    rms_eps: float
+    bos: int
+    eos: int
+    unk: int
+
+
+PLAIN_LLAMA: PlainLlamaDims = dict(
     n_layer=2, n_embd=64, n_ff=128, n_head=4, n_head_kv=4, context_length=4096,
     rope_freq_base=10000.0, rms_eps=1e-5, bos=1, eos=2, unk=0,
 )
