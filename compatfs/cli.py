@@ -51,6 +51,8 @@ def cmd_ls(args) -> int:
     models = snap.models
     for name in sorted(models):
         listing = tree.lookup(name)
+        if not isinstance(listing, list):      # removed from the store since the snapshot
+            continue
         d = models[name]
         try:
             summary = views.summary(d.model)

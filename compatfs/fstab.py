@@ -23,6 +23,8 @@ ignored.
 """
 from __future__ import annotations
 
+from typing import TypedDict
+
 PROG = "mount.compatfs"
 
 # Acted on by mount(8), mount.fuse3 or systemd before a helper runs (or
@@ -72,10 +74,20 @@ def split_options(values: list[str], sloppy: bool = False) -> tuple[list[str], l
     return fuse, own, warnings
 
 
-def parse_argv(argv: list[str]) -> dict:
+class HelperArgs(TypedDict):
+    """mount(8)'s helper arguments, as `parse_argv` reads them."""
+
+    positional: list[str]       # SOURCE DIR
+    options: list[str]          # each -o value
+    sloppy: bool                # -s
+    fake: bool                  # -f
+    verbose: bool               # -v
+
+
+def parse_argv(argv: list[str]) -> HelperArgs:
     """mount(8)'s helper arguments: SOURCE DIR and -s -f -n -v -o OPTS -t TYPE -N NS,
     in any order, with short flags combined (`-sv`)."""
-    out = {"positional": [], "options": [], "sloppy": False, "fake": False, "verbose": False}
+    out: HelperArgs = {"positional": [], "options": [], "sloppy": False, "fake": False, "verbose": False}
     it = iter(argv)
     for arg in it:
         if arg == "-o" or arg == "-t" or arg == "-N":

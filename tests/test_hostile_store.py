@@ -252,6 +252,24 @@ def test_a_model_removed_between_two_scans_is_no_model(store, monkeypatch):
         model_files(tree, "text:1b")
 
 
+def test_ls_leaves_out_a_model_removed_while_it_lists(store, monkeypatch, capsys):
+    """`compatfs ls` lists the models of one scan and looks each up again: a
+    model removed in between is left out of the table, the others listed
+    (measured on the landed code: a TypeError on the None the lookup gave)."""
+    from functools import partialmethod
+    from compatfs import cli
+    monkeypatch.setattr(tree_module.Tree, "__init__", partialmethod(tree_module.Tree.__init__, rescan_seconds=0))
+    scan = OllamaStore.scan
+
+    def scan_then_remove(self):
+        listing = scan(self)
+        (store / LIB / "text" / "1b").unlink(missing_ok=True)
+        return listing
+    monkeypatch.setattr(OllamaStore, "scan", scan_then_remove)
+    assert cli.main(["ls", str(store), "--json"]) == 0
+    assert [r["name"] for r in json.loads(capsys.readouterr().out)["models"]] == ["vision:4b"]
+
+
 def test_a_lookup_never_waits_for_a_rescan(store, monkeypatch):
     """Measured on the landed code: the snapshot was rebuilt under the
     tree's lock, so every lookup waited for a rescan (for ever, when the
