@@ -192,15 +192,17 @@ def mount(tree: Tree, mountpoint: str, options: dict | None = None, read_ahead_k
     if os.getuid() == 0:
         opts["allow_other"] = True
     if libfuse_tuple() >= (3, 12) and "max_threads" not in options:
-        # libfuse 3.12+ warns about its own default for this ("Ignoring invalid
-        # max threads value 4294967295"); 10 is libfuse's historic default.
-        opts["max_idle_threads"] = 10
         # Readers waiting for an op computation hold a thread each: 64, not
         # libfuse's 10, so listings and other files never queue behind them.
         opts["max_threads"] = 64
+        # As many may idle: a worker, once started, runs until unmount (and
+        # keeps its Python thread state, `libfuse.keep_thread_state`), as by
+        # libfuse 3.12+'s default, which it rejects with a message when this
+        # is left unset ("Ignoring invalid max threads value 4294967295").
+        opts["max_idle_threads"] = opts["max_threads"]
     opts.update(options)
     on_start = (lambda: log.info(set_read_ahead(mountpoint, read_ahead_kb))) if read_ahead_kb else None
-    fs = CompatFS(tree, mountpoint, read_ahead_kb, on_start)
+    fs = CompatFS(tree, mountpoint, read_ahead_kb, on_start, keep_thread_states=libfuse.workers_stay(opts))
     done = threading.Event()
     wake, wake_w = os.pipe()
     os.set_blocking(wake_w, False)

@@ -60,8 +60,10 @@ class CompatFS(fuse.Operations):
     use_ns = True
     _OPEN_ATTEMPTS = 8          # an open racing re-pulls tries the path's newest blob this often
 
-    def __init__(self, tree: Tree, mountpoint: str, read_ahead_kb: int = 0, on_start=None):
+    def __init__(self, tree: Tree, mountpoint: str, read_ahead_kb: int = 0, on_start=None,
+                 keep_thread_states: bool = False):
         self.tree = tree
+        self._keep_states = keep_thread_states   # libfuse's workers run until unmount (`libfuse.workers_stay`)
         self._mountpoint = mountpoint
         keep_out(mountpoint)     # nothing is ever looked up through it (a request to this very daemon)
         tree.publish(Path(os.path.abspath(mountpoint)))   # its root shows models.ini, paths under the mountpoint
@@ -192,6 +194,8 @@ class CompatFS(fuse.Operations):
         return 0
 
     def read_buf(self, path, bufpp, size, offset, fi):
+        if self._keep_states:
+            libfuse.keep_thread_state()
         readpath.reply(self._files.handle(fi.fh), bufpp, size, offset, lambda: self._files.handle(fi.fh))
         return 0
 

@@ -1,6 +1,7 @@
 """The libfuse 3 binding: which library mfusepy loads, its version, the
-structs of a buffer reply, and the session calls compatfs makes itself
-(invalidate a path's kernel caches, end the loop).
+structs of a buffer reply, the session calls compatfs makes itself
+(invalidate a path's kernel caches, end the loop), and the Python thread
+state its worker threads keep between callbacks.
 
 libfuse 3 is chosen explicitly: mfusepy would take libfuse 2 first.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import threading
 
 # mfusepy takes libfuse 2 when both are installed; this layer is written for 3.
 if not os.environ.get("FUSE_LIBRARY_PATH"):
@@ -62,6 +64,42 @@ _libfuse = fuse._libfuse
 _libfuse.fuse_invalidate_path.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
 _libfuse.fuse_invalidate_path.restype = ctypes.c_int
 _libfuse.fuse_exit.argtypes = [ctypes.c_void_p]
+
+
+# Beyond this libfuse ignores a max_idle_threads value (and keeps its default).
+_MAX_LOOP_THREADS = 100_000
+
+
+def workers_stay(options: dict) -> bool:
+    """Whether the loop's worker threads, once started, all run until it ends
+    (the `max_threads` and `max_idle_threads` of `options`, as libfuse takes
+    them): libfuse 3.12+ ends a worker only while more than max_idle_threads
+    are idle, by default never; older ones end them after 10 idle."""
+    if libfuse_tuple() < (3, 12):
+        return False
+    try:
+        idle = int(options.get("max_idle_threads", -1))
+        workers = int(options.get("max_threads", 10))
+    except (TypeError, ValueError):
+        return False
+    return idle < 0 or idle > _MAX_LOOP_THREADS or idle >= workers
+
+
+_kept = threading.local()
+
+
+def keep_thread_state() -> None:
+    """Keep the calling thread's Python thread state from this callback to
+    the next.  ctypes runs a callback from a thread Python did not start in
+    a new thread state and deletes it on return: per request a
+    PyThreadState_New, an mmap of its frame stack and an munmap, whose TLB
+    shootdown interrupts the other cores.  One more PyGILState_Ensure, once
+    per thread, keeps the state (and the thread-local values) for the
+    thread's life.  Only for threads that run until the loop ends
+    (`workers_stay`): each keeps one state of a few KiB."""
+    if not getattr(_kept, "held", False):
+        ctypes.pythonapi.PyGILState_Ensure()
+        _kept.held = True
 
 
 def session() -> int:

@@ -32,11 +32,13 @@ models are cached in .cache/):
   fresh mount (cold) against a local copy of the translated file.
 * big: a ~2 GiB llama F16 model in the legacy Llama 3 form (translated: the
   llama3 handler synthesises its header), written once into .cache/bench-big:
-  cold and warm sequential reads through the mount with `--read-ahead-kb 2048`
-  and `0` against the C passthrough (at the kernel's read-ahead and at 2048
-  KiB) and a plain read; llama-server start-to-ready through the mount
-  against a local copy of the translated file, page cache dropped before each
-  start, median of 3.
+  cold sequential reads, plain, through the C passthrough and through the
+  mount (both at 2048 KiB read-ahead) in turn, 3 rounds, each ratio the
+  median of its rounds with their range; warm reads; once each, cold at the
+  kernel's read-ahead (`--read-ahead-kb 0`, the C passthrough at its
+  default); llama-server start-to-ready through the mount against a local
+  copy of the translated file, page cache dropped before each start, median
+  of 3.
 * scale: a store of 100 models needing synthesised 262k-token headers
   (written once into .cache/bench-scale): listing on the first mount ever,
   again, after a remount; daemon memory.
@@ -564,11 +566,20 @@ def big_model() -> Path:
     return path
 
 
+BIG_ROUNDS = 3     # cold rounds of the big section: plain, C passthrough, compatfs, in turn
+
+
+def spread(xs: list[float]) -> str:
+    """Median and range of ratios, e.g. "0.84x (0.79-0.90)"."""
+    return f"{median(xs):5.2f}x ({min(xs):.2f}-{max(xs):.2f})"
+
+
 def big_bench(binary: Path, work: Path, server: Path) -> None:
-    """Section `big`: cold and warm sequential reads of the ~2 GiB model through
-    the mount (read-ahead 2048 and kernel default) against the C passthrough
-    and a plain read; llama-server start-to-ready, page cache dropped before
-    each start, median of 3."""
+    """Section `big`: cold sequential reads of the ~2 GiB model, plain, through
+    the C passthrough and through the mount (read-ahead 2048 KiB), in turn,
+    `BIG_ROUNDS` rounds (ratios per round: median and range); then once each
+    the kernel's default read-ahead and warm reads; llama-server
+    start-to-ready, page cache dropped before each start, median of 3."""
     t = time.perf_counter()
     model = big_model()
     built = time.perf_counter() - t
@@ -580,54 +591,60 @@ def big_bench(binary: Path, work: Path, server: Path) -> None:
     mb = size / 1e6
     print(f"\nbig: {model.name} ({size / 2**30:.2f} GiB, llama, legacy Llama 3 form: the llama3 handler"
           f" synthesises its header; {'written' if built > 5 else 'cached'} in {built:.0f} s); cold = {method}")
-    plain_cold = read_cold(model) if method == "drop_caches" else float("nan")
+    name = "big:latest/model.gguf"
+    c = c_daemon(binary, model, work / "mnt-c-big")
+    d = compatfs_daemon(store, work / "mnt-big", "--read-ahead-kb", "2048")
+    try:
+        c_ra = set_bdi(c.mnt, 2048)
+        ra = wait_read_ahead(d.mnt, 2048)
+        view_size = (d.mnt / name).stat().st_size
+        vmb = view_size / 1e6
+        rounds = []
+        for _ in range(BIG_ROUNDS if method == "drop_caches" else 1):
+            plain = read_cold(model) if method == "drop_caches" else float("nan")
+            rounds.append((plain, read_cold(c.mnt / "blob"), read_cold(d.mnt / name)))
+        c_warm = min(read_all(c.mnt / "blob") for _ in range(2))
+        warm = min(read_all(d.mnt / name) for _ in range(2))
+        after = bdi_knob(d.mnt).read_text().strip()     # the kernel may lower it after the first look
+        ra = ra if after == ra else f"{ra} -> {after}"
+    finally:
+        d.close()
+        c.close()
     plain_warm = min(read_all(model) for _ in range(2))
     c = c_daemon(binary, model, work / "mnt-c-big")
     try:
-        c_ra = bdi_knob(c.mnt).read_text().strip()
-        c_cold = read_cold(c.mnt / "blob")
-        c_warm = min(read_all(c.mnt / "blob") for _ in range(2))
-        c_ra_raised = set_bdi(c.mnt, 2048)
-        c_cold_raised = read_cold(c.mnt / "blob")
+        c_ra_default = bdi_knob(c.mnt).read_text().strip()
+        c_cold_default = read_cold(c.mnt / "blob")
     finally:
         c.close()
-    rows = []
-    name = "big:latest/model.gguf"
-    for kb in (2048, 0):
-        d = compatfs_daemon(store, work / "mnt-big", "--read-ahead-kb", str(kb))
-        try:
-            ra = wait_read_ahead(d.mnt, kb)
-            (d.mnt / name).stat()
-            view_size = (d.mnt / name).stat().st_size
-            if method != "drop_caches":
-                d.close()
-                d = compatfs_daemon(store, work / "mnt-big", "--read-ahead-kb", str(kb))
-            cold = read_cold(d.mnt / name)
-            warm = min(read_all(d.mnt / name) for _ in range(2))
-            after = bdi_knob(d.mnt).read_text().strip()     # the kernel may lower it after the first look
-            ra = ra if after == ra else f"{ra} -> {after}"
-        finally:
-            d.close()
-        rows.append((kb, ra, cold, warm))
-    vmb = view_size / 1e6
-    print(f"  {'sequential read, 1 MiB reads':<58}   MB/s   vs C passthrough   vs plain read")
+    d = compatfs_daemon(store, work / "mnt-big", "--read-ahead-kb", "0")
+    try:
+        ra_default = wait_read_ahead(d.mnt, 0)
+        cold_default = read_cold(d.mnt / name)
+    finally:
+        d.close()
+    plain_cold = median([r[0] for r in rounds])
+    c_cold = median([r[1] for r in rounds])
+    cold = median([r[2] for r in rounds])
+    n = len(rounds)
+    print(f"  {f'sequential read, 1 MiB reads (cold: median of {n} rounds)':<58}   MB/s   vs plain read (range)"
+          f"          vs C passthrough")
     print(f"  {'plain read, cold':<58}{mb / plain_cold:7.0f}")
+    print(f"  {f'C passthrough, cold (read_ahead_kb {c_ra})':<58}{mb / c_cold:7.0f}   "
+          f"{spread([p / x for p, x, _ in rounds])}")
+    print(f"  {f'compatfs cold, --read-ahead-kb 2048 (read_ahead_kb {ra})':<58}{vmb / cold:7.0f}   "
+          f"{spread([p * vmb / mb / x for p, _, x in rounds])}    {spread([x * vmb / mb / y for _, x, y in rounds])}")
     print(f"  {'plain read, warm':<58}{mb / plain_warm:7.0f}")
-    print(f"  {f'C passthrough, cold (read_ahead_kb {c_ra})':<58}{mb / c_cold:7.0f}   {ratio(c_cold, c_cold)}"
-          f"            {ratio(plain_cold, c_cold)}")
-    print(f"  {f'C passthrough, cold (read_ahead_kb {c_ra_raised})':<58}{mb / c_cold_raised:7.0f}   "
-          f"{ratio(c_cold, c_cold_raised)}            {ratio(plain_cold, c_cold_raised)}")
-    print(f"  {'C passthrough, warm':<58}{mb / c_warm:7.0f}   {ratio(c_warm, c_warm)}            {ratio(plain_warm, c_warm)}")
-    for kb, ra, cold, warm in rows:
-        label = f"--read-ahead-kb {kb} (read_ahead_kb {ra})"
-        print(f"  {'compatfs cold, ' + label:<58}{vmb / cold:7.0f}   {ratio(c_cold * vmb / mb, cold)}"
-              f" / {ratio(c_cold_raised * vmb / mb, cold)}   {ratio(plain_cold * vmb / mb, cold)}")
-        print(f"  {'compatfs warm, ' + label:<58}{vmb / warm:7.0f}   {ratio(c_warm * vmb / mb, warm)}"
-              f"            {ratio(plain_warm * vmb / mb, warm)}")
-    (_, _, cold2048, _), (_, _, cold0, _) = rows
-    print(f"  read-ahead effect: cold through the mount {cold0 / cold2048:.2f}x as fast with 2048 KiB as with the"
-          f" kernel default\n  (compatfs cold rows: vs C passthrough at its default / at 2048 KiB read-ahead;"
-          f" speed ratios, 1.00x = as fast)")
+    print(f"  {'C passthrough, warm':<58}{mb / c_warm:7.0f}   {ratio(plain_warm, c_warm)}")
+    print(f"  {'compatfs warm, --read-ahead-kb 2048':<58}{vmb / warm:7.0f}   {ratio(plain_warm * vmb / mb, warm)}"
+          f"                   {ratio(c_warm * vmb / mb, warm)}")
+    print(f"  {f'C passthrough, cold (read_ahead_kb {c_ra_default}), once':<58}{mb / c_cold_default:7.0f}   "
+          f"{ratio(plain_cold, c_cold_default)}")
+    print(f"  {f'compatfs cold, --read-ahead-kb 0 (read_ahead_kb {ra_default}), once':<58}{vmb / cold_default:7.0f}"
+          f"   {ratio(plain_cold * vmb / mb, cold_default)}                   {ratio(c_cold_default * vmb / mb, cold_default)}")
+    print(f"  read-ahead effect: cold through the mount {cold_default / cold:.2f}x as fast with 2048 KiB as with the"
+          f" kernel default\n  (speed ratios, 1.00x = as fast; each cold round reads plain, C passthrough, compatfs"
+          f" in turn;\n   the kernel-default rows against the C passthrough at its default)")
     if not server.is_file():
         print(f"  llama-server start-to-ready: skipped ({server} missing)")
         return
