@@ -122,7 +122,9 @@ def _exit_loop(fs: CompatFS, mountpoint: str) -> None:
     ptr = fs.session
     if ptr:
         libfuse.exit_loop(ptr)
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+        main = threading.main_thread().ident
+        assert main is not None      # the main thread has started
+        signal.pthread_kill(main, signal.SIGTERM)
     else:
         lazy_unmount(mountpoint)
 

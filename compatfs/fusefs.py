@@ -104,6 +104,7 @@ class CompatFS(fuse.Operations):
     # -- lookups -------------------------------------------------------------
     def getattr(self, path, fh=None):
         handle = self._files.get(fh.fh) if fh is not None else None
+        attrs: dict | None
         if handle is not None:
             attrs = file_attrs(path, handle.view.stamp, handle.view.size, fstat(handle.file.fd))
         else:

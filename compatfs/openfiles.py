@@ -114,7 +114,9 @@ class OpenFiles:
         (taken while the handle cannot be closed)."""
         with self._lock:
             served = self._served.get(path)
-            file = next((self._handles[fh].file for fh in served.fhs if fh in self._handles), None) if served else None
+            if served is None:
+                return None
+            file = next((self._handles[fh].file for fh in served.fhs if fh in self._handles), None)
             if file is None or served.view is None:
                 return None
             served = Served(served.view, served.blob, served.stamp)   # as it is now, for the caller
@@ -129,8 +131,9 @@ class OpenFiles:
         blob is intact (with a descriptor of it, the caller's to close: the
         blob may have left the store), else the store's current one."""
         sticky = self.sticky(path, duplicate=True)
-        if sticky is not None and sticky[2]:
-            return sticky[0].view, sticky[0].blob, sticky[3]
+        view = sticky[0].view if sticky is not None else None
+        if sticky is not None and view is not None and sticky[2]:
+            return view, sticky[0].blob, sticky[3]
         return self._store.build(ref, self._store.blob_stat(ref)), str(ref.blob), None
 
     def open_view(self, path: str, node: FileRef, caller: Caller) -> tuple[View, str, BlobFile] | None:
@@ -174,7 +177,7 @@ class OpenFiles:
             params = served.params if served is not None and served.view is view else node.params
             keep_cache = served is not None and served.blob == blob and served.stamp == view.stamp \
                 and served.params == params
-            if not keep_cache:
+            if served is None or not keep_cache:
                 if served is not None and served.fhs:
                     log.info("%s now serves blob %s; %d handle(s) still read the view before", path, blob,
                              len(served.fhs))
@@ -233,7 +236,7 @@ class OpenFiles:
                       "until it is opened again", handle.blob, handle.path)
         raise fuse.FuseOSError(errno.EIO)
 
-    def prune(self, changed: set[str], folders: dict[str, tuple]) -> None:
+    def prune(self, changed: set[str], folders: dict[str, tuple | None]) -> None:
         """Forget what changed or removed paths served, unless a handle still reads it."""
         with self._lock:
             for path, served in list(self._served.items()):
