@@ -60,12 +60,14 @@ def serve(store: Source, mnt: Path, *, translate: bool, options: dict, log_file:
              "on" if translate else "off", libfuse.libfuse_version(), libfuse.READ_REPLIES, os.getpid())
     from .sdnotify import notify_when_mounted
     notify_when_mounted(mnt)            # READY=1 for a systemd Type=notify unit
+    tree = Tree(store, views)
     try:
-        mount(Tree(store, views), str(mnt), options=options, read_ahead_kb=read_ahead_kb)
+        mount(tree, str(mnt), options=options, read_ahead_kb=read_ahead_kb)
     except MountError as e:
         log.error("%s", e)
         raise
     finally:
+        tree.unpublish()        # the mount's models.ini goes with it
         views.close()
     log.info("unmounted %s", mnt)
     return 0

@@ -152,6 +152,13 @@ class Published:
             pass
         self._written = None
 
+    def withdraw(self) -> None:
+        """Remove the file when it is still the one last written here (a
+        later mount at the same mountpoint, made while this one was detached
+        lazily, has written its own)."""
+        if self._written is not None and len(self._written) == 4 and self._written[3] == _identity(self.path):
+            self.remove()
+
 
 def _identity(path: Path) -> tuple | None:
     try:

@@ -114,6 +114,12 @@ class Tree:
             return
         self._publishing = Published(path), mountpoint
 
+    def unpublish(self) -> None:
+        """Stop showing `models.ini` and remove its file (the mount has ended)."""
+        if self._publishing is not None:
+            self._publishing[0].withdraw()
+            self._publishing = None
+
     def marks(self, snap: Snapshot) -> dict[str, tuple | None]:
         """What a rescan compares: every folder that holds GGUF files, with the
         identity (path, device, inode, size, modification and change time) and

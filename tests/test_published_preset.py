@@ -114,6 +114,30 @@ def test_models_ini_follows_the_store(tmp_path, mount_store):
     assert mnt.alive
 
 
+def test_models_ini_goes_with_its_mount(tmp_path, mount_store):
+    """The state folder's copy of a mount's models.ini is removed when the
+    mount ends; a later mount at the same mountpoint, made while an earlier
+    daemon still serves a file held open on its lazily detached mount, keeps
+    its own when that daemon ends."""
+    root, _, _ = store_with_models(tmp_path)
+    state = tmp_path / "state" / "compatfs"
+    first = mounted(tmp_path, root, mount_store)
+    (published,) = state.glob("*.models.ini")
+    held = open(first / "tiny:1b" / "model.gguf", "rb")
+    subprocess.run(["fusermount3", "-uz", str(first.path)], check=True)     # detached, still serving `held`
+    second = Mount(root, first.path, env={"XDG_STATE_HOME": str(tmp_path / "state")})
+    try:
+        until(lambda: (second / "models.ini").exists(), 10)
+        renewed = os.stat(published).st_ino
+        held.close()
+        first.proc.wait(timeout=20)          # the first daemon ends with its last file
+        assert published.exists() and os.stat(published).st_ino == renewed
+        assert "[tiny@1b]" in (second / "models.ini").read_text()
+    finally:
+        second.close()
+    assert not published.exists() and not list(state.glob("*.models.ini"))
+
+
 @pytest.mark.parametrize("layer", [b"not json {", b'{"num_ctx":"many","temperature":"hot"}',
                                    b'{"num_ctx":-5,"stop":[1,{"a":2}]}', b"[1,2]", b"\xff\xfe" * 40])
 def test_a_hostile_params_layer_never_breaks_models_ini(tmp_path, mount_store, layer):
