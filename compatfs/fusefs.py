@@ -40,7 +40,7 @@ from . import libfuse, readpath
 from .libfuse import fuse
 from .tree import FileRef, Tree
 from .access import READ
-from .blobfile import Denied, keep_out, status
+from .blobfile import Denied, identity, keep_out, status
 from .attributes import Attributes, file_attrs
 from .memo import Memo
 from .rescan import Rescan
@@ -52,6 +52,15 @@ log = logging.getLogger(__name__)
 
 def _erofs(*_args, **_kwargs):
     raise fuse.FuseOSError(errno.EROFS)
+
+
+def _blob_state(ref: FileRef) -> tuple | int | None:
+    """What tells whether `ref`'s blob changed: its identity, or the errno of
+    its status."""
+    try:
+        return identity(status(ref.blob))
+    except OSError as e:
+        return e.errno
 
 
 class CompatFS(fuse.Operations):
@@ -163,10 +172,16 @@ class CompatFS(fuse.Operations):
                 break
             # The blob changed as it was opened, or the store moved on since
             # the last scan (a model pulled again, its old blob removed):
-            # the path's current blob, from a scan made now.
+            # the path's current blob, from a scan made now.  A blob that
+            # cannot be served (EIO), still the one the path shows and not
+            # changed since, is not tried again.
+            state = _blob_state(node) if failed is not None else None
             self.tree.snapshot(fresh=True)
-            node = self._attrs.node(path)
-        else:
+            now = self._attrs.node(path)
+            if failed is not None and now == node and _blob_state(now) == state:
+                break
+            node = now
+        if opened is None:
             if isinstance(failed, CannotOpen):
                 log.error("cannot open blob: %s", failed.message)
             elif failed is None:

@@ -2,6 +2,7 @@
 devices) never block a reader, manifests are read with a size cap and in
 time linear in their layers, names that collide are left out with a reason,
 and a handler that fails (whatever it raises) refuses only its own view."""
+import errno
 import json
 import os
 import subprocess
@@ -268,6 +269,34 @@ def test_ls_leaves_out_a_model_removed_while_it_lists(store, monkeypatch, capsys
     monkeypatch.setattr(OllamaStore, "scan", scan_then_remove)
     assert cli.main(["ls", str(store), "--json"]) == 0
     assert [r["name"] for r in json.loads(capsys.readouterr().out)["models"]] == ["vision:4b"]
+
+
+def test_an_unopenable_blob_is_not_rescanned_for(store, tmp_path, monkeypatch):
+    """An open whose blob cannot be opened (a FIFO in its place) makes one
+    fresh scan to find the path's current blob and, when that is the same
+    one, fails with EIO (measured on the landed code: 8 fresh scans of the
+    whole store for each such open)."""
+    from types import SimpleNamespace
+    from compatfs import libfuse
+    from compatfs.access import Caller
+    from compatfs.fusefs import CompatFS
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setattr(libfuse, "caller", lambda: Caller(os.getuid(), os.getgid(), os.getpid()))
+    blob = _blob(store, "text", "1b")
+    blob.unlink()
+    os.mkfifo(blob)
+    source = OllamaStore(store)
+    (tmp_path / "mnt").mkdir()
+    fs = CompatFS(Tree(source, BlobViews(), rescan_seconds=3600), str(tmp_path / "mnt"))
+    fs.tree.snapshot()          # the mount's first scan
+    scans = []
+    scan = source.scan
+    monkeypatch.setattr(source, "scan", lambda: scans.append(1) or scan())
+    fi = SimpleNamespace(flags=os.O_RDONLY, keep_cache=0, fh=0)
+    with pytest.raises(OSError) as e:
+        fs.open("/text:1b/model.gguf", fi)
+    assert e.value.errno == errno.EIO and len(scans) == 1
+    assert fs.open("/vision:4b/model.gguf", fi) == 0 and len(scans) == 1
 
 
 def test_a_lookup_never_waits_for_a_rescan(store, monkeypatch):
