@@ -975,7 +975,8 @@ def widths_bench(server: Path, work: Path, timeout: float) -> None:
     form at published widths: model.gguf (and mmproj.gguf) read cold through
     a fresh mount against the exported translated file read cold, with the
     daemon's CPU time during the read (1x the read's time or more: the read
-    waits for computing, up to 2x on 2 cores; well under: for the disk); the daemon's peak RSS; llama-server start-to-ready through the mount against
+    waits for computing, up to 2x on 2 cores; well under: for the disk); the
+    daemon's peak RSS; llama-server start-to-ready through the mount against
     the exported file for two of them.  Every measurement bounded by
     `timeout` seconds."""
     from compatfs.opcache import DEFAULT_MB
