@@ -68,7 +68,8 @@ class SourceGGUF:
     never a SIGBUS.  Tensor data is read with `read`, which checks that the
     blob is still the one that was parsed."""
 
-    FIRST_READ = 8 << 20   # most headers (a 262k-token vocabulary: ~6 MiB) parse in one read
+    FIRST_READ = 256 << 10  # a header without a large vocabulary parses in one short read (cold: ~1 ms) ...
+    SECOND_READ = 8 << 20   # ... most others (a 262k-token vocabulary: ~6 MiB) in one more
     MAX_HEADER = 64 << 20  # the most a header may take (ten times the largest real one): memory per header
 
     def __init__(self, path: str | os.PathLike):
@@ -94,7 +95,7 @@ class SourceGGUF:
                         ArithmeticError, RecursionError) as e:
                     raise GGUFError(f"{self.path}: malformed GGUF header ({e})") from None
                 del buf
-                want = min(self.size, self.MAX_HEADER, want * 4)
+                want = min(self.size, self.MAX_HEADER, max(want * 4, self.SECOND_READ))
 
     # -- parsing -------------------------------------------------------------
     def _parse(self, buf: memoryview) -> None:

@@ -50,7 +50,8 @@ models are cached in .cache/):
   each, written once into .cache/bench-widths by compatfs.testing.widths
   (gpt-oss-120b fused and type-4 MXFP4, Gemma 4 26B-A4B's older MoE form,
   Qwen3-VL-30B-A3B, GLM-OCR): model.gguf (and mmproj.gguf) read cold through
-  a fresh mount against the file `compatfs export` writes, read cold; the
+  a fresh mount against the file `compatfs export` writes, read cold (and
+  the daemon's CPU time during that read, as a multiple of its time); the
   daemon's peak RSS; llama-server start-to-ready through the mount against
   the exported file for two of them; and first the widened gpt-oss-20b fused
   form read with --op-cache-mb 16 against the default cache.  Every
@@ -971,6 +972,12 @@ def peak_rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds process `pid` has used (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _speed(mb: float, seconds: float | None, timeout: float) -> str:
     return f"{mb / seconds:7.0f}" if seconds else f"> {timeout:.0f} s (timed out)"
 
@@ -983,7 +990,9 @@ def widths_bench(server: Path, work: Path, timeout: float) -> None:
     """Section `widths`: the issue's op-cache row (the widened gpt-oss-20b
     fused form with --op-cache-mb 16 against the default), then each legacy
     form at published widths: model.gguf (and mmproj.gguf) read cold through
-    a fresh mount against the exported translated file read cold; the
+    a fresh mount against the exported translated file read cold, with the
+    daemon's CPU time during the read (1x the read's time or more: the read
+    waits for computing, up to 2x on 2 cores; well under: for the disk); the
     daemon's peak RSS; llama-server start-to-ready through the mount against
     the exported file for two of them.  Every measurement bounded by
     `timeout` seconds."""
@@ -1060,16 +1069,18 @@ def widths_bench(server: Path, work: Path, timeout: float) -> None:
                     drop_caches()
                     local = read_bounded(out / f, timeout)
                 drop_caches()
+                cpu = cpu_seconds(d.proc.pid)
                 mounted = read_bounded(d.mnt / model / f, timeout)
-                rows.append((f, mb, local, mounted))
+                rows.append((f, mb, local, mounted, cpu_seconds(d.proc.pid) - cpu))
             rss = peak_rss_mib(d.proc.pid)
         finally:
             d.close()
-        for f, mb, local, mounted in rows:
+        for f, mb, local, mounted, cpu in rows:
             r = local / mounted if mounted and local else None
             print(f"  {'':<48}{f:<12} {_speed(mb, local, timeout) if exported else '      -'}  "
                   f"{_speed(mb, mounted, timeout)}" + (f"   {r:5.2f}x   >= 0.5x{_verdict(r >= 0.5)}" if r else
-                                                       "            >= 0.5x" + _verdict(False if exported else None)))
+                                                       "            >= 0.5x" + _verdict(False if exported else None))
+                  + (f"   daemon CPU {cpu / mounted:4.2f}x the read's time" if mounted else ""))
         print(f"  {'':<48}daemon peak RSS {rss:5.0f} MiB   goal <= {rss_goal} MiB (op cache {DEFAULT_MB} + 256)"
               f"{_verdict(rss <= rss_goal)}")
         if form in WIDTHS_SERVER and exported:

@@ -73,3 +73,21 @@ def test_sizes_of_a_plain_int_type_number():
     assert tensor_nbytes((64, 2), q8) == tensor_nbytes((64, 2), gguf.GGMLQuantizationType.Q8_0) == 136
     with pytest.raises(GGUFError, match="Q8_0 row of 33"):
         tensor_nbytes((33,), q8)
+
+
+@pytest.mark.parametrize("tokens", [1000, 300_000])
+def test_a_header_is_read_short_first_then_whole(tmp_path, monkeypatch, tokens):
+    """A small header takes one short read (what a cold open of a file with
+    no large vocabulary waits for); one past it (a 300k-token vocabulary,
+    ~3 MiB) one more of `SECOND_READ`, and parses the same."""
+    from compatfs import blobfile
+    reads = []
+    real = blobfile.BlobFile.read
+    monkeypatch.setattr(blobfile.BlobFile, "read", lambda self, off, n: reads.append(n) or real(self, off, n))
+    words = [f"t{i}" for i in range(tokens)]
+    path = write_gguf(tmp_path / "v.gguf", "llama", kvs={"tokenizer.ggml.tokens": words},
+                      tensors={"w": np.ones((256, 1024), np.float32)})     # 1 MiB of data after it
+    src = SourceGGUF(path)
+    assert src.get("tokenizer.ggml.tokens") == words
+    second = min(path.stat().st_size, SourceGGUF.SECOND_READ)
+    assert reads == ([SourceGGUF.FIRST_READ] if tokens == 1000 else [SourceGGUF.FIRST_READ, second])

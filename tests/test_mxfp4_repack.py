@@ -4,6 +4,8 @@ data stays small): every range computed chunk by chunk equals the repack
 as it was first written, a block at a time with numpy fancy indexing."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as DT
@@ -94,3 +96,24 @@ def test_a_short_read_is_an_error_naming_the_tensor(fused):
     op = _op(stored, 1, 2)
     with pytest.raises(GGUFError, match="ffn_gate_up_exps.*bytes read at"):
         op.compute_range(lambda t, at, size: memoryview(data[at:at + size - 1].copy()), 0, 1 << 20)
+
+
+def test_reads_at_once_each_get_their_own_scratch(fused):
+    """Reads converting at the same time (the mount serves reads in several
+    threads, numpy letting go of the GIL) share no scratch: each equals the
+    reference."""
+    stored, data = fused
+    op = _op(stored, 1, 2)
+    want = _reference(data, stored, 1, 2)
+    ranges = [(i * 200_003 % (op.nbytes - (1 << 18)), 1 << 18) for i in range(64)]
+    got: dict[int, bytes] = {}
+
+    def convert(i):
+        lo, size = ranges[i]
+        got[i] = bytes(op.compute_range(lambda t, at, n: memoryview(data[at:at + n].copy()), lo, lo + size))
+    threads = [threading.Thread(target=lambda k=k: [convert(i) for i in range(k, len(ranges), 4)]) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(got[i] == want[lo:lo + size] for i, (lo, size) in enumerate(ranges))
