@@ -29,7 +29,7 @@ class Split(Op):
         if start + length > shape[axis]:
             raise GGUFError(f"{src.name}: split {start}+{length} exceeds axis {axis} of {shape[axis]}")
         shape[axis] = length
-        return cls((src,), tuple(shape), src.dtype, axis, start)
+        return cls((src,), tuple(shape), src.known_dtype(), axis, start)
 
     def pieces(self):
         """Each slab of the slower axes holds one contiguous run of the split
@@ -38,7 +38,8 @@ class Split(Op):
         src = self.inputs[0]
         if self.axis == 0:
             row = tensor_nbytes(src.shape[:1], src.dtype)
-            if self.start % GGML_QUANT_SIZES[src.dtype][0] or self.shape[0] % GGML_QUANT_SIZES[src.dtype][0]:
+            block = GGML_QUANT_SIZES[src.known_dtype()][0]
+            if self.start % block or self.shape[0] % block:
                 return None
             unit, stride, outer = row * self.shape[0] // src.shape[0], row, elements(src.shape[1:])
             first = row * self.start // src.shape[0]
@@ -82,9 +83,9 @@ class ConcatRows(Op):
     @classmethod
     def of(cls, *srcs: TensorInfo) -> "ConcatRows":
         if len({t.dtype for t in srcs}) != 1 or len({(t.shape[0], *t.shape[2:]) for t in srcs}) != 1:
-            raise GGUFError(f"cannot concatenate rows of {[(t.name, t.shape, t.dtype.name) for t in srcs]}")
+            raise GGUFError(f"cannot concatenate rows of {[(t.name, t.shape, t.dtype) for t in srcs]}")
         first = srcs[0]
-        return cls(tuple(srcs), (first.shape[0], sum(t.shape[1] for t in srcs), *first.shape[2:]), first.dtype)
+        return cls(tuple(srcs), (first.shape[0], sum(t.shape[1] for t in srcs), *first.shape[2:]), first.known_dtype())
 
     def pieces(self):
         """Slab by slab, each input's rows of that slab: one round a slab."""
@@ -110,7 +111,7 @@ class PadRows(Op):
     def of(cls, src: TensorInfo, rows: int) -> "PadRows":
         if len(src.shape) != 2 or rows < src.shape[1]:
             raise GGUFError(f"{src.name}: cannot pad shape {src.shape} to {rows} rows")
-        return cls((src,), (src.shape[0], rows), src.dtype)
+        return cls((src,), (src.shape[0], rows), src.known_dtype())
 
     def pieces(self):
         src = self.inputs[0]
@@ -141,7 +142,7 @@ class Strided(Op):
         if axis == 0 and src.dtype not in PLAIN_TYPES:
             raise GGUFError(f"{src.name}: elements of a {src.dtype!r} row cannot be taken apart")
         shape[axis] //= step
-        return cls((src,), tuple(shape), src.dtype, axis, start, step)
+        return cls((src,), tuple(shape), src.known_dtype(), axis, start, step)
 
     @property
     def description(self) -> str:
@@ -152,7 +153,7 @@ class Strided(Op):
         taken, slab after slab: one strided run, as `step` divides the axis
         (the last taken of a slab is `step` before the first of the next)."""
         src = self.inputs[0]
-        unit = tensor_nbytes(src.shape[:self.axis], src.dtype) if self.axis else np.dtype(PLAIN_TYPES[src.dtype]).itemsize
+        unit = tensor_nbytes(src.shape[:self.axis], src.dtype) if self.axis else np.dtype(PLAIN_TYPES[src.known_dtype()]).itemsize
         count = elements(src.shape[self.axis + 1:]) * (src.shape[self.axis] // self.step)
         return [strided_runs(src, self.start * unit, unit, self.step * unit, count)]
 

@@ -14,7 +14,7 @@ first, so the numpy array of a tensor has the reversed shape.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Union
+from typing import Any, Callable, ClassVar, NamedTuple, Union
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as DT
@@ -23,27 +23,28 @@ from gguf import quants
 from .gguf_source import TensorInfo, tensor_nbytes
 from .gguf_values import GGUFError
 
-ReadTensor = Callable[[TensorInfo], memoryview]
+ReadTensor = Callable[[TensorInfo], bytes | memoryview]
 
 _FLOAT = {DT.F32: "<f4", DT.F16: "<f2", DT.F64: "<f8"}
 PLAIN_TYPES = {**_FLOAT, DT.I8: "<i1", DT.I16: "<i2", DT.I32: "<i4", DT.I64: "<i8", DT.BF16: "<u2"}
 
 
-def as_array(t: TensorInfo, data: memoryview) -> np.ndarray:
+def as_array(t: TensorInfo, data: bytes | memoryview) -> np.ndarray:
     """The stored elements of an unquantized tensor, numpy-shaped (slow axis first)."""
-    if t.dtype not in PLAIN_TYPES:
-        raise GGUFError(f"{t.name}: {t.dtype.name} cannot be reshaped without dequantizing")
-    return np.frombuffer(data, dtype=PLAIN_TYPES[t.dtype]).reshape(tuple(reversed(t.shape)))
+    dtype = t.known_dtype()
+    if dtype not in PLAIN_TYPES:
+        raise GGUFError(f"{t.name}: {dtype.name} cannot be reshaped without dequantizing")
+    return np.frombuffer(data, dtype=PLAIN_TYPES[dtype]).reshape(tuple(reversed(t.shape)))
 
 
-def to_f32(t: TensorInfo, data: memoryview) -> np.ndarray:
+def to_f32(t: TensorInfo, data: bytes | memoryview) -> np.ndarray:
     """The tensor's values as float32, numpy-shaped; any ggml dtype."""
     if t.dtype == DT.BF16:
         raw = np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16
         return raw.view("<f4").reshape(tuple(reversed(t.shape)))
     if t.dtype in PLAIN_TYPES:
         return as_array(t, data).astype("<f4")
-    flat = quants.dequantize(np.frombuffer(data, dtype=np.uint8), t.dtype)
+    flat = quants.dequantize(np.frombuffer(data, dtype=np.uint8), t.known_dtype())
     return np.asarray(flat, dtype="<f4").reshape(tuple(reversed(t.shape)))
 
 
@@ -71,7 +72,7 @@ class Op:
             raise GGUFError(f"{self.description} produced {len(out)} bytes, expected {self.nbytes}")
         return out
 
-    def _compute(self, data: list[memoryview]) -> bytes:
+    def _compute(self, data: list[bytes | memoryview]) -> bytes:
         raise NotImplementedError
 
     def pieces(self) -> list[Piece] | None:
@@ -93,9 +94,12 @@ class Op:
             raise GGUFError(f"{self.description} is computed whole: it has no chunk {k}")
         return self.compute(lambda t: read(t, 0, t.nbytes))
 
-    # True: any byte range is made from just the input bytes it needs; such
-    # an op defines `compute_range` or `compute_range_into` (each serves the other).
-    ranged = False
+    @property
+    def ranged(self) -> bool:
+        """True: any byte range is made from just the input bytes it needs;
+        such an op defines `compute_range` or `compute_range_into` (each
+        serves the other).  A subclass sets it as a class attribute or a property."""
+        return False
 
     def compute_range(self, read: ReadRange, lo: int, hi: int) -> bytes | memoryview:
         """Bytes [lo, hi) of the output."""
@@ -118,7 +122,8 @@ class Part(NamedTuple):
     stride: int
 
 
-class Runs(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Runs:
     """Input bytes taken in `count` rounds: round k takes, from each part in
     turn, `unit` bytes of its tensor from byte `start + k * stride`.  So
     many rows of any size are laid out by arithmetic, never listed (one
@@ -157,7 +162,8 @@ class Elementwise(Op):
 
     ranged = True
 
-    _values = None   # a subclass's output values for flat float32 input values (None: the values)
+    # A subclass's output values for flat float32 input values (None: the values).
+    _values: ClassVar[Callable[[Any, np.ndarray], np.ndarray] | None] = None
 
     def _compute(self, data):
         return bytes(self.compute_range(lambda t, start, size: data[0][start:start + size], 0, self.nbytes))
@@ -182,16 +188,17 @@ def _elementwise_into(src: TensorInfo, read: ReadRange, lo: int, hi: int, out: m
         _elementwise_into(src, read, first, first + len(whole), whole, fn)
         out[:] = whole[lo - first:hi - first]
         return
-    block, block_bytes = GGML_QUANT_SIZES[src.dtype]
+    dtype = src.known_dtype()
+    block, block_bytes = GGML_QUANT_SIZES[dtype]
     first, last = lo // 4, hi // 4                      # output elements (F32)
     b0, b1 = first // block, -(-last // block)          # input blocks
     raw = read(src, b0 * block_bytes, (b1 - b0) * block_bytes)
     values = np.frombuffer(out, dtype="<f4")
     skip = first - b0 * block
-    if src.dtype in _BITS:
-        stored = np.frombuffer(raw, dtype=_BITS[src.dtype])[skip:skip + len(values)]
+    if dtype in _BITS:
+        stored = np.frombuffer(raw, dtype=_BITS[dtype])[skip:skip + len(values)]
         for at in range(0, len(values), CHUNK):
-            _to_f32(src.dtype, stored[at:at + CHUNK], values[at:at + CHUNK])
+            _to_f32(dtype, stored[at:at + CHUNK], values[at:at + CHUNK])
     else:
         flat = TensorInfo(src.name, ((b1 - b0) * block,), src.dtype, 0)
         values[:] = to_f32(flat, raw)[skip:skip + len(values)]
@@ -260,7 +267,7 @@ class Concat(Op):
     @classmethod
     def of(cls, *srcs: TensorInfo) -> "Concat":
         same = len({t.dtype for t in srcs}) == 1
-        return cls(tuple(srcs), _concat_shape(srcs), srcs[0].dtype if same else DT.F32)
+        return cls(tuple(srcs), _concat_shape(srcs), srcs[0].known_dtype() if same else DT.F32)
 
     @property
     def _same(self) -> bool:
@@ -308,7 +315,7 @@ class Permute(Op):
     def of(cls, src: TensorInfo, view: tuple[int, ...], axes: tuple[int, ...]) -> "Permute":
         if int(np.prod(view)) != int(np.prod(src.shape)) or sorted(axes) != list(range(len(view))):
             raise GGUFError(f"{src.name}: cannot permute shape {src.shape} as {view} by {axes}")
-        return cls((src,), src.shape, src.dtype, tuple(view), tuple(axes))
+        return cls((src,), src.shape, src.known_dtype(), tuple(view), tuple(axes))
 
     def _compute(self, data):
         arr = as_array(self.inputs[0], data[0]).reshape(self.view)
@@ -343,7 +350,7 @@ class Permute(Op):
         data = read(src, lo, min(size, self.nbytes - lo))
         if size == self.nbytes:
             return self._compute([data])
-        arr = np.frombuffer(data, dtype=PLAIN_TYPES[src.dtype]).reshape(-1, *self.view[kept:])
+        arr = np.frombuffer(data, dtype=PLAIN_TYPES[src.known_dtype()]).reshape(-1, *self.view[kept:])
         axes = (0, *(a - kept + 1 for a in self.axes[kept:]))
         return np.ascontiguousarray(arr.transpose(axes)).tobytes()
 

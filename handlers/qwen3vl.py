@@ -151,7 +151,7 @@ class FrameOfPatchEmbedding(Op):
         if src.dtype not in (DT.F32, DT.F16, DT.BF16):
             raise GGUFError(f"{src.name}: a {src.dtype!r} patch embedding cannot be split without dequantizing")
         w, h, _, packed = src.shape
-        return cls((src,), (w, h, packed // channels_out, channels_out), src.dtype, frame)
+        return cls((src,), (w, h, packed // channels_out, channels_out), src.known_dtype(), frame)
 
     def pieces(self):
         """Each of the out*in channel pairs holds its frames' w*h elements

@@ -163,7 +163,7 @@ def gptoss_blob(*, ollama_mxfp4: bool) -> Blob:
         r = gguf.GGUFReader(gptoss.legacy_gptoss_fused(Path(tmp) / "tiny.gguf"))
         kvs = {name: (f.contents(), f.types[0], f.types[1] if len(f.types) > 1 else None)
                for name, f in r.fields.items() if not name.startswith("GGUF.")}
-        typed = {t.name: T(t.tensor_type) for t in r.tensors}
+        typed: dict[str, T | int] = {t.name: T(t.tensor_type) for t in r.tensors}
     if ollama_mxfp4:
         typed = {n: gptoss.OLLAMA_MXFP4 if dt == T.MXFP4 else dt for n, dt in typed.items()}
     n_vocab = len(kvs["tokenizer.ggml.tokens"][0])
