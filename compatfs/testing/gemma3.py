@@ -18,22 +18,16 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TypedDict
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .core import T, normal, write
+from .core import HeadedDecoder, T, normal, write
 from .tokenizers import byte_tokens, spm_pieces
 
 
-class Gemma3Hparams(TypedDict):
+class Gemma3Hparams(HeadedDecoder):
     """The widths every Gemma 3 converter writes as text hyperparameters (`gemma3_hparams`)."""
-    n_layer: int
-    n_embd: int
-    n_ff: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
     context_length: int
     sliding_window: int
 

@@ -24,23 +24,17 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 import numpy as np
 
-from .core import T, normal, write
+from .core import HeadedDecoder, T, normal, write
 from .tokenizers import byte_tokens, spm_pieces
 
 
-class Gemma4MoeDims(TypedDict):
+class Gemma4MoeDims(HeadedDecoder):
     """The widths and settings of the Gemma 4 MoE blob (text and vision towers)."""
-    n_layer: int
-    n_embd: int
-    n_ff: int
-    n_head: int
-    n_head_kv: int
     head_dim_swa: int
-    head_dim: int
     n_expert: int
     n_expert_used: int
     n_ff_exp: int

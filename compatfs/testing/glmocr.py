@@ -31,22 +31,16 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 import numpy as np
 
-from .core import T, normal, write
+from .core import HeadedDecoder, T, normal, write
 from .tokenizers import byte_level_merges, bytes_to_unicode
 
 
-class GlmOcrDims(TypedDict):
+class GlmOcrDims(HeadedDecoder):
     """The widths and settings of the GLM-OCR blob (text and vision configs)."""
-    n_layer: int
-    n_embd: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    n_ff: int
     context_length: int
     rms_eps: float
     rope_theta: float

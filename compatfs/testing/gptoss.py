@@ -26,25 +26,19 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 import gguf
 import numpy as np
 
-from .core import T, kv_type, normal, ollama_tensor_order
+from .core import HeadedDecoder, T, kv_type, normal, ollama_tensor_order
 from .tokenizers import byte_level_merges, bytes_to_unicode
 
 OLLAMA_MXFP4 = 4    # ggml type number of MXFP4 in Ollama's converter before 59412fbb4
 
 
-class GptOssDims(TypedDict):
+class GptOssDims(HeadedDecoder):
     """The widths and settings of the gpt-oss blobs."""
-    n_layer: int
-    n_embd: int
-    n_ff: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
     n_expert: int
     n_expert_used: int
     context_length: int

@@ -9,21 +9,16 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 import numpy as np
 
-from .core import T, normal, write
+from .core import Decoder, T, normal, write
 from .tokenizers import byte_level_merges, bytes_to_unicode, llama_spm_tokens
 
 
-class Llama3Dims(TypedDict):
+class Llama3Dims(Decoder):
     """The widths and settings of the Llama 3 instruct blob."""
-    n_layer: int
-    n_embd: int
-    n_ff: int
-    n_head: int
-    n_head_kv: int
     context_length: int
     rope_freq_base: float
     rms_eps: float
@@ -43,13 +38,8 @@ LLAMA3_EOT_ID = 128009
 LLAMA3_N_VOCAB = 128256
 
 
-class PlainLlamaDims(TypedDict):
+class PlainLlamaDims(Decoder):
     """The widths, settings and special tokens of the plain SentencePiece llama."""
-    n_layer: int
-    n_embd: int
-    n_ff: int
-    n_head: int
-    n_head_kv: int
     context_length: int
     rope_freq_base: float
     rms_eps: float

@@ -27,23 +27,17 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 import numpy as np
 from gguf import quants
 
-from .core import T, normal, write
+from .core import HeadedDecoder, T, normal, write
 from .tokenizers import byte_level_merges, bytes_to_unicode
 
 
-class Qwen3NextDims(TypedDict):
+class Qwen3NextDims(HeadedDecoder):
     """The widths and settings of the Qwen3-Next blobs."""
-    n_layer: int
-    n_embd: int
-    n_ff: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
     partial_rotary: float
     context_length: int
     rope_theta: float

@@ -33,7 +33,7 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-from .core import T, normal, write
+from .core import HeadedDecoder, T, normal, write
 from .tokenizers import byte_level_merges, bytes_to_unicode
 
 
@@ -48,14 +48,8 @@ class QwenVisionDims(TypedDict):
     n_pos: int
 
 
-class Qwen3VlMoeDims(QwenVisionDims):
+class Qwen3VlMoeDims(QwenVisionDims, HeadedDecoder):
     """The widths and settings of the Qwen3-VL MoE blob (text and vision towers)."""
-    n_layer: int
-    n_embd: int
-    n_ff: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
     n_expert: int
     n_expert_used: int
     n_ff_exp: int
