@@ -32,6 +32,15 @@ def assert_same_tensors(mounted, upstream) -> None:
         np.testing.assert_allclose(a, b, rtol=rtol, atol=2.0 ** -24 * 4, err_msg=name)
 
 
+def assert_same_gguf(mounted, upstream) -> None:
+    """Every KV and tensor of `upstream` in `mounted` and no other: the same
+    values, shapes and ggml types."""
+    assert kvs(mounted) == kvs(upstream)
+    assert_same_tensors(mounted, upstream)
+    types = {t.name: t.tensor_type for t in gguf.GGUFReader(mounted).tensors}
+    assert types == {t.name: t.tensor_type for t in gguf.GGUFReader(upstream).tensors}
+
+
 def kvs(path) -> dict:
     """The KVs of a GGUF file, less the GGUF.* and general.* ones."""
     r = gguf.GGUFReader(path)

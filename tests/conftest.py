@@ -87,6 +87,26 @@ def mount_store(tmp_path):
         m.close()
 
 
+def one_model_store(model: str, tag: str = "latest", blob: Path | None = None):
+    """A module-scoped `store` fixture: a store holding `blob` as `model:tag`
+    (without `blob`, the file the module's own `blob` fixture gives)."""
+    if blob is not None:
+        made = blob
+
+        @pytest.fixture(scope="module")
+        def store(tmp_path_factory):
+            root = tmp_path_factory.mktemp(model) / "store"
+            add_model(root, model, made, tag=tag)
+            return root
+    else:
+        @pytest.fixture(scope="module")
+        def store(blob):
+            root = blob.parent / "store"
+            add_model(root, model, blob, tag=tag)
+            return root
+    return store
+
+
 @pytest.fixture(scope="module")
 def legacy(tmp_path_factory):
     """A store of the legacy writers' models, and the files: name -> path."""

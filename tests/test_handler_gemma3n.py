@@ -14,12 +14,11 @@ from compatfs.gguf_source import SourceGGUF
 from compatfs.gguf_values import GGUFError
 from compatfs.handlers import gemma3n
 from compatfs.opcache import OpCache
-from compatfs.testing.store import add_model
 from compatfs.translation import first_claim, plan
 from compatfs.view import View
 
 from compare import assert_same_tensors, kvs
-from conftest import SHARED, needs_fuse, needs_shared
+from conftest import SHARED, needs_fuse, needs_shared, one_model_store
 from ggufs import write_gguf
 from xlc_client import run_job
 
@@ -28,11 +27,7 @@ UPSTREAM = SHARED / "upstream/gemma3n/model.gguf"
 TEXT = "hello world, Hello there!\n\u00e9\u4e16 ok <start_of_turn>user"
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    store = tmp_path_factory.mktemp("gemma3n") / "store"
-    add_model(store, "gemma3n", BLOB, tag="e2b")
-    return store
+store = one_model_store("gemma3n", "e2b", BLOB)
 
 
 @needs_fuse

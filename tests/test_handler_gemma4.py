@@ -5,18 +5,16 @@ in-process, the two layouts of older converters the fixture lacks: split MoE
 gate/up stacks and packed vision clamps."""
 import gguf
 import numpy as np
-import pytest
 from gguf import GGMLQuantizationType as DT
 
 from compatfs.gguf_source import SourceGGUF
 from compatfs.handlers import gemma4
 from compatfs.opcache import OpCache
-from compatfs.testing.store import add_model
 from compatfs.translation import plan
 from compatfs.view import View
 
 from compare import assert_same_tensors, kvs
-from conftest import SHARED, needs_fuse, needs_shared
+from conftest import SHARED, needs_fuse, needs_shared, one_model_store
 from ggufs import write_gguf
 from xlc_client import run_job
 
@@ -25,11 +23,7 @@ UPSTREAM = SHARED / "upstream/gemma4_vision"
 NORMAL, USER_DEFINED = 1, 4   # tokenizer.ggml.token_type values
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    store = tmp_path_factory.mktemp("gemma4") / "store"
-    add_model(store, "gemma4", BLOB, tag="vision")
-    return store
+store = one_model_store("gemma4", "vision", BLOB)
 
 
 @needs_fuse

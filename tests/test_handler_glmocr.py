@@ -11,11 +11,10 @@ from compatfs.gguf_source import SourceGGUF
 from compatfs.gguf_values import GGUFError, f32, u32
 from compatfs.handlers.glmocr import RotaryWidth, gate_up
 from compatfs.testing.glmocr import GLM_SPECIALS, GLMOCR, glm_tokens, legacy_glmocr
-from compatfs.testing.store import add_model
 
 from chat import assert_only_the_views_load
 from compare import kvs, shapes, tensors
-from conftest import needs_fuse
+from conftest import needs_fuse, one_model_store
 from ggufs import write_gguf
 from xlc_client import run_job
 
@@ -28,11 +27,7 @@ def blob(tmp_path_factory):
     return legacy_glmocr(tmp_path_factory.mktemp("glmocr") / "glmocr.gguf")
 
 
-@pytest.fixture(scope="module")
-def store(blob):
-    root = blob.parent / "store"
-    add_model(root, "glm-ocr", blob)
-    return root
+store = one_model_store("glm-ocr", "latest")
 
 
 def token_id(text: str) -> int:

@@ -7,11 +7,10 @@ import numpy as np
 import pytest
 
 from compatfs.testing.llama4 import LLAMA4, LLAMA4_SPECIALS, legacy_llama4, llama4_tokens
-from compatfs.testing.store import add_model
 
 from chat import assert_only_the_views_load
 from compare import kvs, shapes, tensors
-from conftest import needs_fuse
+from conftest import needs_fuse, one_model_store
 from xlc_client import run_job
 
 MODEL = "llama4:scout"
@@ -23,11 +22,7 @@ def blob(tmp_path_factory):
     return legacy_llama4(tmp_path_factory.mktemp("llama4") / "llama4.gguf")
 
 
-@pytest.fixture(scope="module")
-def store(blob):
-    root = blob.parent / "store"
-    add_model(root, "llama4", blob, tag="scout")
-    return root
+store = one_model_store("llama4", "scout")
 
 
 def llama_cpp_vocab(blob, path):

@@ -2,12 +2,10 @@
 Ollama's converter writes it: through the mount, model.gguf equals llama.cpp's
 conversion of the same weights and mmproj.gguf equals its projector (with the
 `[IMG_BREAK]` row its converter forgets), and both load and run."""
-import pytest
 
-from compatfs.testing.store import add_model
 
 from compare import assert_same_tensors, kvs
-from conftest import SHARED, needs_fuse, needs_shared
+from conftest import SHARED, needs_fuse, needs_shared, one_model_store
 from xlc_client import run_job
 
 pytestmark = [needs_fuse, needs_shared]
@@ -16,11 +14,7 @@ RAW = SHARED / "ollama/mistral3.gguf"
 UP = SHARED / "upstream/mistral3"
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    s = tmp_path_factory.mktemp("mistral3") / "store"
-    add_model(s, "mistral3", RAW, tag="24b")
-    return s
+store = one_model_store("mistral3", "24b", RAW)
 
 
 def test_mistral3_text_matches_llama_cpp_conversion(store, mount_store):

@@ -2,16 +2,14 @@
 vision): through the mount, `model.gguf` and `mmproj.gguf` equal llama.cpp's
 own conversion of the same weights, and load in llama.cpp."""
 import gguf
-import pytest
 from gguf import GGUFValueType as VT
 
 from compatfs.gguf_values import array, u32
 from compatfs.handlers.qwen25vl import WindowPattern
-from compatfs.testing.store import add_model
 
-from compare import assert_same_tensors, kvs
-from chat import assert_completes_and_sees
-from conftest import SHARED, needs_fuse, needs_shared
+from compare import assert_same_gguf, assert_same_tensors, kvs
+from chat import assert_only_the_views_load
+from conftest import SHARED, needs_fuse, needs_shared, one_model_store
 from xlc_client import run_job
 
 
@@ -20,11 +18,7 @@ UPSTREAM = SHARED / "upstream/qwen2_5_vl"
 MODEL = "qwen2.5vl:3b"
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    root = tmp_path_factory.mktemp("qwen25vl") / "store"
-    add_model(root, "qwen2.5vl", BLOB, tag="3b")
-    return root
+store = one_model_store("qwen2.5vl", "3b", BLOB)
 
 
 @needs_fuse
@@ -51,29 +45,23 @@ def test_text_view_equals_llama_cpp_conversion(store, mount_store):
 def test_projector_view_equals_llama_cpp_conversion(store, mount_store):
     m = mount_store(store)
     mounted, upstream = m / MODEL / "mmproj.gguf", UPSTREAM / "mmproj.gguf"
-    assert kvs(mounted) == kvs(upstream)
+    assert_same_gguf(mounted, upstream)     # types too: patch embeddings stay F16, as llama.cpp's converter keeps them
     fields = gguf.GGUFReader(mounted).fields
     assert fields["general.architecture"].contents() == "clip"
-    assert_same_tensors(mounted, upstream)
-    # Same dtypes too: patch embeddings stay F16 as llama.cpp's converter keeps them.
-    dtypes = {t.name: t.tensor_type for t in gguf.GGUFReader(mounted).tensors}
-    assert dtypes == {t.name: t.tensor_type for t in gguf.GGUFReader(upstream).tensors}
 
 
 @needs_fuse
 @needs_shared
 def test_loads_in_llama_cpp_through_the_mount(store, mount_store):
     m = mount_store(store)
-    model, mmproj = str(m / MODEL / "model.gguf"), str(m / MODEL / "mmproj.gguf")
-    assert_completes_and_sees(model, mmproj)
+    # The views complete and see; untranslated, the blob loads neither as a
+    # model nor as a projector.
+    assert_only_the_views_load(m / MODEL, BLOB, "qwen25vl")
     # Text with markers and filler names tokenizes as with llama.cpp's conversion.
     tok = {"actions": [{"op": "tokenize", "text": "<|fim_prefix|>a [PAD3] b<|im_end|>", "special": False}]}
-    through, reference = run_job({"model": model, **tok}), run_job({"model": str(UPSTREAM / "model.gguf"), **tok})
+    through, reference = run_job({"model": str(m / MODEL / "model.gguf"), **tok}), run_job({"model": str(UPSTREAM / "model.gguf"), **tok})
     assert through["ok"] and reference["ok"]
     assert through["results"][0]["ids"] == reference["results"][0]["ids"]
-    # Untranslated, the blob loads neither as a model nor as a projector.
-    assert "qwen25vl" in run_job({"model": str(BLOB)})["error"]
-    assert not run_job({"model": str(UPSTREAM / "model.gguf"), "mmproj": str(BLOB)})["ok"]
 
 
 def test_window_pattern_from_full_attention_blocks():

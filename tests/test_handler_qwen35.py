@@ -13,9 +13,9 @@ from compatfs.handlers import qwen35
 from compatfs.testing.qwen35 import legacy_qwen35_moe
 from compatfs.testing.store import add_model
 
-from compare import as_f32, assert_same_tensors, kvs
-from chat import assert_completes_and_sees
-from conftest import SHARED, needs_fuse, needs_shared
+from compare import as_f32, assert_same_gguf, assert_same_tensors, kvs
+from chat import assert_only_the_views_load
+from conftest import SHARED, needs_fuse, needs_shared, one_model_store
 from xlc_client import run_job
 
 BLOB = SHARED / "ollama/qwen3_5_legacy.gguf"
@@ -23,11 +23,7 @@ UPSTREAM = SHARED / "upstream/qwen3_5_legacy"
 MODEL = "qwen3.5:2b"
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    root = tmp_path_factory.mktemp("qwen35") / "store"
-    add_model(root, "qwen3.5", BLOB, tag="2b")
-    return root
+store = one_model_store("qwen3.5", "2b", BLOB)
 
 
 @needs_fuse
@@ -54,23 +50,18 @@ def test_text_view_equals_llama_cpp_conversion(store, mount_store):
 def test_projector_view_equals_llama_cpp_conversion(store, mount_store):
     m = mount_store(store)
     mounted, upstream = m / MODEL / "mmproj.gguf", UPSTREAM / "mmproj.gguf"
-    # All of them: no deepstack layers, image size and feed-forward length
+    # Every KV and tensor: no deepstack layers, image size and feed-forward length
     # from the tensors, the text model's epsilon.
-    assert kvs(mounted) == kvs(upstream)
-    assert_same_tensors(mounted, upstream)
-    dtypes = {t.name: t.tensor_type for t in gguf.GGUFReader(mounted).tensors}
-    assert dtypes == {t.name: t.tensor_type for t in gguf.GGUFReader(upstream).tensors}
+    assert_same_gguf(mounted, upstream)
 
 
 @needs_fuse
 @needs_shared
 def test_loads_in_llama_cpp_through_the_mount(store, mount_store):
     m = mount_store(store)
-    model, mmproj = str(m / MODEL / "model.gguf"), str(m / MODEL / "mmproj.gguf")
-    assert_completes_and_sees(model, mmproj)
-    # Untranslated, the blob loads neither as a model nor as a projector.
-    assert "dimension_sections" in run_job({"model": str(BLOB)})["error"]
-    assert not run_job({"model": str(UPSTREAM / "model.gguf"), "mmproj": str(BLOB)})["ok"]
+    # The views complete and see; untranslated, the blob loads neither as a
+    # model nor as a projector.
+    assert_only_the_views_load(m / MODEL, BLOB, "dimension_sections")
 
 
 # -- Qwen3.5-MoE with vision: no genuine fixture; the writer follows f63eea3's converter --

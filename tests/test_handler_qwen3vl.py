@@ -15,9 +15,9 @@ from compatfs.handlers.qwen3vl import FrameOfPatchEmbedding, MRopeSections, deep
 from compatfs.testing.qwen3vl import legacy_qwen3vl_moe
 from compatfs.testing.store import add_model
 
-from compare import assert_same_tensors, kvs
-from chat import assert_completes_and_sees
-from conftest import SHARED, needs_fuse, needs_shared
+from compare import assert_same_gguf, assert_same_tensors, kvs
+from chat import assert_only_the_views_load
+from conftest import SHARED, needs_fuse, needs_shared, one_model_store
 from xlc_client import run_job
 
 BLOB = SHARED / "ollama/qwen3_vl_legacy.gguf"
@@ -26,11 +26,7 @@ MODEL = "qwen3-vl:2b"
 SECTIONS = "qwen3vl.rope.dimension_sections"
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    root = tmp_path_factory.mktemp("qwen3vl") / "store"
-    add_model(root, "qwen3-vl", BLOB, tag="2b")
-    return root
+store = one_model_store("qwen3-vl", "2b", BLOB)
 
 
 @needs_fuse
@@ -60,25 +56,20 @@ def test_text_view_equals_llama_cpp_conversion(store, mount_store):
 def test_projector_view_equals_llama_cpp_conversion(store, mount_store):
     m = mount_store(store)
     mounted, upstream = m / MODEL / "mmproj.gguf", UPSTREAM / "mmproj.gguf"
-    # All of them: deepstack mask, image size and feed-forward length from the
-    # tensors, the text model's epsilon.
-    assert kvs(mounted) == kvs(upstream)
-    # Every tensor: QKV merged, patch embedding split per frame, deepstack
-    # mergers numbered by the block they follow, position table F32.
-    assert_same_tensors(mounted, upstream)
-    dtypes = {t.name: t.tensor_type for t in gguf.GGUFReader(mounted).tensors}
-    assert dtypes == {t.name: t.tensor_type for t in gguf.GGUFReader(upstream).tensors}
+    # Every KV: deepstack mask, image size and feed-forward length from the
+    # tensors, the text model's epsilon.  Every tensor: QKV merged, patch
+    # embedding split per frame, deepstack mergers numbered by the block
+    # they follow, position table F32.
+    assert_same_gguf(mounted, upstream)
 
 
 @needs_fuse
 @needs_shared
 def test_loads_in_llama_cpp_through_the_mount(store, mount_store):
     m = mount_store(store)
-    model, mmproj = str(m / MODEL / "model.gguf"), str(m / MODEL / "mmproj.gguf")
-    assert_completes_and_sees(model, mmproj)
-    # Untranslated, the blob loads neither as a model nor as a projector.
-    assert "dimension_sections" in run_job({"model": str(BLOB)})["error"]
-    assert not run_job({"model": str(UPSTREAM / "model.gguf"), "mmproj": str(BLOB)})["ok"]
+    # The views complete and see; untranslated, the blob loads neither as a
+    # model nor as a projector.
+    assert_only_the_views_load(m / MODEL, BLOB, "dimension_sections")
 
 
 def test_mrope_sections_follow_the_head_size():
