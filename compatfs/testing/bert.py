@@ -32,26 +32,15 @@ from __future__ import annotations
 import base64
 import struct
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 import numpy as np
 
-from .core import T, normal, write
+from .core import Dims, T, normal, write
 from .tokenizers import spm_pieces
 
 
-class SnowflakeDims(TypedDict):
-    """The widths and settings of the Snowflake Arctic Embed blob."""
-    n_layer: int
-    n_embd: int
-    n_ff: int
-    n_head: int
-    context_length: int
-    eps: float
-    pooling_type: int
-
-
-SNOWFLAKE: SnowflakeDims = dict(n_layer=2, n_embd=64, n_ff=128, n_head=4, context_length=128, eps=1e-5, pooling_type=2)
+SNOWFLAKE: Dims = dict(n_layer=2, n_embd=64, n_ff=128, n_head=4, context_length=128, eps=1e-5, pooling_type=2)
 CONTROL, UNKNOWN, NORMAL = 3, 2, 1   # tokenizer.ggml.token_type values
 
 # NFKC on a few characters: the no-break space, and U+FF01..U+FF5E (fullwidth ASCII).

@@ -6,27 +6,15 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Iterable, Sequence, TypedDict
+from typing import Any, Iterable, Sequence
 
 import gguf
 import numpy as np
 
 T = gguf.GGMLQuantizationType
+Dims = dict[str, Any]     # a writer's widths and settings, by name
 
 
-class Decoder(TypedDict):
-    """The widths every decoder's writer takes: layers, embedding and
-    feed-forward width, attention and KV heads."""
-    n_layer: int
-    n_embd: int
-    n_ff: int
-    n_head: int
-    n_head_kv: int
-
-
-class HeadedDecoder(Decoder):
-    """A decoder's widths with its head size written apart."""
-    head_dim: int
 V = gguf.GGUFValueType
 
 def kv_type(value: Any) -> tuple[V, V | None]:

@@ -24,41 +24,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 import numpy as np
 
-from .core import T, normal, write
+from .core import Dims, T, normal, write
 from .nemotron import byte_bpe_tokens
 
 
-class DeepseekOcrDims(TypedDict):
-    """The widths and settings of the DeepSeek-OCR blob (text, SAM and CLIP towers)."""
-    n_layer: int
-    n_embd: int
-    n_ff: int
-    n_head: int
-    context_length: int
-    first_dense: int
-    n_expert: int
-    n_expert_used: int
-    n_shared: int
-    moe_ff: int
-    sam_n_layer: int
-    sam_n_embd: int
-    sam_n_head: int
-    sam_window: int
-    sam_grid: int
-    neck: int
-    sam_global: list[int]
-    v_n_layer: int
-    v_n_embd: int
-    v_n_head: int
-    image_size: int
-    patch_size: int
-
-
-DEEPSEEK_OCR: DeepseekOcrDims = dict(
+DEEPSEEK_OCR: Dims = dict(
     n_layer=3, n_embd=64, n_ff=128, n_head=4, context_length=8192, first_dense=1,
     n_expert=4, n_expert_used=2, n_shared=2, moe_ff=32,
     # SAM ViT-B (768 wide, 12 blocks, neck to 256, nets to 512 and 1024 in the real model)
@@ -80,7 +54,7 @@ def _linear(rng, pre: str, n_out: int, n_in: int, std: float = 0.1) -> dict[str,
     return {pre + ".weight": (normal(rng, (n_out, n_in), std), T.BF16), pre + ".bias": (normal(rng, (n_out,), 0.02), T.F32)}
 
 
-def _text_tensors(rng, p: DeepseekOcrDims, n_vocab: int) -> dict[str, tuple[np.ndarray, T]]:
+def _text_tensors(rng, p: Dims, n_vocab: int) -> dict[str, tuple[np.ndarray, T]]:
     E, F, X, f, S = p["n_embd"], p["n_ff"], p["n_expert"], p["moe_ff"], p["n_shared"] * p["moe_ff"]
     t: dict[str, tuple[np.ndarray, T]] = {
         "token_embd.weight": (normal(rng, (n_vocab, E), 0.05), T.BF16),
@@ -108,7 +82,7 @@ def _text_tensors(rng, p: DeepseekOcrDims, n_vocab: int) -> dict[str, tuple[np.n
     return t
 
 
-def _sam_tensors(rng, p: DeepseekOcrDims) -> dict[str, tuple[np.ndarray, T]]:
+def _sam_tensors(rng, p: Dims) -> dict[str, tuple[np.ndarray, T]]:
     C, G, N, hd, W = p["sam_n_embd"], p["sam_grid"], p["neck"], p["sam_n_embd"] // p["sam_n_head"], p["sam_window"]
     t: dict[str, tuple[np.ndarray, T]] = {
         "s.patch_embd.weight": (normal(rng, (C, 3, 16, 16), 0.02), T.BF16),
@@ -137,7 +111,7 @@ def _sam_tensors(rng, p: DeepseekOcrDims) -> dict[str, tuple[np.ndarray, T]]:
     return t
 
 
-def _clip_tensors(rng, p: DeepseekOcrDims) -> dict[str, tuple[np.ndarray, T]]:
+def _clip_tensors(rng, p: Dims) -> dict[str, tuple[np.ndarray, T]]:
     VE, P = p["v_n_embd"], p["patch_size"]
     n_pos = (p["image_size"] // P) ** 2 + 1
     t: dict[str, tuple[np.ndarray, T]] = {

@@ -39,24 +39,11 @@ from typing import Any
 import gguf
 import numpy as np
 
-from .core import T, normal, write
-from .gemma3 import Gemma3Hparams, gemma3_hparams, gemma3_tokens
+from .core import Dims, T, normal, write
+from .gemma3 import gemma3_hparams, gemma3_tokens
 
 
-class EmbeddingGemmaDims(Gemma3Hparams):
-    """The widths, settings and special tokens of the EmbeddingGemma blob."""
-    n_dense: int
-    rope_base: float
-    rope_local: float
-    eps: float
-    pooling_type: int
-    bos: int
-    eos: int
-    pad: int
-    unk: int
-
-
-EMBEDDINGGEMMA: EmbeddingGemmaDims = dict(
+EMBEDDINGGEMMA: Dims = dict(
     n_layer=6, n_embd=96, n_ff=144, n_head=3, n_head_kv=1, head_dim=32, n_dense=384,
     context_length=2048, sliding_window=512, rope_base=1_000_000.0, rope_local=10_000.0,
     eps=1e-6, pooling_type=1, bos=2, eos=1, pad=0, unk=3,

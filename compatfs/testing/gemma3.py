@@ -22,30 +22,11 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .core import HeadedDecoder, T, normal, write
+from .core import Dims, T, normal, write
 from .tokenizers import byte_tokens, spm_pieces
 
 
-class Gemma3Hparams(HeadedDecoder):
-    """The widths every Gemma 3 converter writes as text hyperparameters (`gemma3_hparams`)."""
-    context_length: int
-    sliding_window: int
-
-
-class Gemma3TextDims(Gemma3Hparams):
-    """The widths, settings and special tokens of the Gemma 3 text blob."""
-    rope_global: float
-    rope_local: float
-    final_logit_softcapping: float
-    bos: int
-    eos: int
-    pad: int
-    unk: int
-    start_of_turn: int
-    end_of_turn: int
-
-
-GEMMA3_TEXT: Gemma3TextDims = dict(
+GEMMA3_TEXT: Dims = dict(
     n_layer=4, n_embd=64, n_ff=128, n_head=4, n_head_kv=1, head_dim=16,
     context_length=32768, sliding_window=512, rope_global=1_000_000.0, rope_local=10_000.0,
     final_logit_softcapping=30.0,
@@ -53,21 +34,7 @@ GEMMA3_TEXT: Gemma3TextDims = dict(
 )
 
 
-class Gemma3VisionDims(Gemma3Hparams):
-    """The widths and settings of the Gemma 3 vision blob (text and vision towers)."""
-    n_vocab: int
-    tokens_per_image: int
-    v_n_layer: int
-    v_n_embd: int
-    v_n_ff: int
-    v_n_head: int
-    v_eps: float
-    image_size: int
-    patch_size: int
-    num_channels: int
-
-
-GEMMA3_VISION: Gemma3VisionDims = dict(
+GEMMA3_VISION: Dims = dict(
     # 34 blocks: the only way Ollama's converter writes non-zero head counts for a
     # Gemma3ForConditionalGeneration checkpoint (table keyed on 34/48/62 blocks).
     n_layer=34, n_embd=64, n_ff=128, n_head=8, n_head_kv=4, head_dim=16,
@@ -107,7 +74,7 @@ def _gemma_norm(rng: np.random.Generator, n: int) -> np.ndarray:
     return (1.0 + normal(rng, (n,), 0.05)).astype(np.float32)
 
 
-def _gemma3_text_tensors(rng: np.random.Generator, p: Gemma3Hparams, n_vocab: int) -> dict[str, tuple[np.ndarray, T]]:
+def _gemma3_text_tensors(rng: np.random.Generator, p: Dims, n_vocab: int) -> dict[str, tuple[np.ndarray, T]]:
     E, F, hd = p["n_embd"], p["n_ff"], p["head_dim"]
     q, kv = p["n_head"] * hd, p["n_head_kv"] * hd
     emb = normal(rng, (n_vocab, E), 0.05)
@@ -135,8 +102,9 @@ def _gemma3_text_tensors(rng: np.random.Generator, p: Gemma3Hparams, n_vocab: in
 
 
 def gemma3_hparams(p: Mapping[str, Any]) -> dict[str, Any]:
-    """The text hyperparameter KVs every Ollama gemma3 converter wrote, from the
-    `Gemma3Hparams` keys of `p` (a table here, or values read from a blob)."""
+    """The text hyperparameter KVs every Ollama gemma3 converter wrote, from
+    `p`'s layer count, widths, head counts, context length and sliding
+    window (a table here, or values read from a blob)."""
     return {
         "general.file_type": 1,
         "general.quantization_version": 2,

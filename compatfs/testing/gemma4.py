@@ -28,32 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from .core import HeadedDecoder, T, normal, write
+from .core import Dims, T, normal, write
 from .tokenizers import byte_tokens, spm_pieces
 
 
-class Gemma4MoeDims(HeadedDecoder):
-    """The widths and settings of the Gemma 4 MoE blob (text and vision towers)."""
-    head_dim_swa: int
-    n_expert: int
-    n_expert_used: int
-    n_ff_exp: int
-    context_length: int
-    sliding_window: int
-    rope_base: float
-    rope_base_swa: float
-    partial_rotary: float
-    softcap: float
-    v_n_layer: int
-    v_n_embd: int
-    v_n_ff: int
-    v_n_head: int
-    v_head_dim: int
-    patch_size: int
-    n_positions: int
-
-
-GEMMA4_MOE: Gemma4MoeDims = dict(
+GEMMA4_MOE: Dims = dict(
     n_layer=4, n_embd=64, n_ff=128, n_head=4, n_head_kv=2, head_dim_swa=16, head_dim=32,
     n_expert=4, n_expert_used=2, n_ff_exp=32, context_length=131072, sliding_window=512,
     rope_base=1_000_000.0, rope_base_swa=10_000.0, partial_rotary=0.25, softcap=30.0,

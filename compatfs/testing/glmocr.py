@@ -35,36 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from .core import HeadedDecoder, T, normal, write
+from .core import Dims, T, normal, write
 from .tokenizers import byte_level_merges, bytes_to_unicode
 
 
-class GlmOcrDims(HeadedDecoder):
-    """The widths and settings of the GLM-OCR blob (text and vision configs)."""
-    context_length: int
-    rms_eps: float
-    rope_theta: float
-    partial_rotary_factor: float
-    mrope_section: list[int]
-    n_pad: int
-    v_n_layer: int
-    v_n_embd: int
-    v_n_head: int
-    v_n_ff: int
-    v_eps: float
-    image_size: int
-    patch_size: int
-    spatial_merge_size: int
-    temporal_patch_size: int
-    out_hidden_size: int
-    merger_ff: int
-    min_pixels: int
-    max_pixels: int
-    image_mean: list[float]
-    image_std: list[float]
-
-
-GLMOCR: GlmOcrDims = dict(
+GLMOCR: Dims = dict(
     # text_config (2 layers; the checkpoint's MTP layer is not written)
     n_layer=2, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_ff=128, context_length=131072,
     rms_eps=1e-5, rope_theta=10000.0, partial_rotary_factor=1.0, mrope_section=[2, 3, 3], n_pad=6,
@@ -194,7 +169,7 @@ def legacy_glmocr(path: Path, seed: int = 0) -> Path:
     return write(path, "glmocr", kvs, ts, ollama_order=True)
 
 
-def _vision_tensors(rng: np.random.Generator, p: GlmOcrDims) -> dict[str, tuple[np.ndarray, T]]:
+def _vision_tensors(rng: np.random.Generator, p: Dims) -> dict[str, tuple[np.ndarray, T]]:
     VE, VF, P, OUT, M = p["v_n_embd"], p["v_n_ff"], p["patch_size"], p["out_hidden_size"], p["spatial_merge_size"]
     d_head = VE // p["v_n_head"]
     patch = normal(rng, (VE, 3, p["temporal_patch_size"], P, P), 0.05)     # HF Conv3D [out, C, T, P, P]

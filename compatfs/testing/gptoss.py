@@ -31,24 +31,13 @@ from typing import Any
 import gguf
 import numpy as np
 
-from .core import HeadedDecoder, T, kv_type, normal, ollama_tensor_order
+from .core import Dims, T, kv_type, normal, ollama_tensor_order
 from .tokenizers import byte_level_merges, bytes_to_unicode
 
 OLLAMA_MXFP4 = 4    # ggml type number of MXFP4 in Ollama's converter before 59412fbb4
 
 
-class GptOssDims(HeadedDecoder):
-    """The widths and settings of the gpt-oss blobs."""
-    n_expert: int
-    n_expert_used: int
-    context_length: int
-    original_context: int
-    sliding_window: int
-    rope_base: float
-    rope_factor: float
-
-
-GPTOSS: GptOssDims = dict(
+GPTOSS: Dims = dict(
     n_layer=2, n_embd=64, n_ff=96, n_head=4, n_head_kv=2, head_dim=16, n_expert=4, n_expert_used=2,
     context_length=131072, original_context=4096, sliding_window=128, rope_base=150000.0, rope_factor=32.0,
 )

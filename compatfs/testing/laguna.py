@@ -23,39 +23,15 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 import numpy as np
 
-from .core import T, normal, write
+from .core import Dims, T, normal, write
 from .qwen3next import small_bpe_tokens
 
 
-class LagunaDims(TypedDict):
-    """The widths, per-layer heads and settings of the Laguna blob."""
-    n_layer: int
-    n_embd: int
-    n_ff: int
-    heads: tuple[int, ...]
-    n_head_kv: int
-    head_dim: int
-    rms_eps: float
-    context_length: int
-    sliding_window: int
-    layer_types: tuple[str, ...]
-    n_expert: int
-    n_expert_used: int
-    n_ff_exp: int
-    n_ff_shexp: int
-    routed_scaling: float
-    rope_theta: float
-    rope_factor: float
-    rope_original_context: int
-    rope_partial: float
-    swa_rope_theta: float
-
-
-LAGUNA: LagunaDims = dict(
+LAGUNA: Dims = dict(
     n_layer=4, n_embd=64, n_ff=128, heads=(4, 8, 8, 8), n_head_kv=2, head_dim=16, rms_eps=1e-6,
     context_length=4096, sliding_window=64, layer_types=("full_attention",) + ("sliding_attention",) * 3,
     n_expert=4, n_expert_used=2, n_ff_exp=32, n_ff_shexp=32, routed_scaling=2.5,

@@ -13,20 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from .core import Decoder, T, normal, write
+from .core import Dims, T, normal, write
 from .tokenizers import byte_level_merges, bytes_to_unicode, llama_spm_tokens
 
 
-class Llama3Dims(Decoder):
-    """The widths and settings of the Llama 3 instruct blob."""
-    context_length: int
-    rope_freq_base: float
-    rms_eps: float
-    n_vocab: int
-    n_base: int
-
-
-LLAMA3: Llama3Dims = dict(
+LLAMA3: Dims = dict(
     n_layer=2, n_embd=16, n_ff=32, n_head=2, n_head_kv=1, context_length=8192,
     rope_freq_base=500000.0, rms_eps=1e-5, n_vocab=128256, n_base=128000,
 )
@@ -38,17 +29,7 @@ LLAMA3_EOT_ID = 128009
 LLAMA3_N_VOCAB = 128256
 
 
-class PlainLlamaDims(Decoder):
-    """The widths, settings and special tokens of the plain SentencePiece llama."""
-    context_length: int
-    rope_freq_base: float
-    rms_eps: float
-    bos: int
-    eos: int
-    unk: int
-
-
-PLAIN_LLAMA: PlainLlamaDims = dict(
+PLAIN_LLAMA: Dims = dict(
     n_layer=2, n_embd=64, n_ff=128, n_head=4, n_head_kv=4, context_length=4096,
     rope_freq_base=10000.0, rms_eps=1e-5, bos=1, eos=2, unk=0,
 )

@@ -34,53 +34,15 @@ from __future__ import annotations
 import functools
 import math
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 import numpy as np
 
-from .core import T, normal, write
+from .core import Dims, T, normal, write
 from .tokenizers import byte_level_merges, bytes_to_unicode
 
 
-class RopeScaling(TypedDict):
-    """Llama 4 Scout's rope scaling."""
-    factor: float
-    low_freq_factor: float
-    high_freq_factor: float
-    original: int
-
-
-class Llama4Dims(TypedDict):
-    """The widths and settings of the Llama 4 blob (text and vision configs)."""
-    n_layer: int
-    n_embd: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    n_ff_mlp: int
-    n_ff_exp: int
-    n_expert: int
-    n_expert_used: int
-    moe_step: int
-    chunk: int
-    context_length: int
-    rope_theta: float
-    rms_eps: float
-    n_pad: int
-    rope_scaling: RopeScaling
-    v_n_layer: int
-    v_n_embd: int
-    v_n_ff: int
-    v_n_head: int
-    image_size: int
-    patch_size: int
-    v_eps: float
-    v_rope_theta: float
-    pixel_shuffle_ratio: float
-    projector_dim: int
-
-
-LLAMA4: Llama4Dims = dict(
+LLAMA4: Dims = dict(
     # text_config: 4 layers, every second a MoE layer (interleave step 2, as Maverick); four,
     # because llama.cpp's Llama 4 graph feeds its attention-temperature input only to every
     # fourth layer (the ones without rope) and aborts on a model that has none
@@ -246,7 +208,7 @@ def legacy_llama4(path: Path, seed: int = 0) -> Path:
     return write(path, "llama4", kvs, ts, ollama_order=True)
 
 
-def _vision_tensors(rng: np.random.Generator, p: Llama4Dims) -> dict[str, tuple[np.ndarray, T]]:
+def _vision_tensors(rng: np.random.Generator, p: Dims) -> dict[str, tuple[np.ndarray, T]]:
     VE, VF, P, Q = p["v_n_embd"], p["v_n_ff"], p["patch_size"], p["projector_dim"]
     n_pos = (p["image_size"] // P) ** 2 + 1                      # patches and the class token
     ts: dict[str, tuple[np.ndarray, T]] = {

@@ -8,31 +8,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 import numpy as np
 
-from .core import T, normal, write
+from .core import Dims, T, normal, write
 from .llama import PLAIN_LLAMA
 
 
-class LlavaDims(TypedDict):
-    """The widths and settings of the LLaVA projector blob."""
-    v_n_layer: int
-    v_n_embd: int
-    v_n_ff: int
-    v_n_head: int
-    v_eps: float
-    image_size: int
-    patch_size: int
-    clip_projection_dim: int
-    mm_hidden: int
-    n_embd_out: int
-    image_mean: list[float]
-    image_std: list[float]
-
-
-LLAVA: LlavaDims = dict(
+LLAVA: Dims = dict(
     # HF CLIP vision tower with 3 layers; the legacy script pops the last one -> 2.
     v_n_layer=2, v_n_embd=32, v_n_ff=64, v_n_head=2, v_eps=1e-5,
     image_size=56, patch_size=14, clip_projection_dim=24,   # CLIP's own visual projection, unused by LLaVA

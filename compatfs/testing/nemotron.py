@@ -28,38 +28,15 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 import numpy as np
 
-from .core import T, normal, write
+from .core import Dims, T, normal, write
 from .tokenizers import byte_level_merges, bytes_to_unicode
 
 
-class NemotronHDims(TypedDict):
-    """The layer pattern, widths and settings of the Nemotron-H text model."""
-    pattern: str
-    n_embd: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    context_length: int
-    ssm_heads: int
-    ssm_head_dim: int
-    ssm_state: int
-    ssm_groups: int
-    conv_kernel: int
-    n_expert: int
-    n_expert_used: int
-    moe_ff: int
-    shexp_ff: int
-    latent: int
-    eps: float
-    rope_theta: float
-    routed_scaling: float
-
-
-NEMOTRON_H: NemotronHDims = dict(
+NEMOTRON_H: Dims = dict(
     pattern="ME*E", n_embd=64, n_head=4, n_head_kv=2, head_dim=16, context_length=8192,
     ssm_heads=8, ssm_head_dim=16, ssm_state=16, ssm_groups=2, conv_kernel=4,
     n_expert=4, n_expert_used=2, moe_ff=32, shexp_ff=64, latent=32, eps=1e-5,
@@ -67,23 +44,7 @@ NEMOTRON_H: NemotronHDims = dict(
 )
 
 
-class RadioDims(TypedDict):
-    """The widths and settings of the RADIO vision tower."""
-    v_n_layer: int
-    v_n_embd: int
-    v_n_head: int
-    patch_size: int
-    image_size: int
-    registers: int
-    source_side: int
-    scale_factor: int
-    proj_hidden: int
-    max_tiles: int
-    image_mean: list[float]
-    image_std: list[float]
-
-
-RADIO: RadioDims = dict(
+RADIO: Dims = dict(
     v_n_layer=2, v_n_embd=64, v_n_head=4, patch_size=16, image_size=64, registers=2,
     source_side=8, scale_factor=2, proj_hidden=128, max_tiles=12,
     image_mean=[0.48145466, 0.4578275, 0.40821073], image_std=[0.26862954, 0.26130258, 0.27577711],
@@ -132,7 +93,7 @@ def _tokenizer_kvs() -> dict[str, Any]:
     }
 
 
-def _text_kvs(arch: str, p: NemotronHDims, latent: bool) -> dict[str, Any]:
+def _text_kvs(arch: str, p: Dims, latent: bool) -> dict[str, Any]:
     pattern = p["pattern"]
     kv = {
         "block_count": len(pattern), "context_length": p["context_length"], "embedding_length": p["n_embd"],
@@ -152,7 +113,7 @@ def _text_kvs(arch: str, p: NemotronHDims, latent: bool) -> dict[str, Any]:
     return {f"{arch}.{k}": v for k, v in kv.items()}
 
 
-def _moe_tensors(rng, pre: str, p: NemotronHDims, latent: bool, merged: bool = True) -> dict[str, tuple[np.ndarray, T]]:
+def _moe_tensors(rng, pre: str, p: Dims, latent: bool, merged: bool = True) -> dict[str, tuple[np.ndarray, T]]:
     E, X, F, S = p["n_embd"], p["n_expert"], p["moe_ff"], p["shexp_ff"]
     inner = p["latent"] if latent else E
     t = {
@@ -175,7 +136,7 @@ def _moe_tensors(rng, pre: str, p: NemotronHDims, latent: bool, merged: bool = T
     return t
 
 
-def _attention_tensors(rng, pre: str, p: NemotronHDims) -> dict[str, tuple[np.ndarray, T]]:
+def _attention_tensors(rng, pre: str, p: Dims) -> dict[str, tuple[np.ndarray, T]]:
     E, q, kv = p["n_embd"], p["n_head"] * p["head_dim"], p["n_head_kv"] * p["head_dim"]
     return {
         pre + "attn_norm.weight": (1.0 + normal(rng, (E,), 0.05), T.F32),
@@ -186,7 +147,7 @@ def _attention_tensors(rng, pre: str, p: NemotronHDims) -> dict[str, tuple[np.nd
     }
 
 
-def _text_tensors(rng, p: NemotronHDims, latent: bool, mtp: bool) -> dict[str, tuple[np.ndarray, T]]:
+def _text_tensors(rng, p: Dims, latent: bool, mtp: bool) -> dict[str, tuple[np.ndarray, T]]:
     E, H = p["n_embd"], p["ssm_heads"]
     inner, gs = H * p["ssm_head_dim"], p["ssm_groups"] * p["ssm_state"]
     n_vocab = len(nemotron_tokens()[0])
@@ -241,7 +202,7 @@ def legacy_nemotron_h_moe(path: Path, seed: int = 0, *, latent: bool = True, mtp
     return write(path, "nemotron_h_moe", kvs, _text_tensors(rng, p, latent, mtp), ollama_order=True)
 
 
-def _vision_tensors(rng, p: RadioDims, n_embd_text: int) -> dict[str, tuple[np.ndarray, T]]:
+def _vision_tensors(rng, p: Dims, n_embd_text: int) -> dict[str, tuple[np.ndarray, T]]:
     VE, P, R = p["v_n_embd"], p["patch_size"], p["registers"]
     merged = VE * p["scale_factor"] ** 2
     t: dict[str, tuple[np.ndarray, T]] = {

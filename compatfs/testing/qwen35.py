@@ -34,34 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from .core import T, normal, write
-from .qwen3vl import QwenVisionDims, _norm, attention_tensors, qwen_tokenizer_kvs, qwen_tokens, vision_kvs, vision_tensors
+from .core import Dims, T, normal, write
+from .qwen3vl import _norm, attention_tensors, qwen_tokenizer_kvs, qwen_tokens, vision_kvs, vision_tensors
 
 
-class Qwen35MoeDims(QwenVisionDims):
-    """The widths and settings of the Qwen3.5 MoE blob (text and vision towers)."""
-    n_layer: int
-    full_attention_interval: int
-    n_embd: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    partial_rotary: float
-    sections: list[int]
-    n_expert: int
-    n_expert_used: int
-    n_ff_exp: int
-    n_ff_shexp: int
-    context_length: int
-    rope_freq_base: float
-    rms_eps: float
-    ssm_conv: int
-    ssm_k_heads: int
-    ssm_v_heads: int
-    ssm_head_dim: int
-
-
-QWEN35_MOE: Qwen35MoeDims = dict(
+QWEN35_MOE: Dims = dict(
     n_layer=4, full_attention_interval=4, n_embd=64, n_head=4, n_head_kv=2, head_dim=32, partial_rotary=0.25,
     sections=[2, 1, 1], n_expert=4, n_expert_used=2, n_ff_exp=32, n_ff_shexp=32,
     context_length=262144, rope_freq_base=10_000_000.0, rms_eps=1e-6,

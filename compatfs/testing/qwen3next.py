@@ -32,29 +32,11 @@ from typing import Any
 import numpy as np
 from gguf import quants
 
-from .core import HeadedDecoder, T, normal, write
+from .core import Dims, T, normal, write
 from .tokenizers import byte_level_merges, bytes_to_unicode
 
 
-class Qwen3NextDims(HeadedDecoder):
-    """The widths and settings of the Qwen3-Next blobs."""
-    partial_rotary: float
-    context_length: int
-    rope_theta: float
-    rms_eps: float
-    full_attention_interval: int
-    n_expert: int
-    n_expert_used: int
-    n_ff_exp: int
-    n_ff_shexp: int
-    conv_kernel: int
-    k_head_dim: int
-    n_k_heads: int
-    n_v_heads: int
-    v_head_dim: int
-
-
-QWEN3NEXT: Qwen3NextDims = dict(
+QWEN3NEXT: Dims = dict(
     n_layer=4, n_embd=64, n_ff=128, n_head=4, n_head_kv=2, head_dim=16, partial_rotary=0.25,
     context_length=4096, rope_theta=10_000_000.0, rms_eps=1e-6, full_attention_interval=4,
     n_expert=4, n_expert_used=2, n_ff_exp=32, n_ff_shexp=32,
@@ -98,7 +80,7 @@ def _tokenizer_kvs(pre: str) -> dict[str, Any]:
     }
 
 
-def _hparams(arch: str, p: Qwen3NextDims) -> dict[str, Any]:
+def _hparams(arch: str, p: Dims) -> dict[str, Any]:
     a = arch + "."
     kvs = {
         "general.file_type": 1,
@@ -128,7 +110,7 @@ def _hparams(arch: str, p: Qwen3NextDims) -> dict[str, Any]:
     return kvs
 
 
-def _is_attention(p: Qwen3NextDims, i: int) -> bool:
+def _is_attention(p: Dims, i: int) -> bool:
     return (i + 1) % p["full_attention_interval"] == 0
 
 
@@ -136,7 +118,7 @@ def bf16_values(a: np.ndarray) -> np.ndarray:
     return quants.dequantize(quants.quantize(a, T.BF16), T.BF16).reshape(a.shape)
 
 
-def _tensors(rng: np.random.Generator, p: Qwen3NextDims, n_vocab: int, *, dt: str, shexp_gate_2d: bool) -> dict:
+def _tensors(rng: np.random.Generator, p: Dims, n_vocab: int, *, dt: str, shexp_gate_2d: bool) -> dict:
     E, hd = p["n_embd"], p["head_dim"]
     key_dim, value_dim = p["k_head_dim"] * p["n_k_heads"], p["v_head_dim"] * p["n_v_heads"]
     X, FX, FS = p["n_expert"], p["n_ff_exp"], p["n_ff_shexp"]

@@ -29,37 +29,15 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 import numpy as np
 
-from .core import HeadedDecoder, T, normal, write
+from .core import Dims, T, normal, write
 from .tokenizers import byte_level_merges, bytes_to_unicode
 
 
-class QwenVisionDims(TypedDict):
-    """The widths of the vision tower Qwen3-VL and Qwen3.5 write alike (`vision_kvs`, `vision_tensors`)."""
-    v_n_layer: int
-    v_n_embd: int
-    v_n_ff: int
-    v_n_head: int
-    patch_size: int
-    merge: int
-    n_pos: int
-
-
-class Qwen3VlMoeDims(QwenVisionDims, HeadedDecoder):
-    """The widths and settings of the Qwen3-VL MoE blob (text and vision towers)."""
-    n_expert: int
-    n_expert_used: int
-    n_ff_exp: int
-    context_length: int
-    rope_freq_base: float
-    rms_eps: float
-    deepstack: list[int]
-
-
-QWEN3VL_MOE: Qwen3VlMoeDims = dict(
+QWEN3VL_MOE: Dims = dict(
     n_layer=3, n_embd=64, n_ff=128, n_head=4, n_head_kv=2, head_dim=16, n_expert=4, n_expert_used=2,
     n_ff_exp=32, context_length=262144, rope_freq_base=5_000_000.0, rms_eps=1e-6,
     v_n_layer=3, v_n_embd=64, v_n_ff=128, v_n_head=4, patch_size=16, merge=2, n_pos=64,
@@ -137,7 +115,7 @@ def _norm(rng: np.random.Generator, n: int) -> np.ndarray:
     return (1.0 + normal(rng, (n,), 0.05)).astype(np.float32)
 
 
-def vision_kvs(prefix: str, p: QwenVisionDims, deepstack: list[int]) -> dict[str, Any]:
+def vision_kvs(prefix: str, p: Dims, deepstack: list[int]) -> dict[str, Any]:
     """The `vision.*` KVs both Qwen3-VL and Qwen3.5 converters write."""
     return {
         f"{prefix}.vision.block_count": p["v_n_layer"],
@@ -157,7 +135,7 @@ def vision_kvs(prefix: str, p: QwenVisionDims, deepstack: list[int]) -> dict[str
     }
 
 
-def vision_tensors(rng: np.random.Generator, p: QwenVisionDims, out_embd: int, deepstack: list[int]
+def vision_tensors(rng: np.random.Generator, p: Dims, out_embd: int, deepstack: list[int]
                    ) -> dict[str, tuple[np.ndarray, T]]:
     """Qwen3-VL's vision tower as the converter wrote it (numpy, HF order)."""
     VE, VF, P, M = p["v_n_embd"], p["v_n_ff"], p["patch_size"], p["merge"]
