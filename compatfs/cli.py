@@ -357,7 +357,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="MODEL as ollama names it (gemma3:4b, hf.co/org/repo:tag)")
     p.add_argument("--source", help="an Ollama store, or a folder of GGUF files (default as for mount)")
     p.add_argument("--mount", metavar="MOUNTPOINT",
-                   help="where llama-server sees the mount (default: the compatfs mount that shows MODEL)")
+                   help="where llama-server sees the mount (default: the compatfs mount that shows MODEL; "
+                        "a mount that does not answer within 2 s is left out)")
 
 
 def mount_helper(argv: list[str] | None = None) -> int:
