@@ -93,21 +93,39 @@ from compatfs.view import View  # noqa: E402
 CHUNK = 1 << 20
 
 
-def read_all(path: Path) -> float:
-    """Seconds to read `path` sequentially in 1 MiB reads."""
+def read_bounded(path: Path, timeout: float) -> float | None:
+    """Seconds to read `path` sequentially in 1 MiB reads; None when that
+    takes longer than `timeout` (checked between reads)."""
     buf = bytearray(CHUNK)
     t = time.perf_counter()
     with open(path, "rb", buffering=0) as f:
         while f.readinto(buf):
-            pass
+            if time.perf_counter() - t > timeout:
+                return None
     return time.perf_counter() - t
 
 
-def rss_mib(pid: int) -> float:
+def read_all(path: Path) -> float:
+    """Seconds to read `path` sequentially in 1 MiB reads."""
+    seconds = read_bounded(path, float("inf"))
+    assert seconds is not None
+    return seconds
+
+
+def _status_mib(pid: int, field: str) -> float:
+    """A memory figure of /proc/<pid>/status (`VmRSS`, `VmHWM`) in MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def rss_mib(pid: int) -> float:
+    return _status_mib(pid, "VmRSS")
+
+
+def peak_rss_mib(pid: int) -> float:
+    return _status_mib(pid, "VmHWM")
 
 
 def wait_mounted(path: Path, proc: subprocess.Popen) -> None:
@@ -951,25 +969,6 @@ def widths_blob(form: str) -> tuple[Path, bool]:
     tmp.rename(path)
     os.sync()
     return path, False
-
-
-def read_bounded(path: Path, timeout: float) -> float | None:
-    """Seconds to read `path` sequentially in 1 MiB reads; None when that
-    takes longer than `timeout` (checked between reads)."""
-    buf = bytearray(CHUNK)
-    t = time.perf_counter()
-    with open(path, "rb", buffering=0) as f:
-        while f.readinto(buf):
-            if time.perf_counter() - t > timeout:
-                return None
-    return time.perf_counter() - t
-
-
-def peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def cpu_seconds(pid: int) -> float:
