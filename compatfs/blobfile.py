@@ -19,6 +19,7 @@ the bytes asked for or raises.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import stat
@@ -48,12 +49,18 @@ def keep_out(mountpoint: str | os.PathLike) -> None:
     os.environ[KEEP_OUT_ENV] = json.dumps(list(dict.fromkeys(kept)))
 
 
-def _kept_out() -> list[str]:
+def _kept_out() -> tuple[str, ...]:
+    return _parse_kept(os.environ.get(KEEP_OUT_ENV) or "[]")
+
+
+@functools.lru_cache(maxsize=4)
+def _parse_kept(raw: str) -> tuple[str, ...]:
+    """The mounts of a `KEEP_OUT_ENV` value (parsed once per value: every walk reads it)."""
     try:
-        kept = json.loads(os.environ.get(KEEP_OUT_ENV) or "[]")
+        kept = json.loads(raw)
     except ValueError:
-        return []
-    return [m for m in kept if isinstance(m, str)] if isinstance(kept, list) else []
+        return ()
+    return tuple(m for m in kept if isinstance(m, str)) if isinstance(kept, list) else ()
 
 
 def identity(st: os.stat_result) -> Stamp:
@@ -88,7 +95,7 @@ def _require(caller: Caller, fd: int, st: os.stat_result, bit: int, where: str) 
         raise Denied(f"{where}: uid {caller.uid} may not {'read' if bit == READ else 'search'} it")
 
 
-def _inside_mount(path: str, kept: list[str]) -> str | None:
+def _inside_mount(path: str, kept: tuple[str, ...]) -> str | None:
     return next((m for m in kept if path == m or path.startswith(m.rstrip("/") + "/")), None)
 
 

@@ -225,11 +225,7 @@ class OpenFiles:
         if handle is None:
             raise fuse.FuseOSError(errno.EBADF)
         if not handle.failed:
-            try:
-                intact = unchanged(handle.view.stamp, os.fstat(handle.file.fd))
-            except OSError:
-                intact = False
-            if intact:
+            if handle.file.intact():      # its stamp is the view's (`open_view` serves no other)
                 return handle
             handle.failed = True
             log.error("blob %s changed under an open file (size, modification or change time): reads of %s fail "
