@@ -39,7 +39,6 @@ class Attributes:
 
     def __init__(self, tree: Tree, store: Presented, files: OpenFiles):
         self.tree = tree
-        self.root = tree.source.root
         self._store = store
         self._files = files
 

@@ -42,7 +42,7 @@ def tune_malloc() -> None:
 def serve(store: Source, mnt: Path, *, translate: bool, options: dict, log_file: str | None, verbose: int,
           index: str | None, no_index: bool, op_cache_mb: int, read_ahead_kb: int) -> int:
     """Serve `store` at `mnt` in the foreground until unmounted or signalled;
-    MountError (logged) when the mount fails or the index would be in the store."""
+    MountError when the index would be in the store, and (logged) when the mount fails."""
     tune_malloc()
     from .opcache import OpCache
     from .views import BlobViews

@@ -73,7 +73,6 @@ class CompatFS(fuse.Operations):
                  keep_thread_states: bool = False):
         self.tree = tree
         self._keep_states = keep_thread_states   # libfuse's workers run until unmount (`libfuse.workers_stay`)
-        self._mountpoint = mountpoint
         keep_out(mountpoint)     # nothing is ever looked up through it (a request to this very daemon)
         tree.publish(Path(os.path.abspath(mountpoint)))   # its root shows models.ini, paths under the mountpoint
         self._read_ahead_kb = read_ahead_kb

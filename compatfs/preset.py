@@ -117,6 +117,7 @@ class Published:
     def __init__(self, path: Path):
         self.path = path
         self._written: tuple | None = None    # (text, owner, mode, the file's identity) as last written
+        self._failed: str | None = None       # why the last write failed (logged once)
 
     def update(self, text: str, like: os.stat_result | None) -> bool:
         uid, gid = (like.st_uid, like.st_gid) if like is not None else (os.getuid(), os.getgid())
@@ -137,12 +138,12 @@ class Published:
             finally:
                 os.close(fd)
             os.replace(tmp, self.path)
-            self._written = (text, (uid, gid), mode, _identity(self.path))
+            self._written, self._failed = (text, (uid, gid), mode, _identity(self.path)), None
             return True
         except OSError as e:
-            if self._written != ("failed", str(e)):
+            if self._failed != str(e):
                 log.error("cannot write the mount's %s at %s: %s: not shown", PUBLISHED_FILE, self.path, e)
-            self._written = ("failed", str(e))
+            self._written, self._failed = None, str(e)
             return False
 
     def remove(self) -> None:
@@ -150,13 +151,13 @@ class Published:
             os.unlink(self.path)
         except OSError:
             pass
-        self._written = None
+        self._written = self._failed = None
 
     def withdraw(self) -> None:
         """Remove the file when it is still the one last written here (a
         later mount at the same mountpoint, made while this one was detached
         lazily, has written its own)."""
-        if self._written is not None and len(self._written) == 4 and self._written[3] == _identity(self.path):
+        if self._written is not None and self._written[3] == _identity(self.path):
             self.remove()
 
 
