@@ -16,7 +16,7 @@ from gguf import TokenType as TT
 
 from .gguf_source import SourceGGUF
 from .gguf_values import VT, GGUFError, Value, array, u32
-from .kv_reads import describe, finite, integer_array, is_integer_array, whole
+from .kv_reads import describe, finite, integer_array, is_integer_array, layers_held, whole
 from .predicates import ALWAYS, Pred
 
 KVs = dict[str, Value]
@@ -184,9 +184,7 @@ class ZeroPerLayer(KVEdit):
         if value is None or value.vtype != VT.ARRAY:
             return
         per_layer = integer_array(self.key, value).copy()
-        for i in range(len(per_layer)):
-            if self.tensor.format(i) not in src.tensors:
-                per_layer[i] = 0
+        per_layer[~layers_held(src, self.tensor, len(per_layer))] = 0
         kv[self.key] = value.with_items(per_layer)
 
 

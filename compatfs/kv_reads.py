@@ -9,6 +9,7 @@ from typing import TypeGuard
 
 import numpy as np
 
+from .gguf_source import SourceGGUF
 from .gguf_values import VT, GGUFError, Value
 
 INTEGERS = (VT.UINT8, VT.INT8, VT.UINT16, VT.INT16, VT.UINT32, VT.INT32, VT.UINT64, VT.INT64)
@@ -57,15 +58,16 @@ def integer_array(key: str, value: Value) -> np.ndarray:
     return value.decode()
 
 
-def number_array(key: str, value: Value) -> np.ndarray:
-    """The elements of the numeric array `value` of KV `key`, each finite;
-    GGUFError naming the key for anything else."""
-    if value.element_type not in NUMBERS:
-        raise GGUFError(f"{key} is {describe(value)}, not an array of numbers")
-    items = value.decode()
-    if value.element_type in (VT.FLOAT32, VT.FLOAT64) and not np.isfinite(items).all():
-        raise GGUFError(f"{key} holds a value that is not a finite number")
-    return items
+def layers_held(src: SourceGGUF, tensor: str, n: int) -> np.ndarray:
+    """Of layers 0..n-1, those i for which the blob holds tensor
+    `tensor.format(i)` (a per-layer array's length is read from the header:
+    only the blocks the blob holds are looked at, never n of them)."""
+    held = np.zeros(n, dtype=bool)
+    prefix = tensor.partition("{}")[0]
+    for i in src.block_ids(prefix):
+        if i < n and tensor.format(i) in src.tensors:
+            held[i] = True
+    return held
 
 
 __all__ = [
@@ -75,7 +77,7 @@ __all__ = [
     "finite",
     "is_integer_array",
     "integer_array",
-    "number_array",
+    "layers_held",
     "INTEGERS",
     "NUMBERS",
 ]

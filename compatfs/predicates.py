@@ -7,11 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 from gguf import Keys
 
 from .gguf_source import SourceGGUF
 from .gguf_values import VT
-from .kv_reads import is_integer_array, scalar
+from .kv_reads import is_integer_array, layers_held, scalar
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,8 @@ def per_layer_mismatch(key: str, tensor: str) -> Pred:
         value = s.kvs.get(key)
         if not is_integer_array(value):
             return False
-        return any(n and tensor.format(i) not in s.tensors for i, n in enumerate(value.decode()))
+        counts = np.asarray(value.decode())
+        return bool((counts[~layers_held(s, tensor, len(counts))] != 0).any())
     return Pred(f"{key} counts layers without {tensor}", test)
 
 

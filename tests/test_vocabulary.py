@@ -68,6 +68,23 @@ def test_per_layer_counts():
     assert kv["h"] == array(VT.UINT32, [0, 0])
 
 
+def test_per_layer_zeroing_looks_at_the_blocks_the_blob_holds(blob):
+    """A per-layer array longer than the blocks the blob holds (its length is
+    the header's word) is zeroed where a layer lacks the tensor, and the
+    predicate sees it, the layers taken from the tensors held."""
+    counts = [3] * 100_000
+    blob.kvs[KEY] = array(VT.UINT32, counts)
+    try:
+        assert per_layer_mismatch(KEY, "blk.{}.attn_q.weight")(blob)
+        kv = {KEY: blob.kvs[KEY]}
+        ZeroPerLayer(KEY, "blk.{}.attn_q.weight").apply(kv, blob)      # the blob holds blk.0 only
+        assert kv[KEY] == array(VT.UINT32, [3] + [0] * (len(counts) - 1))
+        blob.kvs[KEY] = kv[KEY]
+        assert not per_layer_mismatch(KEY, "blk.{}.attn_q.weight")(blob)
+    finally:
+        blob.kvs.pop(KEY)
+
+
 def test_reciprocal_and_scaled_numbers():
     edit = Reciprocal("ratio", "scale")
     for ratio, want in ((0.5, 2), (0.25, 4), (1.0, 1), (0.4, None), (0.0, None), (-0.5, None),
