@@ -158,12 +158,18 @@ def cmd_llama_args(args) -> int:
     return 0
 
 
+def _llama_server(named: str | None) -> str:
+    """The llama-server to run: `--llama-server`, else the one in PATH."""
+    exe = named or shutil.which("llama-server")
+    if not exe:
+        raise CliError("llama-server not found in PATH: name it with --llama-server PATH")
+    return exe
+
+
 def cmd_run(args) -> int:
     import shlex
     extra = args.extra
-    exe = args.llama_server or shutil.which("llama-server")
-    if not exe:
-        raise CliError("llama-server not found in PATH: name it with --llama-server PATH")
+    exe = _llama_server(args.llama_server)
     out = _server_args(args)
     for note in out.notes:
         print(f"{PROG}: {note}", file=sys.stderr)
@@ -200,9 +206,7 @@ def cmd_serve(args) -> int:
         published = mnt / PUBLISHED_FILE
         print(published.read_text() if published.is_file() else render(scan_mount(mnt)), end="")
         return 0
-    exe = args.llama_server or shutil.which("llama-server")
-    if not exe:
-        raise CliError("llama-server not found in PATH: name it with --llama-server PATH")
+    exe = _llama_server(args.llama_server)
     preset = mount_file("models", mnt, ".ini")
     return Router(mnt, exe, preset, args.host, args.port, args.extra).run()
 

@@ -19,11 +19,11 @@ from cachetools import LRUCache
 from .blobfile import identity
 from .gguf_source import SourceGGUF
 from .params import Sampling, layer_sampling
-from .translation import Pred, Translation, ViewSpec, plan
+from .translation import ALWAYS, Translation, ViewSpec, plan
 
 # The blob as it is, laid out afresh: what gains the KVs where no handler
 # claims the blob.
-UNCHANGED = Translation("unchanged", Pred("any blob", lambda s: True))
+UNCHANGED = Translation("unchanged", ALWAYS)
 
 _lock = threading.Lock()
 _layers: LRUCache = LRUCache(maxsize=4096)

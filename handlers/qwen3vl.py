@@ -203,7 +203,7 @@ class RenameDeepstack(TensorEdit):
 def qwen_tokenizer() -> tuple:
     """Qwen's tokenizer as llama.cpp's converter writes it: <|endoftext|> is
     BOS (never added), FIM and repository markers control, Ollama's padding
-    rows unused (see `handlers/qwen25vl.py`)."""
+    rows unused (`PadTokensUnused`)."""
     return (
         DefaultTokenId(Keys.Tokenizer.BOS_ID, "<|endoftext|>"),
         Default(Keys.Tokenizer.ADD_BOS, boolean(False)),
