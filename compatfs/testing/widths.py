@@ -14,6 +14,13 @@ data is then streamed from a tile of valid blocks (`_tile`): small normals for
 F32/F16/BF16, MXFP4 blocks of random nibbles with E8M0 scales near 2^-7.  A
 blob of 1-3 GB takes seconds and a few MiB of memory.  The weights load and
 compute (nonsense); they are not the published weights.
+
+Each form is what one Ollama converter wrote (the tiny writer it reuses
+says how): gpt-oss fused, `convert/convert_gptoss.go` from 59412fbb4 to the
+parent of c00fa9cc2; gpt-oss type-4 MXFP4, the same at 4ae4f47b1; Gemma 4's
+older MoE form, `convert/convert_gemma4.go` at c29932c63; Qwen3-VL MoE,
+`convert/convert_qwen3vl.go` at f63eea3d2; GLM-OCR, `convert/convert_glmocr.go`
+at 8f4a00813 (unchanged through f63eea3d2).
 """
 from __future__ import annotations
 
