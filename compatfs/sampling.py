@@ -10,13 +10,12 @@ kept for `compatfs ls`.
 """
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 
 from cachetools import LRUCache
 
-from .blobfile import identity
+from .blobfile import identity, status
 from .gguf_source import SourceGGUF
 from .params import Sampling, layer_sampling
 from .translation import ALWAYS, Translation, ViewSpec, plan
@@ -32,7 +31,7 @@ _layers: LRUCache = LRUCache(maxsize=4096)
 def of_layer(path: Path) -> Sampling:
     """The sampling KVs of the params layer at `path` (read again once it changes)."""
     try:
-        stamp = identity(os.stat(path))
+        stamp = identity(status(path))    # resolved as every store path is (never into the mount)
     except OSError as e:
         return Sampling((), (f"params layer {path.name} cannot be read ({e.strerror}): "
                              "no sampling defaults in model.gguf",))
