@@ -212,12 +212,12 @@ def section(entry: Entry) -> Section:
     return s
 
 
-def render(entries: list[Entry]) -> str:
-    """The preset INI of `entries`."""
+def render(entries: list[Entry], sections: list[Section] | None = None) -> str:
+    """The preset INI of `entries` (with `sections`: theirs, already made)."""
     lines = ["; llama-server --models-preset for a compatfs mount, written by compatfs from the mount's",
              "; model folders: each model is requested by its Ollama name (the section's alias).", ""]
-    for entry in entries:
-        s = section(entry)
+    for i, entry in enumerate(entries):
+        s = sections[i] if sections is not None else section(entry)
         bad = [v for k, v in s.options if k != "alias" and _NOT_IN_VALUE.search(v)]
         if _NOT_IN_SECTION.search(entry.name) or bad:
             lines += [f"; {_comment(entry.name)}: left out (its name or path cannot be written in an INI file)", ""]

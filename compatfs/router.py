@@ -77,12 +77,13 @@ class Router:
         changed): the models whose section or files changed, and whether the
         preset did."""
         entries = scan_mount(self.mnt)
-        now = {e.name: (_stamp(e), section(e).options) for e in entries}
+        sections = [section(e) for e in entries]
+        now = {e.name: (_stamp(e), s.options) for e, s in zip(entries, sections)}
         changed = sorted(n for n in now.keys() | self.entries.keys() if now.get(n) != self.entries.get(n))
         if self.published:
             text = self.preset_file.read_text()
         else:
-            text = render(entries)
+            text = render(entries, sections)
             if text != self.text or not self.preset_file.exists():
                 _write(self.preset_file, text)
         reload = text != self.text
