@@ -179,9 +179,9 @@ def _mount_device(mountpoint: str, tries: int = 20) -> str | None:
     """`major:minor` of the mount at `mountpoint` (the last one mounted there)."""
     want = Path(os.path.abspath(mountpoint))
     for _ in range(tries):
-        found = [m.device for m in mounttable.mounts() if m.point == want]
-        if found:
-            return found[-1]
+        found = mounttable.last_at(want)
+        if found is not None:
+            return found.device
         time.sleep(0.05)
     return None
 

@@ -51,13 +51,15 @@ def mounts(path: Path = MOUNTINFO) -> list[Mount]:
         return []
 
 
+def last_at(point: Path, path: Path = MOUNTINFO) -> Mount | None:
+    """The mount made last at `point` (the one a lookup there sees), if any."""
+    return next((m for m in reversed(mounts(path)) if m.point == point), None)
+
+
 def fstype_at(point: Path, path: Path = MOUNTINFO) -> str | None:
     """The type of the filesystem mounted last at `point`, if any."""
-    found = None
-    for m in mounts(path):
-        if m.point == point:
-            found = m.fstype
-    return found
+    m = last_at(point, path)
+    return m.fstype if m is not None else None
 
 
 def points_of(fstype: str, path: Path = MOUNTINFO) -> list[Path]:
