@@ -31,7 +31,7 @@ from pathlib import Path
 
 from cachetools import LRUCache
 
-from .blobfile import identity
+from .blobfile import identity, status
 from .llama_args import translate_params
 from .params import OPTIONS, read_params
 from .statedir import mount_file
@@ -68,14 +68,13 @@ _embedding_memo: LRUCache = LRUCache(maxsize=4096)
 def is_embedding(model: Path) -> bool:
     """Whether the GGUF file `model` is an embedding model: its header names a
     pooling type for its architecture (remembered by the file's identity)."""
-    from .blobfile import status
     from .gguf_source import SourceGGUF
     from .gguf_values import GGUFError
     try:
         st = status(model)   # as blobfile resolves it: never into a mount this process serves
     except OSError:
         return False
-    key = (str(model), st.st_ino, st.st_size, st.st_mtime_ns)
+    key = (str(model), identity(st))
     if key not in _embedding_memo:
         try:
             src = SourceGGUF(model)
