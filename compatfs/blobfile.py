@@ -14,25 +14,37 @@ by an O_PATH descriptor (nothing is opened yet: no device or FIFO is ever
 opened); only a regular file is then opened, without blocking, from that very
 descriptor, and a caller must be allowed to read the opened file.
 `BlobFile` is one open file, its descriptor and identity, and reads exactly
-the bytes asked for or raises.
+the bytes asked for or raises.  Bytes that go on to be cached elsewhere (a
+view's blob ranges, which the kernel keeps as the mount's own file) are read
+with O_DIRECT from a file the page cache does not mostly hold already
+(`read_once_into`): a model read through the mount is then cached once, not
+twice.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import json
+import mmap
 import os
 import stat
+import threading
 from pathlib import Path
 
 from .access import READ, SEARCH, BadACL, Caller, read_acl
 from .gguf_values import GGUFError
+from .libc import cached_pages, pages
 
 Stamp = tuple[int, int, int, int, int]   # st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
 _PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+_DIRECT_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY | os.O_DIRECT
 _MAX_LINKS = 40                          # the kernel's own limit
+ALIGN = 4096                             # O_DIRECT offsets, sizes and buffers: whole 4 KiB blocks
+DIRECT_MIN = 64 << 10                    # shorter reads go through the page cache
+_BOUNCE = (1 << 20) + 2 * ALIGN          # the aligned buffer an O_DIRECT read goes through
 KEEP_OUT_ENV = "COMPATFS_KEEP_OUT"       # mounts never looked into, a JSON list (inherited by workers)
 
 
@@ -211,6 +223,7 @@ class BlobFile:
         self.path = Path(path)
         self.fd, st = open_regular(path, caller)
         self.stamp = identity(st)
+        self._direct: int | None = None      # the O_DIRECT descriptor: None not opened yet, -1 none to be had
         if expect is not None and self.stamp != tuple(expect):
             self.close()
             raise GGUFError(f"{path}: the file changed since it was read")
@@ -225,11 +238,14 @@ class BlobFile:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+        if self._direct is not None and self._direct >= 0:
+            os.close(self._direct)
+        self._direct = -1
 
     def duplicate(self) -> "BlobFile":
         """Another descriptor of this very file (removed from its folder or not)."""
         again = object.__new__(BlobFile)
-        again.path, again.stamp, again.fd = self.path, self.stamp, os.dup(self.fd)
+        again.path, again.stamp, again.fd, again._direct = self.path, self.stamp, os.dup(self.fd), None
         return again
 
     def allow(self, caller: Caller) -> None:
@@ -267,8 +283,92 @@ class BlobFile:
         except OSError as e:
             raise GGUFError(f"{self.path}: cannot read: {e.strerror}") from None
 
+    def read_once_into(self, out: memoryview, offset: int) -> None:
+        """As `read_into`, for bytes read to be cached elsewhere and not read
+        again from this file: read with O_DIRECT through an aligned buffer
+        (neither cached a second time nor copied out of freshly filled
+        pages) where this file `reads_directly`; otherwise, and for reads
+        under `DIRECT_MIN`, through the page cache."""
+        size = len(out)
+        fd = self._direct_fd() if size >= DIRECT_MIN else -1
+        if fd < 0:
+            return self.read_into(out, offset)
+        done = 0
+        try:
+            with _bounce() as buf:
+                while done < size:
+                    at = offset + done
+                    start = at - at % ALIGN
+                    skip = at - start
+                    want = min(len(buf), -(-(skip + size - done) // ALIGN) * ALIGN)
+                    got = min(os.preadv(fd, [buf[:want]], start) - skip, size - done)
+                    if got <= 0:
+                        raise GGUFError(f"{self.path}: ends at {at}, before {offset + size} (truncated?)")
+                    out[done:done + got] = buf[skip:skip + got]
+                    done += got
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise GGUFError(f"{self.path}: cannot read: {e.strerror}") from None
+            self._direct = -1            # the filesystem refuses these reads: the page cache from now on
+            self.read_into(out[done:], offset + done)
+
+    @property
+    def reads_directly(self) -> bool:
+        """Whether `read_once_into` reads this file with O_DIRECT: decided on
+        first use, when the page cache held fewer than half of its pages (a
+        file mostly cached, as one a model server has just used, is read
+        from there), the kernel could tell (`cached_pages`) and the
+        filesystem gave an O_DIRECT descriptor.  Decided once: reads through
+        the page cache fill it a large folio at a time, so what it holds
+        after one would speak of that read, not of the file's use."""
+        return self._direct_fd() >= 0
+
+    def _direct_fd(self) -> int:
+        """The O_DIRECT descriptor `reads_directly` decides on, opened from
+        the open descriptor (the same file, wherever its path leads now); -1
+        where there is none."""
+        if self._direct is None:
+            with _DIRECT_OPENING:
+                if self._direct is None:
+                    cached = cached_pages(self.fd, 0, self.stamp[2])
+                    cold = cached is not None and 2 * cached < pages(0, self.stamp[2])
+                    self._direct = _reopen_direct(self.fd, self.stamp) if cold else -1
+        return self._direct
+
     def read(self, offset: int, size: int) -> bytearray:
         """Exactly `size` bytes at `offset`."""
         buf = bytearray(size)
         self.read_into(memoryview(buf), offset)
         return buf
+
+
+_DIRECT_OPENING = threading.Lock()
+_SPARE: list[memoryview] = []      # aligned buffers not in use, at most one per read that ran at once
+
+
+def _reopen_direct(fd: int, stamp: Stamp) -> int:
+    """An O_DIRECT descriptor of the file `fd` holds, or -1 where its
+    filesystem refuses one (or the reopened file is not that one)."""
+    try:
+        direct = os.open(_proc(fd), _DIRECT_FLAGS)
+    except OSError:
+        return -1
+    st = os.fstat(direct)
+    if (st.st_dev, st.st_ino) != tuple(stamp[:2]):
+        os.close(direct)
+        return -1
+    return direct
+
+
+@contextlib.contextmanager
+def _bounce():
+    """A page-aligned buffer of `_BOUNCE` bytes for one O_DIRECT read, reused
+    across reads (its pages stay mapped)."""
+    try:
+        buf = _SPARE.pop()
+    except IndexError:
+        buf = memoryview(mmap.mmap(-1, _BOUNCE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
+    try:
+        yield buf
+    finally:
+        _SPARE.append(buf)

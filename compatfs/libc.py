@@ -1,11 +1,13 @@
 """What compatfs asks of the C library itself: `malloc`/`free` for the read
-replies libfuse frees, and the allocator's thresholds (the daemon and its
+replies libfuse frees, the allocator's thresholds (the daemon and its
 indexing workers tune them differently; a glibc call, elsewhere it does
-nothing)."""
+nothing), and how much of a file range the page cache holds (`cachestat`)."""
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
+import os
 
 LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 LIBC.malloc.restype = ctypes.c_void_p
@@ -26,3 +28,37 @@ def tune_malloc(mmap_threshold: int, trim_threshold: int, arenas: int | None = N
         LIBC.mallopt(_M_TRIM_THRESHOLD, trim_threshold)
     except AttributeError:      # not glibc
         pass
+
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+_SYS_CACHESTAT = 451     # the same number on every Linux architecture (since 6.5)
+_no_cachestat: list[bool] = []   # set once the kernel has said it has no such call
+
+
+class _Range(ctypes.Structure):
+    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
+class _CacheStat(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in
+                ("nr_cache", "nr_dirty", "nr_writeback", "nr_evicted", "nr_recently_evicted")]
+
+
+def cached_pages(fd: int, offset: int, size: int) -> int | None:
+    """How many pages of bytes [offset, offset+size) of the file `fd` holds
+    the page cache holds (Linux's `cachestat`); None where the kernel does
+    not tell: no such call (before 6.5), or not for this caller and file
+    (it answers only for files the caller owns or could write)."""
+    if _no_cachestat:
+        return None
+    where, stat = _Range(offset, size), _CacheStat()
+    if LIBC.syscall(_SYS_CACHESTAT, fd, ctypes.byref(where), ctypes.byref(stat), 0) == 0:
+        return stat.nr_cache
+    if ctypes.get_errno() == errno.ENOSYS:
+        _no_cachestat.append(True)
+    return None
+
+
+def pages(offset: int, size: int) -> int:
+    """How many pages bytes [offset, offset+size) of a file lie in."""
+    return (offset + size - 1) // PAGE - offset // PAGE + 1 if size else 0

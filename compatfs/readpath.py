@@ -1,7 +1,8 @@
 """The read path: a read is answered with one malloc'ed buffer that libfuse
 frees (`read_buf`), filled by `viewbytes` through the blob the open file
-holds: blob ranges are read with preadv straight into C memory (their bytes
-never become Python objects), ranges of elementwise ops are computed straight
+holds: blob ranges are read into C memory (with preadv, straight or through
+an aligned buffer where the blob is read with O_DIRECT; their bytes never
+become Python objects), ranges of elementwise ops are computed straight
 into it, header bytes and op tensors' chunks copied in.  The handle's blob is
 checked again after filling: a blob cut short or rewritten under a read is
 EIO, never a short reply or bytes of another file.

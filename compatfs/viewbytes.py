@@ -114,7 +114,7 @@ def _fill(piece: Piece, blob: BlobFile | None, out: memoryview) -> None:
     elif blob is None:
         raise GGUFError("a view's blob bytes read without its blob")
     elif isinstance(piece, FileRange):
-        blob.read_into(out, piece.offset)
+        blob.read_once_into(out, piece.offset)
     elif isinstance(piece, InRounds):
         _fill_rounds(blob, piece.rounds, piece.lo, out)
     elif isinstance(piece, Computed):
@@ -145,14 +145,14 @@ def _fill_rounds(blob: BlobFile, r: Rounds, lo: int, out: memoryview) -> None:
             a = k * r.period + at
             if a < lo or a + unit > hi:
                 s, e = max(a, lo), min(a + unit, hi)
-                blob.read_into(out[s - lo:e - lo], offset + k * stride + s - a)
+                blob.read_once_into(out[s - lo:e - lo], offset + k * stride + s - a)
                 k += 1
                 continue
             whole = min(end, (hi - at - unit) // r.period + 1)   # past the last run wholly in range
             if unit >= DIRECT or stride > SPARSE * unit:
                 for j in range(k, whole):
                     a = j * r.period + at - lo
-                    blob.read_into(out[a:a + unit], offset + j * stride)
+                    blob.read_once_into(out[a:a + unit], offset + j * stride)
             else:
                 batch = max(1, GATHER // stride)
                 scratch = np.empty((min(batch, whole - k) - 1) * stride + unit, np.uint8)
