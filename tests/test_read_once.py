@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
 
@@ -17,6 +16,7 @@ from compatfs.libc import cached_pages, pages
 from compatfs.testing.store import add_model
 
 from conftest import needs_fuse
+from ggufs import write_gguf
 
 MiB = 1 << 20
 
@@ -119,21 +119,11 @@ def test_a_duplicate_decides_for_itself_and_reads_the_same_bytes(data):
         again.close()
 
 
-def one_tensor_gguf(path: Path, nbytes: int) -> Path:
-    """A GGUF no handler claims (served as it is), holding one tensor of `nbytes` random bytes."""
-    w = gguf.GGUFWriter(path, "llama")
-    w.add_block_count(1)
-    w.add_tensor("token_embd.weight", np.random.default_rng(3).standard_normal(nbytes // 4, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
 @needs_fuse
 def test_a_model_read_through_the_mount_is_not_cached_twice(tmp_path, mount_store):
-    blob_file = one_tensor_gguf(tmp_path / "big.gguf", 32 * MiB)
+    # A GGUF no handler claims (served as it is), holding one tensor of 32 MiB.
+    weights = np.random.default_rng(3).standard_normal(8 * MiB, dtype=np.float32)
+    blob_file = write_gguf(tmp_path / "big.gguf", "llama", {"llama.block_count": 1}, {"token_embd.weight": weights})
     store = tmp_path / "store"
     add_model(store, "big", blob_file)
     blob = next((store / "blobs").iterdir())
