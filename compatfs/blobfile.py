@@ -224,6 +224,7 @@ class BlobFile:
         self.fd, st = open_regular(path, caller)
         self.stamp = identity(st)
         self._direct: int | None = None      # the O_DIRECT descriptor: None not opened yet, -1 none to be had
+        self._refused = False                # its reads failed: kept open until `close`, no longer read
         if expect is not None and self.stamp != tuple(expect):
             self.close()
             raise GGUFError(f"{path}: the file changed since it was read")
@@ -245,7 +246,8 @@ class BlobFile:
     def duplicate(self) -> "BlobFile":
         """Another descriptor of this very file (removed from its folder or not)."""
         again = object.__new__(BlobFile)
-        again.path, again.stamp, again.fd, again._direct = self.path, self.stamp, os.dup(self.fd), None
+        again.path, again.stamp, again.fd = self.path, self.stamp, os.dup(self.fd)
+        again._direct, again._refused = None, False
         return again
 
     def allow(self, caller: Caller) -> None:
@@ -309,7 +311,7 @@ class BlobFile:
         except OSError as e:
             if e.errno != errno.EINVAL:
                 raise GGUFError(f"{self.path}: cannot read: {e.strerror}") from None
-            self._direct = -1            # the filesystem refuses these reads: the page cache from now on
+            self._refused = True         # the filesystem refuses these reads: the page cache from now on
             self.read_into(out[done:], offset + done)
 
     @property
@@ -333,7 +335,7 @@ class BlobFile:
                     cached = cached_pages(self.fd, 0, self.stamp[2])
                     cold = cached is not None and 2 * cached < pages(0, self.stamp[2])
                     self._direct = _reopen_direct(self.fd, self.stamp) if cold else -1
-        return self._direct
+        return -1 if self._refused else self._direct
 
     def read(self, offset: int, size: int) -> bytearray:
         """Exactly `size` bytes at `offset`."""

@@ -4,6 +4,7 @@ model read through the mount is cached once, not twice; through the page
 cache where the blob is mostly cached already; the same bytes either way."""
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -136,3 +137,22 @@ def test_a_model_read_through_the_mount_is_not_cached_twice(tmp_path, mount_stor
     # The daemon parsed the header (through the page cache) before; the
     # tensor's 32 MiB went straight to the mount's own page cache.
     assert cached(blob) - before < pages(0, 4 * MiB), m.log_text()
+
+
+def test_a_filesystem_that_refuses_direct_reads_is_read_through_the_page_cache(data, monkeypatch):
+    path, raw = data
+    with direct(path) as f:
+        refused = f._direct
+        real = os.preadv
+
+        def preadv(fd, buffers, offset, *flags):
+            if fd == refused:
+                raise OSError(errno.EINVAL, "Invalid argument")
+            return real(fd, buffers, offset, *flags)
+
+        monkeypatch.setattr(os, "preadv", preadv)
+        for offset, size in RANGES[:3]:
+            out = bytearray(size)
+            f.read_once_into(memoryview(out), offset)
+            assert out == raw[offset:offset + size]
+        assert not f.reads_directly
