@@ -8,6 +8,7 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import platform
 
 LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 LIBC.malloc.restype = ctypes.c_void_p
@@ -31,8 +32,8 @@ def tune_malloc(mmap_threshold: int, trim_threshold: int, arenas: int | None = N
 
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
-_SYS_CACHESTAT = 451     # the same number on every Linux architecture (since 6.5)
-_no_cachestat: list[bool] = []   # set once the kernel has said it has no such call
+_SYS_CACHESTAT = 451     # since Linux 6.5, on every architecture of the common numbering (all but alpha)
+_no_cachestat: list[bool] = [] if platform.machine() != "alpha" else [True]   # set: the call is not to be made
 
 
 class _Range(ctypes.Structure):
@@ -45,10 +46,10 @@ class _CacheStat(ctypes.Structure):
 
 
 def cached_pages(fd: int, offset: int, size: int) -> int | None:
-    """How many pages of bytes [offset, offset+size) of the file `fd` holds
-    the page cache holds (Linux's `cachestat`); None where the kernel does
-    not tell: no such call (before 6.5), or not for this caller and file
-    (it answers only for files the caller owns or could write)."""
+    """How many of the pages that bytes [offset, offset+size) of the file open
+    as `fd` lie in the page cache holds (Linux's `cachestat`); None where the
+    kernel does not tell: no such call (before 6.5), or not for this caller
+    and file (it answers only for files the caller owns or could write)."""
     if _no_cachestat:
         return None
     where, stat = _Range(offset, size), _CacheStat()
