@@ -261,7 +261,7 @@ def run_sections(args, only: set[str], work: Path) -> None:
     if "server" in only:
         server_bench(args.llama_server, store, work, ["plain:latest"] + (["legacy:latest"] if legacy else []))
     if "widths" in only:
-        widths_bench(args.llama_server, work, args.timeout)
+        widths_bench(binary, args.llama_server, work, args.timeout)
 
 
 def read_bench(model: Path, legacy: Path | None, binary: Path, store: Path, work: Path) -> None:
@@ -1003,12 +1003,13 @@ def _verdict(ok: bool | None) -> str:
     return "" if ok is None else ("  ok" if ok else "  MISSED")
 
 
-def widths_bench(server: Path, work: Path, timeout: float) -> None:
+def widths_bench(binary: Path, server: Path, work: Path, timeout: float) -> None:
     """Section `widths`: the issue's op-cache row (the widened gpt-oss-20b
     fused form with --op-cache-mb 16 against the default), then each legacy
     form at published widths: model.gguf (and mmproj.gguf) read cold through
     a fresh mount against the exported translated file read cold,
-    `WIDTHS_ROUNDS` rounds in turn, with the daemon's CPU time during the
+    `WIDTHS_ROUNDS` rounds in turn (and the exported file through the C
+    passthrough: what any FUSE daemon gets here), with the daemon's CPU time during the
     read (1x the read's time or more: the read waits for computing, up to 2x
     on 2 cores; well under: for the disk) and how much the page cache grew
     (1x the file: only the mount's file is cached); the daemon's peak RSS; llama-server start-to-ready through the mount against
@@ -1088,10 +1089,16 @@ def widths_bench(server: Path, work: Path, timeout: float) -> None:
                 if not (d.mnt / model / f).exists():
                     continue
                 mb = (d.mnt / model / f).stat().st_size / 1e6
-                local, mounted, cpu, cached = [], [], [], []
-                for _ in range(WIDTHS_ROUNDS):      # exported, then through the mount, in turn
+                local, passed, mounted, cpu, cached = [], [], [], [], []
+                for _ in range(WIDTHS_ROUNDS):      # exported, through the C passthrough, through the mount
                     if exported:
                         local.append(cold_read(out / f, timeout)[0])
+                        c = c_daemon(binary, out / f, work / "mnt-c-widths")
+                        try:
+                            set_bdi(c.mnt, 2048)        # the read-ahead compatfs mounts with
+                            passed.append(cold_read(c.mnt / "blob", timeout)[0])
+                        finally:
+                            c.close()
                     before = cpu_seconds(d.proc.pid)
                     seconds, grown = cold_read(d.mnt / model / f, timeout)
                     if seconds is None:
@@ -1100,18 +1107,22 @@ def widths_bench(server: Path, work: Path, timeout: float) -> None:
                     mounted.append(seconds)
                     cpu.append((cpu_seconds(d.proc.pid) - before) / seconds)
                     cached.append(grown / (mb * 1e6))
-                rows.append((f, mb, local, mounted, cpu, cached))
+                rows.append((f, mb, local, passed, mounted, cpu, cached))
             rss = peak_rss_mib(d.proc.pid)
         finally:
             d.close()
-        for f, mb, local, mounted, cpu, cached in rows:
+        for f, mb, local, passed, mounted, cpu, cached in rows:
             ratios = [x / y for x, y in zip(local, mounted)] if mounted and None not in local else []
+            ceiling = [x / y for x, y in zip(local, passed)] if None not in local + passed else []
             print(f"  {'':<48}{f:<12} {_speed(mb, median(local), timeout) if exported else '      -'}  "
                   f"{_speed(mb, median(mounted) if mounted else None, timeout)}"
                   + (f"   {spread(ratios)}   >= 0.5x{_verdict(median(ratios) >= 0.5)}" if ratios else
                      "                    >= 0.5x" + _verdict(False if exported else None))
                   + (f"   daemon CPU {median(cpu):4.2f}x the read's time, page cache {median(cached):4.2f}x the file"
                      if mounted else ""))
+            if ceiling:
+                print(f"  {'':<48}{'':<12} the exported file through the C passthrough: {spread(ceiling)}"
+                      + (f"; the mount {spread([p / m for p, m in zip(passed, mounted)])} of it" if ratios else ""))
         print(f"  {'':<48}daemon peak RSS {rss:5.0f} MiB   goal <= {rss_goal} MiB (op cache {DEFAULT_MB} + 256)"
               f"{_verdict(rss <= rss_goal)}")
         if form in WIDTHS_SERVER and exported:
