@@ -22,11 +22,9 @@ twice.
 """
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import json
-import mmap
 import os
 import stat
 import threading
@@ -35,6 +33,7 @@ from pathlib import Path
 from .access import READ, SEARCH, BadACL, Caller, read_acl
 from .gguf_values import GGUFError
 from .libc import cached_pages, pages
+from .scratch import scratch
 
 Stamp = tuple[int, int, int, int, int]   # st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns
 
@@ -297,7 +296,8 @@ class BlobFile:
             return self.read_into(out, offset)
         done = 0
         try:
-            with _bounce() as buf:
+            with scratch(_BOUNCE) as bounce:
+                buf = bounce.data
                 while done < size:
                     at = offset + done
                     start = at - at % ALIGN
@@ -345,7 +345,6 @@ class BlobFile:
 
 
 _DIRECT_OPENING = threading.Lock()
-_SPARE: list[memoryview] = []      # aligned buffers not in use, at most one per read that ran at once
 
 
 def _reopen_direct(fd: int, stamp: Stamp) -> int:
@@ -360,17 +359,3 @@ def _reopen_direct(fd: int, stamp: Stamp) -> int:
         os.close(direct)
         return -1
     return direct
-
-
-@contextlib.contextmanager
-def _bounce():
-    """A page-aligned buffer of `_BOUNCE` bytes for one O_DIRECT read, reused
-    across reads (its pages stay mapped)."""
-    try:
-        buf = _SPARE.pop()
-    except IndexError:
-        buf = memoryview(mmap.mmap(-1, _BOUNCE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
-    try:
-        yield buf
-    finally:
-        _SPARE.append(buf)

@@ -21,6 +21,7 @@ from .blobfile import BlobFile
 from .gguf_values import GGUFError
 from .opcache import OpCache
 from .ops import Op
+from .scratch import scratch
 
 log = logging.getLogger(__name__)
 
@@ -155,13 +156,12 @@ def _fill_rounds(blob: BlobFile, r: Rounds, lo: int, out: memoryview) -> None:
                     blob.read_once_into(out[a:a + unit], offset + j * stride)
             else:
                 batch = max(1, GATHER // stride)
-                scratch = np.empty((min(batch, whole - k) - 1) * stride + unit, np.uint8)
-                for j in range(k, whole, batch):
-                    m = min(batch, whole - j)
-                    span = scratch.data[:(m - 1) * stride + unit]
-                    blob.read_into(span, offset + j * stride)
-                    target = as_strided(dst[j * r.period + at - lo:], shape=(m, unit), strides=(r.period, 1))
-                    target[...] = as_strided(scratch, shape=(m, unit), strides=(stride, 1))
+                with scratch((min(batch, whole - k) - 1) * stride + unit) as spans:
+                    for j in range(k, whole, batch):
+                        m = min(batch, whole - j)
+                        blob.read_into(spans.data[:(m - 1) * stride + unit], offset + j * stride)
+                        target = as_strided(dst[j * r.period + at - lo:], shape=(m, unit), strides=(r.period, 1))
+                        target[...] = as_strided(spans, shape=(m, unit), strides=(stride, 1))
             k = whole
 
 

@@ -29,7 +29,6 @@ gpt-oss's config values (llama.cpp's defaults, so unchanged in effect).
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from math import prod
 
@@ -41,6 +40,7 @@ from compatfs.gguf_source import SourceGGUF, TensorInfo
 from compatfs.gguf_values import GGUFError, f32, string
 from compatfs.byte_ops import Strided
 from compatfs.ops import Op
+from compatfs.scratch import scratch
 from compatfs.translation import (
     CopyPrefix, Count, Default, DefaultTokenId, Drop, FromShape, ProducePerBlock, Rename, Set, StoredType,
     Translation, When, arch_is, has_key, has_token,
@@ -97,7 +97,8 @@ class OllamaMXFP4(Op):
         dst = np.frombuffer(out, np.uint8)
         b, end = lo // BLOCK, -(-hi // BLOCK)            # output blocks covered
         row = per_row * BLOCK
-        with _scratch(scratch_size(min(chunk, end - b + 2 * per_row))) as pairs:
+        with scratch(2 * scratch_size(min(chunk, end - b + 2 * per_row))) as raw:
+            pairs = raw.view(np.uint16)
             while b < end:
                 r, c = divmod(b, per_row)
                 if per_row <= chunk:                       # whole rows
@@ -168,26 +169,6 @@ _LOW_NIBBLES = np.uint64(0x0F0F0F0F0F0F0F0F)
 def scratch_size(blocks: int) -> int:
     """The uint16 scratch `_to_ggml` needs for `blocks` blocks."""
     return 2 * (-(-blocks * BLOCK // 4) * 4)
-
-
-_SPARE: list[np.ndarray] = []     # scratch arrays not in use, at most one per read that ran at once
-
-
-@contextlib.contextmanager
-def _scratch(size: int):
-    """A uint16 array of at least `size` elements for one conversion, taken
-    from `_SPARE` and put back after: reads reuse memory already mapped
-    instead of faulting in fresh pages for each one."""
-    try:
-        buf = _SPARE.pop()
-    except IndexError:
-        buf = None
-    if buf is None or len(buf) < size:
-        buf = np.empty(size, np.uint16)
-    try:
-        yield buf
-    finally:
-        _SPARE.append(buf)
 
 
 def from_fused(kind: str, half: int):

@@ -1,0 +1,40 @@
+"""Scratch memory for one read, given back after it and reused by the next:
+a read that mapped fresh pages for its buffers would fault each of them in
+again (and on a VM whose host takes freed memory back, each fault is dear:
+a fresh 2 MiB buffer per 1 MiB read cost the daemon more CPU than the copies
+themselves).  Buffers are page-aligned (O_DIRECT reads need that), sized in
+powers of two, and at most `KEEP` wait for a reader (the smallest that is
+large enough is taken; one that finds none gets a new one).
+"""
+from __future__ import annotations
+
+import contextlib
+import mmap
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+
+KEEP = 16                  # spare buffers kept at most (about one per read running at once)
+SMALLEST = 64 << 10
+
+_spare: list[np.ndarray] = []
+_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def scratch(nbytes: int) -> Iterator[np.ndarray]:
+    """A page-aligned uint8 array of at least `nbytes` bytes, for this block only."""
+    with _lock:
+        found = min((i for i, b in enumerate(_spare) if len(b) >= nbytes), key=lambda i: len(_spare[i]), default=None)
+        buf = _spare.pop(found) if found is not None else None
+    if buf is None:
+        size = max(SMALLEST, 1 << (nbytes - 1).bit_length())
+        buf = np.frombuffer(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), np.uint8)
+    try:
+        yield buf
+    finally:
+        with _lock:
+            _spare.append(buf)
+            if len(_spare) > KEEP:
+                _spare.pop(min(range(len(_spare)), key=lambda i: len(_spare[i])))
