@@ -3,7 +3,7 @@ a read that mapped fresh pages for its buffers would fault each of them in
 again (and on a VM whose host takes freed memory back, each fault is dear:
 a fresh 2 MiB buffer per 1 MiB read cost the daemon more CPU than the copies
 themselves).  Buffers are page-aligned (O_DIRECT reads need that), sized in
-powers of two, and at most `KEEP` wait for a reader (the smallest that is
+powers of two up to 1 MiB and in whole MiB above, and at most `KEEP` wait for a reader (the smallest that is
 large enough is taken; one that finds none gets a new one).
 """
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 
 KEEP = 16                  # spare buffers kept at most (about one per read running at once)
 SMALLEST = 64 << 10
+MiB = 1 << 20
 
 _spare: list[np.ndarray] = []
 _lock = threading.Lock()
@@ -29,7 +30,7 @@ def scratch(nbytes: int) -> Iterator[np.ndarray]:
         found = min((i for i, b in enumerate(_spare) if len(b) >= nbytes), key=lambda i: len(_spare[i]), default=None)
         buf = _spare.pop(found) if found is not None else None
     if buf is None:
-        size = max(SMALLEST, 1 << (nbytes - 1).bit_length())
+        size = max(SMALLEST, 1 << (nbytes - 1).bit_length()) if nbytes <= MiB else -(-nbytes // MiB) * MiB
         buf = np.frombuffer(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), np.uint8)
     try:
         yield buf
