@@ -3,8 +3,8 @@ a read that mapped fresh pages for its buffers would fault each of them in
 again (and on a VM whose host takes freed memory back, each fault is dear:
 a fresh 2 MiB buffer per 1 MiB read cost the daemon more CPU than the copies
 themselves).  Buffers are page-aligned (O_DIRECT reads need that), sized in
-powers of two up to 1 MiB and in whole MiB above, and at most `KEEP` wait for a reader (the smallest that is
-large enough is taken; one that finds none gets a new one).
+powers of two up to 1 MiB and in whole MiB above; at most `KEEP` wait for a
+reader, who takes the smallest large enough (or, finding none, a new one).
 """
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ _lock = threading.Lock()
 def scratch(nbytes: int) -> Iterator[np.ndarray]:
     """A page-aligned uint8 array of at least `nbytes` bytes, for this block only."""
     with _lock:
-        found = min((i for i, b in enumerate(_spare) if len(b) >= nbytes), key=lambda i: len(_spare[i]), default=None)
+        fits = [i for i, b in enumerate(_spare) if len(b) >= nbytes]
+        found = min(fits, key=lambda i: len(_spare[i])) if fits else None
         buf = _spare.pop(found) if found is not None else None
     if buf is None:
         size = max(SMALLEST, 1 << (nbytes - 1).bit_length()) if nbytes <= MiB else -(-nbytes // MiB) * MiB
