@@ -101,6 +101,14 @@ class Op:
         serves the other).  A subclass sets it as a class attribute or a property."""
         return False
 
+    @property
+    def reads_inputs_once(self) -> bool:
+        """True: the input bytes a range of the output is made from are read for
+        that range alone, not again for another (so they need not stay in the
+        page cache: `viewbytes` reads them with `BlobFile.read_once_into`);
+        a ranged op's are, unless it says otherwise."""
+        return self.ranged
+
     def compute_range(self, read: ReadRange, lo: int, hi: int) -> bytes | memoryview:
         """Bytes [lo, hi) of the output."""
         out = memoryview(bytearray(hi - lo))

@@ -119,16 +119,19 @@ def _fill(piece: Piece, blob: BlobFile | None, out: memoryview) -> None:
     elif isinstance(piece, InRounds):
         _fill_rounds(blob, piece.rounds, piece.lo, out)
     elif isinstance(piece, Computed):
-        piece.op.compute_range_into(_reader(blob), piece.lo, piece.lo + piece.size, out)
+        piece.op.compute_range_into(_reader(blob, piece.op.reads_inputs_once), piece.lo, piece.lo + piece.size, out)
     else:
         _fill_cached(blob, piece, out)
 
 
-def _reader(blob: BlobFile):
-    """An op's input reader: (tensor, start, size) -> those bytes, through `blob`."""
+def _reader(blob: BlobFile, once: bool = False):
+    """An op's input reader: (tensor, start, size) -> those bytes, through
+    `blob` (with `read_once_into` where the op reads them `once`)."""
+    read_into = blob.read_once_into if once else blob.read_into
+
     def read(t, start: int, size: int) -> memoryview:
         buf = np.empty(size, np.uint8)
-        blob.read_into(buf.data, t.offset + start)
+        read_into(buf.data, t.offset + start)
         return buf.data
     return read
 

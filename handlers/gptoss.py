@@ -77,6 +77,13 @@ class OllamaMXFP4(Op):
         return f"OllamaMXFP4({self.inputs[0].name}, rows {self.start}::{self.step})"
 
     ranged = True   # a read computes just the blocks it covers
+
+    @property
+    def reads_inputs_once(self) -> bool:
+        """Rows `start`::`step` are read from spans that hold the other rows
+        too (which the op of the other half reads again): only a whole stack
+        (`step` 1) reads its inputs once."""
+        return self.step == 1
     CHUNK_BLOCKS = 1 << 13  # blocks converted at a time (~140 KB: a 128 KiB read in one; four times that
     #                         in scratch, kept in the CPU's cache)
 

@@ -117,3 +117,11 @@ def test_reads_at_once_each_get_their_own_scratch(fused):
     for t in threads:
         t.join()
     assert all(got[i] == want[lo:lo + size] for i, (lo, size) in enumerate(ranges))
+
+
+def test_only_a_whole_stack_reads_its_inputs_once(fused):
+    """A half reads spans that hold the other half's rows too (read again for
+    that half: they stay in the page cache); a whole stack reads each byte once."""
+    stored, _ = fused
+    assert not _op(stored, 0, 2).reads_inputs_once and not _op(stored, 1, 2).reads_inputs_once
+    assert _op(stored, 0, 1).reads_inputs_once

@@ -11,10 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from compatfs import viewbytes
 from compatfs.blobfile import ALIGN, DIRECT_MIN, BlobFile
+from compatfs.gguf_source import SourceGGUF
 from compatfs.gguf_values import GGUFError
 from compatfs.libc import cached_pages, pages
+from compatfs.ops import Promote
 from compatfs.testing.store import add_model
+from compatfs.viewbytes import Computed
 
 from conftest import needs_fuse
 from ggufs import write_gguf
@@ -156,3 +160,22 @@ def test_a_filesystem_that_refuses_direct_reads_is_read_through_the_page_cache(d
             f.read_once_into(memoryview(out), offset)
             assert out == raw[offset:offset + size]
         assert not f.reads_directly
+
+
+def test_an_op_that_reads_its_inputs_once_leaves_them_out_of_the_page_cache(tmp_path):
+    weights = np.random.default_rng(5).standard_normal(1 << 20).astype(np.float16)    # 2 MiB
+    path = write_gguf(tmp_path / "f16.gguf", "llama", {}, {"w": weights})
+    op = Promote.of(SourceGGUF(path).tensors["w"])
+    assert op.reads_inputs_once
+
+    class OneOp:                     # a view of the op's bytes alone
+        size = op.nbytes
+
+        def layout(self, offset, size):
+            return [Computed(op, offset, min(size, op.nbytes - offset))]
+
+    with direct(path) as f:
+        out = bytearray(op.nbytes)
+        viewbytes.fill(OneOp(), f, 0, memoryview(out))
+    assert np.array_equal(np.frombuffer(out, np.float32), weights.astype(np.float32))
+    assert cached(path) == 0
