@@ -39,6 +39,12 @@ class Rescan:
         self._kick = threading.Event()             # rescan now
         self._watcher: threading.Thread | None = None
         tree.views.on_belied = self._belied      # an index entry was wrong: the kernel's attributes too
+        # What the first rescan compares against, taken before the mount
+        # answers anything (marks are taken from the store as it is when they
+        # are made): a change made between the mount's first answers and the
+        # thread's start is then a change, and the kernel forgets those answers.
+        self._first = tree.snapshot()
+        self._first_marks = tree.marks(self._first)
 
     @property
     def session(self) -> int | None:
@@ -69,9 +75,8 @@ class Rescan:
         """Rescan the store every second; tell the kernel what changed."""
         if self._on_start is not None:
             self._on_start()
-        old_snap = self.tree.snapshot()
         self.tree.follow()     # from now on only this thread rescans; lookups never wait for it
-        before = self.tree.marks(old_snap)
+        old_snap, before = self._first, self._first_marks
         while not self._stop.is_set():
             self._kick.wait(self.RESCAN_SECONDS)
             self._kick.clear()
