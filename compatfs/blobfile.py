@@ -279,10 +279,14 @@ class BlobFile:
             while done < size:
                 n = os.preadv(self.fd, [out[done:]], offset + done)
                 if n == 0:
-                    raise GGUFError(f"{self.path}: ends at {offset + done}, before {offset + size} (truncated?)")
+                    raise self._ended(offset + done, offset + size)
                 done += n
         except OSError as e:
             raise GGUFError(f"{self.path}: cannot read: {e.strerror}") from None
+
+    def _ended(self, at: int, end: int) -> GGUFError:
+        """The error of a read that wanted bytes up to `end` and found the file ending at `at`."""
+        return GGUFError(f"{self.path}: ends at {at}, before {end} (truncated?)")
 
     def read_once_into(self, out: memoryview, offset: int) -> None:
         """As `read_into`, for bytes read to be cached elsewhere and not read
@@ -305,7 +309,7 @@ class BlobFile:
                     want = min(len(buf), -(-(skip + size - done) // ALIGN) * ALIGN)
                     got = min(os.preadv(fd, [buf[:want]], start) - skip, size - done)
                     if got <= 0:
-                        raise GGUFError(f"{self.path}: ends at {at}, before {offset + size} (truncated?)")
+                        raise self._ended(at, offset + size)
                     out[done:done + got] = buf[skip:skip + got]
                     done += got
         except OSError as e:
