@@ -104,7 +104,7 @@ class OllamaMXFP4(Op):
         dst = np.frombuffer(out, np.uint8)
         b, end = lo // BLOCK, -(-hi // BLOCK)            # output blocks covered
         row = per_row * BLOCK
-        with scratch(2 * scratch_size(min(chunk, end - b + 2 * per_row))) as raw:
+        with scratch(scratch_bytes(min(chunk, end - b + 2 * per_row))) as raw:
             pairs = raw.view(np.uint16)
             while b < end:
                 r, c = divmod(b, per_row)
@@ -127,7 +127,7 @@ def _to_ggml(blocks: np.ndarray, pairs: np.ndarray) -> np.ndarray:
     """17-byte MXFP4 `blocks` (last axis; any strides) from the checkpoint's
     nibble order (byte k: elements 2k low, 2k+1 high) into ggml's (byte j:
     elements j low, j+16 high), in `pairs` (uint16 scratch of at least
-    `scratch_size` of the block count), returned as its bytes: block j's 17
+    `scratch_bytes` of the block count), returned as its bytes: block j's 17
     ggml bytes at 34j + 1 .. 34j + 17.  With the checkpoint's bytes L = 0-7
     and H = 8-15 of a block, ggml's byte 2i is L[i]'s low nibble under H[i]'s
     low nibble and byte 2i+1 L[i]'s high nibble under H[i]'s high one: each
@@ -173,9 +173,9 @@ _RECORD = np.dtype(f"V{BLOCK}")                  # one block, copied as a whole
 _LOW_NIBBLES = np.uint64(0x0F0F0F0F0F0F0F0F)
 
 
-def scratch_size(blocks: int) -> int:
-    """The uint16 scratch `_to_ggml` needs for `blocks` blocks."""
-    return 2 * (-(-blocks * BLOCK // 4) * 4)
+def scratch_bytes(blocks: int) -> int:
+    """The scratch `_to_ggml` needs for `blocks` blocks, in bytes (uint16 pairs)."""
+    return 4 * (-(-blocks * BLOCK // 4) * 4)
 
 
 def from_fused(kind: str, half: int):
