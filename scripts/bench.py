@@ -53,7 +53,8 @@ models are cached in .cache/):
   a fresh mount against the file `compatfs export` writes, read cold (and
   the daemon's CPU time during that read, as a multiple of its time); the
   daemon's peak RSS; llama-server start-to-ready through the mount against
-  the exported file for two of them; and first the widened gpt-oss-20b fused
+  the exported file for two of them (and the exported file through the C
+  passthrough: the FUSE ceiling of reads and starts); and first the widened gpt-oss-20b fused
   form read with --op-cache-mb 16 against the default cache.  Every
   measurement is bounded by --timeout seconds (default 300) and printed as
   "> N s (timed out)" past it.
@@ -1009,12 +1010,13 @@ def widths_bench(binary: Path, server: Path, work: Path, timeout: float) -> None
     form at published widths: model.gguf (and mmproj.gguf) read cold through
     a fresh mount against the exported translated file read cold,
     `WIDTHS_ROUNDS` rounds in turn (and the exported file through the C
-    passthrough: what any FUSE daemon gets here), with the daemon's CPU time during the
-    read (1x the read's time or more: the read waits for computing, up to 2x
-    on 2 cores; well under: for the disk) and how much the page cache grew
-    (1x the file: only the mount's file is cached); the daemon's peak RSS; llama-server start-to-ready through the mount against
-    the exported file for two of them.  Every measurement bounded by
-    `timeout` seconds."""
+    passthrough: what any FUSE daemon gets here), with the daemon's CPU time
+    during the read (1x the read's time or more: the read waits for
+    computing, up to 2x on 2 cores; well under: for the disk) and how much
+    the page cache grew (1x the file: only the mount's file is cached); the
+    daemon's peak RSS; llama-server start-to-ready through the mount against
+    the exported file (and through the C passthrough) for two of them.  Every
+    measurement bounded by `timeout` seconds."""
     from compatfs.opcache import DEFAULT_MB
     from compatfs.testing import widths
     method = cold_method()
@@ -1126,30 +1128,46 @@ def widths_bench(binary: Path, server: Path, work: Path, timeout: float) -> None
         print(f"  {'':<48}daemon peak RSS {rss:5.0f} MiB   goal <= {rss_goal} MiB (op cache {DEFAULT_MB} + 256)"
               f"{_verdict(rss <= rss_goal)}")
         if form in WIDTHS_SERVER and exported:
-            widths_server(server, store, work, form, out / "model.gguf", timeout)
+            widths_server(server, binary, store, work, form, out / "model.gguf", timeout)
         shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(exports, ignore_errors=True)
 
 
-def widths_server(server: Path, store: Path, work: Path, form: str, exported: Path, timeout: float) -> None:
+def widths_server(server: Path, binary: Path, store: Path, work: Path, form: str, exported: Path,
+                  timeout: float) -> None:
     """llama-server start-to-ready on the form's model.gguf through the mount
-    against the exported file, page cache dropped before each start, median
-    of 3 (a start that times out ends the series)."""
+    against the exported file, and the exported file through the C
+    passthrough (what any FUSE daemon gets here: llama-server maps the file
+    with MAP_POPULATE, so a start waits on FUSE round trips), page cache
+    dropped before each start, median of 3 in turn (a start that times out
+    ends the series)."""
     label = f"  {'':<48}llama-server start-to-ready, cold, median of 3:"
     if not server.is_file():
         print(f"{label} skipped ({server} missing)")
         return
-    mounted, local = [], []
+    mounted: list = []        # seconds, or None for a start that timed out
+    local: list = []
+    passed: list = []
+
+    def start(path: Path) -> float | None:
+        drop_caches()
+        try:
+            return start_to_ready(server, path, timeout)
+        except TimeoutError:
+            return None
+
     d = compatfs_daemon(store, work / "mnt-widths")
     try:
         for _ in range(3):
-            for times, path in ((local, exported), (mounted, d.mnt / f"{form}:latest" / "model.gguf")):
-                drop_caches()
-                try:
-                    times.append(start_to_ready(server, path, timeout))
-                except TimeoutError:
-                    times.append(None)
-            if None in mounted or None in local:
+            local.append(start(exported))
+            c = c_daemon(binary, exported, work / "mnt-c-widths")
+            try:
+                set_bdi(c.mnt, 2048)
+                passed.append(start(c.mnt / "blob"))
+            finally:
+                c.close()
+            mounted.append(start(d.mnt / f"{form}:latest" / "model.gguf"))
+            if None in mounted + local + passed:
                 break
     finally:
         d.close()
@@ -1161,6 +1179,10 @@ def widths_server(server: Path, store: Path, work: Path, form: str, exported: Pa
     print(f"{label} exported {l:.2f} s, through the mount "
           + (f"{m:.2f} s: {m / l:.2f}x   goal <= 1.5x{_verdict(m / l <= 1.5)}" if m else
              f"> {timeout:.0f} s (timed out)   goal <= 1.5x  MISSED"))
+    if None not in passed:
+        c_median = median(passed)
+        print(f"  {'':<48}the exported file through the C passthrough: {c_median:.2f} s: {c_median / l:.2f}x"
+              + (f"; the mount {m / c_median:.2f}x of it" if m else ""))
 
 
 def _timed(fn) -> float:
