@@ -77,6 +77,7 @@ class Rescan:
             self._on_start()
         self.tree.follow()     # from now on only this thread rescans; lookups never wait for it
         old_snap, before = self._first, self._first_marks
+        del self._first, self._first_marks      # the loop keeps them from here on, as the last rescan's
         while not self._stop.is_set():
             self._kick.wait(self.RESCAN_SECONDS)
             self._kick.clear()
