@@ -54,10 +54,10 @@ models are cached in .cache/):
   the daemon's CPU time during that read, as a multiple of its time); the
   daemon's peak RSS; llama-server start-to-ready through the mount against
   the exported file for two of them (and the exported file through the C
-  passthrough: the FUSE ceiling of reads and starts); and first the widened gpt-oss-20b fused
-  form read with --op-cache-mb 16 against the default cache.  Every
-  measurement is bounded by --timeout seconds (default 300) and printed as
-  "> N s (timed out)" past it.
+  passthrough: the FUSE ceiling of reads and starts); and first the widened
+  gpt-oss-20b fused form read with --op-cache-mb 16 against the default
+  cache.  Every measurement is bounded by --timeout seconds (default 300)
+  and printed as "> N s (timed out)" past it.
 
 "Cold" drops the page cache (`echo 3 > /proc/sys/vm/drop_caches`, as root)
 where the output says drop_caches; where that is not permitted it is a fresh
@@ -69,6 +69,7 @@ Not a test: nothing here passes or fails.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -76,6 +77,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -168,6 +170,18 @@ def compatfs_daemon(store: Path, mnt: Path, *extra: str, index: Path | None = No
 
 def c_daemon(binary: Path, blob: Path, mnt: Path) -> Daemon:
     return Daemon([str(binary), str(blob), str(mnt), "-f", "-o", "ro"], mnt)
+
+
+@contextlib.contextmanager
+def through_passthrough(binary: Path, file: Path, mnt: Path) -> Iterator[Path]:
+    """`file` as the C passthrough serves it at `mnt`, at the read-ahead
+    compatfs mounts with (2048 KiB), for this block only."""
+    c = c_daemon(binary, file, mnt)
+    try:
+        set_bdi(c.mnt, 2048)
+        yield c.mnt / "blob"
+    finally:
+        c.close()
 
 
 def build_passthrough(work: Path) -> Path:
@@ -957,7 +971,7 @@ def scale_bench(model: Path, work: Path) -> None:
 # -- real widths: the op-heavy legacy forms at published sizes ---------------------------------
 
 WIDTHS_SERVER = ("gptoss-120b-fused", "gemma4-26b-moe")     # llama-server start-to-ready on these two
-WIDTHS_ROUNDS = 3     # cold reads of each file: the exported file, then through the mount, in turn
+WIDTHS_ROUNDS = 3     # cold reads of each file: exported, through the C passthrough, through the mount, in turn
 
 
 def page_cache_bytes() -> int:
@@ -1095,12 +1109,8 @@ def widths_bench(binary: Path, server: Path, work: Path, timeout: float) -> None
                 for _ in range(WIDTHS_ROUNDS):      # exported, through the C passthrough, through the mount
                     if exported:
                         local.append(cold_read(out / f, timeout)[0])
-                        c = c_daemon(binary, out / f, work / "mnt-c-widths")
-                        try:
-                            set_bdi(c.mnt, 2048)        # the read-ahead compatfs mounts with
-                            passed.append(cold_read(c.mnt / "blob", timeout)[0])
-                        finally:
-                            c.close()
+                        with through_passthrough(binary, out / f, work / "mnt-c-widths") as passthrough:
+                            passed.append(cold_read(passthrough, timeout)[0])
                     before = cpu_seconds(d.proc.pid)
                     seconds, grown = cold_read(d.mnt / model / f, timeout)
                     if seconds is None:
@@ -1160,12 +1170,8 @@ def widths_server(server: Path, binary: Path, store: Path, work: Path, form: str
     try:
         for _ in range(3):
             local.append(start(exported))
-            c = c_daemon(binary, exported, work / "mnt-c-widths")
-            try:
-                set_bdi(c.mnt, 2048)
-                passed.append(start(c.mnt / "blob"))
-            finally:
-                c.close()
+            with through_passthrough(binary, exported, work / "mnt-c-widths") as passthrough:
+                passed.append(start(passthrough))
             mounted.append(start(d.mnt / f"{form}:latest" / "model.gguf"))
             if None in mounted + local + passed:
                 break
