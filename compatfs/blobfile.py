@@ -39,7 +39,7 @@ Stamp = tuple[int, int, int, int, int]   # st_dev, st_ino, st_size, st_mtime_ns,
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
 _PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
-_DIRECT_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY | os.O_DIRECT
+_DIRECT_FLAGS = _OPEN_FLAGS | os.O_DIRECT
 _MAX_LINKS = 40                          # the kernel's own limit
 ALIGN = 4096                             # O_DIRECT offsets, sizes and buffers: whole 4 KiB blocks
 DIRECT_MIN = 64 << 10                    # shorter reads go through the page cache
