@@ -77,6 +77,8 @@ class OllamaMXFP4(Op):
         return f"OllamaMXFP4({self.inputs[0].name}, rows {self.start}::{self.step})"
 
     ranged = True   # a read computes just the blocks it covers
+    CHUNK_BLOCKS = 1 << 13  # blocks converted at a time (~140 KB: a 128 KiB read in one; four times that
+    #                         in scratch, kept in the CPU's cache)
 
     @property
     def reads_inputs_once(self) -> bool:
@@ -84,8 +86,6 @@ class OllamaMXFP4(Op):
         too (which the op of the other half reads again): only a whole stack
         (`step` 1) reads its inputs once."""
         return self.step == 1
-    CHUNK_BLOCKS = 1 << 13  # blocks converted at a time (~140 KB: a 128 KiB read in one; four times that
-    #                         in scratch, kept in the CPU's cache)
 
     def _compute(self, data):
         return bytes(self.compute_range(lambda t, start, size: data[0][start:start + size], 0, self.nbytes))
