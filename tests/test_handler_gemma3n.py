@@ -3,21 +3,25 @@
 embedding padded to the full vocabulary), tokenizes as it does and
 generates; untranslated llama.cpp refuses the per-layer embedding.  Then,
 in-process, what the fixture lacks: embedded towers, a quantized per-layer
-embedding."""
+embedding.  Then the legacy writer's blob, which needs no ../shared."""
 import gguf
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as DT
+from gguf import TokenType as TT
 
 from compatfs import handlers
 from compatfs.gguf_source import SourceGGUF
 from compatfs.gguf_values import GGUFError
 from compatfs.handlers import gemma3n
 from compatfs.opcache import OpCache
+from compatfs.testing import gemma3n as writer
+from compatfs.testing.core import form
 from compatfs.translation import first_claim, plan
 from compatfs.view import View
 
-from compare import assert_same_tensors, kvs
+from chat import assert_refused
+from compare import assert_same_tensors, kvs, tensors
 from conftest import SHARED, needs_fuse, needs_shared, one_model_store
 from ggufs import write_gguf
 from xlc_client import run_job
@@ -147,3 +151,63 @@ def test_per_layer_embedding_longer_than_the_vocabulary_is_refused(tmp_path):
     src = SourceGGUF(synthetic(tmp_path / "g3n.gguf", per_layer_rows=16))
     with pytest.raises(GGUFError, match="per_layer_token_embd"):
         plan(gemma3n.TEXT, src)
+
+
+# -- the legacy writer (f63eea3's form): no ../shared needed -------------------------------
+
+@pytest.fixture(scope="module")
+def blob(tmp_path_factory):
+    return writer.legacy_gemma3n(tmp_path_factory.mktemp("gemma3n-writer") / "gemma3n.gguf")
+
+
+written = one_model_store("gemma3n", "e2b")
+
+
+@needs_shared
+def test_writer_writes_the_converters_form(blob):
+    assert form(blob) == form(BLOB)
+
+
+@needs_fuse
+def test_legacy_writer_translates_and_generates(blob, written, mount_store):
+    mounted = mount_store(written) / "gemma3n:e2b/model.gguf"
+    got, raw = kvs(mounted), kvs(blob)
+    p = writer.GEMMA3N
+    # llama.cpp's names for the SWA rope base and head size, its tokenizer settings.
+    assert got["gemma3n.rope.freq_base_swa"] == raw["gemma3n.rope.freq_base_local"] == p["rope_freq_base_local"]
+    assert got["gemma3n.attention.key_length"] == got["gemma3n.attention.value_length"] == p["head_dim"]
+    assert got["gemma3n.final_logit_softcapping"] == 30.0
+    assert got["tokenizer.ggml.add_space_prefix"] is False
+    dropped = {"gemma3n.rope.freq_base_local", "gemma3n.head_dim", "gemma3n.altup.correct_scale",
+               "gemma3n.altup.lr_multiplier", "tokenizer.ggml.merges", "tokenizer.ggml.eos_token_ids",
+               "tokenizer.ggml.add_padding_token", "tokenizer.ggml.add_unknown_token"}
+    assert dropped <= set(raw) and not dropped & set(got)
+    # The image markers control, the image/audio slots named by id and unused.
+    tokens, types, raw_types = got["tokenizer.ggml.tokens"], got["tokenizer.ggml.token_type"], raw["tokenizer.ggml.token_type"]
+    assert [types[tokens.index(t)] for t in ("<start_of_image>", "<end_of_image>")] == [TT.CONTROL] * 2
+    n_text = writer.gemma3n_tokens()[4]
+    assert tokens[n_text:] == [f"[PAD{i}]" for i in range(n_text, p["n_vocab"])]
+    assert set(types[n_text:]) == {TT.UNUSED} and set(raw_types[n_text:]) == {TT.USER_DEFINED}
+
+    # The per-layer embedding: the blob's rows, then zero rows up to the vocabulary.
+    mine, theirs = tensors(mounted), tensors(blob)
+    assert sorted(mine) == sorted(theirs)
+    padded, stored = np.asarray(mine["per_layer_token_embd.weight"].data), np.asarray(theirs["per_layer_token_embd.weight"].data)
+    assert padded.shape == (p["n_vocab"], stored.shape[1]) and stored.shape[0] == n_text
+    np.testing.assert_array_equal(padded[:n_text], stored)
+    assert not padded[n_text:].any()
+    assert all(bytes(mine[n].data) == bytes(theirs[n].data) for n in theirs if n != "per_layer_token_embd.weight")
+
+    hello = {"op": "tokenize", "text": "hello"}
+    r = run_job({"model": str(mounted), "actions": [
+        {"op": "props"}, hello, {"op": "complete", "prompt": "hello", "n_predict": 4}]})
+    assert r["ok"], r
+    props, ids, complete = r["results"]
+    assert tokens.index("<end_of_turn>") in props["eog_ids"]
+    assert complete["tokens_predicted"] == 4
+    # Untranslated: the per-layer embedding is refused (where llama.cpp's log
+    # is captured, for its shape), and a space is prepended.
+    assert_refused(run_job({"model": str(blob)}), "per_layer_token_embd")
+    untranslated = run_job({"model": str(blob), "actions": [hello]})
+    assert untranslated["ok"], untranslated
+    assert untranslated["results"][0]["ids"] != ids["ids"]

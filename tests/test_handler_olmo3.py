@@ -1,16 +1,20 @@
 """OLMo 3 as Ollama's converter wrote it (`olmo3`, f63eea3) and writes it
 (`olmo2`): through the mount both equal llama.cpp's conversion of the same
-weights, tokenize and generate as it does."""
+weights, tokenize and generate as it does.  Then the legacy writer's blob,
+which needs no ../shared: it is the genuine blob's form, and through the
+mount it is `olmo2` with the attention factor llama.cpp reads, and generates."""
+import gguf
 import pytest
 
+from compatfs.testing import olmo3 as writer
+from compatfs.testing.core import form
 from compatfs.testing.store import add_model
 from compatfs.testing.tokenizers import CORPUS
 
+from chat import load_failure
 from compare import assert_same_tensors, kvs
-from conftest import SHARED, needs_fuse, needs_shared
+from conftest import SHARED, needs_fuse, needs_shared, one_model_store
 from xlc_client import run_job
-
-pytestmark = [needs_fuse, needs_shared]
 
 # Keys the views leave as Ollama wrote them, and why that is the same model:
 LOOSE = {
@@ -38,6 +42,8 @@ def tokenize_all(model) -> list:
     return [a["ids"] for a in r["results"]]
 
 
+@needs_fuse
+@needs_shared
 @pytest.mark.parametrize("name", ["olmo3_legacy", "olmo3"])
 def test_olmo3_matches_llama_cpp_conversion(name, tmp_path, mount_store):
     store = tmp_path / "store"
@@ -74,11 +80,15 @@ def assert_close_top(mine, ref) -> None:
         assert all(abs(x - y) < 0.05 for (_, x), (_, y) in zip(a, b)), (a, b)
 
 
+@needs_fuse
+@needs_shared
 def test_olmo3_legacy_fails_untranslated():
     r = run_job({"model": str(SHARED / "ollama/olmo3_legacy.gguf"), "actions": []})
     assert not r["ok"] and "olmo3" in r["error"]
 
 
+@needs_fuse
+@needs_shared
 def test_olmo3_current_untranslated_adds_a_bos_and_scales_attention_twice(tmp_path, mount_store):
     """What the current form gets wrong although it loads: an extra BOS, and,
     with the same weight bytes and a prompt of token ids (no BOS either way),
@@ -91,3 +101,41 @@ def test_olmo3_current_untranslated_adds_a_bos_and_scales_attention_twice(tmp_pa
     ids = tokenize_all(upstream)[0]
     assert ids[0] != 480   # no BOS
     assert logprobs(complete(raw, ids, 1)["top"]) != logprobs(complete(mounted, ids, 1)["top"])
+
+
+# -- the legacy writer (f63eea3's form): no ../shared needed -------------------------------
+
+@pytest.fixture(scope="module")
+def blob(tmp_path_factory):
+    return writer.legacy_olmo3(tmp_path_factory.mktemp("olmo3-writer") / "olmo3.gguf")
+
+
+written = one_model_store("olmo3", "7b")
+
+
+@needs_shared
+def test_writer_writes_the_converters_form(blob):
+    assert form(blob) == form(SHARED / "ollama/olmo3_legacy.gguf")
+
+
+@needs_fuse
+def test_legacy_writer_is_olmo2_through_the_mount_and_generates(blob, written, mount_store):
+    mounted = mount_store(written) / "olmo3:7b/model.gguf"
+    got, raw = kvs(mounted), kvs(blob)
+    assert gguf.GGUFReader(mounted).fields["general.architecture"].contents() == "olmo2"
+    # Every olmo3 key as olmo2's, the YaRN attention factor under llama.cpp's name.
+    factor = raw.pop("olmo3.rope.scaling.attn_factor")
+    assert factor == pytest.approx(writer.yarn_attn_factor(writer.OLMO3["rope_factor"]))
+    want = {k.replace("olmo3.", "olmo2.", 1): v for k, v in raw.items()}
+    assert got == {**want, "olmo2.rope.scaling.yarn_attn_factor": factor}
+    # The tensors are the blob's.
+    assert_same_tensors(mounted, blob)
+
+    r = run_job({"model": str(mounted), "actions": [
+        {"op": "tokenize", "text": "hello world", "add_special": True},
+        {"op": "complete", "prompt": "The capital of France is", "n_predict": 4}]})
+    assert r["ok"], r
+    tokenized, complete = r["results"]
+    assert tokenized["ids"][0] != raw["tokenizer.ggml.bos_token_id"]       # OLMo adds no BOS
+    assert complete["tokens_predicted"] == 4
+    assert "olmo3" in load_failure(blob)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+from typing import Any
 
 CORPUS = """
 The quick brown fox jumps over the lazy dog. Hello world, hello there! How are you today?
@@ -126,3 +127,47 @@ def byte_level_merges(n_merges: int) -> tuple[tuple[str, str], ...]:
         if len(sym) > 1:
             words[sym] = words.get(sym, 0) + 1
     return tuple(train_bpe(words, n_merges))
+
+
+@functools.lru_cache(maxsize=None)
+def byte_level_vocab(head: tuple[str, ...] = (), tail: tuple[tuple[str, int], ...] = (), *, n_merged: int = 224,
+                     size: int | None = None) -> tuple[list[str], list[int], list[float], list[str]]:
+    """A byte-level BPE vocabulary as Ollama's converters wrote one (tokens,
+    token types, scores, merges): `head` (control) first, the 256 GPT-2 byte
+    characters, `n_merged` tokens from the corpus' first merges (each merge
+    that makes a new token; those merges are the list), then `tail` as
+    (text, token type) pairs; with `size`, `[PAD<i>]` (user-defined, score
+    -1) up to `size` entries.  The other scores are the token ids."""
+    b2u = bytes_to_unicode()
+    toks = list(head) + [b2u[b] for b in range(256)]
+    seen = set(toks)
+    merges: list[str] = []
+    for a, b in byte_level_merges(400):
+        if len(merges) == n_merged:
+            break
+        if a + b not in seen:
+            seen.add(a + b)
+            toks.append(a + b)
+            merges.append(f"{a} {b}")
+    if len(merges) < n_merged:
+        raise ValueError(f"the corpus gives {len(merges)} merges, not {n_merged}")
+    types = [3] * len(head) + [1] * (len(toks) - len(head))
+    for text, kind in tail:
+        toks.append(text)
+        types.append(kind)
+    scores = [float(i) for i in range(len(toks))]
+    pads = 0 if size is None else size - len(toks)
+    if pads < 0:
+        raise ValueError(f"{len(toks)} tokens do not fit in {size}")
+    toks += [f"[PAD{i}]" for i in range(pads)]
+    types += [4] * pads
+    scores += [-1.0] * pads
+    return toks, types, scores, merges
+
+
+def byte_level_kvs(vocab: tuple[list[str], list[int], list[float], list[str]], pre: str) -> dict[str, Any]:
+    """The tokenizer KVs of a `byte_level_vocab` as Ollama writes them: model
+    `gpt2`, pre-tokenizer `pre`, tokens, types, scores and merges."""
+    tokens, types, scores, merges = vocab
+    return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre, "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": types, "tokenizer.ggml.scores": scores, "tokenizer.ggml.merges": merges}
