@@ -313,10 +313,10 @@ def test_a_lookup_never_waits_for_a_rescan(store, monkeypatch):
 
     def slow_scan():
         entered.set()
-        time.sleep(3)
+        time.sleep(3)       # on purpose: a scan that takes seconds
         return real()
     monkeypatch.setattr(tree.source, "scan", slow_scan)
-    time.sleep(0.2)
+    time.sleep(0.2)     # on purpose: the snapshot grows older than rescan_seconds
     rescan = threading.Thread(target=tree.snapshot)   # stale: this thread rescans
     rescan.start()
     assert entered.wait(5)
