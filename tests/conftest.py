@@ -23,6 +23,24 @@ def fuse_available() -> bool:
     return os.path.exists("/dev/fuse") and bool(shutil.which("fusermount3") or shutil.which("fusermount"))
 
 
+def wait_until(cond, seconds: float = 4.0, *, what: str, tolerate: tuple[type[Exception], ...] = ()):
+    """`cond()` once it is truthy, asked every 50 ms for at most `seconds`;
+    AssertionError saying that `what` did not happen within them when it
+    never is.  An exception of a `tolerate` type counts as not yet (the last
+    one is named in the failure)."""
+    deadline = time.monotonic() + seconds
+    last: Exception | None = None
+    while True:
+        try:
+            value = cond()
+            if value:
+                return value
+        except tolerate as e:
+            last = e
+        assert time.monotonic() < deadline, f"{what}: not within {seconds} s" + (f" (last: {last!r})" if last else "")
+        time.sleep(0.05)
+
+
 needs_fuse = pytest.mark.skipif(not fuse_available(), reason="FUSE (/dev/fuse, fusermount3) not available")
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/fixtures is not present")
 
@@ -57,6 +75,11 @@ class Mount:
     def log_text(self) -> str:
         self._log.flush()
         return self.log.read_text(errors="replace")
+
+    def changes_seen(self) -> int:
+        """How many rescans have logged a change of the store (the mount runs
+        with -v): one more than before a change means a rescan has seen it."""
+        return self.log_text().count("store changed: ")
 
     def close(self) -> None:
         if os.path.ismount(self.path):

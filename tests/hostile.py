@@ -1,17 +1,23 @@
 """Hostile store contents for the tests: GGUF blobs with one value swapped
-for one of the wrong type, and mounts whose hangs are detected by bounded
-waits and cleaned up through fusectl."""
+for one of the wrong type, refusals told apart from handlers that crashed,
+and mounts whose hangs are detected by bounded waits and cleaned up through
+fusectl."""
 from __future__ import annotations
 
 import os
 import struct
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
+
+import pytest
 
 from compatfs.gguf_source import SourceGGUF
-from compatfs.gguf_values import VT, Value, skip_value
+from compatfs.gguf_values import VT, GGUFError, Value, skip_value
 from compatfs.testing import gemma3
 from compatfs.testing.store import add_model
+from compatfs.views import HandlerFailure
 
 _U64 = struct.Struct("<Q")
 
@@ -39,6 +45,35 @@ def with_value(path: Path, key: str, value: Value) -> bytes:
     out += data[_kvs_end(data, len(src.kvs)):src.header_size]    # the tensor infos as they were
     out += bytes(-len(out) % src.alignment)
     return bytes(out) + data[src.data_offset:]
+
+
+def _not_a_crash(e: GGUFError) -> None:
+    """AssertionError when `e` is a `HandlerFailure`: a handler that raised
+    KeyError, TypeError, ... on the input, which `views` refuses like a
+    GGUFError, but which is a bug rather than the refusal the test wants."""
+    if isinstance(e, HandlerFailure):
+        raise AssertionError(f"a handler crashed ({type(e.__cause__).__name__}) instead of refusing: {e}") from e
+
+
+@contextmanager
+def refused(match: str | None = None) -> Iterator[pytest.ExceptionInfo]:
+    """`pytest.raises(GGUFError, match=match)` that fails when the GGUFError
+    is a handler's contained crash (`HandlerFailure`)."""
+    with pytest.raises(GGUFError) as info:
+        yield info
+    _not_a_crash(info.value)
+    if match is not None:
+        info.match(match)
+
+
+@contextmanager
+def served_or_refused() -> Iterator[None]:
+    """The block may end or raise GGUFError, but not a handler's contained
+    crash (`HandlerFailure`)."""
+    try:
+        yield
+    except GGUFError as e:
+        _not_a_crash(e)
 
 
 def _kvs_end(data: bytes, n_kv: int) -> int:

@@ -15,8 +15,8 @@ import pytest
 from compatfs.testing import gemma3, llama
 from compatfs.testing.store import add_model
 
-from conftest import needs_fuse
-from test_hostile_mount import blob_of, expected, wait_for
+from conftest import needs_fuse, wait_until
+from test_hostile_mount import blob_of, expected
 
 pytestmark = needs_fuse
 
@@ -136,7 +136,7 @@ def test_a_blob_rewritten_in_place_with_its_mtime_restored(store, mount_store, t
         assert e.value.errno == errno.EIO
     new = expected(blob)
     assert new != old
-    wait_for(lambda: path.read_bytes() == new, what="new opens serving the rewritten blob")
+    wait_until(lambda: path.read_bytes() == new, what="new opens serving the rewritten blob")
     m.close()
     # A remount over the same index: the entry of the old bytes is not trusted.
     m2 = mount_store(store, env={"COMPATFS_CACHE_DIR": str(m.path.parent / (m.path.name + ".cache"))})
@@ -151,8 +151,8 @@ def test_a_removed_store_folder_reads_as_gone(store, mount_store):
     m = mount_store(store)
     assert "text:1b" in os.listdir(m.path)
     (store / "manifests").rename(store.parent / "manifests.away")
-    wait_for(lambda: os.listdir(m.path) == [], seconds=4, what="an empty listing")
-    time.sleep(1.5)
+    wait_until(lambda: os.listdir(m.path) == [], seconds=4, what="an empty listing")
+    time.sleep(1.5)     # on purpose: the listing stays empty through a rescan or more
     assert os.listdir(m.path) == []     # never PermissionError
     assert m.alive
 
@@ -212,12 +212,12 @@ def test_reads_during_re_pulls_are_one_view_each(store, mount_store, tmp_path):
             gone = store / "blobs" / names[(i + 1) % len(names)]   # neither the new nor the one before
             gone.unlink(missing_ok=True)
             del old
-            time.sleep(0.05)
+            time.sleep(0.05)    # on purpose: a re-pull every 50 ms
 
     threads = [threading.Thread(target=reader) for _ in range(3)] + [threading.Thread(target=repull)]
     for t in threads:
         t.start()
-    time.sleep(10)
+    time.sleep(10)      # on purpose: readers and re-pulls race for 10 s
     stop.set()
     for t in threads:
         t.join(timeout=30)

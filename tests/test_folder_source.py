@@ -25,7 +25,7 @@ from compatfs.tree import FileRef, Tree
 from compatfs.views import BlobViews
 
 import llamacpp
-from conftest import ROOT, needs_fuse
+from conftest import ROOT, needs_fuse, wait_until
 
 
 
@@ -191,16 +191,10 @@ def test_models_added_and_removed_while_mounted(legacy, tmp_path, mount_store):
     assert os.listdir(m / "pub") == ["a"]
     (root / "pub" / "b").mkdir()
     shutil.copyfile(legacy[1]["gemma3v"], root / "pub" / "b" / "b.gguf")
-
-    def within(seconds: float, cond) -> bool:
-        end = time.monotonic() + seconds
-        while not cond() and time.monotonic() < end:
-            time.sleep(0.2)
-        return cond()
-    assert within(10, lambda: sorted(os.listdir(m / "pub")) == ["a", "b"])
+    wait_until(lambda: sorted(os.listdir(m / "pub")) == ["a", "b"], 10, what="the added folder b listed")
     assert sorted(os.listdir(m / "pub/b")) == ["mmproj.gguf", "model.gguf"]
     shutil.rmtree(root / "pub" / "b")
-    assert within(10, lambda: os.listdir(m / "pub") == ["a"])
+    wait_until(lambda: os.listdir(m / "pub") == ["a"], 10, what="the removed folder b gone from the listing")
     assert m.alive
 
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from compatfs.testing import gemma3, llama
+from compatfs.testing import fuzz, gemma3, llama
 from compatfs.testing.store import add_model
 from compatfs.view import FileRange, _CachedOp, _Ranged
 from compatfs.views import BlobViews
 
-from conftest import needs_fuse
+from conftest import needs_fuse, wait_until
 from hostile import vision_and_text_store
 
 pytestmark = needs_fuse
@@ -37,16 +37,6 @@ def blob_of(store: Path, name: str, tag: str, media: str = "model") -> Path:
     return store / "blobs" / layer["digest"].replace(":", "-")
 
 
-def wait_for(cond, seconds: float = 4.0, what: str = "condition"):
-    deadline = time.monotonic() + seconds
-    while True:
-        value = cond()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what} not met within {seconds} s"
-        time.sleep(0.1)
-
-
 @pytest.fixture
 def store(tmp_path):
     return vision_and_text_store(tmp_path)
@@ -60,6 +50,7 @@ def test_truncated_blob_is_eio_not_eof(store, mount_store):
     with open(path, "rb", buffering=0) as f:
         assert os.fstat(f.fileno()).st_size == len(want)
         got = bytearray(f.read(len(want) // 4))
+        seen = m.changes_seen()
         os.truncate(blob, blob.stat().st_size // 2)
         with pytest.raises(OSError) as e:
             while True:
@@ -68,8 +59,8 @@ def test_truncated_blob_is_eio_not_eof(store, mount_store):
                 got += chunk
         assert e.value.errno == errno.EIO
         assert len(got) < len(want) and got == want[:len(got)]
-        # The open file keeps its size (its reads fail) rather than ending early.
-        time.sleep(1.5)
+        # The open file keeps its size (its reads fail) rather than ending early, after the rescan too.
+        wait_until(lambda: m.changes_seen() > seen, what="a rescan seeing the truncated blob")
         assert os.fstat(f.fileno()).st_size == len(want)
     assert m.alive
     log = m.log_text()
@@ -94,7 +85,7 @@ def test_blob_rewritten_in_place(store, mount_store, tmp_path):
         assert e.value.errno == errno.EIO
         new = expected(blob)
         assert len(new) != len(old)
-        wait_for(lambda: path.stat().st_size == len(new), what="stat shows the rewritten blob")
+        wait_until(lambda: path.stat().st_size == len(new), what="stat shows the rewritten blob")
         assert path.read_bytes() == new     # a new open sees the new blob
     assert blob.name in m.log_text()
 
@@ -107,11 +98,12 @@ def test_repointed_manifest_under_an_open_reader(store, mount_store, tmp_path):
     ino_before = path.stat().st_ino
     with open(path, "rb", buffering=0) as a:
         got = a.read(len(before) // 2)
+        seen = m.changes_seen()
         add_model(store, "text", llama.plain_llama_text(tmp_path / "p.gguf"), tag="1b")   # `ollama pull` again
         second = blob_of(store, "text", "1b")
         after = expected(second)
         assert second != first and len(after) != len(before)
-        time.sleep(2)
+        wait_until(lambda: m.changes_seen() > seen, what="a rescan seeing the re-pulled text:1b")
         # While the first reader is open the path keeps its view (one kernel
         # inode per path: mixing two views would mix their pages), whole.
         with open(path, "rb") as b:
@@ -121,7 +113,7 @@ def test_repointed_manifest_under_an_open_reader(store, mount_store, tmp_path):
         # The new blob is served at once under blobs/.
         assert (m / "blobs" / second.name / "model.gguf").read_bytes() == after
     # Closed: new opens see the new blob, as a new inode number.
-    wait_for(lambda: path.stat().st_size == len(after), what="the path switching to the new blob")
+    wait_until(lambda: path.stat().st_size == len(after), what="the path switching to the new blob")
     assert path.read_bytes() == after
     assert path.stat().st_ino != ino_before
 
@@ -235,7 +227,10 @@ def test_a_fifo_manifest_appearing_while_mounted_blocks_nothing(store, mount_sto
     fifo.parent.mkdir()
     os.mkfifo(fifo)
     try:
-        time.sleep(2.5)     # two rescans
+        # A model added after the FIFO: listed once a whole rescan has read the manifests, the FIFO's too.
+        seen = m.changes_seen()
+        add_model(store, "after", blob_of(store, "text", "1b"))
+        wait_until(lambda: m.changes_seen() > seen, what="a rescan past the FIFO manifest seeing the model after it")
         res = bounded(["stat", "-c", "%s", str(m / "text:1b/model.gguf")], 10, m.path)
         assert res.returncode == 0 and int(res.stdout) == len(expected(blob_of(store, "text", "1b")))
         assert bounded(["ls", "-lR", str(m.path)], 10, m.path).returncode == 0
@@ -271,7 +266,7 @@ def test_a_blob_flipping_between_file_and_fifo_never_hangs_a_request(store, moun
         while not stop.is_set():
             swap(fifo=bool(i % 2))
             i += 1
-            time.sleep(0.005)
+            time.sleep(0.005)   # on purpose: a swap every 5 ms
 
     t = threading.Thread(target=flip, daemon=True)
     t.start()
@@ -287,11 +282,14 @@ def test_a_blob_flipping_between_file_and_fifo_never_hangs_a_request(store, moun
         stop.set()
         t.join(5)
         swap(fifo=True)
+
+    def eio(rel: str) -> bool:
+        res = bounded(["cat", str(m / rel)], 10, m.path)
+        return res.returncode != 0 and "Input/output error" in res.stderr
+
     try:
-        time.sleep(1.5)
         for rel in ("vision:4b/model.gguf", f"blobs/{blob.name}/model.gguf"):
-            res = bounded(["cat", str(m / rel)], 10, m.path)
-            assert res.returncode != 0 and "Input/output error" in res.stderr, res.stderr
+            wait_until(lambda: eio(rel), what=f"{rel} read as EIO, its blob left a FIFO")
         assert bounded(["ls", "-lR", str(m.path)], 10, m.path).returncode == 0
         assert m.alive
     finally:
@@ -331,6 +329,7 @@ def test_values_of_the_wrong_type_refuse_one_view_at_most(store, mount_store, tm
         assert res.returncode == 0 and "?" not in res.stdout, res.stdout + res.stderr
     refused = 0
     for name, blob in blobs.items():
+        fuzz.views_of(blob)   # raises HandlerFailure where a refusal is a handler's crash (the mount's EIO hides it)
         for folder in (m / f"{name}:latest", m / "blobs" / blob.name):
             files = sorted(p.name for p in folder.iterdir())
             assert "model.gguf" in files, (folder, files)
@@ -361,6 +360,7 @@ def test_index_rows_that_lie_are_hints(store, mount_store, tmp_path):
     listed.  Now: the rows are checked against the view on open, rebuilt,
     and the kernel's attributes dropped."""
     import sqlite3
+    from contextlib import closing
     cache = tmp_path / "cache"
     env = {"COMPATFS_CACHE_DIR": str(cache)}
     extra = tmp_path / "other.gguf"
@@ -371,13 +371,20 @@ def test_index_rows_that_lie_are_hints(store, mount_store, tmp_path):
     for name in ("text:1b", "vision:4b", "plain:latest", "third:1b"):
         for f in (first / name).iterdir():
             f.stat()
-    time.sleep(0.5)
+
+    def table_of(db: sqlite3.Connection) -> str:
+        return db.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name DESC").fetchone()[0]
+
+    def rows() -> int:
+        with closing(sqlite3.connect(cache / "index.sqlite3")) as db:
+            return db.execute(f"SELECT COUNT(*) FROM {table_of(db)}").fetchone()[0]
+    wait_until(lambda: rows() >= 4, what="the four models' rows in the index", tolerate=(sqlite3.Error, TypeError))
     first.close()
     text, vision = blob_of(store, "text", "1b"), blob_of(store, "vision", "4b")
     plain, third = blob_of(store, "plain", "latest"), blob_of(store, "third", "1b")
+    assert rows() >= 4
     db = sqlite3.connect(cache / "index.sqlite3")
-    table = db.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name DESC").fetchone()[0]
-    assert db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] >= 4
+    table = table_of(db)
     db.execute(f"UPDATE {table} SET model_size = model_size - 5000 WHERE path = ?", (str(text),))
     db.execute(f"UPDATE {table} SET error = 'forged' WHERE path = ?", (str(vision),))
     db.execute(f"UPDATE {table} SET model_size = 'abc' WHERE path = ?", (str(plain),))
@@ -397,7 +404,7 @@ def test_index_rows_that_lie_are_hints(store, mount_store, tmp_path):
     if "mmproj.gguf" in os.listdir(m / "third:1b"):
         with pytest.raises(OSError):
             phantom.read_bytes()
-    wait_for(lambda: "mmproj.gguf" not in os.listdir(m / "third:1b"), what="the phantom mmproj.gguf gone")
+    wait_until(lambda: "mmproj.gguf" not in os.listdir(m / "third:1b"), what="the phantom mmproj.gguf gone")
     assert not phantom.exists()
     log = m.log_text()
     assert f"index entry of {text} said" in log and "Traceback" not in log and m.alive

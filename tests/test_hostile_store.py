@@ -19,7 +19,7 @@ from compatfs.gguf_values import GGUFError
 from compatfs.models import model_files
 from compatfs.source import SourceError
 from compatfs.store import OllamaStore
-from compatfs.testing import llama
+from compatfs.testing import fuzz, llama
 from compatfs.testing.store import add_blob, add_model
 from compatfs.tree import Tree
 from compatfs.views import MMPROJ_FILE, MODEL_FILE, BlobViews, summarize
@@ -233,6 +233,7 @@ def test_an_architecture_of_the_wrong_type_is_an_answer(store, tmp_path, value):
             views.view(bad, kind)
         except GGUFError as e:
             assert str(bad) in str(e)
+    fuzz.views_of(bad)   # raises HandlerFailure where a refusal is a handler's crash (BlobViews' GGUFError hides it)
 
 
 def test_a_model_removed_between_two_scans_is_no_model(store, monkeypatch):
@@ -312,10 +313,10 @@ def test_a_lookup_never_waits_for_a_rescan(store, monkeypatch):
 
     def slow_scan():
         entered.set()
-        time.sleep(3)
+        time.sleep(3)       # on purpose: a scan that takes seconds
         return real()
     monkeypatch.setattr(tree.source, "scan", slow_scan)
-    time.sleep(0.2)
+    time.sleep(0.2)     # on purpose: the snapshot grows older than rescan_seconds
     rescan = threading.Thread(target=tree.snapshot)   # stale: this thread rescans
     rescan.start()
     assert entered.wait(5)

@@ -18,7 +18,7 @@ from compatfs.testing.store import add_model
 from compatfs.translation import ALWAYS, Set, Translation, plan
 from compatfs.view import View
 
-from conftest import needs_fuse
+from conftest import needs_fuse, wait_until
 
 
 def test_entries_survive_reopening_and_stale_ones_are_ignored(tmp_path):
@@ -123,18 +123,14 @@ print(" ".join(str(p) for p in views._pool._processes), flush=True)
 if os.environ.get("HOW") == "close":
     views.close()
     print("closed", flush=True)
-    time.sleep(30)
+    time.sleep(30)   # on purpose: alive while the test checks the workers ended with close(), not with it
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-def _gone(pids: list[int], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not any(Path(f"/proc/{p}").exists() and "zombie" not in _state(p) for p in pids):
-            return True
-        time.sleep(0.05)
-    return False
+def _gone(pids: list[int]) -> bool:
+    """None of `pids` runs (a zombie is gone)."""
+    return not any(Path(f"/proc/{p}").exists() and "zombie" not in _state(p) for p in pids)
 
 
 def _state(pid: int) -> str:
@@ -157,10 +153,10 @@ def test_indexing_workers_end_with_the_daemon(tmp_path):
         assert pids, how
         if how == "close":
             assert proc.stdout.readline().strip() == "closed"
-            assert _gone(pids, 10), f"workers {pids} still there after close()"
+            wait_until(lambda: _gone(pids), 10, what=f"workers {pids} ending with close()")
             proc.kill()
         proc.wait(timeout=30)
-        assert _gone(pids, 10), f"workers {pids} outlived a daemon ended by {how}"
+        wait_until(lambda: _gone(pids), 10, what=f"workers {pids} ending with a daemon ended by {how}")
 
 
 def test_a_stat_never_waits_on_a_worker_that_has_not_answered(tmp_path):

@@ -20,8 +20,8 @@ from compatfs.view import _CachedOp
 from compatfs.views import BlobViews
 from compatfs.testing.store import add_model
 
-from conftest import needs_fuse
-from test_hostile_mount import blob_of, expected, wait_for
+from conftest import needs_fuse, wait_until
+from test_hostile_mount import blob_of, expected
 
 pytestmark = needs_fuse
 
@@ -182,10 +182,10 @@ def test_removed_model_leaves_nothing_held(store, mount_store):
         assert _held(m.proc.pid, blob)   # the open file holds its blob
         shutil.rmtree(store / "manifests/registry.ollama.ai/library/vision")
         blob.unlink()
-        time.sleep(1.5)
+        wait_until(lambda: "vision:4b" not in os.listdir(m.path), what="the removed model leaving the listing")
         got += f.read()
     assert got == want   # the reader read on to its end
-    wait_for(lambda: not _held(m.proc.pid, blob), what="the daemon letting go of the removed blob")
+    wait_until(lambda: not _held(m.proc.pid, blob), what="the daemon letting go of the removed blob")
     assert "vision:4b" not in os.listdir(m.path)
 
 
@@ -207,7 +207,7 @@ def test_removed_model_keeps_serving_its_op_tensors(tmp_path, mount_store):
         assert len(head) == 4096 < op_at
         shutil.rmtree(store / "manifests/registry.ollama.ai/library/omni")
         blob.unlink()
-        wait_for(lambda: "omni:latest" not in os.listdir(m.path), what="the removed model leaving the listing")
+        wait_until(lambda: "omni:latest" not in os.listdir(m.path), what="the removed model leaving the listing")
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
         rest = f.read()
     assert head + rest == want
@@ -232,10 +232,10 @@ def test_stat_follows_the_store_within_seconds(store, mount_store, tmp_path, opt
             return False
         except FileNotFoundError:
             return True
-    wait_for(gone, seconds=2.5, what="stat of a removed model failing")
+    wait_until(gone, seconds=2.5, what="stat of a removed model failing")
     add_model(store, "vision", llama.plain_llama_text(tmp_path / "new.gguf"), tag="4b")
     new = expected(blob_of(store, "vision", "4b"))
-    wait_for(lambda: vision.stat().st_size == len(new), seconds=2.5, what="stat showing the re-pulled tag")
+    wait_until(lambda: vision.stat().st_size == len(new), seconds=2.5, what="stat showing the re-pulled tag")
     assert vision.read_bytes() == new
 
 
@@ -281,12 +281,12 @@ def test_readers_during_store_churn(store, mount_store, tmp_path):
             gone = store / "manifests/registry.ollama.ai/library" / f"churn{(i + 2) % 5}"
             shutil.rmtree(gone, ignore_errors=True)
             os.listdir(m.path)
-            time.sleep(0.05)
+            time.sleep(0.05)    # on purpose: a pull and a removal every 50 ms
 
     threads = [threading.Thread(target=reader, args=(s,)) for s in range(8)] + [threading.Thread(target=churn)]
     for t in threads:
         t.start()
-    time.sleep(8)
+    time.sleep(8)       # on purpose: readers and churn race for 8 s
     stop.set()
     for t in threads:
         t.join(timeout=60)
@@ -307,6 +307,7 @@ def test_permission_changes_reach_stat_within_seconds(store, mount_store, option
     blob = blob_of(store, "text", "1b")
     assert stat.S_IMODE(model.stat().st_mode) == stat.S_IMODE(os.stat(blob).st_mode) & 0o555
     os.chmod(blob, 0o640)
-    wait_for(lambda: stat.S_IMODE(model.stat().st_mode) == 0o440, seconds=3, what="stat showing a blob's new mode")
+    wait_until(lambda: stat.S_IMODE(model.stat().st_mode) == 0o440, seconds=3, what="stat showing a blob's new mode")
     os.chmod(store / "manifests", 0o750)
-    wait_for(lambda: stat.S_IMODE(folder.stat().st_mode) == 0o550, seconds=3, what="a folder showing the store's mode")
+    wait_until(lambda: stat.S_IMODE(folder.stat().st_mode) == 0o550, seconds=3,
+               what="a folder showing the store's mode")

@@ -6,7 +6,6 @@ import json
 import os
 import random
 import shutil
-import time
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,7 @@ from compatfs.testing.store import add_blob, add_model
 from compatfs.view import FileRange
 from compatfs.views import BlobViews
 
-from conftest import needs_fuse
+from conftest import needs_fuse, wait_until
 from ggufs import plain_model, synthetic_gemma3, write_gguf
 
 pytestmark = needs_fuse
@@ -107,16 +106,10 @@ def test_tree_follows_the_store(store, mount_store, tmp_path):
     m = mount_store(store)
     assert "late:latest" not in os.listdir(m.path)
     add_model(store, "late", plain_model(tmp_path / "late.gguf"))
-    deadline = time.monotonic() + 5
-    while "late:latest" not in os.listdir(m.path):
-        assert time.monotonic() < deadline, "new model did not appear"
-        time.sleep(0.2)
+    wait_until(lambda: "late:latest" in os.listdir(m.path), 5, what="the new model late:latest listed")
     assert (m / "late:latest/model.gguf").read_bytes()[:4] == b"GGUF"
     shutil.rmtree(store / "manifests/registry.ollama.ai/library/plain")
-    deadline = time.monotonic() + 5
-    while "plain:latest" in os.listdir(m.path):
-        assert time.monotonic() < deadline, "removed model did not disappear"
-        time.sleep(0.2)
+    wait_until(lambda: "plain:latest" not in os.listdir(m.path), 5, what="the removed model plain:latest gone")
 
 
 def test_no_translate_serves_blobs_unchanged(store, mount_store):

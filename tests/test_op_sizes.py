@@ -253,7 +253,7 @@ def _read_while_listing(m, path, readers: int = 2) -> tuple[list[bytes], float]:
         os.listdir(m / "other:latest")
         os.stat(m / "other:latest/model.gguf")
         slowest = max(slowest, time.monotonic() - t0)
-        time.sleep(0.02)
+        time.sleep(0.02)    # on purpose: a listing and a stat every 20 ms while the readers run
     for t in threads:
         t.join(timeout=60)
     assert not any(t.is_alive() for t in threads), "a reader did not finish within two minutes"

@@ -3,6 +3,8 @@ import time
 
 from compatfs.opcache import OpCache
 
+from conftest import wait_until
+
 
 def test_byte_budget_keeps_several_and_evicts_least_recent():
     cache, calls = OpCache(max_bytes=25), []
@@ -51,7 +53,7 @@ def test_concurrent_readers_wait_for_one_computation():
     def slow():
         calls.append(1)
         started.set()
-        time.sleep(0.2)
+        time.sleep(0.2)     # on purpose: a computation slow enough for the others to arrive during it
         return b"x" * 100
 
     results = []
@@ -86,7 +88,7 @@ def test_at_most_computing_run_at_once_and_others_are_not_held():
         with lock:
             running[0] += 1
             peak[0] = max(peak[0], running[0])
-        time.sleep(0.2)
+        time.sleep(0.2)     # on purpose: computations that overlap
         with lock:
             running[0] -= 1
         return b"x"
@@ -94,7 +96,7 @@ def test_at_most_computing_run_at_once_and_others_are_not_held():
     threads = [threading.Thread(target=cache.get, args=(k, slow)) for k in range(6)]
     for t in threads:
         t.start()
-    time.sleep(0.05)
+    wait_until(lambda: running[0] == 2, what="two computations running")
     t0 = time.monotonic()
     assert cache.get("kept", lambda: b"recomputed") == b"k"
     assert time.monotonic() - t0 < 0.1

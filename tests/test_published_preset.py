@@ -14,8 +14,8 @@ import pytest
 import llamacpp
 from compatfs.testing import llama, llava
 from compatfs.testing.store import add_model
-from conftest import Mount, needs_fuse
-from test_router import NESTED, ask, free_port, until
+from conftest import Mount, needs_fuse, wait_until
+from test_router import NESTED, SERVING, ask, free_port
 from test_sampling import set_params
 
 pytestmark = needs_fuse
@@ -37,7 +37,7 @@ def store_with_models(tmp_path: Path) -> tuple[Path, Path, Path]:
 
 def mounted(tmp_path: Path, root: Path, mount_store) -> Mount:
     mnt = mount_store(root, env={"XDG_STATE_HOME": str(tmp_path / "state")})
-    until(lambda: (mnt / "models.ini").exists(), 10)
+    wait_until(lambda: (mnt / "models.ini").exists(), 10, what="models.ini published", tolerate=SERVING)
     return mnt
 
 
@@ -76,7 +76,7 @@ def test_a_source_without_models_shows_no_models_ini(tmp_path, mount_store):
     (root / "blobs").mkdir(parents=True)
     (root / "manifests").mkdir()
     mnt = mount_store(root, env={"XDG_STATE_HOME": str(tmp_path / "state")})
-    time.sleep(2.5)   # two rescans
+    time.sleep(2.5)   # on purpose: no models.ini appears through two rescans (they log no change to wait for)
     assert "models.ini" not in os.listdir(mnt.path)
     with pytest.raises(FileNotFoundError):
         (mnt / "models.ini").read_bytes()
@@ -89,27 +89,33 @@ def test_models_ini_follows_the_store(tmp_path, mount_store):
     old_size = os.stat(path).st_size
     # A params layer changed: stat alone (no open) sees the new size: the kernel's attributes were dropped.
     set_params(root, nested, b'{"num_ctx":4096,"num_predict":77}')
-    until(lambda: os.stat(path).st_size != old_size, 5)
+    wait_until(lambda: os.stat(path).st_size != old_size, 5,
+               what="stat showing models.ini's new size", tolerate=SERVING)
     text = preset(mnt)
     assert "ctx-size = 4096\nn-predict = 77\n" in text and "ctx-size = 2048" not in text
     assert os.stat(path).st_size == len(text.encode())
     # A file opened before a change keeps the bytes it opened (and its size); once closed, the new ones.
     with open(path, "rb") as held:
         before = held.read()
+        seen = mnt.changes_seen()
         set_params(root, nested, b'{"num_ctx":3072}')
-        time.sleep(2.5)
+        wait_until(lambda: mnt.changes_seen() > seen, what="a rescan seeing the params layer changed")
         held.seek(0)
         assert held.read() == before and os.fstat(held.fileno()).st_size == len(before)
-    until(lambda: "ctx-size = 3072" in preset(mnt), 5)
+    wait_until(lambda: "ctx-size = 3072" in preset(mnt), 5,
+               what="models.ini showing num_ctx 3072 once the held file closed", tolerate=SERVING)
     # Removed, added again, a model added and one removed.
     set_params(root, nested, None)
-    until(lambda: "ctx-size" not in preset(mnt), 5)
+    wait_until(lambda: "ctx-size" not in preset(mnt), 5,
+               what="models.ini without the removed params layer's ctx-size", tolerate=SERVING)
     set_params(root, nested, b'{"num_ctx":1024}')
-    until(lambda: "ctx-size = 1024" in preset(mnt), 5)
+    wait_until(lambda: "ctx-size = 1024" in preset(mnt), 5,
+               what="models.ini showing the params layer added again", tolerate=SERVING)
     add_model(root, "late", blob, tag="3b")
-    until(lambda: f"[late@3b]\nalias = late:3b\nmodel = {mnt.path}/late:3b/model.gguf\n" in preset(mnt), 5)
+    wait_until(lambda: f"[late@3b]\nalias = late:3b\nmodel = {mnt.path}/late:3b/model.gguf\n" in preset(mnt), 5,
+               what="models.ini listing the added late:3b", tolerate=SERVING)
     shutil.rmtree(root / "manifests/registry.ollama.ai/library/tiny")
-    until(lambda: "tiny:1b" not in preset(mnt), 5)
+    wait_until(lambda: "tiny:1b" not in preset(mnt), 5, what="models.ini without the removed tiny:1b", tolerate=SERVING)
     assert os.stat(path).st_size == len(path.read_bytes())
     assert mnt.alive
 
@@ -127,7 +133,8 @@ def test_models_ini_goes_with_its_mount(tmp_path, mount_store):
     subprocess.run(["fusermount3", "-uz", str(first.path)], check=True)     # detached, still serving `held`
     second = Mount(root, first.path, env={"XDG_STATE_HOME": str(tmp_path / "state")})
     try:
-        until(lambda: (second / "models.ini").exists(), 10)
+        wait_until(lambda: (second / "models.ini").exists(), 10,
+                   what="the second mount's models.ini published", tolerate=SERVING)
         renewed = os.stat(published).st_ino
         held.close()
         first.proc.wait(timeout=20)          # the first daemon ends with its last file
@@ -144,7 +151,8 @@ def test_a_hostile_params_layer_never_breaks_models_ini(tmp_path, mount_store, l
     root, blob, nested = store_with_models(tmp_path)
     mnt = mounted(tmp_path, root, mount_store)
     set_params(root, nested, layer)
-    until(lambda: "ctx-size = 2048" not in preset(mnt), 5)
+    wait_until(lambda: "ctx-size = 2048" not in preset(mnt), 5,
+               what="models.ini without the hostile params layer's old ctx-size", tolerate=SERVING)
     text = preset(mnt)
     # The model stays, with its files, and the section says why its params are not there.
     assert f"alias = {NESTED}\nmodel = {mnt.path}/{NESTED}/model.gguf\n" in text
@@ -165,22 +173,26 @@ def test_models_ini_is_readable_as_the_mount_root_is(open_tmp):
     root.chmod(0o755)
     mnt = Mount(root, open_tmp / "mnt", env={"XDG_STATE_HOME": str(open_tmp / "state")})
     try:
-        until(lambda: (mnt / "models.ini").exists(), 10)
+        wait_until(lambda: (mnt / "models.ini").exists(), 10, what="models.ini published", tolerate=SERVING)
         # The daemon's state folder is its own (0700): the file is readable as the store's root is.
         assert stat_mode(os.stat(open_tmp / "state" / "compatfs")) == 0o700
         assert read_as_nobody(mnt / "models.ini") == "ok"
         (root / "manifests").chmod(0o711)   # what the mount root mirrors: others may not list it now
-        until(lambda: stat_mode(os.stat(mnt.path)) == 0o511, 5)
-        until(lambda: stat_mode(os.stat(mnt / "models.ini")) == 0o400, 5)
+        wait_until(lambda: stat_mode(os.stat(mnt.path)) == 0o511, 5,
+                   what="the mount root showing the manifests folder's mode 0711", tolerate=SERVING)
+        wait_until(lambda: stat_mode(os.stat(mnt / "models.ini")) == 0o400, 5,
+                   what="models.ini showing mode 0400", tolerate=SERVING)
         assert "Permission denied" in read_as_nobody(mnt / "models.ini")
         # An access ACL the mode bits do not show refuses it too, as it refuses listing the root.
         if shutil.which("setfacl"):
             (root / "manifests").chmod(0o755)
             subprocess.run(["setfacl", "-m", "u:65534:---", str(root / "manifests")], check=True)
-            until(lambda: stat_mode(os.stat(mnt / "models.ini")) == 0o444, 5)
+            wait_until(lambda: stat_mode(os.stat(mnt / "models.ini")) == 0o444, 5,
+                       what="models.ini showing mode 0444 again", tolerate=SERVING)
             assert "Permission denied" in read_as_nobody(mnt / "models.ini")
             subprocess.run(["setfacl", "-b", str(root / "manifests")], check=True)
-            until(lambda: read_as_nobody(mnt / "models.ini") == "ok", 5)
+            wait_until(lambda: read_as_nobody(mnt / "models.ini") == "ok", 5,
+                       what="models.ini readable by others once the ACL is gone", tolerate=SERVING)
     finally:
         mnt.close()
 
@@ -190,14 +202,15 @@ def test_stock_llama_server_serves_the_mounts_models_ini(tmp_path, mount_store):
     root, _, nested = store_with_models(tmp_path)
     set_params(root, nested, b'{"temperature":0.25,"top_k":5,"num_ctx":256}')
     mnt = mounted(tmp_path, root, mount_store)
-    until(lambda: "ctx-size = 256" in preset(mnt), 5)
+    wait_until(lambda: "ctx-size = 256" in preset(mnt), 5, what="models.ini showing num_ctx 256", tolerate=SERVING)
     port = free_port()
     log = open(tmp_path / "server.log", "wb")
     proc = subprocess.Popen([str(server), "--models-preset", str(mnt / "models.ini"), "--port", str(port),
                              "--models-max", "1", "-t", "1", "--no-webui"],
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
-        until(lambda: ask(port, "/health", timeout=2)["status"] == "ok", 60)
+        wait_until(lambda: ask(port, "/health", timeout=2)["status"] == "ok", 60,
+                   what="the server answering /health", tolerate=SERVING)
         aliases = {a for m in ask(port, "/v1/models")["data"] for a in m["aliases"]}
         assert {NESTED, "tiny:1b"} <= aliases
         r = ask(port, "/completion", {"model": NESTED, "prompt": "Hello", "n_predict": 4})

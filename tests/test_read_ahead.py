@@ -5,7 +5,6 @@ mount in two)."""
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ import pytest
 from compatfs.testing import llama
 from compatfs.testing.store import add_model
 
-from conftest import needs_fuse
+from conftest import needs_fuse, wait_until
 
 
 @needs_fuse
@@ -25,6 +24,6 @@ def test_every_mount_keeps_its_read_ahead(tmp_path, mount_store):
         m = mount_store(store, "--read-ahead-kb", "4096")
         st = os.stat(m.path)
         knob = Path(f"/sys/class/bdi/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/read_ahead_kb")
-        time.sleep(0.5)
+        wait_until(lambda: "read-ahead " in m.log_text(), what="the daemon logging the read-ahead it set")
         assert knob.read_text().strip() == "4096", m.log_text()
         m.close()

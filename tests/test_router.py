@@ -6,7 +6,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from compatfs.preset import Entry, render, section
 from compatfs.router import Router
 from compatfs.testing import llama
 from compatfs.testing.store import add_model
-from conftest import needs_fuse
+from conftest import needs_fuse, wait_until
 from test_sampling import set_params
 
 NESTED = "hf.co/some-org/Some-Repo-GGUF:Q4_K_M"
@@ -73,19 +72,8 @@ def ask(port: int, path: str, body: dict | None = None, timeout: float = 120) ->
         return json.loads(r.read())
 
 
-def until(what, seconds: float):
-    """`what()` once it is truthy (errors count as not yet), within `seconds`."""
-    deadline = time.monotonic() + seconds
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            got = what()
-            if got:
-                return got
-        except (OSError, ValueError, KeyError) as e:
-            last = e
-        time.sleep(0.25)
-    raise AssertionError(f"not within {seconds} s (last error: {last})")
+# What asking a server or a mount that is not there yet raises (for wait_until: not yet).
+SERVING = (OSError, ValueError, KeyError)
 
 
 @needs_fuse
@@ -105,7 +93,8 @@ def test_serve_answers_every_model_by_its_ollama_name(tmp_path, mount_store):
                              "--models-max", "1", "-t", "1", "--no-webui"],
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     try:
-        until(lambda: ask(port, "/health", timeout=2)["status"] == "ok", 60)
+        wait_until(lambda: ask(port, "/health", timeout=2)["status"] == "ok", 60,
+                   what="the server answering /health", tolerate=SERVING)
         listed = ask(port, "/v1/models")["data"]
         aliases = {a for m in listed for a in m["aliases"]}
         assert {NESTED, "tiny:1b"} <= aliases
@@ -121,13 +110,14 @@ def test_serve_answers_every_model_by_its_ollama_name(tmp_path, mount_store):
         set_params(root, nested, b'{"temperature":1.5,"top_k":9,"num_ctx":512}')
         preset = mnt / "models.ini"   # the mount's own, which serve runs the router with
         assert not list((tmp_path / "state").glob("compatfs/models-*.ini"))
-        until(lambda: "ctx-size = 512" in preset.read_text(), 15)
+        wait_until(lambda: "ctx-size = 512" in preset.read_text(), 15,
+                   what="models.ini showing the new num_ctx 512", tolerate=SERVING)
 
         def new_props():
             ask(port, "/completion", {"model": NESTED, "prompt": "Hi", "n_predict": 1})
             p = ask(port, f"/props?model={urllib.request.quote(NESTED)}")["default_generation_settings"]
             return p["params"]["top_k"] == 9 and p["n_ctx"] == 512 and p
-        p = until(new_props, 60)
+        p = wait_until(new_props, 60, what="the restarted model serving the new params", tolerate=SERVING)
         assert p["params"]["temperature"] == pytest.approx(1.5)
     finally:
         llamacpp.stop(proc, log)

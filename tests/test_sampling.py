@@ -18,7 +18,7 @@ from compatfs.testing.store import add_model
 from compatfs.tree import Tree
 from compatfs.views import BlobViews
 
-from conftest import needs_fuse
+from conftest import needs_fuse, wait_until
 
 PARAMS = "application/vnd.ollama.image.params"
 S = Keys.General
@@ -137,16 +137,10 @@ def test_the_mount_follows_the_params_layer(store, mount_store, tmp_path):
     m = store / "manifests/registry.ollama.ai/library/tiny/hot"
 
     def seen(want, seconds=10.0):
-        deadline = time.monotonic() + seconds
         start = time.monotonic()
-        while time.monotonic() < deadline:
-            try:
-                if sampling_keys(f) == want and os.path.getsize(f) == len(f.read_bytes()):
-                    return time.monotonic() - start
-            except (OSError, ValueError):
-                pass
-            time.sleep(0.05)
-        raise AssertionError(f"{f}: still {sampling_keys(f)} after {seconds} s")
+        wait_until(lambda: sampling_keys(f) == want and os.path.getsize(f) == len(f.read_bytes()), seconds,
+                   what=f"{f} showing {want}", tolerate=(OSError, ValueError))
+        return time.monotonic() - start
 
     set_params(store, m, b'{"top_k": 11}')
     assert seen({S.SAMPLING_TOP_K: 11}) < 3
@@ -168,12 +162,11 @@ def test_a_file_held_open_across_a_change_shows_the_new_params_once_reopened(sto
     m = store / "manifests/registry.ollama.ai/library/tiny/hot"
     with open(f, "rb") as held:
         head = held.read(4096)
+        seen = mnt.changes_seen()
         set_params(store, m, b'{"top_k": 3, "temperature": 0.5}')
-        time.sleep(2.5)                       # the rescan has seen it (and told the kernel) meanwhile
+        wait_until(lambda: mnt.changes_seen() > seen, what="a rescan seeing the params layer changed")
         held.seek(0)
         assert held.read(4096) == head        # an open file keeps the view it opened
     # Reopened: the new view, not the pages the held file had cached.
-    deadline = time.monotonic() + 10
-    while sampling_keys(f) != {S.SAMPLING_TOP_K: 3, S.SAMPLING_TEMP: 0.5}:  # noqa: SIM113
-        assert time.monotonic() < deadline, sampling_keys(f)
-        time.sleep(0.1)
+    wait_until(lambda: sampling_keys(f) == {S.SAMPLING_TOP_K: 3, S.SAMPLING_TEMP: 0.5}, 10,
+               what="a new open showing the new params")

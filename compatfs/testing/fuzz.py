@@ -2,10 +2,11 @@
 through everything the mount does with a blob (parse, classify, plan each
 view, render its header, read a few ranges, ops included) in bounded time
 and memory.  A case passes when it is served or refused with `GGUFError`;
-anything else (another exception, a case over its time or memory bound) is a
-finding.  Two modes: `bytes` mutates the file's bytes
-(`compatfs.testing.fuzz_bytes`); `structure` edits the parsed header at the
-keys and tensors the handlers' tables name (`compatfs.testing.fuzz_structure`).
+anything else (another exception, a handler's crash that `views` refused as
+`HandlerFailure`, a case over its time or memory bound) is a finding.  Two
+modes: `bytes` mutates the file's bytes (`compatfs.testing.fuzz_bytes`);
+`structure` edits the parsed header at the keys and tensors the handlers'
+tables name (`compatfs.testing.fuzz_structure`).
 `views_of` and `check_mounted` compare what a mount serves with what the
 process does.  Used by
 `tests/test_fuzz.py` (a few hundred cases, in process and through a mount)
@@ -27,7 +28,7 @@ from typing import Iterable
 from ..gguf_source import SourceGGUF
 from ..gguf_values import GGUFError
 from ..opcache import OpCache
-from ..views import MMPROJ_FILE, MODEL_FILE, build_view, classify
+from ..views import MMPROJ_FILE, MODEL_FILE, HandlerFailure, build_view, classify
 from .fuzz_bytes import byte_mutator
 from .fuzz_structure import structure_mutator
 
@@ -107,6 +108,8 @@ def run(seeds: dict[str, bytes], cases: int, seed: int, workdir: Path, max_secon
         try:
             exercise(path)
             result, message = "served", ""
+        except HandlerFailure as e:   # a finding: a handler crashed (views refused its view for it)
+            result, message = type(e.__cause__).__name__, str(e)
         except GGUFError as e:
             result, message = "refused", str(e)
         except Exception as e:   # a finding: reported, never raised
@@ -126,7 +129,9 @@ def run(seeds: dict[str, bytes], cases: int, seed: int, workdir: Path, max_secon
 
 def views_of(path: Path) -> dict[str, bytes | str]:
     """What the mount should serve for the blob at `path`: each view's whole
-    bytes, or the refusal's message (a `GGUFError`) for a view it refuses."""
+    bytes, or the refusal's message (a `GGUFError`) for a view it refuses.
+    A `HandlerFailure` is raised, not returned: a handler that crashed is a
+    bug to report, not a refusal to compare the mount with."""
     try:
         info = classify(SourceGGUF(path))
     except GGUFError as e:
@@ -136,6 +141,8 @@ def views_of(path: Path) -> dict[str, bytes | str]:
         try:
             view = build_view(info, kind, OpCache())
             out[kind] = path.read_bytes() if view.source is None else view.read(0, view.size)
+        except HandlerFailure:
+            raise
         except GGUFError as e:
             out[kind] = str(e)
     return out
