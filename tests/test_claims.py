@@ -62,6 +62,12 @@ WRITERS = {
     "gemma4-moe": ("gemma4", "gemma4-clip"),
     "gpt-oss": ("gptoss", None),
     "gpt-oss-mxfp4": ("gptoss", None),
+    "gemma3n": ("gemma3n", None),
+    "glm-4.7-flash": ("glm4moelite", None),
+    "lfm2": ("lfm2", None),
+    "mistral-small3.1": ("mistral3", "mistral3-clip"),
+    "olmo-3": ("olmo3", None),
+    "qwen2.5vl": ("qwen25vl", "qwen25vl-clip"),
 }
 
 # Layouts no fixture has, written here: Gemma 4's audio conformer (with a

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from . import (
-    bert, deepseekocr, embeddinggemma, gemma3, gemma4, glmocr, gptoss, laguna, llama, llama4, llava, nemotron,
-    qwen35, qwen3next, qwen3vl,
+    bert, deepseekocr, embeddinggemma, gemma3, gemma3n, gemma4, glm4moelite, glmocr, gptoss, laguna, lfm2, llama,
+    llama4, llava, mistral3, nemotron, olmo3, qwen25vl, qwen35, qwen3next, qwen3vl,
 )
 
 Writer = Callable[..., Path]
@@ -54,6 +54,12 @@ LEGACY: dict[str, LegacyModel] = {
     "glm-ocr": LegacyModel(glmocr.legacy_glmocr, tag="latest"),
     "qwen3-vl": LegacyModel(qwen3vl.legacy_qwen3vl_moe, tag="30b-a3b"),
     "qwen3.5": LegacyModel(qwen35.legacy_qwen35_moe, tag="35b-a3b"),
+    "gemma3n": LegacyModel(gemma3n.legacy_gemma3n, tag="e4b"),
+    "glm-4.7-flash": LegacyModel(glm4moelite.legacy_glm4moelite, tag="latest"),
+    "lfm2": LegacyModel(lfm2.legacy_lfm2, tag="1.2b"),
+    "mistral-small3.1": LegacyModel(mistral3.legacy_mistral3, tag="24b"),
+    "olmo-3": LegacyModel(olmo3.legacy_olmo3, tag="7b"),
+    "qwen2.5vl": LegacyModel(qwen25vl.legacy_qwen25vl, tag="7b"),
 }
 
 
