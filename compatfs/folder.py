@@ -78,6 +78,7 @@ class GGUFFolder(Source):
                 break
             entries = set(dirs) | set(files)
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            out.read.add(Path(dirpath))
             rel = Path(dirpath).relative_to(self.root).as_posix()
             rel = "" if rel == "." else rel
             self._add(out, rel, Path(dirpath), sorted(f for f in files if _is_gguf(f)), entries)
