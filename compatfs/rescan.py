@@ -4,7 +4,8 @@ kernel's cached attributes and pages of what changed are invalidated at once
 folders change; a path that kept its view for open files once they closed).
 The attribute memo is emptied before the kernel is told.
 
-The thread looks every second.  It rescans when the folders the last scan
+The thread looks every second (a tenth of a second after a scan during
+which a change was reported).  It rescans when the folders the last scan
 read or named files in report a change (`watch`), when a path kept for open
 files is released, and otherwise on a timer: every second while a rescan
 costs at most `IDLE_SHARE` of a second of CPU, else as seldom as keeps the
@@ -34,6 +35,7 @@ class Rescan:
 
     RESCAN_SECONDS = 1.0
     IDLE_SHARE = 0.005      # of one core: what the timer's rescans may cost at most
+    FOLLOW_UP = 0.1         # seconds to the next look after a scan during which a change was reported
 
     def __init__(self, tree: Tree, lock: threading.Lock, memo: Memo, open_files: OpenFiles,
                  on_start: Callable[[], None] | None = None):
@@ -100,8 +102,9 @@ class Rescan:
         before = old_snap.marks
         del self._first         # the loop keeps it from here on, as the last rescan's
         period, last, again = self.RESCAN_SECONDS, 0.0, True     # the first look always rescans
+        wait = self.RESCAN_SECONDS
         while not self._stop.is_set():
-            self._kick.wait(self.RESCAN_SECONDS)
+            self._kick.wait(wait)
             self._kick.clear()
             if self._stop.is_set():
                 return
@@ -114,12 +117,19 @@ class Rescan:
                     continue
                 if restale:
                     self.tree.stale_preset()
+                why = ("a first look" if not self.rescans else "a second look" if again else "a change seen"
+                       if seen else "open files released" if stale else "a wrong index entry" if restale
+                       else "the timer")
                 cpu = time.thread_time()
                 snap = self.tree.rescan()
                 self.rescans += 1
-                why = ("a first look" if again else "a change seen" if seen else "open files released" if stale
-                       else "a wrong index entry" if restale else "the timer")
                 again = self._follow(snap)
+                # A change reported while this scan ran may be one it missed:
+                # looked at again soon (once, so that a store being written to
+                # all along is still scanned at most about once a second).
+                wait = self.FOLLOW_UP if wait == self.RESCAN_SECONDS and self._inotify is not None \
+                    and self._inotify.changed() else self.RESCAN_SECONDS
+                again = again or wait == self.FOLLOW_UP
                 last, cpu = time.monotonic(), time.thread_time() - cpu
                 period = max(self.RESCAN_SECONDS, cpu / self.IDLE_SHARE)
                 log.debug("rescanned for %s: %.3f s of CPU; next on the timer in %.0f s", why, cpu, period)
