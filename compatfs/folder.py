@@ -33,7 +33,7 @@ from .views import MMPROJ_FILE, MODEL_FILE
 
 SUFFIX = ".gguf"
 PROJECTOR_PREFIX = "mmproj"
-MAX_FOLDERS = 10_000    # folders on disk a scan visits at most (it runs every second)
+MAX_FOLDERS = 10_000    # folders on disk a scan visits at most (one may run every second)
 _SPLIT = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)
 
 

@@ -56,7 +56,7 @@ class Source(ABC):
 
     @abstractmethod
     def scan(self) -> Listing:
-        """The source now (cheap when nothing changed: it runs every second)."""
+        """The source now (cheap when nothing changed: it may run every second)."""
 
     @abstractmethod
     def owner(self, folder: str, listing: Listing) -> Path:

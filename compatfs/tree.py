@@ -177,9 +177,9 @@ class Tree:
         added again, removed, its file rewritten or its permissions changed),
         and, as `<path>` (relative to the source's root), the owner, mode and
         time of every folder on disk a mounted folder mirrors (a change there
-        changes folders the files do not tell).  Files are opened as
-        `blobfile` opens them (never blocking); one that cannot be is marked by
-        why."""
+        changes folders the files do not tell).  Each file's status is read as
+        `blobfile.status` resolves it (`statuses`: nothing is opened but
+        folders); one whose status cannot be read is marked by why."""
         return {**self._folder_marks(snap), **self._root_marks(snap)}
 
     @staticmethod

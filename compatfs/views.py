@@ -225,7 +225,7 @@ class BlobViews:
     `readdir` (in memory for every blob, and in the persistent index), and
     whole views only for files being read, in an LRU bounded in bytes.
     Each header parsed here is logged at debug level ("parsed the header of
-    ..."), and counted in `parsed` (those workers parse as they return)."""
+    ..."; those workers parse, as they return)."""
 
     PATIENCE = 0.05   # seconds a request waits for a worker's summary before making its own
 
@@ -236,7 +236,6 @@ class BlobViews:
         self.index = index if index is not None else Index(None, translate)
         self._views: LRUCache = LRUCache(maxsize=view_budget, getsizeof=lambda v: v.nbytes_held)
         self._lock = threading.Lock()
-        self.parsed = 0     # headers parsed for this mount (summaries, sampled sizes, views)
         self._workers = workers
         self._pool: ProcessPoolExecutor | None = None
         self._pending: dict[str, Future] = {}
@@ -282,8 +281,6 @@ class BlobViews:
         return summary
 
     def _parsing(self, path: Path, why: str) -> None:
-        with self._lock:
-            self.parsed += 1
         log.debug("parsed the header of %s for %s", path, why)
 
     def _summarize(self, path: Path, why: str) -> tuple[Stamp, Summary]:
