@@ -33,7 +33,7 @@ from .views import MMPROJ_FILE, MODEL_FILE
 
 SUFFIX = ".gguf"
 PROJECTOR_PREFIX = "mmproj"
-MAX_FOLDERS = 10_000    # folders on disk a scan visits at most (it runs every second)
+MAX_FOLDERS = 10_000    # folders on disk a scan visits at most (one may run every second)
 _SPLIT = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)
 
 
@@ -78,6 +78,7 @@ class GGUFFolder(Source):
                 break
             entries = set(dirs) | set(files)
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            out.read.add(Path(dirpath))
             rel = Path(dirpath).relative_to(self.root).as_posix()
             rel = "" if rel == "." else rel
             self._add(out, rel, Path(dirpath), sorted(f for f in files if _is_gguf(f)), entries)

@@ -7,7 +7,11 @@ One SQLite file in the user's cache folder (`$COMPATFS_CACHE_DIR`, else
 An entry is keyed by the blob's path and identity (device, inode, size,
 modification and change time), by the translation's version (a digest of the code that
 decides a view's bytes) and by whether translation is on; an entry whose
-identity or version differs is ignored and replaced.  An entry is a hint,
+identity or version differs is ignored and replaced.  Beside each blob's
+summary (its views' sizes, handlers, whether model.gguf is an embedding
+model) the index keeps the size of its model.gguf with each set of
+params-layer sampling KVs a model folder gave it (`sampled`), keyed alike
+and by those KVs' encoding.  An entry is a hint,
 never the truth for serving: one whose values are not of their kinds is
 ignored, one that records an error is made again once per mount, and one
 that a view belies is made again (`BlobViews.view`).
@@ -18,10 +22,14 @@ database, or malformed) is moved to `<file>.corrupt` (replacing a regular
 file there, never anything else) and rebuilt; anything else that keeps the
 file from being used (a cache folder that cannot be written, a folder at
 `<file>.corrupt`) leaves the mount without the persistent index, with one
-log line.  Nothing else is ever renamed.  Each write is one transaction.
+log line.  Nothing else is ever renamed.  Each write is one transaction,
+not synced to the disk (a cache need not outlive a crash of the machine; a
+file a crash left corrupt is set aside and rebuilt, as above): indexing a
+thousand new blobs costs no thousand disk flushes.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -57,6 +65,7 @@ class Summary:
     arch: str | None = None     # general.architecture of model.gguf (after translation)
     model_error: str | None = None    # why model.gguf is refused (its size then 0)
     mmproj_error: str | None = None   # why mmproj.gguf is refused (its size then 0)
+    embedding: bool = False           # model.gguf names a pooling type for its architecture
 
     def sound(self) -> bool:
         """Whether every value is of its kind (an entry read from disk may be anything)."""
@@ -67,7 +76,8 @@ class Summary:
             return v is None or type(v) is str
 
         return size(self.model_size) and (self.mmproj_size is None or size(self.mmproj_size)) and all(
-            map(text, (self.text, self.clip, self.error, self.arch, self.model_error, self.mmproj_error)))
+            map(text, (self.text, self.clip, self.error, self.arch, self.model_error, self.mmproj_error))) \
+            and type(self.embedding) is bool
 
     @property
     def failed(self) -> bool:
@@ -94,15 +104,21 @@ def default_path() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "compatfs" / "index.sqlite3"
 
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS views_v3 (
+_SCHEMA = ("""
+CREATE TABLE IF NOT EXISTS views_v4 (
     path TEXT NOT NULL, version TEXT NOT NULL, translate INTEGER NOT NULL,
     dev INTEGER NOT NULL, ino INTEGER NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
     model_size INTEGER NOT NULL, mmproj_size INTEGER, text TEXT, clip TEXT, error TEXT, arch TEXT,
-    model_error TEXT, mmproj_error TEXT,
+    model_error TEXT, mmproj_error TEXT, embedding INTEGER NOT NULL,
     PRIMARY KEY (path, version, translate))
-"""
-_OLD_TABLES = ("views", "views_v2")   # earlier layouts, dropped
+""", """
+CREATE TABLE IF NOT EXISTS sampled_v1 (
+    path TEXT NOT NULL, version TEXT NOT NULL, translate INTEGER NOT NULL,
+    dev INTEGER NOT NULL, ino INTEGER NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
+    kvs TEXT NOT NULL, model_size INTEGER NOT NULL,
+    PRIMARY KEY (path, version, translate, kvs))
+""")
+_OLD_TABLES = ("views", "views_v2", "views_v3")   # earlier layouts, dropped
 
 
 class Index:
@@ -114,6 +130,7 @@ class Index:
         self.version = version or translation_version()
         self._lock = threading.Lock()
         self._mem: dict[str, tuple[Stamp, Summary]] = {}
+        self._sampled: dict[tuple[str, str], tuple[Stamp, int]] = {}   # (path, kvs) -> (stamp, size)
         self._db: sqlite3.Connection | None = None
         if path is not None:
             self._open(path)
@@ -134,6 +151,7 @@ class Index:
                         getattr(e, "strerror", None) or e)
             self._db = None
             self._mem.clear()
+            self._sampled.clear()
 
     def _set_aside(self, path: Path, why: Exception) -> None:
         """Move a corrupt index file (a regular file: ours) to `<file>.corrupt`;
@@ -153,21 +171,35 @@ class Index:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         db = sqlite3.connect(path, timeout=10, check_same_thread=False, isolation_level=None)
         try:
-            db.execute(_SCHEMA)
+            db.execute("PRAGMA synchronous = OFF")
+            for table in _SCHEMA:
+                db.execute(table)
             for old in _OLD_TABLES:
                 db.execute(f"DROP TABLE IF EXISTS {old}")
             rows = db.execute(
                 "SELECT path, dev, ino, size, mtime_ns, ctime_ns, model_size, mmproj_size, text, clip, error, arch, "
-                "model_error, mmproj_error FROM views_v3 WHERE version = ? AND translate = ?",
+                "model_error, mmproj_error, embedding FROM views_v4 WHERE version = ? AND translate = ?",
                 (self.version, self.translate)).fetchall()
+            sampled = db.execute(
+                "SELECT path, dev, ino, size, mtime_ns, ctime_ns, kvs, model_size FROM sampled_v1 "
+                "WHERE version = ? AND translate = ?", (self.version, self.translate)).fetchall()
         except sqlite3.Error:
             db.close()
             raise
         ignored = 0
         for path, *stamp_summary in rows:
-            stamp, summary = tuple(stamp_summary[:5]), Summary(*stamp_summary[5:])
+            stamp, values, embedding = tuple(stamp_summary[:5]), stamp_summary[5:-1], stamp_summary[-1]
+            summary = dataclasses.replace(Summary(*values),   # SQLite gives 0 or 1; anything else is unsound
+                                          embedding=embedding == 1 if embedding in (0, 1) else embedding)
             if type(path) is str and all(type(v) is int for v in stamp) and summary.sound() and not summary.failed:
                 self._mem[path] = (stamp, summary)
+            else:
+                ignored += 1
+        for path, *stamp_kvs_size in sampled:
+            stamp, kvs, size = tuple(stamp_kvs_size[:5]), stamp_kvs_size[5], stamp_kvs_size[6]
+            if type(path) is str and type(kvs) is str and all(type(v) is int for v in stamp) \
+                    and type(size) is int and 0 <= size < _MAX_SIZE:
+                self._sampled[(path, kvs)] = (stamp, size)
             else:
                 ignored += 1
         if ignored:
@@ -191,19 +223,40 @@ class Index:
                 return
             try:
                 self._db.execute(
-                    "INSERT OR REPLACE INTO views_v3 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT OR REPLACE INTO views_v4 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (str(path), self.version, self.translate, *stamp, summary.model_size, summary.mmproj_size,
                      summary.text, summary.clip, summary.error, summary.arch, summary.model_error,
-                     summary.mmproj_error))
+                     summary.mmproj_error, int(summary.embedding)))
             except sqlite3.Error as e:
-                log.warning("index %s: cannot write (%s): working without it", self.path, e)
-                self._db = None
+                self._unwritable(e)
 
-    def forget(self, path: Path) -> None:
-        """Drop the in-memory entry (the disk entry stays for a remount)."""
-        with self._lock:
-            self._mem.pop(str(path), None)
+    def _unwritable(self, e: sqlite3.Error) -> None:
+        log.warning("index %s: cannot write (%s): working without it", self.path, e)
+        self._db = None
 
-    def known(self) -> set[str]:
+    def sampled(self, path: Path, stamp: Stamp, kvs: str) -> int | None:
+        """The size of the blob's model.gguf with the sampling KVs encoded as
+        `kvs`, if recorded for the blob of that identity."""
         with self._lock:
-            return set(self._mem)
+            hit = self._sampled.get((str(path), kvs))
+        return hit[1] if hit is not None and hit[0] == stamp else None
+
+    def put_sampled(self, path: Path, stamp: Stamp, kvs: str, size: int) -> None:
+        with self._lock:
+            self._sampled[(str(path), kvs)] = (stamp, size)
+            if self._db is None:
+                return
+            try:
+                self._db.execute("INSERT OR REPLACE INTO sampled_v1 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                 (str(path), self.version, self.translate, *stamp, kvs, size))
+            except sqlite3.Error as e:
+                self._unwritable(e)
+
+    def retain(self, keep: set[str]) -> None:
+        """Drop the in-memory entries of every blob path not in `keep` (the
+        disk entries stay for a remount)."""
+        with self._lock:
+            for path in [p for p in self._mem if p not in keep]:
+                del self._mem[path]
+            for key in [k for k in self._sampled if k[0] not in keep]:
+                del self._sampled[key]

@@ -4,7 +4,9 @@ checked anew by the caller).
 
 It is emptied whenever a rescan sees a change, before the kernel is told,
 and loses a path's attributes when files open or close on it; a generation
-count keeps an answer computed across such a change out.  It shares the FUSE
+count keeps an answer computed across such a change out.  Every path that
+exists is remembered (as many as the mount shows); of paths that do not,
+at most `MISSES_KEPT`.  It shares the FUSE
 layer's lock: whether files are open on a path is read under it.
 """
 from __future__ import annotations
@@ -18,7 +20,7 @@ _UNKNOWN = object()
 class Memo:
     """Remembered attributes (None: no such path) and listings by path."""
 
-    KEPT = 1 << 14       # remembered answers (a few per model; ~10 MB at most)
+    MISSES_KEPT = 1 << 14    # remembered answers "no such path" (a caller may ask for any number)
 
     def __init__(self, lock: threading.Lock, open_on: Callable[[str], bool]):
         self._lock = lock
@@ -26,6 +28,7 @@ class Memo:
         self._attrs: dict[str, dict | None] = {}
         self._listings: dict[str, list] = {}       # readdir's answers, remembered alike
         self._generation = 0
+        self._misses = 0
 
     def attrs(self, path: str, compute: Callable[[str], dict | None]) -> dict | None:
         """The attributes of `path`, not remembered while files are open on it
@@ -41,6 +44,7 @@ class Memo:
             self._generation += 1
             self._attrs.clear()
             self._listings.clear()
+            self._misses = 0
 
     def forget_path(self, path: str) -> None:
         """Drop what is remembered of `path`'s attributes (the lock is held)."""
@@ -60,6 +64,7 @@ class Memo:
         value = compute(path)
         if remember:
             with self._lock:
-                if generation == self._generation and len(table) < self.KEPT:
+                if generation == self._generation and (value is not None or self._misses < self.MISSES_KEPT):
+                    self._misses += value is None and path not in table
                     table[path] = value
         return value

@@ -4,8 +4,8 @@ PARAMETER lines (e.g. `{"num_ctx": 8192, "stop": ["<|eot_id|>"],
 option is in llama.cpp: a llama-server flag, and for the sampling options the
 `general.sampling.*` key a GGUF file carries it in.
 
-A params layer is an untrusted store file: one that is not a JSON object is
-not used at all; a value of the wrong type or out of range is left out, with
+A params layer is an untrusted store file: one that is not a JSON object
+(or nests deeper than Python's parser goes) is not used at all; a value of the wrong type or out of range is left out, with
 a note saying why (Ollama would refuse the request instead).
 """
 from __future__ import annotations
@@ -138,6 +138,8 @@ def read_params(path: Path) -> dict:
         raise ValueError(f"params layer {path.name} cannot be read ({e})") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"params layer {path.name} is not JSON ({e})") from None
+    except RecursionError:
+        raise ValueError(f"params layer {path.name} nests arrays or objects too deeply to be read") from None
     if not isinstance(doc, dict):
         raise ValueError(f"params layer {path.name} is not a JSON object")
     return doc

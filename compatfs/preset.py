@@ -29,8 +29,6 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cachetools import LRUCache
-
 from .blobfile import identity, status
 from .llama_args import translate_params
 from .params import OPTIONS, read_params
@@ -62,26 +60,29 @@ class Entry:
     embedding: bool = False    # an embedding model (llama-server serves it with --embeddings)
 
 
-_embedding_memo: LRUCache = LRUCache(maxsize=4096)
+# Of the mount's files `scan_mount` last found: path -> (identity, is an embedding model).
+_embedding_memo: dict[str, tuple[tuple, bool]] = {}
 
 
-def is_embedding(model: Path) -> bool:
+def is_embedding(model: Path, known: dict[str, tuple[tuple, bool]], memo: dict[str, tuple[tuple, bool]]) -> bool:
     """Whether the GGUF file `model` is an embedding model: its header names a
-    pooling type for its architecture (remembered by the file's identity)."""
+    pooling type for its architecture (taken from `known` while the file
+    keeps its identity; put in `memo`)."""
     from .gguf_source import SourceGGUF
     from .gguf_values import GGUFError
     try:
         st = status(model)   # as blobfile resolves it: never into a mount this process serves
     except OSError:
         return False
-    key = (str(model), identity(st))
-    if key not in _embedding_memo:
+    hit = known.get(str(model))
+    if hit is None or hit[0] != identity(st):
         try:
             src = SourceGGUF(model)
-            _embedding_memo[key] = f"{src.architecture}.pooling_type" in src.kvs
+            hit = identity(st), f"{src.architecture}.pooling_type" in src.kvs
         except (GGUFError, OSError):
-            _embedding_memo[key] = False
-    return _embedding_memo[key]
+            hit = identity(st), False
+        memo[str(model)] = hit
+    return hit[1]
 
 
 @dataclass
@@ -92,7 +93,11 @@ class Section:
 
 
 def scan_mount(mnt: Path) -> list[Entry]:
-    """The model folders of a mount (`blobs/` left out), by name."""
+    """The model folders of a mount (`blobs/` left out), by name; each
+    model.gguf's header is read once while it keeps its identity (what is
+    remembered is what this scan found)."""
+    global _embedding_memo
+    memo: dict[str, tuple[tuple, bool]] = {}
     out = []
     for dirpath, dirs, files in os.walk(mnt):
         rel = Path(dirpath).relative_to(mnt)
@@ -101,8 +106,9 @@ def scan_mount(mnt: Path) -> list[Entry]:
         if MODEL_FILE in files:
             out.append(Entry(rel.as_posix(), Path(dirpath), MMPROJ_FILE in files,
                              Path(dirpath, _PARAMS_FILE) if _PARAMS_FILE in files else None,
-                             is_embedding(Path(dirpath, MODEL_FILE))))
+                             is_embedding(Path(dirpath, MODEL_FILE), _embedding_memo, memo)))
         dirs.sort()
+    _embedding_memo = memo
     return sorted(out, key=lambda e: e.name)
 
 

@@ -1,21 +1,31 @@
-"""The rescan thread: the store is rescanned every second in the background,
-and the kernel's cached attributes and pages of what changed are invalidated
-at once (a changed folder, its files and parents; every folder when the
-store's top folders change; a path that kept its view for open files once
-they closed).  The attribute memo is emptied before the kernel is told.
+"""The rescan thread: the store is rescanned in the background, and the
+kernel's cached attributes and pages of what changed are invalidated at once
+(a changed folder, its files and parents; every folder when the store's top
+folders change; a path that kept its view for open files once they closed).
+The attribute memo is emptied before the kernel is told.
+
+The thread looks every second (a tenth of a second after a scan during
+which a change was reported).  It rescans when the folders the last scan
+read or named files in report a change (`watch`), when a path kept for open
+files is released, and otherwise on a timer: every second while a rescan
+costs at most `IDLE_SHARE` of a second of CPU, else as seldom as keeps the
+rescans to that share (a store of thousands of models, or one whose changes
+inotify does not see, is still rescanned, less often).
 """
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
 from . import libfuse
 from .memo import Memo
 from .openfiles import OpenFiles
-from .tree import Tree
+from .tree import Snapshot, Tree
 from .views import MMPROJ_FILE, MODEL_FILE
+from .watch import Watch
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +34,8 @@ class Rescan:
     """Follows the store for a mounted `tree` from its own thread."""
 
     RESCAN_SECONDS = 1.0
+    IDLE_SHARE = 0.005      # of one core: what the timer's rescans may cost at most
+    FOLLOW_UP = 0.1         # seconds to the next look after a scan during which a change was reported
 
     def __init__(self, tree: Tree, lock: threading.Lock, memo: Memo, open_files: OpenFiles,
                  on_start: Callable[[], None] | None = None):
@@ -43,8 +55,11 @@ class Rescan:
         # answers anything (marks are taken from the store as it is when they
         # are made): a change made between the mount's first answers and the
         # thread's start is then a change, and the kernel forgets those answers.
+        self._inotify = Watch.open()
+        self._restale = False      # an index entry was belied: models.ini's sections are made again
         self._first = tree.snapshot()
-        self._first_marks = tree.marks(self._first)
+        self._follow(self._first)
+        self.rescans = 0      # scans the thread made
 
     @property
     def session(self) -> int | None:
@@ -62,6 +77,13 @@ class Rescan:
         if self._watcher is not None:
             self._watcher.join(timeout=5)
         self._fuse_ptr = None
+        if self._inotify is not None and (self._watcher is None or not self._watcher.is_alive()):
+            self._inotify.close()
+
+    def _follow(self, snap: Snapshot) -> bool:
+        """Watch the folders where `snap` may change; whether any is newly
+        watched (what changed there before is not reported: look again)."""
+        return self._inotify.follow(self.tree.watched(snap)) if self._inotify is not None else False
 
     def stale(self, path: str) -> None:
         """`path` kept its view for open files, which closed: the kernel learns
@@ -72,22 +94,46 @@ class Rescan:
         self._kick.set()
 
     def _watch(self) -> None:
-        """Rescan the store every second; tell the kernel what changed."""
+        """Rescan the store when it may have changed; tell the kernel what changed."""
         if self._on_start is not None:
             self._on_start()
         self.tree.follow()     # from now on only this thread rescans; lookups never wait for it
-        old_snap, before = self._first, self._first_marks
-        del self._first, self._first_marks      # the loop keeps them from here on, as the last rescan's
+        old_snap = self._first
+        before = old_snap.marks
+        del self._first         # the loop keeps it from here on, as the last rescan's
+        period, last, again = self.RESCAN_SECONDS, 0.0, True     # the first look always rescans
+        wait = self.RESCAN_SECONDS
         while not self._stop.is_set():
-            self._kick.wait(self.RESCAN_SECONDS)
+            self._kick.wait(wait)
             self._kick.clear()
             if self._stop.is_set():
                 return
             try:
                 with self._lock:
                     stale, self._stale_paths = self._stale_paths, set()
+                    restale, self._restale = self._restale, False
+                seen = self._inotify is not None and self._inotify.changed()
+                if not (again or seen or stale or restale or time.monotonic() - last >= period):
+                    continue
+                if restale:
+                    self.tree.stale_preset()
+                why = ("a first look" if not self.rescans else "a second look" if again else "a change seen"
+                       if seen else "open files released" if stale else "a wrong index entry" if restale
+                       else "the timer")
+                cpu = time.thread_time()
                 snap = self.tree.rescan()
-                now = self.tree.marks(snap)
+                self.rescans += 1
+                again = self._follow(snap)
+                # A change reported while this scan ran may be one it missed:
+                # looked at again soon (once, so that a store being written to
+                # all along is still scanned at most about once a second).
+                wait = self.FOLLOW_UP if wait == self.RESCAN_SECONDS and self._inotify is not None \
+                    and self._inotify.changed() else self.RESCAN_SECONDS
+                again = again or wait == self.FOLLOW_UP
+                last, cpu = time.monotonic(), time.thread_time() - cpu
+                period = max(self.RESCAN_SECONDS, cpu / self.IDLE_SHARE)
+                log.debug("rescanned for %s: %.3f s of CPU; next on the timer in %.0f s", why, cpu, period)
+                now = snap.marks
                 changed = {d for d in before.keys() | now.keys() if before.get(d) != now.get(d)}
                 before = now
                 if changed or stale:
@@ -122,6 +168,9 @@ class Rescan:
         kernel's attributes of the folders that show the blob and their files."""
         snap = self.tree.snapshot()
         folders = {name for name, files in snap.files.items() if any(ref.blob == blob for ref in files.values())}
+        with self._lock:
+            self._restale = True   # models.ini is made again from what the index says now
+        self._kick.set()
         self._memo.forget()
         self._invalidate(folders, snap)
 

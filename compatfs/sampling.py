@@ -6,14 +6,14 @@ different model.gguf files; `blobs/` shows each blob's own translation.
 
 The layer is read by identity (device, inode, size, times): a layer that
 changes is read again; one that cannot be used adds no KVs, and the reason is
-kept for `compatfs ls`.
+kept for `compatfs ls`.  One reading is kept per layer path, and only for
+the layers a scan of the store still names (`retain_layers`): as many as
+the store has.
 """
 from __future__ import annotations
 
 import threading
 from pathlib import Path
-
-from cachetools import LRUCache
 
 from .blobfile import identity, status
 from .gguf_source import SourceGGUF
@@ -25,7 +25,7 @@ from .translation import ALWAYS, Translation, ViewSpec, plan
 UNCHANGED = Translation("unchanged", ALWAYS)
 
 _lock = threading.Lock()
-_layers: LRUCache = LRUCache(maxsize=4096)
+_layers: dict[str, tuple[tuple, Sampling]] = {}    # layer path -> (its identity, its reading)
 
 
 def of_layer(path: Path) -> Sampling:
@@ -35,14 +35,27 @@ def of_layer(path: Path) -> Sampling:
     except OSError as e:
         return Sampling((), (f"params layer {path.name} cannot be read ({e.strerror}): "
                              "no sampling defaults in model.gguf",))
-    key = (str(path), stamp)
     with _lock:
-        hit = _layers.get(key)
-    if hit is None:
-        hit = layer_sampling(path)
+        hit = _layers.get(str(path))
+    if hit is None or hit[0] != stamp:
+        hit = stamp, layer_sampling(path)
         with _lock:
-            _layers[key] = hit
-    return hit
+            _layers[str(path)] = hit
+    return hit[1]
+
+
+def retain_layers(paths: set[Path]) -> None:
+    """Forget the readings of every params layer not in `paths`."""
+    keep = {str(p) for p in paths}
+    with _lock:
+        for gone in [p for p in _layers if p not in keep]:
+            del _layers[gone]
+
+
+def kvs_key(kvs: tuple) -> str:
+    """A text that tells one set of sampling KVs from another (their keys,
+    types and encoded values): what the index keys a sampled size by."""
+    return ";".join(f"{key}={int(value.vtype)}:{bytes(value.payload).hex()}" for key, value in kvs)
 
 
 def with_sampling(spec: ViewSpec | None, source: SourceGGUF, kvs: tuple) -> ViewSpec:

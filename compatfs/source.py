@@ -10,7 +10,8 @@ and files passed through byte for byte.  It tells whose owner and mode each
 mounted folder mirrors (`owner`: a folder on disk, which a caller must be
 able to list to list the mounted one) and the folder's time (`mtime`).
 What marks a change is derived from that by the tree: the identity of every
-file a folder shows, and the status of every owner.  Nothing outside a
+file a folder shows, and the status of every owner; where to look for one,
+from the folders a scan listed and those holding the files it names.  Nothing outside a
 source's own module knows its layout.
 """
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Listing:
 
     folders: dict[str, Folder] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)   # name or path -> reason
+    read: set[Path] = field(default_factory=set)   # the folders on disk the scan listed (a change there: scan again)
 
 
 class Source(ABC):
@@ -54,7 +56,7 @@ class Source(ABC):
 
     @abstractmethod
     def scan(self) -> Listing:
-        """The source now (cheap when nothing changed: it runs every second)."""
+        """The source now (cheap when nothing changed: it may run every second)."""
 
     @abstractmethod
     def owner(self, folder: str, listing: Listing) -> Path:

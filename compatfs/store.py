@@ -28,11 +28,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .blobfile import BlobFile, Stamp, status
+from .blobfile import BlobFile, Stamp, identity, status
 from .gguf_values import GGUFError
 from .source import Folder, Listing, Source, SourceError
 
@@ -110,6 +111,7 @@ class Scan:
 
     models: dict[str, Model] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)   # name or manifest path -> reason
+    listed: set[Path] = field(default_factory=set)          # the folders of manifests/ walked
 
 
 @dataclass
@@ -141,25 +143,35 @@ def parse_manifest(data: bytes) -> tuple[Layer, ...]:
     return tuple(layers)
 
 
-def _files_below(base: Path) -> list[Path]:
-    """Every entry below `base` that is not a folder, its folders walked
-    without following a symlink and nothing stat'ed through one (a link may
-    lead into the mount itself; a linked manifest is opened, and refused
-    there, by `blobfile`); a folder that cannot be listed is passed over."""
+def _files_below(base: Path, listed: set[Path]) -> list[tuple[Path, os.stat_result | None]]:
+    """Every entry below `base` that is not a folder, with its own status
+    (never through a symlink; None when it cannot be had), its folders
+    walked without following a symlink and nothing stat'ed through one (a
+    link may lead into the mount itself; a linked manifest is opened, and
+    refused there, by `blobfile`); a folder that cannot be listed is passed
+    over.  The folders listed are added to `listed`."""
     try:
         status(base)          # a `manifests/` that leads into the mount is refused here
     except OSError:
         return []
-    out: list[Path] = []
+    out: list[tuple[Path, os.stat_result | None]] = []
     todo = [base]
     while todo:
         folder = todo.pop()
         try:
             with os.scandir(folder) as entries:
                 for entry in entries:
-                    (todo if entry.is_dir(follow_symlinks=False) else out).append(Path(entry.path))
+                    if entry.is_dir(follow_symlinks=False):
+                        todo.append(Path(entry.path))
+                        continue
+                    try:
+                        st: os.stat_result | None = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        st = None
+                    out.append((Path(entry.path), st))
         except OSError:
             continue
+        listed.add(folder)
     return out
 
 
@@ -172,6 +184,11 @@ class OllamaStore(Source):
         if missing:
             raise SourceError(f"{self.root}: not an Ollama model store (no {' or '.join(d + '/' for d in missing)})")
         self._cache: dict[Path, tuple[Stamp, tuple[Layer, ...] | str]] = {}
+        # The folders the last scan made, by model name (with the layers they
+        # were made of) and by blob digest: an unchanged manifest's is kept.
+        self._made: dict[str, tuple[tuple[Layer, ...], Folder]] = {}
+        self._blob_folders: dict[str, Folder] = {}
+        self._owners = {True: self.root / BLOBS, False: self.root / "manifests"}   # a folder under blobs/ or not
         self._lock = threading.Lock()
 
     def blob_path(self, digest: str) -> Path:
@@ -181,7 +198,8 @@ class OllamaStore(Source):
     def scan(self) -> StoreListing:
         """The model folders (sorted by name), then one folder per GGUF blob."""
         manifests = self.manifests()
-        out = StoreListing(skipped=manifests.skipped)
+        out = StoreListing(skipped=manifests.skipped, read={self.root, *manifests.listed})
+        made_now: dict[str, tuple[tuple[Layer, ...], Folder]] = {}
         for name in sorted(manifests.models):
             model = manifests.models[name]
             if name.split("/")[0] == BLOBS:
@@ -190,21 +208,27 @@ class OllamaStore(Source):
             layer, proj, params = model.model_layer, model.projector_layer, model.first(PARAMS)
             if layer is None:   # (`manifests` leaves such models out, naming why)
                 continue
-            out.folders[name] = Folder(self.blob_path(layer.digest),
-                                       self.blob_path(proj.digest) if proj else None,
-                                       self._layer_files(model.layers),
-                                       params=self.blob_path(params.digest) if params else None)
+            made = self._made.get(name)
+            if made is None or made[0] is not model.layers:    # (an unchanged manifest keeps its layers)
+                made = model.layers, Folder(self.blob_path(layer.digest),
+                                            self.blob_path(proj.digest) if proj else None,
+                                            self._layer_files(model.layers),
+                                            params=self.blob_path(params.digest) if params else None)
+            made_now[name] = made
+            out.folders[name] = made[1]
             parts = name.split("/")
             for i in range(1, len(parts) + 1):
                 d = "/".join(parts[:i])
                 out.times[d] = max(out.times.get(d, 0), model.mtime_ns)
         kept = {name: manifests.models[name] for name in out.folders}
         for digest, blob in self.blob_digests(kept).items():
-            out.folders[f"{BLOBS}/{digest}"] = Folder(blob, is_model=False)
+            out.folders[f"{BLOBS}/{digest}"] = self._blob_folders.get(digest) or Folder(blob, is_model=False)
+        self._made = made_now
+        self._blob_folders = {d[len(BLOBS) + 1:]: f for d, f in out.folders.items() if not f.is_model}
         return out
 
     def owner(self, folder: str, listing: Listing) -> Path:
-        return self.root / (BLOBS if folder.split("/")[0] == BLOBS else "manifests")
+        return self._owners[folder.split("/", 1)[0] == BLOBS]
 
     def mtime(self, folder: str, listing: Listing, owner_mtime: int) -> int:
         times = listing.times if isinstance(listing, StoreListing) else {}
@@ -248,14 +272,15 @@ class OllamaStore(Source):
         out = Scan()
         base = self.root / "manifests"
         seen: set[Path] = set()
-        found = _files_below(base)
+        found = _files_below(base, out.listed)
         owners: dict[str, Path] = {}
 
-        def order(path: Path) -> tuple:   # host and namespace spelled as Ollama writes them first
-            head = path.relative_to(base).parts[:2]
-            return head != tuple(p.lower() for p in head), path
+        def order(found: tuple[Path, os.stat_result | None]) -> tuple:
+            # host and namespace spelled as Ollama writes them first
+            head = found[0].relative_to(base).parts[:2]
+            return head != tuple(p.lower() for p in head), found[0]
 
-        for path in sorted(found, key=order):
+        for path, st in sorted(found, key=order):
             parts = path.relative_to(base).parts
             if len(parts) != 4:
                 out.skipped[str(path)] = "not at manifests/<host>/<namespace>/<model>/<tag>"
@@ -266,7 +291,7 @@ class OllamaStore(Source):
                 out.skipped[str(path)] = f"its name {name} is already that of {owners[name]}"
                 continue
             owners[name] = path
-            result, mtime_ns = self._layers(path)
+            result, mtime_ns = self._layers(path, st)
             if isinstance(result, str):
                 out.skipped[name] = result
             elif not any(layer.media_type == MODEL for layer in result):
@@ -279,8 +304,14 @@ class OllamaStore(Source):
                 del self._cache[gone]
         return out
 
-    def _layers(self, path: Path) -> tuple[tuple[Layer, ...] | str, int]:
-        """The manifest's layers (or why it cannot be used) and its mtime."""
+    def _layers(self, path: Path, st: os.stat_result | None) -> tuple[tuple[Layer, ...] | str, int]:
+        """The manifest's layers (or why it cannot be used) and its mtime;
+        not opened again while its own status `st` (a regular file's) gives
+        the identity it was read with."""
+        with self._lock:
+            hit = self._cache.get(path)
+        if hit and st is not None and stat.S_ISREG(st.st_mode) and identity(st) == hit[0]:
+            return hit[1], hit[0][3]
         try:
             with BlobFile(path) as f:
                 with self._lock:

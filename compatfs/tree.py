@@ -31,7 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .blobfile import identity, status
-from .preset import PUBLISHED_FILE, Entry, Published, is_embedding, published_path, render
+from .gguf_values import GGUFError
+from .preset import PUBLISHED_FILE, Entry, Published, Section, published_path, render, section
+from .sampling import retain_layers
 from .source import Folder, Listing, Source
 from .views import LAYER_FILE, MMPROJ_FILE, MODEL_FILE, BlobViews
 
@@ -55,10 +57,11 @@ class Snapshot:
     that do not depend on a blob's contents (all but a monolithic blob's
     mmproj.gguf), made once; `ggufs`: every GGUF file behind a folder, in the
     order the listing gives (what a listing asks for next is what the
-    indexing workers take next)."""
+    indexing workers take next); `marks`: `Tree.marks` as the scan found them."""
 
     def __init__(self, listing: Listing):
         self.listing = listing
+        self.marks: dict[str, tuple | None] = {}
         self.dirs: dict[str, set[str]] = {"": set()}
         self.files: dict[str, dict[str, FileRef]] = {}
         for name, folder in listing.folders.items():
@@ -89,6 +92,49 @@ class Snapshot:
             self.dirs.setdefault("/".join(parts[:i + 1]), set())
 
 
+def statuses(files: set[Path]) -> dict[Path, os.stat_result | OSError]:
+    """The status of each of `files` as `blobfile.status` resolves it (or
+    why it cannot be had), with one walk per folder they are in: the folder is
+    walked, opened again by path (and used only when that is the folder the
+    walk reached), and each file's own status read in it, never through a
+    symlink; a symlink, or a file whose status cannot be read so, is walked
+    on its own."""
+    by_folder: dict[Path, list[Path]] = {}
+    for f in files:
+        by_folder.setdefault(f.parent, []).append(f)
+    out: dict[Path, os.stat_result | OSError] = {}
+    for folder, inside in by_folder.items():
+        fd = -1
+        if len(inside) > 1:
+            try:
+                walked = status(folder)
+                fd = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+                here = os.fstat(fd)
+                if (here.st_dev, here.st_ino) != (walked.st_dev, walked.st_ino):
+                    os.close(fd)
+                    fd = -1
+            except OSError:
+                fd = -1
+        try:
+            for f in inside:
+                if fd >= 0:
+                    try:
+                        st = os.stat(f.name, dir_fd=fd, follow_symlinks=False)
+                        if not stat.S_ISLNK(st.st_mode):
+                            out[f] = st
+                            continue
+                    except OSError:
+                        pass
+                try:
+                    out[f] = status(f)
+                except OSError as e:
+                    out[f] = e
+        finally:
+            if fd >= 0:
+                os.close(fd)
+    return out
+
+
 class Tree:
     def __init__(self, source: Source, views: BlobViews, rescan_seconds: float = 1.0):
         self.source = source
@@ -100,6 +146,10 @@ class Tree:
         self._lock = threading.Lock()      # held only to swap a snapshot in
         self._building = threading.Lock()  # one rescan at a time
         self._publishing: tuple[Published, Path] | None = None   # models.ini, and the mountpoint it names
+        # Each model's preset section, and what it was made from (its entry
+        # and its folder's mark): made again only when that changes.
+        self._sections: dict[str, tuple[tuple, Entry, Section]] = {}
+        self._text: str | None = None     # the preset rendered from them
 
     def publish(self, mountpoint: Path) -> None:
         """Show `models.ini` at the root, its paths under `mountpoint` (absolute),
@@ -127,26 +177,33 @@ class Tree:
         added again, removed, its file rewritten or its permissions changed),
         and, as `<path>` (relative to the source's root), the owner, mode and
         time of every folder on disk a mounted folder mirrors (a change there
-        changes folders the files do not tell).  Files are opened as
-        `blobfile` opens them (never blocking); one that cannot be is marked by
-        why."""
-        stamps: dict[Path, tuple | None] = {}
+        changes folders the files do not tell).  Each file's status is read as
+        `blobfile.status` resolves it (`statuses`: nothing is opened but
+        folders); one whose status cannot be read is marked by why."""
+        return {**self._folder_marks(snap), **self._root_marks(snap)}
 
-        def stamp(blob: Path | None) -> tuple | None:
-            if blob is None:
-                return None
-            if blob not in stamps:
-                try:
-                    st = status(blob)
-                    stamps[blob] = (str(blob), *identity(st), st.st_uid, st.st_gid, st.st_mode)
-                except OSError as e:
-                    stamps[blob] = (str(blob), e.strerror)
-            return stamps[blob]
+    @staticmethod
+    def _file_mark(blob: Path, st: os.stat_result | OSError) -> tuple:
+        if isinstance(st, OSError):
+            return (str(blob), st.strerror)
+        return (str(blob), *identity(st), st.st_uid, st.st_gid, st.st_mode)
 
-        out: dict[str, tuple | None] = {
-            name: (stamp(f.model), stamp(f.projector), *((n, stamp(p)) for n, p in f.passed))
-            for name, f in snap.listing.folders.items()}
-        out[""] = tuple(stamp(ref.blob) for ref in snap.files.get("", {}).values())   # the root's models.ini
+    def _folder_marks(self, snap: Snapshot) -> dict[str, tuple | None]:
+        """`marks` of the folders that hold GGUF files."""
+        folders = snap.listing.folders.values()
+        st = statuses({p for f in folders for p in (f.model, f.projector, *(p for _, p in f.passed)) if p is not None})
+        mark = self._file_mark
+
+        def of(p: Path | None) -> tuple | None:
+            return None if p is None else mark(p, st[p])
+        return {name: (of(f.model), of(f.projector), *((n, of(p)) for n, p in f.passed))
+                for name, f in snap.listing.folders.items()}
+
+    def _root_marks(self, snap: Snapshot) -> dict[str, tuple | None]:
+        """`marks` of the root's own files and of the folders on disk mounted folders mirror."""
+        out: dict[str, tuple | None] = {}
+        root = [ref.blob for ref in snap.files.get("", {}).values()]     # models.ini
+        out[""] = tuple(self._file_mark(p, st) for p, st in statuses(set(root)).items())
         owners = {self.source.owner(d, snap.listing) for d in snap.dirs}
         for owner in sorted(owners):
             try:
@@ -208,38 +265,77 @@ class Tree:
         with self._building:
             return self._rescan()
 
+    def watched(self, snap: Snapshot) -> set[Path]:
+        """The folders on disk where a change may change what `snap` shows:
+        those its scan listed and those holding the files it names."""
+        out = set(snap.listing.read)
+        for f in snap.listing.folders.values():
+            out.update(p.parent for p in (f.model, f.projector, *(p for _, p in f.passed)) if p is not None)
+        return out
+
+    def stale_preset(self) -> None:
+        """Make every section of `models.ini` again at the next scan (what a
+        blob's summary said of it was wrong)."""
+        self._sections = {}
+
     def _rescan(self) -> Snapshot:
         previous = self._snap
         snap = Snapshot(self.source.scan())
+        folders = self._folder_marks(snap)
         if self._publishing is not None:
-            self._publish(snap, *self._publishing)
+            self._publish(snap, folders, *self._publishing)
+        snap.marks = {**folders, **self._root_marks(snap)}
+        retain_layers({f.params for f in snap.listing.folders.values() if f.params is not None})
         with self._lock:
             self._snap, self._stamp = snap, time.monotonic()
         if previous is None or previous.ggufs != snap.ggufs:
             self.views.prefetch(list(snap.ggufs))
         return snap
 
-    def _publish(self, snap: Snapshot, published: Published, mountpoint: Path) -> None:
+    def _publish(self, snap: Snapshot, marks: dict, published: Published, mountpoint: Path) -> None:
         """Render the preset of `snap`'s models (none: no file), paths under
-        `mountpoint`, into `published` and show it at the root."""
+        `mountpoint`, into `published` and show it at the root.  A model
+        folder whose mark (`marks`) is what it was keeps its section; the
+        text is rendered again only when a section changed."""
         models = snap.models
         if not models:
             published.remove()
+            self._sections = {}
             return
         try:
-            entries = [Entry(name, mountpoint / name, MMPROJ_FILE in (self._files(snap, name) or {}), f.params,
-                             is_embedding(f.model)) for name, f in sorted(models.items())]
+            made: dict[str, tuple[tuple, Entry, Section]] = {}
+            for name in sorted(models):
+                key = (mountpoint, marks.get(name))
+                kept = self._sections.get(name)
+                if kept is None or kept[0] != key:
+                    entry = self._entry(snap, name, mountpoint)
+                    kept = key, entry, section(entry)
+                made[name] = kept
+            if made != self._sections or self._text is None:
+                self._text = render([e for _, e, _ in made.values()], [s for _, _, s in made.values()])
+            self._sections = made
             owner = self.source.owner("", snap.listing)
             try:
                 like = status(owner)
             except OSError:
                 like = None
-            shown = published.update(render(entries), like)
+            shown = published.update(self._text, like)
         except Exception:   # a bad store file must never fail a scan
             log.exception("cannot make the mount's %s", PUBLISHED_FILE)
             return
         if shown:
             snap.files[""] = {PUBLISHED_FILE: FileRef(published.path, LAYER_FILE, readable_as=owner)}
+
+    def _entry(self, snap: Snapshot, name: str, mountpoint: Path) -> Entry:
+        """The preset's entry of model folder `name`: whether it shows an
+        mmproj.gguf and is an embedding model are its blobs' summaries' (the
+        index's: no header is parsed where the index knows the blob)."""
+        f = snap.listing.folders[name]
+        try:
+            embedding = self.views.summary(f.model).embedding
+        except GGUFError:
+            embedding = False
+        return Entry(name, mountpoint / name, MMPROJ_FILE in (self._files(snap, name) or {}), f.params, embedding)
 
     def _files(self, snap: Snapshot, path: str) -> dict[str, FileRef] | None:
         """The files of directory `path` (None when `path` holds no GGUF files)."""

@@ -38,7 +38,7 @@ from .gguf_values import VT, GGUFError
 from .index import Index, Stamp, Summary
 from .libc import tune_malloc
 from .opcache import OpCache
-from .sampling import of_layer, with_sampling
+from .sampling import kvs_key, of_layer, with_sampling
 from .translation import Translation, ViewSpec, first_claim, plan
 from .view import View
 
@@ -212,16 +212,20 @@ def summarize(path: Path, translate: bool) -> tuple[Stamp, Summary]:
 
     model_size, model_error, model = made(MODEL_FILE)
     mmproj_size, mmproj_error, _ = made(MMPROJ_FILE) if info.has_mmproj else (None, None, None)
-    arch = _architecture(dict(model.kvs) if model else info.source.kvs)
+    kvs = dict(model.kvs) if model else info.source.kvs
+    arch = _architecture(kvs)
     return stamp, Summary(model_size, mmproj_size, info.text.name if info.text else None,
                           info.clip.name if info.clip else None, arch=arch,
-                          model_error=model_error, mmproj_error=mmproj_error)
+                          model_error=model_error, mmproj_error=mmproj_error,
+                          embedding=arch is not None and f"{arch}.pooling_type" in kvs)
 
 
 class BlobViews:
     """What the mount knows of each blob: a small summary for `stat` and
     `readdir` (in memory for every blob, and in the persistent index), and
-    whole views only for files being read, in an LRU bounded in bytes."""
+    whole views only for files being read, in an LRU bounded in bytes.
+    Each header parsed here is logged at debug level ("parsed the header of
+    ..."; those workers parse, as they return)."""
 
     PATIENCE = 0.05   # seconds a request waits for a worker's summary before making its own
 
@@ -231,7 +235,6 @@ class BlobViews:
         self.op_cache = op_cache or OpCache()
         self.index = index if index is not None else Index(None, translate)
         self._views: LRUCache = LRUCache(maxsize=view_budget, getsizeof=lambda v: v.nbytes_held)
-        self._sampled_sizes: LRUCache = LRUCache(maxsize=4096)
         self._lock = threading.Lock()
         self._workers = workers
         self._pool: ProcessPoolExecutor | None = None
@@ -270,12 +273,19 @@ class BlobViews:
                 pass
             except Exception as e:   # a worker that died: computed here instead
                 log.debug("background summary of %s failed: %s", path, e)
-        got_stamp, summary = summarize(path, self.translate)
+        got_stamp, summary = self._summarize(path, "its summary")
         if got_stamp == stamp:
             self._indexed(path, stamp, summary)
         elif expect is not None:
             return None
         return summary
+
+    def _parsing(self, path: Path, why: str) -> None:
+        log.debug("parsed the header of %s for %s", path, why)
+
+    def _summarize(self, path: Path, why: str) -> tuple[Stamp, Summary]:
+        self._parsing(path, why)
+        return summarize(path, self.translate)
 
     def _indexed(self, path: Path, stamp: Stamp, summary: Summary) -> None:
         if self.index.get(path, stamp) != summary:
@@ -341,6 +351,7 @@ class BlobViews:
     def _done(self, path: Path, future: Future) -> None:
         try:
             stamp, summary = future.result()
+            self._parsing(path, "its summary, in a worker")
             if stamp == _stamp(path):
                 self._indexed(path, stamp, summary)
         except Exception as e:
@@ -371,22 +382,24 @@ class BlobViews:
     def sampled_size(self, path: Path, params: Path | None, size: int) -> int:
         """The size of a model folder's model.gguf whose blob's own text view
         has `size` bytes: that view's with the params layer's KVs (counted
-        from the blob's header once per blob and layer, then remembered)."""
+        from the blob's header once per blob and set of KVs, then kept in the
+        index beside the blob's summary)."""
         kvs = self.sampling_kvs(MODEL_FILE, params)
         if not kvs:
             return size
-        key = (str(path), _stamp(path), kvs)
-        with self._lock:
-            hit = self._sampled_sizes.get(key)
+        stamp, key = _stamp(path), kvs_key(kvs)
+        hit = self.index.sampled(path, stamp, key)
         if hit is None:
+            self._parsing(path, "its size with sampling defaults")
             try:
-                info = classify(SourceGGUF(path), self.translate)
+                source = SourceGGUF(path)
+                info = classify(source, self.translate)
                 spec = sampled_spec(info, MODEL_FILE, kvs)
             except (GGUFError, ValueError) as e:
                 raise GGUFError(f"{path}: {e}") from None
             hit = View.translated_size(spec) if spec is not None else info.source.size
-            with self._lock:
-                self._sampled_sizes[key] = hit
+            if source.identity == stamp:
+                self.index.put_sampled(path, stamp, key, hit)
         return hit
 
     def view(self, path: Path, kind: str, params: Path | None = None) -> View:
@@ -402,6 +415,7 @@ class BlobViews:
             hit = self._views.get(key)
         if hit is not None:
             return hit
+        self._parsing(path, f"its {kind}")
         try:
             info = classify(SourceGGUF(path), self.translate)
             if kind == MMPROJ_FILE and not info.has_mmproj:
@@ -430,7 +444,7 @@ class BlobViews:
         shown = known.model_size if kind == MODEL_FILE else known.mmproj_size
         if (shown or None) == size:
             return
-        got_stamp, summary = summarize(path, self.translate)
+        got_stamp, summary = self._summarize(path, "a check of its index entry")
         if got_stamp != stamp or summary == known:
             return
         log.error("index entry of %s said %s bytes for %s, the view has %s: entry replaced",
@@ -446,5 +460,4 @@ class BlobViews:
         with self._lock:
             for key in [k for k in self._views if k[0] not in keep]:
                 del self._views[key]
-        for gone in self.index.known() - keep:
-            self.index.forget(Path(gone))
+        self.index.retain(keep)

@@ -238,9 +238,9 @@ def test_entries_of_the_wrong_kind_or_with_errors_are_made_again(tmp_path):
     for i in range(4):
         index.put(Path(f"/b{i}"), (i, 1, 1, 1, 1), good)
     db = sqlite3.connect(path)
-    db.execute("UPDATE views_v3 SET model_size = 'abc' WHERE path = '/b1'")
-    db.execute("UPDATE views_v3 SET model_size = -5 WHERE path = '/b2'")
-    db.execute("UPDATE views_v3 SET error = 'forged' WHERE path = '/b3'")
+    db.execute("UPDATE views_v4 SET model_size = 'abc' WHERE path = '/b1'")
+    db.execute("UPDATE views_v4 SET model_size = -5 WHERE path = '/b2'")
+    db.execute("UPDATE views_v4 SET error = 'forged' WHERE path = '/b3'")
     db.commit()
     db.close()
     again = Index(path, translate=True, version="v1")
