@@ -6,17 +6,21 @@ The mount fills its reply buffers with `fill` through the blob its open file
 holds; `compatfs export` takes `parts` (blob ranges left as ranges, so the
 kernel can share or copy them; everything else assembled); in-process
 readers (`View.read`: tests, the fuzzer, the bench) go through `fill` too.
+A read through an open blob that continues the one before has the ranged
+ops of the bytes after it computed ahead on worker threads (`ahead`); the
+reads that reach them copy them out.
 """
 from __future__ import annotations
 
 import logging
 import time
 from dataclasses import dataclass
-from typing import Hashable, NamedTuple, Union
+from typing import Hashable, Iterator, NamedTuple, Union
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from . import ahead
 from .blobfile import BlobFile
 from .gguf_values import GGUFError
 from .opcache import OpCache
@@ -85,9 +89,8 @@ def fill(view, blob: BlobFile | None, offset: int, out: memoryview) -> None:
     `out`, every blob byte read through `blob`; GGUFError when the blob
     cannot give them or an op fails on its data."""
     at = 0
-    for piece in view.layout(offset, len(out)):
-        n = size_of(piece)
-        _fill(piece, blob, out[at:at + n])
+    for piece, n in _assembled(view, blob, offset, len(out)):
+        _fill(piece, blob, out[at:at + n], offset + at)
         at += n
     if at != len(out):
         raise GGUFError(f"a read of {len(out)} bytes at {offset} runs past the end of a view of {view.size}")
@@ -97,17 +100,45 @@ def parts(view, blob: BlobFile | None, offset: int, size: int) -> list[FileRange
     """The bytes at [offset, offset+size) (clipped to the view): plain blob
     ranges as `FileRange`s, everything else assembled (as `fill` does)."""
     out: list[FileRange | bytearray] = []
-    for piece in view.layout(offset, size):
+    at = offset
+    for piece, n in _assembled(view, blob, offset, size):
         if isinstance(piece, FileRange):
             out.append(piece)
         else:
-            buf = bytearray(size_of(piece))
-            _fill(piece, blob, memoryview(buf))
+            buf = bytearray(n)
+            _fill(piece, blob, memoryview(buf), at)
             out.append(buf)
+        at += n
     return out
 
 
-def _fill(piece: Piece, blob: BlobFile | None, out: memoryview) -> None:
+def _assembled(view, blob: BlobFile | None, offset: int, size: int) -> Iterator[tuple[Piece, int]]:
+    """The pieces of view bytes [offset, offset + size) and their sizes, for
+    the caller to assemble; once they are, the ranges of ranged ops that
+    follow are given to the file's `Ahead` (a read through an open blob)."""
+    pieces = view.layout(offset, size)
+    yield from ((p, size_of(p)) for p in pieces)
+    state = ahead.of(blob) if blob is not None else None
+    if blob is not None and state is not None:
+        state.advance(blob, offset, sum(map(size_of, pieces)), lambda at, n: _spans(view, at, n), _compute)
+
+
+def _spans(view, offset: int, size: int) -> Iterator[ahead.Span]:
+    """The ranges of ranged ops among view bytes [offset, offset + size)."""
+    for piece in view.layout(offset, size):
+        n = size_of(piece)
+        if isinstance(piece, Computed):
+            yield ahead.Span(piece.op, piece.lo, n, offset)
+        offset += n
+
+
+def _compute(blob: BlobFile, op: Op, lo: int, out: memoryview) -> None:
+    """Bytes [lo, lo + len(out)) of ranged `op` into `out`, its inputs read through `blob`."""
+    op.compute_range_into(_reader(blob, op.reads_inputs_once), lo, lo + len(out), out)
+
+
+def _fill(piece: Piece, blob: BlobFile | None, out: memoryview, at: int) -> None:
+    """`piece`, at view offset `at`, into `out`."""
     if isinstance(piece, memoryview):
         out[:] = piece
     elif isinstance(piece, Zeros):
@@ -119,7 +150,11 @@ def _fill(piece: Piece, blob: BlobFile | None, out: memoryview) -> None:
     elif isinstance(piece, InRounds):
         _fill_rounds(blob, piece.rounds, piece.lo, out)
     elif isinstance(piece, Computed):
-        piece.op.compute_range_into(_reader(blob, piece.op.reads_inputs_once), piece.lo, piece.lo + piece.size, out)
+        state = ahead.of(blob)
+        if state is None:
+            _compute(blob, piece.op, piece.lo, out)
+        else:
+            state.fill(ahead.Span(piece.op, piece.lo, piece.size, at), out, _compute, blob)
     else:
         _fill_cached(blob, piece, out)
 

@@ -1,0 +1,315 @@
+"""Ranges of op tensors computed ahead of a reader, on worker threads.
+
+A sequential reader of a view (the kernel's read-ahead through the mount,
+`compatfs export`) asks for one range after another; each range of a ranged
+op (`Op.ranged`: a repack, a dtype promotion) costs CPU that one request at
+a time would spend on one core.  Once a read continues where the last one of
+the same open file ended, `Ahead` has the computed ranges of the next
+`WINDOW` bytes of the view computed by a pool of worker threads (numpy and
+the compiled kernels release the GIL), one `CHUNK` of the view at a time,
+and the reads that reach them copy them out.
+
+Bounds: at most `PER_FILE` chunks per open file and `HELD` over all files
+are held or being computed (each `CHUNK` bytes); a read that is no
+continuation (the reader went elsewhere) drops its file's chunks (those not
+started are never computed), and chunks behind the reader are dropped as it
+passes them.  A chunk is computed by the same `compute_range_into` into its
+own buffer as a read would compute into its reply: the bytes are the same.
+A chunk whose computation failed gives its error to the read that needs it
+(the mount answers that read EIO); other files never see it.  Workers read
+the blob through a descriptor of their own (a duplicate of the open file's),
+closed once the file is gone and no worker uses it.
+
+`COMPATFS_NO_AHEAD=1` in the environment turns it off (every range is
+computed by the read that needs it).
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import weakref
+from concurrent.futures import Future
+from typing import Callable, Iterable, NamedTuple
+
+from .blobfile import BlobFile
+from .gguf_values import GGUFError
+from .ops import Op
+from .scratch import give, take
+
+CHUNK = 1 << 20        # view bytes computed at a time by a worker
+PER_FILE = 8           # chunks held or being computed for one open file
+WINDOW = PER_FILE * CHUNK
+
+
+def cores() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+WORKERS = cores()
+HELD = max(2 * PER_FILE, 4 * WORKERS)   # chunks held or being computed over all open files
+
+enabled = os.environ.get("COMPATFS_NO_AHEAD", "") in ("", "0")
+
+
+class Span(NamedTuple):
+    """Output bytes [lo, lo + size) of ranged `op`, at view offset `at`."""
+    op: Op
+    lo: int
+    size: int
+    at: int
+
+
+# A chunk's computation: (blob, op, lo, out) -> op bytes [lo, lo + len(out)) into out.
+Compute = Callable[[BlobFile, Op, int, memoryview], None]
+
+
+class _Pool:
+    """`WORKERS` daemon threads running submitted calls, started on first
+    use (and again in a forked child, which has none of its parent's threads)."""
+
+    def __init__(self, workers: int):
+        self._workers = workers
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._pid = -1
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[[], None], future: Future) -> None:
+        with self._lock:
+            if self._pid != os.getpid():
+                self._pid = os.getpid()
+                self._queue = queue.SimpleQueue()
+                for i in range(self._workers):
+                    threading.Thread(target=self._run, args=(self._queue,), name=f"compatfs-ahead-{i}",
+                                     daemon=True).start()
+            self._queue.put((fn, future))
+
+    @staticmethod
+    def _run(q: queue.SimpleQueue) -> None:
+        while True:
+            fn, future = q.get()
+            if future.set_running_or_notify_cancel():
+                try:
+                    fn()
+                except BaseException as e:
+                    future.set_exception(e)
+                else:
+                    future.set_result(None)
+
+
+_pool = _Pool(WORKERS)
+_held_lock = threading.Lock()
+_held = 0
+
+
+def held() -> int:
+    """Chunks held or being computed over all open files."""
+    with _held_lock:
+        return _held
+
+
+def _reserve() -> bool:
+    """One of the `HELD` chunks taken, if one is left."""
+    global _held
+    with _held_lock:
+        if _held >= HELD:
+            return False
+        _held += 1
+        return True
+
+
+class _Chunk:
+    """Bytes [lo, lo + size) of `op` (view bytes [at, at + size)), computed
+    into a buffer of its own; freed (its buffer and its place among the
+    `HELD` given back) once dropped and its computation is over."""
+
+    def __init__(self, span: Span):
+        self.op, self.lo, self.size, self.at = span
+        self.buf = take(span.size)
+        self.future: Future = Future()
+        self.taken = 0            # bytes of it copied out by reads
+        self._freed = False
+
+    @property
+    def end(self) -> int:
+        return self.at + self.size
+
+    def drop(self) -> None:
+        """Never computed if not started; freed once its computation is over."""
+        self.future.cancel()
+        self.future.add_done_callback(lambda _: self._free())
+
+    def _free(self) -> None:
+        global _held
+        with _held_lock:
+            if self._freed:
+                return
+            self._freed = True
+            _held -= 1
+        give(self.buf)
+
+
+class Ahead:
+    """One open file's ranges computed ahead (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._own: BlobFile | None = None     # the workers' descriptor
+        self._running = 0                     # chunks whose computation is not over
+        self._closed = False
+        self._chunks: list[_Chunk] = []
+        self._end: int | None = None          # where the reads so far ended (the furthest)
+        self._planned = 0                     # the view's chunks before this offset are planned
+
+    def __len__(self) -> int:
+        """Chunks held or being computed for this file."""
+        with self._lock:
+            return len(self._chunks)
+
+    def fill(self, span: Span, out: memoryview, compute: Compute, blob: BlobFile) -> None:
+        """Bytes of `span` into `out` (its size): from the chunks that hold
+        them (waited for when being computed; the error of one that failed
+        raised), the rest computed here with `compute` through `blob`."""
+        lo, hi = span.lo, span.lo + span.size
+        with self._lock:
+            mine = sorted((c for c in self._chunks if c.op is span.op and c.lo < hi and c.lo + c.size > lo),
+                          key=lambda c: c.lo)
+        at = lo
+        for c in mine:
+            if c.lo > at:
+                compute(blob, span.op, at, out[at - lo:c.lo - lo])
+            s, e = max(at, c.lo), min(hi, c.lo + c.size)
+            if c.future.cancel():               # not started: computed here, without waiting for a worker
+                self._forget(c)
+                compute(blob, span.op, s, out[s - lo:e - lo])
+            else:
+                try:
+                    c.future.result()
+                except BaseException:
+                    self._forget(c)
+                    raise
+                out[s - lo:e - lo] = c.buf.data[s - c.lo:e - c.lo]
+                with self._lock:
+                    c.taken += e - s
+                    done = c.taken >= c.size
+                if done:
+                    self._forget(c)
+            at = e
+        if at < hi:
+            compute(blob, span.op, at, out[at - lo:])
+
+    def advance(self, blob: BlobFile, offset: int, size: int, upcoming: Callable[[int, int], Iterable[Span]],
+                compute: Compute) -> None:
+        """A read of view bytes [offset, offset + size) through `blob` is
+        done: when it continues the reads before (it starts within `WINDOW`
+        of where they ended), the spans of ranged ops that `upcoming(start,
+        size)` lays out in the next `WINDOW` bytes are given to the workers,
+        chunk by chunk, while this file's and the global bounds allow;
+        otherwise this file's chunks are dropped."""
+        end = offset + size
+        drop: list[_Chunk] = []
+        plan: list[_Chunk] = []
+        with self._lock:
+            if self._closed:
+                return
+            if self._end is None or not self._end - WINDOW <= offset <= self._end + WINDOW:
+                drop, self._chunks = self._chunks, []
+                self._end, self._planned = end, end
+            else:
+                self._end = max(self._end, end)
+                keep = [c for c in self._chunks if c.end > offset - WINDOW]
+                drop = [c for c in self._chunks if c.end <= offset - WINDOW]
+                self._chunks = keep
+                start, stop = max(self._planned, self._end), self._end + WINDOW
+                if start < stop and len(self._chunks) < PER_FILE:
+                    plan = self._plan(upcoming(start, stop - start), stop)
+                    if plan and self._own is None:
+                        self._own = blob.duplicate()
+        for c in drop:
+            c.drop()
+        for c in plan:
+            _pool.submit(self._task(c, compute), c.future)
+
+    def _plan(self, spans: Iterable[Span], stop: int) -> list[_Chunk]:
+        """Chunks (at most `CHUNK` view bytes each, cut where the view is cut
+        in `CHUNK`s) of `spans`, while the bounds allow; `_planned` moved
+        past what was planned (the lock is held)."""
+        new: list[_Chunk] = []
+        self._planned = stop
+        for span in spans:
+            at = span.at
+            while at < span.at + span.size:
+                if len(self._chunks) >= PER_FILE or not _reserve():
+                    self._planned = at
+                    return new
+                n = min(span.at + span.size, (at // CHUNK + 1) * CHUNK) - at
+                chunk = _Chunk(Span(span.op, span.lo + at - span.at, n, at))
+                self._running += 1
+                chunk.future.add_done_callback(self._over)
+                self._chunks.append(chunk)
+                new.append(chunk)
+                at += n
+        return new
+
+    def _task(self, chunk: _Chunk, compute: Compute) -> Callable[[], None]:
+        """The worker's call that computes `chunk` through the workers' descriptor."""
+        def run() -> None:
+            own = self._own
+            if own is None:
+                raise GGUFError("a chunk computed after its file was closed")
+            compute(own, chunk.op, chunk.lo, chunk.buf.data[:chunk.size])
+        return run
+
+    def _over(self, _: Future) -> None:
+        """A chunk's computation is over (done, failed or cancelled)."""
+        with self._lock:
+            self._running -= 1
+            last = self._closed and not self._running
+        if last:
+            self._close_own()
+
+    def _forget(self, chunk: _Chunk) -> None:
+        with self._lock:
+            if chunk in self._chunks:
+                self._chunks.remove(chunk)
+        chunk.drop()
+
+    def close(self) -> None:
+        """Every chunk dropped; the workers' descriptor closed once none uses it."""
+        with self._lock:
+            self._closed = True
+            drop, self._chunks = self._chunks, []
+        for c in drop:
+            c.drop()
+        with self._lock:
+            idle = not self._running
+        if idle:
+            self._close_own()
+
+    def _close_own(self) -> None:
+        with self._lock:
+            own, self._own = self._own, None
+        if own is not None:
+            own.close()
+
+
+_files: weakref.WeakKeyDictionary[BlobFile, Ahead] = weakref.WeakKeyDictionary()
+_files_lock = threading.Lock()
+
+
+def of(blob: BlobFile) -> Ahead | None:
+    """The open file's `Ahead` (made on its first read; closed when the file
+    object goes away), or None when turned off."""
+    if not enabled:
+        return None
+    with _files_lock:
+        state = _files.get(blob)
+        if state is None:
+            state = _files[blob] = Ahead()
+            weakref.finalize(blob, state.close)
+    return state
+
