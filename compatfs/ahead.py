@@ -30,7 +30,8 @@ import queue
 import threading
 import weakref
 from concurrent.futures import Future
-from typing import Callable, Iterable, NamedTuple
+from functools import partial
+from typing import Callable, Hashable, Iterable, NamedTuple
 
 from .blobfile import BlobFile
 from .gguf_values import GGUFError
@@ -39,6 +40,7 @@ from .scratch import give, take
 
 CHUNK = 1 << 20        # view bytes computed at a time by a worker
 PER_FILE = 8           # chunks held or being computed for one open file
+LATER = 2              # op-cache chunks being computed ahead for one open file
 WINDOW = PER_FILE * CHUNK
 
 
@@ -62,6 +64,15 @@ class Span(NamedTuple):
     lo: int
     size: int
     at: int
+
+
+class Later(NamedTuple):
+    """A computation whose result is kept elsewhere (a chunk of an op the op
+    cache holds), for the view's bytes from `at`: `run(blob)` makes it,
+    reading through `blob`; `key` names it."""
+    key: Hashable
+    at: int
+    run: Callable[[BlobFile], object]
 
 
 # A chunk's computation: (blob, op, lo, out) -> op bytes [lo, lo + len(out)) into out.
@@ -138,6 +149,9 @@ class _Chunk:
     def end(self) -> int:
         return self.at + self.size
 
+    def compute(self, compute: Compute, blob: BlobFile) -> None:
+        compute(blob, self.op, self.lo, self.buf.data[:self.size])
+
     def drop(self) -> None:
         """Never computed if not started; freed once its computation is over."""
         self.future.cancel()
@@ -162,6 +176,7 @@ class Ahead:
         self._running = 0                     # chunks whose computation is not over
         self._closed = False
         self._chunks: list[_Chunk] = []
+        self._later: dict[Hashable, tuple[int, Future]] = {}   # op-cache chunks given to the workers: at, future
         self._end: int | None = None          # where the reads so far ended (the furthest)
         self._planned = 0                     # the view's chunks before this offset are planned
 
@@ -202,66 +217,93 @@ class Ahead:
         if at < hi:
             compute(blob, span.op, at, out[at - lo:])
 
-    def advance(self, blob: BlobFile, offset: int, size: int, upcoming: Callable[[int, int], Iterable[Span]],
-                compute: Compute) -> None:
+    def advance(self, blob: BlobFile, offset: int, size: int,
+                upcoming: Callable[[int, int], Iterable[Span | Later]], compute: Compute) -> None:
         """A read of view bytes [offset, offset + size) through `blob` is
         done: when it continues the reads before (it starts within `WINDOW`
-        of where they ended), the spans of ranged ops that `upcoming(start,
-        size)` lays out in the next `WINDOW` bytes are given to the workers,
-        chunk by chunk, while this file's and the global bounds allow;
-        otherwise this file's chunks are dropped."""
+        of where they ended), what `upcoming(start, size)` lays out in the
+        next `WINDOW` bytes is given to the workers, while this file's and the
+        global bounds allow: the spans of ranged ops chunk by chunk, and up to
+        `LATER` chunks of ops the op cache holds; otherwise this file's chunks
+        are dropped (and its op-cache chunks not started never computed)."""
         end = offset + size
         drop: list[_Chunk] = []
-        plan: list[_Chunk] = []
+        cancel: list[Future] = []
+        tasks: list[tuple[Callable[[], None], Future]] = []
         with self._lock:
             if self._closed:
                 return
             if self._end is None or not self._end - WINDOW <= offset <= self._end + WINDOW:
                 drop, self._chunks = self._chunks, []
+                cancel = [f for _, f in self._later.values()]
+                self._later.clear()
                 self._end, self._planned = end, end
             else:
                 self._end = max(self._end, end)
-                keep = [c for c in self._chunks if c.end > offset - WINDOW]
                 drop = [c for c in self._chunks if c.end <= offset - WINDOW]
-                self._chunks = keep
+                self._chunks = [c for c in self._chunks if c.end > offset - WINDOW]
+                for key, (at, f) in list(self._later.items()):
+                    if at <= offset - WINDOW:
+                        cancel.append(f)
+                        del self._later[key]
                 start, stop = max(self._planned, self._end), self._end + WINDOW
-                if start < stop and len(self._chunks) < PER_FILE:
-                    plan = self._plan(upcoming(start, stop - start), stop)
-                    if plan and self._own is None:
+                if start < stop:
+                    tasks = self._plan(upcoming(start, stop - start), stop, compute)
+                    if tasks and self._own is None:
                         self._own = blob.duplicate()
         for c in drop:
             c.drop()
-        for c in plan:
-            _pool.submit(self._task(c, compute), c.future)
+        for f in cancel:
+            f.cancel()
+        for fn, future in tasks:
+            _pool.submit(fn, future)
 
-    def _plan(self, spans: Iterable[Span], stop: int) -> list[_Chunk]:
-        """Chunks (at most `CHUNK` view bytes each, cut where the view is cut
-        in `CHUNK`s) of `spans`, while the bounds allow; `_planned` moved
-        past what was planned (the lock is held)."""
-        new: list[_Chunk] = []
+    def _plan(self, upcoming: Iterable[Span | Later], stop: int,
+              compute: Compute) -> list[tuple[Callable[[], None], Future]]:
+        """The workers' calls and their futures for `upcoming`: chunks (at
+        most `CHUNK` view bytes each, cut where the view is cut in `CHUNK`s)
+        of its spans and its op-cache chunks, while the bounds allow;
+        `_planned` moved past what was planned (the lock is held)."""
+        tasks: list[tuple[Callable[[], None], Future]] = []
         self._planned = stop
-        for span in spans:
-            at = span.at
-            while at < span.at + span.size:
+        for item in upcoming:
+            if isinstance(item, Later):
+                if item.key in self._later:
+                    continue
+                if sum(not f.done() for _, f in self._later.values()) >= LATER:
+                    self._planned = item.at
+                    return tasks
+                future: Future = Future()
+                self._track(future)
+                self._later[item.key] = (item.at, future)
+                tasks.append((self._task(item.run), future))
+                continue
+            at = item.at
+            while at < item.at + item.size:
                 if len(self._chunks) >= PER_FILE or not _reserve():
                     self._planned = at
-                    return new
-                n = min(span.at + span.size, (at // CHUNK + 1) * CHUNK) - at
-                chunk = _Chunk(Span(span.op, span.lo + at - span.at, n, at))
-                self._running += 1
-                chunk.future.add_done_callback(self._over)
+                    return tasks
+                n = min(item.at + item.size, (at // CHUNK + 1) * CHUNK) - at
+                chunk = _Chunk(Span(item.op, item.lo + at - item.at, n, at))
+                self._track(chunk.future)
                 self._chunks.append(chunk)
-                new.append(chunk)
+                tasks.append((self._task(partial(chunk.compute, compute)), chunk.future))
                 at += n
-        return new
+        return tasks
 
-    def _task(self, chunk: _Chunk, compute: Compute) -> Callable[[], None]:
-        """The worker's call that computes `chunk` through the workers' descriptor."""
+    def _track(self, future: Future) -> None:
+        """A computation to be given to the workers: the workers' descriptor
+        stays open until it is over (the lock is held)."""
+        self._running += 1
+        future.add_done_callback(self._over)
+
+    def _task(self, fn: Callable[[BlobFile], object]) -> Callable[[], None]:
+        """The worker's call of `fn` with the workers' descriptor."""
         def run() -> None:
             own = self._own
             if own is None:
                 raise GGUFError("a chunk computed after its file was closed")
-            compute(own, chunk.op, chunk.lo, chunk.buf.data[:chunk.size])
+            fn(own)
         return run
 
     def _over(self, _: Future) -> None:
@@ -283,8 +325,12 @@ class Ahead:
         with self._lock:
             self._closed = True
             drop, self._chunks = self._chunks, []
+            cancel = [f for _, f in self._later.values()]
+            self._later.clear()
         for c in drop:
             c.drop()
+        for f in cancel:
+            f.cancel()
         with self._lock:
             idle = not self._running
         if idle:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Hashable, Iterator, NamedTuple, Union
 
 import numpy as np
@@ -123,12 +124,21 @@ def _assembled(view, blob: BlobFile | None, offset: int, size: int) -> Iterator[
         state.advance(blob, offset, sum(map(size_of, pieces)), lambda at, n: _spans(view, at, n), _compute)
 
 
-def _spans(view, offset: int, size: int) -> Iterator[ahead.Span]:
-    """The ranges of ranged ops among view bytes [offset, offset + size)."""
+def _spans(view, offset: int, size: int) -> Iterator[ahead.Span | ahead.Later]:
+    """What view bytes [offset, offset + size) compute that is worth
+    computing ahead: the ranges of ranged ops (that say so,
+    `Op.computes_ahead`), and the op-cache chunks of the ops computed in
+    chunks where the cache holds the reader's chunk and those computed ahead
+    of it side by side (so none pushes out the one being read)."""
     for piece in view.layout(offset, size):
         n = size_of(piece)
-        if isinstance(piece, Computed):
+        if isinstance(piece, Computed) and piece.op.computes_ahead:
             yield ahead.Span(piece.op, piece.lo, n, offset)
+        elif isinstance(piece, Cached) and piece.op.chunk_bytes * (ahead.LATER + 1) <= piece.cache.max_bytes:
+            chunk = piece.op.chunk_bytes
+            for k in range(piece.lo // chunk, (piece.lo + n - 1) // chunk + 1):
+                yield ahead.Later((piece.key, k), offset + max(0, k * chunk - piece.lo),
+                                  partial(_cached_chunk, piece=piece, k=k))
         offset += n
 
 
@@ -208,13 +218,18 @@ def _fill_cached(blob: BlobFile, piece: Cached, out: memoryview) -> None:
     computed into it (inputs read through `blob`), copied into `out`."""
     op, lo, hi = piece.op, piece.lo, piece.lo + piece.size
     size = op.chunk_bytes
-    read = _reader(blob)
     for k in range(lo // size, (hi - 1) // size + 1):
         first = k * size
-        n = min(size, op.nbytes - first)
-        data = piece.cache.get((piece.key, k), lambda: _chunk(op, read, k, n))
-        s, e = max(lo, first), min(hi, first + n)
+        data = _cached_chunk(blob, piece, k)
+        s, e = max(lo, first), min(hi, first + len(data))
         out[s - lo:e - lo] = memoryview(data)[s - first:e - first]
+
+
+def _cached_chunk(blob: BlobFile, piece: Cached, k: int) -> bytes:
+    """Chunk k of the piece's op, from the op cache or computed into it (inputs read through `blob`)."""
+    op = piece.op
+    n = min(op.chunk_bytes, op.nbytes - k * op.chunk_bytes)
+    return piece.cache.get((piece.key, k), lambda: _chunk(op, _reader(blob), k, n))
 
 
 def _chunk(op: Op, read, k: int, n: int) -> bytes:

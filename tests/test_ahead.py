@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compatfs import ahead, viewbytes
+from compatfs import accel, ahead, viewbytes
 from compatfs.gguf_values import GGUFError
 from compatfs.handlers.gptoss import OllamaMXFP4
 from compatfs.testing import widths
@@ -56,6 +56,12 @@ def read_through(view, step: int) -> bytes:
 
 
 @pytest.fixture
+def numpy_kernel(monkeypatch):
+    """The repack on numpy's kernel (computed ahead; the compiled one's is not)."""
+    monkeypatch.setattr(accel, "native", None)
+
+
+@pytest.fixture
 def worker_bytes(monkeypatch):
     """Bytes of ranged ops computed on the ahead workers, counted."""
     counted = {"workers": 0, "reads": 0}
@@ -69,7 +75,7 @@ def worker_bytes(monkeypatch):
 
 
 @pytest.mark.parametrize("step", [MiB, 128 << 10, 300_001])
-def test_a_sequential_reader_gets_the_same_bytes_computed_ahead(blob, reference, worker_bytes, step):
+def test_a_sequential_reader_gets_the_same_bytes_computed_ahead(blob, reference, numpy_kernel, worker_bytes, step):
     view = BlobViews().view(blob, MODEL_FILE)
     assert any(isinstance(t.op, OllamaMXFP4) for t in view.spec.tensors)
     assert read_through(view, step) == reference
@@ -78,7 +84,15 @@ def test_a_sequential_reader_gets_the_same_bytes_computed_ahead(blob, reference,
     assert worker_bytes["workers"] + worker_bytes["reads"] >= ops
 
 
-def test_reads_one_at_a_time_compute_nothing_ahead(blob, reference, worker_bytes):
+@pytest.mark.skipif(accel.native is None, reason="compatfs._accel is not built (or COMPATFS_NO_ACCEL)")
+def test_the_compiled_repack_is_not_computed_ahead(blob, reference, worker_bytes):
+    """It repacks a range about as fast as the copy out of a chunk would take."""
+    view = BlobViews().view(blob, MODEL_FILE)
+    assert read_through(view, MiB) == reference
+    assert worker_bytes["workers"] == 0
+
+
+def test_reads_one_at_a_time_compute_nothing_ahead(blob, reference, numpy_kernel, worker_bytes):
     """An in-process read opens its own blob: no read continues another."""
     view = BlobViews().view(blob, MODEL_FILE)
     assert b"".join(view.read(at, MiB) for at in range(0, view.size, MiB)) == reference
@@ -89,7 +103,7 @@ def test_reads_one_at_a_time_compute_nothing_ahead(blob, reference, worker_bytes
 def test_the_mount_serves_the_same_bytes_computed_ahead(blob, reference, tmp_path, mount_store):
     store = tmp_path / "store"
     add_model(store, "gptoss", blob)
-    m = mount_store(store)
+    m = mount_store(store, env={"COMPATFS_NO_ACCEL": "1"})
     with open(m.path / "gptoss:latest" / "model.gguf", "rb", buffering=0) as f:
         got = bytearray()
         while chunk := f.read(MiB):
@@ -239,16 +253,52 @@ def test_a_failing_chunk_fails_the_read_that_needs_it_and_no_other_file():
     b.close()
 
 
-def test_the_workers_descriptor_is_closed_with_the_file(blob):
+def test_op_cache_chunks_are_computed_ahead_a_few_at_a_time_and_dropped_on_a_jump():
+    """An op computed in chunks into the op cache: its chunks in the window
+    given to the workers, at most `LATER` at once; after a jump those not
+    started are never computed."""
+    gate = threading.Event()
+    ran: list[int] = []
+
+    def later(at: int) -> ahead.Later:
+        def run(blob) -> None:
+            ran.append(at)
+            assert gate.wait(10)
+        return ahead.Later(("op", at // MiB), at, run)
+
+    upcoming_chunks = lambda at, size: [later(a) for a in range(at - at % MiB, at + size, MiB)]  # noqa: E731
+    state, blob = ahead.Ahead(), Blob()
+    state.advance(blob, 0, MiB, upcoming_chunks, compute)   # type: ignore[arg-type]
+    state.advance(blob, MiB, MiB, upcoming_chunks, compute)  # type: ignore[arg-type]
+    wait_for(lambda: len(ran) == min(ahead.LATER, ahead.WORKERS), "the workers to start")
+    assert len(state._later) == ahead.LATER            # given to the workers: the window holds 8 chunks
+    started = list(ran)
+    state.advance(blob, 100 * MiB, MiB, upcoming_chunks, compute)  # type: ignore[arg-type]  (a jump)
+    gate.set()
+    state.advance(blob, 101 * MiB, MiB, upcoming_chunks, compute)  # type: ignore[arg-type]
+    wait_for(lambda: any(at >= 100 * MiB for at in ran), "the new window's chunks")
+    assert [at for at in ran if at < 100 * MiB] == started
+    state.close()
+
+
+def test_the_workers_descriptor_is_closed_with_the_file(blob, numpy_kernel):
+    def open_on_blob() -> int:
+        n = 0
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                n += os.readlink(f"/proc/self/fd/{fd}") == str(blob)
+            except OSError:
+                pass
+        return n
+    gc.collect()
+    wait_for(lambda: open_on_blob() == 0, "earlier tests' descriptors to close")
     view = BlobViews().view(blob, MODEL_FILE)
-    fds = lambda: len(os.listdir("/proc/self/fd"))       # noqa: E731
-    before = fds()
     f = view.open()
-    for at in range(0, 24 * MiB, MiB):
+    for at in range(0, view.size, MiB):
         view.read(at, MiB, f)
-    assert fds() >= before + 2                            # the file and the workers' duplicate
+    assert open_on_blob() >= 2                            # the file and the workers' duplicate
     f.close()
     del f
     gc.collect()
-    wait_for(lambda: fds() == before, "the workers' descriptor to close")
+    wait_for(lambda: open_on_blob() == 0, "the workers' descriptor to close")
     wait_for(lambda: ahead.held() == 0, "every chunk to be freed")
