@@ -20,11 +20,13 @@ A chunk whose computation failed gives its error to the read that needs it
 the blob through a descriptor of their own (a duplicate of the open file's),
 closed once the file is gone and no worker uses it.
 
-`COMPATFS_NO_AHEAD=1` in the environment turns it off (every range is
-computed by the read that needs it).
+The pool has a worker for each CPU the process may use beyond two (see
+`workers`; `COMPATFS_AHEAD_WORKERS=N` in the environment sets it, 0 turns
+computing ahead off: every range is computed by the read that needs it).
 """
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import threading
@@ -43,6 +45,8 @@ PER_FILE = 8           # chunks held or being computed for one open file
 LATER = 2              # op-cache chunks being computed ahead for one open file
 WINDOW = PER_FILE * CHUNK
 
+log = logging.getLogger(__name__)
+
 
 def cores() -> int:
     """The CPUs this process may run on."""
@@ -52,10 +56,28 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-WORKERS = cores()
+def workers() -> int:
+    """How many worker threads compute ahead: `COMPATFS_AHEAD_WORKERS` where
+    set, else the CPUs this process may use less two.  A sequential reader
+    through the mount already has two requests in flight (the mount's
+    read-ahead of 2048 KiB asks for 1 MiB at a time), each computed on a
+    core of its own: workers are the cores beyond those, and on two cores or
+    fewer there are none (nothing is computed ahead)."""
+    raw = os.environ.get("COMPATFS_AHEAD_WORKERS", "")
+    if raw:
+        try:
+            if int(raw) >= 0:
+                return int(raw)
+        except ValueError:
+            pass
+        log.warning("COMPATFS_AHEAD_WORKERS=%r is not a whole number of workers: using the default", raw)
+    return max(0, cores() - 2)
+
+
+WORKERS = workers()
 HELD = max(2 * PER_FILE, 4 * WORKERS)   # chunks held or being computed over all open files
 
-enabled = os.environ.get("COMPATFS_NO_AHEAD", "") in ("", "0")
+enabled = WORKERS > 0
 
 
 class Span(NamedTuple):
@@ -184,6 +206,12 @@ class Ahead:
         """Chunks held or being computed for this file."""
         with self._lock:
             return len(self._chunks)
+
+    @property
+    def running(self) -> int:
+        """This file's computations given to the workers and not over."""
+        with self._lock:
+            return self._running
 
     def fill(self, span: Span, out: memoryview, compute: Compute, blob: BlobFile) -> None:
         """Bytes of `span` into `out` (its size): from the chunks that hold
@@ -349,7 +377,7 @@ _files_lock = threading.Lock()
 
 def of(blob: BlobFile) -> Ahead | None:
     """The open file's `Ahead` (made on its first read; closed when the file
-    object goes away), or None when turned off."""
+    object goes away), or None without workers."""
     if not enabled:
         return None
     with _files_lock:

@@ -28,6 +28,14 @@ from conftest import needs_fuse
 MiB = 1 << 20
 
 
+@pytest.fixture(autouse=True)
+def two_workers(monkeypatch):
+    """Two ahead workers, whatever the machine's default (none on two cores)."""
+    monkeypatch.setattr(ahead, "_pool", ahead._Pool(2))
+    monkeypatch.setattr(ahead, "WORKERS", 2)
+    monkeypatch.setattr(ahead, "enabled", True)
+
+
 @pytest.fixture(scope="module")
 def blob(tmp_path_factory) -> Path:
     """One gpt-oss-120b layer in the type-4 MXFP4 form, 4 experts (rows as wide as the published model's)."""
@@ -80,7 +88,7 @@ def test_a_sequential_reader_gets_the_same_bytes_computed_ahead(blob, reference,
     assert any(isinstance(t.op, OllamaMXFP4) for t in view.spec.tensors)
     assert read_through(view, step) == reference
     ops = sum(t.op.nbytes for t in view.spec.tensors if isinstance(t.op, OllamaMXFP4))
-    assert worker_bytes["workers"] > ops // 2           # most of the repack was computed ahead
+    assert worker_bytes["workers"] > ops // 4           # much of the repack was computed ahead
     assert worker_bytes["workers"] + worker_bytes["reads"] >= ops
 
 
@@ -103,7 +111,7 @@ def test_reads_one_at_a_time_compute_nothing_ahead(blob, reference, numpy_kernel
 def test_the_mount_serves_the_same_bytes_computed_ahead(blob, reference, tmp_path, mount_store):
     store = tmp_path / "store"
     add_model(store, "gptoss", blob)
-    m = mount_store(store, env={"COMPATFS_NO_ACCEL": "1"})
+    m = mount_store(store, env={"COMPATFS_NO_ACCEL": "1", "COMPATFS_AHEAD_WORKERS": "2"})
     with open(m.path / "gptoss:latest" / "model.gguf", "rb", buffering=0) as f:
         got = bytearray()
         while chunk := f.read(MiB):
@@ -279,6 +287,16 @@ def test_op_cache_chunks_are_computed_ahead_a_few_at_a_time_and_dropped_on_a_jum
     wait_for(lambda: any(at >= 100 * MiB for at in ran), "the new window's chunks")
     assert [at for at in ran if at < 100 * MiB] == started
     state.close()
+
+
+def test_workers_are_the_cores_beyond_two_unless_the_environment_says(monkeypatch):
+    monkeypatch.setattr(ahead, "cores", lambda: 16)
+    for value, want in (("", 14), ("3", 3), ("0", 0), ("many", 14), ("-1", 14)):
+        monkeypatch.setenv("COMPATFS_AHEAD_WORKERS", value)
+        assert ahead.workers() == want, value
+    monkeypatch.setattr(ahead, "cores", lambda: 2)
+    monkeypatch.setenv("COMPATFS_AHEAD_WORKERS", "")
+    assert ahead.workers() == 0
 
 
 def test_the_workers_descriptor_is_closed_with_the_file(blob, numpy_kernel):
