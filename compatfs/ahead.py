@@ -102,7 +102,7 @@ Compute = Callable[[BlobFile, Op, int, memoryview], None]
 
 
 class _Pool:
-    """`WORKERS` daemon threads running submitted calls, started on first
+    """`workers` daemon threads running submitted calls, started on first
     use (and again in a forked child, which has none of its parent's threads)."""
 
     def __init__(self, workers: int):
@@ -158,13 +158,16 @@ def _reserve() -> bool:
 class _Chunk:
     """Bytes [lo, lo + size) of `op` (view bytes [at, at + size)), computed
     into a buffer of its own; freed (its buffer and its place among the
-    `HELD` given back) once dropped and its computation is over."""
+    `HELD` given back) once dropped, its computation over and no read
+    copying out of it."""
 
     def __init__(self, span: Span):
         self.op, self.lo, self.size, self.at = span
         self.buf = take(span.size)
         self.future: Future = Future()
         self.taken = 0            # bytes of it copied out by reads
+        self._readers = 0         # reads copying out of it now
+        self._dropped = False
         self._freed = False
 
     @property
@@ -174,15 +177,28 @@ class _Chunk:
     def compute(self, compute: Compute, blob: BlobFile) -> None:
         compute(blob, self.op, self.lo, self.buf.data[:self.size])
 
+    def pin(self) -> None:
+        """A read will copy out of it: not freed before `unpin`."""
+        with _held_lock:
+            self._readers += 1
+
+    def unpin(self) -> None:
+        with _held_lock:
+            self._readers -= 1
+        self._free()
+
     def drop(self) -> None:
-        """Never computed if not started; freed once its computation is over."""
+        """Never computed if not started; freed once its computation is over
+        and no read copies out of it."""
         self.future.cancel()
+        with _held_lock:
+            self._dropped = True
         self.future.add_done_callback(lambda _: self._free())
 
     def _free(self) -> None:
         global _held
         with _held_lock:
-            if self._freed:
+            if self._freed or not self._dropped or self._readers or not self.future.done():
                 return
             self._freed = True
             _held -= 1
@@ -221,6 +237,17 @@ class Ahead:
         with self._lock:
             mine = sorted((c for c in self._chunks if c.op is span.op and c.lo < hi and c.lo + c.size > lo),
                           key=lambda c: c.lo)
+            for c in mine:
+                c.pin()
+        try:
+            self._fill(span, mine, out, compute, blob)
+        finally:
+            for c in mine:
+                c.unpin()
+
+    def _fill(self, span: Span, mine: list[_Chunk], out: memoryview, compute: Compute, blob: BlobFile) -> None:
+        """`fill` with the chunks that overlap the span, pinned."""
+        lo, hi = span.lo, span.lo + span.size
         at = lo
         for c in mine:
             if c.lo > at:

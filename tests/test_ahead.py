@@ -243,6 +243,20 @@ def test_the_bounds_per_file_and_over_all_files_hold(monkeypatch):
     wait_for(lambda: ahead.held() == 0, "every chunk to be freed")
 
 
+def test_a_chunk_a_read_copies_out_of_is_freed_only_after_it():
+    """A chunk dropped (the file's reader jumped elsewhere) while another
+    read of the file copies out of it keeps its buffer until that read is done."""
+    op = Op(4 * MiB)
+    assert ahead._reserve()
+    chunk = ahead._Chunk(ahead.Span(op, 0, MiB, 0))
+    chunk.future.set_result(None)
+    chunk.pin()
+    chunk.drop()
+    assert ahead.held() == 1                              # not given back under the read
+    chunk.unpin()
+    assert ahead.held() == 0
+
+
 def test_a_failing_chunk_fails_the_read_that_needs_it_and_no_other_file():
     bad, good = Op(64 * MiB, bad=5 * MiB + 17), Op(64 * MiB, seed=3)
     a, b = ahead.Ahead(), ahead.Ahead()
