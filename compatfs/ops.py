@@ -102,6 +102,14 @@ class Op:
         return False
 
     @property
+    def computes_ahead(self) -> bool:
+        """True: a sequential reader's next ranges are worth computing ahead
+        on worker threads (`ahead`); a ranged op's are, unless a range
+        costs about what copying it does (the copy out of a range computed
+        ahead would take what computing it ahead saves)."""
+        return self.ranged
+
+    @property
     def reads_inputs_once(self) -> bool:
         """True: the input bytes a range of the output is made from are read for
         that range alone, not again for another (so they need not stay in the

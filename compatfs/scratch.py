@@ -1,4 +1,5 @@
-"""Scratch memory for one read, given back after it and reused by the next:
+"""Scratch memory for one read (or one range computed ahead of a reader),
+given back after it and reused by the next:
 a read that mapped fresh pages for its buffers would fault each of them in
 again (and on a VM whose host takes freed memory back, each fault is dear:
 a fresh 2 MiB buffer per 1 MiB read cost the daemon more CPU than the copies
@@ -26,6 +27,16 @@ _lock = threading.Lock()
 @contextlib.contextmanager
 def scratch(nbytes: int) -> Iterator[np.ndarray]:
     """A page-aligned uint8 array of at least `nbytes` bytes, for this block only."""
+    buf = take(nbytes)
+    try:
+        yield buf
+    finally:
+        give(buf)
+
+
+def take(nbytes: int) -> np.ndarray:
+    """A page-aligned uint8 array of at least `nbytes` bytes, the caller's
+    until it is given back with `give`."""
     with _lock:
         fits = [i for i, b in enumerate(_spare) if len(b) >= nbytes]
         found = min(fits, key=lambda i: len(_spare[i])) if fits else None
@@ -33,10 +44,12 @@ def scratch(nbytes: int) -> Iterator[np.ndarray]:
     if buf is None:
         size = max(SMALLEST, 1 << (nbytes - 1).bit_length()) if nbytes <= MiB else -(-nbytes // MiB) * MiB
         buf = np.frombuffer(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), np.uint8)
-    try:
-        yield buf
-    finally:
-        with _lock:
-            _spare.append(buf)
-            if len(_spare) > KEEP:
-                _spare.pop(min(range(len(_spare)), key=lambda i: len(_spare[i])))
+    return buf
+
+
+def give(buf: np.ndarray) -> None:
+    """A buffer from `take` given back (kept for the next reader, or unmapped)."""
+    with _lock:
+        _spare.append(buf)
+        if len(_spare) > KEEP:
+            _spare.pop(min(range(len(_spare)), key=lambda i: len(_spare[i])))

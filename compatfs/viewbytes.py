@@ -6,17 +6,22 @@ The mount fills its reply buffers with `fill` through the blob its open file
 holds; `compatfs export` takes `parts` (blob ranges left as ranges, so the
 kernel can share or copy them; everything else assembled); in-process
 readers (`View.read`: tests, the fuzzer, the bench) go through `fill` too.
+A read through an open blob that continues the one before has the ranged
+ops of the bytes after it computed ahead on worker threads (`ahead`); the
+reads that reach them copy them out.
 """
 from __future__ import annotations
 
 import logging
 import time
 from dataclasses import dataclass
-from typing import Hashable, NamedTuple, Union
+from functools import partial
+from typing import Hashable, Iterator, NamedTuple, Union
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from . import ahead
 from .blobfile import BlobFile
 from .gguf_values import GGUFError
 from .opcache import OpCache
@@ -85,9 +90,8 @@ def fill(view, blob: BlobFile | None, offset: int, out: memoryview) -> None:
     `out`, every blob byte read through `blob`; GGUFError when the blob
     cannot give them or an op fails on its data."""
     at = 0
-    for piece in view.layout(offset, len(out)):
-        n = size_of(piece)
-        _fill(piece, blob, out[at:at + n])
+    for piece, n in _assembled(view, blob, offset, len(out)):
+        _fill(piece, blob, out[at:at + n], offset + at)
         at += n
     if at != len(out):
         raise GGUFError(f"a read of {len(out)} bytes at {offset} runs past the end of a view of {view.size}")
@@ -97,17 +101,54 @@ def parts(view, blob: BlobFile | None, offset: int, size: int) -> list[FileRange
     """The bytes at [offset, offset+size) (clipped to the view): plain blob
     ranges as `FileRange`s, everything else assembled (as `fill` does)."""
     out: list[FileRange | bytearray] = []
-    for piece in view.layout(offset, size):
+    at = offset
+    for piece, n in _assembled(view, blob, offset, size):
         if isinstance(piece, FileRange):
             out.append(piece)
         else:
-            buf = bytearray(size_of(piece))
-            _fill(piece, blob, memoryview(buf))
+            buf = bytearray(n)
+            _fill(piece, blob, memoryview(buf), at)
             out.append(buf)
+        at += n
     return out
 
 
-def _fill(piece: Piece, blob: BlobFile | None, out: memoryview) -> None:
+def _assembled(view, blob: BlobFile | None, offset: int, size: int) -> Iterator[tuple[Piece, int]]:
+    """The pieces of view bytes [offset, offset + size) and their sizes, for
+    the caller to assemble; once they are, the ranges of ranged ops that
+    follow are given to the file's `Ahead` (a read through an open blob)."""
+    pieces = view.layout(offset, size)
+    yield from ((p, size_of(p)) for p in pieces)
+    state = ahead.of(blob) if blob is not None else None
+    if blob is not None and state is not None:
+        state.advance(blob, offset, sum(map(size_of, pieces)), lambda at, n: _spans(view, at, n), _compute)
+
+
+def _spans(view, offset: int, size: int) -> Iterator[ahead.Span | ahead.Later]:
+    """What view bytes [offset, offset + size) compute that is worth
+    computing ahead: the ranges of ranged ops (that say so,
+    `Op.computes_ahead`), and the op-cache chunks of the ops computed in
+    chunks where the cache holds the reader's chunk and those computed ahead
+    of it side by side (so none pushes out the one being read)."""
+    for piece in view.layout(offset, size):
+        n = size_of(piece)
+        if isinstance(piece, Computed) and piece.op.computes_ahead:
+            yield ahead.Span(piece.op, piece.lo, n, offset)
+        elif isinstance(piece, Cached) and piece.op.chunk_bytes * (ahead.LATER + 1) <= piece.cache.max_bytes:
+            chunk = piece.op.chunk_bytes
+            for k in range(piece.lo // chunk, (piece.lo + n - 1) // chunk + 1):
+                yield ahead.Later((piece.key, k), offset + max(0, k * chunk - piece.lo),
+                                  partial(_cached_chunk, piece=piece, k=k))
+        offset += n
+
+
+def _compute(blob: BlobFile, op: Op, lo: int, out: memoryview) -> None:
+    """Bytes [lo, lo + len(out)) of ranged `op` into `out`, its inputs read through `blob`."""
+    op.compute_range_into(_reader(blob, op.reads_inputs_once), lo, lo + len(out), out)
+
+
+def _fill(piece: Piece, blob: BlobFile | None, out: memoryview, at: int) -> None:
+    """`piece`, at view offset `at`, into `out`."""
     if isinstance(piece, memoryview):
         out[:] = piece
     elif isinstance(piece, Zeros):
@@ -119,7 +160,11 @@ def _fill(piece: Piece, blob: BlobFile | None, out: memoryview) -> None:
     elif isinstance(piece, InRounds):
         _fill_rounds(blob, piece.rounds, piece.lo, out)
     elif isinstance(piece, Computed):
-        piece.op.compute_range_into(_reader(blob, piece.op.reads_inputs_once), piece.lo, piece.lo + piece.size, out)
+        state = ahead.of(blob)
+        if state is None:
+            _compute(blob, piece.op, piece.lo, out)
+        else:
+            state.fill(ahead.Span(piece.op, piece.lo, piece.size, at), out, _compute, blob)
     else:
         _fill_cached(blob, piece, out)
 
@@ -173,13 +218,18 @@ def _fill_cached(blob: BlobFile, piece: Cached, out: memoryview) -> None:
     computed into it (inputs read through `blob`), copied into `out`."""
     op, lo, hi = piece.op, piece.lo, piece.lo + piece.size
     size = op.chunk_bytes
-    read = _reader(blob)
     for k in range(lo // size, (hi - 1) // size + 1):
         first = k * size
-        n = min(size, op.nbytes - first)
-        data = piece.cache.get((piece.key, k), lambda: _chunk(op, read, k, n))
-        s, e = max(lo, first), min(hi, first + n)
+        data = _cached_chunk(blob, piece, k)
+        s, e = max(lo, first), min(hi, first + len(data))
         out[s - lo:e - lo] = memoryview(data)[s - first:e - first]
+
+
+def _cached_chunk(blob: BlobFile, piece: Cached, k: int) -> bytes:
+    """Chunk k of the piece's op, from the op cache or computed into it (inputs read through `blob`)."""
+    op = piece.op
+    n = min(op.chunk_bytes, op.nbytes - k * op.chunk_bytes)
+    return piece.cache.get((piece.key, k), lambda: _chunk(op, _reader(blob), k, n))
 
 
 def _chunk(op: Op, read, k: int, n: int) -> bytes:

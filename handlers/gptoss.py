@@ -29,6 +29,7 @@ gpt-oss's config values (llama.cpp's defaults, so unchanged in effect).
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from math import prod
 
@@ -38,6 +39,7 @@ from gguf import Keys
 
 from compatfs.gguf_source import SourceGGUF, TensorInfo
 from compatfs.gguf_values import GGUFError, f32, string
+from compatfs import accel
 from compatfs.byte_ops import Strided
 from compatfs.ops import Op
 from compatfs.scratch import scratch
@@ -87,6 +89,12 @@ class OllamaMXFP4(Op):
         (`step` 1) reads its inputs once."""
         return self.step == 1
 
+    @property
+    def computes_ahead(self) -> bool:
+        """Only with numpy's kernel: the compiled one repacks a range about
+        as fast as it is copied."""
+        return accel.native is None
+
     def _compute(self, data):
         return bytes(self.compute_range(lambda t, start, size: data[0][start:start + size], 0, self.nbytes))
 
@@ -97,15 +105,16 @@ class OllamaMXFP4(Op):
         `step` 1 any run of blocks (the rows lie end to end: the tensor is
         one long row); else whole rows (the ones the range cuts included)
         from the span they lie in, or part of one row when a row is wider
-        than a chunk.  A chunk's blocks inside the range are copied into
-        `out`, those cut by the range's ends their bytes in it."""
+        than a chunk.  A chunk's blocks inside the range go into `out`, those
+        cut by the range's ends their bytes in it; by the compiled kernel
+        where `accel` has one, else with numpy (`_to_ggml`)."""
         per_row = self.stored[0] // QK if self.step > 1 else self.nbytes // BLOCK
         chunk = self.CHUNK_BLOCKS
         dst = np.frombuffer(out, np.uint8)
         b, end = lo // BLOCK, -(-hi // BLOCK)            # output blocks covered
         row = per_row * BLOCK
-        with scratch(scratch_bytes(min(chunk, end - b + 2 * per_row))) as raw:
-            pairs = raw.view(np.uint16)
+        native = accel.native
+        with nullcontext(None) if native else scratch(scratch_bytes(min(chunk, end - b + 2 * per_row))) as raw:
             while b < end:
                 r, c = divmod(b, per_row)
                 if per_row <= chunk:                       # whole rows
@@ -117,10 +126,31 @@ class OllamaMXFP4(Op):
                 span = np.frombuffer(read(self.inputs[0], first, size), np.uint8)
                 if len(span) != size:
                     raise GGUFError(f"{self.description}: {len(span)} bytes read at {first}, expected {size}")
-                blocks = np.ndarray((rows, width, BLOCK), np.uint8, span, 0, (self.step * row, BLOCK, 1))
                 k = r * per_row + c                        # the chunk's first output block
-                _copy_out(_to_ggml(blocks, pairs), k, rows * width, dst, lo, hi)
+                if native is not None:
+                    _native_out(native, span, width, self.step * row, k, rows * width, dst, lo, hi)
+                else:
+                    assert raw is not None
+                    blocks = np.ndarray((rows, width, BLOCK), np.uint8, span, 0, (self.step * row, BLOCK, 1))
+                    _copy_out(_to_ggml(blocks, raw.view(np.uint16)), k, rows * width, dst, lo, hi)
                 b = k + rows * width
+
+
+def _native_out(native, span: np.ndarray, width: int, stride: int, k: int, count: int, dst: np.ndarray,
+                lo: int, hi: int) -> None:
+    """As `_copy_out` of `_to_ggml` of the chunk's `count` blocks (rows of
+    `width` blocks, `stride` bytes apart in `span`), by the compiled kernel:
+    the blocks wholly inside the range straight into `dst`, a block cut by an
+    end of the range through 17 bytes of its own."""
+    a, e = max(k, -(-lo // BLOCK)), min(k + count, hi // BLOCK)     # the blocks wholly inside
+    if a < e:
+        native.mxfp4_repack(dst[a * BLOCK - lo:e * BLOCK - lo], span, width, stride, a - k, e - a)
+    for j in {lo // BLOCK, (hi - 1) // BLOCK}:
+        s, t = max(j * BLOCK, lo), min(j * BLOCK + BLOCK, hi)
+        if k <= j < k + count and t - s < BLOCK:
+            one = np.empty(BLOCK, np.uint8)
+            native.mxfp4_repack(one, span, width, stride, j - k, 1)
+            dst[s - lo:t - lo] = one[s - j * BLOCK:t - j * BLOCK]
 
 
 def _to_ggml(blocks: np.ndarray, pairs: np.ndarray) -> np.ndarray:

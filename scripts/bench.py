@@ -20,7 +20,15 @@ models are cached in .cache/):
   numpy copy of the input; the first read of an op tensor (mmproj.gguf of a
   monolithic gemma3 blob: a 64 MiB F16 position embedding promoted to F32)
   through a mount, page cache dropped, against a C passthrough cold read of a
-  file of the same size and against the op computed in-process.
+  file of the same size and against the op computed in-process; then
+  gpt-oss's type-4 MXFP4 repack: its kernel in-process, numpy's against the
+  compiled one (compatfs._accel) on 1, 2 and every core's thread, and one
+  gpt-oss-120b layer of that form read through a fresh mount, numpy's kernel
+  with and without computing ahead (compatfs.ahead) and the compiled one,
+  against the translated file through the C passthrough, 3 rounds in turn.
+  This section and interleaved, textops and widths print the cores the
+  daemon may use, whether the compiled kernels are built, and the daemon's
+  CPU seconds per second of each read through a mount.
 * interleaved: two readers alternating 128 KiB reads of two different op
   tensors (a widened older fused gpt-oss, whose gate and up stacks are
   strided halves of one stack, computed whole into the op cache): op
@@ -57,7 +65,7 @@ models are cached in .cache/):
   (gpt-oss-120b fused and type-4 MXFP4, Gemma 4 26B-A4B's older MoE form,
   Qwen3-VL-30B-A3B, GLM-OCR): model.gguf (and mmproj.gguf) read cold through
   a fresh mount against the file `compatfs export` writes, read cold (and
-  the daemon's CPU time during that read, as a multiple of its time); the
+  the daemon's CPU seconds per second of that read); the
   daemon's peak RSS; llama-server start-to-ready through the mount against
   the exported file for two of them (and the exported file through the C
   passthrough: the FUSE ceiling of reads and starts); and first the widened
@@ -166,12 +174,13 @@ class Daemon:
             self.proc.wait(timeout=10)
 
 
-def compatfs_daemon(store: Path, mnt: Path, *extra: str, index: Path | None = None) -> Daemon:
+def compatfs_daemon(store: Path, mnt: Path, *extra: str, index: Path | None = None,
+                    env: dict | None = None) -> Daemon:
     """A compatfs daemon; its index in `index` (default: a new, empty one: a
-    first mount ever)."""
+    first mount ever); `env` added to its environment."""
     index = index or Path(tempfile.mkdtemp(prefix="index-", dir=mnt.parent))
     return Daemon([sys.executable, "-m", "compatfs", "mount", "-f", str(store), str(mnt), *extra], mnt,
-                  env={"COMPATFS_CACHE_DIR": str(index)})
+                  env={"COMPATFS_CACHE_DIR": str(index), **(env or {})})
 
 
 def c_daemon(binary: Path, blob: Path, mnt: Path) -> Daemon:
@@ -371,7 +380,8 @@ def op_bench(binary: Path, work: Path) -> None:
     promote_1m = min(_timed(lambda: by_ranges(1 << 20)) for _ in range(3))
     concat = min(_timed(lambda: Concat.of(src.tensors["a"], src.tensors["b"]).compute(read)) for _ in range(3))
     mb = n / 1e6
-    print("\nop materialisation (64 MiB F16 input)       MB/s in   vs numpy copy of the input")
+    print(f"\nop materialisation (64 MiB F16 input; {cores_note()})"
+          "\n                                            MB/s in   vs numpy copy of the input")
     print(f"  numpy copy                             {mb / copy:8.0f}")
     print(f"  F16 -> F32 promote, whole              {mb / promote:8.0f}     {ratio(copy, promote)}")
     print(f"  F16 -> F32 promote, 128 KiB out ranges {mb / promote_128k:8.0f}     {ratio(copy, promote_128k)}")
@@ -385,7 +395,7 @@ def op_bench(binary: Path, work: Path) -> None:
     try:
         mmproj.stat()
         base = rss_mib(d.proc.pid)
-        first = read_cold(mmproj)
+        first, first_cpu = with_cpu(d, lambda: read_cold(mmproj))
         again = read_all(mmproj)
         held = rss_mib(d.proc.pid)
         shutil.copyfile(mmproj, local)
@@ -408,12 +418,127 @@ def op_bench(binary: Path, work: Path) -> None:
     print(f"  C passthrough, cold, file of that size {out_mb / c_cold:8.0f}")
     print(f"  through the mount, first read          {out_mb / first:8.0f}     {ratio(c_cold, first)} of the C"
           f" passthrough (goal >= 0.7x); {first / promote_1m:.2f}x the time of in-process promote by 1 MiB ranges,"
-          f" {first / promote:.2f}x whole (goal: within 2x)")
+          f" {first / promote:.2f}x whole (goal: within 2x); daemon CPU {first_cpu:4.2f} s per read second")
     print(f"  through a fresh mount, blob cached     {out_mb / hot_blob:8.0f}     {hot_blob / promote_1m:.2f}x the time of"
           f" in-process promote by 1 MiB ranges (input in memory alike; goal: within 2x)")
     print(f"  through the mount, second read         {out_mb / again:8.0f}     (kernel page cache)")
     print(f"  daemon RSS {base:.0f} MiB before, {held:.0f} MiB after ({held - base:+.0f} MiB; an elementwise op"
           f" is computed per requested range, nothing of it is kept)")
+    mxfp4_bench(binary, work)
+
+
+def cores_note() -> str:
+    """The CPUs the daemon may use here, and whether the compiled kernels are built."""
+    from compatfs import accel
+    from compatfs.ahead import WORKERS, cores
+    return (f"{cores()} cores, {WORKERS} ahead workers, compiled kernels"
+            f" {'built' if accel.native else 'not built'}")
+
+
+def with_cpu(d: Daemon, fn) -> tuple[float, float]:
+    """fn()'s result (seconds) and the daemon's CPU seconds per second of it."""
+    before = cpu_seconds(d.proc.pid)
+    seconds = fn()
+    return seconds, (cpu_seconds(d.proc.pid) - before) / seconds
+
+
+MXFP4_EXPERTS = 16      # experts of the gpt-oss-120b layer the mount's MXFP4 rows read (rows at full width)
+MXFP4_ROUNDS = 3
+
+
+def mxfp4_bench(binary: Path, work: Path) -> None:
+    """Part of section `ops`: gpt-oss's type-4 MXFP4 repack, the costliest
+    ranged op.  In-process: 1 MiB ranges of a whole stack and of a fused half
+    from memory, numpy's kernel against the compiled one, on 1, 2 and every
+    core's thread.  Through the mount: one gpt-oss-120b layer of that form
+    (`MXFP4_EXPERTS` experts), model.gguf read in 1 MiB reads through a fresh
+    mount with the blob in the page cache -- numpy's kernel with and without
+    computing ahead, and the compiled one (whose ranges are not computed
+    ahead) -- against the translated file (in the page cache) through the C
+    passthrough, with the daemon's CPU seconds per second of the read;
+    `MXFP4_ROUNDS` rounds in turn."""
+    import threading
+    from compatfs import accel
+    from compatfs.ahead import WORKERS, cores
+    from compatfs.gguf_source import TensorInfo
+    from compatfs.handlers.gptoss import BLOCK, QK, OllamaMXFP4
+    from compatfs.testing import widths
+    from compatfs.views import MODEL_FILE, BlobViews
+    stored = (2880, 5760, 8)
+    nbytes = stored[0] * stored[1] * stored[2] // QK * BLOCK
+    data = widths._tile(DT.MXFP4, nbytes)
+    native = accel.native
+
+    def kernel(step: int, threads: int, compiled: bool) -> float:
+        """MB/s out of `threads` threads converting 1 MiB ranges of the op."""
+        accel.native = native if compiled else None
+        raw = TensorInfo("x", (len(data),), DT.I8, 0)
+        op = OllamaMXFP4((raw,), (stored[0], stored[1] // step, stored[2]), DT.MXFP4, stored, 0, step)
+        read = lambda t, at, n: memoryview(data)[at:at + n]  # noqa: E731
+        ranges = list(range(0, op.nbytes - CHUNK, CHUNK))
+
+        def convert(part: list[int]) -> None:
+            out = memoryview(bytearray(CHUNK))
+            for lo in part:
+                op.compute_range_into(read, lo, lo + CHUNK, out)
+        pool = [threading.Thread(target=convert, args=(ranges[i::threads],)) for i in range(threads)]
+        t = time.perf_counter()
+        for th in pool:
+            th.start()
+        for th in pool:
+            th.join()
+        return len(ranges) * CHUNK / 1e6 / (time.perf_counter() - t)
+
+    counts = sorted({1, 2, cores()})
+    print(f"\nMXFP4 repack (gpt-oss type 4; {cores_note()}): 1 MiB ranges from memory, MB/s out, median of 3"
+          f"\n  {'':<34}" + "".join(f"{n:>3} thread{'s' if n > 1 else ' '}" for n in counts))
+    try:
+        for step, what in ((1, "whole stack"), (2, "half of a fused stack")):
+            for compiled in (False, True) if native else (False,):
+                speeds = [median([kernel(step, n, compiled) for _ in range(3)]) for n in counts]
+                print(f"  {('compiled' if compiled else 'numpy') + ', ' + what:<34}"
+                      + "".join(f"{v:11.0f}" for v in speeds))
+    finally:
+        accel.native = native
+
+    blob = widths.write_blob(widths.gptoss_blob(ollama_mxfp4=True, n_expert=MXFP4_EXPERTS), work / "mxfp4.gguf")
+    store = work / "mxfp4-store"
+    shutil.rmtree(store, ignore_errors=True)
+    add_model(store, "gptoss", blob)
+    view = BlobViews().view(blob, MODEL_FILE)
+    local = work / "mxfp4.local.gguf"
+    with open(local, "wb") as f, view.open() as b:
+        for at in range(0, view.size, CHUNK):
+            f.write(view.read(at, CHUNK, b))
+    read_all(blob)
+    read_all(local)
+    ahead = max(2, WORKERS)
+    configs = [("numpy, computed by each read", "0", "1"), (f"numpy, computed ahead ({ahead} workers)", str(ahead), "1")]
+    if native:
+        configs.append(("compiled (never computed ahead)", str(ahead), "0"))
+    passed: list[float] = []
+    mounted: dict[str, list[tuple[float, float]]] = {label: [] for label, _, _ in configs}
+    for _ in range(MXFP4_ROUNDS):
+        with through_passthrough(binary, local, work / "mnt-c-mxfp4") as p:
+            passed.append(read_all(p))
+        for label, workers, no_accel in configs:
+            d = compatfs_daemon(store, work / "mnt-mxfp4",
+                                env={"COMPATFS_AHEAD_WORKERS": workers, "COMPATFS_NO_ACCEL": no_accel})
+            try:
+                (d.mnt / "gptoss:latest" / "model.gguf").stat()
+                mounted[label].append(with_cpu(d, lambda: read_all(d.mnt / "gptoss:latest" / "model.gguf")))
+            finally:
+                d.close()
+    local.unlink()
+    mb = view.size / 1e6
+    ops = sum(t.op.nbytes for t in view.spec.tensors if isinstance(t.op, OllamaMXFP4)) / view.size
+    print(f"  through a fresh mount: one gpt-oss-120b layer, {MXFP4_EXPERTS} experts ({mb:.0f} MB, {ops:.0%}"
+          f" repacked), blob in the page cache\n  {'':<34}   MB/s   vs the C passthrough   daemon CPU s per read s")
+    print(f"  {'C passthrough of the file':<34}{mb / median(passed):7.0f}")
+    for label, runs in mounted.items():
+        seconds = [s for s, _ in runs]
+        print(f"  {label:<34}{mb / median(seconds):7.0f}   {spread([p / s for p, s in zip(passed, seconds)])}"
+              f"       {median([c for _, c in runs]):4.2f}")
 
 
 def start_to_ready(server: Path, model: Path, timeout: float = 300) -> float:
@@ -790,11 +915,13 @@ def interleaved_bench(work: Path) -> None:
         small_comps = small.op_cache.computations
         fa, fb = os.open(name, os.O_RDONLY), os.open(name, os.O_RDONLY)
         try:
-            t = time.perf_counter()
-            for i in range(n):
-                os.pread(fa, step, a[0] + i * step)
-                os.pread(fb, step, b[0] + i * step)
-            mounted = time.perf_counter() - t
+            def mounted_reads() -> float:
+                t = time.perf_counter()
+                for i in range(n):
+                    os.pread(fa, step, a[0] + i * step)
+                    os.pread(fb, step, b[0] + i * step)
+                return time.perf_counter() - t
+            mounted, mounted_cpu = with_cpu(d, mounted_reads)
         finally:
             os.close(fa)
             os.close(fb)
@@ -815,7 +942,8 @@ def interleaved_bench(work: Path) -> None:
     finally:
         d.close()
     total = 2 * n * step / 1e6
-    print(f"\ninterleaved: {blob.name} (gpt-oss fused gate/up, widened to {GPTOSS_WIDE}); two readers alternating"
+    print(f"\ninterleaved ({cores_note()}): {blob.name} (gpt-oss fused gate/up, widened to {GPTOSS_WIDE});"
+          " two readers alternating"
           f"\n  128 KiB reads of blk.0.ffn_gate_exps.weight and blk.0.ffn_up_exps.weight ({a[1] / 2**20:.1f} MiB"
           f" each, {2 * n} reads)             MB/s   computations")
     print(f"  in-process View.read, op cache 256 MiB (default)     {total / inproc:7.0f}   {comps:5d}"
@@ -823,7 +951,7 @@ def interleaved_bench(work: Path) -> None:
     print(f"  in-process View.read, op cache of one tensor         {2 * small_n * step / 1e6 / small_t:7.0f}   "
           f"{small_comps:5d}  ({small_comps / (2 * small_n):.3f} per read; first {2 * small_n} reads)")
     print(f"  through a fresh mount, two open files, blob cached   {total / mounted:7.0f}   "
-          f"{ratio(inproc, mounted)} of in-process")
+          f"{ratio(inproc, mounted)} of in-process; daemon CPU {mounted_cpu:4.2f} s per read second")
     print(f"  blk.0.ffn_gate_exps.weight read again after a whole-file read, cold ({method}; the daemon's op cache"
           f"\n  still holds it): mount {a[1] / 1e6 / op_cold:.0f} MB/s, local copy of the translated file"
           f" {a[1] / 1e6 / local_cold:.0f} MB/s: {ratio(local_cold, op_cold)}")
@@ -858,22 +986,26 @@ def textops_bench(work: Path) -> None:
     d = compatfs_daemon(store, work / "mnt-gptoss")
     try:
         (d.mnt / name).stat()
-        first = read_cold(d.mnt / name)
-        warm = read_all(d.mnt / name)
+        first, first_cpu = with_cpu(d, lambda: read_cold(d.mnt / name))
+        warm, warm_cpu = with_cpu(d, lambda: read_all(d.mnt / name))
     finally:
         d.close()
     local.unlink()
     mb = size / 1e6
     print(f"\ntext view mostly of op tensors: {name} of {blob.name} ({mb:.0f} MB,"
           f" {sum(t.op.nbytes for t in ops) / size:.0%} of its bytes op tensors,"
-          f" {sum(t.op.nbytes for t in cached) / size:.0%} computed whole into the op cache), cold = {method}")
-    print("                                              MB/s   vs local copy of the translated file")
+          f" {sum(t.op.nbytes for t in cached) / size:.0%} computed whole into the op cache), cold = {method};"
+          f" {cores_note()}")
+    print("                                              MB/s   vs local copy of the translated file;"
+          " daemon CPU s per read s")
     print(f"  local copy, cold                         {mb / local_cold:7.0f}")
-    print(f"  through a fresh mount, first read        {mb / first:7.0f}   {ratio(local_cold, first)}")
+    print(f"  through a fresh mount, first read        {mb / first:7.0f}   {ratio(local_cold, first)}"
+          f"   {first_cpu:4.2f}")
     print(f"  in-process View.read, 1 MiB reads        {mb / inproc:7.0f}   {ratio(local_cold, inproc)}"
           "   (blob in the page cache, no FUSE: the ops' own cost)")
     print(f"  local copy, warm                         {mb / local_warm:7.0f}")
-    print(f"  through the mount, second read           {mb / warm:7.0f}   {ratio(local_warm, warm)}")
+    print(f"  through the mount, second read           {mb / warm:7.0f}   {ratio(local_warm, warm)}"
+          f"   {warm_cpu:4.2f}")
 
 
 SCALE_MODELS = 100
@@ -1197,8 +1329,8 @@ def widths_bench(binary: Path, server: Path, work: Path, timeout: float) -> None
     from compatfs.opcache import DEFAULT_MB
     from compatfs.testing import widths
     method = cold_method()
-    print(f"\nwidths: op-heavy legacy forms at published widths; cold = {method}; each measurement bounded by"
-          f" {timeout:.0f} s (--timeout)")
+    print(f"\nwidths: op-heavy legacy forms at published widths; cold = {method}; {cores_note()}; each"
+          f" measurement bounded by {timeout:.0f} s (--timeout)")
 
     # The issue's first row: a sequential read computes each op tensor a bounded number of times.
     blob = wide_gptoss()
@@ -1293,7 +1425,7 @@ def widths_bench(binary: Path, server: Path, work: Path, timeout: float) -> None
                   f"{_speed(mb, median(mounted) if mounted else None, timeout)}"
                   + (f"   {spread(ratios)}   >= 0.5x{_verdict(median(ratios) >= 0.5)}" if ratios else
                      "                    >= 0.5x" + _verdict(False if exported else None))
-                  + (f"   daemon CPU {median(cpu):4.2f}x the read's time, page cache {median(cached):4.2f}x the file"
+                  + (f"   daemon CPU {median(cpu):4.2f} s per read s, page cache {median(cached):4.2f}x the file"
                      if mounted else ""))
             if ceiling:
                 print(f"  {'':<48}{'':<12} the exported file through the C passthrough: {spread(ceiling)}"

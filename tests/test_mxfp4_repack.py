@@ -1,7 +1,8 @@
 """gpt-oss's type-4 MXFP4 repack (`OllamaMXFP4`) at gpt-oss-120b's row width
 (2880 columns, 5760 fused gate/up rows an expert; a few experts, so the
 data stays small): every range computed chunk by chunk equals the repack
-as it was first written, a block at a time with numpy fancy indexing."""
+as it was first written, a block at a time with numpy fancy indexing; each
+test runs with the compiled kernel (where it is built) and with numpy."""
 from __future__ import annotations
 
 import threading
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as DT
 
+from compatfs import accel
 from compatfs.gguf_source import TensorInfo
 from compatfs.gguf_values import GGUFError
 from compatfs.handlers.gptoss import BLOCK, QK, OllamaMXFP4
@@ -26,6 +28,16 @@ def _reference(data: np.ndarray, stored: tuple[int, ...], start: int, step: int)
     scale, packed = blocks[..., :1], blocks[..., 1:]
     values = np.stack((packed & 0x0F, packed >> 4), axis=-1).reshape(*packed.shape[:-1], QK)
     return np.concatenate((scale, values[..., :QK // 2] | (values[..., QK // 2:] << 4)), axis=-1).tobytes()
+
+
+@pytest.fixture(autouse=True, params=["numpy", "compiled"])
+def kernel(request, monkeypatch):
+    """Every test once with numpy's kernel and once with the compiled one."""
+    if request.param == "numpy":
+        monkeypatch.setattr(accel, "native", None)
+    elif accel.native is None:
+        pytest.skip("compatfs._accel is not built (or COMPATFS_NO_ACCEL is set)")
+    return request.param
 
 
 @pytest.fixture(scope="module")

@@ -158,6 +158,44 @@ def test_an_op_tensor_larger_than_the_cache_is_computed_a_bounded_number_of_time
             assert cache.bytes_held <= cache.max_bytes + (size if name == "transposed" else 0)
 
 
+def test_a_sequential_reader_has_op_cache_chunks_computed_ahead(heads_src, monkeypatch):
+    """With room in the cache for the chunk being read and those after it,
+    a reader reading on finds the next chunks computed on the ahead workers:
+    the same bytes, each chunk still computed once; with a cache of one
+    chunk, nothing is computed ahead (it would push out the chunk being read)."""
+    from compatfs import ahead, viewbytes
+    monkeypatch.setattr(ahead, "_pool", ahead._Pool(2))     # two workers, whatever the machine's default
+    monkeypatch.setattr(ahead, "enabled", True)
+    on_workers = []
+    chunk = viewbytes._chunk
+
+    def counting(op, read, k, n):
+        on_workers.append(threading.current_thread().name.startswith("compatfs-ahead"))
+        return chunk(op, read, k, n)
+    monkeypatch.setattr(viewbytes, "_chunk", counting)
+    s = heads_src
+    ops = {f"r{i}": _rope(s.tensors[f"m{i}"]) for i in range(6)}      # 96 MiB of op tensors, one after another
+    for mib, expect_ahead in ((64, True), (4, False)):
+        on_workers.clear()
+        cache = OpCache(mib * MIB)
+        view = _view(s, ops, cache)
+        placed = _placed(view)
+        at, end = placed["r0"][0], sum(placed["r5"])
+        got = []
+        with view.open() as blob:
+            for o in range(at, end, MIB):
+                got.append(view.read(o, MIB, blob))
+                state = ahead.of(blob)
+                deadline = time.monotonic() + 10       # the workers done before the reader reads on
+                while state is not None and state.running and time.monotonic() < deadline:
+                    time.sleep(0.001)
+        for name, op in ops.items():
+            lo, size = placed[name]
+            assert b"".join(got)[lo - at:lo - at + size] == _whole(op, s), name
+        assert cache.computations == sum(size for _, size in placed.values()) // CHUNK_BYTES
+        assert any(on_workers) == expect_ahead, mib
+
+
 def test_concurrent_computations_stay_under_the_memory_bound(heads_src):
     """Six readers of six 16 MiB permuted tensors at once (an 8 MiB cache):
     what the reads allocate stays under the stated bound -- the cache, plus

@@ -159,13 +159,14 @@ def glmocr_blob() -> Blob:
 
 # -- gpt-oss: names and keys from a tiny blob of the legacy form, shapes from the table ------
 
-def gptoss_blob(*, ollama_mxfp4: bool) -> Blob:
+def gptoss_blob(*, ollama_mxfp4: bool, n_expert: int | None = None) -> Blob:
     """gpt-oss-120b in the older fused form (`gptoss.legacy_gptoss_fused`)
     or, with `ollama_mxfp4`, the type-4 MXFP4 form (the same names, every
     MXFP4 stack typed 4 as `gptoss.relayout` types it), at `GPTOSS_120B`
-    widths.  gguf-py refuses type 4, so names, keys and types are read from
+    widths (with `n_expert` experts instead of its 128: rows as wide, fewer
+    of them).  gguf-py refuses type 4, so names, keys and types are read from
     a tiny blob of the fused form."""
-    p = GPTOSS_120B
+    p = GPTOSS_120B if n_expert is None else {**GPTOSS_120B, "n_expert": n_expert}
     with tempfile.TemporaryDirectory() as tmp, _patched(gptoss, {"GPTOSS": {**gptoss.GPTOSS, "n_layer": p["n_layer"]}}):
         r = gguf.GGUFReader(gptoss.legacy_gptoss_fused(Path(tmp) / "tiny.gguf"))
         kvs = {name: (f.contents(), f.types[0], f.types[1] if len(f.types) > 1 else None)
