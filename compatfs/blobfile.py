@@ -81,13 +81,15 @@ def identity(st: os.stat_result) -> Stamp:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def unchanged(stamp: Stamp, st: os.stat_result) -> bool:
-    """Whether a file opened with identity `stamp` still holds the same bytes,
-    judged by its status `st` now (from its descriptor).  Removing a file's
-    last link moves its change time too: a file no longer in any folder
-    (`ollama rm` while it is read) that is otherwise the same still is."""
+def unchanged(stamp: Stamp, links: int | None, st: os.stat_result) -> bool:
+    """The one rule for whether a file that had identity `stamp` and `links`
+    links (None: not known) still holds the same bytes, judged by its status
+    `st` now: the same device, inode, size and modification time, and the
+    same change time unless its link count went down meanwhile (removing a
+    name of it, as `ollama rm` does, moves the change time and nothing else).
+    A link added, or a rewrite that restores the mtime, is a change."""
     now = identity(st)
-    return now == tuple(stamp) or (st.st_nlink == 0 and now[:4] == tuple(stamp[:4]))
+    return now[:4] == tuple(stamp[:4]) and (now[4] == stamp[4] or (links is not None and st.st_nlink < links))
 
 
 def _proc(fd: int) -> str:
@@ -216,15 +218,18 @@ def read_small(path: str | os.PathLike, limit: int) -> bytes:
 class BlobFile:
     """One open store file: its descriptor and the identity it had when
     opened (`expect`: the identity it must have, else GGUFError; `caller`:
-    who must be allowed to read it, else Denied; see `open_regular`)."""
+    who must be allowed to read it, else Denied; see `open_regular`).
+    Whether it still holds those bytes is judged by `unchanged` against its
+    link count at open: a name of it removed meanwhile leaves it intact."""
 
     def __init__(self, path: str | os.PathLike, expect: Stamp | None = None, caller: Caller | None = None):
         self.path = Path(path)
         self.fd, st = open_regular(path, caller)
         self.stamp = identity(st)
+        self._seen = (self.stamp, st.st_nlink)   # the identity and link count it was last found intact with
         self._direct: int | None = None      # the O_DIRECT descriptor: None not opened yet, -1 none to be had
         self._refused = False                # its reads failed: kept open until `close`, no longer read
-        if expect is not None and self.stamp != tuple(expect):
+        if expect is not None and not unchanged(expect, None, st):
             self.close()
             raise GGUFError(f"{path}: the file changed since it was read")
 
@@ -245,7 +250,7 @@ class BlobFile:
     def duplicate(self) -> "BlobFile":
         """Another descriptor of this very file (removed from its folder or not)."""
         again = object.__new__(BlobFile)
-        again.path, again.stamp, again.fd = self.path, self.stamp, os.dup(self.fd)
+        again.path, again.stamp, again.fd, again._seen = self.path, self.stamp, os.dup(self.fd), self._seen
         again._direct, again._refused = None, False
         return again
 
@@ -258,12 +263,23 @@ class BlobFile:
         except OSError as e:
             raise GGUFError(f"{self.path}: cannot open: {e.strerror}") from None
 
-    def intact(self) -> bool:
-        """Whether the file still has the identity it was opened with."""
-        try:
-            return unchanged(self.stamp, os.fstat(self.fd))
-        except OSError:
+    def intact(self, st: os.stat_result | None = None) -> bool:
+        """Whether the file still holds the bytes it was opened with, judged
+        by `unchanged` on its status `st` (default: taken now from its
+        descriptor).  A change time moved by a name removed is accepted once:
+        from then on the file must keep that change time and link count, or
+        lose another name."""
+        if st is None:
+            try:
+                st = os.fstat(self.fd)
+            except OSError:
+                return False
+        stamp, links = self._seen
+        if not unchanged(stamp, links, st):
             return False
+        if st.st_ctime_ns != stamp[4]:
+            self._seen = (identity(st), st.st_nlink)
+        return True
 
     def check(self) -> None:
         """GGUFError when the file was truncated or rewritten since it was opened."""
@@ -338,8 +354,25 @@ class BlobFile:
                 if self._direct is None:
                     cached = cached_pages(self.fd, 0, self.stamp[2])
                     cold = cached is not None and 2 * cached < pages(0, self.stamp[2])
-                    self._direct = _reopen_direct(self.fd, self.stamp) if cold else -1
+                    self._direct = self._reopen_direct() if cold else -1
         return -1 if self._refused else self._direct
+
+    def _reopen_direct(self) -> int:
+        """An O_DIRECT descriptor of the file the open descriptor holds, or -1
+        where its filesystem refuses one (or the file reopened is not this
+        one, holding the same bytes: `intact`)."""
+        try:
+            direct = os.open(_proc(self.fd), _DIRECT_FLAGS)
+        except OSError:
+            return -1
+        try:
+            same = self.intact(os.fstat(direct))
+        except OSError:
+            same = False
+        if not same:
+            os.close(direct)
+            return -1
+        return direct
 
     def read(self, offset: int, size: int) -> bytearray:
         """Exactly `size` bytes at `offset`."""
@@ -349,17 +382,3 @@ class BlobFile:
 
 
 _DIRECT_OPENING = threading.Lock()
-
-
-def _reopen_direct(fd: int, stamp: Stamp) -> int:
-    """An O_DIRECT descriptor of the file `fd` holds, or -1 where its
-    filesystem refuses one (or the reopened file is not that one)."""
-    try:
-        direct = os.open(_proc(fd), _DIRECT_FLAGS)
-    except OSError:
-        return -1
-    st = os.fstat(direct)
-    if (st.st_dev, st.st_ino) != tuple(stamp[:2]):
-        os.close(direct)
-        return -1
-    return direct

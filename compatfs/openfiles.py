@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from .access import READ, Caller
-from .blobfile import BlobFile, Denied, identity, status, unchanged
+from .blobfile import BlobFile, Denied, identity, status
 from .gguf_values import GGUFError
 from .libfuse import fuse
 from .presented import Presented
@@ -123,8 +123,9 @@ class OpenFiles:
             st = fstat(file.fd)
             if st is None:
                 return None
-            own = file.duplicate() if duplicate and unchanged(served.stamp, st) else None
-        return served, st, unchanged(served.stamp, st), own
+            intact = file.intact(st)       # its stamp is the served view's (`open_view` serves no other)
+            own = file.duplicate() if duplicate and intact else None
+        return served, st, intact, own
 
     def _choose(self, path: str, ref: FileRef) -> tuple[View, str, BlobFile | None]:
         """The view `path` serves now: the one its open handles read while their
