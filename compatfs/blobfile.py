@@ -92,6 +92,40 @@ def unchanged(stamp: Stamp, links: int | None, st: os.stat_result) -> bool:
     return now[:4] == tuple(stamp[:4]) and (now[4] == stamp[4] or (links is not None and st.st_nlink < links))
 
 
+# A failed open or read with one of these says nothing of the file: the
+# system is out of descriptors or memory, or its device failed this once.
+TRANSIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EIO, errno.EAGAIN,
+                              errno.EINTR})
+
+
+class Transient(GGUFError):
+    """A store file could not be opened or read just now for a fault of the
+    system (`TRANSIENT_ERRNOS`, or memory running out): nothing is known of
+    its bytes, and the same request may succeed next time."""
+
+
+def _failed(path: str | os.PathLike, doing: str, e: OSError) -> GGUFError:
+    """The error naming `path` of an OSError met while `doing` it (open, read):
+    Transient for a fault of the system, GGUFError otherwise."""
+    kind = Transient if e.errno in TRANSIENT_ERRNOS else GGUFError
+    return kind(f"{path}: cannot {doing}: {e.strerror}")
+
+
+def transient(e: BaseException | None) -> bool:
+    """Whether `e` is a fault of the system rather than a verdict on a
+    file's bytes: a Transient, a MemoryError or an OSError of
+    `TRANSIENT_ERRNOS`; so is one raised from or while handling such a fault
+    (an error reworded on its way up, even `from None`, keeps it as its
+    context)."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, (Transient, MemoryError)) or (isinstance(e, OSError) and e.errno in TRANSIENT_ERRNOS):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def _proc(fd: int) -> str:
     return f"/proc/self/fd/{fd}"
 
@@ -180,17 +214,17 @@ def open_regular(path: str | os.PathLike, caller: Caller | None = None) -> tuple
     """A read-only descriptor of the regular file at `path` and its status
     (taken from the descriptor); with `caller`: Denied unless it may search
     every folder on the way and read the opened file; GGUFError naming the
-    path otherwise."""
+    path otherwise (Transient for a fault of the system)."""
     try:
         pfd = _walk(path, caller)
     except OSError as e:
-        raise GGUFError(f"{path}: cannot open: {e.strerror}") from None
+        raise _failed(path, "open", e) from None
     try:
         if not stat.S_ISREG(os.fstat(pfd).st_mode):
             raise GGUFError(f"{path}: not a regular file")
         fd = os.open(_proc(pfd), _OPEN_FLAGS)
     except OSError as e:
-        raise GGUFError(f"{path}: cannot open: {e.strerror}") from None
+        raise _failed(path, "open", e) from None
     finally:
         os.close(pfd)
     try:
@@ -199,7 +233,7 @@ def open_regular(path: str | os.PathLike, caller: Caller | None = None) -> tuple
             _require(caller, fd, st, READ, str(path))
     except OSError as e:
         os.close(fd)
-        raise GGUFError(f"{path}: cannot read: {e.strerror}") from None
+        raise _failed(path, "read", e) from None
     except BaseException:
         os.close(fd)
         raise
@@ -250,7 +284,11 @@ class BlobFile:
     def duplicate(self) -> "BlobFile":
         """Another descriptor of this very file (removed from its folder or not)."""
         again = object.__new__(BlobFile)
-        again.path, again.stamp, again.fd, again._seen = self.path, self.stamp, os.dup(self.fd), self._seen
+        try:
+            again.fd = os.dup(self.fd)
+        except OSError as e:
+            raise _failed(self.path, "open", e) from None
+        again.path, again.stamp, again._seen = self.path, self.stamp, self._seen
         again._direct, again._refused = None, False
         return again
 
@@ -261,7 +299,7 @@ class BlobFile:
             status(self.path.parent, caller, SEARCH)
             _require(caller, self.fd, os.fstat(self.fd), READ, str(self.path))
         except OSError as e:
-            raise GGUFError(f"{self.path}: cannot open: {e.strerror}") from None
+            raise _failed(self.path, "open", e) from None
 
     def intact(self, st: os.stat_result | None = None) -> bool:
         """Whether the file still holds the bytes it was opened with, judged
@@ -298,7 +336,7 @@ class BlobFile:
                     raise self._ended(offset + done, offset + size)
                 done += n
         except OSError as e:
-            raise GGUFError(f"{self.path}: cannot read: {e.strerror}") from None
+            raise _failed(self.path, "read", e) from None
 
     def _ended(self, at: int, end: int) -> GGUFError:
         """The error of a read that wanted bytes up to `end` and found the file ending at `at`."""
@@ -330,7 +368,7 @@ class BlobFile:
                     done += got
         except OSError as e:
             if e.errno != errno.EINVAL:
-                raise GGUFError(f"{self.path}: cannot read: {e.strerror}") from None
+                raise _failed(self.path, "read", e) from None
             self._refused = True         # the filesystem refuses these reads: the page cache from now on
             self.read_into(out[done:], offset + done)
 

@@ -45,7 +45,7 @@ from .attributes import Attributes, file_attrs
 from .memo import Memo
 from .rescan import Rescan
 from .openfiles import CannotOpen, OpenFiles, fstat
-from .presented import Presented
+from .presented import Presented, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -167,8 +167,8 @@ class CompatFS(fuse.Operations):
                 opened, failed = None, e
             else:
                 failed = None
-            if opened is not None:
-                break
+            if opened is not None or isinstance(failed, Unavailable):
+                break   # served, or a fault of the system (logged, not remembered: no scan for it)
             # The blob changed as it was opened, or the store moved on since
             # the last scan (a model pulled again, its old blob removed):
             # the path's current blob, from a scan made now.  A blob that
