@@ -2,10 +2,12 @@
 view is built or its blob opened is EIO for that open only: nothing
 remembers it, the next open tries again, each is logged (at most a line per
 blob every few seconds); a verdict on the blob's bytes is still remembered.
-An open that fails leaves no descriptor behind."""
+An open that fails leaves no descriptor behind, and the daemon raises its
+own limit on open files at start."""
 import errno
 import logging
 import os
+import resource
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,6 +22,7 @@ from compatfs.store import OllamaStore
 from compatfs.tree import Tree
 from compatfs.views import BlobViews
 
+from conftest import needs_fuse
 from hostile import vision_and_text_store
 from test_hostile_mount import expected
 
@@ -193,3 +196,19 @@ def test_a_refused_open_leaves_no_descriptor(mounted, monkeypatch, fault):
     assert _fds_of(ref.blob) == 1
     fs.release("/models.ini", SimpleNamespace(fh=fh))
     assert _fds_of(ref.blob) == 0
+
+
+@needs_fuse
+def test_the_daemon_raises_its_open_files_limit(tmp_path, mount_store):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard <= 512:
+        pytest.skip(f"a hard limit of {hard} leaves nothing to raise to")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))    # the daemon inherits it
+    try:
+        m = mount_store(vision_and_text_store(tmp_path))
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    limits = Path(f"/proc/{m.proc.pid}/limits").read_text()
+    line = next(line for line in limits.splitlines() if line.startswith("Max open files"))
+    assert line.split()[3:5] == [str(hard), str(hard)], line
+    assert f"open files: at most {hard} (raised from 256)" in m.log_text()
