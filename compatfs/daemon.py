@@ -72,13 +72,13 @@ def serve(store: Source, mnt: Path, *, translate: bool, options: dict, log_file:
     level = logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING
     logging.basicConfig(level=level, handlers=[handler], format="%(asctime)s compatfs %(levelname)s %(message)s")
     logging.getLogger("compatfs").setLevel(min(level, logging.INFO))   # every module logs under it
-    log.info("%s", raise_open_files_limit())
     from .index import Index, default_path
     index_path = None if no_index else Path(index).absolute() if index else default_path()
     if index_path is not None and index_path.resolve().is_relative_to(store.root.resolve()):
         raise MountError(f"the index {index_path} would be inside the store {store.root}: compatfs never writes there")
     views = BlobViews(translate=translate, op_cache=OpCache(op_cache_mb << 20),
                       index=Index(index_path, translate), workers=os.cpu_count() or 1)
+    log.info("%s", raise_open_files_limit())
     log.info("serving %s at %s (translation %s, libfuse %s, %s reads, pid %d)", store.root, mnt,
              "on" if translate else "off", libfuse.libfuse_version(), libfuse.READ_REPLIES, os.getpid())
     from .sdnotify import notify_when_mounted
