@@ -128,6 +128,32 @@ def test_a_handler_crash_is_still_remembered(mounted, monkeypatch):
     assert once.fired == 1
 
 
+def test_an_open_tries_again_a_blob_written_anew_as_it_failed(mounted, monkeypatch):
+    """The blob removed as its view is built, and written anew at the same
+    path before the open judges the failure (a re-pull cycling its blobs):
+    tried again, served.  On 5ea7fe0 the failure was judged against the
+    blob's state after it, the new file's, and the open gave EIO."""
+    fs = mounted.fs
+    blob = fs.tree.lookup(MODEL[1:]).blob
+    data = blob.read_bytes()
+    real = fs.tree.views.view
+    calls: list[int] = []
+
+    def view(path, kind, params=None):
+        calls.append(1)
+        if len(calls) == 1:
+            blob.unlink()
+            try:
+                return real(path, kind, params)
+            finally:
+                blob.write_bytes(data)     # another file at that path
+        return real(path, kind, params)
+    monkeypatch.setattr(fs.tree.views, "view", view)
+    fh = _open(fs)
+    assert len(calls) == 2
+    fs.release(MODEL, SimpleNamespace(fh=fh))
+
+
 def test_classify_raises_a_fault_of_the_system(tmp_path, monkeypatch):
     """Not kept in a BlobInfo as the blob's refusal (on 5ea7fe0 a
     MemoryError became a HandlerFailure, the text view's error)."""
