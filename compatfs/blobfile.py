@@ -81,13 +81,49 @@ def identity(st: os.stat_result) -> Stamp:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def unchanged(stamp: Stamp, st: os.stat_result) -> bool:
-    """Whether a file opened with identity `stamp` still holds the same bytes,
-    judged by its status `st` now (from its descriptor).  Removing a file's
-    last link moves its change time too: a file no longer in any folder
-    (`ollama rm` while it is read) that is otherwise the same still is."""
+def unchanged(stamp: Stamp, links: int | None, st: os.stat_result) -> bool:
+    """The one rule for whether a file that had identity `stamp` and `links`
+    links (None: not known) still holds the same bytes, judged by its status
+    `st` now: the same device, inode, size and modification time, and the
+    same change time unless its link count went down meanwhile (removing a
+    name of it, as `ollama rm` does, moves the change time and nothing else).
+    A link added, or a rewrite that restores the mtime, is a change."""
     now = identity(st)
-    return now == tuple(stamp) or (st.st_nlink == 0 and now[:4] == tuple(stamp[:4]))
+    return now[:4] == tuple(stamp[:4]) and (now[4] == stamp[4] or (links is not None and st.st_nlink < links))
+
+
+# A failed open or read with one of these says nothing of the file: the
+# system is out of descriptors or memory, or its device failed this once.
+TRANSIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EIO, errno.EAGAIN,
+                              errno.EINTR})
+
+
+class Transient(GGUFError):
+    """A store file could not be opened or read just now for a fault of the
+    system (`TRANSIENT_ERRNOS`, or memory running out): nothing is known of
+    its bytes, and the same request may succeed next time."""
+
+
+def _failed(path: str | os.PathLike, doing: str, e: OSError) -> GGUFError:
+    """The error naming `path` of an OSError met while `doing` it (open, read):
+    Transient for a fault of the system, GGUFError otherwise."""
+    kind = Transient if e.errno in TRANSIENT_ERRNOS else GGUFError
+    return kind(f"{path}: cannot {doing}: {e.strerror}")
+
+
+def transient(e: BaseException | None) -> bool:
+    """Whether `e` is a fault of the system rather than a verdict on a
+    file's bytes: a Transient, a MemoryError or an OSError of
+    `TRANSIENT_ERRNOS`; so is one raised from or while handling such a fault
+    (an error reworded on its way up, even `from None`, keeps it as its
+    context)."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, (Transient, MemoryError)) or (isinstance(e, OSError) and e.errno in TRANSIENT_ERRNOS):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _proc(fd: int) -> str:
@@ -178,17 +214,17 @@ def open_regular(path: str | os.PathLike, caller: Caller | None = None) -> tuple
     """A read-only descriptor of the regular file at `path` and its status
     (taken from the descriptor); with `caller`: Denied unless it may search
     every folder on the way and read the opened file; GGUFError naming the
-    path otherwise."""
+    path otherwise (Transient for a fault of the system)."""
     try:
         pfd = _walk(path, caller)
     except OSError as e:
-        raise GGUFError(f"{path}: cannot open: {e.strerror}") from None
+        raise _failed(path, "open", e) from None
     try:
         if not stat.S_ISREG(os.fstat(pfd).st_mode):
             raise GGUFError(f"{path}: not a regular file")
         fd = os.open(_proc(pfd), _OPEN_FLAGS)
     except OSError as e:
-        raise GGUFError(f"{path}: cannot open: {e.strerror}") from None
+        raise _failed(path, "open", e) from None
     finally:
         os.close(pfd)
     try:
@@ -197,7 +233,7 @@ def open_regular(path: str | os.PathLike, caller: Caller | None = None) -> tuple
             _require(caller, fd, st, READ, str(path))
     except OSError as e:
         os.close(fd)
-        raise GGUFError(f"{path}: cannot read: {e.strerror}") from None
+        raise _failed(path, "read", e) from None
     except BaseException:
         os.close(fd)
         raise
@@ -216,15 +252,18 @@ def read_small(path: str | os.PathLike, limit: int) -> bytes:
 class BlobFile:
     """One open store file: its descriptor and the identity it had when
     opened (`expect`: the identity it must have, else GGUFError; `caller`:
-    who must be allowed to read it, else Denied; see `open_regular`)."""
+    who must be allowed to read it, else Denied; see `open_regular`).
+    Whether it still holds those bytes is judged by `unchanged` against its
+    link count at open: a name of it removed meanwhile leaves it intact."""
 
     def __init__(self, path: str | os.PathLike, expect: Stamp | None = None, caller: Caller | None = None):
         self.path = Path(path)
         self.fd, st = open_regular(path, caller)
         self.stamp = identity(st)
+        self._seen = (self.stamp, st.st_nlink)   # the identity and link count it was last found intact with
         self._direct: int | None = None      # the O_DIRECT descriptor: None not opened yet, -1 none to be had
         self._refused = False                # its reads failed: kept open until `close`, no longer read
-        if expect is not None and self.stamp != tuple(expect):
+        if expect is not None and not unchanged(expect, None, st):
             self.close()
             raise GGUFError(f"{path}: the file changed since it was read")
 
@@ -245,7 +284,11 @@ class BlobFile:
     def duplicate(self) -> "BlobFile":
         """Another descriptor of this very file (removed from its folder or not)."""
         again = object.__new__(BlobFile)
-        again.path, again.stamp, again.fd = self.path, self.stamp, os.dup(self.fd)
+        try:
+            again.fd = os.dup(self.fd)
+        except OSError as e:
+            raise _failed(self.path, "open", e) from None
+        again.path, again.stamp, again._seen = self.path, self.stamp, self._seen
         again._direct, again._refused = None, False
         return again
 
@@ -256,14 +299,25 @@ class BlobFile:
             status(self.path.parent, caller, SEARCH)
             _require(caller, self.fd, os.fstat(self.fd), READ, str(self.path))
         except OSError as e:
-            raise GGUFError(f"{self.path}: cannot open: {e.strerror}") from None
+            raise _failed(self.path, "open", e) from None
 
-    def intact(self) -> bool:
-        """Whether the file still has the identity it was opened with."""
-        try:
-            return unchanged(self.stamp, os.fstat(self.fd))
-        except OSError:
+    def intact(self, st: os.stat_result | None = None) -> bool:
+        """Whether the file still holds the bytes it was opened with, judged
+        by `unchanged` on its status `st` (default: taken now from its
+        descriptor).  A change time moved by a name removed is accepted once:
+        from then on the file must keep that change time and link count, or
+        lose another name."""
+        if st is None:
+            try:
+                st = os.fstat(self.fd)
+            except OSError:
+                return False
+        stamp, links = self._seen
+        if not unchanged(stamp, links, st):
             return False
+        if st.st_ctime_ns != stamp[4]:
+            self._seen = (identity(st), st.st_nlink)
+        return True
 
     def check(self) -> None:
         """GGUFError when the file was truncated or rewritten since it was opened."""
@@ -282,7 +336,7 @@ class BlobFile:
                     raise self._ended(offset + done, offset + size)
                 done += n
         except OSError as e:
-            raise GGUFError(f"{self.path}: cannot read: {e.strerror}") from None
+            raise _failed(self.path, "read", e) from None
 
     def _ended(self, at: int, end: int) -> GGUFError:
         """The error of a read that wanted bytes up to `end` and found the file ending at `at`."""
@@ -314,7 +368,7 @@ class BlobFile:
                     done += got
         except OSError as e:
             if e.errno != errno.EINVAL:
-                raise GGUFError(f"{self.path}: cannot read: {e.strerror}") from None
+                raise _failed(self.path, "read", e) from None
             self._refused = True         # the filesystem refuses these reads: the page cache from now on
             self.read_into(out[done:], offset + done)
 
@@ -338,8 +392,25 @@ class BlobFile:
                 if self._direct is None:
                     cached = cached_pages(self.fd, 0, self.stamp[2])
                     cold = cached is not None and 2 * cached < pages(0, self.stamp[2])
-                    self._direct = _reopen_direct(self.fd, self.stamp) if cold else -1
+                    self._direct = self._reopen_direct() if cold else -1
         return -1 if self._refused else self._direct
+
+    def _reopen_direct(self) -> int:
+        """An O_DIRECT descriptor of the file the open descriptor holds, or -1
+        where its filesystem refuses one (or the file reopened is not this
+        one, holding the same bytes: `intact`)."""
+        try:
+            direct = os.open(_proc(self.fd), _DIRECT_FLAGS)
+        except OSError:
+            return -1
+        try:
+            same = self.intact(os.fstat(direct))
+        except OSError:
+            same = False
+        if not same:
+            os.close(direct)
+            return -1
+        return direct
 
     def read(self, offset: int, size: int) -> bytearray:
         """Exactly `size` bytes at `offset`."""
@@ -349,17 +420,3 @@ class BlobFile:
 
 
 _DIRECT_OPENING = threading.Lock()
-
-
-def _reopen_direct(fd: int, stamp: Stamp) -> int:
-    """An O_DIRECT descriptor of the file `fd` holds, or -1 where its
-    filesystem refuses one (or the reopened file is not that one)."""
-    try:
-        direct = os.open(_proc(fd), _DIRECT_FLAGS)
-    except OSError:
-        return -1
-    st = os.fstat(direct)
-    if (st.st_dev, st.st_ino) != tuple(stamp[:2]):
-        os.close(direct)
-        return -1
-    return direct

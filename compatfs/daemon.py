@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import signal
 import subprocess
 import threading
@@ -39,6 +40,27 @@ def tune_malloc() -> None:
     tune_malloc(mmap_threshold=(1 << 20) + (64 << 10), trim_threshold=4 << 20, arenas=2)
 
 
+def raise_open_files_limit() -> str:
+    """Raise this process's soft limit on open descriptors (RLIMIT_NOFILE) to
+    its hard limit: every open file holds its blob's descriptor (and a second
+    one where it is read with O_DIRECT), so the usual soft limit of 1024 runs
+    out at a few hundred open files.  Returns the line to log."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard
+    if hard == resource.RLIM_INFINITY:   # the kernel's ceiling for one process
+        try:
+            want = int(Path("/proc/sys/fs/nr_open").read_text())
+        except (OSError, ValueError):
+            want = soft
+    if want <= soft:
+        return f"open files: at most {soft}"
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (OSError, ValueError) as e:
+        return f"open files: at most {soft}, cannot raise it to {want} ({e})"
+    return f"open files: at most {want} (raised from {soft})"
+
+
 def serve(store: Source, mnt: Path, *, translate: bool, options: dict, log_file: str | None, verbose: int,
           index: str | None, no_index: bool, op_cache_mb: int, read_ahead_kb: int) -> int:
     """Serve `store` at `mnt` in the foreground until unmounted or signalled;
@@ -56,6 +78,7 @@ def serve(store: Source, mnt: Path, *, translate: bool, options: dict, log_file:
         raise MountError(f"the index {index_path} would be inside the store {store.root}: compatfs never writes there")
     views = BlobViews(translate=translate, op_cache=OpCache(op_cache_mb << 20),
                       index=Index(index_path, translate), workers=os.cpu_count() or 1)
+    log.info("%s", raise_open_files_limit())
     log.info("serving %s at %s (translation %s, libfuse %s, %s reads, pid %d)", store.root, mnt,
              "on" if translate else "off", libfuse.libfuse_version(), libfuse.READ_REPLIES, os.getpid())
     from .sdnotify import notify_when_mounted

@@ -45,7 +45,7 @@ from .attributes import Attributes, file_attrs
 from .memo import Memo
 from .rescan import Rescan
 from .openfiles import CannotOpen, OpenFiles, fstat
-from .presented import Presented
+from .presented import Presented, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +159,7 @@ class CompatFS(fuse.Operations):
         knowing every handle opened on it before."""
         caller = libfuse.caller()
         for _attempt in range(self._OPEN_ATTEMPTS):
+            before = _blob_state(node)      # what this attempt finds (a failure is judged against it)
             try:
                 opened = self._files.open_view(path, node, caller)
             except fuse.FuseOSError as e:
@@ -167,17 +168,17 @@ class CompatFS(fuse.Operations):
                 opened, failed = None, e
             else:
                 failed = None
-            if opened is not None:
-                break
+            if opened is not None or isinstance(failed, Unavailable):
+                break   # served, or a fault of the system (logged, not remembered: no scan for it)
             # The blob changed as it was opened, or the store moved on since
             # the last scan (a model pulled again, its old blob removed):
             # the path's current blob, from a scan made now.  A blob that
             # cannot be served (EIO), still the one the path shows and not
-            # changed since, is not tried again.
-            state = _blob_state(node) if failed is not None else None
+            # changed since this attempt began, is not tried again (one
+            # removed and written anew meanwhile is).
             self.tree.snapshot(fresh=True)
             now = self._attrs.node(path)
-            if failed is not None and now == node and _blob_state(now) == state:
+            if failed is not None and now == node and _blob_state(now) == before:
                 break
             node = now
         if opened is None:

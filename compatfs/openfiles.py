@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from .access import READ, Caller
-from .blobfile import BlobFile, Denied, identity, status, unchanged
+from .blobfile import BlobFile, Denied, identity, status, transient
 from .gguf_values import GGUFError
 from .libfuse import fuse
 from .presented import Presented
@@ -123,8 +123,9 @@ class OpenFiles:
             st = fstat(file.fd)
             if st is None:
                 return None
-            own = file.duplicate() if duplicate and unchanged(served.stamp, st) else None
-        return served, st, unchanged(served.stamp, st), own
+            intact = file.intact(st)       # its stamp is the served view's (`open_view` serves no other)
+            own = file.duplicate() if duplicate and intact else None
+        return served, st, intact, own
 
     def _choose(self, path: str, ref: FileRef) -> tuple[View, str, BlobFile | None]:
         """The view `path` serves now: the one its open handles read while their
@@ -140,28 +141,44 @@ class OpenFiles:
         """The view `path` serves now, its blob's path and the file it is
         served from, opened for `caller` (EACCES unless it may read it; the
         permission is decided on that very file); None when the file opened
-        is not the one the view was built from (it changed meanwhile)."""
-        view, blob, file = self._choose(path, node)
+        is not the one the view was built from (it changed meanwhile).  A
+        fault of the system is `Presented.unavailable`; whatever is raised,
+        no descriptor is left open."""
+        file: BlobFile | None = None
         try:
+            view, blob, file = self._choose(path, node)
             if node.readable_as is not None:   # a file the mount makes: readable as that folder is, not as itself
                 status(node.readable_as, caller, READ)
                 caller = Caller(0, 0, caller.pid)
             if file is not None:
-                try:
-                    file.allow(caller)
-                except BaseException:
-                    file.close()
-                    raise
+                file.allow(caller)
             else:
                 file = BlobFile(blob, caller=caller)
-        except Denied:
-            raise fuse.FuseOSError(errno.EACCES) from None
-        except GGUFError as e:
-            raise CannotOpen(str(e)) from None
+        except BaseException as e:
+            if file is not None:
+                file.close()
+            raise self._refusal(node, e) from None
         if file.stamp != view.stamp:
             file.close()
             return None
         return view, blob, file
+
+    def _refusal(self, node: FileRef, e: BaseException) -> BaseException:
+        """What an open answers for `e`, raised while it took its snapshot:
+        EACCES for Denied; for a fault of the system, `Presented.unavailable`;
+        CannotOpen for another GGUFError; a lookup's own errno for another
+        OSError; anything else as it is."""
+        if isinstance(e, Denied):
+            return fuse.FuseOSError(errno.EACCES)
+        if isinstance(e, fuse.FuseOSError):
+            return e
+        if transient(e):
+            return self._store.unavailable(str(node.blob), f"cannot open blob just now: {e}")
+        if isinstance(e, GGUFError):
+            return CannotOpen(str(e))
+        if isinstance(e, OSError):
+            return fuse.FuseOSError(e.errno or errno.EIO)
+        return e
 
     def add(self, path: str, node: FileRef, view: View, blob: str, file: BlobFile) -> tuple[int, bool, bool]:
         """A new handle reading `view` at `path`: its number, whether the

@@ -10,7 +10,10 @@ translation off every view is the blob unchanged.
 
 A handler that fails while claiming, planning or rendering a view (whatever
 it raises) refuses that one view: GGUFError naming the blob, the handler and
-the reason; the blob's other view is made as if it had not been asked.
+the reason; the blob's other view is made as if it had not been asked.  A
+fault of the system met meanwhile (memory running out, a blob read failing:
+`blobfile.transient`) refuses nothing: it is raised as a `Transient`, so
+that nothing remembers it as the blob's.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ from cachetools import LRUCache
 from gguf import Keys
 
 from . import handlers  # type: ignore[attr-defined]  # handlers/, by package-dir: mypy cannot see it
-from .blobfile import identity, status
+from .blobfile import Transient, identity, status, transient
 from .gguf_source import SourceGGUF
 from .gguf_values import VT, GGUFError
 from .index import Index, Stamp, Summary
@@ -57,7 +60,8 @@ def translation_enabled(no_translate: bool = False) -> bool:
 @dataclass(frozen=True)
 class BlobInfo:
     """A parsed blob, the translations that claim it, and why a claim
-    failed (then that view is refused)."""
+    failed (then that view is refused: a verdict on the blob's bytes, never
+    a fault of the system, which `classify` raises)."""
 
     source: SourceGGUF
     text: Translation | None
@@ -86,36 +90,44 @@ def _is_projector(source: SourceGGUF) -> bool:
 
 
 class HandlerFailure(GGUFError):
-    """A handler raised something other than GGUFError (it is not total): its
-    view is refused as for any GGUFError; `__cause__` is what it raised (for
-    the fuzzer, which reports these as findings)."""
+    """A handler raised something other than GGUFError (it is not total) and
+    other than a fault of the system: its view is refused as for any
+    GGUFError; `__cause__` is what it raised (for the fuzzer, which reports
+    these as findings)."""
 
 
 def _contained(what: str, fn, *args):
     """`fn(*args)`; whatever it raises as GGUFError naming `what` (a handler
-    that is not total must take down no more than the view it makes)."""
+    that is not total must take down no more than the view it makes): a
+    GGUFError as its own kind, a fault of the system (`blobfile.transient`)
+    as Transient, anything else as HandlerFailure."""
     try:
         return fn(*args)
     except HandlerFailure as e:
         raise HandlerFailure(f"{what}: {e}") from e.__cause__
     except GGUFError as e:
-        raise GGUFError(f"{what}: {e}") from None
+        raise type(e)(f"{what}: {e}") from None
     except Exception as e:
-        raise HandlerFailure(f"{what}: {type(e).__name__}: {e}") from e
+        kind = Transient if transient(e) else HandlerFailure
+        raise kind(f"{what}: {type(e).__name__}: {e}") from e
 
 
 def _claim(translations, source: SourceGGUF, kind: str) -> tuple[Translation | None, GGUFError | None]:
-    """The first claiming translation, or why claiming failed."""
+    """The first claiming translation, or why claiming failed; a fault of
+    the system is raised (it says nothing of the blob)."""
     try:
         return _contained(f"claiming {kind}", first_claim, translations, source), None
     except GGUFError as e:
+        if transient(e):
+            raise
         return None, e
 
 
 def classify(source: SourceGGUF, translate: bool = True) -> BlobInfo:
     """Which translations claim `source` (none when translation is off).  A
     clip translation is asked only of a projector or a blob with `v.*`
-    tensors (the vision part of a monolithic blob)."""
+    tensors (the vision part of a monolithic blob).  Transient when a fault
+    of the system stopped a claim."""
     if not translate:
         return BlobInfo(source, None, None)
     text, text_error = _claim(handlers.TEXT, source, MODEL_FILE)
