@@ -17,7 +17,7 @@ from . import inodes
 from .blobfile import identity, status
 from .libfuse import fuse
 from .openfiles import OpenFiles
-from .presented import Changed, Presented
+from .presented import Changed, Presented, Unavailable
 from .tree import FileRef, Tree
 
 
@@ -76,6 +76,8 @@ class Attributes:
                 st = self._store.blob_stat(node)
                 size = self._store.size(node, st)
                 break
+            except Unavailable:
+                raise    # EIO for this stat only: an answer not remembered, the next one tries again
             except fuse.FuseOSError:
                 st = size = None
                 break

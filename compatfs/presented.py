@@ -98,7 +98,8 @@ class Presented:
     def size(self, ref: FileRef, st: os.stat_result) -> int | None:
         """The file's size from the summary of the blob of status `st` (no view
         is built for `stat`); None, logged once, when the view cannot be
-        presented; Changed when the blob at that path is another by now."""
+        presented; Unavailable where a fault of the system stopped it (nothing
+        remembered); Changed when the blob at that path is another by now."""
         key = (str(ref.blob), ref.kind, identity(st))
         if ref.kind == LAYER_FILE or (not self.tree.views.translate and ref.kind == MODEL_FILE):
             return st.st_size   # served byte for byte, GGUF or not (as `BlobViews.view` does)
@@ -114,8 +115,8 @@ class Presented:
             raise
         except Exception as e:   # a bad blob must never take the mount down
             if transient(e):
-                self.unavailable(str(ref.blob), f"cannot size {ref.kind} of {ref.blob} just now: {_reason(e)}")
-                return None
+                raise self.unavailable(str(ref.blob), f"cannot size {ref.kind} of {ref.blob} just now: "
+                                                      f"{_reason(e)}") from None
             error, size = str(e), None
         if error or size is None:
             self._log_once(key, f"cannot present {ref.kind} of {ref.blob}: {error or 'no such view'}")

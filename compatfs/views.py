@@ -211,6 +211,8 @@ def summarize(path: Path, translate: bool) -> tuple[Stamp, Summary]:
     try:
         info = classify(SourceGGUF(path), translate)
     except GGUFError as e:
+        if transient(e):
+            raise        # a fault of the system is no verdict on the blob: nothing to index
         return stamp, Summary(0, None, error=str(e))
     stamp = info.source.identity
 
@@ -220,6 +222,8 @@ def summarize(path: Path, translate: bool) -> tuple[Stamp, Summary]:
             return (_contained(f"sizing {kind}", View.translated_size, spec) if spec is not None
                     else info.source.size), None, spec
         except GGUFError as e:
+            if transient(e):
+                raise
             return 0, f"{path}: {e}", None
 
     model_size, model_error, model = made(MODEL_FILE)

@@ -18,6 +18,7 @@ from compatfs import views as views_module
 from compatfs.access import Caller
 from compatfs.blobfile import Transient
 from compatfs.fusefs import CompatFS
+from compatfs.index import Index
 from compatfs.store import OllamaStore
 from compatfs.tree import Tree
 from compatfs.views import BlobViews
@@ -238,3 +239,27 @@ def test_the_daemon_raises_its_open_files_limit(tmp_path, mount_store):
     line = next(line for line in limits.splitlines() if line.startswith("Max open files"))
     assert line.split()[3:5] == [str(hard), str(hard)], line
     assert f"open files: at most {hard} (raised from 256)" in m.log_text()
+
+
+@pytest.mark.parametrize("fault", [OSError(errno.EMFILE, os.strerror(errno.EMFILE)), MemoryError()],
+                         ids=["EMFILE", "MemoryError"])
+def test_a_fault_while_sizing_is_neither_indexed_nor_remembered_by_stat(tmp_path, monkeypatch, fault):
+    """A fault of the system while a blob is summarized for `stat` is EIO for
+    that stat: no summary records it in the index, and the next stat (no
+    rescan in between) shows the view's real size."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setattr(libfuse, "caller", lambda: Caller(os.getuid(), os.getgid(), os.getpid()))
+    store = vision_and_text_store(tmp_path)
+    (tmp_path / "mnt").mkdir()
+    views = BlobViews()
+    fs = CompatFS(Tree(OllamaStore(store), views, rescan_seconds=3600), str(tmp_path / "mnt"))
+    views.index = Index(None, True)     # its first scan summarized the blob (models.ini): known no more
+    once = Once(views_module.SourceGGUF, fault)
+    monkeypatch.setattr(views_module, "SourceGGUF", once)
+    once.armed = True
+    with pytest.raises(OSError) as failed:
+        fs.getattr(MODEL)
+    assert failed.value.errno == errno.EIO and once.fired == 1
+    blob = fs.tree.lookup(MODEL[1:]).blob
+    assert views.index.get(blob, views_module._stamp(blob)) is None    # nothing indexed for the fault
+    assert fs.getattr(MODEL)["st_size"] == len(expected(blob))
