@@ -17,6 +17,7 @@ from compatfs.gguf_source import SourceGGUF
 from compatfs.gguf_values import VT, GGUFError, Value, skip_value
 from compatfs.testing import gemma3
 from compatfs.testing.store import add_model
+from compatfs.blobfile import Transient
 from compatfs.views import HandlerFailure
 
 _U64 = struct.Struct("<Q")
@@ -53,6 +54,8 @@ def _not_a_crash(e: GGUFError) -> None:
     GGUFError, but which is a bug rather than the refusal the test wants."""
     if isinstance(e, HandlerFailure):
         raise AssertionError(f"a handler crashed ({type(e.__cause__).__name__}) instead of refusing: {e}") from e
+    if isinstance(e, Transient):
+        raise AssertionError(f"a fault of the system, not a refusal: {e}") from e
 
 
 @contextmanager

@@ -3,7 +3,8 @@ through everything the mount does with a blob (parse, classify, plan each
 view, render its header, read a few ranges, ops included) in bounded time
 and memory.  A case passes when it is served or refused with `GGUFError`;
 anything else (another exception, a handler's crash that `views` refused as
-`HandlerFailure`, a case over its time or memory bound) is a finding.  Two
+`HandlerFailure`, a fault of the system (`Transient`), a case over its time or
+memory bound) is a finding.  Two
 modes: `bytes` mutates the file's bytes (`compatfs.testing.fuzz_bytes`);
 `structure` edits the parsed header at the keys and tensors the handlers'
 tables name (`compatfs.testing.fuzz_structure`).
@@ -28,6 +29,7 @@ from typing import Iterable
 from ..gguf_source import SourceGGUF
 from ..gguf_values import GGUFError
 from ..opcache import OpCache
+from ..blobfile import Transient
 from ..views import MMPROJ_FILE, MODEL_FILE, HandlerFailure, build_view, classify
 from .fuzz_bytes import byte_mutator
 from .fuzz_structure import structure_mutator
@@ -110,6 +112,8 @@ def run(seeds: dict[str, bytes], cases: int, seed: int, workdir: Path, max_secon
             result, message = "served", ""
         except HandlerFailure as e:   # a finding: a handler crashed (views refused its view for it)
             result, message = type(e.__cause__).__name__, str(e)
+        except Transient as e:        # a finding: out of memory or descriptors on one small header
+            result, message = f"fault of the system ({type(e.__cause__ or e.__context__ or e).__name__})", str(e)
         except GGUFError as e:
             result, message = "refused", str(e)
         except Exception as e:   # a finding: reported, never raised
@@ -131,7 +135,8 @@ def views_of(path: Path) -> dict[str, bytes | str]:
     """What the mount should serve for the blob at `path`: each view's whole
     bytes, or the refusal's message (a `GGUFError`) for a view it refuses.
     A `HandlerFailure` is raised, not returned: a handler that crashed is a
-    bug to report, not a refusal to compare the mount with."""
+    bug to report, not a refusal to compare the mount with (so is a
+    `Transient`, a fault of the system met on the way)."""
     try:
         info = classify(SourceGGUF(path))
     except GGUFError as e:
@@ -141,7 +146,7 @@ def views_of(path: Path) -> dict[str, bytes | str]:
         try:
             view = build_view(info, kind, OpCache())
             out[kind] = path.read_bytes() if view.source is None else view.read(0, view.size)
-        except HandlerFailure:
+        except (HandlerFailure, Transient):
             raise
         except GGUFError as e:
             out[kind] = str(e)
