@@ -174,11 +174,14 @@ class CompatFS(fuse.Operations):
             # the last scan (a model pulled again, its old blob removed):
             # the path's current blob, from a scan made now.  A blob that
             # cannot be served (EIO), still the one the path shows and not
-            # changed since this attempt began, is not tried again (one
-            # removed and written anew meanwhile is).
-            self.tree.snapshot(fresh=True)
+            # changed since this attempt began, is not tried again, unless
+            # the model's folder is still moving (its marks differ from the
+            # scan before: a blob removed and written anew meanwhile).
+            folder = path.strip("/").rpartition("/")[0]
+            marked = self.tree.snapshot().marks.get(folder)
+            moving = self.tree.snapshot(fresh=True).marks.get(folder) != marked
             now = self._attrs.node(path)
-            if failed is not None and now == node and _blob_state(now) == before:
+            if failed is not None and now == node and _blob_state(now) == before and not moving:
                 break
             node = now
         if opened is None:
