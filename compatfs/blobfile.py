@@ -22,6 +22,7 @@ twice.
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import functools
 import json
@@ -344,33 +345,56 @@ class BlobFile:
 
     def read_once_into(self, out: memoryview, offset: int) -> None:
         """As `read_into`, for bytes read to be cached elsewhere and not read
-        again from this file: read with O_DIRECT through an aligned buffer
-        (neither cached a second time nor copied out of freshly filled
-        pages) where this file `reads_directly`; otherwise, and for reads
-        under `DIRECT_MIN`, through the page cache."""
+        again from this file: read with O_DIRECT (neither cached a second
+        time nor copied out of freshly filled pages) where this file
+        `reads_directly`; otherwise, and for reads under `DIRECT_MIN`,
+        through the page cache.  Where `out` lies as the file does (its
+        address and `offset` alike modulo `ALIGN`: a reply buffer of a view
+        served as the blob is), the whole blocks are read straight into it;
+        the rest through an aligned buffer, copied out with the GIL released."""
         size = len(out)
         fd = self._direct_fd() if size >= DIRECT_MIN else -1
         if fd < 0:
             return self.read_into(out, offset)
         done = 0
         try:
-            with scratch(_BOUNCE) as bounce:
-                buf = bounce.data
-                while done < size:
-                    at = offset + done
-                    start = at - at % ALIGN
-                    skip = at - start
-                    want = min(len(buf), -(-(skip + size - done) // ALIGN) * ALIGN)
-                    got = min(os.preadv(fd, [buf[:want]], start) - skip, size - done)
+            address = ctypes.addressof(ctypes.c_char.from_buffer(out))
+            lo, hi = -(-offset // ALIGN) * ALIGN, (offset + size) // ALIGN * ALIGN
+            if (address - offset) % ALIGN == 0 and hi - lo >= DIRECT_MIN:
+                self._bounced(fd, out[:lo - offset], offset)
+                done = lo - offset
+                while done < hi - offset:
+                    got = os.preadv(fd, [out[done:hi - offset]], offset + done)
                     if got <= 0:
-                        raise self._ended(at, offset + size)
-                    out[done:done + got] = buf[skip:skip + got]
+                        raise self._ended(offset + done, offset + size)
                     done += got
+            self._bounced(fd, out[done:], offset + done)
         except OSError as e:
             if e.errno != errno.EINVAL:
                 raise _failed(self.path, "read", e) from None
             self._refused = True         # the filesystem refuses these reads: the page cache from now on
             self.read_into(out[done:], offset + done)
+
+    def _bounced(self, fd: int, out: memoryview, offset: int) -> None:
+        """Bytes at `offset` into `out` through the O_DIRECT descriptor `fd`,
+        read a whole aligned buffer at a time and copied out of it."""
+        size = len(out)
+        if not size:
+            return
+        done = 0
+        with scratch(_BOUNCE) as bounce:
+            buf, source = bounce.data, bounce.ctypes.data
+            target = ctypes.addressof(ctypes.c_char.from_buffer(out))
+            while done < size:
+                at = offset + done
+                start = at - at % ALIGN
+                skip = at - start
+                want = min(len(buf), -(-(skip + size - done) // ALIGN) * ALIGN)
+                got = min(os.preadv(fd, [buf[:want]], start) - skip, size - done)
+                if got <= 0:
+                    raise self._ended(at, offset + size)
+                ctypes.memmove(target + done, source + skip, got)    # (ctypes lets go of the GIL meanwhile)
+                done += got
 
     @property
     def reads_directly(self) -> bool:

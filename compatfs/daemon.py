@@ -229,7 +229,8 @@ def mount(tree: Tree, mountpoint: str, options: dict | None = None, read_ahead_k
         opts["max_idle_threads"] = opts["max_threads"]
     opts.update(options)
     on_start = (lambda: log.info(set_read_ahead(mountpoint, read_ahead_kb))) if read_ahead_kb else None
-    fs = CompatFS(tree, mountpoint, read_ahead_kb, on_start, keep_thread_states=libfuse.workers_stay(opts))
+    fs = CompatFS(tree, mountpoint, read_ahead_kb, on_start, keep_thread_states=libfuse.workers_stay(opts),
+                  background=libfuse.background(opts))
     done = threading.Event()
     wake, wake_w = os.pipe()
     os.set_blocking(wake_w, False)

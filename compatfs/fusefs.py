@@ -70,8 +70,9 @@ class CompatFS(fuse.Operations):
     _OPEN_ATTEMPTS = 8          # an open racing re-pulls tries the path's newest blob this often
 
     def __init__(self, tree: Tree, mountpoint: str, read_ahead_kb: int = 0, on_start=None,
-                 keep_thread_states: bool = False):
+                 keep_thread_states: bool = False, background: tuple[int, int] | None = None):
         self.tree = tree
+        self._background = background    # the INIT reply's max_background and congestion_threshold (`libfuse.background`)
         self._keep_states = keep_thread_states   # libfuse's workers run until unmount (`libfuse.workers_stay`)
         keep_out(mountpoint)     # nothing is ever looked up through it (a request to this very daemon)
         tree.publish(Path(os.path.abspath(mountpoint)))   # its root shows models.ini, paths under the mountpoint
@@ -92,6 +93,8 @@ class CompatFS(fuse.Operations):
         # allowing `read_ahead_kb` keeps set_read_ahead's value, whenever it lands.
         if self._read_ahead_kb:
             conn.max_readahead = max(conn.max_readahead, self._read_ahead_kb << 10)
+        if self._background:
+            conn.max_background, conn.congestion_threshold = self._background
         self.init("/")
 
     def init(self, path):

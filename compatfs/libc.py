@@ -1,5 +1,5 @@
 """What compatfs asks of the C library itself: `malloc`/`free` for the read
-replies libfuse frees, the allocator's thresholds (the daemon and its
+replies libfuse frees (page-aligned, so O_DIRECT reads can fill them), the allocator's thresholds (the daemon and its
 indexing workers tune them differently; a glibc call, elsewhere it does
 nothing), and how much of a file range the page cache holds (`cachestat`)."""
 from __future__ import annotations
@@ -14,8 +14,17 @@ LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 LIBC.malloc.restype = ctypes.c_void_p
 LIBC.malloc.argtypes = [ctypes.c_size_t]
 LIBC.free.argtypes = [ctypes.c_void_p]
+LIBC.posix_memalign.restype = ctypes.c_int
+LIBC.posix_memalign.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_size_t]
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
+
+
+def malloc_aligned(size: int, align: int) -> int:
+    """`size` bytes from malloc's heap at an address that is a multiple of
+    `align` (a power of two), freed with `free`; 0 when there is no memory."""
+    mem = ctypes.c_void_p()
+    return (mem.value or 0) if LIBC.posix_memalign(ctypes.byref(mem), align, size) == 0 else 0
 
 
 def tune_malloc(mmap_threshold: int, trim_threshold: int, arenas: int | None = None) -> None:

@@ -85,6 +85,26 @@ def workers_stay(options: dict) -> bool:
     return idle < 0 or idle > _MAX_LOOP_THREADS or idle >= workers
 
 
+# libfuse's (and the kernel's) own default limit on requests in flight.
+_KERNEL_BACKGROUND = 12
+
+
+def background(options: dict) -> tuple[int, int]:
+    """The INIT reply's `max_background` and `congestion_threshold` for a
+    loop run with `options`: as many read-ahead requests in flight as the
+    loop has workers to answer them (`max_threads`, libfuse's 10 when
+    unset), never fewer than the kernel's 12, and the kernel's own ratio of
+    the two (3/4).  A cold mapped read (llama-server's MAP_POPULATE after
+    FADV_SEQUENTIAL) keeps two read-ahead windows of 1 MiB requests in
+    flight: at 12, most of them wait in the kernel for a slot."""
+    try:
+        workers = int(options.get("max_threads", 10))
+    except (TypeError, ValueError):
+        workers = 10
+    most = max(_KERNEL_BACKGROUND, workers)     # libfuse caps it at 65535
+    return most, most * 3 // 4
+
+
 _kept = threading.local()
 
 

@@ -1,8 +1,10 @@
-"""The read path: a read is answered with one malloc'ed buffer that libfuse
-frees (`read_buf`), filled by `viewbytes` through the blob the open file
-holds: blob ranges are read into C memory (with preadv, straight or through
-an aligned buffer where the blob is read with O_DIRECT; their bytes never
-become Python objects), ranges of elementwise ops are computed straight
+"""The read path: a read is answered with one page-aligned malloc'ed buffer
+that libfuse frees (`read_buf`), filled by `viewbytes` through the blob the
+open file holds: blob ranges are read into C memory (with preadv; where the
+blob is read with O_DIRECT, its whole blocks straight into the buffer when
+they lie in it as in the blob, as a view served as the blob's bytes has
+them, the rest through an aligned buffer; their bytes never become Python
+objects), ranges of elementwise ops are computed straight
 into it, header bytes and op tensors' chunks copied in.  The handle's blob is
 checked again after filling: a blob cut short or rewritten under a read is
 EIO, never a short reply or bytes of another file.
@@ -15,7 +17,7 @@ import logging
 from typing import Callable
 
 from . import libfuse, viewbytes
-from .libc import LIBC
+from .libc import LIBC, PAGE, malloc_aligned
 from .libfuse import fuse
 from .openfiles import Handle
 
@@ -40,7 +42,7 @@ def reply(handle: Handle, bufpp, size: int, offset: int, recheck: Callable[[], H
     # One memory buffer, which libfuse frees, filled here (a blob cut
     # short under a read is EIO, never a short reply, which the kernel
     # would take for the end of the file).
-    mem = LIBC.malloc(max(n, 1))
+    mem = malloc_aligned(max(n, 1), PAGE)     # a blob's whole blocks are read straight into it (O_DIRECT)
     if not mem:
         raise fuse.FuseOSError(errno.ENOMEM)
     try:
