@@ -14,8 +14,8 @@ from compatfs.blobfile import BlobFile
 from compatfs.testing import gemma3, llama, llava
 from compatfs.testing.store import add_model
 
-from conftest import needs_fuse
-from test_hostile_mount import blob_of, expected, wait_for
+from conftest import needs_fuse, wait_until
+from test_hostile_mount import blob_of, expected
 
 MANIFESTS = "manifests/registry.ollama.ai/library"
 
@@ -119,7 +119,7 @@ def test_ollama_rm_while_files_are_open(tmp_path, mount_store, links):
             shutil.rmtree(store / MANIFESTS / name)
         for blob in blobs:
             blob.unlink()
-        wait_for(lambda: not {"vision:4b", "llava:7b"} & set(os.listdir(m.path)), what="the removed models leaving")
+        wait_until(lambda: not {"vision:4b", "llava:7b"} & set(os.listdir(m.path)), what="the removed models leaving")
         for fd in held + [f.fileno() for f in opened.values()]:
             _drop_cached(fd)
         for rel, f in opened.items():
