@@ -10,7 +10,6 @@ from __future__ import annotations
 import gc
 import os
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +22,7 @@ from compatfs.testing import widths
 from compatfs.testing.store import add_model
 from compatfs.views import MODEL_FILE, BlobViews
 
-from conftest import needs_fuse
+from conftest import needs_fuse, wait_until
 
 MiB = 1 << 20
 
@@ -171,14 +170,6 @@ def read(state: ahead.Ahead, blob: Blob, op: Op, at: int, size: int) -> bytes:
     return bytes(out)
 
 
-def wait_for(cond, what: str, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
-
-
 def test_chunks_serve_the_reads_that_reach_them():
     op, blob = Op(64 * MiB), Blob()
     state = ahead.Ahead()
@@ -200,13 +191,13 @@ def test_a_reader_that_jumps_drops_its_chunks_and_those_not_started_are_never_co
     state.advance(blob, MiB, MiB, upcoming(op), compute)   # type: ignore[arg-type]
     planned = len(state)
     assert planned == ahead.PER_FILE
-    wait_for(lambda: len(op.computed) >= min(ahead.WORKERS, planned), "the workers to start")
+    wait_until(lambda: len(op.computed) >= min(ahead.WORKERS, planned), 10, what="the workers to start")
     started = len(op.computed)
     far = 200 * MiB
     state.advance(blob, far, MiB, upcoming(op), compute)   # type: ignore[arg-type]  (a jump)
     assert len(state) == 0
     op.gate.set()
-    wait_for(lambda: ahead.held() == 0, "the dropped chunks to be freed")
+    wait_until(lambda: ahead.held() == 0, 10, what="the dropped chunks to be freed")
     assert len(op.computed) == started                  # the chunks not started never were
     assert read(state, blob, op, far, MiB) == op.bytes(far, far + MiB)
     state.close()
@@ -240,7 +231,7 @@ def test_the_bounds_per_file_and_over_all_files_hold(monkeypatch):
     assert 0 < seen["held"] <= 10 and 0 < seen["file"] <= ahead.PER_FILE
     for s in states:
         s.close()
-    wait_for(lambda: ahead.held() == 0, "every chunk to be freed")
+    wait_until(lambda: ahead.held() == 0, 10, what="every chunk to be freed")
 
 
 def test_a_chunk_a_read_copies_out_of_is_freed_only_after_it():
@@ -264,8 +255,8 @@ def test_a_failing_chunk_fails_the_read_that_needs_it_and_no_other_file():
     for at in range(0, 4 * MiB, MiB):
         read(a, blob, bad, at, MiB)
         read(b, blob, good, at, MiB)
-    wait_for(lambda: any(who.startswith("compatfs-ahead") and lo <= bad.bad < lo + n  # type: ignore[operator]
-                         for lo, n, who in bad.computed), "the bad chunk to be computed ahead")
+    wait_until(lambda: any(who.startswith("compatfs-ahead") and lo <= bad.bad < lo + n  # type: ignore[operator]
+                           for lo, n, who in bad.computed), 10, what="the bad chunk to be computed ahead")
     with pytest.raises(GGUFError, match="bad data"):
         read(a, blob, bad, 5 * MiB, MiB)
     for at in range(4 * MiB, 12 * MiB, MiB):
@@ -292,13 +283,13 @@ def test_op_cache_chunks_are_computed_ahead_a_few_at_a_time_and_dropped_on_a_jum
     state, blob = ahead.Ahead(), Blob()
     state.advance(blob, 0, MiB, upcoming_chunks, compute)   # type: ignore[arg-type]
     state.advance(blob, MiB, MiB, upcoming_chunks, compute)  # type: ignore[arg-type]
-    wait_for(lambda: len(ran) == min(ahead.LATER, ahead.WORKERS), "the workers to start")
+    wait_until(lambda: len(ran) == min(ahead.LATER, ahead.WORKERS), 10, what="the workers to start")
     assert len(state._later) == ahead.LATER            # given to the workers: the window holds 8 chunks
     started = list(ran)
     state.advance(blob, 100 * MiB, MiB, upcoming_chunks, compute)  # type: ignore[arg-type]  (a jump)
     gate.set()
     state.advance(blob, 101 * MiB, MiB, upcoming_chunks, compute)  # type: ignore[arg-type]
-    wait_for(lambda: any(at >= 100 * MiB for at in ran), "the new window's chunks")
+    wait_until(lambda: any(at >= 100 * MiB for at in ran), 10, what="the new window's chunks")
     assert [at for at in ran if at < 100 * MiB] == started
     state.close()
 
@@ -323,7 +314,7 @@ def test_the_workers_descriptor_is_closed_with_the_file(blob, numpy_kernel):
                 pass
         return n
     gc.collect()
-    wait_for(lambda: open_on_blob() == 0, "earlier tests' descriptors to close")
+    wait_until(lambda: open_on_blob() == 0, 10, what="earlier tests' descriptors to close")
     view = BlobViews().view(blob, MODEL_FILE)
     f = view.open()
     for at in range(0, view.size, MiB):
@@ -332,5 +323,5 @@ def test_the_workers_descriptor_is_closed_with_the_file(blob, numpy_kernel):
     f.close()
     del f
     gc.collect()
-    wait_for(lambda: open_on_blob() == 0, "the workers' descriptor to close")
-    wait_for(lambda: ahead.held() == 0, "every chunk to be freed")
+    wait_until(lambda: open_on_blob() == 0, 10, what="the workers' descriptor to close")
+    wait_until(lambda: ahead.held() == 0, 10, what="every chunk to be freed")
