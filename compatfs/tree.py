@@ -30,12 +30,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .blobfile import identity, status
-from .gguf_values import GGUFError
-from .preset import PUBLISHED_FILE, Entry, Published, Section, published_path, render, section
-from .sampling import retain_layers
-from .source import Folder, Listing, Source
-from .views import LAYER_FILE, MMPROJ_FILE, MODEL_FILE, BlobViews
+from .files.blobfile import identity, status
+from .format.values import GGUFError
+from .router.preset import PUBLISHED_FILE, Entry, Published, Section, published_path, render, section
+from .view.sampling import retain_layers
+from .sources.base import Folder, Listing, Source
+from .view.catalog import LAYER_FILE, MMPROJ_FILE, MODEL_FILE, BlobViews
 
 log = logging.getLogger(__name__)
 

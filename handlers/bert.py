@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import Keys
 
-from compatfs.gguf_source import SourceGGUF
-from compatfs.gguf_values import VT, Value, array
-from compatfs.translation import KVEdit, Pred, Translation, arch_is, value_is
+from compatfs.format.header import SourceGGUF
+from compatfs.format.values import VT, Value, array
+from compatfs.translate import KVEdit, Pred, Translation, arch_is, value_is
 
 CHARSMAP = Keys.Tokenizer.PRECOMPILED_CHARSMAP
 

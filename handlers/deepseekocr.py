@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from gguf import Keys
 
-from compatfs.gguf_source import SourceGGUF
-from compatfs.gguf_values import f32, string, u32
-from compatfs.translation import (
+from compatfs.format.header import SourceGGUF
+from compatfs.format.values import f32, string, u32
+from compatfs.translate import (
     Copy, CopyEach, CopyPrefix, Count, Default, Drop, FromFirstBlock, Hide, KVEdit, KVs, Rename, Scaled, Set, ToF32,
     Translation, arch_is, clip_projector, whole,
 )

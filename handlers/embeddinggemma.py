@@ -26,8 +26,8 @@ that name, and the rename is left out.
 from gguf import Keys
 from gguf import TokenType as TT
 
-from compatfs.gguf_values import boolean, f32, string
-from compatfs.translation import (
+from compatfs.format.values import boolean, f32, string
+from compatfs.translate import (
     Copy, CopyPrefix, Default, Drop, FromShape, Rename, Set, TokenType, Translation, arch_is, has_key, has_tensor,
 )
 

@@ -9,8 +9,8 @@ own names.
 from gguf import Keys
 from gguf import TokenType as TT
 
-from compatfs.gguf_values import boolean, f32, string
-from compatfs.translation import (
+from compatfs.format.values import boolean, f32, string
+from compatfs.translate import (
     Copy, Default, Hide, Rename, ToF32, TokenType, Translation, TruncateToRows, When, any_of, arch_is,
     clip_projector, has_key, has_tensor, has_tensor_prefix, value_at_least,
 )

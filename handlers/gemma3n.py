@@ -33,11 +33,11 @@ from __future__ import annotations
 from gguf import Keys
 from gguf import TokenType as TT
 
-from compatfs.gguf_source import SourceGGUF
-from compatfs.gguf_values import boolean, f32, string
-from compatfs.byte_ops import PadRows
-from compatfs.ops import Op
-from compatfs.translation import (
+from compatfs.format.header import SourceGGUF
+from compatfs.format.values import boolean, f32, string
+from compatfs.translate.byte_ops import PadRows
+from compatfs.translate.ops import Op
+from compatfs.translate import (
     BYTE_TOKENS, Copy, Default, Drop, Hide, PadTokensUnused, Produce, Set, TokenType, Translation, any_of, arch_is,
     has_key, rows_differ,
 )

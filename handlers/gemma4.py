@@ -30,11 +30,11 @@ from gguf import Keys
 from gguf import GGMLQuantizationType as DT
 from gguf import TokenType as TT
 
-from compatfs.gguf_source import SourceGGUF, TensorInfo
-from compatfs.gguf_values import VT, array, boolean, string, u32
-from compatfs.byte_ops import ConcatRows
-from compatfs.ops import Op
-from compatfs.translation import (
+from compatfs.format.header import SourceGGUF, TensorInfo
+from compatfs.format.values import VT, array, boolean, string, u32
+from compatfs.translate.byte_ops import ConcatRows
+from compatfs.translate.ops import Op
+from compatfs.translate import (
     BYTE_TOKENS, Copy, CopyEach, Count, Default, Drop, FillArray, Hide, KeepOnly, ProducePerBlock, Rename, Set,
     TensorEdit, Tensors, ToF32, TokenType, Translation, ViewTensor, When, any_of, arch_is, as_projector,
     has_tensor_prefix, value_is, whole,

@@ -23,8 +23,8 @@ Ollama's converter drops the MTP layer, so the view has none.
 """
 from gguf import Keys
 
-from compatfs.gguf_values import boolean, string, u32
-from compatfs.translation import (
+from compatfs.format.values import boolean, string, u32
+from compatfs.translate import (
     Copy, CopyPrefix, Default, DefaultTokenId, Drop, Set, Translation, arch_is, has_key,
 )
 

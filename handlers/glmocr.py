@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from gguf import Keys
 from gguf import GGMLQuantizationType as DT
 
-from compatfs.gguf_source import SourceGGUF, TensorInfo
-from compatfs.gguf_values import GGUFError, string, u32
-from compatfs.ops import Concat, Op
-from compatfs.translation import (
+from compatfs.format.header import SourceGGUF, TensorInfo
+from compatfs.format.values import GGUFError, string, u32
+from compatfs.translate.ops import Concat, Op
+from compatfs.translate import (
     OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Copy, CopyPrefix, Count, DefaultTokenId, Drop, Hide, KVEdit, KVs, PadArray,
     PadTokensUnused, ProducePerBlock, Rename, Set, Translation, arch_is, clip_projector, finite, has_tensor_prefix,
     whole,

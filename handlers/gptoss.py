@@ -37,13 +37,13 @@ import numpy as np
 from gguf import GGMLQuantizationType as DT
 from gguf import Keys
 
-from compatfs.gguf_source import SourceGGUF, TensorInfo
-from compatfs.gguf_values import GGUFError, f32, string
-from compatfs import accel
-from compatfs.byte_ops import Strided
-from compatfs.ops import Op
-from compatfs.scratch import scratch
-from compatfs.translation import (
+from compatfs.format.header import SourceGGUF, TensorInfo
+from compatfs.format.values import GGUFError, f32, string
+from compatfs.translate import accel
+from compatfs.translate.byte_ops import Strided
+from compatfs.translate.ops import Op
+from compatfs.files.scratch import scratch
+from compatfs.translate import (
     CopyPrefix, Count, Default, DefaultTokenId, Drop, FromShape, ProducePerBlock, Rename, Set, StoredType,
     Translation, When, arch_is, has_key, has_token,
 )

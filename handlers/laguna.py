@@ -14,7 +14,7 @@ Departure from Ollama's handler (which copies the two SWA keys and renames
 the gate): the YaRN keys are moved as well, as llama.cpp's conversion has
 them, so that full-attention layers are not scaled twice.
 """
-from compatfs.translation import Copy, Drop, Rename, Translation, When, any_of, arch_is, has_key, has_tensor, value_is
+from compatfs.translate import Copy, Drop, Rename, Translation, When, any_of, arch_is, has_key, has_tensor, value_is
 
 P = "laguna."
 

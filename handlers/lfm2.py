@@ -8,8 +8,8 @@ looks for attention tensors in the short-convolution layers.
 """
 from gguf import Keys
 
-from compatfs.gguf_values import string
-from compatfs.translation import (
+from compatfs.format.values import string
+from compatfs.translate import (
     FromShape, Rename, Set, Translation, ZeroPerLayer, any_of, arch_is, has_tensor, per_layer_mismatch,
 )
 

@@ -6,8 +6,8 @@ end with `<|eot_id|>` (128009).
 """
 from gguf import Keys
 
-from compatfs.gguf_values import VT, array, string, u32
-from compatfs.translation import (
+from compatfs.format.values import VT, array, string, u32
+from compatfs.translate import (
     Set, Translation, any_of, arch_is, has_key, missing_or_default, str_contains, token_is, value_is,
 )
 

@@ -19,8 +19,8 @@ clip.cpp's Llama 4 graph needs it and as earlier llama.cpp conversions wrote.
 """
 from gguf import Keys
 
-from compatfs.gguf_values import boolean, string
-from compatfs.translation import (
+from compatfs.format.values import boolean, string
+from compatfs.translate import (
     Copy, Drop, Hide, PadTokensUnused, Reciprocal, Rename, Set, Translation, any_of, arch_is, clip_projector,
     has_tensor_prefix, missing_or_default,
 )

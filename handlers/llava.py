@@ -5,8 +5,8 @@ two-layer MLP projector (`mm.0`, `mm.2`).
 """
 from gguf import Keys
 
-from compatfs.gguf_values import string
-from compatfs.translation import Set, Translation, arch_is, has_key, has_true
+from compatfs.format.values import string
+from compatfs.translate import Set, Translation, arch_is, has_key, has_true
 
 DEFAULT_PROJECTOR = Translation(
     name="llava-mlp",

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from gguf import Keys
 
-from compatfs.gguf_values import f32, string
-from compatfs.translation import (
+from compatfs.format.values import f32, string
+from compatfs.translate import (
     OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Copy, Default, Drop, Hide, Produce, Rename, RopePermute, Set, Translation,
     When, any_of, arch_is, clip_projector, embedding_row, has_key, has_tensor_prefix, missing_or_default,
 )

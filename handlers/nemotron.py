@@ -31,10 +31,10 @@ import numpy as np
 from gguf import Keys
 from gguf import GGMLQuantizationType as DT
 
-from compatfs.gguf_source import SourceGGUF
-from compatfs.gguf_values import GGUFError, f32, string, u32
-from compatfs.ops import Elementwise, Op, to_f32
-from compatfs.translation import (
+from compatfs.format.header import SourceGGUF
+from compatfs.format.values import GGUFError, f32, string, u32
+from compatfs.translate.ops import Elementwise, Op, to_f32
+from compatfs.translate import (
     OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, CopyPrefix, Count, Default, Drop, FromFirstBlock, Hide, Produce,
     ProducePerBlock, Rename, Set, ToF32, Translation, When, any_of, arch_is, clip_projector, concatenated, describe,
     has_block_tensor, has_tensor_prefix, split_qkv, value_at_least, whole,

@@ -22,8 +22,8 @@ conversion has them.
 """
 from gguf import Keys
 
-from compatfs.gguf_values import boolean, string
-from compatfs.translation import (
+from compatfs.format.values import boolean, string
+from compatfs.translate import (
     Copy, CopyPrefix, Default, Drop, Set, Translation, When, any_of, arch_is, has_key, value_is,
 )
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from gguf import Keys
 from gguf import TokenType as TT
 
-from compatfs.gguf_source import SourceGGUF
-from compatfs.gguf_values import boolean, string, u32
-from compatfs.translation import (
+from compatfs.format.header import SourceGGUF
+from compatfs.format.values import boolean, string, u32
+from compatfs.translate import (
     OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, CopyPrefix, Default, DefaultTokenId, Drop, FromShape, Hide, KVEdit, KVs,
     PadArray, PadTokensUnused, Rename, Set, TokenType, Translation, arch_is, clip_projector, integer_array,
 )

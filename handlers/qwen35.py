@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from gguf import GGMLQuantizationType as DT
 from gguf import MODEL_TENSOR, TENSOR_NAMES
 
-from compatfs.gguf_source import SourceGGUF
-from compatfs.gguf_values import VT, GGUFError, array, u32
-from compatfs.ops import AddScalar
-from compatfs.translation import (
+from compatfs.format.header import SourceGGUF
+from compatfs.format.values import VT, GGUFError, array, u32
+from compatfs.translate.ops import AddScalar
+from compatfs.translate import (
     AddSuffix, Count, Default, Drop, Hide, KVEdit, KVs, PadArray, PerLayerToMax, Produce, Rename, TensorEdit,
     Tensors, Translation, any_of, arch_is, describe, has_key, has_tensor_prefix, has_true, stacked, whole,
 )

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from gguf import Keys
 
-from compatfs.gguf_values import string
-from compatfs.translation import (
+from compatfs.format.values import string
+from compatfs.translate import (
     AddSuffix, Count, CopyPrefix, Drop, PerLayerToMax, Set, Translation, any_of, arch_is, has_key,
     has_tensor_ending, has_tensor_prefix, is_array, value_is,
 )

@@ -47,10 +47,10 @@ from gguf import GGMLQuantizationType as DT
 from gguf import MODEL_TENSOR, TENSOR_NAMES
 from gguf import TokenType as TT
 
-from compatfs.gguf_source import SourceGGUF, TensorInfo
-from compatfs.gguf_values import VT, GGUFError, array, boolean, u32
-from compatfs.ops import Op, Part, Runs, as_array
-from compatfs.translation import (
+from compatfs.format.header import SourceGGUF, TensorInfo
+from compatfs.format.values import VT, GGUFError, array, boolean, u32
+from compatfs.translate.ops import Op, Part, Runs, as_array
+from compatfs.translate import (
     BlockCount, Copy, CopyEach, Count, Default, DefaultTokenId, Drop, FromShape, Hide, KVEdit, KVs, PadArray,
     PadTokensUnused, Produce, ProducePerBlock, Rename, TensorEdit, Tensors, ToF32, TokenType, Translation, arch_is,
     clip_projector, concatenated, describe, has_key, integer_array, split_qkv, whole,

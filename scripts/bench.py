@@ -24,7 +24,7 @@ models are cached in .cache/):
   gpt-oss's type-4 MXFP4 repack: its kernel in-process, numpy's against the
   compiled one (compatfs._accel) on 1, 2 and every core's thread, and one
   gpt-oss-120b layer of that form read through a fresh mount, numpy's kernel
-  with and without computing ahead (compatfs.ahead) and the compiled one,
+  with and without computing ahead (compatfs.view.ahead) and the compiled one,
   against the translated file through the C passthrough, 3 rounds in turn.
   This section and interleaved, textops and widths print the cores the
   daemon may use, whether the compiled kernels are built, and the daemon's
@@ -104,12 +104,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from gguf import GGMLQuantizationType as DT  # noqa: E402
 
-from compatfs.gguf_source import SourceGGUF  # noqa: E402
-from compatfs.opcache import OpCache  # noqa: E402
-from compatfs.ops import Concat, Promote  # noqa: E402
+from compatfs.format.header import SourceGGUF  # noqa: E402
+from compatfs.view.opcache import OpCache  # noqa: E402
+from compatfs.translate.ops import Concat, Promote  # noqa: E402
 from compatfs.testing.store import add_model  # noqa: E402
-from compatfs.translation import ALWAYS, Drop, Translation, plan  # noqa: E402
-from compatfs.view import View  # noqa: E402
+from compatfs.translate import ALWAYS, Drop, Translation, plan  # noqa: E402
+from compatfs.view.layout import View  # noqa: E402
 
 CHUNK = 1 << 20
 
@@ -432,8 +432,8 @@ def op_bench(binary: Path, work: Path) -> None:
 
 def cores_note() -> str:
     """The CPUs the daemon may use here, and whether the compiled kernels are built."""
-    from compatfs import accel
-    from compatfs.ahead import WORKERS, cores
+    from compatfs.translate import accel
+    from compatfs.view.ahead import WORKERS, cores
     return (f"{cores()} cores, {WORKERS} ahead workers, compiled kernels"
             f" {'built' if accel.native else 'not built'}")
 
@@ -461,12 +461,12 @@ def mxfp4_bench(binary: Path, work: Path) -> None:
     passthrough, with the daemon's CPU seconds per second of the read;
     `MXFP4_ROUNDS` rounds in turn."""
     import threading
-    from compatfs import accel
-    from compatfs.ahead import WORKERS, cores
-    from compatfs.gguf_source import TensorInfo
+    from compatfs.translate import accel
+    from compatfs.view.ahead import WORKERS, cores
+    from compatfs.format.header import TensorInfo
     from compatfs.handlers.gptoss import BLOCK, QK, OllamaMXFP4
     from compatfs.testing import widths
-    from compatfs.views import MODEL_FILE, BlobViews
+    from compatfs.view.catalog import MODEL_FILE, BlobViews
     stored = (2880, 5760, 8)
     nbytes = stored[0] * stored[1] * stored[2] // QK * BLOCK
     data = widths._tile(DT.MXFP4, nbytes)
@@ -912,7 +912,7 @@ def interleaved_bench(work: Path) -> None:
     different op tensors (layer 0's gate and up expert stacks, each a strided
     half of the fused stack) -- in-process (computations counted) and through
     a fresh mount (MB/s); then an op tensor read cold against a local copy."""
-    from compatfs.views import MODEL_FILE, BlobViews
+    from compatfs.view.catalog import MODEL_FILE, BlobViews
     blob = wide_gptoss()
     step = 128 << 10
     # In-process: the mount's own objects.
@@ -997,7 +997,7 @@ def textops_bench(work: Path) -> None:
     """Section `textops`: the whole translated text view of the widened fused
     gpt-oss, most of whose bytes are op tensors computed into the op cache,
     through a fresh mount against a local copy of the translated file."""
-    from compatfs.views import MODEL_FILE, BlobViews
+    from compatfs.view.catalog import MODEL_FILE, BlobViews
     blob = wide_gptoss()
     store = work / "gptoss-store"
     shutil.rmtree(store, ignore_errors=True)
@@ -1050,9 +1050,9 @@ def scale_store(model: Path) -> Path:
     """A store of `SCALE_MODELS` distinct blobs that each need a synthesised
     header with `model`'s vocabulary (Ollama's gemma3 marker: no RMS-norm
     epsilon) and tiny tensors; written once into .cache/bench-scale."""
-    from compatfs.gguf_values import string
-    from compatfs.byte_ops import Zeros
-    from compatfs.translation import KeepOnly, Produce, Set
+    from compatfs.format.values import string
+    from compatfs.translate.byte_ops import Zeros
+    from compatfs.translate import KeepOnly, Produce, Set
     root = ROOT / ".cache" / "bench-scale"
     store = root / f"store-{SCALE_MODELS}"
     if (store / ".complete").exists():
@@ -1361,7 +1361,7 @@ def widths_bench(binary: Path, server: Path, work: Path, timeout: float) -> None
     daemon's peak RSS; llama-server start-to-ready through the mount against
     the exported file (and through the C passthrough) for two of them.  Every
     measurement bounded by `timeout` seconds."""
-    from compatfs.opcache import DEFAULT_MB
+    from compatfs.view.opcache import DEFAULT_MB
     from compatfs.testing import widths
     method = cold_method()
     print(f"\nwidths: op-heavy legacy forms at published widths; cold = {method}; {cores_note()}; each"

@@ -56,10 +56,10 @@ NESTED_PARAMS = {"temperature": 0.35, "top_k": 17, "top_p": 0.8, "num_ctx": 512}
 sys.path.insert(0, str(ROOT / "tests"))
 
 from compatfs.testing import LEGACY, write_models  # noqa: E402
-from compatfs.gguf_source import SourceGGUF  # noqa: E402
-from compatfs.gguf_values import GGUFError  # noqa: E402
+from compatfs.format.header import SourceGGUF  # noqa: E402
+from compatfs.format.values import GGUFError  # noqa: E402
 from compatfs.testing.store import add_model  # noqa: E402
-from compatfs.views import BlobViews  # noqa: E402
+from compatfs.view.catalog import BlobViews  # noqa: E402
 from xlc_client import make_png, run_job  # noqa: E402
 
 
@@ -292,7 +292,7 @@ def describe(store: Path, name: str) -> dict:
     """What the mount makes of model `name`: the blobs behind its files, the
     architecture before -> after with the handlers, and whether it is an
     embedding model (its header names a pooling type)."""
-    from compatfs.store import OllamaStore
+    from compatfs.sources.ollama import OllamaStore
     from compatfs.tree import Tree
     tree = Tree(OllamaStore(store), BlobViews())
     text, clip = tree.lookup(name + "/model.gguf"), tree.lookup(name + "/mmproj.gguf")

@@ -13,12 +13,12 @@ from typing import Iterator
 
 import pytest
 
-from compatfs.gguf_source import SourceGGUF
-from compatfs.gguf_values import VT, GGUFError, Value, skip_value
+from compatfs.format.header import SourceGGUF
+from compatfs.format.values import VT, GGUFError, Value, skip_value
 from compatfs.testing import gemma3
 from compatfs.testing.store import add_model
-from compatfs.blobfile import Transient
-from compatfs.views import HandlerFailure
+from compatfs.files.blobfile import Transient
+from compatfs.view.catalog import HandlerFailure
 
 _U64 = struct.Struct("<Q")
 

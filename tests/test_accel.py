@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from compatfs import accel
+from compatfs.translate import accel
 from compatfs.handlers.gptoss import BLOCK, _to_ggml, scratch_bytes
 
 pytestmark = pytest.mark.skipif(accel.native is None, reason="compatfs._accel is not built (or COMPATFS_NO_ACCEL)")
@@ -84,7 +84,7 @@ def test_short_buffers_and_bad_numbers_are_refused():
 
 
 def test_no_accel_in_the_environment_turns_it_off():
-    code = "from compatfs import accel; print(accel.native is None)"
+    code = "from compatfs.translate import accel; print(accel.native is None)"
     for value, off in (("1", "True"), ("0", "False"), ("", "False")):
         env = {**os.environ, "COMPATFS_NO_ACCEL": value}
         assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,

@@ -1,4 +1,4 @@
-"""compatfs.ahead: ranges of ranged ops computed ahead of a sequential reader
+"""compatfs.view.ahead: ranges of ranged ops computed ahead of a sequential reader
 on worker threads.  The same bytes with it on and off (gpt-oss's type-4
 MXFP4 stacks at gpt-oss-120b's widths, in-process and through the mount);
 the chunks of a reader that jumps dropped, those not started never
@@ -15,12 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compatfs import accel, ahead, viewbytes
-from compatfs.gguf_values import GGUFError
+from compatfs.translate import accel
+from compatfs.view import ahead, assemble as viewbytes
+from compatfs.format.values import GGUFError
 from compatfs.handlers.gptoss import OllamaMXFP4
 from compatfs.testing import widths
 from compatfs.testing.store import add_model
-from compatfs.views import MODEL_FILE, BlobViews
+from compatfs.view.catalog import MODEL_FILE, BlobViews
 
 from conftest import needs_fuse, wait_until
 

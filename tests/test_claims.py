@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from compatfs import handlers
-from compatfs.gguf_source import SourceGGUF
+from compatfs.format.header import SourceGGUF
 from compatfs.testing import LEGACY
-from compatfs.translation import Rename, plan
-from compatfs.views import classify
+from compatfs.translate import Rename, plan
+from compatfs.view.catalog import classify
 
 from conftest import SHARED
 from ggufs import write_gguf
@@ -214,8 +214,8 @@ def test_every_rename_renames_something_it_claims(corpus):
 
 
 def test_an_edit_in_the_wrong_list_fails_when_the_handler_is_defined():
-    from compatfs.translation import ALWAYS, Default, Hide, Translation
-    from compatfs.gguf_values import u32
+    from compatfs.translate import ALWAYS, Default, Hide, Translation
+    from compatfs.format.values import u32
     with pytest.raises(TypeError, match=r"Hide.*in kv is not a KV edit"):
         Translation("bad", ALWAYS, kv=(Hide(("v.",)),))
     with pytest.raises(TypeError, match=r"Default.*in tensors is not a tensor edit"):
@@ -225,7 +225,7 @@ def test_an_edit_in_the_wrong_list_fails_when_the_handler_is_defined():
 
 def test_every_translated_text_view_has_an_architecture_llama_cpp_knows(corpus):
     """So that `compatfs ls` never says a translated model will not load."""
-    from compatfs.verdict import KNOWN_ARCHS
+    from compatfs.cli.verdict import KNOWN_ARCHS
     archs = {}
     for label, path in corpus.items():
         info = classify(SourceGGUF(path))

@@ -166,8 +166,8 @@ def test_a_failing_handler_is_one_line_everywhere(store, tmp_path):
     `export`, `llama-args` print tracebacks; `inspect --clip` of a text-only
     model did too.  Whatever the handlers make of such values, each command
     answers, or fails in one line."""
-    from compatfs.gguf_source import SourceGGUF
-    from compatfs.gguf_values import VT, array
+    from compatfs.format.header import SourceGGUF
+    from compatfs.format.values import VT, array
     from compatfs.testing import gemma3
     from hostile import with_value
     good = gemma3.legacy_gemma3_vision(tmp_path / "gv.gguf")

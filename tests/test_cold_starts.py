@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compatfs import libfuse
-from compatfs.blobfile import ALIGN
-from compatfs.libc import LIBC, PAGE, malloc_aligned
+from compatfs.fuse import libfuse
+from compatfs.files.blobfile import ALIGN
+from compatfs.files.libc import LIBC, PAGE, malloc_aligned
 from compatfs.testing.store import add_model
 
 from conftest import needs_fuse

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from compatfs import fstab
+from compatfs.cli import fstab
 from compatfs.testing import gemma3
 from compatfs.testing.store import add_model
 

@@ -90,7 +90,7 @@ def test_systemd_analyze_verify(tmp_path):
 
 
 def test_fstab_example_lines_parse_as_the_helper_takes_them():
-    from compatfs import fstab
+    from compatfs.cli import fstab
     lines = [line.lstrip("#").split() for line in (CONTRIB / "systemd" / "fstab.example").read_text().splitlines()
              if line.lstrip("#").startswith(("/", "compatfs#"))]
     assert {f[2] for f in lines} == {"fuse.compatfs", "compatfs", "fuse"}

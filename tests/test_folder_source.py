@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from compatfs.folder import GGUFFolder
-from compatfs.source import SourceError
-from compatfs.sources import open_source
-from compatfs.store import OllamaStore
+from compatfs.sources.folder import GGUFFolder
+from compatfs.sources.base import SourceError
+from compatfs.sources.choose import open_source
+from compatfs.sources.ollama import OllamaStore
 from compatfs.testing import llama
 from compatfs.tree import FileRef, Tree
-from compatfs.views import BlobViews
+from compatfs.view.catalog import BlobViews
 
 import llamacpp
 from conftest import ROOT, needs_fuse, wait_until
@@ -140,12 +140,13 @@ def test_only_the_ollama_store_knows_its_layout():
     source) imports it; the tree and the FUSE layer name none of its folders."""
     pkg = ROOT / "compatfs"
     importers = set()
-    for path in pkg.glob("*.py"):
+    for path in pkg.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module in ("store", "compatfs.store") and node.level <= 1:
-                importers.add(path.name)
-    assert importers <= {"sources.py"}, importers
-    for name in ("tree.py", "fusefs.py", "models.py", "report.py", "cli.py"):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("ollama") and node.level <= 2 \
+                    and "testing" not in path.parts:
+                importers.add(path.relative_to(pkg).as_posix())
+    assert importers <= {"sources/choose.py"}, importers
+    for name in ("tree.py", "fuse/operations.py", "router/models.py", "cli/report.py", "cli/main.py"):
         text = (pkg / name).read_text()
         assert '"manifests"' not in text and '"blobs"' not in text and "vnd.ollama" not in text, name
 

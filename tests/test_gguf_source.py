@@ -6,8 +6,8 @@ import gguf
 import numpy as np
 import pytest
 
-from compatfs.gguf_source import SourceGGUF, tensor_nbytes
-from compatfs.gguf_values import VT, GGUFError, array, string, u32
+from compatfs.format.header import SourceGGUF, tensor_nbytes
+from compatfs.format.values import VT, GGUFError, array, string, u32
 
 from ggufs import write_gguf
 
@@ -80,7 +80,7 @@ def test_a_header_is_read_short_first_then_whole(tmp_path, monkeypatch, tokens):
     """A small header takes one short read (what a cold open of a file with
     no large vocabulary waits for); one past it (a 300k-token vocabulary,
     ~3 MiB) one more of `SECOND_READ`, and parses the same."""
-    from compatfs import blobfile
+    from compatfs.files import blobfile
     reads = []
     real = blobfile.BlobFile.read
     monkeypatch.setattr(blobfile.BlobFile, "read", lambda self, off, n: reads.append(n) or real(self, off, n))

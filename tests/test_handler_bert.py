@@ -7,8 +7,8 @@ import base64
 import numpy as np
 import pytest
 
-from compatfs.gguf_source import SourceGGUF
-from compatfs.gguf_values import VT, array
+from compatfs.format.header import SourceGGUF
+from compatfs.format.values import VT, array
 from compatfs.handlers import bert
 from compatfs.testing.bert import NORMALIZE, legacy_snowflake_arctic_embed2, precompiled_charsmap
 from compatfs.testing.store import add_model

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from compatfs import handlers
-from compatfs.gguf_source import SourceGGUF
+from compatfs.format.header import SourceGGUF
 from compatfs.handlers import embeddinggemma, gemma3
 from compatfs.testing.embeddinggemma import legacy_embeddinggemma
 from compatfs.testing.store import add_model
-from compatfs.translation import first_claim
+from compatfs.translate import first_claim
 
 from compare import assert_same_tensors, kvs
 from conftest import SHARED, needs_fuse, needs_shared

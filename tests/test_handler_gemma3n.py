@@ -11,14 +11,14 @@ from gguf import GGMLQuantizationType as DT
 from gguf import TokenType as TT
 
 from compatfs import handlers
-from compatfs.gguf_source import SourceGGUF
-from compatfs.gguf_values import GGUFError
+from compatfs.format.header import SourceGGUF
+from compatfs.format.values import GGUFError
 from compatfs.handlers import gemma3n
-from compatfs.opcache import OpCache
+from compatfs.view.opcache import OpCache
 from compatfs.testing import gemma3n as writer
 from compatfs.testing.core import form
-from compatfs.translation import first_claim, plan
-from compatfs.view import View
+from compatfs.translate import first_claim, plan
+from compatfs.view.layout import View
 
 from chat import assert_refused
 from compare import assert_same_tensors, kvs, tensors

@@ -7,11 +7,11 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as DT
 
-from compatfs.gguf_source import SourceGGUF
+from compatfs.format.header import SourceGGUF
 from compatfs.handlers import gemma4
-from compatfs.opcache import OpCache
-from compatfs.translation import plan
-from compatfs.view import View
+from compatfs.view.opcache import OpCache
+from compatfs.translate import plan
+from compatfs.view.layout import View
 
 from compare import assert_same_tensors, kvs
 from conftest import SHARED, needs_fuse, needs_shared, one_model_store

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as DT
 
-from compatfs.gguf_source import SourceGGUF
-from compatfs.gguf_values import GGUFError, f32, u32
+from compatfs.format.header import SourceGGUF
+from compatfs.format.values import GGUFError, f32, u32
 from compatfs.handlers.glmocr import RotaryWidth, gate_up
 from compatfs.testing.glmocr import GLM_SPECIALS, GLMOCR, glm_tokens, legacy_glmocr
 

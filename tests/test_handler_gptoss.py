@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as DT
 
-from compatfs.gguf_source import SourceGGUF
-from compatfs.gguf_values import GGUFError
+from compatfs.format.header import SourceGGUF
+from compatfs.format.values import GGUFError
 from compatfs.handlers import gptoss
 from compatfs.testing import gptoss as writers
 from compatfs.testing.gguf_edit import Blob
 from compatfs.testing.store import add_model
-from compatfs.translation import plan
+from compatfs.translate import plan
 
 from compare import assert_same_tensors, kvs
 from conftest import SHARED, needs_fuse, needs_shared
@@ -173,8 +173,8 @@ def test_type4_bytes_are_checked_against_the_blob(tmp_path):
 
 
 def test_strided_refuses_what_it_cannot_take_apart():
-    from compatfs.gguf_source import TensorInfo
-    from compatfs.byte_ops import Strided
+    from compatfs.format.header import TensorInfo
+    from compatfs.translate.byte_ops import Strided
     with pytest.raises(GGUFError, match="cannot take elements 0::2"):
         Strided.of(TensorInfo("odd", (64, 5, 4), DT.F32, 0), 1, 0, 2)
     with pytest.raises(GGUFError, match="cannot be taken apart"):
@@ -189,8 +189,8 @@ def test_strided_refuses_what_it_cannot_take_apart():
 def test_strided_rows_are_served_as_blob_ranges():
     """Rows of a quantized stack are taken whole: the op is a run of the
     blob's byte ranges, the same bytes as computing it."""
-    from compatfs.gguf_source import TensorInfo
-    from compatfs.byte_ops import Strided
+    from compatfs.format.header import TensorInfo
+    from compatfs.translate.byte_ops import Strided
     src = TensorInfo("fused", (64, 6, 3), DT.Q8_0, 0)
     data = np.random.default_rng(0).integers(0, 256, src.nbytes, dtype=np.uint8).tobytes()
     for start in (0, 1):

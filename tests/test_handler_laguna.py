@@ -7,7 +7,7 @@ import math
 import gguf
 import pytest
 
-from compatfs.gguf_source import SourceGGUF
+from compatfs.format.header import SourceGGUF
 from compatfs.testing import laguna
 from compatfs.testing.store import add_model
 

@@ -17,12 +17,12 @@ import pytest
 from gguf import GGMLQuantizationType as DT
 
 from compatfs import handlers
-from compatfs.gguf_source import SourceGGUF, TensorInfo
-from compatfs.gguf_values import GGUFError
+from compatfs.format.header import SourceGGUF, TensorInfo
+from compatfs.format.values import GGUFError
 from compatfs.handlers import nemotron
 from compatfs.testing import nemotron as writers
 from compatfs.testing.store import add_model
-from compatfs.translation import first_claim, plan
+from compatfs.translate import first_claim, plan
 
 from chat import assert_completes_and_sees, assert_refused
 from compare import as_f32, assert_same_tensors, kvs, tensors

@@ -7,13 +7,13 @@ import pytest
 from gguf import GGUFValueType as VT
 from gguf import TokenType as TT
 
-from compatfs.gguf_source import SourceGGUF
-from compatfs.gguf_values import array, u32
+from compatfs.format.header import SourceGGUF
+from compatfs.format.values import array, u32
 from compatfs.handlers import qwen25vl
 from compatfs.handlers.qwen25vl import WindowPattern
 from compatfs.testing import qwen25vl as writer
 from compatfs.testing.core import form
-from compatfs.translation import plan
+from compatfs.translate import plan
 
 from compare import assert_same_gguf, assert_same_tensors, kvs, tensors
 from chat import assert_only_the_views_load

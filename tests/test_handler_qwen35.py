@@ -8,7 +8,7 @@ import gguf
 import numpy as np
 import pytest
 
-from compatfs.gguf_source import SourceGGUF
+from compatfs.format.header import SourceGGUF
 from compatfs.handlers import qwen35
 from compatfs.testing.qwen35 import legacy_qwen35_moe
 from compatfs.testing.store import add_model

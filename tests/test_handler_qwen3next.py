@@ -6,11 +6,11 @@ import gguf
 import numpy as np
 import pytest
 
-from compatfs.gguf_source import SourceGGUF
+from compatfs.format.header import SourceGGUF
 from compatfs.testing import qwen3next
 from compatfs.testing.store import add_model
 from compatfs.testing.tokenizers import CORPUS
-from compatfs.views import classify
+from compatfs.view.catalog import classify
 
 from compare import as_f32, kvs
 from conftest import needs_fuse

@@ -8,8 +8,8 @@ import pytest
 from gguf import GGMLQuantizationType as DT
 from gguf import GGUFValueType as VT
 
-from compatfs.gguf_source import SourceGGUF, TensorInfo
-from compatfs.gguf_values import GGUFError, array, u32
+from compatfs.format.header import SourceGGUF, TensorInfo
+from compatfs.format.values import GGUFError, array, u32
 from compatfs.handlers import qwen3vl
 from compatfs.handlers.qwen3vl import FrameOfPatchEmbedding, MRopeSections, deepstack_layers
 from compatfs.testing.qwen3vl import legacy_qwen3vl_moe

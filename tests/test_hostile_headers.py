@@ -7,8 +7,8 @@ import tracemalloc
 
 import pytest
 
-from compatfs.gguf_source import SourceGGUF
-from compatfs.gguf_values import VT, GGUFError
+from compatfs.format.header import SourceGGUF
+from compatfs.format.values import VT, GGUFError
 
 BLOB = 512 << 20     # sparse: costs no disk
 
@@ -55,7 +55,7 @@ def test_a_lying_header_is_refused_in_bounded_memory(tmp_path, what):
 
 def test_lengths_past_the_blob_are_refused_before_reading(tmp_path, monkeypatch):
     """A length beyond the blob is an error at once: nothing past the first read."""
-    from compatfs import blobfile
+    from compatfs.files import blobfile
     reads = []
     real = blobfile.BlobFile.read
     monkeypatch.setattr(blobfile.BlobFile, "read", lambda self, off, n: reads.append(n) or real(self, off, n))

@@ -14,8 +14,8 @@ import pytest
 
 from compatfs.testing import fuzz, gemma3, llama
 from compatfs.testing.store import add_model
-from compatfs.view import FileRange, _CachedOp, _Ranged
-from compatfs.views import BlobViews
+from compatfs.view.layout import FileRange, _CachedOp, _Ranged
+from compatfs.view.catalog import BlobViews
 
 from conftest import needs_fuse, wait_until
 from hostile import vision_and_text_store
@@ -300,8 +300,8 @@ def _wrong_types(tmp_path: Path) -> dict[str, bytes]:
     """Blobs whose handlers read a value of the wrong type: the token types
     as strings (gemma3 vision: the text handler reads them, its projector
     view does not), and a vision block index that is text."""
-    from compatfs.gguf_source import SourceGGUF
-    from compatfs.gguf_values import VT, array, string
+    from compatfs.format.header import SourceGGUF
+    from compatfs.format.values import VT, array, string
     good = gemma3.legacy_gemma3_vision(tmp_path / "wt.gguf", seed=5)
     n = SourceGGUF(good).kvs["tokenizer.ggml.token_type"].count
     return {

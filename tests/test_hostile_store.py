@@ -14,15 +14,15 @@ import pytest
 
 import compatfs.tree as tree_module
 from compatfs import handlers
-from compatfs.gguf_source import SourceGGUF
-from compatfs.gguf_values import GGUFError
-from compatfs.models import model_files
-from compatfs.source import SourceError
-from compatfs.store import OllamaStore
+from compatfs.format.header import SourceGGUF
+from compatfs.format.values import GGUFError
+from compatfs.router.models import model_files
+from compatfs.sources.base import SourceError
+from compatfs.sources.ollama import OllamaStore
 from compatfs.testing import fuzz, llama
 from compatfs.testing.store import add_blob, add_model
 from compatfs.tree import Tree
-from compatfs.views import MMPROJ_FILE, MODEL_FILE, BlobViews, summarize
+from compatfs.view.catalog import MMPROJ_FILE, MODEL_FILE, BlobViews, summarize
 
 from hostile import ends_within, fifo_writer_release, vision_and_text_store
 
@@ -82,7 +82,7 @@ def test_a_manifest_that_is_a_device_or_too_large_is_left_out(store, tmp_path):
     big.parent.mkdir()
     big.write_bytes(b" " * (5 << 20))
     code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30));"
-            "from compatfs.store import OllamaStore; s = OllamaStore(sys.argv[1]).manifests();"
+            "from compatfs.sources.ollama import OllamaStore; s = OllamaStore(sys.argv[1]).manifests();"
             "print(sorted(s.models)); print(s.skipped['zero:latest']); print(s.skipped['big:latest'])")
     res = subprocess.run([sys.executable, "-c", code, str(store)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -139,7 +139,7 @@ class Boom(Exception):
 
 def _failing_plan(monkeypatch, kinds: str):
     """Make planning with the handlers of `kinds` (TEXT or CLIP) raise Boom."""
-    import compatfs.views as views_module
+    import compatfs.view.catalog as views_module
     real_plan = views_module.plan
 
     def plan(tr, src):
@@ -167,7 +167,7 @@ def test_a_failing_plan_refuses_only_its_view(store, monkeypatch, kinds, refused
 
 
 def test_a_failing_claim_refuses_only_its_view(store, monkeypatch):
-    import compatfs.views as views_module
+    import compatfs.view.catalog as views_module
     blob = _blob(store, "vision", "4b")
     want = BlobViews().view(blob, MMPROJ_FILE).size
     real = views_module.first_claim
@@ -194,7 +194,7 @@ def test_indexing_workers_outlive_the_thread_that_started_them(store, tmp_path):
     working (and still end with the daemon: test_index)."""
     from concurrent.futures import ProcessPoolExecutor
     import multiprocessing
-    import compatfs.views as views_module
+    import compatfs.view.catalog as views_module
     blob = _blob(store, "text", "1b")
     box = {}
 
@@ -219,7 +219,7 @@ def test_an_architecture_of_the_wrong_type_is_an_answer(store, tmp_path, value):
     """general.architecture is read before any handler (is it a projector?):
     an array (which compares elementwise), a number, bytes that are not
     UTF-8: a summary or one GGUFError, never another exception."""
-    from compatfs.gguf_values import VT, Value, array, u32
+    from compatfs.format.values import VT, Value, array, u32
     from hostile import with_value
     bad = tmp_path / "arch.gguf"
     new = {"array": array(VT.UINT32, [1, 2, 3]), "number": u32(7),
@@ -259,7 +259,7 @@ def test_ls_leaves_out_a_model_removed_while_it_lists(store, monkeypatch, capsys
     model removed in between is left out of the table, the others listed
     (measured on the landed code: a TypeError on the None the lookup gave)."""
     from functools import partialmethod
-    from compatfs import cli
+    from compatfs.cli import main as cli
     monkeypatch.setattr(tree_module.Tree, "__init__", partialmethod(tree_module.Tree.__init__, rescan_seconds=0))
     scan = OllamaStore.scan
 
@@ -278,9 +278,9 @@ def test_an_unopenable_blob_is_not_rescanned_for(store, tmp_path, monkeypatch):
     one, fails with EIO (measured on the landed code: 8 fresh scans of the
     whole store for each such open)."""
     from types import SimpleNamespace
-    from compatfs import libfuse
-    from compatfs.access import Caller
-    from compatfs.fusefs import CompatFS
+    from compatfs.fuse import libfuse
+    from compatfs.files.access import Caller
+    from compatfs.fuse.operations import CompatFS
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setattr(libfuse, "caller", lambda: Caller(os.getuid(), os.getgid(), os.getpid()))
     blob = _blob(store, "text", "1b")

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-import compatfs.preset
+import compatfs.router.preset
 import compatfs.tree
-from compatfs.rescan import Rescan
-from compatfs.sources import open_source
+from compatfs.fuse.rescan import Rescan
+from compatfs.sources.choose import open_source
 from compatfs.testing import llama
 from compatfs.testing.store import add_model
 from compatfs.tree import Tree
-from compatfs.views import BlobViews
+from compatfs.view.catalog import BlobViews
 from test_rescan_start import Memo, OpenFiles
 from test_sampling import set_params
 
@@ -36,7 +36,7 @@ def store(tmp_path: Path) -> Path:
 def counted(monkeypatch):
     """Calls of the params reader (as the preset reads layers) and of the preset renderer."""
     calls: dict[str, list] = {"read_params": [], "render": []}
-    read, render = compatfs.preset.read_params, compatfs.tree.render
+    read, render = compatfs.router.preset.read_params, compatfs.tree.render
 
     def reading(path):
         calls["read_params"].append(path)
@@ -46,7 +46,7 @@ def counted(monkeypatch):
         calls["render"].append(1)
         return render(*args, **kwargs)
 
-    monkeypatch.setattr(compatfs.preset, "read_params", reading)
+    monkeypatch.setattr(compatfs.router.preset, "read_params", reading)
     monkeypatch.setattr(compatfs.tree, "render", rendering)
     return calls
 

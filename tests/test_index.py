@@ -8,15 +8,15 @@ import time
 from pathlib import Path
 
 
-from compatfs.gguf_source import SourceGGUF
-from compatfs.gguf_values import string
-from compatfs.index import Index, Summary
-from compatfs.opcache import OpCache
+from compatfs.format.header import SourceGGUF
+from compatfs.format.values import string
+from compatfs.view.index import Index, Summary
+from compatfs.view.opcache import OpCache
 from compatfs.testing.gemma3 import legacy_gemma3_text
 from compatfs.testing.llama import legacy_llama3_instruct
 from compatfs.testing.store import add_model
-from compatfs.translation import ALWAYS, Set, Translation, plan
-from compatfs.view import View
+from compatfs.translate import ALWAYS, Set, Translation, plan
+from compatfs.view.layout import View
 
 from conftest import needs_fuse, wait_until
 
@@ -112,8 +112,8 @@ def test_listing_many_models_keeps_the_daemon_small(tmp_path, mount_store):
 WORKERS_THEN_DIE = """
 import os, signal, sys, time
 from pathlib import Path
-from compatfs.views import BlobViews
-from compatfs.index import Index
+from compatfs.view.catalog import BlobViews
+from compatfs.view.index import Index
 views = BlobViews(index=Index(None, True), workers=2)
 views.prefetch([Path(p) for p in sys.argv[1:]])
 deadline = time.monotonic() + 60
@@ -163,7 +163,7 @@ def test_a_stat_never_waits_on_a_worker_that_has_not_answered(tmp_path):
     """A summary a worker has taken but not delivered (its pool still
     starting, or stuck) is made by the request itself after a short wait."""
     from concurrent.futures import Future
-    from compatfs.views import BlobViews, summarize
+    from compatfs.view.catalog import BlobViews, summarize
     blob = legacy_gemma3_text(tmp_path / "g.gguf")
     views = BlobViews(index=Index(None, True), workers=2)
     taken = Future()
@@ -178,7 +178,7 @@ def test_a_folder_named_as_the_index_is_refused_and_never_renamed(tmp_path):
     and made a database in its place."""
     import subprocess
     import sys
-    from compatfs.index import IndexPathError
+    from compatfs.view.index import IndexPathError
     import pytest
     folder = tmp_path / "precious"
     folder.mkdir()
@@ -249,10 +249,10 @@ def test_entries_of_the_wrong_kind_or_with_errors_are_made_again(tmp_path):
 
 
 def test_a_view_that_belies_its_entry_rebuilds_it(tmp_path):
-    from compatfs.views import MMPROJ_FILE, MODEL_FILE, BlobViews, summarize
-    from compatfs.blobfile import identity
+    from compatfs.view.catalog import MMPROJ_FILE, MODEL_FILE, BlobViews, summarize
+    from compatfs.files.blobfile import identity
     import pytest
-    from compatfs.gguf_values import GGUFError
+    from compatfs.format.values import GGUFError
     blob = legacy_gemma3_text(tmp_path / "g.gguf")
     stamp, true = summarize(blob, True)
     index = Index(None, translate=True, version="v1")
@@ -291,3 +291,14 @@ def test_a_mount_comes_up_without_an_index_it_cannot_write(tmp_path, mount_store
         m.close()
     finally:
         subprocess.run(["umount", str(ro)])
+
+
+def test_the_version_follows_the_translation_not_the_commands():
+    """The index's version digests the code that decides a summary (format,
+    translate, view, the handlers, the params reader) and nothing else: an
+    edit to a command or the FUSE layer leaves every entry valid."""
+    from compatfs.view.index import decisive_files
+    names = {f"{f.parent.name}/{f.name}" for f in decisive_files()}
+    assert {"translate/ops.py", "format/header.py", "view/catalog.py", "handlers/gptoss.py",
+            "router/params.py"} <= names
+    assert not names & {"cli/main.py", "fuse/operations.py", "fuse/rescan.py", "sources/ollama.py"}

@@ -10,18 +10,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import compatfs.gguf_source
-import compatfs.preset
-import compatfs.sampling
-import compatfs.views
-from compatfs.blobfile import status
-from compatfs.index import Index
-from compatfs.presented import Presented
-from compatfs.sources import open_source
+import compatfs.format.header
+import compatfs.router.preset
+import compatfs.view.sampling
+import compatfs.view.catalog
+from compatfs.files.blobfile import status
+from compatfs.view.index import Index
+from compatfs.fuse.presented import Presented
+from compatfs.sources.choose import open_source
 from compatfs.testing import llama
 from compatfs.testing.store import add_model
 from compatfs.tree import FileRef, Tree
-from compatfs.views import BlobViews
+from compatfs.view.catalog import BlobViews
 from ggufs import synthetic_gemma3, write_gguf
 from test_sampling import set_params
 
@@ -65,17 +65,17 @@ def test_a_remount_over_a_warm_index_parses_no_header(store, tmp_path, monkeypat
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     index = tmp_path / "index.sqlite3"
     first = mount_and_list(store, index, tmp_path / "mnt")
-    compatfs.preset._embedding_memo.clear()     # a remount is a new daemon: nothing kept in memory
-    compatfs.sampling._layers.clear()
+    compatfs.router.preset._embedding_memo.clear()     # a remount is a new daemon: nothing kept in memory
+    compatfs.view.sampling._layers.clear()
     parsed = []
-    real = compatfs.gguf_source.SourceGGUF
+    real = compatfs.format.header.SourceGGUF
 
     def counted(path, *args, **kwargs):
         parsed.append(path)
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(compatfs.gguf_source, "SourceGGUF", counted)   # as the preset imports it
-    monkeypatch.setattr(compatfs.views, "SourceGGUF", counted)
+    monkeypatch.setattr(compatfs.format.header, "SourceGGUF", counted)   # as the preset imports it
+    monkeypatch.setattr(compatfs.view.catalog, "SourceGGUF", counted)
     again = mount_and_list(store, index, tmp_path / "mnt")
     assert parsed == [], f"headers parsed on the remount: {parsed}"
     assert again == first

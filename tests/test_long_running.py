@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from compatfs.testing import gemma3, llama, llava, nemotron
-from compatfs.view import _CachedOp
-from compatfs.views import BlobViews
+from compatfs.view.layout import _CachedOp
+from compatfs.view.catalog import BlobViews
 from compatfs.testing.store import add_model
 
 from conftest import needs_fuse, wait_until

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from compatfs.memo import Memo
+from compatfs.fuse.memo import Memo
 
 
 def test_every_existing_path_is_remembered_and_misses_are_bounded():

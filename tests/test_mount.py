@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from compatfs.testing.store import add_blob, add_model
-from compatfs.view import FileRange
-from compatfs.views import BlobViews
+from compatfs.view.layout import FileRange
+from compatfs.view.catalog import BlobViews
 
 from conftest import needs_fuse, wait_until
 from ggufs import plain_model, synthetic_gemma3, write_gguf

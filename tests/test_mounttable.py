@@ -1,7 +1,7 @@
 """The one mount-table parser: /proc/self/mountinfo lines, octal escapes undone."""
 from pathlib import Path
 
-from compatfs import mounttable
+from compatfs.files import mounttable
 
 SAMPLE = (rb"22 1 0:21 / /proc rw,nosuid - proc proc rw" b"\n"
           rb"40 22 0:40 / /mnt/with\040space\134x rw,nosuid shared:5 - fuse.compatfs /srv/my\040store ro" b"\n"

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as DT
 
-from compatfs import accel
-from compatfs.gguf_source import TensorInfo
-from compatfs.gguf_values import GGUFError
+from compatfs.translate import accel
+from compatfs.format.header import TensorInfo
+from compatfs.format.values import GGUFError
 from compatfs.handlers.gptoss import BLOCK, QK, OllamaMXFP4
 
 COLS, FF = 2880, 2880            # gpt-oss-120b: n_embd, expert feed-forward width

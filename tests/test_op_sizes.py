@@ -13,15 +13,15 @@ import pytest
 from gguf import GGMLQuantizationType as DT
 from gguf import GGUFValueType
 
-from compatfs.gguf_source import SourceGGUF
+from compatfs.format.header import SourceGGUF
 from compatfs.handlers.qwen3vl import FrameOfPatchEmbedding
-from compatfs.opcache import COMPUTING, OpCache
-from compatfs.byte_ops import ConcatRows, Split, Strided
-from compatfs.ops import CHUNK_BYTES, Permute
+from compatfs.view.opcache import COMPUTING, OpCache
+from compatfs.translate.byte_ops import ConcatRows, Split, Strided
+from compatfs.translate.ops import CHUNK_BYTES, Permute
 from compatfs.testing import qwen3vl
 from compatfs.testing.store import add_model
-from compatfs.translation import ALWAYS, Produce, Translation, plan
-from compatfs.view import View, _CachedOp, _InRounds, _Ranged
+from compatfs.translate import ALWAYS, Produce, Translation, plan
+from compatfs.view.layout import View, _CachedOp, _InRounds, _Ranged
 
 import wide
 from conftest import needs_fuse
@@ -163,7 +163,7 @@ def test_a_sequential_reader_has_op_cache_chunks_computed_ahead(heads_src, monke
     a reader reading on finds the next chunks computed on the ahead workers:
     the same bytes, each chunk still computed once; with a cache of one
     chunk, nothing is computed ahead (it would push out the chunk being read)."""
-    from compatfs import ahead, viewbytes
+    from compatfs.view import ahead, assemble as viewbytes
     monkeypatch.setattr(ahead, "_pool", ahead._Pool(2))     # two workers, whatever the machine's default
     monkeypatch.setattr(ahead, "enabled", True)
     on_workers = []
@@ -323,7 +323,7 @@ def test_frames_over_the_cache_are_served_from_the_blob_through_the_mount(big_fr
     readers at once: nothing computed (the frames are strided runs of the
     blob), the bytes those of the view in-process, and a listing and a stat
     of another folder answered within a second all the while."""
-    from compatfs.views import MMPROJ_FILE, BlobViews
+    from compatfs.view.catalog import MMPROJ_FILE, BlobViews
     store, blob = big_frame_store
     want = BlobViews().view(blob, MMPROJ_FILE).read(0, 1 << 40)
     m = mount_store(store, "-v", "--op-cache-mb", "8")
@@ -361,7 +361,7 @@ def test_a_whole_op_over_the_cache_through_the_mount(big_grid_store, mount_store
     1 MiB reads by two readers at once: computed once (counted in the debug
     log), the bytes those of the view in-process, and a listing and a stat
     of another folder answered within a second all the while."""
-    from compatfs.views import MMPROJ_FILE, BlobViews
+    from compatfs.view.catalog import MMPROJ_FILE, BlobViews
     store, blob = big_grid_store
     view = BlobViews().view(blob, MMPROJ_FILE)
     assert any(t.op is not None and t.op.nbytes > 8 * MIB and type(t.op).__name__ == "ResampleGrid"

@@ -1,7 +1,7 @@
 import threading
 import time
 
-from compatfs.opcache import OpCache
+from compatfs.view.opcache import OpCache
 
 from conftest import wait_until
 
@@ -23,7 +23,7 @@ def test_byte_budget_keeps_several_and_evicts_least_recent():
 def test_results_over_the_budget_are_kept_in_their_own_slot():
     """Results larger than the whole budget are computed once while read,
     the last `LARGE_KEPT` of them kept (two read side by side: once each)."""
-    from compatfs.opcache import LARGE_KEPT
+    from compatfs.view.opcache import LARGE_KEPT
     cache, calls = OpCache(max_bytes=5), []
     big = lambda k: cache.get(k, lambda: calls.append(k) or bytes(10))  # noqa: E731
     for _ in range(3):

@@ -4,9 +4,9 @@ import pytest
 from gguf import GGMLQuantizationType as DT
 from gguf import quants
 
-from compatfs.gguf_source import SourceGGUF
-from compatfs.byte_ops import Split, Zeros
-from compatfs.ops import AddScalar, Concat, Permute, Promote, to_f32
+from compatfs.format.header import SourceGGUF
+from compatfs.translate.byte_ops import Split, Zeros
+from compatfs.translate.ops import AddScalar, Concat, Permute, Promote, to_f32
 
 from ggufs import bf16, write_gguf
 
@@ -102,7 +102,7 @@ def test_permute_chunks_equal_the_whole(src, monkeypatch):
     whole blocks of them (each at the same bytes in input and output); one
     that moves the slowest axis is one chunk.  Chunk sizes that divide the
     tensor and that do not, BF16 and F16."""
-    import compatfs.ops as ops
+    import compatfs.translate.ops as ops
     read = lambda t, start, size: src.read(t.offset + start, size)  # noqa: E731
     cases = [((4, 2, 3, 32), (0, 2, 1, 3)), ((4, 2, 3, 32), (0, 1, 3, 2)), ((2, 2, 6, 32), (0, 1, 3, 2)),
              ((4, 6, 32), (1, 0, 2)), ((4, 2, 3, 32), (0, 1, 2, 3))]
@@ -137,7 +137,7 @@ def test_bad_shapes_are_refused(src):
 def from_pieces(op, src) -> bytes:
     """The op's output as its pieces say, run by run (what `Runs` means,
     apart from the view's arithmetic)."""
-    from compatfs.ops import Runs
+    from compatfs.translate.ops import Runs
     out = []
     for p in op.pieces():
         if not isinstance(p, Runs):
@@ -150,7 +150,7 @@ def from_pieces(op, src) -> bytes:
 
 
 def test_ops_that_move_bytes_are_served_as_pieces_equal_to_the_computation(src):
-    from compatfs.byte_ops import ConcatRows, PadRows, Strided
+    from compatfs.translate.byte_ops import ConcatRows, PadRows, Strided
     e = rng.standard_normal((3, 4, 32)).astype(np.float32)
     path = write_gguf(src.path.with_name("experts.gguf"), "test", tensors={
         "g": e, "u": e[:, :2] + 1, "gq": (quants.quantize(e, DT.Q8_0), DT.Q8_0)})
@@ -202,7 +202,7 @@ def test_f16_and_bf16_promotion_is_bit_exact_for_every_value(tmp_path):
     """Every 16-bit pattern (zeros, subnormals, infinities, NaN payloads) comes
     out as numpy's astype makes it, across chunk boundaries and into a caller's
     buffer without touching a byte around the range."""
-    from compatfs.ops import CHUNK
+    from compatfs.translate.ops import CHUNK
     bits = np.tile(np.arange(65536, dtype=np.uint16), (2 * CHUNK) // 65536 + 1)
     path = write_gguf(tmp_path / "all.gguf", "test", tensors={
         "h": bits.view(np.float16), "b": (bits.view(np.uint16), DT.BF16)})

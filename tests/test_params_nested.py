@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from compatfs.params import read_params
-from compatfs.sources import open_source
+from compatfs.router.params import read_params
+from compatfs.sources.choose import open_source
 from compatfs.testing import llama
 from compatfs.testing.store import add_model
 from compatfs.tree import Tree
-from compatfs.views import BlobViews
+from compatfs.view.catalog import BlobViews
 from test_sampling import set_params
 
 NESTED = b"[" * 200_000 + b"]" * 200_000     # well under the layer's 1 MiB limit

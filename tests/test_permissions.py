@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from compatfs.store import MODEL
+from compatfs.sources.ollama import MODEL
 from compatfs.testing import gemma3, llama
 from compatfs.testing.store import add_model
 

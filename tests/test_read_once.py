@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compatfs import viewbytes
-from compatfs.blobfile import ALIGN, DIRECT_MIN, BlobFile
-from compatfs.gguf_source import SourceGGUF
-from compatfs.gguf_values import GGUFError
-from compatfs.libc import cached_pages, pages
-from compatfs.ops import Promote
+from compatfs.view import assemble as viewbytes
+from compatfs.files.blobfile import ALIGN, DIRECT_MIN, BlobFile
+from compatfs.format.header import SourceGGUF
+from compatfs.format.values import GGUFError
+from compatfs.files.libc import cached_pages, pages
+from compatfs.translate.ops import Promote
 from compatfs.testing.store import add_model
-from compatfs.viewbytes import Computed
+from compatfs.view.assemble import Computed
 
 from conftest import needs_fuse
 from ggufs import write_gguf

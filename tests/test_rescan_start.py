@@ -7,12 +7,12 @@ import os
 import threading
 import time
 
-from compatfs.rescan import Rescan
-from compatfs.sources import open_source
+from compatfs.fuse.rescan import Rescan
+from compatfs.sources.choose import open_source
 from compatfs.testing import llama
 from compatfs.testing.store import add_model
 from compatfs.tree import Tree
-from compatfs.views import BlobViews
+from compatfs.view.catalog import BlobViews
 
 
 class Memo:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import llamacpp
-from compatfs.preset import Entry, render, section
-from compatfs.router import Router
+from compatfs.router.preset import Entry, render, section
+from compatfs.router.serve import Router
 from compatfs.testing import llama
 from compatfs.testing.store import add_model
 from conftest import needs_fuse, wait_until

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from gguf import GGUFReader, Keys
 
-from compatfs.params import sampling
-from compatfs.store import OllamaStore
+from compatfs.router.params import sampling
+from compatfs.sources.ollama import OllamaStore
 from compatfs.testing import llama
 from compatfs.testing.store import add_model
 from compatfs.tree import Tree
-from compatfs.views import BlobViews
+from compatfs.view.catalog import BlobViews
 
 from conftest import needs_fuse, wait_until
 
@@ -123,7 +123,7 @@ def test_a_hostile_layer_leaves_the_model_served_without_it(store, tmp_path, dat
     set_params(store, m, data)
     tree = Tree(OllamaStore(store), BlobViews())
     assert sampling_keys(view_bytes(tree, "tiny:hot/model.gguf", tmp_path)) == {}
-    from compatfs.sampling import of_layer
+    from compatfs.view.sampling import of_layer
     notes = of_layer(tree.lookup("tiny:hot/model.gguf").params).notes
     assert notes and all(isinstance(n, str) and "\n" not in n for n in notes)
 

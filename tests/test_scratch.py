@@ -1,12 +1,12 @@
-"""compatfs.scratch: buffers for one read, page-aligned, reused, never shared."""
+"""compatfs.files.scratch: buffers for one read, page-aligned, reused, never shared."""
 from __future__ import annotations
 
 import mmap
 
 import pytest
 
-from compatfs import scratch as pool
-from compatfs.scratch import KEEP, scratch
+from compatfs.files import scratch as pool
+from compatfs.files.scratch import KEEP, scratch
 
 
 @pytest.fixture(autouse=True)

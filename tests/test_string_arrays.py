@@ -9,8 +9,8 @@ from array import array
 
 import pytest
 
-import compatfs.gguf_values as gv
-from compatfs.gguf_values import GGUFError, string_starts
+import compatfs.format.values as gv
+from compatfs.format.values import GGUFError, string_starts
 
 
 def reference(buf, off, count, end, base=0):

@@ -13,15 +13,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from compatfs import libfuse, presented
-from compatfs import views as views_module
-from compatfs.access import Caller
-from compatfs.blobfile import Transient
-from compatfs.fusefs import CompatFS
-from compatfs.index import Index
-from compatfs.store import OllamaStore
+from compatfs.fuse import libfuse, presented
+from compatfs.view import catalog as views_module
+from compatfs.files.access import Caller
+from compatfs.files.blobfile import Transient
+from compatfs.fuse.operations import CompatFS
+from compatfs.view.index import Index
+from compatfs.sources.ollama import OllamaStore
 from compatfs.tree import Tree
-from compatfs.views import BlobViews
+from compatfs.view.catalog import BlobViews
 
 from conftest import needs_fuse
 from hostile import vision_and_text_store
@@ -158,7 +158,7 @@ def test_an_open_tries_again_a_blob_written_anew_as_it_failed(mounted, monkeypat
 def test_classify_raises_a_fault_of_the_system(tmp_path, monkeypatch):
     """Not kept in a BlobInfo as the blob's refusal (on 5ea7fe0 a
     MemoryError became a HandlerFailure, the text view's error)."""
-    from compatfs.gguf_source import SourceGGUF
+    from compatfs.format.header import SourceGGUF
     from compatfs.testing import gemma3
     source = SourceGGUF(gemma3.legacy_gemma3_text(tmp_path / "g.gguf"))
     once = Once(views_module.first_claim, MemoryError())
@@ -203,8 +203,8 @@ def test_a_refused_open_leaves_no_descriptor(mounted, monkeypatch, fault):
     """models.ini opened while it is open already: the open handle's
     descriptor duplicated, then the check of its folder raises (on 5ea7fe0
     the duplicate stayed open, and an OSError went out as it was)."""
-    from compatfs import openfiles
-    from compatfs.blobfile import Denied
+    from compatfs.fuse import openfiles
+    from compatfs.files.blobfile import Denied
     fs = mounted.fs
     ref = fs.tree.lookup("models.ini")
     assert ref is not None and ref.readable_as is not None

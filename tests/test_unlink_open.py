@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from compatfs.blobfile import BlobFile
+from compatfs.files.blobfile import BlobFile
 from compatfs.testing import gemma3, llama, llava
 from compatfs.testing.store import add_model
 

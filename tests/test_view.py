@@ -5,11 +5,11 @@ import struct
 import gguf
 import numpy as np
 
-from compatfs.gguf_source import SourceGGUF
-from compatfs.opcache import OpCache
-from compatfs.translation import ALWAYS, Rename, Set, ToF32, Translation, plan
-from compatfs.gguf_values import string
-from compatfs.view import View, _CachedOp, _Ranged
+from compatfs.format.header import SourceGGUF
+from compatfs.view.opcache import OpCache
+from compatfs.translate import ALWAYS, Rename, Set, ToF32, Translation, plan
+from compatfs.format.values import string
+from compatfs.view.layout import View, _CachedOp, _Ranged
 
 
 TR = Translation("t", ALWAYS, kv=(Set("general.architecture", string("renamed")),),
@@ -79,8 +79,8 @@ def test_tensor_infos_follow_data_order(tmp_path):
     """A produced tensor takes its input's place in the data section, and the
     tensor infos list it there too (llama.cpp checks each offset against the
     running size in info order)."""
-    from compatfs.ops import Concat
-    from compatfs.translation import Produce
+    from compatfs.translate.ops import Concat
+    from compatfs.translate import Produce
     src = SourceGGUF(make(tmp_path))
     tr = Translation("p", ALWAYS, tensors=(Produce("bb", lambda s: Concat.of(s.tensors["b"], s.tensors["b"]),
                                                    consumes=("b",)),))
@@ -115,7 +115,7 @@ def test_interleaved_readers_never_recompute_a_tensor(tmp_path):
     ops computed whole or in chunks are computed once a chunk, however the
     reads interleave."""
     from compatfs.testing.gemma3 import legacy_gemma3_vision
-    from compatfs.views import BlobViews, MMPROJ_FILE
+    from compatfs.view.catalog import BlobViews, MMPROJ_FILE
     from conftest import SHARED
     blobs = [legacy_gemma3_vision(tmp_path / "g.gguf")]
     if (SHARED / "ollama/mistral3.gguf").is_file():
@@ -134,7 +134,7 @@ def test_translated_size_is_the_laid_out_size(tmp_path):
     """What `stat` shows (counted, header not rendered) is the size of the
     view served, for every legacy writer's model and projector."""
     from compatfs.testing import LEGACY
-    from compatfs.views import MMPROJ_FILE, MODEL_FILE, classify, view_spec
+    from compatfs.view.catalog import MMPROJ_FILE, MODEL_FILE, classify, view_spec
     seen = 0
     for name, entry in LEGACY.items():
         for make in filter(None, (entry.model, entry.projector)):

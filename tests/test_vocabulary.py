@@ -1,4 +1,4 @@
-"""The shared vocabulary (compatfs.translation): each generic edit, predicate
+"""The shared vocabulary (compatfs.translate): each generic edit, predicate
 and the projector builder on its own, and every one of them total: whatever
 the type of a value it reads, it gives a verdict or a GGUFError naming the
 key, never another exception."""
@@ -11,10 +11,10 @@ from gguf import Keys
 from gguf import TokenType as TT
 
 from compatfs import handlers
-from compatfs.gguf_source import SourceGGUF
-from compatfs.gguf_values import GGUFError, Value, array, boolean, f32, string, u32
+from compatfs.format.header import SourceGGUF
+from compatfs.format.values import GGUFError, Value, array, boolean, f32, string, u32
 from compatfs.testing.gguf_edit import Blob, payload
-from compatfs.translation import (
+from compatfs.translate import (
     ALWAYS, BYTE_TOKENS, BlockCount, Copy, Count, Default, Drop, FillArray, FromShape, Hide, KVEdit, PadArray,
     PadTokensUnused, PerLayerToMax, Reciprocal, Rename, Scaled, Set, StoredType, TensorEdit, TokenType, Translation,
     TruncateToRows, ZeroPerLayer, any_of, arch_is, clip_projector, has_true, per_layer_mismatch, plan, str_contains,
@@ -103,7 +103,7 @@ def test_reciprocal_and_scaled_numbers():
 
 
 def test_rename_into_moves_a_tower_without_chaining():
-    from compatfs.translation import ViewTensor
+    from compatfs.translate import ViewTensor
     from gguf import GGMLQuantizationType as DT
     ts = [ViewTensor(n, (4,), DT.F32) for n in ("s.blk.0.norm1.weight", "s.blk.0.mlp.weight", "s.neck.0.weight")]
     for edit in (Rename(".norm1", ".pre_ln", under="s.blk.", into="v.sam.blk."), Rename("s", "v.sam"),
@@ -242,7 +242,7 @@ class FakeBlob:
     """Just what makers and detectors read: KVs and tensor infos."""
 
     def __init__(self, kvs: dict, tensors: dict):
-        from compatfs.gguf_source import TensorInfo
+        from compatfs.format.header import TensorInfo
         self.kvs = kvs
         self.tensors = {n: TensorInfo(n, shape, dtype, 4096 * i)
                         for i, (n, (shape, dtype)) in enumerate(tensors.items())}
@@ -256,7 +256,7 @@ class FakeBlob:
 
 def test_parts_concatenated_per_block_in_f32_where_dtypes_differ():
     from gguf import GGMLQuantizationType as DT
-    from compatfs.translation import concatenated, split_qkv
+    from compatfs.translate import concatenated, split_qkv
     parts = split_qkv("weight")
     assert parts == ("v.blk.{}.attn_q.weight", "v.blk.{}.attn_k.weight", "v.blk.{}.attn_v.weight")
     same = {p.format(0): ((64, 64), DT.F16) for p in parts}
@@ -272,8 +272,8 @@ def test_parts_concatenated_per_block_in_f32_where_dtypes_differ():
 
 def test_tensors_stacked_along_a_new_axis():
     from gguf import GGMLQuantizationType as DT
-    from compatfs.gguf_source import TensorInfo
-    from compatfs.translation import stacked
+    from compatfs.format.header import TensorInfo
+    from compatfs.translate import stacked
     experts = [TensorInfo(f"e{i}", (64, 32), DT.BF16, 100 * i) for i in range(3)]
     op = stacked(experts)
     assert op.shape == (64, 32, 3) and op.dtype == DT.BF16
@@ -284,7 +284,7 @@ def test_tensors_stacked_along_a_new_axis():
 
 def test_an_embedding_row_by_its_token():
     from gguf import GGMLQuantizationType as DT
-    from compatfs.translation import embedding_row
+    from compatfs.translate import embedding_row
     blob = FakeBlob({TOKENS: array(VT.STRING, ["a", "[IMG_BREAK]", "c"])}, {"token_embd.weight": ((64, 3), DT.Q8_0)})
     op = embedding_row("[IMG_BREAK]")(blob)
     row = 64 // 32 * 34                                     # two Q8_0 blocks
@@ -296,7 +296,7 @@ def test_an_embedding_row_by_its_token():
 
 def test_tensor_detectors():
     from gguf import GGMLQuantizationType as DT
-    from compatfs.translation import BlockCount, has_block_tensor, has_tensor_ending, has_token, is_array, rows_differ
+    from compatfs.translate import BlockCount, has_block_tensor, has_tensor_ending, has_token, is_array, rows_differ
     blob = FakeBlob({TOKENS: array(VT.STRING, ["a", "<b>"]), "n": u32(2), "l": array(VT.INT32, [1])},
                     {"x.weight": ((4, 3), DT.F32), "y.weight": ((4, 5), DT.F32), "blk.3.ffn_latent_in.weight":
                      ((4,), DT.F32), "v.blk.0.a": ((4,), DT.F32), "v.blk.2.a": ((4,), DT.F32)})
@@ -314,8 +314,8 @@ def test_tensor_detectors():
 def test_rope_permute_is_llama_cpps_row_order():
     """Against llama.cpp's converter's permutation, written out here with numpy."""
     from gguf import GGMLQuantizationType as DT
-    from compatfs.gguf_source import TensorInfo
-    from compatfs.translation import RopePermute, ViewTensor
+    from compatfs.format.header import TensorInfo
+    from compatfs.translate import RopePermute, ViewTensor
     hf = np.arange(8 * 3, dtype="<f4").reshape(8, 3)       # HF [rows, cols] = ggml (3, 8)
     name = "v.blk.0.attn_q.weight"
     ts = [ViewTensor(name, (3, 8), DT.F32, source=TensorInfo(name, (3, 8), DT.F32, 0))]

@@ -7,7 +7,7 @@ import gguf
 import numpy as np
 import pytest
 
-from compatfs.gguf_source import SourceGGUF
+from compatfs.format.header import SourceGGUF
 from compatfs.testing import gemma4, glmocr, gptoss, qwen3vl, widths
 
 

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from compatfs import libfuse
+from compatfs.fuse import libfuse
 
 _TWICE = r"""
 #include <pthread.h>

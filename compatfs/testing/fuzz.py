@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from ..gguf_source import SourceGGUF
-from ..gguf_values import GGUFError
-from ..opcache import OpCache
-from ..blobfile import Transient
-from ..views import MMPROJ_FILE, MODEL_FILE, HandlerFailure, build_view, classify
+from ..format.header import SourceGGUF
+from ..format.values import GGUFError
+from ..view.opcache import OpCache
+from ..files.blobfile import Transient
+from ..view.catalog import MMPROJ_FILE, MODEL_FILE, HandlerFailure, build_view, classify
 from .fuzz_bytes import byte_mutator
 from .fuzz_structure import structure_mutator
 

@@ -8,7 +8,7 @@ import struct
 import tempfile
 from typing import Callable
 
-from ..gguf_source import SourceGGUF
+from ..format.header import SourceGGUF
 
 Mutation = Callable[[bytearray, random.Random, int], str]
 

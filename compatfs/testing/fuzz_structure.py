@@ -18,8 +18,8 @@ from typing import Any, Callable
 
 from gguf import GGUFValueType as VT
 
-from ..gguf_source import SourceGGUF
-from ..gguf_values import Value
+from ..format.header import SourceGGUF
+from ..format.values import Value
 from .gguf_edit import KV, Blob, TensorEntry, payload
 
 def handler_targets(translations) -> frozenset[str]:

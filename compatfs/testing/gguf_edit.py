@@ -12,7 +12,7 @@ from typing import Any
 
 from gguf import GGUFValueType as VT
 
-from ..gguf_values import skip_value
+from ..format.values import skip_value
 
 _SCALAR = {
     VT.UINT8: "<B", VT.INT8: "<b", VT.UINT16: "<H", VT.INT16: "<h", VT.UINT32: "<I", VT.INT32: "<i",

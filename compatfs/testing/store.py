@@ -10,7 +10,7 @@ import json
 import shutil
 from pathlib import Path
 
-from ..store import DEFAULT_HOST, DEFAULT_NAMESPACE, MODEL, PROJECTOR
+from ..sources.ollama import DEFAULT_HOST, DEFAULT_NAMESPACE, MODEL, PROJECTOR
 
 
 def add_blob(root: Path, path: Path) -> dict:

@@ -1,0 +1,215 @@
+"""Starting and stopping a mount from the command line: the mountpoint and
+FUSE checked first (a dead compatfs mount there cleaned up), the daemon run
+attached (`-f`) or started in the background with its log until the mount
+is up, and unmounting through fusermount3, fusermount or umount."""
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import PROG
+from ..sources.base import Source
+from ..files.statedir import StateDirError, mount_file
+
+UP_WITHIN = 30      # seconds a background daemon has to bring the mount up
+
+
+class LaunchError(Exception):
+    """The mount cannot be started or stopped; one line for the user."""
+
+
+@dataclass(frozen=True)
+class MountRequest:
+    """What `compatfs mount` asks for, as its flags give it."""
+
+    options: tuple[str, ...]      # -o values, each opt[,opt]
+    translate: bool
+    op_cache_mb: int
+    read_ahead_kb: int
+    index: str | None
+    no_index: bool
+    log: str | None
+    verbose: int
+
+    def daemon_argv(self, store: Source, mnt: Path) -> list[str]:
+        """The attached `compatfs mount -f` the background start runs."""
+        cmd = [sys.executable, "-m", "compatfs", "mount", "-f", str(store.root), str(mnt),
+               "--op-cache-mb", str(self.op_cache_mb), "--read-ahead-kb", str(self.read_ahead_kb)]
+        cmd += ["--index", str(Path(self.index).absolute())] if self.index else []
+        cmd += ["--no-index"] if self.no_index else []
+        cmd += ["-v"] * self.verbose
+        cmd += [x for o in self.options for x in ("-o", o)]
+        return cmd + ([] if self.translate else ["--no-translate"])
+
+
+def parse_options(values: tuple[str, ...] | list[str]) -> dict:
+    """-o values (`opt`, `opt=value`, comma-separated) as a dict; a bare option is True."""
+    opts: dict = {}
+    for value in values:
+        for item in filter(None, value.split(",")):
+            key, eq, val = item.partition("=")
+            opts[key] = val if eq else True
+    return opts
+
+
+def mount(store: Source, mnt: Path, request: MountRequest, foreground: bool) -> int:
+    """Mount `store` at `mnt`: attached when `foreground` (returns when
+    unmounted), else in a background daemon, returning once the mount is up."""
+    why = store.refuses_mountpoint(mnt)
+    if why:
+        raise LaunchError(why)
+    _check_mountpoint(mnt)
+    _check_fuse()
+    options = _mount_options(request)
+    if foreground:
+        return _serve(store, mnt, request, options)
+    return _start(store, mnt, request)
+
+
+def umount(mnt: Path) -> None:
+    """Unmount the compatfs mount at `mnt` (a dead one lazily)."""
+    if _stale(mnt):
+        _clean_stale(mnt)
+        return
+    if not os.path.ismount(mnt):
+        raise LaunchError(f"{mnt} is not mounted")
+    errors = []
+    for tool in (["fusermount3", "-u"], ["fusermount", "-u"], ["umount"]):
+        if shutil.which(tool[0]):
+            res = subprocess.run(tool + [str(mnt)], capture_output=True, text=True)
+            if res.returncode == 0:
+                return
+            errors.append(res.stderr.strip())
+    raise LaunchError(f"cannot unmount {mnt}: {errors[0] if errors else 'no fusermount or umount found'}")
+
+
+def _check_fuse() -> None:
+    if not os.path.exists("/dev/fuse"):
+        raise LaunchError("/dev/fuse is missing: load the fuse kernel module (or run the container with --device /dev/fuse)")
+    try:
+        from ..fuse import libfuse  # noqa: F401  (loading it finds libfuse 3)
+    except OSError as e:
+        raise LaunchError(f"libfuse 3 not found ({e}): install it, e.g. `apt-get install fuse3`") from None
+
+
+def _stale(path: Path) -> bool:
+    """Whether `path` is a FUSE mount whose daemon is gone ("Transport endpoint
+    is not connected")."""
+    try:
+        os.statvfs(path)   # never answered from the kernel's caches, as stat can be
+        return False
+    except OSError as e:
+        return e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+
+
+def _clean_stale(path: Path) -> None:
+    """Unmount the dead compatfs endpoint at `path` (lazily if it is busy)."""
+    from ..fuse.daemon import lazy_unmount
+    from ..files.mounttable import fstype_at
+    fstype = fstype_at(path)
+    if fstype != "fuse.compatfs":
+        raise LaunchError(f"{path}: transport endpoint is not connected (a dead {fstype or 'FUSE'} mount, "
+                          f"not compatfs's): unmount it with `fusermount3 -u {path}`")
+    if not lazy_unmount(str(path)):
+        raise LaunchError(f"{path}: cannot unmount the dead compatfs mount there")
+    print(f"{PROG}: cleaned up the dead mount at {path} (its daemon had gone)", file=sys.stderr)
+
+
+def _check_mountpoint(path: Path) -> None:
+    if _stale(path):
+        _clean_stale(path)
+    if not path.exists():
+        raise LaunchError(f"mountpoint {path} does not exist")
+    if not path.is_dir():
+        raise LaunchError(f"mountpoint {path} is not a directory")
+    if os.path.ismount(path):
+        raise LaunchError(f"mountpoint {path} is busy: something is already mounted there")
+
+
+def _mount_options(request: MountRequest) -> dict:
+    from ..fuse.daemon import MountError, check_options
+    opts = parse_options(request.options)
+    try:
+        check_options(opts)
+    except MountError as e:
+        raise LaunchError(str(e)) from None
+    return opts
+
+
+def _serve(store: Source, mnt: Path, request: MountRequest, options: dict) -> int:
+    from ..fuse import daemon
+    try:
+        return daemon.serve(store, mnt, translate=request.translate, options=options, log_file=request.log,
+                            verbose=request.verbose, index=request.index, no_index=request.no_index,
+                            op_cache_mb=request.op_cache_mb, read_ahead_kb=request.read_ahead_kb)
+    except daemon.MountError as e:
+        raise LaunchError(str(e)) from None
+
+
+def _open_log(path: Path, safe: bool) -> int:
+    """An append descriptor of the log file `path`; `safe`: never through a
+    symlink, and only a regular file of ours."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+    if safe:
+        flags |= os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as e:
+        raise LaunchError(f"cannot open log file {path}: {e.strerror}") from None
+    st = os.fstat(fd)
+    if safe and (not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid()):
+        os.close(fd)
+        raise LaunchError(f"log file {path} is not a regular file of yours")
+    return fd
+
+
+def _log_target(request: MountRequest, mnt: Path) -> tuple[Path | None, int | None]:
+    """Where the background daemon's stderr goes: the file asked for, the
+    journal when run by systemd (None, None), else a file in the per-user
+    state folder."""
+    if request.log:
+        log_file = Path(request.log).absolute()
+        return log_file, _open_log(log_file, safe=False)
+    if os.environ.get("JOURNAL_STREAM"):
+        return None, None
+    try:
+        log_file = mount_file("mount", mnt, ".log")
+    except StateDirError as e:
+        raise LaunchError(f"{e}: not logging there (pass --log FILE)") from None
+    return log_file, _open_log(log_file, safe=True)
+
+
+def _start(store: Source, mnt: Path, request: MountRequest) -> int:
+    """Run the daemon in its own session and wait for the mount to come up;
+    a daemon that exits first is reported with its log's last lines."""
+    log_file, out = _log_target(request, mnt)
+    start = os.lseek(out, 0, os.SEEK_END) if out is not None else 0
+    try:
+        proc = subprocess.Popen(request.daemon_argv(store, mnt), stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=out, start_new_session=True)
+    finally:
+        if out is not None:
+            os.close(out)
+    where = f"log {log_file}" if log_file else "logging to the journal"
+    deadline = time.monotonic() + UP_WITHIN
+    while time.monotonic() < deadline:
+        if os.path.ismount(mnt):
+            print(f"{PROG}: mounted {store.root} at {mnt} (pid {proc.pid}, {where})")
+            return 0
+        if proc.poll() is not None:
+            tail: list[str] = []
+            if log_file:
+                with open(log_file, "rb") as f:
+                    f.seek(start)
+                    tail = f.read().decode(errors="replace").strip().splitlines()[-3:]
+            raise LaunchError(f"mount failed: {' | '.join(tail) or 'the daemon exited'} ({where})")
+        time.sleep(0.05)
+    proc.terminate()
+    raise LaunchError(f"mount of {mnt} did not come up within {UP_WITHIN} s ({where})")

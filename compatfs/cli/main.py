@@ -1,0 +1,405 @@
+"""The `compatfs` command: mount, umount, ls, inspect, llama-args, run, serve, export, demo-store."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from .. import PROG
+from . import launch
+from ..format.values import GGUFError
+from ..view.index import IndexPathError
+from .launch import LaunchError, MountRequest
+from ..view.opcache import DEFAULT_MB
+from ..sources.base import SourceError
+from ..sources.choose import default_source, open_source
+from ..files.statedir import StateDirError, mount_file
+
+
+class CliError(Exception):
+    """One clear line for the user; exit status 1."""
+
+
+# -- mount / umount -----------------------------------------------------------
+
+def cmd_mount(args) -> int:
+    from ..view.catalog import translation_enabled
+    source = Path(args.source).expanduser() if args.source else default_source()
+    request = MountRequest(tuple(args.options), translation_enabled(args.no_translate), args.op_cache_mb,
+                           args.read_ahead_kb, args.index, args.no_index, args.log, args.verbose)
+    return launch.mount(open_source(source.absolute()), Path(args.mountpoint).absolute(), request, args.foreground)
+
+
+def cmd_umount(args) -> int:
+    launch.umount(Path(args.mountpoint).absolute())
+    return 0
+
+
+# -- ls / inspect ---------------------------------------------------------------
+
+def cmd_ls(args) -> int:
+    from ..format.values import GGUFError
+    from ..tree import Tree
+    from ..view.catalog import BlobViews, translation_enabled
+    store = open_source(args.source)
+    views = BlobViews(translate=translation_enabled(args.no_translate))
+    tree = Tree(store, views)
+    snap = tree.snapshot()
+    rows = []
+    models = snap.models
+    for name in sorted(models):
+        listing = tree.lookup(name)
+        if not isinstance(listing, list):      # removed from the store since the snapshot
+            continue
+        d = models[name]
+        try:
+            summary = views.summary(d.model)
+            clip_summary = views.summary(d.projector) if d.projector else summary
+            # A refused view (its handler failed) is the row's error, as an unreadable blob is.
+            error = summary.error or clip_summary.error or summary.model_error or (
+                clip_summary.mmproj_error if "mmproj.gguf" in listing else None)
+            if error:
+                raise GGUFError(error)
+            clip = clip_summary.clip or ("-" if "mmproj.gguf" not in listing else "unchanged")
+            rows.append({"name": name, "files": listing, "text": summary.text or "-", "clip": clip,
+                         **_llama_cpp_verdict(tree, name), "params": _params(tree, name)})
+        except GGUFError as e:
+            rows.append({"name": name, "files": listing, "error": str(e)})
+    left_out = [{"name": n, "reason": r} for n, r in sorted(snap.listing.skipped.items())]
+    if args.json:
+        print(json.dumps({"source": str(store.root), "models": rows, "left_out": left_out}, indent=2))
+        return 0
+    table = [["NAME", "FILES", "TEXT", "CLIP", "LLAMA.CPP"]]
+    for r in rows:
+        files = " ".join(r["files"])
+        if "error" in r:
+            table.append([r["name"], files, f"error: {r['error']}"])
+        else:
+            table.append([r["name"], files, r["text"], r["clip"], r["llama_cpp"]])
+            table += [["", f"  {note}"] for note in r["params"]["notes"]]
+    table += [[r["name"], f"left out: {r['reason']}"] for r in left_out]
+    print("\n".join(_aligned(table)))
+    return 0
+
+
+def _aligned(table: list[list[str]]) -> list[str]:
+    """Rows of cells in columns as wide as their widest cell (a row's last
+    cell runs on, whatever its length; a short row's last cell too)."""
+    widths: dict[int, int] = {}
+    for row in table:
+        for i, cell in enumerate(row[:-1]):
+            widths[i] = max(widths.get(i, 0), len(cell))
+    return ["  ".join([*(c.ljust(widths[i]) for i, c in enumerate(row[:-1])), row[-1]]).rstrip() for row in table]
+
+
+def _params(tree, name: str) -> dict:
+    """`ls`'s account of the model's params layer: the general.sampling.* keys
+    its model.gguf carries, and what was left out and why."""
+    from ..view.sampling import of_layer
+    ref = tree.lookup(f"{name}/model.gguf")
+    if getattr(ref, "params", None) is None:
+        return {"in_model_gguf": [], "notes": []}
+    s = of_layer(ref.params)
+    return {"in_model_gguf": [k for k, _ in s.kvs] if tree.views.translate else [], "notes": list(s.notes)}
+
+
+def _llama_cpp_verdict(tree, name: str) -> dict:
+    """`ls`'s verdict: whether stock llama.cpp loads the model's files, and how."""
+    from ..router.models import model_files
+    from .verdict import model_verdict, summary
+    verdicts = model_verdict(tree.views, model_files(tree, name)[1])
+    return {"llama_cpp": summary(verdicts), "loads": {f: v.as_dict() for f, v in verdicts.items()}}
+
+
+def cmd_inspect(args) -> int:
+    from .report import describe, format_report, resolve_target
+    path = resolve_target(args.target, args.source, args.clip)
+    try:
+        report = describe(path, "mmproj.gguf" if args.clip else "model.gguf")
+    except FileNotFoundError as e:      # --clip of a blob without a projector view
+        raise CliError(str(e)) from None
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0
+
+
+# -- llama-args / run / export ------------------------------------------------------
+
+def _model_tree(source: str | None, no_translate: bool = False):
+    """A Tree over the source (views built in-process, as the mount builds them)."""
+    from ..tree import Tree
+    from ..view.catalog import BlobViews, translation_enabled
+    return Tree(open_source(source), BlobViews(translate=translation_enabled(no_translate)))
+
+
+def _server_args(args):
+    from ..router.llama_args import find_model_dir, server_args
+    from ..router.models import model_files
+    name, files = model_files(_model_tree(args.source), args.model)
+    try:
+        model_dir = find_model_dir(name, args.mount)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    return server_args(files, model_dir)
+
+
+def cmd_llama_args(args) -> int:
+    import shlex
+    out = _server_args(args)
+    for note in out.notes:
+        print(f"# {note}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"args": out.argv, "not_passed": out.notes}, indent=2))
+    elif args.lines:
+        print("\n".join(out.argv))
+    else:
+        print(shlex.join(out.argv))
+    return 0
+
+
+def _llama_server(named: str | None) -> str:
+    """The llama-server to run: `--llama-server`, else the one in PATH."""
+    exe = named or shutil.which("llama-server")
+    if not exe:
+        raise CliError("llama-server not found in PATH: name it with --llama-server PATH")
+    return exe
+
+
+def cmd_run(args) -> int:
+    import shlex
+    extra = args.extra
+    exe = _llama_server(args.llama_server)
+    out = _server_args(args)
+    for note in out.notes:
+        print(f"{PROG}: {note}", file=sys.stderr)
+    argv = [exe, *out.argv, *extra]
+    print(f"{PROG}: exec {shlex.join(argv)}", file=sys.stderr)
+    sys.stderr.flush()
+    try:
+        os.execv(exe, argv)
+    except OSError as e:
+        raise CliError(f"cannot run {exe}: {e.strerror}") from None
+
+
+def _serve_mount(mount: str | None) -> Path:
+    """The mount `serve` uses: `mount`, else the one compatfs mount there is."""
+    from ..files.mounttable import points_of
+    if mount:
+        mnt = Path(mount).absolute()
+        if not mnt.is_dir():
+            raise CliError(f"{mnt} is not a folder")
+        return mnt
+    mounts = points_of("fuse.compatfs")
+    if len(mounts) == 1:
+        return mounts[0]
+    if not mounts:
+        raise CliError("no compatfs mount: mount the store (compatfs mount), or name it with --mount")
+    raise CliError(f"several compatfs mounts ({', '.join(map(str, mounts))}): choose one with --mount")
+
+
+def cmd_serve(args) -> int:
+    from ..router.preset import PUBLISHED_FILE, render, scan_mount
+    from ..router.serve import Router
+    mnt = _serve_mount(args.mount)
+    if args.print_preset:
+        published = mnt / PUBLISHED_FILE
+        print(published.read_text() if published.is_file() else render(scan_mount(mnt)), end="")
+        return 0
+    exe = _llama_server(args.llama_server)
+    preset = mount_file("models", mnt, ".ini")
+    return Router(mnt, exe, preset, args.host, args.port, args.extra).run()
+
+
+def cmd_export(args) -> int:
+    from .export import export_model
+    from ..router.models import model_files
+    tree = _model_tree(args.source, args.no_translate)
+    name, files = model_files(tree, args.model)
+    export_model(tree.views, name, files, Path(args.directory), reflink=args.reflink,
+                 checksum=not args.no_checksum, progress=not args.quiet)
+    return 0
+
+
+def cmd_demo_store(args) -> int:
+    from .demo import write_demo_store
+    root = write_demo_store(Path(args.directory))
+    print(f"{PROG}: demo store written to {root}")
+    return 0
+
+
+# -- entry point ------------------------------------------------------------------
+
+def _version() -> str:
+    from .. import __version__
+    try:
+        from ..fuse.libfuse import libfuse_version
+        fuse = f"libfuse {libfuse_version()}"
+    except OSError as e:
+        fuse = f"libfuse 3 not found: {e}"
+    return f"{PROG} {__version__} ({fuse})"
+
+
+class _Version(argparse.Action):
+    """--version: compatfs's version and the libfuse it runs on (found only when asked)."""
+
+    def __init__(self, option_strings, dest, **_kwargs):
+        super().__init__(option_strings, dest, nargs=0, help="show the version and the libfuse it runs on")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(_version())
+        parser.exit()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=(
+        "Present the models of an Ollama store, or of a folder of GGUF files, as llama.cpp-compatible GGUF files "
+        "(read-only FUSE): <model>/model.gguf and, where the model has one, <model>/mmproj.gguf."),
+        epilog="In /etc/fstab (type compatfs or fuse.compatfs) mount(8) runs mount.compatfs, or mount.fuse3 "
+               "runs `compatfs SOURCE DIR -o OPTIONS`; see `mount.compatfs --help`.")
+    p.add_argument("--version", action=_Version)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    m = sub.add_parser("mount", help="mount a store (returns once mounted; -f stays attached)")
+    m.add_argument("source", nargs="?", help="an Ollama store, or a folder of GGUF files (default $OLLAMA_MODELS, else ~/.ollama/models)")
+    m.add_argument("mountpoint")
+    m.add_argument("-f", "--foreground", action="store_true", help="stay attached (logging to stderr unless --log)")
+    m.add_argument("-o", dest="options", action="append", default=[], metavar="opt[,opt]",
+                   help="FUSE mount options, e.g. -o allow_other,attr_timeout=600")
+    m.add_argument("--op-cache-mb", type=int, default=DEFAULT_MB, metavar="N",
+                   help=f"keep up to N MiB of tensors computed whole (default {DEFAULT_MB})")
+    m.add_argument("--read-ahead-kb", type=int, default=2048, metavar="N",
+                   help="the kernel's read-ahead for the mount, as root (default 2048; 0: the kernel's 128)")
+    m.add_argument("--index", metavar="FILE",
+                   help="the persistent index of view sizes (default $XDG_CACHE_HOME/compatfs/index.sqlite3)")
+    m.add_argument("--no-index", action="store_true", help="keep the index in memory only")
+    m.add_argument("--no-translate", action="store_true",
+                   help="serve every blob unchanged (also: OLLAMA_LLAMA_CPP_COMPAT=0)")
+    m.add_argument("--log", help="log file (default: stderr with -f or under systemd, else "
+                                 "$XDG_STATE_HOME/compatfs/, i.e. ~/.local/state/compatfs/)")
+    m.add_argument("-v", "--verbose", action="count", default=0, help="log more (-vv: debug)")
+    m.set_defaults(func=cmd_mount)
+
+    u = sub.add_parser("umount", help="unmount a compatfs mount")
+    u.add_argument("mountpoint")
+    u.set_defaults(func=cmd_umount)
+
+    ls = sub.add_parser("ls", help="list every model: the files it shows, the handlers that claim it, whether stock llama.cpp loads it, or why it is left out")
+    ls.add_argument("source", nargs="?", help="an Ollama store, or a folder of GGUF files (default as for mount)")
+    ls.add_argument("--no-translate", action="store_true", help="as the mount would show it untranslated")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_ls)
+
+    i = sub.add_parser("inspect", help="show the translation of a model, blob or GGUF file")
+    i.add_argument("target", help="MODEL (as ollama names it), BLOB-DIGEST (sha256-<hex>) or FILE.gguf")
+    i.add_argument("--clip", action="store_true", help="the mmproj.gguf view instead of model.gguf")
+    i.add_argument("--source", help="the Ollama store or folder of GGUF files for MODEL or DIGEST (default as for mount)")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(func=cmd_inspect)
+
+    la = sub.add_parser("llama-args", help="print the llama-server arguments for a model: its files and its params layer",
+                        description="Print llama-server's -m and --mmproj for MODEL's mounted files, and the "
+                                    "manifest's params (num_ctx, temperature, stop, ...) as llama-server flags. "
+                                    "What has no llama-server equivalent is listed on stderr.")
+    _model_args(la)
+    la.add_argument("--json", action="store_true", help="as JSON: the arguments and what is not passed")
+    la.add_argument("--lines", action="store_true", help="one argument per line (for mapfile/readarray)")
+    la.set_defaults(func=cmd_llama_args)
+
+    r = sub.add_parser("run", help="exec llama-server on a model with the arguments llama-args prints",
+                       usage="compatfs run MODEL [--source STORE] [--mount MOUNTPOINT] [--llama-server PATH] "
+                             "[-- EXTRA ...]",
+                       description="Exec llama-server on MODEL's mounted files with the arguments `compatfs "
+                                   "llama-args` prints, then EXTRA (which override them: -- --port 8080).")
+    _model_args(r)
+    r.add_argument("--llama-server", metavar="PATH", help="the llama-server to run (default: from PATH)")
+    r.set_defaults(func=cmd_run)
+
+    sv = sub.add_parser("serve", help="run llama-server's router over a mount: every model by its Ollama name",
+                        usage="compatfs serve [--mount MOUNTPOINT] [--llama-server PATH] [--host HOST] "
+                              "[--port PORT] [--print-preset] [-- EXTRA ...]",
+                        description="Run stock llama-server in router mode with a preset of every model folder "
+                                    "of the mount (the mount's own models.ini, which follows the store; for a "
+                                    "mount without one, one written from the mount): each model is requested by "
+                                    "its Ollama name (\"model\": \"gemma3:4b\") and started on first use, with "
+                                    "its params layer's options; its sampling defaults are in its model.gguf. "
+                                    "EXTRA goes to llama-server and overrides every model's own "
+                                    "settings (-- --models-max 2 -t 8).")
+    sv.add_argument("--mount", metavar="MOUNTPOINT", help="the compatfs mount (default: the one there is)")
+    sv.add_argument("--llama-server", metavar="PATH", help="the llama-server to run (default: from PATH)")
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    sv.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    sv.add_argument("--print-preset", action="store_true",
+                    help="print the preset (the mount's models.ini, for llama-server --models-preset FILE) "
+                         "and stop")
+    sv.set_defaults(func=cmd_serve)
+
+    e = sub.add_parser("export", help="write a model's files to a directory as real files (no FUSE needed)",
+                       description="Write MODEL's files (model.gguf, mmproj.gguf, params.json, template, "
+                                   "system, license) into DIRECTORY, byte-identical to the mounted ones, "
+                                   "and print each file's sha256. Each file is written under a temporary "
+                                   "name and renamed when complete.")
+    e.add_argument("model", help="MODEL as ollama names it (gemma3:4b, hf.co/org/repo:tag)")
+    e.add_argument("directory", help="where to write (created if missing)")
+    e.add_argument("--source", help="an Ollama store, or a folder of GGUF files (default as for mount)")
+    e.add_argument("--reflink", dest="reflink", action="store_const", const="always", default="auto",
+                   help="share all tensor data read from the blobs with them (btrfs, XFS), or fail; by default "
+                        "data is shared where the filesystem and the file's layout allow and copied elsewhere")
+    e.add_argument("--no-reflink", dest="reflink", action="store_const", const="never", help="always copy")
+    e.add_argument("--no-checksum", action="store_true", help="skip the sha256 (data shared by reflink is then not read)")
+    e.add_argument("--no-translate", action="store_true", help="export the blobs unchanged (also: OLLAMA_LLAMA_CPP_COMPAT=0)")
+    e.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    e.set_defaults(func=cmd_export)
+
+    d = sub.add_parser("demo-store", help="write a small store of tiny legacy Ollama models")
+    d.add_argument("directory")
+    d.set_defaults(func=cmd_demo_store)
+    return p
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="MODEL as ollama names it (gemma3:4b, hf.co/org/repo:tag)")
+    p.add_argument("--source", help="an Ollama store, or a folder of GGUF files (default as for mount)")
+    p.add_argument("--mount", metavar="MOUNTPOINT",
+                   help="where llama-server sees the mount (default: the compatfs mount that shows MODEL; "
+                        "a mount that does not answer within 2 s is left out)")
+
+
+def mount_helper(argv: list[str] | None = None) -> int:
+    """Entry point of `mount.compatfs SOURCE DIR [-sfnv] [-o OPTIONS]` (mount(8)
+    and /etc/fstab), and of mount.fuse3's `compatfs SOURCE DIR -o OPTIONS`:
+    the `compatfs mount` call they mean, run by `main`."""
+    from . import fstab
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(fstab.__doc__)
+        return 0
+    try:
+        cmd, warnings = fstab.mount_argv(argv)
+    except fstab.OptionError as e:
+        print(f"{fstab.PROG}: error: {e}", file=sys.stderr)
+        return 1
+    for w in warnings:
+        print(f"{fstab.PROG}: {w}", file=sys.stderr)
+    return 0 if cmd is None else main(cmd)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .fstab import is_helper_call
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if is_helper_call(argv):      # mount.fuse3's `compatfs SOURCE DIR -o OPTIONS` (fstab)
+        return mount_helper(argv)
+    extra = []
+    if argv[:1] in (["run"], ["serve"]) and "--" in argv:     # llama-server's own arguments, passed on as they are
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1:]
+    args = build_parser().parse_args(argv)
+    args.extra = extra
+    try:
+        return args.func(args)
+    except (CliError, LaunchError, SourceError, GGUFError, IndexPathError, StateDirError) as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,82 @@
+"""Whether stock llama.cpp loads a model's files: as they are, translated by
+a handler, or not at all (an architecture llama.cpp does not have).
+
+The architectures llama.cpp has are gguf-py's table (`gguf.MODEL_ARCH_NAMES`,
+the Python side of `llama-arch.cpp`) and the few a newer llama.cpp added since
+the gguf-py release compatfs pins.  A known architecture
+is necessary, not sufficient: a blob no handler claims is judged by its
+architecture alone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+
+from ..format.values import GGUFError
+from ..view.catalog import MMPROJ_FILE, MODEL_FILE, BlobViews
+
+# Architectures llama.cpp b11434 (the release scripts/e2e checks) loads that
+# the gguf-py release compatfs pins does not name yet.
+NEWER_THAN_GGUF_PY = frozenset({
+    "bailingmoe3", "clef", "cohere2moe", "deepseek32", "deepseek4", "dflash", "dots3note", "eagle3",
+    "gemma4-assistant", "glm5-next", "granite_swa", "graniteswitch", "hrm_text", "hy_v3", "hy_v4", "kimi-k3",
+    "laguna", "maple", "mellum", "minimax-01", "minimax-m3", "muse-glimmer", "nanbeige", "pockettts", "qwen3tts",
+    "qwen4exp", "spark2_5", "talkie",
+})
+KNOWN_ARCHS = frozenset(gguf.MODEL_ARCH_NAMES.values()) | NEWER_THAN_GGUF_PY
+
+AS_IS = "as-is"
+TRANSLATED = "translated"
+NO = "no"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How llama.cpp takes one view: `loads` is AS_IS, TRANSLATED or NO."""
+
+    loads: str
+    handler: str | None = None
+    reason: str | None = None
+
+    def __str__(self) -> str:
+        if self.loads == TRANSLATED:
+            return f"translated ({self.handler})"
+        if self.loads == NO:
+            return f"no: {self.reason}"
+        return "as is"
+
+    def as_dict(self) -> dict:
+        return {"loads": self.loads, "handler": self.handler, "reason": self.reason}
+
+
+def view_verdict(views: BlobViews, blob: Path, kind: str) -> Verdict:
+    """The verdict for the `kind` view of `blob` (GGUFError when unreadable)."""
+    s = views.summary(blob)
+    if s.error:
+        raise GGUFError(s.error)
+    tr = s.text if kind == MODEL_FILE else s.clip
+    arch = s.arch if kind == MODEL_FILE else "clip"   # a projector view is a clip file
+    if arch not in KNOWN_ARCHS:
+        why = f"architecture {arch!r} is not in llama.cpp" if arch else "no general.architecture"
+        if tr is not None:
+            why += f" (after {tr})"
+        return Verdict(NO, tr, why)
+    return Verdict(TRANSLATED, tr, None) if tr is not None else Verdict(AS_IS)
+
+
+def model_verdict(views: BlobViews, files: dict) -> dict[str, Verdict]:
+    """Verdicts for the GGUF files of one model directory (`Tree` FileRefs by name)."""
+    return {name: view_verdict(views, ref.blob, ref.kind)
+            for name, ref in files.items() if name in (MODEL_FILE, MMPROJ_FILE)}
+
+
+def summary(verdicts: dict[str, Verdict]) -> str:
+    """One line: the text view's verdict, and the projector's where it differs in kind."""
+    text = verdicts.get(MODEL_FILE)
+    out = str(text) if text else "-"
+    proj = verdicts.get(MMPROJ_FILE)
+    if proj is not None and text is not None and text.loads != NO:
+        out += f"; mmproj {proj}"
+    return out

@@ -1,0 +1,2 @@
+"""The GGUF format: typed values (`values`) and a blob's parsed header
+(`header`).  Imports nothing else of compatfs."""

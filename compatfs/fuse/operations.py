@@ -1,0 +1,226 @@
+"""The FUSE layer: the `fuse.Operations` adapter, turning each request into
+calls on the modules that decide:
+
+- `attributes`: what getattr and readdir answer; `memo` keeps those answers
+  between rescans;
+- `presented`: the store's current view of a file (failures logged once);
+- `openfiles`: the views paths keep while files are open on them, and what
+  an open snapshots (the view and the blob's descriptor it is read through);
+- `readpath`: a read's reply, one malloc'ed buffer filled by `viewbytes`;
+- `rescan`: the background rescan and the kernel's invalidations;
+- `inodes`: inode numbers; `libfuse`: the libfuse 3 binding;
+- `access` and `blobfile`: permissions, decided on the store files themselves.
+
+Every decision about what a file contains lives in `tree`, `views` and
+`view`; the mount's lifecycle (options, signals, read-ahead, unmount) in
+`daemon`.  What the mount guarantees:
+- libfuse 3, chosen explicitly (mfusepy would take libfuse 2 first).
+- A file shows its blob's owner and mode (minus write bits); opening it also
+  needs the caller to be able to reach and read the blob in the store itself.
+  Only regular files are served (a blob symlink counts as what it points to).
+- Every read checks the handle's blob against the view's stamp, before and
+  after reading it: a blob that was truncated or rewritten gives EIO and a
+  log line, never bytes of another file and never a short reply.
+- A path keeps serving the view its open handles read (the kernel keeps one
+  page cache per path), and switches to the store's new one when they close.
+- The store is rescanned every second in the background; the kernel's cached
+  attributes and pages of changed folders are invalidated at once.
+- SIGTERM, SIGINT and SIGHUP unmount cleanly (`daemon`).
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import threading
+from pathlib import Path
+
+from . import libfuse, readpath
+from .libfuse import fuse
+from ..tree import FileRef, Tree
+from ..files.access import READ
+from ..files.blobfile import Denied, identity, keep_out, status
+from .attributes import Attributes, file_attrs
+from .memo import Memo
+from .rescan import Rescan
+from .openfiles import CannotOpen, OpenFiles, fstat
+from .presented import Presented, Unavailable
+
+log = logging.getLogger(__name__)
+
+
+def _erofs(*_args, **_kwargs):
+    raise fuse.FuseOSError(errno.EROFS)
+
+
+def _blob_state(ref: FileRef) -> tuple | int | None:
+    """What tells whether `ref`'s blob changed: its identity, or the errno of
+    its status."""
+    try:
+        return identity(status(ref.blob))
+    except OSError as e:
+        return e.errno
+
+
+class CompatFS(fuse.Operations):
+    """Read-only operations over a `Tree`."""
+
+    use_ns = True
+    _OPEN_ATTEMPTS = 8          # an open racing re-pulls tries the path's newest blob this often
+
+    def __init__(self, tree: Tree, mountpoint: str, read_ahead_kb: int = 0, on_start=None,
+                 keep_thread_states: bool = False, background: tuple[int, int] | None = None):
+        self.tree = tree
+        self._background = background    # the INIT reply's max_background and congestion_threshold (`libfuse.background`)
+        self._keep_states = keep_thread_states   # libfuse's workers run until unmount (`libfuse.workers_stay`)
+        keep_out(mountpoint)     # nothing is ever looked up through it (a request to this very daemon)
+        tree.publish(Path(os.path.abspath(mountpoint)))   # its root shows models.ini, paths under the mountpoint
+        self._read_ahead_kb = read_ahead_kb
+        self.root = tree.source.root
+        self._lock = threading.Lock()
+        self._store = Presented(tree, self._lock)     # the store's current views, failures logged once
+        self._opening = [threading.Lock() for _ in range(64)]   # opens of one path, one at a time
+        self._files = OpenFiles(tree, self._store, self._lock, forget=lambda path: self._memo.forget_path(path))
+        self._memo = Memo(self._lock, self._files.open_on)   # getattr's and readdir's answers
+        self._attrs = Attributes(tree, self._store, self._files)
+        self._rescan = Rescan(tree, self._lock, self._memo, self._files, on_start)
+
+    # -- lifetime ------------------------------------------------------------
+    def init_with_config(self, conn, config):
+        # The kernel lowers the mount's read-ahead to the INIT reply's
+        # max_readahead when it takes the reply (sent after this returns):
+        # allowing `read_ahead_kb` keeps set_read_ahead's value, whenever it lands.
+        if self._read_ahead_kb:
+            conn.max_readahead = max(conn.max_readahead, self._read_ahead_kb << 10)
+        if self._background:
+            conn.max_background, conn.congestion_threshold = self._background
+        self.init("/")
+
+    def init(self, path):
+        self._rescan.start(libfuse.session())
+
+    def destroy(self, path):
+        self._rescan.stop()
+
+    @property
+    def session(self) -> int | None:
+        """The FUSE session while the loop runs (set in `init`), else None."""
+        return self._rescan.session
+
+    @property
+    def open_files(self) -> int:
+        return self._files.count
+
+    # -- lookups -------------------------------------------------------------
+    def getattr(self, path, fh=None):
+        handle = self._files.get(fh.fh) if fh is not None else None
+        attrs: dict | None
+        if handle is not None:
+            attrs = file_attrs(path, handle.view.stamp, handle.view.size, fstat(handle.file.fd))
+        else:
+            attrs = self._memo.attrs(path, self._attrs.of)
+        if attrs is None:
+            raise fuse.FuseOSError(errno.ENOENT)
+        if stat.S_ISREG(attrs["st_mode"]):
+            attrs = dict(attrs)
+            self._files.told(path, attrs.pop("st_stamp", None))
+        return attrs
+
+    def readdir(self, path, fh):
+        entries = self._memo.listing(path, self._attrs.listing)
+        rel = path.strip("/")
+        # Listing needs what listing the store folder it comes from needs.
+        try:
+            status(self.tree.owner(rel), libfuse.caller(), READ)
+        except Denied:
+            raise fuse.FuseOSError(errno.EACCES) from None
+        except OSError as e:
+            raise fuse.FuseOSError(e.errno or errno.EIO) from None
+        return entries
+
+    def statfs(self, path):
+        try:
+            sv = os.statvfs(self.root)
+        except OSError:
+            return {"f_bsize": 4096, "f_frsize": 4096, "f_namemax": 255}
+        return {k: getattr(sv, k) for k in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail",
+                                            "f_files", "f_ffree", "f_favail", "f_namemax")}
+
+    # -- files ---------------------------------------------------------------
+    def open(self, path, fi):
+        if fi.flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
+            raise fuse.FuseOSError(errno.EROFS)
+        node = self._attrs.node(path)
+        if isinstance(node, list):
+            raise fuse.FuseOSError(errno.EISDIR)
+        with self._opening[hash(path) % len(self._opening)]:
+            return self._open(path, node, fi)
+
+    def _open(self, path: str, node: FileRef, fi) -> int:
+        """`open` of `path`, one at a time per path: what it serves is chosen
+        knowing every handle opened on it before."""
+        caller = libfuse.caller()
+        for _attempt in range(self._OPEN_ATTEMPTS):
+            before = _blob_state(node)      # what this attempt finds (a failure is judged against it)
+            try:
+                opened = self._files.open_view(path, node, caller)
+            except fuse.FuseOSError as e:
+                if e.errno != errno.EIO:
+                    raise
+                opened, failed = None, e
+            else:
+                failed = None
+            if opened is not None or isinstance(failed, Unavailable):
+                break   # served, or a fault of the system (logged, not remembered: no scan for it)
+            # The blob changed as it was opened, or the store moved on since
+            # the last scan (a model pulled again, its old blob removed):
+            # the path's current blob, from a scan made now.  A blob that
+            # cannot be served (EIO), still the one the path shows and not
+            # changed since this attempt began, is not tried again, unless
+            # the model's folder is still moving (its marks differ from the
+            # scan before: a blob removed and written anew meanwhile).
+            folder = path.strip("/").rpartition("/")[0]
+            marked = self.tree.snapshot().marks.get(folder)
+            moving = self.tree.snapshot(fresh=True).marks.get(folder) != marked
+            now = self._attrs.node(path)
+            if failed is not None and now == node and _blob_state(now) == before and not moving:
+                break
+            node = now
+        if opened is None:
+            if isinstance(failed, CannotOpen):
+                log.error("cannot open blob: %s", failed.message)
+            elif failed is None:
+                log.error("blob %s changes while it is opened: not served", node.blob)
+            raise failed or fuse.FuseOSError(errno.EIO)
+        view, blob, file = opened
+        fh, keep_cache, stale = self._files.add(path, node, view, blob, file)
+        fi.keep_cache = int(keep_cache)
+        if stale and self._rescan.session:
+            # Since this was last done, getattr gave the kernel another view's
+            # size for this path (it may hold it, or a reply still on its way
+            # may set it): it must ask again (getattr with this handle) before
+            # it serves any byte of this view, or it would cut it short or
+            # mix the two.  Invalidating also discards replies sent before.
+            libfuse.invalidate_path(self._rescan.session, path)
+        fi.fh = fh
+        return 0
+
+    def release(self, path, fi):
+        handle, outdated = self._files.remove(fi.fh)
+        if handle is not None and outdated:
+            # The path kept its view for open files: now the kernel learns the
+            # store's current one (from the rescan thread: no notification from
+            # inside an operation).
+            self._rescan.stale(handle.path)
+        return 0
+
+    def read_buf(self, path, bufpp, size, offset, fi):
+        if self._keep_states:
+            libfuse.keep_thread_state()
+        readpath.reply(self._files.handle(fi.fh), bufpp, size, offset, lambda: self._files.handle(fi.fh))
+        return 0
+
+    # -- everything that would write -------------------------------------------
+    write = create = mkdir = mknod = unlink = rmdir = rename = _erofs
+    chmod = chown = truncate = utimens = symlink = link = setxattr = removexattr = _erofs

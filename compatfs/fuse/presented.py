@@ -1,0 +1,146 @@
+"""What the store presents at a file's path now: its blob's status, the
+size of its view from the blob's summary (no view is built for `stat`), the
+view itself.  A blob that cannot be presented is EIO with one log line per
+blob, kind and identity, and its view is not built again until it changes.
+A fault of the system instead (out of descriptors or memory, an I/O error:
+`blobfile.transient`) is EIO that is not remembered (`unavailable`): the
+next open tries again, and such failures are logged, at most one line per
+blob every `TRANSIENT_LOG_SECONDS`.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import threading
+import time
+from typing import NoReturn
+
+from ..files.blobfile import TRANSIENT_ERRNOS, identity, status, transient
+from .libfuse import fuse
+from ..tree import FileRef, Tree
+from ..view.layout import View
+from ..view.catalog import LAYER_FILE, MODEL_FILE
+
+log = logging.getLogger(__name__)
+
+
+TRANSIENT_LOG_SECONDS = 10.0    # a blob's faults of the system are logged at most once this often
+
+
+class Changed(Exception):
+    """The blob at a path became another file while it was looked at."""
+
+
+class Unavailable(fuse.FuseOSError):
+    """EIO for a fault of the system, not of the blob (logged; nothing remembered)."""
+
+    def __init__(self) -> None:
+        super().__init__(errno.EIO)
+
+
+class Presented:
+    """The store's current views of `tree`'s files; shares the FUSE layer's lock."""
+
+    _FAILURES_KEPT = 1024
+
+    def __init__(self, tree: Tree, lock: threading.Lock):
+        self.tree = tree
+        self._lock = lock
+        self._failures: dict[tuple, str] = {}      # what failed (blob, kind, stamp) -> the line logged once
+        self._faults: dict[str, tuple[float, int]] = {}   # blob -> when its last fault was logged, how many since
+
+    def blob_stat(self, ref: FileRef) -> os.stat_result:
+        """The blob's status (through a symlink); EIO and a log line for anything
+        but a regular file."""
+        try:
+            st = status(ref.blob)
+        except OSError as e:
+            if e.errno in TRANSIENT_ERRNOS:
+                raise self.unavailable(str(ref.blob), f"cannot read blob {ref.blob} just now: {e.strerror}") from None
+            self._fail(("missing", str(ref.blob), e.errno), f"cannot read blob {ref.blob}: {e.strerror}")
+        if not stat.S_ISREG(st.st_mode):
+            self._fail(("irregular", str(ref.blob), identity(st)), f"blob {ref.blob} is not a regular file: not served")
+        return st
+
+    def _fail(self, key: tuple, message: str) -> NoReturn:
+        """Log `message` once per `key`, then EIO."""
+        self._log_once(key, message)
+        raise fuse.FuseOSError(errno.EIO)
+
+    def unavailable(self, blob: str, message: str) -> Unavailable:
+        """The EIO of a fault of the system met on `blob`, with `message`
+        logged unless a fault of that blob was logged less than
+        `TRANSIENT_LOG_SECONDS` ago (the next line counts those left out)."""
+        now = time.monotonic()
+        with self._lock:
+            last, quiet = self._faults.get(blob, (-TRANSIENT_LOG_SECONDS, 0))
+            due = now - last >= TRANSIENT_LOG_SECONDS
+            if due and len(self._faults) >= self._FAILURES_KEPT:
+                self._faults.clear()
+            self._faults[blob] = (now, 0) if due else (last, quiet + 1)
+        if due:
+            also = f" ({quiet} more since the last such line)" if quiet else ""
+            log.error("%s: not remembered, tried again the next time%s", message, also)
+        return Unavailable()
+
+    def _log_once(self, key: tuple, message: str) -> None:
+        with self._lock:
+            new = key not in self._failures
+            if new:
+                if len(self._failures) >= self._FAILURES_KEPT:
+                    self._failures.clear()
+                self._failures[key] = message
+        if new:
+            log.error("%s", message)
+
+    def size(self, ref: FileRef, st: os.stat_result) -> int | None:
+        """The file's size from the summary of the blob of status `st` (no view
+        is built for `stat`); None, logged once, when the view cannot be
+        presented; Unavailable where a fault of the system stopped it (nothing
+        remembered); Changed when the blob at that path is another by now."""
+        key = (str(ref.blob), ref.kind, identity(st))
+        if ref.kind == LAYER_FILE or (not self.tree.views.translate and ref.kind == MODEL_FILE):
+            return st.st_size   # served byte for byte, GGUF or not (as `BlobViews.view` does)
+        try:
+            summary = self.tree.views.summary(ref.blob, identity(st))
+            if summary is None:
+                raise Changed
+            error = summary.error
+            size = summary.model_size if ref.kind == MODEL_FILE else summary.mmproj_size
+            if size is not None and not error:
+                size = self.tree.views.sampled_size(ref.blob, ref.params, size)
+        except Changed:
+            raise
+        except Exception as e:   # a bad blob must never take the mount down
+            if transient(e):
+                raise self.unavailable(str(ref.blob), f"cannot size {ref.kind} of {ref.blob} just now: "
+                                                      f"{_reason(e)}") from None
+            error, size = str(e), None
+        if error or size is None:
+            self._log_once(key, f"cannot present {ref.kind} of {ref.blob}: {error or 'no such view'}")
+            return None
+        return size
+
+    def build(self, ref: FileRef, st: os.stat_result) -> View:
+        """The store's current `ref.kind` view of the blob; a view that cannot be
+        built is EIO with one log line (and not built again until the blob
+        changes), Unavailable where a fault of the system stopped the build."""
+        key = (str(ref.blob), ref.kind, identity(st))
+        with self._lock:
+            known = self._failures.get(key)
+        if known is not None:
+            raise fuse.FuseOSError(errno.EIO)
+        try:
+            return self.tree.views.view(ref.blob, ref.kind, ref.params)
+        except Exception as e:   # a bad blob must never take the mount down
+            if transient(e):
+                raise self.unavailable(str(ref.blob), f"cannot present {ref.kind} of {ref.blob} just now: "
+                                                      f"{_reason(e)}") from None
+            self._fail(key, f"cannot present {ref.kind} of {ref.blob}: {e}")
+
+
+def _reason(e: BaseException) -> str:
+    """What an exception says, named by its type where its message is empty (a MemoryError)."""
+    return str(e) or type(e).__name__

@@ -1,0 +1,56 @@
+"""The read path: a read is answered with one page-aligned malloc'ed buffer
+that libfuse frees (`read_buf`), filled by `viewbytes` through the blob the
+open file holds: blob ranges are read into C memory (with preadv; where the
+blob is read with O_DIRECT, its whole blocks straight into the buffer when
+they lie in it as in the blob, as a view served as the blob's bytes has
+them, the rest through an aligned buffer; their bytes never become Python
+objects), ranges of elementwise ops are computed straight
+into it, header bytes and op tensors' chunks copied in.  The handle's blob is
+checked again after filling: a blob cut short or rewritten under a read is
+EIO, never a short reply or bytes of another file.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+from typing import Callable
+
+from . import libfuse
+from ..view import assemble as viewbytes
+from ..files.libc import LIBC, PAGE, malloc_aligned
+from .libfuse import fuse
+from .openfiles import Handle
+
+log = logging.getLogger(__name__)
+
+
+def _fill(handle: Handle, offset: int, out: memoryview) -> None:
+    """The view's bytes at `offset` into `out`, every blob byte (op inputs
+    included) read through the handle's blob; EIO and a log line when the
+    blob cannot give them or an op fails on its data."""
+    try:
+        viewbytes.fill(handle.view, handle.file, offset, out)
+    except Exception as e:   # a blob cut short, an op that fails on bad tensor data
+        log.error("read of %s at %d failed: %s", handle.blob, offset, e)
+        raise fuse.FuseOSError(errno.EIO) from None
+
+
+def reply(handle: Handle, bufpp, size: int, offset: int, recheck: Callable[[], Handle]) -> None:
+    """Answer a read of `size` bytes at `offset` of `handle`'s view in `bufpp`;
+    `recheck` checks the handle's blob again once the bytes are in."""
+    n = max(0, min(size, handle.view.size - offset))
+    # One memory buffer, which libfuse frees, filled here (a blob cut
+    # short under a read is EIO, never a short reply, which the kernel
+    # would take for the end of the file).
+    mem = malloc_aligned(max(n, 1), PAGE)     # a blob's whole blocks are read straight into it (O_DIRECT)
+    if not mem:
+        raise fuse.FuseOSError(errno.ENOMEM)
+    try:
+        if n:
+            _fill(handle, offset, memoryview((ctypes.c_char * n).from_address(mem)).cast("B"))
+        recheck()   # the blob is still the one the view was built from
+        libfuse.reply_buffer(bufpp, mem, n)
+    except BaseException:
+        LIBC.free(mem)
+        raise

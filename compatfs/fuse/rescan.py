@@ -1,0 +1,182 @@
+"""The rescan thread: the store is rescanned in the background, and the
+kernel's cached attributes and pages of what changed are invalidated at once
+(a changed folder, its files and parents; every folder when the store's top
+folders change; a path that kept its view for open files once they closed).
+The attribute memo is emptied before the kernel is told.
+
+The thread looks every second (a tenth of a second after a scan during
+which a change was reported).  It rescans when the folders the last scan
+read or named files in report a change (`watch`), when a path kept for open
+files is released, and otherwise on a timer: every second while a rescan
+costs at most `IDLE_SHARE` of a second of CPU, else as seldom as keeps the
+rescans to that share (a store of thousands of models, or one whose changes
+inotify does not see, is still rescanned, less often).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from . import libfuse
+from .memo import Memo
+from .openfiles import OpenFiles
+from ..tree import Snapshot, Tree
+from ..view.catalog import MMPROJ_FILE, MODEL_FILE
+from ..files.watch import Watch
+
+log = logging.getLogger(__name__)
+
+
+class Rescan:
+    """Follows the store for a mounted `tree` from its own thread."""
+
+    RESCAN_SECONDS = 1.0
+    IDLE_SHARE = 0.005      # of one core: what the timer's rescans may cost at most
+    FOLLOW_UP = 0.1         # seconds to the next look after a scan during which a change was reported
+
+    def __init__(self, tree: Tree, lock: threading.Lock, memo: Memo, open_files: OpenFiles,
+                 on_start: Callable[[], None] | None = None):
+        self.tree = tree
+        self.root = tree.source.root
+        self._lock = lock
+        self._memo = memo
+        self._files = open_files
+        self._on_start = on_start                 # run by the thread as it starts (the mount is up)
+        self._stale_paths: set[str] = set()      # to invalidate: they kept a view for open files
+        self._fuse_ptr: int | None = None
+        self._stop = threading.Event()
+        self._kick = threading.Event()             # rescan now
+        self._watcher: threading.Thread | None = None
+        tree.views.on_belied = self._belied      # an index entry was wrong: the kernel's attributes too
+        # What the first rescan compares against, taken before the mount
+        # answers anything (marks are taken from the store as it is when they
+        # are made): a change made between the mount's first answers and the
+        # thread's start is then a change, and the kernel forgets those answers.
+        self._inotify = Watch.open()
+        self._restale = False      # an index entry was belied: models.ini's sections are made again
+        self._first = tree.snapshot()
+        self._follow(self._first)
+        self.rescans = 0      # scans the thread made
+
+    @property
+    def session(self) -> int | None:
+        """The FUSE session while the thread runs, else None."""
+        return self._fuse_ptr
+
+    def start(self, session: int) -> None:
+        self._fuse_ptr = session
+        self._watcher = threading.Thread(target=self._watch, name="compatfs-rescan", daemon=True)
+        self._watcher.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._kick.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
+        self._fuse_ptr = None
+        if self._inotify is not None and (self._watcher is None or not self._watcher.is_alive()):
+            self._inotify.close()
+
+    def _follow(self, snap: Snapshot) -> bool:
+        """Watch the folders where `snap` may change; whether any is newly
+        watched (what changed there before is not reported: look again)."""
+        return self._inotify.follow(self.tree.watched(snap)) if self._inotify is not None else False
+
+    def stale(self, path: str) -> None:
+        """`path` kept its view for open files, which closed: the kernel learns
+        the store's current one now, from this thread (no notification from
+        inside an operation)."""
+        with self._lock:
+            self._stale_paths.add(path)
+        self._kick.set()
+
+    def _watch(self) -> None:
+        """Rescan the store when it may have changed; tell the kernel what changed."""
+        if self._on_start is not None:
+            self._on_start()
+        self.tree.follow()     # from now on only this thread rescans; lookups never wait for it
+        old_snap = self._first
+        before = old_snap.marks
+        del self._first         # the loop keeps it from here on, as the last rescan's
+        period, last, again = self.RESCAN_SECONDS, 0.0, True     # the first look always rescans
+        wait = self.RESCAN_SECONDS
+        while not self._stop.is_set():
+            self._kick.wait(wait)
+            self._kick.clear()
+            if self._stop.is_set():
+                return
+            try:
+                with self._lock:
+                    stale, self._stale_paths = self._stale_paths, set()
+                    restale, self._restale = self._restale, False
+                seen = self._inotify is not None and self._inotify.changed()
+                if not (again or seen or stale or restale or time.monotonic() - last >= period):
+                    continue
+                if restale:
+                    self.tree.stale_preset()
+                why = ("a first look" if not self.rescans else "a second look" if again else "a change seen"
+                       if seen else "open files released" if stale else "a wrong index entry" if restale
+                       else "the timer")
+                cpu = time.thread_time()
+                snap = self.tree.rescan()
+                self.rescans += 1
+                again = self._follow(snap)
+                # A change reported while this scan ran may be one it missed:
+                # looked at again soon (once, so that a store being written to
+                # all along is still scanned at most about once a second).
+                wait = self.FOLLOW_UP if wait == self.RESCAN_SECONDS and self._inotify is not None \
+                    and self._inotify.changed() else self.RESCAN_SECONDS
+                again = again or wait == self.FOLLOW_UP
+                last, cpu = time.monotonic(), time.thread_time() - cpu
+                period = max(self.RESCAN_SECONDS, cpu / self.IDLE_SHARE)
+                log.debug("rescanned for %s: %.3f s of CPU; next on the timer in %.0f s", why, cpu, period)
+                now = snap.marks
+                changed = {d for d in before.keys() | now.keys() if before.get(d) != now.get(d)}
+                before = now
+                if changed or stale:
+                    self._memo.forget()
+                if changed:
+                    log.info("store changed: %s", ", ".join(sorted(changed)))
+                    self._invalidate(changed, old_snap, snap)
+                    self.tree.views.retain(set(snap.ggufs))
+                old_snap = snap
+                self._invalidate_paths(stale)
+                self._files.prune(changed | {p.strip("/").rpartition("/")[0] for p in stale}, now)
+            except Exception:   # the mount outlives a failed rescan
+                log.exception("rescan of %s failed", self.root)
+
+    def _invalidate(self, folders: set[str], *snaps) -> None:
+        """Invalidate the folders, their files (as either snapshot names them) and parents."""
+        paths = set()
+        if any(d.startswith("<") for d in folders):   # a folder on disk whose owner and mode folders show
+            folders = {d for d in folders if not d.startswith("<")} | set(snaps[-1].dirs)
+        for d in folders:
+            names = {MODEL_FILE, MMPROJ_FILE}
+            for snap in snaps:
+                names |= set(snap.files.get(d, ()))
+            paths |= {f"/{d}/{n}" for n in names} | {f"/{d}"}
+            parts = d.split("/")
+            paths |= {"/" + "/".join(parts[:i]) for i in range(len(parts))}
+        self._invalidate_paths(paths)
+
+    def _belied(self, blob: Path) -> None:
+        """The index entry of `blob` was wrong (its sizes, or whether it has an
+        mmproj.gguf) and is made again: drop every remembered answer, and the
+        kernel's attributes of the folders that show the blob and their files."""
+        snap = self.tree.snapshot()
+        folders = {name for name, files in snap.files.items() if any(ref.blob == blob for ref in files.values())}
+        with self._lock:
+            self._restale = True   # models.ini is made again from what the index says now
+        self._kick.set()
+        self._memo.forget()
+        self._invalidate(folders, snap)
+
+    def _invalidate_paths(self, paths: set[str]) -> None:
+        """Drop the kernel's attributes and pages of `paths` (those it knows)."""
+        for p in sorted(paths, key=len, reverse=True):
+            if self._stop.is_set() or not self._fuse_ptr:
+                return
+            libfuse.invalidate_path(self._fuse_ptr, p)

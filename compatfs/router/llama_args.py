@@ -1,0 +1,128 @@
+"""llama-server arguments for one model of the store: its mounted files, and
+the settings of the manifest's params layer in llama-server's flags.
+
+Each Ollama option maps to at most one llama-server flag (the table is
+`params.OPTIONS`); an option without an equivalent is reported, never
+dropped in silence.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..files.mounttable import points_of
+from .params import LOAD_MODE, NO_EQUIVALENT, OPTIONS, read_params
+from ..view.catalog import MMPROJ_FILE, MODEL_FILE
+
+
+@dataclass
+class Args:
+    """The arguments, and what could not be carried over (one line each)."""
+
+    argv: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _load_mode(params: dict) -> list[str]:
+    mmap, mlock = params.get("use_mmap"), params.get("use_mlock")
+    for key, v in (("use_mmap", mmap), ("use_mlock", mlock)):
+        if v is not None and not isinstance(v, bool):
+            raise ValueError(f"{key}: {v!r} is not true or false")
+    if mmap is None and mlock is None:
+        return []
+    mode = {(False, False): "none", (False, True): "mlock", (True, False): "mmap",
+            (True, True): "mmap+mlock"}[(mmap is not False, bool(mlock))]
+    return ["--load-mode", mode]
+
+
+def translate_params(params: dict) -> Args:
+    """llama-server flags for an Ollama params object."""
+    out = Args()
+    for key in sorted(params):
+        value = params[key]
+        if key in LOAD_MODE:
+            continue
+        option = OPTIONS.get(key)
+        if option is None:
+            why = NO_EQUIVALENT.get(key, "no llama-server equivalent known")
+            out.notes.append(f"params {key}={json.dumps(value)}: not passed ({why})")
+            continue
+        try:
+            out.argv += option.argv(value)
+        except ValueError as e:
+            out.notes.append(f"params {key}: not passed ({e})")
+    try:
+        out.argv += _load_mode(params)
+    except ValueError as e:
+        out.notes.append(f"params {e}: not passed")
+    return out
+
+
+def server_args(files: dict, model_dir: Path) -> Args:
+    """`-m`, `--mmproj` (files of `model_dir`, the model's directory where
+    llama-server sees the mount), and the translated params layer.
+    `files` are the model directory's files by name (`models.model_files`)."""
+    out = Args(["-m", str(model_dir / MODEL_FILE)])
+    if MMPROJ_FILE in files:
+        out.argv += ["--mmproj", str(model_dir / MMPROJ_FILE)]
+    if "params.json" in files:
+        try:
+            params = translate_params(read_params(files["params.json"].blob))
+        except ValueError as e:
+            out.notes.append(str(e))
+        else:
+            out.argv += params.argv
+            out.notes += params.notes
+    if "template" in files:
+        out.notes.append("template: Ollama's Go template is not passed; llama-server uses the chat "
+                         "template in model.gguf (--chat-template-file to override)")
+    if "system" in files:
+        out.notes.append("system: llama-server has no default system prompt; send it as the first "
+                         f"message (the text is in {model_dir / 'system'})")
+    return out
+
+
+ANSWER_WITHIN = 2.0     # seconds a compatfs mount has to say whether it shows a model
+
+
+def _showing(paths: list[Path]) -> tuple[list[Path], list[Path]]:
+    """Of `paths`, those there and those whose mount did not answer within
+    `ANSWER_WITHIN` (a stopped or hung daemon): each is looked up in a thread
+    of its own, so one stuck mount delays the answer by that bound at most.
+    A dead mount (ENOTCONN) shows nothing."""
+    found: dict[Path, bool] = {}
+
+    def look(path: Path) -> None:
+        try:
+            found[path] = path.exists()
+        except OSError:
+            found[path] = False
+
+    threads = [threading.Thread(target=look, args=(p,), daemon=True) for p in paths]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + ANSWER_WITHIN
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return [p for p in paths if found.get(p)], [p for p in paths if p not in found]
+
+
+def find_model_dir(name: str, mount: str | None) -> Path:
+    """The model's directory under `mount`, else under the one compatfs mount
+    that shows it (ValueError when none or several do; a mount that does not
+    answer is left out, and named when no other shows the model)."""
+    if mount:
+        return Path(mount) / name
+    points = points_of("fuse.compatfs")
+    shown, silent = _showing([m / name / MODEL_FILE for m in points])
+    candidates = [m / name for m in points if m / name / MODEL_FILE in shown]
+    if len(candidates) == 1:
+        return candidates[0]
+    if not candidates:
+        why = "".join(f"; {m} did not answer within {ANSWER_WITHIN:g} s" for m in points
+                      if m / name / MODEL_FILE in silent)
+        raise ValueError(f"no compatfs mount shows {name}{why}: mount the store, or name the mountpoint with --mount")
+    raise ValueError(f"several compatfs mounts show {name} ({', '.join(map(str, candidates))}): choose one with --mount")

@@ -1,0 +1,238 @@
+"""llama-server's router preset (`--models-preset FILE.ini`, llama.cpp
+b11434 `common/preset.cpp`) for the models a compatfs mount shows: one
+section per model folder, requested by its Ollama name.
+
+- A section name's text after its last `:` is canonicalised by llama.cpp
+  (upper-cased, only its last `-`/`.` part kept), so a section is named as
+  the model with `:` written `@` (`gemma3@4b`; Ollama names never hold `@`)
+  and the Ollama name is its `alias`, which the router resolves exactly.
+- `model`/`mmproj` are absolute paths under the mount (llama.cpp passes a
+  preset's paths to the model's server as they are); an embedding model (its
+  header names a pooling type) gets `embeddings`, which llama-server needs
+  to answer /v1/embeddings.
+- The params layer's options that are not sampling defaults (those are in
+  model.gguf as `general.sampling.*`) become the section's options, named as
+  llama-server's flags without dashes.  An INI value ends at `;`, `#` or a
+  line end and holds one value per option: what cannot be written so is
+  left out, and a comment line in the section says why.
+
+A mount shows its own preset at its root (`models.ini`, `Published`), made
+from its tree; `compatfs serve` makes one by walking a mount (`scan_mount`)
+only when the mount shows none.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..files.blobfile import identity, status
+from .llama_args import translate_params
+from .params import OPTIONS, read_params
+from ..files.statedir import mount_file
+from ..view.catalog import MMPROJ_FILE, MODEL_FILE
+
+log = logging.getLogger(__name__)
+
+PUBLISHED_FILE = "models.ini"   # the preset a mount shows at its root
+
+# How the mount shows an Ollama store, as `serve` finds it by walking the mount:
+# `blobs/` holds each blob's own views (not models); a model folder's params layer.
+_BLOBS, _PARAMS_FILE = "blobs", "params.json"
+# Flags whose option model.gguf carries as a general.sampling.* key.
+_IN_MODEL = {o.flag for o in OPTIONS.values() if o.sampling}
+# What an INI value or section name cannot hold (llama.cpp's INI grammar).
+_NOT_IN_VALUE = re.compile(r"[;#\r\n]|^\s|\s$")
+_NOT_IN_SECTION = re.compile(r"[\]\[;#\r\n@,]|^\s|\s$")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One model folder of a mount."""
+
+    name: str                  # as `ollama list` names it (the folder's path under the mount)
+    folder: Path               # where llama-server sees it
+    mmproj: bool
+    params: Path | None        # its params.json
+    embedding: bool = False    # an embedding model (llama-server serves it with --embeddings)
+
+
+# Of the mount's files `scan_mount` last found: path -> (identity, is an embedding model).
+_embedding_memo: dict[str, tuple[tuple, bool]] = {}
+
+
+def is_embedding(model: Path, known: dict[str, tuple[tuple, bool]], memo: dict[str, tuple[tuple, bool]]) -> bool:
+    """Whether the GGUF file `model` is an embedding model: its header names a
+    pooling type for its architecture (taken from `known` while the file
+    keeps its identity; put in `memo`)."""
+    from ..format.header import SourceGGUF
+    from ..format.values import GGUFError
+    try:
+        st = status(model)   # as blobfile resolves it: never into a mount this process serves
+    except OSError:
+        return False
+    hit = known.get(str(model))
+    if hit is None or hit[0] != identity(st):
+        try:
+            src = SourceGGUF(model)
+            hit = identity(st), f"{src.architecture}.pooling_type" in src.kvs
+        except (GGUFError, OSError):
+            hit = identity(st), False
+        memo[str(model)] = hit
+    return hit[1]
+
+
+@dataclass
+class Section:
+    name: str
+    options: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def scan_mount(mnt: Path) -> list[Entry]:
+    """The model folders of a mount (`blobs/` left out), by name; each
+    model.gguf's header is read once while it keeps its identity (what is
+    remembered is what this scan found)."""
+    global _embedding_memo
+    memo: dict[str, tuple[tuple, bool]] = {}
+    out = []
+    for dirpath, dirs, files in os.walk(mnt):
+        rel = Path(dirpath).relative_to(mnt)
+        if rel == Path("."):
+            dirs[:] = [d for d in dirs if d != _BLOBS]
+        if MODEL_FILE in files:
+            out.append(Entry(rel.as_posix(), Path(dirpath), MMPROJ_FILE in files,
+                             Path(dirpath, _PARAMS_FILE) if _PARAMS_FILE in files else None,
+                             is_embedding(Path(dirpath, MODEL_FILE), _embedding_memo, memo)))
+        dirs.sort()
+    _embedding_memo = memo
+    return sorted(out, key=lambda e: e.name)
+
+
+class Published:
+    """The preset a mount shows at its root, kept as one file of the daemon's
+    state folder (never the store): replaced whole when its text changes
+    (written beside it, then renamed over it), so a file open on it keeps the
+    bytes it opened; owned as, and readable (only) as, the folder `like` it
+    mirrors (the mount root's).  `update` tells whether it is there now."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._written: tuple | None = None    # (text, owner, mode, the file's identity) as last written
+        self._failed: str | None = None       # why the last write failed (logged once)
+
+    def update(self, text: str, like: os.stat_result | None) -> bool:
+        uid, gid = (like.st_uid, like.st_gid) if like is not None else (os.getuid(), os.getgid())
+        mode = like.st_mode & 0o444 if like is not None else 0o400
+        try:
+            if self._written is not None and self._written[:3] == (text, (uid, gid), mode) \
+                    and self._written[3] == _identity(self.path):
+                return True
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, text.encode())
+                try:
+                    os.fchown(fd, uid, gid)
+                except PermissionError:   # not root: the daemon's own file, with the mode it mirrors
+                    pass
+                os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.path)
+            self._written, self._failed = (text, (uid, gid), mode, _identity(self.path)), None
+            return True
+        except OSError as e:
+            if self._failed != str(e):
+                log.error("cannot write the mount's %s at %s: %s: not shown", PUBLISHED_FILE, self.path, e)
+            self._written, self._failed = None, str(e)
+            return False
+
+    def remove(self) -> None:
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+        self._written = self._failed = None
+
+    def withdraw(self) -> None:
+        """Remove the file when it is still the one last written here (a
+        later mount at the same mountpoint, made while this one was detached
+        lazily, has written its own)."""
+        if self._written is not None and self._written[3] == _identity(self.path):
+            self.remove()
+
+
+def _identity(path: Path) -> tuple | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return identity(st) if stat.S_ISREG(st.st_mode) else None
+
+
+def published_path(mountpoint: Path) -> Path:
+    """Where the daemon serving `mountpoint` keeps its `models.ini` (its state
+    folder; OSError when there is none)."""
+    return mount_file("mount", mountpoint, ".models.ini")
+
+
+def section_name(name: str) -> str:
+    return name.replace(":", "@")
+
+
+def section(entry: Entry) -> Section:
+    """The preset section of one model."""
+    s = Section(section_name(entry.name))
+    s.options.append(("alias", entry.name))
+    s.options.append(("model", str(entry.folder / MODEL_FILE)))
+    if entry.mmproj:
+        s.options.append(("mmproj", str(entry.folder / MMPROJ_FILE)))
+    if entry.embedding:
+        s.options.append(("embeddings", "true"))
+    if entry.params is None:
+        return s
+    try:
+        args = translate_params(read_params(entry.params))
+    except ValueError as e:
+        s.notes.append(str(e))
+        return s
+    s.notes += args.notes
+    seen: dict[str, int] = {}
+    for flag, value in zip(args.argv[::2], args.argv[1::2]):
+        if flag in _IN_MODEL:
+            continue
+        key = flag.lstrip("-")
+        seen[key] = seen.get(key, 0) + 1
+        if seen[key] > 1:
+            s.notes.append(f"{key} {value!r}: not passed (a preset holds one value per option; the first is)")
+        elif _NOT_IN_VALUE.search(value):
+            s.notes.append(f"{key} {value!r}: not passed (an INI value cannot hold ';', '#', a line end "
+                           "or surrounding spaces)")
+        else:
+            s.options.append((key, value))
+    return s
+
+
+def render(entries: list[Entry], sections: list[Section] | None = None) -> str:
+    """The preset INI of `entries` (with `sections`: theirs, already made)."""
+    lines = ["; llama-server --models-preset for a compatfs mount, written by compatfs from the mount's",
+             "; model folders: each model is requested by its Ollama name (the section's alias).", ""]
+    for i, entry in enumerate(entries):
+        s = sections[i] if sections is not None else section(entry)
+        bad = [v for k, v in s.options if k != "alias" and _NOT_IN_VALUE.search(v)]
+        if _NOT_IN_SECTION.search(entry.name) or bad:
+            lines += [f"; {_comment(entry.name)}: left out (its name or path cannot be written in an INI file)", ""]
+            continue
+        lines.append(f"[{s.name}]")
+        lines += [f"; {_comment(n)}" for n in s.notes]
+        lines += [f"{k} = {v}" for k, v in s.options]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _comment(text: str) -> str:
+    return text.encode("unicode_escape").decode("ascii")

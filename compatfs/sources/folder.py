@@ -1,0 +1,138 @@
+"""A plain folder tree of GGUF files as a `Source` (LM Studio's
+`~/.lmstudio/models/<publisher>/<repo>/`, or any directory).
+
+Each folder on disk that holds `.gguf` files is a model folder of the mount;
+files whose name starts with `mmproj` are projectors, the others models:
+
+    <dir>/x.gguf                      -> /<dir>/model.gguf
+    <dir>/mmproj-x.gguf               -> /<dir>/mmproj.gguf
+    <dir>/a.gguf, <dir>/b.gguf        -> /<dir>/a/model.gguf, /<dir>/b/model.gguf
+                                         (several models: a folder each, named by the file
+                                         without `.gguf`; the projector goes with every one)
+    x.gguf at the top                 -> /x/model.gguf
+
+A model GGUF that holds its projector itself (an Ollama-written monolithic
+vision blob) shows an mmproj.gguf of its own where its folder has no
+projector file.  A folder with several projector files gives its models
+none of them (which belongs to which is not known), and says so in `ls`.
+Files that are not GGUF, hidden files and folders, and split GGUFs
+(`-00001-of-00003.gguf`) are left out; a folder name that another entry of
+the folder on disk already takes, and a folder that cannot be listed, are
+left out with the reason.  Each mounted
+folder mirrors the owner, mode and time of the folder on disk it shows.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .base import Folder, Listing, Source, SourceError
+from ..view.catalog import MMPROJ_FILE, MODEL_FILE
+
+SUFFIX = ".gguf"
+PROJECTOR_PREFIX = "mmproj"
+MAX_FOLDERS = 10_000    # folders on disk a scan visits at most (one may run every second)
+_SPLIT = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)
+
+
+def has_gguf(root: Path) -> bool:
+    """Whether any folder under `root` (hidden ones aside) holds a `.gguf` file."""
+    for visited, (_dirpath, dirs, files) in enumerate(os.walk(root)):
+        if visited >= MAX_FOLDERS:
+            return False
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        if any(_is_gguf(f) for f in files):
+            return True
+    return False
+
+
+def _is_gguf(name: str) -> bool:
+    return name.lower().endswith(SUFFIX) and not name.startswith(".")
+
+
+@dataclass
+class FolderListing(Listing):
+    """A `Listing` with the folder on disk each model folder named after a
+    file shows (the others show the folder of their own name)."""
+
+    disk: dict[str, Path] = field(default_factory=dict)
+
+
+class GGUFFolder(Source):
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root).expanduser()
+        if not self.root.is_dir():
+            raise SourceError(f"{self.root}: no such directory")
+
+    def scan(self) -> FolderListing:
+        out = FolderListing()
+
+        def unreadable(e: OSError) -> None:
+            out.skipped[str(e.filename)] = f"cannot be listed ({e.strerror})"
+
+        for visited, (dirpath, dirs, files) in enumerate(os.walk(self.root, onerror=unreadable)):
+            if visited >= MAX_FOLDERS:
+                out.skipped[dirpath] = f"more than {MAX_FOLDERS} folders: the rest is not scanned"
+                break
+            entries = set(dirs) | set(files)
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            out.read.add(Path(dirpath))
+            rel = Path(dirpath).relative_to(self.root).as_posix()
+            rel = "" if rel == "." else rel
+            self._add(out, rel, Path(dirpath), sorted(f for f in files if _is_gguf(f)), entries)
+        return out
+
+    def _add(self, out: FolderListing, rel: str, disk: Path, ggufs: list[str], entries: set[str]) -> None:
+        """The model folders of one folder on disk."""
+        def where(name: str) -> str:
+            return f"{rel}/{name}" if rel else name
+
+        for name in [g for g in ggufs if _SPLIT.search(g)]:
+            out.skipped[where(name)] = "a split GGUF (one of several files): not shown"
+        ggufs = [g for g in ggufs if not _SPLIT.search(g)]
+        projectors = [g for g in ggufs if g.lower().startswith(PROJECTOR_PREFIX)]
+        models = [g for g in ggufs if g not in projectors]
+        if not models:
+            if projectors:
+                out.skipped[where(projectors[0])] = "a projector without a model GGUF beside it: not shown"
+            return
+        projector = disk / projectors[0] if len(projectors) == 1 else None
+        for p in projectors if len(projectors) > 1 else ():
+            out.skipped[where(p)] = (f"one of {len(projectors)} projector files beside the models: "
+                                     "which belongs to which is not known, none is shown")
+        for model in models:
+            if rel and len(models) == 1:
+                name = rel
+            else:
+                stem = model[:-len(SUFFIX)]
+                if stem in entries:
+                    out.skipped[where(model)] = f"its folder name {where(stem)} is taken by {disk / stem}"
+                    continue
+                name = where(stem)
+            if name.rsplit("/", 1)[-1] in (MODEL_FILE, MMPROJ_FILE):
+                out.skipped[name] = "its name would be a file of the folder above: not shown"
+                continue
+            if name in out.folders:
+                out.skipped[str(disk / model)] = f"its name {name} is already that of {out.folders[name].model}"
+                continue
+            out.folders[name] = Folder(disk / model, projector)
+            if name != rel:
+                out.disk[name] = disk
+
+    def owner(self, folder: str, listing: Listing) -> Path:
+        disk = listing.disk if isinstance(listing, FolderListing) else {}
+        return disk.get(folder, self.root / folder)
+
+    def mtime(self, folder: str, listing: Listing, owner_mtime: int) -> int:
+        return owner_mtime
+
+    def name(self, target: str) -> str:
+        return target.strip("/")
+
+    def refuses_mountpoint(self, mountpoint: Path) -> str | None:
+        """A mountpoint inside the folder would show the mount's own files as models."""
+        if mountpoint.resolve().is_relative_to(self.root.resolve()):
+            return f"the mountpoint {mountpoint} is inside {self.root}: the mount would show itself"
+        return None

@@ -1,0 +1,17 @@
+"""The vocabulary handlers are written in, and handler modules import all of
+it from here: detectors (`compatfs.translate.predicates`), typed reads of a KV's value
+(`compatfs.translate.kv_reads`), KV edits (`compatfs.translate.kv_edits`), tensor edits
+(`compatfs.translate.tensor_edits`), tensor makers (`compatfs.translate.makers`), the clip
+projector builder (`compatfs.translate.projector`), and the translation they make up
+with `plan`, which applies one to a blob (`compatfs.translate.planning`)."""
+from . import kv_edits, kv_reads, makers, planning, predicates, projector, tensor_edits
+from .kv_edits import *  # noqa: F401,F403
+from .kv_reads import *  # noqa: F401,F403
+from .makers import *  # noqa: F401,F403
+from .planning import *  # noqa: F401,F403
+from .predicates import *  # noqa: F401,F403
+from .projector import *  # noqa: F401,F403
+from .tensor_edits import *  # noqa: F401,F403
+
+__all__ = [*predicates.__all__, *kv_reads.__all__, *kv_edits.__all__, *tensor_edits.__all__, *makers.__all__,
+           *projector.__all__, *planning.__all__]

@@ -1,0 +1,279 @@
+"""A virtual GGUF file: a synthesised header stitched to ranges of a blob and
+to op tensors, read by (offset, size).
+
+The layout is fixed when the view is built: the GGUF v3 header (KVs, tensor
+infos, padding), then tensor data aligned to `general.alignment`, in the
+blob's data order so that a sequential read of the view is a sequential read
+of the blob (the tensor infos are listed in that order too, as GGUF readers
+require).  A read maps to pieces (`viewbytes`) by binary search over the
+segments, and `viewbytes` assembles their bytes.
+"""
+from __future__ import annotations
+
+import bisect
+import struct
+from dataclasses import dataclass
+from typing import Hashable
+
+from . import assemble as viewbytes
+from ..files.blobfile import BlobFile
+from ..format.header import MAGIC, SourceGGUF
+from ..format.values import GGUFError
+from .opcache import OpCache
+from ..translate.ops import Op, Runs
+from ..translate import ViewSpec, ViewTensor
+from .assemble import Cached, Computed, FileRange, InRounds, Piece, Rounds, Zeros
+
+
+@dataclass(frozen=True)
+class _Segment:
+    """`size` bytes of the view from `start`; what they are is the subclass's."""
+    start: int
+    size: int
+
+
+@dataclass(frozen=True)
+class _Mem(_Segment):
+    """Bytes held in memory (the rendered header)."""
+    data: bytes
+
+
+@dataclass(frozen=True)
+class _Zero(_Segment):
+    """Zeros (padding, an op's zero pieces)."""
+
+
+@dataclass(frozen=True)
+class _File(_Segment):
+    """The blob's bytes from absolute `offset`."""
+    offset: int
+
+
+@dataclass(frozen=True)
+class _InRounds(_Segment):
+    """Blob bytes laid out in `rounds`."""
+    rounds: Rounds
+
+
+@dataclass(frozen=True)
+class _Ranged(_Segment):
+    """A ranged op, each range computed from the input bytes it needs."""
+    op: Op
+
+
+@dataclass(frozen=True)
+class _CachedOp(_Segment):
+    """An op computed in chunks into the view's op cache, under `key`."""
+    op: Op
+    key: Hashable
+
+
+def _pad(n: int, align: int) -> int:
+    return -n % align
+
+
+def _str(s: str) -> bytes:
+    b = s.encode("utf-8")
+    return struct.pack("<Q", len(b)) + b
+
+
+def render_header(spec: ViewSpec, offsets: dict[str, int]) -> bytes:
+    """The GGUF v3 header of `spec`, with data offsets `offsets`, padded to alignment."""
+    out = bytearray(MAGIC)
+    out += struct.pack("<IQQ", 3, len(spec.tensors), len(spec.kvs))
+    for key, value in spec.kvs:
+        out += _str(key)
+        out += struct.pack("<I", value.vtype)
+        out += value.payload
+    for t in spec.tensors:
+        out += _str(t.name)
+        out += struct.pack(f"<I{len(t.shape)}QIQ", len(t.shape), *t.shape, t.dtype, offsets[t.name])
+    out += bytes(_pad(len(out), spec.alignment))
+    return bytes(out)
+
+
+class View:
+    """The bytes of one translated (or identity) file of one blob."""
+
+    def __init__(self, stamp: tuple, source: SourceGGUF | None, segments: list[_Segment], size: int,
+                 spec: ViewSpec | None, cache: OpCache | None):
+        self.stamp = stamp          # `blobfile.identity` of the blob it was built from
+        self.source = source
+        self.spec = spec
+        self.size = size
+        self._segments = segments
+        self._starts = [s.start for s in segments]
+        self._cache = cache
+
+    @property
+    def nbytes_held(self) -> int:
+        """Memory this view keeps: its rendered header and the parsed blob header."""
+        held = sum(len(s.data) for s in self._segments if isinstance(s, _Mem))
+        return held + (self.source.header_size if self.source is not None else 0)
+
+    # -- construction ------------------------------------------------------
+    @classmethod
+    def identity(cls, stamp: tuple) -> "View":
+        """The blob itself, byte for byte (`stamp` as in `View.stamp`)."""
+        size = stamp[2]
+        segs: list[_Segment] = [_File(0, size, 0)] if size else []
+        return cls(stamp, None, segs, size, None, None)
+
+    @classmethod
+    def translated(cls, source: SourceGGUF, spec: ViewSpec, cache: OpCache, key: Hashable) -> "View":
+        """Lay out `spec` over `source`; op tensors are cached under (`key`, name)."""
+        spec, offsets = _data_order(spec)
+        header = render_header(spec, offsets)
+        segs, size = _data_segments(spec, len(header), key)
+        return cls(source.identity, source, [_Mem(0, len(header), header), *segs], size, spec, cache)
+
+    @staticmethod
+    def translated_size(spec: ViewSpec) -> int:
+        """The size `translated` gives a view of `spec`, every tensor checked the
+        same way, without rendering its header (what `stat` needs)."""
+        spec = _data_order(spec)[0]
+        return _data_segments(spec, _header_size(spec), None)[1]
+
+    # -- reads ----------------------------------------------------------------
+    def layout(self, offset: int, size: int) -> list[Piece]:
+        """The pieces of the bytes at [offset, offset+size), clipped to the
+        file, for `viewbytes` to assemble."""
+        end = min(offset + size, self.size)
+        out: list[Piece] = []
+        i = bisect.bisect_right(self._starts, offset) - 1
+        while offset < end and i < len(self._segments):
+            seg = self._segments[i]
+            lo = offset - seg.start
+            n = min(seg.size - lo, end - offset)
+            if isinstance(seg, _File):
+                out.append(FileRange(seg.offset + lo, n))
+            elif isinstance(seg, _Mem):
+                out.append(memoryview(seg.data)[lo:lo + n])
+            elif isinstance(seg, _Zero):
+                out.append(Zeros(n))
+            elif isinstance(seg, _InRounds):
+                out.append(InRounds(seg.rounds, lo, n))
+            elif isinstance(seg, _Ranged):
+                out.append(Computed(seg.op, lo, n))
+            else:
+                assert isinstance(seg, _CachedOp) and self._cache is not None   # (only translated views have ops)
+                out.append(Cached(seg.op, self._cache, seg.key, lo, n))
+            offset += n
+            i += 1
+        return out
+
+    def open(self) -> BlobFile:
+        """The blob this translated view was built from, opened (GGUFError
+        when it is no longer that blob)."""
+        if self.source is None:
+            raise GGUFError("an identity view knows no path: read it through its blob's descriptor")
+        return BlobFile(self.source.path, expect=self.stamp)
+
+    def read(self, offset: int, size: int, blob: BlobFile | None = None) -> bytes:
+        """The bytes at [offset, offset+size), clipped to the file, as one
+        bytes object (in-process): assembled by `viewbytes` through `blob`,
+        or the view's own blob opened for this read."""
+        size = max(0, min(offset + size, self.size) - max(offset, 0))
+        buf = bytearray(size)
+        if blob is not None:
+            viewbytes.fill(self, blob, offset, memoryview(buf))
+        else:
+            with self.open() as f:
+                viewbytes.fill(self, f, offset, memoryview(buf))
+        return bytes(buf)
+
+    def pieces(self, offset: int, size: int, blob: BlobFile | None = None) -> list[FileRange | bytearray]:
+        """The bytes at [offset, offset+size), clipped to the file: blob
+        ranges as `FileRange`s, everything else assembled (`viewbytes.parts`)
+        through `blob`, or the view's own blob opened for this call (an
+        identity view is all blob ranges: it needs none)."""
+        if blob is not None or self.source is None:
+            return viewbytes.parts(self, blob, offset, size)
+        with self.open() as f:
+            return viewbytes.parts(self, f, offset, size)
+
+
+def _data_order(spec: ViewSpec) -> tuple[ViewSpec, dict[str, int]]:
+    """`spec` with its tensors in data order, and their data offsets.  GGUF
+    readers expect each tensor's data right after the previous one's, in
+    tensor-info order: the infos are written in data order."""
+    data_order = sorted(spec.tensors, key=lambda t: t.order)
+    offsets: dict[str, int] = {}
+    rel = 0
+    for t in data_order:
+        offsets[t.name] = rel
+        rel += t.nbytes + _pad(t.nbytes, spec.alignment)
+    spec = ViewSpec(spec.kvs, data_order, spec.alignment, spec.handler, spec.idle_renames)
+    return spec, offsets
+
+
+def _header_size(spec: ViewSpec) -> int:
+    """len(render_header(spec, ...)), counted (a test holds the two equal;
+    `BlobViews.view` replaces an index entry whose size the view belies)."""
+    n = len(MAGIC) + 4 + 8 + 8
+    for key, value in spec.kvs:
+        n += 8 + len(key.encode("utf-8")) + 4 + len(value.payload)
+    for t in spec.tensors:
+        n += 8 + len(t.name.encode("utf-8")) + 4 + 8 * len(t.shape) + 4 + 8
+    return n + _pad(n, spec.alignment)
+
+
+def _data_segments(spec: ViewSpec, pos: int, key: Hashable) -> tuple[list[_Segment], int]:
+    """The segments of the tensor data from `pos` (padding included), and
+    where they end: the view's size."""
+    segs: list[_Segment] = []
+    for t in spec.tensors:
+        segs.extend(s for s in _tensor_segments(t, pos, key) if s.size)
+        pos += t.nbytes
+        pad = _pad(t.nbytes, spec.alignment)
+        if pad:
+            segs.append(_Zero(pos, pad))
+            pos += pad
+    return segs, pos
+
+
+def _tensor_segments(t: ViewTensor, pos: int, key: Hashable) -> list[_Segment]:
+    """How tensor `t`, at `pos` in the view, is served: blob bytes; an op's
+    input bytes and zeros (an op that only moves bytes: ranges, and rounds
+    of strided runs laid out by arithmetic); an op computed per requested
+    range; or an op computed in chunks (or whole) into the op cache."""
+    op = t.op
+    if op is None:
+        if t.source is None:
+            raise GGUFError(f"tensor {t.name} is neither blob bytes nor an op")
+        return [_File(pos, t.nbytes, t.source.offset)]
+    pieces = op.pieces()
+    if pieces is not None:
+        segs = []
+        for p in pieces:
+            if isinstance(p, Runs):
+                segs.append(_runs_segment(op.description, p, pos))
+                pos += p.nbytes
+            else:
+                segs.append(_Zero(pos, p))
+                pos += p
+        if sum(s.size for s in segs) != t.nbytes:
+            raise GGUFError(f"{op.description}: pieces make {sum(s.size for s in segs)} bytes, not {t.nbytes}")
+        return segs
+    if op.ranged:
+        return [_Ranged(pos, t.nbytes, op)]
+    if op.nbytes and op.chunk_bytes <= 0:
+        raise GGUFError(f"{op.description}: chunks of {op.chunk_bytes} bytes")
+    return [_CachedOp(pos, t.nbytes, op, (key, t.name))]
+
+
+def _runs_segment(what: str, runs: Runs, pos: int) -> _Segment:
+    """The segment of `runs` at `pos`: a blob range, or rounds; every run
+    checked to lie inside its input tensor."""
+    if runs.nbytes == 0:
+        return _Zero(pos, 0)
+    parts, at = [], 0
+    for p in runs.parts:
+        if runs.count < 1 or p.unit < 0 or p.start < 0 or p.stride < 0 \
+                or p.start + (runs.count - 1) * p.stride + p.unit > p.tensor.nbytes:
+            raise GGUFError(f"{what}: runs outside input {p.tensor.name}")
+        parts.append((at, p.tensor.offset + p.start, p.unit, p.stride))
+        at += p.unit
+    if runs.count == 1 and len(parts) == 1:
+        return _File(pos, at, parts[0][1])
+    return _InRounds(pos, runs.nbytes, Rounds(at, tuple(parts), runs.count))
