@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .files.blobfile import identity, status
-from .format.values import GGUFError
+from .errors import GGUFError
 from .router.preset import PUBLISHED_FILE, Entry, Published, Section, published_path, render, section
 from .view.sampling import retain_layers
 from .sources.base import Folder, Listing, Source

@@ -24,7 +24,8 @@ from gguf import Keys
 from gguf import GGMLQuantizationType as DT
 
 from compatfs.format.header import SourceGGUF, TensorInfo
-from compatfs.format.values import GGUFError, string, u32
+from compatfs.errors import GGUFError
+from compatfs.format.values import string, u32
 from compatfs.translate.ops import Concat, Op
 from compatfs.translate import (
     OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Copy, CopyPrefix, Count, DefaultTokenId, Drop, Hide, KVEdit, KVs, PadArray,

@@ -38,7 +38,8 @@ from gguf import GGMLQuantizationType as DT
 from gguf import Keys
 
 from compatfs.format.header import SourceGGUF, TensorInfo
-from compatfs.format.values import GGUFError, f32, string
+from compatfs.errors import GGUFError
+from compatfs.format.values import f32, string
 from compatfs.translate import accel
 from compatfs.translate.byte_ops import Strided
 from compatfs.translate.ops import Op

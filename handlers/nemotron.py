@@ -32,7 +32,8 @@ from gguf import Keys
 from gguf import GGMLQuantizationType as DT
 
 from compatfs.format.header import SourceGGUF
-from compatfs.format.values import GGUFError, f32, string, u32
+from compatfs.errors import GGUFError
+from compatfs.format.values import f32, string, u32
 from compatfs.translate.ops import Elementwise, Op, to_f32
 from compatfs.translate import (
     OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, CopyPrefix, Count, Default, Drop, FromFirstBlock, Hide, Produce,

@@ -36,7 +36,8 @@ from gguf import GGMLQuantizationType as DT
 from gguf import MODEL_TENSOR, TENSOR_NAMES
 
 from compatfs.format.header import SourceGGUF
-from compatfs.format.values import VT, GGUFError, array, u32
+from compatfs.errors import GGUFError
+from compatfs.format.values import VT, array, u32
 from compatfs.translate.ops import AddScalar
 from compatfs.translate import (
     AddSuffix, Count, Default, Drop, Hide, KVEdit, KVs, PadArray, PerLayerToMax, Produce, Rename, TensorEdit,

@@ -48,7 +48,8 @@ from gguf import MODEL_TENSOR, TENSOR_NAMES
 from gguf import TokenType as TT
 
 from compatfs.format.header import SourceGGUF, TensorInfo
-from compatfs.format.values import VT, GGUFError, array, boolean, u32
+from compatfs.errors import GGUFError
+from compatfs.format.values import VT, array, boolean, u32
 from compatfs.translate.ops import Op, Part, Runs, as_array
 from compatfs.translate import (
     BlockCount, Copy, CopyEach, Count, Default, DefaultTokenId, Drop, FromShape, Hide, KVEdit, KVs, PadArray,

@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from compatfs.testing import LEGACY, write_models  # noqa: E402
 from compatfs.format.header import SourceGGUF  # noqa: E402
-from compatfs.format.values import GGUFError  # noqa: E402
+from compatfs.errors import GGUFError  # noqa: E402
 from compatfs.testing.store import add_model  # noqa: E402
 from compatfs.view.catalog import BlobViews  # noqa: E402
 from xlc_client import make_png, run_job  # noqa: E402

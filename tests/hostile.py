@@ -14,7 +14,8 @@ from typing import Iterator
 import pytest
 
 from compatfs.format.header import SourceGGUF
-from compatfs.format.values import VT, GGUFError, Value, skip_value
+from compatfs.errors import GGUFError
+from compatfs.format.values import VT, Value, skip_value
 from compatfs.testing import gemma3
 from compatfs.testing.store import add_model
 from compatfs.files.blobfile import Transient

@@ -17,7 +17,7 @@ import pytest
 
 from compatfs.translate import accel
 from compatfs.view import ahead, assemble as viewbytes
-from compatfs.format.values import GGUFError
+from compatfs.errors import GGUFError
 from compatfs.handlers.gptoss import OllamaMXFP4
 from compatfs.testing import widths
 from compatfs.testing.store import add_model

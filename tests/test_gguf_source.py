@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from compatfs.format.header import SourceGGUF, tensor_nbytes
-from compatfs.format.values import VT, GGUFError, array, string, u32
+from compatfs.errors import GGUFError
+from compatfs.format.values import VT, array, string, u32
 
 from ggufs import write_gguf
 

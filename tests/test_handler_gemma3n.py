@@ -12,7 +12,7 @@ from gguf import TokenType as TT
 
 from compatfs import handlers
 from compatfs.format.header import SourceGGUF
-from compatfs.format.values import GGUFError
+from compatfs.errors import GGUFError
 from compatfs.handlers import gemma3n
 from compatfs.view.opcache import OpCache
 from compatfs.testing import gemma3n as writer

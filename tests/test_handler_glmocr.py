@@ -8,7 +8,8 @@ import pytest
 from gguf import GGMLQuantizationType as DT
 
 from compatfs.format.header import SourceGGUF
-from compatfs.format.values import GGUFError, f32, u32
+from compatfs.errors import GGUFError
+from compatfs.format.values import f32, u32
 from compatfs.handlers.glmocr import RotaryWidth, gate_up
 from compatfs.testing.glmocr import GLM_SPECIALS, GLMOCR, glm_tokens, legacy_glmocr
 

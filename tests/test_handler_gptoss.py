@@ -10,7 +10,7 @@ import pytest
 from gguf import GGMLQuantizationType as DT
 
 from compatfs.format.header import SourceGGUF
-from compatfs.format.values import GGUFError
+from compatfs.errors import GGUFError
 from compatfs.handlers import gptoss
 from compatfs.testing import gptoss as writers
 from compatfs.testing.gguf_edit import Blob

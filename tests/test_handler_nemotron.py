@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType as DT
 
 from compatfs import handlers
 from compatfs.format.header import SourceGGUF, TensorInfo
-from compatfs.format.values import GGUFError
+from compatfs.errors import GGUFError
 from compatfs.handlers import nemotron
 from compatfs.testing import nemotron as writers
 from compatfs.testing.store import add_model

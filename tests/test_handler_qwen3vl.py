@@ -9,7 +9,8 @@ from gguf import GGMLQuantizationType as DT
 from gguf import GGUFValueType as VT
 
 from compatfs.format.header import SourceGGUF, TensorInfo
-from compatfs.format.values import GGUFError, array, u32
+from compatfs.errors import GGUFError
+from compatfs.format.values import array, u32
 from compatfs.handlers import qwen3vl
 from compatfs.handlers.qwen3vl import FrameOfPatchEmbedding, MRopeSections, deepstack_layers
 from compatfs.testing.qwen3vl import legacy_qwen3vl_moe

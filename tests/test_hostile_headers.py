@@ -8,7 +8,8 @@ import tracemalloc
 import pytest
 
 from compatfs.format.header import SourceGGUF
-from compatfs.format.values import VT, GGUFError
+from compatfs.errors import GGUFError
+from compatfs.format.values import VT
 
 BLOB = 512 << 20     # sparse: costs no disk
 

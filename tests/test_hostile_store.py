@@ -15,7 +15,7 @@ import pytest
 import compatfs.tree as tree_module
 from compatfs import handlers
 from compatfs.format.header import SourceGGUF
-from compatfs.format.values import GGUFError
+from compatfs.errors import GGUFError
 from compatfs.router.models import model_files
 from compatfs.sources.base import SourceError
 from compatfs.sources.ollama import OllamaStore

@@ -252,7 +252,7 @@ def test_a_view_that_belies_its_entry_rebuilds_it(tmp_path):
     from compatfs.view.catalog import MMPROJ_FILE, MODEL_FILE, BlobViews, summarize
     from compatfs.files.blobfile import identity
     import pytest
-    from compatfs.format.values import GGUFError
+    from compatfs.errors import GGUFError
     blob = legacy_gemma3_text(tmp_path / "g.gguf")
     stamp, true = summarize(blob, True)
     index = Index(None, translate=True, version="v1")

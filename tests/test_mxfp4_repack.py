@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType as DT
 
 from compatfs.translate import accel
 from compatfs.format.header import TensorInfo
-from compatfs.format.values import GGUFError
+from compatfs.errors import GGUFError
 from compatfs.handlers.gptoss import BLOCK, QK, OllamaMXFP4
 
 COLS, FF = 2880, 2880            # gpt-oss-120b: n_embd, expert feed-forward width

@@ -14,7 +14,7 @@ import pytest
 from compatfs.view import assemble as viewbytes
 from compatfs.files.blobfile import ALIGN, DIRECT_MIN, BlobFile
 from compatfs.format.header import SourceGGUF
-from compatfs.format.values import GGUFError
+from compatfs.errors import GGUFError
 from compatfs.files.libc import cached_pages, pages
 from compatfs.translate.ops import Promote
 from compatfs.testing.store import add_model

@@ -10,7 +10,8 @@ from array import array
 import pytest
 
 import compatfs.format.values as gv
-from compatfs.format.values import GGUFError, string_starts
+from compatfs.errors import GGUFError
+from compatfs.format.values import string_starts
 
 
 def reference(buf, off, count, end, base=0):

@@ -12,7 +12,8 @@ from gguf import TokenType as TT
 
 from compatfs import handlers
 from compatfs.format.header import SourceGGUF
-from compatfs.format.values import GGUFError, Value, array, boolean, f32, string, u32
+from compatfs.errors import GGUFError
+from compatfs.format.values import Value, array, boolean, f32, string, u32
 from compatfs.testing.gguf_edit import Blob, payload
 from compatfs.translate import (
     ALWAYS, BYTE_TOKENS, BlockCount, Copy, Count, Default, Drop, FillArray, FromShape, Hide, KVEdit, PadArray,

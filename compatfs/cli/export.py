@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..files.blobfile import BlobFile
-from ..format.values import GGUFError
+from ..errors import GGUFError
 from ..view.layout import View
 from ..view.assemble import FileRange
 from ..view.catalog import MMPROJ_FILE, MODEL_FILE, BlobViews

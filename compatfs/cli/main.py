@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .. import PROG
 from . import launch
-from ..format.values import GGUFError
+from ..errors import GGUFError
 from ..view.index import IndexPathError
 from .launch import LaunchError, MountRequest
 from ..view.opcache import DEFAULT_MB
@@ -41,7 +41,7 @@ def cmd_umount(args) -> int:
 # -- ls / inspect ---------------------------------------------------------------
 
 def cmd_ls(args) -> int:
-    from ..format.values import GGUFError
+    from ..errors import GGUFError
     from ..tree import Tree
     from ..view.catalog import BlobViews, translation_enabled
     store = open_source(args.source)

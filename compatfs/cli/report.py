@@ -7,7 +7,8 @@ from gguf import GGMLQuantizationType as DT
 from gguf import Keys
 
 from ..format.header import SourceGGUF
-from ..format.values import GGUFError, Value
+from ..errors import GGUFError
+from ..format.values import Value
 from ..view.opcache import OpCache
 from ..sources.base import SourceError
 from ..sources.choose import open_source

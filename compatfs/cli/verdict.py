@@ -14,7 +14,7 @@ from pathlib import Path
 
 import gguf
 
-from ..format.values import GGUFError
+from ..errors import GGUFError
 from ..view.catalog import MMPROJ_FILE, MODEL_FILE, BlobViews
 
 # Architectures llama.cpp b11434 (the release scripts/e2e checks) loads that

@@ -32,7 +32,7 @@ import threading
 from pathlib import Path
 
 from .access import READ, SEARCH, BadACL, Caller, read_acl
-from ..format.values import GGUFError
+from ..errors import GGUFError
 from .libc import cached_pages, pages
 from .scratch import scratch
 

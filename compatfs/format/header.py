@@ -16,7 +16,8 @@ from pathlib import Path
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as DT
 
 from ..files.blobfile import BlobFile
-from .values import _SCALAR as _SCALAR_FORMATS, VT, GGUFError, Value, skip_value, string_starts
+from ..errors import GGUFError
+from .values import _SCALAR as _SCALAR_FORMATS, VT, Value, skip_value, string_starts
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32

@@ -18,11 +18,9 @@ import numpy as np
 from cachetools import LRUCache
 from gguf import GGUFValueType as VT
 
-__all__ = ["VT", "Value", "GGUFError", "u32", "i32", "f32", "boolean", "string", "array"]
+from ..errors import GGUFError
 
-
-class GGUFError(ValueError):
-    """A GGUF file that cannot be read; the message names what is wrong."""
+__all__ = ["VT", "Value", "u32", "i32", "f32", "boolean", "string", "array"]
 
 
 _SCALAR = {

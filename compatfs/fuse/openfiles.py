@@ -21,7 +21,7 @@ from typing import Callable
 
 from ..files.access import READ, Caller
 from ..files.blobfile import BlobFile, Denied, identity, status, transient
-from ..format.values import GGUFError
+from ..errors import GGUFError
 from .libfuse import fuse
 from .presented import Presented
 from ..tree import FileRef, Tree

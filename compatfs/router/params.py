@@ -18,7 +18,8 @@ from pathlib import Path
 from gguf import Keys
 
 from ..files.blobfile import read_small
-from ..format.values import GGUFError, f32, i32
+from ..errors import GGUFError
+from ..format.values import f32, i32
 
 # A params layer is a few hundred bytes; more than this is not one.
 MAX_BYTES = 1 << 20

@@ -69,7 +69,7 @@ def is_embedding(model: Path, known: dict[str, tuple[tuple, bool]], memo: dict[s
     pooling type for its architecture (taken from `known` while the file
     keeps its identity; put in `memo`)."""
     from ..format.header import SourceGGUF
-    from ..format.values import GGUFError
+    from ..errors import GGUFError
     try:
         st = status(model)   # as blobfile resolves it: never into a mount this process serves
     except OSError:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..files.blobfile import BlobFile, Stamp, identity, status
-from ..format.values import GGUFError
+from ..errors import GGUFError
 from .base import Folder, Listing, Source, SourceError
 
 MODEL = "application/vnd.ollama.image.model"

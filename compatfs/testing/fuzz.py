@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ..format.header import SourceGGUF
-from ..format.values import GGUFError
+from ..errors import GGUFError
 from ..view.opcache import OpCache
 from ..files.blobfile import Transient
 from ..view.catalog import MMPROJ_FILE, MODEL_FILE, HandlerFailure, build_view, classify

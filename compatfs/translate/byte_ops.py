@@ -12,7 +12,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as DT
 
 from ..format.header import TensorInfo, tensor_nbytes
-from ..format.values import GGUFError
+from ..errors import GGUFError
 from .ops import PLAIN_TYPES, Op, Part, Runs, as_array, elements, strided_runs
 
 

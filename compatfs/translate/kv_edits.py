@@ -15,7 +15,8 @@ from gguf import Keys
 from gguf import TokenType as TT
 
 from ..format.header import SourceGGUF
-from ..format.values import VT, GGUFError, Value, array, u32
+from ..errors import GGUFError
+from ..format.values import VT, Value, array, u32
 from .kv_reads import describe, finite, integer_array, is_integer_array, layers_held, whole
 from .predicates import ALWAYS, Pred
 

@@ -10,7 +10,8 @@ from typing import TypeGuard
 import numpy as np
 
 from ..format.header import SourceGGUF
-from ..format.values import VT, GGUFError, Value
+from ..errors import GGUFError
+from ..format.values import VT, Value
 
 INTEGERS = (VT.UINT8, VT.INT8, VT.UINT16, VT.INT16, VT.UINT32, VT.INT32, VT.UINT64, VT.INT64)
 NUMBERS = INTEGERS + (VT.FLOAT32, VT.FLOAT64)

@@ -7,7 +7,7 @@ from gguf import GGMLQuantizationType as DT
 from gguf import Keys
 
 from ..format.header import SourceGGUF, TensorInfo, tensor_nbytes
-from ..format.values import GGUFError
+from ..errors import GGUFError
 from .ops import Concat, Op, Promote
 
 

@@ -21,7 +21,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as DT
 from gguf import quants
 
 from ..format.header import TensorInfo, tensor_nbytes
-from ..format.values import GGUFError
+from ..errors import GGUFError
 
 ReadTensor = Callable[[TensorInfo], bytes | memoryview]
 

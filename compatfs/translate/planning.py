@@ -17,7 +17,8 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as DT
 
 from ..format.header import SourceGGUF
-from ..format.values import GGUFError, Value
+from ..errors import GGUFError
+from ..format.values import Value
 from .kv_edits import KVEdit, KVs, When
 from .kv_reads import describe, whole
 from .predicates import Pred

@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType as DT
 
 from ..format.header import SourceGGUF, TensorInfo, tensor_nbytes
 from .kv_reads import whole
-from ..format.values import GGUFError
+from ..errors import GGUFError
 from .ops import Op, Permute, Promote
 
 

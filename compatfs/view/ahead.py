@@ -36,7 +36,7 @@ from functools import partial
 from typing import Callable, Hashable, Iterable, NamedTuple
 
 from ..files.blobfile import BlobFile
-from ..format.values import GGUFError
+from ..errors import GGUFError
 from ..translate.ops import Op
 from ..files.scratch import give, take
 

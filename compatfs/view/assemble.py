@@ -23,7 +23,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from . import ahead
 from ..files.blobfile import BlobFile
-from ..format.values import GGUFError
+from ..errors import GGUFError
 from .opcache import OpCache
 from ..translate.ops import Op
 from ..files.scratch import scratch

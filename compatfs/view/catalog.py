@@ -37,7 +37,8 @@ from gguf import Keys
 from .. import handlers  # type: ignore[attr-defined]  # handlers/, by package-dir: mypy cannot see it
 from ..files.blobfile import Transient, identity, status, transient
 from ..format.header import SourceGGUF
-from ..format.values import VT, GGUFError
+from ..errors import GGUFError
+from ..format.values import VT
 from .index import Index, Stamp, Summary
 from ..files.libc import tune_malloc
 from .opcache import OpCache

@@ -18,7 +18,7 @@ from typing import Hashable
 from . import assemble as viewbytes
 from ..files.blobfile import BlobFile
 from ..format.header import MAGIC, SourceGGUF
-from ..format.values import GGUFError
+from ..errors import GGUFError
 from .opcache import OpCache
 from ..translate.ops import Op, Runs
 from ..translate import ViewSpec, ViewTensor
