@@ -18,7 +18,7 @@ from gguf import Keys
 from compatfs.format.header import SourceGGUF
 from compatfs.format.values import f32, string, u32
 from compatfs.translate import (
-    Copy, CopyEach, CopyPrefix, Count, Default, Drop, FromFirstBlock, Hide, KVEdit, KVs, Rename, Scaled, Set, ToF32,
+    Copy, CopyEach, CopyPrefix, Count, Default, DropPrefix, FromFirstBlock, Hide, KVEdit, KVs, Rename, Scaled, Set, ToF32,
     Translation, arch_is, clip_projector, whole,
 )
 
@@ -58,9 +58,9 @@ TEXT = Translation(
     detect=DETECT,
     kv=(
         Set(Keys.General.ARCHITECTURE, string(NEW)),
-        Drop((f"{OLD}.vision.", f"{OLD}.sam.")),
+        DropPrefix((f"{OLD}.vision.", f"{OLD}.sam.")),
         CopyPrefix(f"{OLD}.", f"{NEW}."),
-        Drop((f"{OLD}.",)),
+        DropPrefix((f"{OLD}.",)),
         Default(f"{NEW}.attention.layer_norm_rms_epsilon", f32(1e-6)),
         # ffn_down_exps is [expert width, n_embd, experts]; the shared experts'
         # down projection [shared count x expert width, n_embd].

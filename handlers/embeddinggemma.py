@@ -28,7 +28,7 @@ from gguf import TokenType as TT
 
 from compatfs.format.values import boolean, f32, string
 from compatfs.translate import (
-    Copy, CopyPrefix, Default, Drop, FromShape, Rename, Set, TokenType, Translation, arch_is, has_key, has_tensor,
+    Copy, CopyPrefix, Default, Drop, DropPrefix, FromShape, Rename, Set, TokenType, Translation, arch_is, has_key, has_tensor,
 )
 
 ARCH = "gemma-embedding"
@@ -50,9 +50,9 @@ TEXT = Translation(
         FromShape(f"{ARCH}.dense_3_feat_out", "dense.1.weight", axis=1),
         # Attention is bidirectional and the sliding-window layout fixed for
         # this architecture: keys from the causal model's file would override them.
+        DropPrefix(("gemma3.", f"{ARCH}.rope.local.")),
         Drop((
-            "gemma3.", f"{ARCH}.attention.causal", f"{ARCH}.attention.sliding_window_pattern",
-            f"{ARCH}.rope.local.",
+            f"{ARCH}.attention.causal", f"{ARCH}.attention.sliding_window_pattern",
             "tokenizer.ggml.add_padding_token", "tokenizer.ggml.add_unknown_token",
             # BPE merges: a SentencePiece vocabulary has none.
             Keys.Tokenizer.MERGES,

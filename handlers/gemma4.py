@@ -35,7 +35,7 @@ from compatfs.format.values import VT, array, boolean, string, u32
 from compatfs.translate.byte_ops import ConcatRows
 from compatfs.translate.ops import Op
 from compatfs.translate import (
-    BYTE_TOKENS, Copy, CopyEach, Count, Default, Drop, FillArray, Hide, KeepOnly, ProducePerBlock, Rename, Set,
+    BYTE_TOKENS, Copy, CopyEach, Count, Default, Drop, DropPrefix, FillArray, Hide, KeepOnly, ProducePerBlock, Rename, Set,
     TensorEdit, Tensors, ToF32, TokenType, Translation, ViewTensor, When, any_of, arch_is, as_projector,
     has_tensor_prefix, value_is, whole,
 )
@@ -122,7 +122,8 @@ TEXT = Translation(
         Default(Keys.Tokenizer.ADD_SEP, boolean(False)),
         # The tower hyperparameters go to the mmproj; the pre-tokenizer is
         # implied by the model `gemma4`; llama.cpp reads no EOS list.
-        Drop(("gemma4.vision.", "gemma4.audio.", Keys.Tokenizer.PRE, "tokenizer.ggml.eos_token_ids")),
+        DropPrefix(("gemma4.vision.", "gemma4.audio.")),
+        Drop((Keys.Tokenizer.PRE, "tokenizer.ggml.eos_token_ids")),
     ),
     tensors=(
         Hide(("v.", "a.", "mm.", "model.vision_tower.")),

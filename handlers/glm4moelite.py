@@ -25,7 +25,7 @@ from gguf import Keys
 
 from compatfs.format.values import boolean, string, u32
 from compatfs.translate import (
-    Copy, CopyPrefix, Default, DefaultTokenId, Drop, Set, Translation, arch_is, has_key,
+    Copy, CopyPrefix, Default, DefaultTokenId, DropPrefix, Set, Translation, arch_is, has_key,
 )
 
 OLD, NEW = "glm4moelite.", "deepseek2."
@@ -53,7 +53,7 @@ TEXT = Translation(
         Copy(OLD + "attention.key_length", NEW + "attention.key_length_mla"),
         Copy(OLD + "attention.value_length", NEW + "attention.value_length_mla"),
         CopyPrefix(OLD, NEW),
-        Drop((OLD,)),
+        DropPrefix((OLD,)),
         # MLA shares one latent KV head.
         Set(NEW + "attention.head_count_kv", u32(1)),
         Default(NEW + "expert_group_count", u32(1)),

@@ -45,7 +45,7 @@ from compatfs.translate.byte_ops import Strided
 from compatfs.translate.ops import Op
 from compatfs.files.scratch import scratch
 from compatfs.translate import (
-    CopyPrefix, Count, Default, DefaultTokenId, Drop, FromShape, ProducePerBlock, Rename, Set, StoredType,
+    CopyPrefix, Count, Default, DefaultTokenId, Drop, DropPrefix, FromShape, ProducePerBlock, Rename, Set, StoredType,
     Translation, When, arch_is, has_key, has_token,
 )
 
@@ -243,7 +243,7 @@ TEXT = Translation(
     kv=(
         Set(Keys.General.ARCHITECTURE, string("gpt-oss")),
         CopyPrefix("gptoss.", "gpt-oss."),
-        Drop(("gptoss.",)),
+        DropPrefix(("gptoss.",)),
         # llama.cpp requires the experts' width: the row length of a down
         # stack (Ollama's handler reads a gate stack, which older blobs lack).
         When(~has_key("gptoss.expert_feed_forward_length"), (

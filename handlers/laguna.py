@@ -14,7 +14,7 @@ Departure from Ollama's handler (which copies the two SWA keys and renames
 the gate): the YaRN keys are moved as well, as llama.cpp's conversion has
 them, so that full-attention layers are not scaled twice.
 """
-from compatfs.translate import Copy, Drop, Rename, Translation, When, any_of, arch_is, has_key, has_tensor, value_is
+from compatfs.translate import Copy, Drop, DropPrefix, Rename, Translation, When, any_of, arch_is, has_key, has_tensor, value_is
 
 P = "laguna."
 
@@ -33,8 +33,8 @@ TEXT = Translation(
         When(value_is(P + "rope.scaling.type", "yarn"), (
             Copy(P + "rope.scaling.attn_factor", P + "rope.scaling.yarn_attn_factor"),
         )),
-        Drop((P + "rope.swa.", P + "rope.scaling.beta_fast", P + "rope.scaling.beta_slow",
-              P + "rope.scaling.attn_factor")),
+        DropPrefix((P + "rope.swa.",)),
+        Drop((P + "rope.scaling.beta_fast", P + "rope.scaling.beta_slow", P + "rope.scaling.attn_factor")),
     ),
     tensors=(Rename(".attn_g", ".attn_gate"),),
 )

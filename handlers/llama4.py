@@ -21,7 +21,7 @@ from gguf import Keys
 
 from compatfs.format.values import boolean, string
 from compatfs.translate import (
-    Copy, Drop, Hide, PadTokensUnused, Reciprocal, Rename, Set, Translation, any_of, arch_is, clip_projector,
+    Copy, DropPrefix, Hide, PadTokensUnused, Reciprocal, Rename, Set, Translation, any_of, arch_is, clip_projector,
     has_tensor_prefix, missing_or_default,
 )
 
@@ -44,7 +44,7 @@ TEXT = Translation(
         Set(Keys.Tokenizer.ADD_BOS, boolean(True)),
         PadTokensUnused(),
         # The tower's hyperparameters go to the mmproj.
-        Drop(("llama4.vision.",)),
+        DropPrefix(("llama4.vision.",)),
     ),
     tensors=(Hide(("v.", "mm.")),),
 )

@@ -21,7 +21,7 @@ from gguf import Keys
 
 from compatfs.format.values import f32, string
 from compatfs.translate import (
-    OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Copy, Default, Drop, Hide, Produce, Rename, RopePermute, Set, Translation,
+    OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Copy, Default, DropPrefix, Hide, Produce, Rename, RopePermute, Set, Translation,
     When, any_of, arch_is, clip_projector, embedding_row, has_key, has_tensor_prefix, missing_or_default,
 )
 
@@ -49,7 +49,7 @@ TEXT = Translation(
     kv=(
         # An empty type (with zero factor and betas) fails llama.cpp's assert;
         # its own conversion writes no rope-scaling keys for such a checkpoint.
-        When(NO_ROPE_SCALING, (Drop(("mistral3.rope.scaling.",)),)),
+        When(NO_ROPE_SCALING, (DropPrefix(("mistral3.rope.scaling.",)),)),
         # Older converters' YaRN names.
         Copy("mistral3.rope.scaling.beta_fast", "mistral3.rope.scaling.yarn_beta_fast"),
         Copy("mistral3.rope.scaling.beta_slow", "mistral3.rope.scaling.yarn_beta_slow"),

@@ -52,7 +52,7 @@ from compatfs.errors import GGUFError
 from compatfs.format.values import VT, array, boolean, u32
 from compatfs.translate.ops import Op, Part, Runs, as_array
 from compatfs.translate import (
-    BlockCount, Copy, CopyEach, Count, Default, DefaultTokenId, Drop, FromShape, Hide, KVEdit, KVs, PadArray,
+    BlockCount, Copy, CopyEach, Count, Default, DefaultTokenId, Drop, DropPrefix, FromShape, Hide, KVEdit, KVs, PadArray,
     PadTokensUnused, Produce, ProducePerBlock, Rename, TensorEdit, Tensors, ToF32, TokenType, Translation, arch_is,
     clip_projector, concatenated, describe, has_key, integer_array, split_qkv, whole,
 )
@@ -228,7 +228,8 @@ def text_translation(arch: str) -> Translation:
             # MoE: not written by Ollama's converter (llama.cpp would divide
             # the dense width by the experts used).
             FromShape(f"{arch}.expert_feed_forward_length", "blk.0.ffn_gate_exps.weight", axis=1),
-            Drop((f"{arch}.vision.", f"{arch}.rope.mrope_section")),
+            DropPrefix((f"{arch}.vision.",)),
+            Drop((f"{arch}.rope.mrope_section",)),
             *qwen_tokenizer(),
         ),
         tensors=(Hide(("v.", "mm.")),),

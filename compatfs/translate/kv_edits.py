@@ -89,6 +89,16 @@ class CopyPrefix(KVEdit):
 
 @dataclass(frozen=True)
 class Drop(KVEdit):
+    """Each of `keys` is removed where present (exactly that key: see `DropPrefix`)."""
+    keys: tuple[str, ...]
+
+    def apply(self, kv: KVs, src: SourceGGUF) -> None:
+        for key in self.keys:
+            kv.pop(key, None)
+
+
+@dataclass(frozen=True)
+class DropPrefix(KVEdit):
     """Every key starting with one of `prefixes` is removed."""
     prefixes: tuple[str, ...]
 
@@ -357,7 +367,8 @@ class Reciprocal(KVEdit):
 
 
 __all__ = [
-    "KVs", "KVEdit", "Copy", "CopyEach", "Default", "Set", "CopyPrefix", "Drop", "When", "TruncateToRows",
+    "KVs", "KVEdit", "Copy", "CopyEach", "Default", "Set", "CopyPrefix", "Drop", "DropPrefix",
+    "When", "TruncateToRows",
     "FromShape", "FromFirstBlock", "BlockCount", "ZeroPerLayer", "PerLayerToMax", "FillArray", "PadArray",
     "BYTE_TOKENS", "TokenType", "PadTokensUnused", "DefaultTokenId", "Scaled", "Reciprocal",
 ]

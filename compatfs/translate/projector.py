@@ -6,7 +6,7 @@ from __future__ import annotations
 from gguf import Keys
 
 from ..format.values import VT, array, boolean, string
-from .kv_edits import Copy, CopyEach, Default, Drop, KVEdit, Set
+from .kv_edits import Copy, CopyEach, Default, DropPrefix, KVEdit, Set
 from .planning import Translation
 from .predicates import Pred
 from .tensor_edits import KeepOnly, TensorEdit
@@ -23,7 +23,7 @@ def as_projector(arch: str) -> tuple[KVEdit, ...]:
     return (
         Set(Keys.General.ARCHITECTURE, string("clip")),
         Set(Keys.General.TYPE, string("mmproj")),
-        Drop((f"{arch}.", "tokenizer.")),
+        DropPrefix((f"{arch}.", "tokenizer.")),
     )
 
 
