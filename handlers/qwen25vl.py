@@ -24,8 +24,8 @@ from gguf import TokenType as TT
 from compatfs.format.header import SourceGGUF
 from compatfs.format.values import boolean, string, u32
 from compatfs.translate import (
-    OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, CopyPrefix, Default, DefaultTokenId, Drop, DropPrefix, FromShape, Hide, KVEdit, KVs,
-    PadArray, PadTokensUnused, Rename, Set, TokenType, Translation, arch_is, clip_projector, integer_array,
+    OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, CopyPrefixIfAbsent, Default, DefaultTokenId, Drop, DropPrefix, FromShape, Hide,
+    KVEdit, KVs, PadArray, PadTokensUnused, Rename, Set, TokenType, Translation, arch_is, clip_projector, integer_array,
 )
 
 
@@ -68,7 +68,7 @@ TEXT = Translation(
         Set(Keys.General.ARCHITECTURE, string("qwen2vl")),
         # llama.cpp's loader reads its KVs under the architecture's prefix.
         DropPrefix(("qwen25vl.vision.",)),
-        CopyPrefix("qwen25vl.", "qwen2vl."),
+        CopyPrefixIfAbsent("qwen25vl.", "qwen2vl."),
         # M-RoPE sections: Ollama's 3 (temporal, height, width), llama.cpp's 4.
         PadArray("qwen2vl.rope.mrope_section", "qwen2vl.rope.dimension_sections", 4),
         DropPrefix(("qwen25vl.",)),

@@ -16,10 +16,10 @@ from compatfs.errors import GGUFError
 from compatfs.format.values import Value, array, boolean, f32, string, u32
 from compatfs.testing.gguf_edit import Blob, payload
 from compatfs.translate import (
-    ALWAYS, BYTE_TOKENS, BlockCount, Copy, Count, Default, Drop, DropPrefix, FillArray, FromShape, Hide, KVEdit, PadArray,
-    PadTokensUnused, PerLayerToMax, Reciprocal, Rename, Scaled, Set, StoredType, TensorEdit, TokenType, Translation,
-    TruncateToRows, ZeroPerLayer, any_of, arch_is, clip_projector, has_true, per_layer_mismatch, plan, str_contains,
-    token_is, value_at_least, value_is,
+    ALWAYS, BYTE_TOKENS, BlockCount, CopyIfAbsent, Count, Default, Drop, DropPrefix, FillArray, FromShape, Hide, KVEdit,
+    PadArray, PadTokensUnused, PerLayerToMax, Reciprocal, Rename, Scaled, Set, StoredType, TensorEdit, TokenType,
+    Translation, TruncateToRows, ZeroPerLayer, any_of, arch_is, clip_projector, has_true, per_layer_mismatch, plan,
+    str_contains, token_is, value_at_least, value_is,
 )
 
 from ggufs import write_gguf
@@ -174,7 +174,7 @@ def _hostile_values() -> dict[str, Value]:
 
 KEY = "k"
 EDITS = [
-    Copy(KEY, "d"), Default(KEY, u32(1)), Set("d", u32(1), when=value_is(KEY, 1)), BlockCount(KEY, "blk."),
+    CopyIfAbsent(KEY, "d"), Default(KEY, u32(1)), Set("d", u32(1), when=value_is(KEY, 1)), BlockCount(KEY, "blk."),
     ZeroPerLayer(KEY, "blk.{}.attn_q.weight"), PerLayerToMax(KEY), PadArray(KEY, "d", 4), PadArray(KEY, KEY, 4),
     Reciprocal(KEY, "d"), Scaled(KEY, "d", 4), FromShape(KEY, "t", axis=1), TruncateToRows("t", (KEY,)),
     FillArray(KEY, -1000.0),
