@@ -18,8 +18,8 @@ from gguf import Keys
 from compatfs.format.header import SourceGGUF
 from compatfs.format.values import f32, string, u32
 from compatfs.translate import (
-    Copy, CopyEach, CopyPrefix, Count, Default, Drop, FromFirstBlock, Hide, KVEdit, KVs, Rename, Scaled, Set, ToF32,
-    Translation, arch_is, clip_projector, whole,
+    CopyEachIfAbsent, CopyIfAbsent, CopyPrefixIfAbsent, Count, Default, DropPrefix, FromFirstBlock, Hide, KVEdit, KVs,
+    Rename, Scaled, Set, ToF32, Translation, arch_is, clip_projector, whole,
 )
 
 
@@ -58,9 +58,9 @@ TEXT = Translation(
     detect=DETECT,
     kv=(
         Set(Keys.General.ARCHITECTURE, string(NEW)),
-        Drop((f"{OLD}.vision.", f"{OLD}.sam.")),
-        CopyPrefix(f"{OLD}.", f"{NEW}."),
-        Drop((f"{OLD}.",)),
+        DropPrefix((f"{OLD}.vision.", f"{OLD}.sam.")),
+        CopyPrefixIfAbsent(f"{OLD}.", f"{NEW}."),
+        DropPrefix((f"{OLD}.",)),
         Default(f"{NEW}.attention.layer_norm_rms_epsilon", f32(1e-6)),
         # ffn_down_exps is [expert width, n_embd, experts]; the shared experts'
         # down projection [shared count x expert width, n_embd].
@@ -79,8 +79,8 @@ CLIP = clip_projector(
     counts=(Count(V + "block_count", "v.blk."), Count(SAM + "block_count", "s.blk.")),
     copy=("block_count", "embedding_length", "image_size", "patch_size"),
     head=(
-        Copy(V + "head_count", Keys.ClipVision.Attention.HEAD_COUNT),
-        CopyEach(SAM, "clip.vision.sam.", ("block_count", "embedding_length", "head_count")),
+        CopyIfAbsent(V + "head_count", Keys.ClipVision.Attention.HEAD_COUNT),
+        CopyEachIfAbsent(SAM, "clip.vision.sam.", ("block_count", "embedding_length", "head_count")),
     ),
     edits=(
         # As llama.cpp's converter writes them for DeepSeek-OCR's config: the

@@ -28,7 +28,8 @@ from gguf import TokenType as TT
 
 from compatfs.format.values import boolean, f32, string
 from compatfs.translate import (
-    Copy, CopyPrefix, Default, Drop, FromShape, Rename, Set, TokenType, Translation, arch_is, has_key, has_tensor,
+    CopyIfAbsent, CopyPrefixIfAbsent, Default, Drop, DropPrefix, FromShape, Rename, Set, TokenType, Translation,
+    arch_is, has_key, has_tensor,
 )
 
 ARCH = "gemma-embedding"
@@ -40,8 +41,8 @@ TEXT = Translation(
     kv=(
         Set(Keys.General.ARCHITECTURE, string(ARCH)),
         # llama.cpp reads the hyperparameters under the architecture's name.
-        CopyPrefix("gemma3.", f"{ARCH}."),
-        Copy(f"{ARCH}.rope.local.freq_base", f"{ARCH}.rope.freq_base_swa"),
+        CopyPrefixIfAbsent("gemma3.", f"{ARCH}."),
+        CopyIfAbsent(f"{ARCH}.rope.local.freq_base", f"{ARCH}.rope.freq_base_swa"),
         Default(f"{ARCH}.rope.freq_base_swa", f32(10_000.0)),
         # The projection head: [n_embd, n_ff] up, [n_ff, n_embd] down (ggml shapes).
         FromShape(f"{ARCH}.dense_2_feat_in", "dense.0.weight", axis=0),
@@ -50,9 +51,9 @@ TEXT = Translation(
         FromShape(f"{ARCH}.dense_3_feat_out", "dense.1.weight", axis=1),
         # Attention is bidirectional and the sliding-window layout fixed for
         # this architecture: keys from the causal model's file would override them.
+        DropPrefix(("gemma3.", f"{ARCH}.rope.local.")),
         Drop((
-            "gemma3.", f"{ARCH}.attention.causal", f"{ARCH}.attention.sliding_window_pattern",
-            f"{ARCH}.rope.local.",
+            f"{ARCH}.attention.causal", f"{ARCH}.attention.sliding_window_pattern",
             "tokenizer.ggml.add_padding_token", "tokenizer.ggml.add_unknown_token",
             # BPE merges: a SentencePiece vocabulary has none.
             Keys.Tokenizer.MERGES,

@@ -11,7 +11,7 @@ from gguf import TokenType as TT
 
 from compatfs.format.values import boolean, f32, string
 from compatfs.translate import (
-    Copy, Default, Hide, Rename, ToF32, TokenType, Translation, TruncateToRows, When, any_of, arch_is,
+    CopyIfAbsent, Default, Hide, Rename, ToF32, TokenType, Translation, TruncateToRows, When, any_of, arch_is,
     clip_projector, has_key, has_tensor, has_tensor_prefix, value_at_least,
 )
 
@@ -42,8 +42,8 @@ TEXT = Translation(
     name="gemma3",
     detect=DETECT,
     kv=(
-        Copy("gemma3.rope.global.freq_base", "gemma3.rope.freq_base"),
-        Copy("gemma3.rope.local.freq_base", "gemma3.rope.freq_base_swa"),
+        CopyIfAbsent("gemma3.rope.global.freq_base", "gemma3.rope.freq_base"),
+        CopyIfAbsent("gemma3.rope.local.freq_base", "gemma3.rope.freq_base_swa"),
         Default("gemma3.attention.layer_norm_rms_epsilon", f32(1e-6)),
         Default("gemma3.rope.freq_base", f32(1_000_000.0)),
         Default("gemma3.rope.freq_base_swa", f32(10_000.0)),

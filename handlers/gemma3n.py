@@ -38,8 +38,8 @@ from compatfs.format.values import boolean, f32, string
 from compatfs.translate.byte_ops import PadRows
 from compatfs.translate.ops import Op
 from compatfs.translate import (
-    BYTE_TOKENS, Copy, Default, Drop, Hide, PadTokensUnused, Produce, Set, TokenType, Translation, any_of, arch_is,
-    has_key, rows_differ,
+    BYTE_TOKENS, CopyIfAbsent, Default, Drop, Hide, PadTokensUnused, Produce, Set, TokenType, Translation, any_of,
+    arch_is, has_key, rows_differ,
 )
 
 TOKEN_EMBD, PER_LAYER_EMBD = "token_embd.weight", "per_layer_token_embd.weight"
@@ -63,9 +63,9 @@ TEXT = Translation(
         ~has_key(Keys.Tokenizer.ADD_PREFIX),
     ),
     kv=(
-        Copy("gemma3n.rope.freq_base_local", "gemma3n.rope.freq_base_swa"),
-        Copy("gemma3n.head_dim", "gemma3n.attention.key_length"),
-        Copy("gemma3n.head_dim", "gemma3n.attention.value_length"),
+        CopyIfAbsent("gemma3n.rope.freq_base_local", "gemma3n.rope.freq_base_swa"),
+        CopyIfAbsent("gemma3n.head_dim", "gemma3n.attention.key_length"),
+        CopyIfAbsent("gemma3n.head_dim", "gemma3n.attention.value_length"),
         # Gemma 3n's published value; llama.cpp applies 30 whatever the key says.
         Default("gemma3n.final_logit_softcapping", f32(30.0)),
         # Ollama's names and keys llama.cpp reads nowhere.

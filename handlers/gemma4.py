@@ -35,9 +35,9 @@ from compatfs.format.values import VT, array, boolean, string, u32
 from compatfs.translate.byte_ops import ConcatRows
 from compatfs.translate.ops import Op
 from compatfs.translate import (
-    BYTE_TOKENS, Copy, CopyEach, Count, Default, Drop, FillArray, Hide, KeepOnly, ProducePerBlock, Rename, Set,
-    TensorEdit, Tensors, ToF32, TokenType, Translation, ViewTensor, When, any_of, arch_is, as_projector,
-    has_tensor_prefix, value_is, whole,
+    BYTE_TOKENS, CopyEachIfAbsent, CopyIfAbsent, Count, Default, Drop, DropPrefix, FillArray, Hide, KeepOnly,
+    ProducePerBlock, Rename, Set, TensorEdit, Tensors, ToF32, TokenType, Translation, ViewTensor, When, any_of, arch_is,
+    as_projector, has_tensor_prefix, value_is, whole,
 )
 
 
@@ -122,7 +122,8 @@ TEXT = Translation(
         Default(Keys.Tokenizer.ADD_SEP, boolean(False)),
         # The tower hyperparameters go to the mmproj; the pre-tokenizer is
         # implied by the model `gemma4`; llama.cpp reads no EOS list.
-        Drop(("gemma4.vision.", "gemma4.audio.", Keys.Tokenizer.PRE, "tokenizer.ggml.eos_token_ids")),
+        DropPrefix(("gemma4.vision.", "gemma4.audio.")),
+        Drop((Keys.Tokenizer.PRE, "tokenizer.ggml.eos_token_ids")),
     ),
     tensors=(
         Hide(("v.", "a.", "mm.", "model.vision_tower.")),
@@ -140,7 +141,7 @@ CLIP = Translation(
     counts=(Count("gemma4.vision.block_count", "v.blk."), Count("gemma4.audio.block_count", "a.blk.")),
     kv=(
         When(HAS_VISION, (
-            CopyEach("gemma4.vision.", "clip.vision.", (
+            CopyEachIfAbsent("gemma4.vision.", "clip.vision.", (
                 "block_count", "embedding_length", "feed_forward_length", "attention.head_count",
                 "attention.layer_norm_epsilon", "patch_size",
             )),
@@ -148,7 +149,7 @@ CLIP = Translation(
             # llama.cpp's converter writes 224.
             Default(Keys.ClipVision.IMAGE_SIZE, u32(224)),
             # The projector's output feeds the language model's embedding.
-            Copy("gemma4.embedding_length", Keys.ClipVision.PROJECTION_DIM),
+            CopyIfAbsent("gemma4.embedding_length", Keys.ClipVision.PROJECTION_DIM),
             # The tower normalises pixels itself (`v.std_bias`, `v.std_scale`).
             Default(Keys.ClipVision.IMAGE_MEAN, array(VT.FLOAT32, [0.0, 0.0, 0.0])),
             Default(Keys.ClipVision.IMAGE_STD, array(VT.FLOAT32, [1.0, 1.0, 1.0])),
@@ -156,12 +157,12 @@ CLIP = Translation(
             Set(Keys.ClipVision.PROJECTOR_TYPE, string("gemma4v")),
         )),
         When(HAS_AUDIO, (
-            CopyEach("gemma4.audio.", "clip.audio.", (
+            CopyEachIfAbsent("gemma4.audio.", "clip.audio.", (
                 "block_count", "embedding_length", "feed_forward_length", "attention.head_count",
                 "attention.layer_norm_epsilon",
             )),
             Default(Keys.ClipAudio.NUM_MEL_BINS, u32(128)),
-            Copy("gemma4.embedding_length", Keys.ClipAudio.PROJECTION_DIM),
+            CopyIfAbsent("gemma4.embedding_length", Keys.ClipAudio.PROJECTION_DIM),
             Set(Keys.Clip.HAS_AUDIO_ENCODER, boolean(True)),
             Set(Keys.ClipAudio.PROJECTOR_TYPE, string("gemma4a")),
         )),

@@ -25,7 +25,7 @@ from gguf import Keys
 
 from compatfs.format.values import boolean, string, u32
 from compatfs.translate import (
-    Copy, CopyPrefix, Default, DefaultTokenId, Drop, Set, Translation, arch_is, has_key,
+    CopyIfAbsent, CopyPrefixIfAbsent, Default, DefaultTokenId, DropPrefix, Set, Translation, arch_is, has_key,
 )
 
 OLD, NEW = "glm4moelite.", "deepseek2."
@@ -48,12 +48,12 @@ TEXT = Translation(
     kv=(
         Set(Keys.General.ARCHITECTURE, string("deepseek2")),
         # The latent (absorbed) and per-head lengths trade places.
-        Copy(OLD + "attention.key_length_mla", NEW + "attention.key_length"),
-        Copy(OLD + "attention.value_length_mla", NEW + "attention.value_length"),
-        Copy(OLD + "attention.key_length", NEW + "attention.key_length_mla"),
-        Copy(OLD + "attention.value_length", NEW + "attention.value_length_mla"),
-        CopyPrefix(OLD, NEW),
-        Drop((OLD,)),
+        CopyIfAbsent(OLD + "attention.key_length_mla", NEW + "attention.key_length"),
+        CopyIfAbsent(OLD + "attention.value_length_mla", NEW + "attention.value_length"),
+        CopyIfAbsent(OLD + "attention.key_length", NEW + "attention.key_length_mla"),
+        CopyIfAbsent(OLD + "attention.value_length", NEW + "attention.value_length_mla"),
+        CopyPrefixIfAbsent(OLD, NEW),
+        DropPrefix((OLD,)),
         # MLA shares one latent KV head.
         Set(NEW + "attention.head_count_kv", u32(1)),
         Default(NEW + "expert_group_count", u32(1)),

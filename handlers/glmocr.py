@@ -28,9 +28,9 @@ from compatfs.errors import GGUFError
 from compatfs.format.values import string, u32
 from compatfs.translate.ops import Concat, Op
 from compatfs.translate import (
-    OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Copy, CopyPrefix, Count, DefaultTokenId, Drop, Hide, KVEdit, KVs, PadArray,
-    PadTokensUnused, ProducePerBlock, Rename, Set, Translation, arch_is, clip_projector, finite, has_tensor_prefix,
-    whole,
+    OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, CopyIfAbsent, CopyPrefixIfAbsent, Count, DefaultTokenId, Drop, DropPrefix, Hide,
+    KVEdit, KVs, PadArray, PadTokensUnused, ProducePerBlock, Rename, Set, Translation, arch_is, clip_projector, finite,
+    has_tensor_prefix, whole,
 )
 
 
@@ -80,11 +80,12 @@ TEXT = Translation(
     kv=(
         Set(Keys.General.ARCHITECTURE, string("glm4")),
         # The tower's keys go to the mmproj, the media token ids nowhere (llama.cpp reads none).
-        Drop(("glmocr.vision.", "glmocr.image_", "glmocr.video_")),
-        CopyPrefix("glmocr.", "glm4."),
+        DropPrefix(("glmocr.vision.", "glmocr.image_", "glmocr.video_")),
+        CopyPrefixIfAbsent("glmocr.", "glm4."),
         PadArray("glm4.rope.mrope_section", "glm4.rope.dimension_sections", 4),
         RotaryWidth("glm4.attention.key_length", "glm4.rope.partial_rotary_factor", "glm4.rope.dimension_count"),
-        Drop(("glmocr.", "glm4.rope.mrope_section", "glm4.rope.partial_rotary_factor")),
+        DropPrefix(("glmocr.",)),
+        Drop(("glm4.rope.mrope_section", "glm4.rope.partial_rotary_factor")),
         Set(Keys.Tokenizer.PRE, string("chatglm-bpe")),
         # Where the tokenizer config names none, llama.cpp's converter takes these from GLM's markers.
         DefaultTokenId(Keys.Tokenizer.BOS_ID, "<|endoftext|>"),
@@ -107,8 +108,8 @@ CLIP = clip_projector(
     copy=("block_count", "embedding_length", "attention.head_count", "image_size", "patch_size", "image_mean",
           "image_std"),
     head=(
-        Copy("glmocr.vision.intermediate_size", Keys.ClipVision.FEED_FORWARD_LENGTH),
-        Copy("glmocr.vision.attention.layer_norm_rms_epsilon", Keys.ClipVision.Attention.LAYERNORM_EPS),
+        CopyIfAbsent("glmocr.vision.intermediate_size", Keys.ClipVision.FEED_FORWARD_LENGTH),
+        CopyIfAbsent("glmocr.vision.attention.layer_norm_rms_epsilon", Keys.ClipVision.Attention.LAYERNORM_EPS),
     ),
     # GLM-OCR's preprocessor (OpenAI CLIP's statistics), for files without them.
     mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD, activation=Keys.ClipVision.USE_SILU,

@@ -45,8 +45,8 @@ from compatfs.translate.byte_ops import Strided
 from compatfs.translate.ops import Op
 from compatfs.files.scratch import scratch
 from compatfs.translate import (
-    CopyPrefix, Count, Default, DefaultTokenId, Drop, FromShape, ProducePerBlock, Rename, Set, StoredType,
-    Translation, When, arch_is, has_key, has_token,
+    CopyPrefixIfAbsent, Count, Default, DefaultTokenId, Drop, DropPrefix, FromShape, ProducePerBlock, Rename, Set,
+    StoredType, Translation, When, arch_is, has_key, has_token,
 )
 
 OLLAMA_MXFP4 = 4            # the ggml type number Ollama's converter gave MXFP4 before 59412fbb4
@@ -242,8 +242,8 @@ TEXT = Translation(
     stored_types=(StoredType(OLLAMA_MXFP4, QK, BLOCK),),
     kv=(
         Set(Keys.General.ARCHITECTURE, string("gpt-oss")),
-        CopyPrefix("gptoss.", "gpt-oss."),
-        Drop(("gptoss.",)),
+        CopyPrefixIfAbsent("gptoss.", "gpt-oss."),
+        DropPrefix(("gptoss.",)),
         # llama.cpp requires the experts' width: the row length of a down
         # stack (Ollama's handler reads a gate stack, which older blobs lack).
         When(~has_key("gptoss.expert_feed_forward_length"), (

@@ -14,7 +14,9 @@ Departure from Ollama's handler (which copies the two SWA keys and renames
 the gate): the YaRN keys are moved as well, as llama.cpp's conversion has
 them, so that full-attention layers are not scaled twice.
 """
-from compatfs.translate import Copy, Drop, Rename, Translation, When, any_of, arch_is, has_key, has_tensor, value_is
+from compatfs.translate import (
+    CopyIfAbsent, Drop, DropPrefix, Rename, Translation, When, any_of, arch_is, has_key, has_tensor, value_is,
+)
 
 P = "laguna."
 
@@ -26,15 +28,15 @@ TEXT = Translation(
         has_tensor("blk.0.attn_g.weight"),
     ),
     kv=(
-        Copy(P + "rope.swa.dimension_count", P + "rope.dimension_count_swa"),
-        Copy(P + "rope.swa.freq_base", P + "rope.freq_base_swa"),
-        Copy(P + "rope.scaling.beta_fast", P + "rope.scaling.yarn_beta_fast"),
-        Copy(P + "rope.scaling.beta_slow", P + "rope.scaling.yarn_beta_slow"),
+        CopyIfAbsent(P + "rope.swa.dimension_count", P + "rope.dimension_count_swa"),
+        CopyIfAbsent(P + "rope.swa.freq_base", P + "rope.freq_base_swa"),
+        CopyIfAbsent(P + "rope.scaling.beta_fast", P + "rope.scaling.yarn_beta_fast"),
+        CopyIfAbsent(P + "rope.scaling.beta_slow", P + "rope.scaling.yarn_beta_slow"),
         When(value_is(P + "rope.scaling.type", "yarn"), (
-            Copy(P + "rope.scaling.attn_factor", P + "rope.scaling.yarn_attn_factor"),
+            CopyIfAbsent(P + "rope.scaling.attn_factor", P + "rope.scaling.yarn_attn_factor"),
         )),
-        Drop((P + "rope.swa.", P + "rope.scaling.beta_fast", P + "rope.scaling.beta_slow",
-              P + "rope.scaling.attn_factor")),
+        DropPrefix((P + "rope.swa.",)),
+        Drop((P + "rope.scaling.beta_fast", P + "rope.scaling.beta_slow", P + "rope.scaling.attn_factor")),
     ),
     tensors=(Rename(".attn_g", ".attn_gate"),),
 )

@@ -21,8 +21,8 @@ from gguf import Keys
 
 from compatfs.format.values import boolean, string
 from compatfs.translate import (
-    Copy, Drop, Hide, PadTokensUnused, Reciprocal, Rename, Set, Translation, any_of, arch_is, clip_projector,
-    has_tensor_prefix, missing_or_default,
+    CopyIfAbsent, DropPrefix, Hide, PadTokensUnused, Reciprocal, Rename, Set, Translation, any_of, arch_is,
+    clip_projector, has_tensor_prefix, missing_or_default,
 )
 
 
@@ -44,7 +44,7 @@ TEXT = Translation(
         Set(Keys.Tokenizer.ADD_BOS, boolean(True)),
         PadTokensUnused(),
         # The tower's hyperparameters go to the mmproj.
-        Drop(("llama4.vision.",)),
+        DropPrefix(("llama4.vision.",)),
     ),
     tensors=(Hide(("v.", "mm.")),),
 )
@@ -53,7 +53,7 @@ CLIP = clip_projector(
     "llama4-clip", DETECT & has_tensor_prefix("v."), "llama4", "llama4",
     copy=("block_count", "embedding_length", "feed_forward_length", "attention.head_count", "image_size",
           "patch_size"),
-    head=(Copy("llama4.vision.layer_norm_epsilon", Keys.ClipVision.Attention.LAYERNORM_EPS),),
+    head=(CopyIfAbsent("llama4.vision.layer_norm_epsilon", Keys.ClipVision.Attention.LAYERNORM_EPS),),
     # The pixel-shuffle ratio 0.5 shuffles 2x2 patches into one: scale factor 2.
     edits=(Reciprocal("llama4.vision.pixel_shuffle_ratio", Keys.ClipVision.Projector.SCALE_FACTOR),),
     # Llama 4's preprocessor normalises with mean = std = 0.5.

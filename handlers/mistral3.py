@@ -21,8 +21,8 @@ from gguf import Keys
 
 from compatfs.format.values import f32, string
 from compatfs.translate import (
-    OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Copy, Default, Drop, Hide, Produce, Rename, RopePermute, Set, Translation,
-    When, any_of, arch_is, clip_projector, embedding_row, has_key, has_tensor_prefix, missing_or_default,
+    OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, CopyIfAbsent, Default, DropPrefix, Hide, Produce, Rename, RopePermute, Set,
+    Translation, When, any_of, arch_is, clip_projector, embedding_row, has_key, has_tensor_prefix, missing_or_default,
 )
 
 
@@ -49,12 +49,12 @@ TEXT = Translation(
     kv=(
         # An empty type (with zero factor and betas) fails llama.cpp's assert;
         # its own conversion writes no rope-scaling keys for such a checkpoint.
-        When(NO_ROPE_SCALING, (Drop(("mistral3.rope.scaling.",)),)),
+        When(NO_ROPE_SCALING, (DropPrefix(("mistral3.rope.scaling.",)),)),
         # Older converters' YaRN names.
-        Copy("mistral3.rope.scaling.beta_fast", "mistral3.rope.scaling.yarn_beta_fast"),
-        Copy("mistral3.rope.scaling.beta_slow", "mistral3.rope.scaling.yarn_beta_slow"),
-        Copy("mistral3.rope.scaling.mscale_all_dim", "mistral3.rope.scaling.yarn_log_multiplier"),
-        Copy("mistral3.rope.scaling_beta", "mistral3.attention.temperature_scale"),
+        CopyIfAbsent("mistral3.rope.scaling.beta_fast", "mistral3.rope.scaling.yarn_beta_fast"),
+        CopyIfAbsent("mistral3.rope.scaling.beta_slow", "mistral3.rope.scaling.yarn_beta_slow"),
+        CopyIfAbsent("mistral3.rope.scaling.mscale_all_dim", "mistral3.rope.scaling.yarn_log_multiplier"),
+        CopyIfAbsent("mistral3.rope.scaling_beta", "mistral3.attention.temperature_scale"),
         Set(Keys.Tokenizer.PRE, string("tekken"), when=missing_or_default(Keys.Tokenizer.PRE)),
     ),
     tensors=(Hide(("v.", "mm.")),),
@@ -64,7 +64,7 @@ CLIP = clip_projector(
     "mistral3-clip", DETECT & has_tensor_prefix("v."), "mistral3", "pixtral",
     copy=("block_count", "embedding_length", "feed_forward_length", "attention.head_count", "image_size",
           "patch_size"),
-    head=(Copy("mistral3.spatial_merge_size", Keys.ClipVision.SPATIAL_MERGE_SIZE),),
+    head=(CopyIfAbsent("mistral3.spatial_merge_size", Keys.ClipVision.SPATIAL_MERGE_SIZE),),
     # Hard-coded in HF's modeling_pixtral; the vision MLP is gated SiLU.
     edits=(Default(Keys.ClipVision.Attention.LAYERNORM_EPS, f32(1e-5)),),
     # Pixtral's preprocessing constants (OpenAI CLIP's image statistics).

@@ -36,7 +36,7 @@ from compatfs.errors import GGUFError
 from compatfs.format.values import f32, string, u32
 from compatfs.translate.ops import Elementwise, Op, to_f32
 from compatfs.translate import (
-    OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, CopyPrefix, Count, Default, Drop, FromFirstBlock, Hide, Produce,
+    OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, CopyPrefixIfAbsent, Count, Default, DropPrefix, FromFirstBlock, Hide, Produce,
     ProducePerBlock, Rename, Set, ToF32, Translation, When, any_of, arch_is, clip_projector, concatenated, describe,
     has_block_tensor, has_tensor_prefix, split_qkv, value_at_least, whole,
 )
@@ -105,9 +105,9 @@ def _text_arch(arch: str) -> tuple:
     """The omni blob's text keys under `arch`; its vision and audio keys left out."""
     return (
         Set(Keys.General.ARCHITECTURE, string(arch)),
-        Drop((f"{OMNI}.vision.", f"{OMNI}.audio.")),
-        CopyPrefix(f"{OMNI}.", f"{arch}."),
-        Drop((f"{OMNI}.",)),
+        DropPrefix((f"{OMNI}.vision.", f"{OMNI}.audio.")),
+        CopyPrefixIfAbsent(f"{OMNI}.", f"{arch}."),
+        DropPrefix((f"{OMNI}.",)),
     )
 
 

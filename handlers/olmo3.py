@@ -24,7 +24,8 @@ from gguf import Keys
 
 from compatfs.format.values import boolean, string
 from compatfs.translate import (
-    Copy, CopyPrefix, Default, Drop, Set, Translation, When, any_of, arch_is, has_key, value_is,
+    CopyIfAbsent, CopyPrefixIfAbsent, Default, Drop, DropPrefix, Set, Translation, When, any_of, arch_is, has_key,
+    value_is,
 )
 
 ATTN_FACTOR = "olmo2.rope.scaling.attn_factor"
@@ -38,10 +39,10 @@ TEXT = Translation(
     )),
     kv=(
         Set(Keys.General.ARCHITECTURE, string("olmo2")),
-        CopyPrefix("olmo3.", "olmo2."),
-        Drop(("olmo3.",)),
+        CopyPrefixIfAbsent("olmo3.", "olmo2."),
+        DropPrefix(("olmo3.",)),
         When(value_is("olmo3.rope.scaling.type", "yarn") | value_is("olmo2.rope.scaling.type", "yarn"), (
-            Copy(ATTN_FACTOR, "olmo2.rope.scaling.yarn_attn_factor"),
+            CopyIfAbsent(ATTN_FACTOR, "olmo2.rope.scaling.yarn_attn_factor"),
             Drop((ATTN_FACTOR,)),
         )),
         Default(Keys.Tokenizer.ADD_BOS, boolean(False)),

@@ -24,8 +24,8 @@ from gguf import TokenType as TT
 from compatfs.format.header import SourceGGUF
 from compatfs.format.values import boolean, string, u32
 from compatfs.translate import (
-    OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, CopyPrefix, Default, DefaultTokenId, Drop, FromShape, Hide, KVEdit, KVs,
-    PadArray, PadTokensUnused, Rename, Set, TokenType, Translation, arch_is, clip_projector, integer_array,
+    OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, CopyPrefixIfAbsent, Default, DefaultTokenId, Drop, DropPrefix, FromShape, Hide,
+    KVEdit, KVs, PadArray, PadTokensUnused, Rename, Set, TokenType, Translation, arch_is, clip_projector, integer_array,
 )
 
 
@@ -67,11 +67,12 @@ TEXT = Translation(
     kv=(
         Set(Keys.General.ARCHITECTURE, string("qwen2vl")),
         # llama.cpp's loader reads its KVs under the architecture's prefix.
-        Drop(("qwen25vl.vision.",)),
-        CopyPrefix("qwen25vl.", "qwen2vl."),
+        DropPrefix(("qwen25vl.vision.",)),
+        CopyPrefixIfAbsent("qwen25vl.", "qwen2vl."),
         # M-RoPE sections: Ollama's 3 (temporal, height, width), llama.cpp's 4.
         PadArray("qwen2vl.rope.mrope_section", "qwen2vl.rope.dimension_sections", 4),
-        Drop(("qwen25vl.", "qwen2vl.rope.mrope_section")),
+        DropPrefix(("qwen25vl.",)),
+        Drop(("qwen2vl.rope.mrope_section",)),
         # Qwen2.5-VL's config names <|endoftext|> BOS; its tokenizer adds neither BOS nor EOS.
         DefaultTokenId(Keys.Tokenizer.BOS_ID, "<|endoftext|>"),
         Default(Keys.Tokenizer.ADD_BOS, boolean(False)),

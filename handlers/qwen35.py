@@ -40,7 +40,7 @@ from compatfs.errors import GGUFError
 from compatfs.format.values import VT, array, u32
 from compatfs.translate.ops import AddScalar
 from compatfs.translate import (
-    AddSuffix, Count, Default, Drop, Hide, KVEdit, KVs, PadArray, PerLayerToMax, Produce, Rename, TensorEdit,
+    AddSuffix, Count, Default, Drop, DropPrefix, Hide, KVEdit, KVs, PadArray, PerLayerToMax, Produce, Rename, TensorEdit,
     Tensors, Translation, any_of, arch_is, describe, has_key, has_tensor_prefix, has_true, stacked, whole,
 )
 
@@ -172,7 +172,8 @@ def text_translation(arch: str) -> Translation:
             RecurrentLayers(f"{arch}.attention.recurrent_layers", f"{arch}.block_count", "blk.{}.ssm_a"),
             # Vision keys go to the projector; the rest is not read by llama.cpp
             # (interleaved M-RoPE and the V-head order are implied by the arch).
-            Drop((f"{arch}.vision.", f"{arch}.image_token_id", f"{arch}.vision_start_token_id",
+            DropPrefix((f"{arch}.vision.",)),
+            Drop((f"{arch}.image_token_id", f"{arch}.vision_start_token_id",
                   f"{arch}.vision_end_token_id", f"{arch}.mrope_sections", f"{arch}.rope.mrope_section",
                   f"{arch}.rope.mrope_interleaved", f"{arch}.ssm.v_head_reordered")),
             *qwen_tokenizer(),

@@ -26,7 +26,7 @@ from gguf import Keys
 
 from compatfs.format.values import string
 from compatfs.translate import (
-    AddSuffix, Count, CopyPrefix, Drop, PerLayerToMax, Set, Translation, any_of, arch_is, has_key,
+    AddSuffix, CopyPrefixIfAbsent, Count, DropPrefix, PerLayerToMax, Set, Translation, any_of, arch_is, has_key,
     has_tensor_ending, has_tensor_prefix, is_array, value_is,
 )
 
@@ -50,8 +50,8 @@ TEXT = Translation(
     counts=(Count("qwen35moe.block_count", "blk."), Count(f"{ARCH}.block_count", "blk.")),
     kv=(
         Set(Keys.General.ARCHITECTURE, string(ARCH)),
-        CopyPrefix("qwen35moe.", f"{ARCH}."),
-        Drop(("qwen35moe.",)),
+        CopyPrefixIfAbsent("qwen35moe.", f"{ARCH}."),
+        DropPrefix(("qwen35moe.",)),
         PerLayerToMax(f"{ARCH}.attention.head_count_kv"),
         Set(Keys.Tokenizer.PRE, string("qwen2"), when=value_is(Keys.Tokenizer.PRE, "qwen35")),
     ),

@@ -52,9 +52,9 @@ from compatfs.errors import GGUFError
 from compatfs.format.values import VT, array, boolean, u32
 from compatfs.translate.ops import Op, Part, Runs, as_array
 from compatfs.translate import (
-    BlockCount, Copy, CopyEach, Count, Default, DefaultTokenId, Drop, FromShape, Hide, KVEdit, KVs, PadArray,
-    PadTokensUnused, Produce, ProducePerBlock, Rename, TensorEdit, Tensors, ToF32, TokenType, Translation, arch_is,
-    clip_projector, concatenated, describe, has_key, integer_array, split_qkv, whole,
+    BlockCount, CopyEachIfAbsent, CopyIfAbsent, Count, Default, DefaultTokenId, Drop, DropPrefix, FromShape, Hide,
+    KVEdit, KVs, PadArray, PadTokensUnused, Produce, ProducePerBlock, Rename, TensorEdit, Tensors, ToF32, TokenType,
+    Translation, arch_is, clip_projector, concatenated, describe, has_key, integer_array, split_qkv, whole,
 )
 
 from .qwen25vl import FIM_MARKERS
@@ -228,7 +228,8 @@ def text_translation(arch: str) -> Translation:
             # MoE: not written by Ollama's converter (llama.cpp would divide
             # the dense width by the experts used).
             FromShape(f"{arch}.expert_feed_forward_length", "blk.0.ffn_gate_exps.weight", axis=1),
-            Drop((f"{arch}.vision.", f"{arch}.rope.mrope_section")),
+            DropPrefix((f"{arch}.vision.",)),
+            Drop((f"{arch}.rope.mrope_section",)),
             *qwen_tokenizer(),
         ),
         tensors=(Hide(("v.", "mm.")),),
@@ -247,9 +248,9 @@ def vision_projector(name: str, arch: str, detect) -> Translation:
             FromShape(Keys.ClipVision.FEED_FORWARD_LENGTH, "v.blk.0.mlp.linear_fc1.weight", axis=1),
             ImageSize(Keys.ClipVision.IMAGE_SIZE, "v.pos_embed.weight", "v.patch_embed.weight"),
             # llama.cpp's converter takes the text model's RMS epsilon.
-            Copy(f"{arch}.attention.layer_norm_rms_epsilon", Keys.ClipVision.Attention.LAYERNORM_EPS),
-            Copy(f"{v}attention.layer_norm_epsilon", Keys.ClipVision.Attention.LAYERNORM_EPS),
-            CopyEach(v, "clip.vision.", ("image_mean", "image_std")),
+            CopyIfAbsent(f"{arch}.attention.layer_norm_rms_epsilon", Keys.ClipVision.Attention.LAYERNORM_EPS),
+            CopyIfAbsent(f"{v}attention.layer_norm_epsilon", Keys.ClipVision.Attention.LAYERNORM_EPS),
+            CopyEachIfAbsent(v, "clip.vision.", ("image_mean", "image_std")),
         ),
         mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5),
         tail=(DeepstackMask(Keys.ClipVision.IS_DEEPSTACK_LAYERS, f"{v}deepstack_visual_indexes", f"{v}block_count"),),

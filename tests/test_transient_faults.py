@@ -1,7 +1,8 @@
 """A fault of the system (out of descriptors or memory, an I/O error) while a
 view is built or its blob opened is EIO for that open only: nothing
 remembers it, the next open tries again, each is logged (at most a line per
-blob every few seconds); a verdict on the blob's bytes is still remembered.
+blob every few seconds, as are failed reads); a verdict on the blob's bytes
+is still remembered.
 An open that fails leaves no descriptor behind, and the daemon raises its
 own limit on open files at start."""
 import errno
@@ -263,3 +264,33 @@ def test_a_fault_while_sizing_is_neither_indexed_nor_remembered_by_stat(tmp_path
     blob = fs.tree.lookup(MODEL[1:]).blob
     assert views.index.get(blob, views_module._stamp(blob)) is None    # nothing indexed for the fault
     assert fs.getattr(MODEL)["st_size"] == len(expected(blob))
+
+
+def test_failed_reads_are_logged_at_most_once_per_blob_a_while(monkeypatch, caplog):
+    """A blob whose every read fails logs one line per blob every
+    READ_LOG_SECONDS, not one per read; the next line counts the rest."""
+    from compatfs.fuse import readpath
+
+    def fail(view, file, offset, out):
+        raise OSError(errno.EIO, "Input/output error")
+    monkeypatch.setattr(readpath.viewbytes, "fill", fail)
+    monkeypatch.setattr(readpath, "_failures", presented.Throttle(readpath.READ_LOG_SECONDS))
+    clock = [1000.0]
+    monkeypatch.setattr(presented.time, "monotonic", lambda: clock[0])
+    handles = [SimpleNamespace(view=None, file=None, blob=f"/store/blobs/sha256-{n}") for n in "ab"]
+    out = memoryview(bytearray(1 << 20))
+
+    def read(handle) -> None:
+        with pytest.raises(OSError) as e:
+            readpath._fill(handle, 0, out)
+        assert e.value.errno == errno.EIO
+    with caplog.at_level(logging.ERROR, logger="compatfs"):
+        for _ in range(3):
+            read(handles[0])
+        read(handles[1])
+        assert caplog.text.count("read of /store/blobs/sha256-a") == 1
+        assert caplog.text.count("read of /store/blobs/sha256-b") == 1
+        clock[0] += readpath.READ_LOG_SECONDS
+        read(handles[0])
+    assert caplog.text.count("read of /store/blobs/sha256-a") == 2
+    assert "(2 more since the last such line)" in caplog.text

@@ -16,10 +16,10 @@ from compatfs.errors import GGUFError
 from compatfs.format.values import Value, array, boolean, f32, string, u32
 from compatfs.testing.gguf_edit import Blob, payload
 from compatfs.translate import (
-    ALWAYS, BYTE_TOKENS, BlockCount, Copy, Count, Default, Drop, FillArray, FromShape, Hide, KVEdit, PadArray,
-    PadTokensUnused, PerLayerToMax, Reciprocal, Rename, Scaled, Set, StoredType, TensorEdit, TokenType, Translation,
-    TruncateToRows, ZeroPerLayer, any_of, arch_is, clip_projector, has_true, per_layer_mismatch, plan, str_contains,
-    token_is, value_at_least, value_is,
+    ALWAYS, BYTE_TOKENS, BlockCount, CopyIfAbsent, Count, Default, Drop, DropPrefix, FillArray, FromShape, Hide, KVEdit,
+    PadArray, PadTokensUnused, PerLayerToMax, Reciprocal, Rename, Scaled, Set, StoredType, TensorEdit, TokenType,
+    Translation, TruncateToRows, ZeroPerLayer, any_of, arch_is, clip_projector, has_true, per_layer_mismatch, plan,
+    str_contains, token_is, value_at_least, value_is,
 )
 
 from ggufs import write_gguf
@@ -113,6 +113,15 @@ def test_rename_into_moves_a_tower_without_chaining():
     assert [t.name for t in ts] == ["v.sam.blk.0.pre_ln.weight", "v.sam.blk.0.mlp.weight", "v.sam.neck.0.weight"]
 
 
+def test_drop_removes_exactly_the_keys_it_names_and_drop_prefix_by_prefix():
+    eos, eos_ids = Keys.Tokenizer.EOS_ID, "tokenizer.ggml.eos_token_ids"
+    kv = {eos: u32(2), eos_ids: array(VT.INT32, [2, 3]), "x.vision.a": u32(1), "x.visionary": u32(1)}
+    Drop((eos, "absent")).apply(kv, None)
+    assert list(kv) == [eos_ids, "x.vision.a", "x.visionary"]
+    DropPrefix(("x.vision.",)).apply(kv, None)
+    assert list(kv) == [eos_ids, "x.visionary"]
+
+
 def test_a_translation_takes_only_edits_of_the_right_kind():
     with pytest.raises(TypeError, match="not a KV edit"):
         Translation("t", ALWAYS, kv=(Hide(("v.",)),))
@@ -165,7 +174,7 @@ def _hostile_values() -> dict[str, Value]:
 
 KEY = "k"
 EDITS = [
-    Copy(KEY, "d"), Default(KEY, u32(1)), Set("d", u32(1), when=value_is(KEY, 1)), BlockCount(KEY, "blk."),
+    CopyIfAbsent(KEY, "d"), Default(KEY, u32(1)), Set("d", u32(1), when=value_is(KEY, 1)), BlockCount(KEY, "blk."),
     ZeroPerLayer(KEY, "blk.{}.attn_q.weight"), PerLayerToMax(KEY), PadArray(KEY, "d", 4), PadArray(KEY, KEY, 4),
     Reciprocal(KEY, "d"), Scaled(KEY, "d", 4), FromShape(KEY, "t", axis=1), TruncateToRows("t", (KEY,)),
     FillArray(KEY, -1000.0),

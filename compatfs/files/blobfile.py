@@ -48,8 +48,15 @@ _BOUNCE = (1 << 20) + 2 * ALIGN          # the aligned buffer an O_DIRECT read g
 KEEP_OUT_ENV = "COMPATFS_KEEP_OUT"       # mounts never looked into, a JSON list (inherited by workers)
 
 
-class Denied(GGUFError):
-    """The caller may not reach or read the file."""
+class Denied(PermissionError):
+    """The caller may not reach or read the file: a refusal (EACCES), not a
+    verdict on the file's bytes; its text names the file."""
+
+    def __init__(self, message: str):
+        super().__init__(errno.EACCES, message)
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 def keep_out(mountpoint: str | os.PathLike) -> None:
@@ -218,6 +225,8 @@ def open_regular(path: str | os.PathLike, caller: Caller | None = None) -> tuple
     path otherwise (Transient for a fault of the system)."""
     try:
         pfd = _walk(path, caller)
+    except Denied:
+        raise
     except OSError as e:
         raise _failed(path, "open", e) from None
     try:
@@ -232,11 +241,10 @@ def open_regular(path: str | os.PathLike, caller: Caller | None = None) -> tuple
         st = os.fstat(fd)
         if caller is not None:
             _require(caller, fd, st, READ, str(path))
-    except OSError as e:
+    except BaseException as e:
         os.close(fd)
-        raise _failed(path, "read", e) from None
-    except BaseException:
-        os.close(fd)
+        if isinstance(e, OSError) and not isinstance(e, Denied):
+            raise _failed(path, "read", e) from None
         raise
     return fd, st
 
@@ -299,6 +307,8 @@ class BlobFile:
         try:
             status(self.path.parent, caller, SEARCH)
             _require(caller, self.fd, os.fstat(self.fd), READ, str(self.path))
+        except Denied:
+            raise
         except OSError as e:
             raise _failed(self.path, "open", e) from None
 

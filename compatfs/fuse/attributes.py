@@ -37,9 +37,9 @@ def file_attrs(path: str, stamp: tuple, size: int, st: os.stat_result | None) ->
 class Attributes:
     """Attributes and listings of `tree`'s paths."""
 
-    def __init__(self, tree: Tree, store: Presented, files: OpenFiles):
+    def __init__(self, tree: Tree, presented: Presented, files: OpenFiles):
         self.tree = tree
-        self._store = store
+        self._presented = presented
         self._files = files
 
     def node(self, path: str):
@@ -73,8 +73,8 @@ class Attributes:
             # Size and identity of one blob (the path may name another by the
             # time its summary is looked up).
             try:
-                st = self._store.blob_stat(node)
-                size = self._store.size(node, st)
+                st = self._presented.blob_stat(node)
+                size = self._presented.size(node, st)
                 break
             except Unavailable:
                 raise    # EIO for this stat only: an answer not remembered, the next one tries again

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from . import libfuse
 from ..files import mounttable
+from ..files.libc import tune_malloc
 from .operations import CompatFS
 from .libfuse import fuse, libfuse_tuple
 from ..sources.base import Source
@@ -27,18 +28,6 @@ log = logging.getLogger(__name__)
 
 class MountError(Exception):
     """The mount could not be set up or ended in an error; one line for the user."""
-
-
-def tune_malloc() -> None:
-    """Large allocations (parsed and rendered headers, whole op tensors) mapped
-    on their own, so that freeing them returns the memory: glibc otherwise
-    raises that threshold as blocks are freed and keeps them in a heap that
-    only grows over a long-running mount.  Read replies (up to 1 MiB, and the
-    op inputs behind them) stay below the threshold and reuse heap memory: a
-    fresh mapping per reply would fault in every page of it again.  Two
-    arenas, each keeping at most a few MiB free, bound what that reuse holds."""
-    from ..files.libc import tune_malloc
-    tune_malloc(mmap_threshold=(1 << 20) + (64 << 10), trim_threshold=4 << 20, arenas=2)
 
 
 def raise_open_files_limit() -> str:
@@ -66,7 +55,14 @@ def serve(store: Source, mnt: Path, *, translate: bool, options: dict, log_file:
           index: str | None, no_index: bool, op_cache_mb: int, read_ahead_kb: int) -> int:
     """Serve `store` at `mnt` in the foreground until unmounted or signalled;
     MountError when the index would be in the store, and (logged) when the mount fails."""
-    tune_malloc()
+    # Large allocations (parsed and rendered headers, whole op tensors) mapped
+    # on their own, so that freeing them returns the memory: glibc otherwise
+    # raises that threshold as blocks are freed and keeps them in a heap that
+    # only grows over a long-running mount.  Read replies (up to 1 MiB, and the
+    # op inputs behind them) stay below the threshold and reuse heap memory: a
+    # fresh mapping per reply would fault in every page of it again.  Two
+    # arenas, each keeping at most a few MiB free, bound what that reuse holds.
+    tune_malloc(mmap_threshold=(1 << 20) + (64 << 10), trim_threshold=4 << 20, arenas=2)
     from ..view.opcache import OpCache
     from ..view.catalog import BlobViews
     handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler()

@@ -73,9 +73,9 @@ def fstat(fd: int) -> os.stat_result | None:
 class OpenFiles:
     """The open handles and, per path, what it served last."""
 
-    def __init__(self, tree: Tree, store: Presented, lock: threading.Lock, forget: Callable[[str], None]):
+    def __init__(self, tree: Tree, presented: Presented, lock: threading.Lock, forget: Callable[[str], None]):
         self.tree = tree
-        self._store = store
+        self._presented = presented
         self._lock = lock
         self._forget = forget                      # drop a path's remembered attributes (the lock is held)
         self._handles: dict[int, Handle] = {}
@@ -135,7 +135,7 @@ class OpenFiles:
         view = sticky[0].view if sticky is not None else None
         if sticky is not None and view is not None and sticky[2]:
             return view, sticky[0].blob, sticky[3]
-        return self._store.build(ref, self._store.blob_stat(ref)), str(ref.blob), None
+        return self._presented.build(ref, self._presented.blob_stat(ref)), str(ref.blob), None
 
     def open_view(self, path: str, node: FileRef, caller: Caller) -> tuple[View, str, BlobFile] | None:
         """The view `path` serves now, its blob's path and the file it is
@@ -173,7 +173,7 @@ class OpenFiles:
         if isinstance(e, fuse.FuseOSError):
             return e
         if transient(e):
-            return self._store.unavailable(str(node.blob), f"cannot open blob just now: {e}")
+            return self._presented.unavailable(str(node.blob), f"cannot open blob just now: {e}")
         if isinstance(e, GGUFError):
             return CannotOpen(str(e))
         if isinstance(e, OSError):

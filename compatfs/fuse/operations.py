@@ -79,11 +79,11 @@ class CompatFS(fuse.Operations):
         self._read_ahead_kb = read_ahead_kb
         self.root = tree.source.root
         self._lock = threading.Lock()
-        self._store = Presented(tree, self._lock)     # the store's current views, failures logged once
+        self._presented = Presented(tree, self._lock)  # the store's current views, failures logged once
         self._opening = [threading.Lock() for _ in range(64)]   # opens of one path, one at a time
-        self._files = OpenFiles(tree, self._store, self._lock, forget=lambda path: self._memo.forget_path(path))
+        self._files = OpenFiles(tree, self._presented, self._lock, forget=lambda path: self._memo.forget_path(path))
         self._memo = Memo(self._lock, self._files.open_on)   # getattr's and readdir's answers
-        self._attrs = Attributes(tree, self._store, self._files)
+        self._attrs = Attributes(tree, self._presented, self._files)
         self._rescan = Rescan(tree, self._lock, self._memo, self._files, on_start)
 
     # -- lifetime ------------------------------------------------------------

@@ -5,7 +5,8 @@ blob, kind and identity, and its view is not built again until it changes.
 A fault of the system instead (out of descriptors or memory, an I/O error:
 `blobfile.transient`) is EIO that is not remembered (`unavailable`): the
 next open tries again, and such failures are logged, at most one line per
-blob every `TRANSIENT_LOG_SECONDS`.
+blob every `TRANSIENT_LOG_SECONDS` (a `Throttle`, which the read path's
+failure lines share).
 """
 from __future__ import annotations
 
@@ -29,6 +30,37 @@ log = logging.getLogger(__name__)
 TRANSIENT_LOG_SECONDS = 10.0    # a blob's faults of the system are logged at most once this often
 
 
+class Throttle:
+    """At most one log line per key every `seconds`: `due(key)` says whether
+    one is due now, and how many were left out since the last."""
+
+    _KEPT = 1024    # keys remembered; past that all are forgotten (a line is due for each again)
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self._lock = threading.Lock()
+        self._last: dict[object, tuple[float, int]] = {}   # key -> when its last line was, how many left out since
+
+    def due(self, key: object) -> int | None:
+        """None when a line for `key` came less than `seconds` ago (this one
+        is counted), else how many were left out since that line."""
+        now = time.monotonic()
+        with self._lock:
+            last, quiet = self._last.get(key, (-self.seconds, 0))
+            if now - last < self.seconds:
+                self._last[key] = (last, quiet + 1)
+                return None
+            if len(self._last) >= self._KEPT:
+                self._last.clear()
+            self._last[key] = (now, 0)
+            return quiet
+
+
+def left_out(quiet: int) -> str:
+    """What a throttled line adds about the `quiet` lines left out before it."""
+    return f" ({quiet} more since the last such line)" if quiet else ""
+
+
 class Changed(Exception):
     """The blob at a path became another file while it was looked at."""
 
@@ -49,7 +81,7 @@ class Presented:
         self.tree = tree
         self._lock = lock
         self._failures: dict[tuple, str] = {}      # what failed (blob, kind, stamp) -> the line logged once
-        self._faults: dict[str, tuple[float, int]] = {}   # blob -> when its last fault was logged, how many since
+        self._faults = Throttle(TRANSIENT_LOG_SECONDS)     # blob -> when its last fault was logged
 
     def blob_stat(self, ref: FileRef) -> os.stat_result:
         """The blob's status (through a symlink); EIO and a log line for anything
@@ -73,16 +105,9 @@ class Presented:
         """The EIO of a fault of the system met on `blob`, with `message`
         logged unless a fault of that blob was logged less than
         `TRANSIENT_LOG_SECONDS` ago (the next line counts those left out)."""
-        now = time.monotonic()
-        with self._lock:
-            last, quiet = self._faults.get(blob, (-TRANSIENT_LOG_SECONDS, 0))
-            due = now - last >= TRANSIENT_LOG_SECONDS
-            if due and len(self._faults) >= self._FAILURES_KEPT:
-                self._faults.clear()
-            self._faults[blob] = (now, 0) if due else (last, quiet + 1)
-        if due:
-            also = f" ({quiet} more since the last such line)" if quiet else ""
-            log.error("%s: not remembered, tried again the next time%s", message, also)
+        quiet = self._faults.due(blob)
+        if quiet is not None:
+            log.error("%s: not remembered, tried again the next time%s", message, left_out(quiet))
         return Unavailable()
 
     def _log_once(self, key: tuple, message: str) -> None:

@@ -7,7 +7,9 @@ them, the rest through an aligned buffer; their bytes never become Python
 objects), ranges of elementwise ops are computed straight
 into it, header bytes and op tensors' chunks copied in.  The handle's blob is
 checked again after filling: a blob cut short or rewritten under a read is
-EIO, never a short reply or bytes of another file.
+EIO, never a short reply or bytes of another file.  A failed read is logged
+at most once per blob every `READ_LOG_SECONDS`, the next line counting the
+failures left out.
 """
 from __future__ import annotations
 
@@ -21,18 +23,24 @@ from ..view import assemble as viewbytes
 from ..files.libc import LIBC, PAGE, malloc_aligned
 from .libfuse import fuse
 from .openfiles import Handle
+from .presented import Throttle, left_out
 
 log = logging.getLogger(__name__)
+
+READ_LOG_SECONDS = 10.0                  # a blob's failed reads are logged at most once this often
+_failures = Throttle(READ_LOG_SECONDS)   # of the process: one mount serves from it
 
 
 def _fill(handle: Handle, offset: int, out: memoryview) -> None:
     """The view's bytes at `offset` into `out`, every blob byte (op inputs
     included) read through the handle's blob; EIO and a log line when the
-    blob cannot give them or an op fails on its data."""
+    blob cannot give them or an op fails on its data (throttled per blob)."""
     try:
         viewbytes.fill(handle.view, handle.file, offset, out)
     except Exception as e:   # a blob cut short, an op that fails on bad tensor data
-        log.error("read of %s at %d failed: %s", handle.blob, offset, e)
+        quiet = _failures.due(handle.blob)
+        if quiet is not None:
+            log.error("read of %s at %d failed: %s%s", handle.blob, offset, e, left_out(quiet))
         raise fuse.FuseOSError(errno.EIO) from None
 
 

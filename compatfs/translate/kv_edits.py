@@ -32,7 +32,7 @@ class KVEdit(ABC):
 
 
 @dataclass(frozen=True)
-class Copy(KVEdit):
+class CopyIfAbsent(KVEdit):
     """`dst` takes `src`'s value when `dst` is absent and `src` present."""
     src: str
     dst: str
@@ -43,15 +43,15 @@ class Copy(KVEdit):
 
 
 @dataclass(frozen=True)
-class CopyEach(KVEdit):
-    """`Copy(src_prefix + name, dst_prefix + name)` for each of `names`."""
+class CopyEachIfAbsent(KVEdit):
+    """`CopyIfAbsent(src_prefix + name, dst_prefix + name)` for each of `names`."""
     src_prefix: str
     dst_prefix: str
     names: tuple[str, ...]
 
     def apply(self, kv: KVs, src: SourceGGUF) -> None:
         for name in self.names:
-            Copy(self.src_prefix + name, self.dst_prefix + name).apply(kv, src)
+            CopyIfAbsent(self.src_prefix + name, self.dst_prefix + name).apply(kv, src)
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class Set(KVEdit):
 
 
 @dataclass(frozen=True)
-class CopyPrefix(KVEdit):
+class CopyPrefixIfAbsent(KVEdit):
     """Every `old`* key is copied to `new`* (when not already there)."""
     old: str
     new: str
@@ -89,6 +89,16 @@ class CopyPrefix(KVEdit):
 
 @dataclass(frozen=True)
 class Drop(KVEdit):
+    """Each of `keys` is removed where present (exactly that key: see `DropPrefix`)."""
+    keys: tuple[str, ...]
+
+    def apply(self, kv: KVs, src: SourceGGUF) -> None:
+        for key in self.keys:
+            kv.pop(key, None)
+
+
+@dataclass(frozen=True)
+class DropPrefix(KVEdit):
     """Every key starting with one of `prefixes` is removed."""
     prefixes: tuple[str, ...]
 
@@ -357,7 +367,8 @@ class Reciprocal(KVEdit):
 
 
 __all__ = [
-    "KVs", "KVEdit", "Copy", "CopyEach", "Default", "Set", "CopyPrefix", "Drop", "When", "TruncateToRows",
-    "FromShape", "FromFirstBlock", "BlockCount", "ZeroPerLayer", "PerLayerToMax", "FillArray", "PadArray",
-    "BYTE_TOKENS", "TokenType", "PadTokensUnused", "DefaultTokenId", "Scaled", "Reciprocal",
+    "KVs", "KVEdit", "CopyIfAbsent", "CopyEachIfAbsent", "Default", "Set", "CopyPrefixIfAbsent", "Drop",
+    "DropPrefix", "When", "TruncateToRows", "FromShape", "FromFirstBlock", "BlockCount", "ZeroPerLayer",
+    "PerLayerToMax", "FillArray", "PadArray", "BYTE_TOKENS", "TokenType", "PadTokensUnused", "DefaultTokenId",
+    "Scaled", "Reciprocal",
 ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from gguf import Keys
 
 from ..format.values import VT, array, boolean, string
-from .kv_edits import Copy, CopyEach, Default, Drop, KVEdit, Set
+from .kv_edits import CopyEachIfAbsent, CopyIfAbsent, Default, DropPrefix, KVEdit, Set
 from .planning import Translation
 from .predicates import Pred
 from .tensor_edits import KeepOnly, TensorEdit
@@ -23,7 +23,7 @@ def as_projector(arch: str) -> tuple[KVEdit, ...]:
     return (
         Set(Keys.General.ARCHITECTURE, string("clip")),
         Set(Keys.General.TYPE, string("mmproj")),
-        Drop((f"{arch}.", "tokenizer.")),
+        DropPrefix((f"{arch}.", "tokenizer.")),
     )
 
 
@@ -43,9 +43,9 @@ def clip_projector(name: str, detect: Pred, arch: str, projector_type: str, *,
     `as_projector`.  Its tensors: those under `keep`, then `tensors`."""
     flag = Default if keep_present else Set
     kv = (
-        CopyEach(f"{arch}.vision.", "clip.vision.", copy),
+        CopyEachIfAbsent(f"{arch}.vision.", "clip.vision.", copy),
         *head,
-        Copy(f"{arch}.embedding_length", Keys.ClipVision.PROJECTION_DIM),
+        CopyIfAbsent(f"{arch}.embedding_length", Keys.ClipVision.PROJECTION_DIM),
         *edits,
         *((Default(Keys.ClipVision.IMAGE_MEAN, array(VT.FLOAT32, mean)),) if mean is not None else ()),
         *((Default(Keys.ClipVision.IMAGE_STD, array(VT.FLOAT32, std)),) if std is not None else ()),

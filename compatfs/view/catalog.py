@@ -309,21 +309,6 @@ class BlobViews:
             log.debug("indexed %s: %s", path, summary)
             self.index.put(path, stamp, summary)
 
-    def size(self, path: Path, kind: str) -> int:
-        """The size `stat` shows: 0 for a blob that cannot be presented (opening
-        it reports why)."""
-        if kind == LAYER_FILE or (not self.translate and kind == MODEL_FILE):
-            try:
-                return _stamp(path)[2]
-            except GGUFError:
-                return 0
-        try:
-            summary = self.summary(path)
-        except GGUFError:
-            return 0
-        size = summary.model_size if kind == MODEL_FILE else summary.mmproj_size
-        return size or 0
-
     def has_mmproj(self, path: Path) -> bool:
         """Whether the blob has a projector view; False for a blob that cannot be read."""
         try:
