@@ -46,6 +46,7 @@ from .memo import Memo
 from .rescan import Rescan
 from .openfiles import CannotOpen, OpenFiles, fstat
 from .presented import Presented, Unavailable
+from ..router.preset import RootPreset
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,9 @@ class CompatFS(fuse.Operations):
         self._background = background    # the INIT reply's max_background and congestion_threshold (`libfuse.background`)
         self._keep_states = keep_thread_states   # libfuse's workers run until unmount (`libfuse.workers_stay`)
         keep_out(mountpoint)     # nothing is ever looked up through it (a request to this very daemon)
-        tree.publish(Path(os.path.abspath(mountpoint)))   # its root shows models.ini, paths under the mountpoint
+        preset = RootPreset.at(Path(os.path.abspath(mountpoint)))
+        if preset is not None:
+            tree.publish(preset)   # its root shows models.ini, paths under the mountpoint
         self._read_ahead_kb = read_ahead_kb
         self.root = tree.source.root
         self._lock = threading.Lock()

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .base import Folder, Listing, Source, SourceError
-from ..view.catalog import MMPROJ_FILE, MODEL_FILE
+from ..names import MMPROJ_FILE, MODEL_FILE
 
 SUFFIX = ".gguf"
 PROJECTOR_PREFIX = "mmproj"
