@@ -23,7 +23,8 @@ Every decision about what a file contains lives in `tree`, `views` and
   log line, never bytes of another file and never a short reply.
 - A path keeps serving the view its open handles read (the kernel keeps one
   page cache per path), and switches to the store's new one when they close.
-- The store is rescanned every second in the background; the kernel's cached
+- The store is looked at every second in the background and rescanned on a
+  change inotify reports or on a timer (`rescan`); the kernel's cached
   attributes and pages of changed folders are invalidated at once.
 - SIGTERM, SIGINT and SIGHUP unmount cleanly (`daemon`).
 """
