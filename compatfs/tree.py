@@ -202,7 +202,7 @@ class Tree:
     def _root_marks(self, snap: Snapshot) -> dict[str, tuple | None]:
         """`marks` of the root's own files and of the folders on disk mounted folders mirror."""
         out: dict[str, tuple | None] = {}
-        root = [ref.blob for ref in snap.files.get("", {}).values()]     # models.ini
+        root = [ref.blob for ref in snap.files.get("", {}).values()]     # a RootFiles' (models.ini)
         out[""] = tuple(self._file_mark(p, st) for p, st in statuses(set(root)).items())
         owners = {self.source.owner(d, snap.listing) for d in snap.dirs}
         for owner in sorted(owners):
