@@ -14,11 +14,10 @@ built off the lock and swapped in, so a lookup never waits for one.
 invalidate what changed); `Tree.folder_attrs` whose owner, mode and time
 a folder shows.
 
-Once `publish`ed at its mountpoint, the root of a tree with models also
-shows `models.ini`: llama-server's router preset of its model folders
-(`preset`), with paths under the mountpoint, made from each scan (never by
-looking into the mount) and kept as a file of the daemon's state folder,
-which the tree shows as a file passed through, readable as the root is.
+The root may also show files the tree does not make itself: a `RootFiles`
+the FUSE layer hands it (`publish`) is asked for them at each scan, given the
+new snapshot and its folders' marks (the mount's `models.ini`, made from the
+scan, never by looking into the mount).
 """
 from __future__ import annotations
 
@@ -29,13 +28,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from .files.blobfile import identity, status
-from .errors import GGUFError
-from .router.preset import PUBLISHED_FILE, Entry, Published, Section, published_path, render, section
 from .view.sampling import retain_layers
 from .sources.base import Folder, Listing, Source
-from .view.catalog import LAYER_FILE, MMPROJ_FILE, MODEL_FILE, BlobViews
+from .view.catalog import BlobViews
+from .names import LAYER_FILE, MMPROJ_FILE, MODEL_FILE
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +49,19 @@ class FileRef:
     kind: str
     params: Path | None = None
     readable_as: Path | None = None
+
+
+class RootFiles(Protocol):
+    """Files the root shows besides its folders, made from each scan."""
+
+    def files(self, tree: Tree, snap: Snapshot, marks: dict[str, tuple | None]) -> dict[str, FileRef]:
+        """The files, by name, for `snap` (`marks`: its folders' `Tree.marks`)."""
+
+    def stale(self) -> None:
+        """Make them afresh at the next scan, whatever the marks say."""
+
+    def withdraw(self) -> None:
+        """They are shown no more: remove what was made for them."""
 
 
 class Snapshot:
@@ -145,30 +157,18 @@ class Tree:
         self._followed = False
         self._lock = threading.Lock()      # held only to swap a snapshot in
         self._building = threading.Lock()  # one rescan at a time
-        self._publishing: tuple[Published, Path] | None = None   # models.ini, and the mountpoint it names
-        # Each model's preset section, and what it was made from (its entry
-        # and its folder's mark): made again only when that changes.
-        self._sections: dict[str, tuple[tuple, Entry, Section]] = {}
-        self._text: str | None = None     # the preset rendered from them
+        self._root_files: RootFiles | None = None   # what else the root shows (the FUSE layer's)
 
-    def publish(self, mountpoint: Path) -> None:
-        """Show `models.ini` at the root, its paths under `mountpoint` (absolute),
-        from the next scan on; not when the daemon has no state folder, or one
-        inside the mountpoint (logged).  Called before the mount is made."""
-        try:
-            path = published_path(mountpoint)
-            if Path(os.path.realpath(path)).is_relative_to(os.path.realpath(mountpoint)):
-                raise OSError(f"the state folder {path.parent} is inside the mountpoint")
-        except OSError as e:
-            log.error("no %s at the mount's root: %s", PUBLISHED_FILE, e)
-            return
-        self._publishing = Published(path), mountpoint
+    def publish(self, root_files: RootFiles) -> None:
+        """Show `root_files`' files at the root, from the next scan on."""
+        self._root_files = root_files
 
     def unpublish(self) -> None:
-        """Stop showing `models.ini` and remove its file (the mount has ended)."""
-        if self._publishing is not None:
-            self._publishing[0].withdraw()
-            self._publishing = None
+        """Show no files of a `RootFiles` any more, and let it remove its own
+        (the mount has ended)."""
+        if self._root_files is not None:
+            self._root_files.withdraw()
+            self._root_files = None
 
     def marks(self, snap: Snapshot) -> dict[str, tuple | None]:
         """What a rescan compares: every folder that holds GGUF files, with the
@@ -202,7 +202,7 @@ class Tree:
     def _root_marks(self, snap: Snapshot) -> dict[str, tuple | None]:
         """`marks` of the root's own files and of the folders on disk mounted folders mirror."""
         out: dict[str, tuple | None] = {}
-        root = [ref.blob for ref in snap.files.get("", {}).values()]     # models.ini
+        root = [ref.blob for ref in snap.files.get("", {}).values()]     # a RootFiles' (models.ini)
         out[""] = tuple(self._file_mark(p, st) for p, st in statuses(set(root)).items())
         owners = {self.source.owner(d, snap.listing) for d in snap.dirs}
         for owner in sorted(owners):
@@ -273,17 +273,20 @@ class Tree:
             out.update(p.parent for p in (f.model, f.projector, *(p for _, p in f.passed)) if p is not None)
         return out
 
-    def stale_preset(self) -> None:
-        """Make every section of `models.ini` again at the next scan (what a
+    def stale_root_files(self) -> None:
+        """Have the root's other files made afresh at the next scan (what a
         blob's summary said of it was wrong)."""
-        self._sections = {}
+        if self._root_files is not None:
+            self._root_files.stale()
 
     def _rescan(self) -> Snapshot:
         previous = self._snap
         snap = Snapshot(self.source.scan())
         folders = self._folder_marks(snap)
-        if self._publishing is not None:
-            self._publish(snap, folders, *self._publishing)
+        if self._root_files is not None:
+            extra = self._root_files.files(self, snap, folders)
+            if extra:
+                snap.files[""] = extra
         snap.marks = {**folders, **self._root_marks(snap)}
         retain_layers({f.params for f in snap.listing.folders.values() if f.params is not None})
         with self._lock:
@@ -292,52 +295,7 @@ class Tree:
             self.views.prefetch(list(snap.ggufs))
         return snap
 
-    def _publish(self, snap: Snapshot, marks: dict, published: Published, mountpoint: Path) -> None:
-        """Render the preset of `snap`'s models (none: no file), paths under
-        `mountpoint`, into `published` and show it at the root.  A model
-        folder whose mark (`marks`) is what it was keeps its section; the
-        text is rendered again only when a section changed."""
-        models = snap.models
-        if not models:
-            published.remove()
-            self._sections = {}
-            return
-        try:
-            made: dict[str, tuple[tuple, Entry, Section]] = {}
-            for name in sorted(models):
-                key = (mountpoint, marks.get(name))
-                kept = self._sections.get(name)
-                if kept is None or kept[0] != key:
-                    entry = self._entry(snap, name, mountpoint)
-                    kept = key, entry, section(entry)
-                made[name] = kept
-            if made != self._sections or self._text is None:
-                self._text = render([e for _, e, _ in made.values()], [s for _, _, s in made.values()])
-            self._sections = made
-            owner = self.source.owner("", snap.listing)
-            try:
-                like = status(owner)
-            except OSError:
-                like = None
-            shown = published.update(self._text, like)
-        except Exception:   # a bad store file must never fail a scan
-            log.exception("cannot make the mount's %s", PUBLISHED_FILE)
-            return
-        if shown:
-            snap.files[""] = {PUBLISHED_FILE: FileRef(published.path, LAYER_FILE, readable_as=owner)}
-
-    def _entry(self, snap: Snapshot, name: str, mountpoint: Path) -> Entry:
-        """The preset's entry of model folder `name`: whether it shows an
-        mmproj.gguf and is an embedding model are its blobs' summaries' (the
-        index's: no header is parsed where the index knows the blob)."""
-        f = snap.listing.folders[name]
-        try:
-            embedding = self.views.summary(f.model).embedding
-        except GGUFError:
-            embedding = False
-        return Entry(name, mountpoint / name, MMPROJ_FILE in (self._files(snap, name) or {}), f.params, embedding)
-
-    def _files(self, snap: Snapshot, path: str) -> dict[str, FileRef] | None:
+    def files(self, snap: Snapshot, path: str) -> dict[str, FileRef] | None:
         """The files of directory `path` (None when `path` holds no GGUF files)."""
         files = snap.files.get(path)
         if files is None:
@@ -351,7 +309,7 @@ class Tree:
         """A FileRef, a directory listing, or None when nothing is there."""
         path = path.strip("/")
         snap = self.snapshot()
-        files = self._files(snap, path)
+        files = self.files(snap, path)
         if files is not None:
             return sorted(set(files) | snap.dirs.get(path, set()))
         if path in snap.dirs:

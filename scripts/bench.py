@@ -466,7 +466,8 @@ def mxfp4_bench(binary: Path, work: Path) -> None:
     from compatfs.format.header import TensorInfo
     from compatfs.handlers.gptoss import BLOCK, QK, OllamaMXFP4
     from compatfs.testing import widths
-    from compatfs.view.catalog import MODEL_FILE, BlobViews
+    from compatfs.view.catalog import BlobViews
+    from compatfs.names import MODEL_FILE
     stored = (2880, 5760, 8)
     nbytes = stored[0] * stored[1] * stored[2] // QK * BLOCK
     data = widths._tile(DT.MXFP4, nbytes)
@@ -912,7 +913,8 @@ def interleaved_bench(work: Path) -> None:
     different op tensors (layer 0's gate and up expert stacks, each a strided
     half of the fused stack) -- in-process (computations counted) and through
     a fresh mount (MB/s); then an op tensor read cold against a local copy."""
-    from compatfs.view.catalog import MODEL_FILE, BlobViews
+    from compatfs.view.catalog import BlobViews
+    from compatfs.names import MODEL_FILE
     blob = wide_gptoss()
     step = 128 << 10
     # In-process: the mount's own objects.
@@ -997,7 +999,8 @@ def textops_bench(work: Path) -> None:
     """Section `textops`: the whole translated text view of the widened fused
     gpt-oss, most of whose bytes are op tensors computed into the op cache,
     through a fresh mount against a local copy of the translated file."""
-    from compatfs.view.catalog import MODEL_FILE, BlobViews
+    from compatfs.view.catalog import BlobViews
+    from compatfs.names import MODEL_FILE
     blob = wide_gptoss()
     store = work / "gptoss-store"
     shutil.rmtree(store, ignore_errors=True)

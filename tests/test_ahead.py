@@ -21,7 +21,8 @@ from compatfs.errors import GGUFError
 from compatfs.handlers.gptoss import OllamaMXFP4
 from compatfs.testing import widths
 from compatfs.testing.store import add_model
-from compatfs.view.catalog import MODEL_FILE, BlobViews
+from compatfs.view.catalog import BlobViews
+from compatfs.names import MODEL_FILE
 
 from conftest import needs_fuse, wait_until
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from compatfs.router.llama_args import translate_params
+from compatfs.router.params import flag_argv, translate_params
 from compatfs.testing import gemma3, llama, llava
 from compatfs.testing.core import T, write
 from compatfs.testing.store import add_model
@@ -136,10 +136,10 @@ def test_bad_values_are_reported_not_passed():
 
 
 def test_llama_server_knows_every_flag_we_emit():
-    from compatfs.router.params import OPTIONS
+    from compatfs.format.params import OPTIONS
     text = llamacpp.source("common/arg.cpp").read_text()
     sample = {"stop": ["x"], "numa": True}
-    flags = {f for key, opt in OPTIONS.items() for f in opt.argv(sample.get(key, 1))[::2]}
+    flags = {f for key, opt in OPTIONS.items() for f in flag_argv(opt, sample.get(key, 1))[::2]}
     flags |= {"--load-mode", "-m", "--mmproj"}
     missing = [f for f in sorted(flags) if f'"{f}"' not in text]
     assert not missing, missing

@@ -22,7 +22,8 @@ from compatfs.sources.ollama import OllamaStore
 from compatfs.testing import fuzz, llama
 from compatfs.testing.store import add_blob, add_model
 from compatfs.tree import Tree
-from compatfs.view.catalog import MMPROJ_FILE, MODEL_FILE, BlobViews, summarize
+from compatfs.view.catalog import BlobViews, summarize
+from compatfs.names import MMPROJ_FILE, MODEL_FILE
 
 from hostile import ends_within, fifo_writer_release, vision_and_text_store
 

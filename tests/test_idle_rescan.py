@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 import compatfs.router.preset
-import compatfs.tree
 from compatfs.fuse.rescan import Rescan
 from compatfs.sources.choose import open_source
 from compatfs.testing import llama
 from compatfs.testing.store import add_model
+from compatfs.router.preset import RootPreset
 from compatfs.tree import Tree
 from compatfs.view.catalog import BlobViews
 from test_rescan_start import Memo, OpenFiles
@@ -36,7 +36,7 @@ def store(tmp_path: Path) -> Path:
 def counted(monkeypatch):
     """Calls of the params reader (as the preset reads layers) and of the preset renderer."""
     calls: dict[str, list] = {"read_params": [], "render": []}
-    read, render = compatfs.router.preset.read_params, compatfs.tree.render
+    read, render = compatfs.router.preset.read_params, compatfs.router.preset.render
 
     def reading(path):
         calls["read_params"].append(path)
@@ -47,14 +47,14 @@ def counted(monkeypatch):
         return render(*args, **kwargs)
 
     monkeypatch.setattr(compatfs.router.preset, "read_params", reading)
-    monkeypatch.setattr(compatfs.tree, "render", rendering)
+    monkeypatch.setattr(compatfs.router.preset, "render", rendering)
     return calls
 
 
 def published_tree(store: Path, tmp_path: Path, monkeypatch) -> Tree:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     tree = Tree(open_source(store), BlobViews())
-    tree.publish(tmp_path / "mnt")
+    tree.publish(RootPreset.at(tmp_path / "mnt"))
     return tree
 
 

@@ -20,6 +20,7 @@ from compatfs.fuse.presented import Presented
 from compatfs.sources.choose import open_source
 from compatfs.testing import llama
 from compatfs.testing.store import add_model
+from compatfs.router.preset import RootPreset
 from compatfs.tree import FileRef, Tree
 from compatfs.view.catalog import BlobViews
 from ggufs import synthetic_gemma3, write_gguf
@@ -43,7 +44,7 @@ def mount_and_list(store: Path, index: Path, mountpoint: Path) -> tuple[str, dic
     """What a mount's start and `ls -l` of every model folder ask of the
     store, in-process: the published models.ini and each model file's size."""
     tree = Tree(open_source(store), BlobViews(index=Index(index, translate=True)))
-    tree.publish(mountpoint)
+    tree.publish(RootPreset.at(mountpoint))
     snap = tree.snapshot()
     presented = Presented(tree, threading.Lock())
     sizes = {}

@@ -323,7 +323,8 @@ def test_frames_over_the_cache_are_served_from_the_blob_through_the_mount(big_fr
     readers at once: nothing computed (the frames are strided runs of the
     blob), the bytes those of the view in-process, and a listing and a stat
     of another folder answered within a second all the while."""
-    from compatfs.view.catalog import MMPROJ_FILE, BlobViews
+    from compatfs.view.catalog import BlobViews
+    from compatfs.names import MMPROJ_FILE
     store, blob = big_frame_store
     want = BlobViews().view(blob, MMPROJ_FILE).read(0, 1 << 40)
     m = mount_store(store, "-v", "--op-cache-mb", "8")
@@ -361,7 +362,8 @@ def test_a_whole_op_over_the_cache_through_the_mount(big_grid_store, mount_store
     1 MiB reads by two readers at once: computed once (counted in the debug
     log), the bytes those of the view in-process, and a listing and a stat
     of another folder answered within a second all the while."""
-    from compatfs.view.catalog import MMPROJ_FILE, BlobViews
+    from compatfs.view.catalog import BlobViews
+    from compatfs.names import MMPROJ_FILE
     store, blob = big_grid_store
     view = BlobViews().view(blob, MMPROJ_FILE)
     assert any(t.op is not None and t.op.nbytes > 8 * MIB and type(t.op).__name__ == "ResampleGrid"

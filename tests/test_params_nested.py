@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from compatfs.router.params import read_params
+from compatfs.format.params import read_params
 from compatfs.sources.choose import open_source
 from compatfs.testing import llama
 from compatfs.testing.store import add_model
+from compatfs.router.preset import RootPreset
 from compatfs.tree import Tree
 from compatfs.view.catalog import BlobViews
 from test_sampling import set_params
@@ -41,7 +42,7 @@ def test_a_nested_layer_is_refused_naming_it(tmp_path):
 def test_a_nested_layer_leaves_every_other_section_in_models_ini(store, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     tree = Tree(open_source(store), BlobViews())
-    tree.publish(tmp_path / "mnt")
+    tree.publish(RootPreset.at(tmp_path / "mnt"))
     ref = tree.lookup("models.ini")
     assert ref is not None and not isinstance(ref, list), "models.ini is not shown"
     text = ref.blob.read_text()

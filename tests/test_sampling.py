@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from gguf import GGUFReader, Keys
 
-from compatfs.router.params import sampling
+from compatfs.format.params import sampling
 from compatfs.sources.ollama import OllamaStore
 from compatfs.testing import llama
 from compatfs.testing.store import add_model

@@ -115,7 +115,8 @@ def test_interleaved_readers_never_recompute_a_tensor(tmp_path):
     ops computed whole or in chunks are computed once a chunk, however the
     reads interleave."""
     from compatfs.testing.gemma3 import legacy_gemma3_vision
-    from compatfs.view.catalog import BlobViews, MMPROJ_FILE
+    from compatfs.view.catalog import BlobViews
+    from compatfs.names import MMPROJ_FILE
     from conftest import SHARED
     blobs = [legacy_gemma3_vision(tmp_path / "g.gguf")]
     if (SHARED / "ollama/mistral3.gguf").is_file():
@@ -134,7 +135,8 @@ def test_translated_size_is_the_laid_out_size(tmp_path):
     """What `stat` shows (counted, header not rendered) is the size of the
     view served, for every legacy writer's model and projector."""
     from compatfs.testing import LEGACY
-    from compatfs.view.catalog import MMPROJ_FILE, MODEL_FILE, classify, view_spec
+    from compatfs.view.catalog import classify, view_spec
+    from compatfs.names import MMPROJ_FILE, MODEL_FILE
     seen = 0
     for name, entry in LEGACY.items():
         for make in filter(None, (entry.model, entry.projector)):

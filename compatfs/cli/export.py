@@ -27,7 +27,8 @@ from ..files.blobfile import BlobFile
 from ..errors import GGUFError
 from ..view.layout import View
 from ..view.assemble import FileRange
-from ..view.catalog import MMPROJ_FILE, MODEL_FILE, BlobViews
+from ..view.catalog import BlobViews
+from ..names import MMPROJ_FILE, MODEL_FILE
 
 FICLONERANGE = 0x4020940D          # _IOW(0x94, 13, struct file_clone_range)
 WINDOW = 64 << 20                  # bytes of the view planned at a time

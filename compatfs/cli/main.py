@@ -200,11 +200,12 @@ def _serve_mount(mount: str | None) -> Path:
 
 
 def cmd_serve(args) -> int:
-    from ..router.preset import PUBLISHED_FILE, render, scan_mount
+    from ..names import PRESET_FILE
+    from ..router.preset import render, scan_mount
     from ..router.serve import Router
     mnt = _serve_mount(args.mount)
     if args.print_preset:
-        published = mnt / PUBLISHED_FILE
+        published = mnt / PRESET_FILE
         print(published.read_text() if published.is_file() else render(scan_mount(mnt)), end="")
         return 0
     exe = _llama_server(args.llama_server)

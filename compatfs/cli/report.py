@@ -12,7 +12,8 @@ from ..format.values import Value
 from ..view.opcache import OpCache
 from ..sources.base import SourceError
 from ..sources.choose import open_source
-from ..view.catalog import MMPROJ_FILE, build_view, classify, translation_enabled
+from ..view.catalog import build_view, classify, translation_enabled
+from ..names import MMPROJ_FILE
 
 
 def resolve_target(target: str, source: str | None, clip: bool) -> Path:

@@ -15,7 +15,8 @@ from pathlib import Path
 import gguf
 
 from ..errors import GGUFError
-from ..view.catalog import MMPROJ_FILE, MODEL_FILE, BlobViews
+from ..view.catalog import BlobViews
+from ..names import MMPROJ_FILE, MODEL_FILE
 
 # Architectures llama.cpp b11434 (the release scripts/e2e checks) loads that
 # the gguf-py release compatfs pins does not name yet.

@@ -23,7 +23,8 @@ Every decision about what a file contains lives in `tree`, `views` and
   log line, never bytes of another file and never a short reply.
 - A path keeps serving the view its open handles read (the kernel keeps one
   page cache per path), and switches to the store's new one when they close.
-- The store is rescanned every second in the background; the kernel's cached
+- The store is looked at every second in the background and rescanned on a
+  change inotify reports or on a timer (`rescan`); the kernel's cached
   attributes and pages of changed folders are invalidated at once.
 - SIGTERM, SIGINT and SIGHUP unmount cleanly (`daemon`).
 """
@@ -46,6 +47,7 @@ from .memo import Memo
 from .rescan import Rescan
 from .openfiles import CannotOpen, OpenFiles, fstat
 from .presented import Presented, Unavailable
+from ..router.preset import RootPreset
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +77,9 @@ class CompatFS(fuse.Operations):
         self._background = background    # the INIT reply's max_background and congestion_threshold (`libfuse.background`)
         self._keep_states = keep_thread_states   # libfuse's workers run until unmount (`libfuse.workers_stay`)
         keep_out(mountpoint)     # nothing is ever looked up through it (a request to this very daemon)
-        tree.publish(Path(os.path.abspath(mountpoint)))   # its root shows models.ini, paths under the mountpoint
+        preset = RootPreset.at(Path(os.path.abspath(mountpoint)))
+        if preset is not None:
+            tree.publish(preset)   # its root shows models.ini, paths under the mountpoint
         self._read_ahead_kb = read_ahead_kb
         self.root = tree.source.root
         self._lock = threading.Lock()

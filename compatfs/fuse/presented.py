@@ -22,7 +22,7 @@ from ..files.blobfile import TRANSIENT_ERRNOS, identity, status, transient
 from .libfuse import fuse
 from ..tree import FileRef, Tree
 from ..view.layout import View
-from ..view.catalog import LAYER_FILE, MODEL_FILE
+from ..names import LAYER_FILE, MODEL_FILE
 
 log = logging.getLogger(__name__)
 

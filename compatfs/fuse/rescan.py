@@ -24,7 +24,7 @@ from . import libfuse
 from .memo import Memo
 from .openfiles import OpenFiles
 from ..tree import Snapshot, Tree
-from ..view.catalog import MMPROJ_FILE, MODEL_FILE
+from ..names import MMPROJ_FILE, MODEL_FILE
 from ..files.watch import Watch
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ class Rescan:
                 if not (again or seen or stale or restale or time.monotonic() - last >= period):
                     continue
                 if restale:
-                    self.tree.stale_preset()
+                    self.tree.stale_root_files()
                 why = ("a first look" if not self.rescans else "a second look" if again else "a change seen"
                        if seen else "open files released" if stale else "a wrong index entry" if restale
                        else "the timer")

@@ -1,6 +1,8 @@
 """systemd readiness for `compatfs mount -f` in a `Type=notify` unit: once the
-mountpoint is mounted, READY=1 goes to $NOTIFY_SOCKET (the sd_notify
-protocol: one datagram on a unix socket; a name starting with @ is abstract)."""
+mount table shows the mount, READY=1 goes to $NOTIFY_SOCKET (the sd_notify
+protocol: one datagram on a unix socket; a name starting with @ is abstract).
+The mountpoint itself is never looked at: a request there would be one to
+this very daemon."""
 from __future__ import annotations
 
 import logging
@@ -9,6 +11,9 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Callable
+
+from ..files.mounttable import Mount, mounts
 
 log = logging.getLogger(__name__)
 
@@ -30,16 +35,27 @@ def notify(message: str) -> bool:
     return True
 
 
-def notify_when_mounted(mountpoint: Path, timeout: float = 120.0) -> threading.Thread | None:
-    """Watch, in a daemon thread, for `mountpoint` to be mounted, then send READY=1.
-    Nothing when not run by systemd."""
+MOUNT_TYPE = "fuse.compatfs"
+
+
+def notify_when_mounted(mountpoint: Path, timeout: float = 120.0,
+                        table: Callable[[], list[Mount]] = mounts) -> threading.Thread | None:
+    """Watch, in a daemon thread, for a compatfs mount at `mountpoint` that
+    `table` (the mount table) did not hold when this was called, then send
+    READY=1.  Nothing when not run by systemd."""
     if not os.environ.get("NOTIFY_SOCKET"):
         return None
+    point = Path(os.path.abspath(mountpoint))   # as the mount table writes it (no lookup)
+
+    def ours() -> int:
+        return sum(1 for m in table() if m.point == point and m.fstype == MOUNT_TYPE)
+
+    before = ours()
 
     def watch() -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if os.path.ismount(mountpoint):
+            if ours() > before:
                 notify(f"READY=1\nSTATUS=serving at {mountpoint}\nMAINPID={os.getpid()}")
                 return
             time.sleep(0.05)

@@ -2,63 +2,19 @@
 the settings of the manifest's params layer in llama-server's flags.
 
 Each Ollama option maps to at most one llama-server flag (the table is
-`params.OPTIONS`); an option without an equivalent is reported, never
+`format.params.OPTIONS`, passed by `params.translate_params`); an option without an equivalent is reported, never
 dropped in silence.
 """
 from __future__ import annotations
 
-import json
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..files.mounttable import points_of
-from .params import LOAD_MODE, NO_EQUIVALENT, OPTIONS, read_params
-from ..view.catalog import MMPROJ_FILE, MODEL_FILE
-
-
-@dataclass
-class Args:
-    """The arguments, and what could not be carried over (one line each)."""
-
-    argv: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-
-def _load_mode(params: dict) -> list[str]:
-    mmap, mlock = params.get("use_mmap"), params.get("use_mlock")
-    for key, v in (("use_mmap", mmap), ("use_mlock", mlock)):
-        if v is not None and not isinstance(v, bool):
-            raise ValueError(f"{key}: {v!r} is not true or false")
-    if mmap is None and mlock is None:
-        return []
-    mode = {(False, False): "none", (False, True): "mlock", (True, False): "mmap",
-            (True, True): "mmap+mlock"}[(mmap is not False, bool(mlock))]
-    return ["--load-mode", mode]
-
-
-def translate_params(params: dict) -> Args:
-    """llama-server flags for an Ollama params object."""
-    out = Args()
-    for key in sorted(params):
-        value = params[key]
-        if key in LOAD_MODE:
-            continue
-        option = OPTIONS.get(key)
-        if option is None:
-            why = NO_EQUIVALENT.get(key, "no llama-server equivalent known")
-            out.notes.append(f"params {key}={json.dumps(value)}: not passed ({why})")
-            continue
-        try:
-            out.argv += option.argv(value)
-        except ValueError as e:
-            out.notes.append(f"params {key}: not passed ({e})")
-    try:
-        out.argv += _load_mode(params)
-    except ValueError as e:
-        out.notes.append(f"params {e}: not passed")
-    return out
+from ..format.params import read_params
+from .params import Args, translate_params
+from ..names import MMPROJ_FILE, MODEL_FILE
 
 
 def server_args(files: dict, model_dir: Path) -> Args:

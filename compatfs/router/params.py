@@ -1,118 +1,13 @@
-"""Ollama's params layer: the JSON object Ollama writes from a Modelfile's
-PARAMETER lines (e.g. `{"num_ctx": 8192, "stop": ["<|eot_id|>"],
-"temperature": 0.6}`), read and checked, and the one table of what each
-option is in llama.cpp: a llama-server flag, and for the sampling options the
-`general.sampling.*` key a GGUF file carries it in.
-
-A params layer is an untrusted store file: one that is not a JSON object
-(or nests deeper than Python's parser goes) is not used at all; a value of the wrong type or out of range is left out, with
-a note saying why (Ollama would refuse the request instead).
+"""The params layer in llama-server's flags: each Ollama option of a params
+object (read and checked by `format.params`) as the flag its `Option` names,
+and the options llama-server has no flag for, each with why.
 """
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 
-from gguf import Keys
-
-from ..files.blobfile import read_small
-from ..errors import GGUFError
-from ..format.values import f32, i32
-
-# A params layer is a few hundred bytes; more than this is not one.
-MAX_BYTES = 1 << 20
-
-_I32 = (-(1 << 31), (1 << 31) - 1)
-_F32_MAX = 3.4028234663852886e38
-
-
-def _int(v, lo: float = _I32[0], hi: float = _I32[1]) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not float(v).is_integer():
-        raise ValueError(f"{v!r} is not an integer")
-    if not lo <= v <= hi:
-        raise ValueError(f"{v!r} is outside {lo:g}..{hi:g}")
-    return int(v)
-
-
-def _float(v, lo: float = -_F32_MAX, hi: float = _F32_MAX) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ValueError(f"{v!r} is not a number")
-    if not lo <= v <= hi:
-        raise ValueError(f"{v!r} is outside {lo:g}..{hi:g}")
-    return float(v)
-
-
-@dataclass(frozen=True)
-class Option:
-    """One Ollama option: the llama-server flag that takes it, the range it
-    must lie in, and the `general.sampling.*` key llama.cpp reads it from in
-    a GGUF file (when it has one: then model.gguf carries it)."""
-
-    flag: str
-    kind: str = "float"             # "int", "float", "stop" (strings), "true" (a flag when true)
-    lo: float | None = None
-    hi: float | None = None
-    sampling: str | None = None
-    const: str | None = None        # for "true": the flag's value
-
-    def check(self, v):
-        """The value, checked (ValueError saying what is wrong)."""
-        bounds = {k: b for k, b in (("lo", self.lo), ("hi", self.hi)) if b is not None}
-        if self.kind == "int":
-            return _int(v, **bounds)
-        if self.kind == "float":
-            return _float(v, **bounds)
-        if self.kind == "stop":
-            words = v if isinstance(v, list) else [v]
-            if not all(isinstance(w, str) for w in words):
-                raise ValueError(f"{v!r} is not a list of strings")
-            return [w for w in words if w]
-        if not isinstance(v, bool):
-            raise ValueError(f"{v!r} is not true or false")
-        return v
-
-    def argv(self, v) -> list[str]:
-        v = self.check(v)
-        if self.kind == "stop":    # llama-server's stop words for requests that name none (repeatable)
-            return [x for w in v for x in (self.flag, w)]
-        if self.kind == "true":
-            return [self.flag, *([] if self.const is None else [self.const])] if v else []
-        return [self.flag, repr(v) if self.kind == "float" else str(v)]
-
-
-# Ollama option -> llama-server (llama.cpp b11434 `common/arg.cpp`, sampling
-# keys `common/common.cpp` and gguf-py).  Current Ollama options (api/types.go
-# Options and Runner) first, then ones older Ollama releases wrote into
-# params layers that llama-server still has.  Ranges: what llama.cpp accepts
-# (an int32 or float32 at most; probabilities 0..1).
-OPTIONS: dict[str, Option] = {
-    "num_ctx": Option("--ctx-size", "int", 0),
-    "num_batch": Option("--batch-size", "int", 1),
-    "num_gpu": Option("--n-gpu-layers", "int", -1),
-    "main_gpu": Option("--main-gpu", "int", 0),
-    "num_thread": Option("--threads", "int", -1),
-    "num_keep": Option("--keep", "int", -1),
-    "seed": Option("--seed", "int", -1, (1 << 32) - 1),
-    "num_predict": Option("--n-predict", "int", -2),
-    "top_k": Option("--top-k", "int", 0, sampling=Keys.General.SAMPLING_TOP_K),
-    "top_p": Option("--top-p", "float", 0, 1, sampling=Keys.General.SAMPLING_TOP_P),
-    "min_p": Option("--min-p", "float", 0, 1, sampling=Keys.General.SAMPLING_MIN_P),
-    "typical_p": Option("--typical", "float", 0, 1),
-    "repeat_last_n": Option("--repeat-last-n", "int", -1, sampling=Keys.General.SAMPLING_PENALTY_LAST_N),
-    "temperature": Option("--temp", "float", 0, sampling=Keys.General.SAMPLING_TEMP),
-    "repeat_penalty": Option("--repeat-penalty", "float", 0, sampling=Keys.General.SAMPLING_PENALTY_REPEAT),
-    "presence_penalty": Option("--presence-penalty"),
-    "frequency_penalty": Option("--frequency-penalty"),
-    "stop": Option("--reverse-prompt", "stop"),
-    "mirostat": Option("--mirostat", "int", 0, 2, sampling=Keys.General.SAMPLING_MIROSTAT),
-    "mirostat_tau": Option("--mirostat-ent", "float", 0, sampling=Keys.General.SAMPLING_MIROSTAT_TAU),
-    "mirostat_eta": Option("--mirostat-lr", "float", 0, sampling=Keys.General.SAMPLING_MIROSTAT_ETA),
-    "rope_frequency_base": Option("--rope-freq-base", "float", 0),
-    "rope_frequency_scale": Option("--rope-freq-scale", "float", 0),
-    "numa": Option("--numa", "true", const="distribute"),
-}
+from ..format.params import OPTIONS, Option
 
 # Options whose meaning llama-server has, but only in combination: use_mmap
 # and use_mlock become one --load-mode.
@@ -131,50 +26,56 @@ NO_EQUIVALENT = {
 }
 
 
-def read_params(path: Path) -> dict:
-    """The params layer's JSON object (ValueError naming the layer otherwise)."""
-    try:
-        doc = json.loads(read_small(path, MAX_BYTES))
-    except GGUFError as e:
-        raise ValueError(f"params layer {path.name} cannot be read ({e})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"params layer {path.name} is not JSON ({e})") from None
-    except RecursionError:
-        raise ValueError(f"params layer {path.name} nests arrays or objects too deeply to be read") from None
-    if not isinstance(doc, dict):
-        raise ValueError(f"params layer {path.name} is not a JSON object")
-    return doc
+
+def flag_argv(option: Option, v) -> list[str]:
+    """llama-server's arguments for the value `v` of `option` (ValueError
+    saying what is wrong with it)."""
+    v = option.check(v)
+    if option.kind == "stop":    # llama-server's stop words for requests that name none (repeatable)
+        return [x for w in v for x in (option.flag, w)]
+    if option.kind == "true":
+        return [option.flag, *([] if option.const is None else [option.const])] if v else []
+    return [option.flag, repr(v) if option.kind == "float" else str(v)]
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """A params layer's sampling options as GGUF KVs, in `OPTIONS` order, and
-    what was left out of them (one line each)."""
+@dataclass
+class Args:
+    """The arguments, and what could not be carried over (one line each)."""
 
-    kvs: tuple = ()
-    notes: tuple[str, ...] = ()
+    argv: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
-def sampling(params: dict) -> Sampling:
-    """The `general.sampling.*` KVs of a params object: ints as int32 and
-    floats as float32, as llama.cpp's converter writes them."""
-    kvs, notes = [], []
-    for key, option in OPTIONS.items():
-        if option.sampling is None or key not in params:
+def _load_mode(params: dict) -> list[str]:
+    mmap, mlock = params.get("use_mmap"), params.get("use_mlock")
+    for key, v in (("use_mmap", mmap), ("use_mlock", mlock)):
+        if v is not None and not isinstance(v, bool):
+            raise ValueError(f"{key}: {v!r} is not true or false")
+    if mmap is None and mlock is None:
+        return []
+    mode = {(False, False): "none", (False, True): "mlock", (True, False): "mmap",
+            (True, True): "mmap+mlock"}[(mmap is not False, bool(mlock))]
+    return ["--load-mode", mode]
+
+
+def translate_params(params: dict) -> Args:
+    """llama-server flags for an Ollama params object."""
+    out = Args()
+    for key in sorted(params):
+        value = params[key]
+        if key in LOAD_MODE:
+            continue
+        option = OPTIONS.get(key)
+        if option is None:
+            why = NO_EQUIVALENT.get(key, "no llama-server equivalent known")
+            out.notes.append(f"params {key}={json.dumps(value)}: not passed ({why})")
             continue
         try:
-            v = option.check(params[key])
+            out.argv += flag_argv(option, value)
         except ValueError as e:
-            notes.append(f"params {key}: not in model.gguf ({e})")
-            continue
-        kvs.append((option.sampling, i32(v) if option.kind == "int" else f32(v)))
-    return Sampling(tuple(kvs), tuple(notes))
-
-
-def layer_sampling(path: Path) -> Sampling:
-    """`sampling` of the params layer at `path`; none, with the reason, when
-    the layer cannot be used at all."""
+            out.notes.append(f"params {key}: not passed ({e})")
     try:
-        return sampling(read_params(path))
+        out.argv += _load_mode(params)
     except ValueError as e:
-        return Sampling((), (f"{e}: no sampling defaults in model.gguf",))
+        out.notes.append(f"params {e}: not passed")
+    return out

@@ -16,8 +16,9 @@ section per model folder, requested by its Ollama name.
   line end and holds one value per option: what cannot be written so is
   left out, and a comment line in the section says why.
 
-A mount shows its own preset at its root (`models.ini`, `Published`), made
-from its tree; `compatfs serve` makes one by walking a mount (`scan_mount`)
+A mount shows its own preset at its root (`models.ini`: `RootPreset`, the
+FUSE layer hands it to its tree, which asks it for the file at each scan;
+`Published`, the file), made from the tree's snapshot; `compatfs serve` makes one by walking a mount (`scan_mount`)
 only when the mount shows none.
 """
 from __future__ import annotations
@@ -30,14 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..files.blobfile import identity, status
-from .llama_args import translate_params
-from .params import OPTIONS, read_params
+from ..format.params import OPTIONS, read_params
+from .params import translate_params
 from ..files.statedir import mount_file
-from ..view.catalog import MMPROJ_FILE, MODEL_FILE
+from ..errors import GGUFError
+from ..names import LAYER_FILE, MMPROJ_FILE, MODEL_FILE, PRESET_FILE
+from ..tree import FileRef, Snapshot, Tree
 
 log = logging.getLogger(__name__)
-
-PUBLISHED_FILE = "models.ini"   # the preset a mount shows at its root
 
 # How the mount shows an Ollama store, as `serve` finds it by walking the mount:
 # `blobs/` holds each blob's own views (not models); a model folder's params layer.
@@ -69,7 +70,6 @@ def is_embedding(model: Path, known: dict[str, tuple[tuple, bool]], memo: dict[s
     pooling type for its architecture (taken from `known` while the file
     keeps its identity; put in `memo`)."""
     from ..format.header import SourceGGUF
-    from ..errors import GGUFError
     try:
         st = status(model)   # as blobfile resolves it: never into a mount this process serves
     except OSError:
@@ -147,7 +147,7 @@ class Published:
             return True
         except OSError as e:
             if self._failed != str(e):
-                log.error("cannot write the mount's %s at %s: %s: not shown", PUBLISHED_FILE, self.path, e)
+                log.error("cannot write the mount's %s at %s: %s: not shown", PRESET_FILE, self.path, e)
             self._written, self._failed = None, str(e)
             return False
 
@@ -236,3 +236,78 @@ def render(entries: list[Entry], sections: list[Section] | None = None) -> str:
 
 def _comment(text: str) -> str:
     return text.encode("unicode_escape").decode("ascii")
+
+
+class RootPreset:
+    """The `models.ini` a mount's root shows (a tree's `RootFiles`): the
+    preset of the tree's model folders, paths under `mountpoint`, kept as
+    `Published`.  A model folder whose mark is what it was keeps its section,
+    and the text is rendered again only when a section changed."""
+
+    def __init__(self, published: Published, mountpoint: Path):
+        self.published = published
+        self.mountpoint = mountpoint
+        # Each model's section, and what it was made from (its mountpoint and
+        # its folder's mark): made again only when that changes.
+        self._sections: dict[str, tuple[tuple, Entry, Section]] = {}
+        self._text: str | None = None     # the preset rendered from them
+
+    @classmethod
+    def at(cls, mountpoint: Path) -> RootPreset | None:
+        """The preset of a mount at `mountpoint` (absolute); None when the
+        daemon has no state folder, or one inside the mountpoint (logged)."""
+        try:
+            path = published_path(mountpoint)
+            if Path(os.path.realpath(path)).is_relative_to(os.path.realpath(mountpoint)):
+                raise OSError(f"the state folder {path.parent} is inside the mountpoint")
+        except OSError as e:
+            log.error("no %s at the mount's root: %s", PRESET_FILE, e)
+            return None
+        return cls(Published(path), mountpoint)
+
+    def stale(self) -> None:
+        self._sections = {}
+
+    def withdraw(self) -> None:
+        self.published.withdraw()
+
+    def files(self, tree: Tree, snap: Snapshot, marks: dict[str, tuple | None]) -> dict[str, FileRef]:
+        """`models.ini`, readable as the root is (none for a store without models)."""
+        models = snap.models
+        if not models:
+            self.published.remove()
+            self._sections = {}
+            return {}
+        try:
+            made: dict[str, tuple[tuple, Entry, Section]] = {}
+            for name in sorted(models):
+                key = (self.mountpoint, marks.get(name))
+                kept = self._sections.get(name)
+                if kept is None or kept[0] != key:
+                    entry = self._entry(tree, snap, name)
+                    kept = key, entry, section(entry)
+                made[name] = kept
+            if made != self._sections or self._text is None:
+                self._text = render([e for _, e, _ in made.values()], [s for _, _, s in made.values()])
+            self._sections = made
+            owner = tree.source.owner("", snap.listing)
+            try:
+                like = status(owner)
+            except OSError:
+                like = None
+            shown = self.published.update(self._text, like)
+        except Exception:   # a bad store file must never fail a scan
+            log.exception("cannot make the mount's %s", PRESET_FILE)
+            return {}
+        return {PRESET_FILE: FileRef(self.published.path, LAYER_FILE, readable_as=owner)} if shown else {}
+
+    def _entry(self, tree: Tree, snap: Snapshot, name: str) -> Entry:
+        """The entry of model folder `name`: whether it shows an mmproj.gguf
+        and is an embedding model are its blobs' summaries' (the index's: no
+        header is parsed where the index knows the blob)."""
+        f = snap.listing.folders[name]
+        try:
+            embedding = tree.views.summary(f.model).embedding
+        except GGUFError:
+            embedding = False
+        return Entry(name, self.mountpoint / name, MMPROJ_FILE in (tree.files(snap, name) or {}), f.params, embedding)

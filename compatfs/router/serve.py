@@ -22,8 +22,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from .preset import PUBLISHED_FILE, Entry, render, scan_mount, section
-from ..view.catalog import MODEL_FILE
+from .preset import Entry, render, scan_mount, section
+from ..names import MODEL_FILE, PRESET_FILE
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def _ask(base: str, method: str, path: str, body: dict | None = None) -> dict | 
 class Router:
     def __init__(self, mnt: Path, exe: str, own_preset: Path, host: str, port: int, extra: list[str]):
         self.mnt, self.exe = mnt, exe
-        published = mnt / PUBLISHED_FILE
+        published = mnt / PRESET_FILE
         self.published = published.is_file()
         self.preset_file = published if self.published else own_preset
         self.base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
@@ -117,7 +117,7 @@ class Router:
                 log.warning("cannot read %s: %s", self.mnt, e)
                 continue
             if changed or reload:
-                print(f"compatfs: the mount changed ({', '.join(changed) or PUBLISHED_FILE}): preset reloaded",
+                print(f"compatfs: the mount changed ({', '.join(changed) or PRESET_FILE}): preset reloaded",
                       file=sys.stderr)
                 _ask(self.base, "GET", "/models?reload=1")
                 for name in changed:

@@ -20,16 +20,24 @@ Files that are not GGUF, hidden files and folders, and split GGUFs
 the folder on disk already takes, and a folder that cannot be listed, are
 left out with the reason.  Each mounted
 folder mirrors the owner, mode and time of the folder on disk it shows.
+
+The scan never follows a symlink implicitly: a folder's entries are told
+apart without following them (`walk`), a symlink's target is resolved only
+by `blobfile.status`, which refuses one into compatfs's own mount, and a
+symlink to a folder is not walked into.
 """
 from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Iterator
 
 from .base import Folder, Listing, Source, SourceError
-from ..view.catalog import MMPROJ_FILE, MODEL_FILE
+from ..files.blobfile import status
+from ..names import MMPROJ_FILE, MODEL_FILE
 
 SUFFIX = ".gguf"
 PROJECTOR_PREFIX = "mmproj"
@@ -37,9 +45,47 @@ MAX_FOLDERS = 10_000    # folders on disk a scan visits at most (one may run eve
 _SPLIT = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)
 
 
+def _is_dir(entry: os.DirEntry) -> bool:
+    """Whether `entry` is a folder: a symlink is one when what `blobfile.status`
+    resolves it to is (never when it leads into compatfs's own mount)."""
+    if not entry.is_symlink():
+        return entry.is_dir(follow_symlinks=False)
+    try:
+        return stat.S_ISDIR(status(entry.path).st_mode)
+    except OSError:
+        return False
+
+
+def walk(root: Path, onerror: Callable[[OSError], None] | None = None) -> Iterator[tuple[str, list[str], list[str]]]:
+    """`os.walk(root)`, top down, without following a symlink implicitly
+    (`_is_dir`): each folder's path, its folders (which the caller may prune)
+    and its other entries; a symlink to a folder is listed among the folders
+    and not walked into."""
+    todo = [os.fspath(root)]
+    while todo:
+        top = todo.pop()
+        try:
+            with os.scandir(top) as it:
+                entries = list(it)
+        except OSError as e:
+            if onerror is not None:
+                onerror(e)
+            continue
+        dirs, files, real = [], [], set()
+        for entry in entries:
+            if _is_dir(entry):
+                dirs.append(entry.name)
+                if not entry.is_symlink():
+                    real.add(entry.name)
+            else:
+                files.append(entry.name)
+        yield top, dirs, files
+        todo.extend(os.path.join(top, d) for d in reversed(dirs) if d in real)
+
+
 def has_gguf(root: Path) -> bool:
     """Whether any folder under `root` (hidden ones aside) holds a `.gguf` file."""
-    for visited, (_dirpath, dirs, files) in enumerate(os.walk(root)):
+    for visited, (_dirpath, dirs, files) in enumerate(walk(root)):
         if visited >= MAX_FOLDERS:
             return False
         dirs[:] = [d for d in dirs if not d.startswith(".")]
@@ -72,7 +118,7 @@ class GGUFFolder(Source):
         def unreadable(e: OSError) -> None:
             out.skipped[str(e.filename)] = f"cannot be listed ({e.strerror})"
 
-        for visited, (dirpath, dirs, files) in enumerate(os.walk(self.root, onerror=unreadable)):
+        for visited, (dirpath, dirs, files) in enumerate(walk(self.root, onerror=unreadable)):
             if visited >= MAX_FOLDERS:
                 out.skipped[dirpath] = f"more than {MAX_FOLDERS} folders: the rest is not scanned"
                 break

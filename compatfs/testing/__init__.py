@@ -2,10 +2,12 @@
 and Ollama-layout stores to hold them: for the tests, the demo store and
 `scripts/e2e`.  The mount never imports this package.
 
-One module per family, named as its handler in `handlers/` is, so that a
-translation and the legacy form it reads sit side by side by name; `core`
+One module per handler in `handlers/`, named as it, so that a translation
+and the legacy forms it reads sit side by side by name; besides them, `core`
 writes GGUF files in Ollama's layout, `tokenizers` makes small vocabularies,
-`store` writes manifests and blobs.  Every writer is
+`store` writes manifests and blobs, `widths` writes legacy forms at published
+widths, and `gguf_edit`, `fuzz`, `fuzz_bytes` and `fuzz_structure` make the
+fuzz cases.  Every writer of a handler's module is
 ``NAME(path, seed=0, **options) -> path`` and cites, in its module's
 docstring, the converter commit whose output it reproduces.
 """

@@ -30,7 +30,8 @@ from ..format.header import SourceGGUF
 from ..errors import GGUFError
 from ..view.opcache import OpCache
 from ..files.blobfile import Transient
-from ..view.catalog import MMPROJ_FILE, MODEL_FILE, HandlerFailure, build_view, classify
+from ..view.catalog import HandlerFailure, build_view, classify
+from ..names import MMPROJ_FILE, MODEL_FILE
 from .fuzz_bytes import byte_mutator
 from .fuzz_structure import structure_mutator
 

@@ -45,12 +45,9 @@ from .opcache import OpCache
 from .sampling import kvs_key, of_layer, with_sampling
 from ..translate import Translation, ViewSpec, first_claim, plan
 from .layout import View
+from ..names import LAYER_FILE, MMPROJ_FILE, MODEL_FILE
 
 log = logging.getLogger(__name__)
-
-MODEL_FILE = "model.gguf"
-MMPROJ_FILE = "mmproj.gguf"
-LAYER_FILE = "layer"      # a manifest layer that is not GGUF (params, template, ...), served unchanged
 
 
 def translation_enabled(no_translate: bool = False) -> bool:

@@ -85,18 +85,18 @@ class Summary:
 
 
 # The subpackages whose code decides what a summary holds (a view's size,
-# its claims, the sampling keys' size), besides the handlers and the params
-# layer's reader; the commands, the FUSE layer and the sources do not.
+# its claims, the sampling keys' size: `format/` holds the params layer's
+# reader), besides the handlers; the commands, the FUSE layer and the
+# sources do not.
 _DECISIVE_PACKAGES = ("format", "translate", "view")
 
 
 def decisive_files() -> list[Path]:
     """The source files `translation_version` digests."""
     from .. import handlers  # type: ignore[attr-defined]  # handlers/, by package-dir: mypy cannot see it
-    from ..router import params
     top = Path(__file__).resolve().parent.parent
     files = [f for d in _DECISIVE_PACKAGES for f in sorted((top / d).glob("*.py"))]
-    return files + sorted(Path(handlers.__file__).resolve().parent.glob("*.py")) + [Path(params.__file__).resolve()]
+    return files + sorted(Path(handlers.__file__).resolve().parent.glob("*.py"))
 
 
 @functools.lru_cache(maxsize=None)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..files.blobfile import identity, status
 from ..format.header import SourceGGUF
-from ..router.params import Sampling, layer_sampling
+from ..format.params import Sampling, layer_sampling
 from ..translate import ALWAYS, Translation, ViewSpec, plan
 
 # The blob as it is, laid out afresh: what gains the KVs where no handler
