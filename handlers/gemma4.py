@@ -32,8 +32,7 @@ from gguf import TokenType as TT
 
 from compatfs.format.header import SourceGGUF, TensorInfo
 from compatfs.format.values import VT, array, boolean, string, u32
-from compatfs.translate.byte_ops import ConcatRows
-from compatfs.translate.ops import Op
+from compatfs.translate import ConcatRows, Op
 from compatfs.translate import (
     BYTE_TOKENS, Copy, CopyEach, Count, Default, Drop, FillArray, Hide, KeepOnly, ProducePerBlock, Rename, Set,
     TensorEdit, Tensors, ToF32, TokenType, Translation, ViewTensor, When, any_of, arch_is, as_projector,

@@ -41,8 +41,7 @@ from compatfs.format.header import SourceGGUF, TensorInfo
 from compatfs.errors import GGUFError
 from compatfs.format.values import f32, string
 from compatfs.translate import accel
-from compatfs.translate.byte_ops import Strided
-from compatfs.translate.ops import Op
+from compatfs.translate import Op, Strided
 from compatfs.files.scratch import scratch
 from compatfs.translate import (
     CopyPrefix, Count, Default, DefaultTokenId, Drop, FromShape, ProducePerBlock, Rename, Set, StoredType,
