@@ -71,7 +71,8 @@ class OllamaMXFP4(Op):
         shape = t.shape
         if len(shape) < 2 or shape[0] % QK or not 0 <= start < step or shape[1] % step:
             raise GGUFError(f"{t.name}: shape {shape} is not an MXFP4 stack whose rows split {step} ways")
-        raw = TensorInfo(t.name, (prod(shape) // QK * BLOCK,), DT.I8, t.offset)
+        stored = prod(shape) // QK * BLOCK
+        raw = t.part(t.name, (stored,), DT.I8, stored=stored)
         return cls((raw,), (shape[0], shape[1] // step, *shape[2:]), DT.MXFP4, shape, start, step)
 
     @property

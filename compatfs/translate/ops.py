@@ -240,7 +240,7 @@ def _elementwise_into(src: TensorInfo, read: ReadRange, lo: int, hi: int, out: m
         for at in range(0, len(values), CHUNK):
             _to_f32(dtype, stored[at:at + CHUNK], values[at:at + CHUNK])
     else:
-        flat = TensorInfo(src.name, ((b1 - b0) * block,), src.dtype, 0)
+        flat = src.part(src.name, ((b1 - b0) * block,), dtype, b0 * block_bytes)
         values[:] = to_f32(flat, raw)[skip:skip + len(values)]
     if fn is not None:
         for at in range(0, len(values), CHUNK):
