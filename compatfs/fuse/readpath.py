@@ -30,7 +30,7 @@ def _fill(handle: Handle, offset: int, out: memoryview) -> None:
     included) read through the handle's blob; EIO and a log line when the
     blob cannot give them or an op fails on its data."""
     try:
-        viewbytes.fill(handle.view, handle.file, offset, out)
+        viewbytes.fill(handle.view.segments, handle.file, offset, out)
     except Exception as e:   # a blob cut short, an op that fails on bad tensor data
         log.error("read of %s at %d failed: %s", handle.blob, offset, e)
         raise fuse.FuseOSError(errno.EIO) from None
