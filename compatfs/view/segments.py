@@ -20,9 +20,12 @@ from .opcache import OpCache
 S = TypeVar("S", bound="Segment")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Segment:
-    """View bytes [at, at + size), from byte `lo` of what the kind names."""
+    """View bytes [at, at + size), from byte `lo` of what the kind names.
+    Segments are never changed once made; they are not frozen dataclasses
+    because a read makes some (`clip`), and a frozen one takes about three
+    times as long to make."""
     at: int
     size: int
     lo: int
@@ -35,18 +38,18 @@ class Segment:
         return type(self)(at, end - at, self.lo + at - self.at, *own)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class HeldBytes(Segment):
     """Bytes held in memory (the rendered header): data[lo:lo + size]."""
     data: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ZeroBytes(Segment):
     """Zero bytes (padding, an op's zero pieces); `lo` says nothing."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BlobBytes(Segment):
     """The blob's bytes from absolute offset `lo`."""
 
@@ -61,19 +64,19 @@ class Rounds:
     count: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class InRounds(Segment):
     """Bytes from `lo` of `rounds`."""
     rounds: Rounds
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Computed(Segment):
     """Bytes from `lo` of ranged `op`, computed from the input bytes they need."""
     op: Op
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Cached(Segment):
     """Bytes from `lo` of `op`, computed `op.chunk_bytes` at a time into
     `cache`, its chunk k under (`key`, k); no cache in a layout made only
