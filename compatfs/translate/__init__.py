@@ -1,6 +1,7 @@
 """The vocabulary handlers are written in, and handler modules import all of
-it from here (the blob's own types, `SourceGGUF`, `TensorInfo` and KV values,
-they take from `compatfs.format`): detectors (`compatfs.translate.predicates`), typed reads of a KV's value
+it from here (what is not translation they take from where it lives: the
+blob's `SourceGGUF`, `TensorInfo` and KV values from `compatfs.format`,
+`GGUFError` from `compatfs.errors`, scratch buffers from `compatfs.files.scratch`): detectors (`compatfs.translate.predicates`), typed reads of a KV's value
 (`compatfs.translate.kv_reads`), KV edits (`compatfs.translate.kv_edits`), tensor edits
 (`compatfs.translate.tensor_edits`), tensor makers (`compatfs.translate.makers`), the ops
 a handler's own tensors are made with (`compatfs.translate.ops`, and those that only move
