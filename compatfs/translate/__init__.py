@@ -1,14 +1,17 @@
-"""The vocabulary handlers are written in, and handler modules import all of
-it from here (what is not translation they take from where it lives: the
-blob's `SourceGGUF`, `TensorInfo` and KV values from `compatfs.format`,
-`GGUFError` from `compatfs.errors`, scratch buffers from `compatfs.files.scratch`): detectors (`compatfs.translate.predicates`), typed reads of a KV's value
-(`compatfs.translate.kv_reads`), KV edits (`compatfs.translate.kv_edits`), tensor edits
-(`compatfs.translate.tensor_edits`), tensor makers (`compatfs.translate.makers`), the ops
-a handler's own tensors are made with (`compatfs.translate.ops`, and those that only move
-bytes, `compatfs.translate.byte_ops`), the clip projector builder
-(`compatfs.translate.projector`), and the translation they make up with `plan`, which
-applies one to a blob (`compatfs.translate.planning`).  (`compatfs.translate.accel`, the
-optional compiled kernels, is a module of its own: a handler imports it as a module.)"""
+"""The vocabulary handlers are written in; handler modules import all of it
+from here: detectors (`compatfs.translate.predicates`), typed reads of a KV's
+value (`compatfs.translate.kv_reads`), KV edits (`compatfs.translate.kv_edits`),
+tensor edits (`compatfs.translate.tensor_edits`), tensor makers
+(`compatfs.translate.makers`), the ops a handler's own tensors are made with
+(`compatfs.translate.ops`, and those that only move bytes,
+`compatfs.translate.byte_ops`), the clip projector builder
+(`compatfs.translate.projector`), and the translation they make up with
+`plan`, which applies one to a blob (`compatfs.translate.planning`).
+
+What is not translation a handler takes from where it lives: the blob's
+`SourceGGUF`, `TensorInfo` and KV values from `compatfs.format`, `GGUFError`
+from `compatfs.errors`, scratch buffers from `compatfs.files.scratch`; and
+`compatfs.translate.accel`, the optional compiled kernels, as a module."""
 from . import byte_ops, kv_edits, kv_reads, makers, ops, planning, predicates, projector, tensor_edits
 from .byte_ops import *  # noqa: F401,F403
 from .kv_edits import *  # noqa: F401,F403
