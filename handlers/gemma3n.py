@@ -35,8 +35,7 @@ from gguf import TokenType as TT
 
 from compatfs.format.header import SourceGGUF
 from compatfs.format.values import boolean, f32, string
-from compatfs.translate.byte_ops import PadRows
-from compatfs.translate.ops import Op
+from compatfs.translate import Op, PadRows
 from compatfs.translate import (
     BYTE_TOKENS, CopyIfAbsent, Default, Drop, Hide, PadTokensUnused, Produce, Set, TokenType, Translation, any_of,
     arch_is, has_key, rows_differ,

@@ -30,10 +30,9 @@ from gguf import Keys
 from gguf import GGMLQuantizationType as DT
 from gguf import TokenType as TT
 
-from compatfs.format.header import SourceGGUF, TensorInfo
+from compatfs.format.header import SourceGGUF
 from compatfs.format.values import VT, array, boolean, string, u32
-from compatfs.translate.byte_ops import ConcatRows
-from compatfs.translate.ops import Op
+from compatfs.translate import ConcatRows, Op
 from compatfs.translate import (
     BYTE_TOKENS, CopyEachIfAbsent, CopyIfAbsent, Count, Default, Drop, DropPrefix, FillArray, Hide, KeepOnly,
     ProducePerBlock, Rename, Set, TensorEdit, Tensors, ToF32, TokenType, Translation, ViewTensor, When, any_of, arch_is,
@@ -72,7 +71,7 @@ class UnpackClamps(TensorEdit):
         ts = [v for v in ts if v.source is None or v.source.name != self.packed]
         for j, (lin, clamp) in enumerate((lin, c) for lin in linears for c in CLAMPS):
             name, offset = f"{lin}.{clamp}", t.offset + 4 * j
-            ts.append(ViewTensor(name, (1,), DT.F32, source=TensorInfo(name, (1,), DT.F32, offset), order=offset))
+            ts.append(ViewTensor(name, (1,), DT.F32, source=t.part(name, (1,), DT.F32, 4 * j), order=offset))
         return ts
 
 

@@ -26,7 +26,7 @@ from gguf import GGMLQuantizationType as DT
 from compatfs.format.header import SourceGGUF, TensorInfo
 from compatfs.errors import GGUFError
 from compatfs.format.values import string, u32
-from compatfs.translate.ops import Concat, Op
+from compatfs.translate import Concat, Op
 from compatfs.translate import (
     OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, CopyIfAbsent, CopyPrefixIfAbsent, Count, DefaultTokenId, Drop, DropPrefix, Hide,
     KVEdit, KVs, PadArray, PadTokensUnused, ProducePerBlock, Rename, Set, Translation, arch_is, clip_projector, finite,

@@ -41,8 +41,7 @@ from compatfs.format.header import SourceGGUF, TensorInfo
 from compatfs.errors import GGUFError
 from compatfs.format.values import f32, string
 from compatfs.translate import accel
-from compatfs.translate.byte_ops import Strided
-from compatfs.translate.ops import Op
+from compatfs.translate import Op, Strided
 from compatfs.files.scratch import scratch
 from compatfs.translate import (
     CopyPrefixIfAbsent, Count, Default, DefaultTokenId, Drop, DropPrefix, FromShape, ProducePerBlock, Rename, Set,
@@ -72,7 +71,8 @@ class OllamaMXFP4(Op):
         shape = t.shape
         if len(shape) < 2 or shape[0] % QK or not 0 <= start < step or shape[1] % step:
             raise GGUFError(f"{t.name}: shape {shape} is not an MXFP4 stack whose rows split {step} ways")
-        raw = TensorInfo(t.name, (prod(shape) // QK * BLOCK,), DT.I8, t.offset)
+        stored = prod(shape) // QK * BLOCK
+        raw = t.part(t.name, (stored,), DT.I8, stored=stored)
         return cls((raw,), (shape[0], shape[1] // step, *shape[2:]), DT.MXFP4, shape, start, step)
 
     @property

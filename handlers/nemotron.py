@@ -34,7 +34,7 @@ from gguf import GGMLQuantizationType as DT
 from compatfs.format.header import SourceGGUF
 from compatfs.errors import GGUFError
 from compatfs.format.values import f32, string, u32
-from compatfs.translate.ops import Elementwise, Op, to_f32
+from compatfs.translate import Elementwise, Op, to_f32
 from compatfs.translate import (
     OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, CopyPrefixIfAbsent, Count, Default, DropPrefix, FromFirstBlock, Hide, Produce,
     ProducePerBlock, Rename, Set, ToF32, Translation, When, any_of, arch_is, clip_projector, concatenated, describe,

@@ -38,7 +38,7 @@ from gguf import MODEL_TENSOR, TENSOR_NAMES
 from compatfs.format.header import SourceGGUF
 from compatfs.errors import GGUFError
 from compatfs.format.values import VT, array, u32
-from compatfs.translate.ops import AddScalar
+from compatfs.translate import AddScalar
 from compatfs.translate import (
     AddSuffix, Count, Default, Drop, DropPrefix, Hide, KVEdit, KVs, PadArray, PerLayerToMax, Produce, Rename, TensorEdit,
     Tensors, Translation, any_of, arch_is, describe, has_key, has_tensor_prefix, has_true, stacked, whole,

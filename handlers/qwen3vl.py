@@ -50,7 +50,7 @@ from gguf import TokenType as TT
 from compatfs.format.header import SourceGGUF, TensorInfo
 from compatfs.errors import GGUFError
 from compatfs.format.values import VT, array, boolean, u32
-from compatfs.translate.ops import Op, Part, Runs, as_array
+from compatfs.translate import Op, Part, Runs, as_array
 from compatfs.translate import (
     BlockCount, CopyEachIfAbsent, CopyIfAbsent, Count, Default, DefaultTokenId, Drop, DropPrefix, FromShape, Hide,
     KVEdit, KVs, PadArray, PadTokensUnused, Produce, ProducePerBlock, Rename, TensorEdit, Tensors, ToF32, TokenType,

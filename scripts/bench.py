@@ -1054,7 +1054,7 @@ def scale_store(model: Path) -> Path:
     header with `model`'s vocabulary (Ollama's gemma3 marker: no RMS-norm
     epsilon) and tiny tensors; written once into .cache/bench-scale."""
     from compatfs.format.values import string
-    from compatfs.translate.byte_ops import Zeros
+    from compatfs.translate.byte_ops import ZeroTensor
     from compatfs.translate import KeepOnly, Produce, Set
     root = ROOT / ".cache" / "bench-scale"
     store = root / f"store-{SCALE_MODELS}"
@@ -1069,7 +1069,7 @@ def scale_store(model: Path) -> Path:
         tr = Translation("scale", ALWAYS, kv=(
             Drop((f"{arch}.attention.layer_norm_rms_epsilon",)), Set("general.name", string(f"scale model {i}"))),
             tensors=(KeepOnly(("output_norm.",)),
-                     Produce("token_embd.weight", lambda s: Zeros.of((16, rows), DT.F16))))
+                     Produce("token_embd.weight", lambda s: ZeroTensor.of((16, rows), DT.F16))))
         view = View.translated(src, plan(tr, src), OpCache(0), key=i)
         blob = root / "blob.gguf"
         blob.write_bytes(view.read(0, view.size))

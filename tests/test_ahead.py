@@ -23,6 +23,7 @@ from compatfs.testing import widths
 from compatfs.testing.store import add_model
 from compatfs.view.catalog import BlobViews
 from compatfs.names import MODEL_FILE
+from compatfs.view.segments import Computed
 
 from conftest import needs_fuse, wait_until
 
@@ -162,12 +163,12 @@ def compute(blob, op: Op, lo: int, out: memoryview) -> None:
 
 def upcoming(op: Op):
     """The file is the op from view offset 0."""
-    return lambda at, size: [ahead.Span(op, at, max(0, min(size, op.nbytes - at)), at)] if at < op.nbytes else []
+    return lambda at, size: [Computed(at, max(0, min(size, op.nbytes - at)), at, op)] if at < op.nbytes else []
 
 
 def read(state: ahead.Ahead, blob: Blob, op: Op, at: int, size: int) -> bytes:
     out = bytearray(size)
-    state.fill(ahead.Span(op, at, size, at), memoryview(out), compute, blob)   # type: ignore[arg-type]
+    state.fill(Computed(at, size, at, op), memoryview(out), compute, blob)   # type: ignore[arg-type]
     state.advance(blob, at, size, upcoming(op), compute)                          # type: ignore[arg-type]
     return bytes(out)
 
@@ -189,7 +190,7 @@ def test_a_reader_that_jumps_drops_its_chunks_and_those_not_started_are_never_co
     read(state, blob, op, 0, MiB)
     op.gate.clear()                                  # workers hold on to what they start
     out = bytearray(MiB)                             # the next read computes its own range without the gate
-    state.fill(ahead.Span(op, MiB, MiB, MiB), memoryview(out), lambda b, o, lo, m: None, blob)  # type: ignore[arg-type]
+    state.fill(Computed(MiB, MiB, MiB, op), memoryview(out), lambda b, o, lo, m: None, blob)  # type: ignore[arg-type]
     state.advance(blob, MiB, MiB, upcoming(op), compute)   # type: ignore[arg-type]
     planned = len(state)
     assert planned == ahead.PER_FILE
@@ -221,7 +222,7 @@ def test_the_bounds_per_file_and_over_all_files_hold(monkeypatch):
     def reader(i: int) -> None:
         for at in range(0, 24 * MiB, 512 << 10):
             out = bytearray(512 << 10)
-            states[i].fill(ahead.Span(ops[i], at, len(out), at), memoryview(out), sampling, blob)  # type: ignore[arg-type]
+            states[i].fill(Computed(at, len(out), at, ops[i]), memoryview(out), sampling, blob)  # type: ignore[arg-type]
             states[i].advance(blob, at, len(out), upcoming(ops[i]), sampling)                      # type: ignore[arg-type]
             assert bytes(out) == ops[i].bytes(at, at + len(out))
             assert ahead.held() <= 10
@@ -241,7 +242,7 @@ def test_a_chunk_a_read_copies_out_of_is_freed_only_after_it():
     read of the file copies out of it keeps its buffer until that read is done."""
     op = Op(4 * MiB)
     assert ahead._reserve()
-    chunk = ahead._Chunk(ahead.Span(op, 0, MiB, 0))
+    chunk = ahead._Chunk(Computed(0, MiB, 0, op))
     chunk.future.set_result(None)
     chunk.pin()
     chunk.drop()

@@ -14,7 +14,8 @@ import pytest
 
 from compatfs.testing import fuzz, gemma3, llama
 from compatfs.testing.store import add_model
-from compatfs.view.layout import FileRange, _CachedOp, _Ranged
+from compatfs.view.assemble import FileRange
+from compatfs.view.segments import Cached, Computed
 from compatfs.view.catalog import BlobViews
 
 from conftest import needs_fuse, wait_until
@@ -201,7 +202,7 @@ def test_truncation_under_an_op_tensor_read(store, mount_store):
     m = mount_store(store)
     blob = blob_of(store, "vision", "4b")
     view = BlobViews().view(blob, "mmproj.gguf")
-    op_at = next(s.start for s in view._segments if isinstance(s, (_CachedOp, _Ranged)))
+    op_at = next(s.at for s in view.segments if isinstance(s, (Cached, Computed)))
     with open(m / "vision:4b/mmproj.gguf", "rb", buffering=0) as f:
         f.read(4)
         os.truncate(blob, op_at // 2)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from compatfs.testing import gemma3, llama, llava, nemotron
-from compatfs.view.layout import _CachedOp
+from compatfs.view.segments import Cached
 from compatfs.view.catalog import BlobViews
 from compatfs.testing.store import add_model
 
@@ -199,7 +199,7 @@ def test_removed_model_keeps_serving_its_op_tensors(tmp_path, mount_store):
     blob = blob_of(store, "omni", "latest")
     want = expected(blob, "mmproj.gguf")
     view = BlobViews().view(blob, "mmproj.gguf")
-    op_at = next(s.start for s in view._segments if isinstance(s, _CachedOp))
+    op_at = next(s.at for s in view.segments if isinstance(s, Cached))
     m = mount_store(store)
     with open(m / "omni:latest/mmproj.gguf", "rb", buffering=0) as f:
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)   # no read-ahead: the op is not read yet

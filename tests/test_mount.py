@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from compatfs.testing.store import add_blob, add_model
-from compatfs.view.layout import FileRange
+from compatfs.view.assemble import FileRange
 from compatfs.view.catalog import BlobViews
 
 from conftest import needs_fuse, wait_until

@@ -21,7 +21,8 @@ from compatfs.translate.ops import CHUNK_BYTES, Permute
 from compatfs.testing import qwen3vl
 from compatfs.testing.store import add_model
 from compatfs.translate import ALWAYS, Produce, Translation, plan
-from compatfs.view.layout import View, _CachedOp, _InRounds, _Ranged
+from compatfs.view.layout import View
+from compatfs.view.segments import Cached, Computed, InRounds
 
 import wide
 from conftest import needs_fuse
@@ -39,7 +40,7 @@ def _view(src: SourceGGUF, ops: dict, cache: OpCache) -> View:
 
 def _placed(view: View) -> dict[str, tuple[int, int]]:
     """name -> (offset in the view, size) of its tensors, in data order after the header."""
-    out, pos = {}, view._segments[0].size
+    out, pos = {}, next(iter(view.segments)).size
     for t in view.spec.tensors:
         out[t.name] = (pos, t.nbytes)
         pos += t.nbytes + -t.nbytes % view.spec.alignment
@@ -91,8 +92,8 @@ def test_runs_equal_the_computation_past_the_old_piece_limit(wide_src):
     }
     assert ops["gate"].shape[1] * ops["gate"].shape[2] == 92160 > 65536
     view = _view(s, ops, OpCache(0))
-    assert len(view._segments) <= 2 * len(ops) + 1   # header, one segment per op, padding
-    assert not any(isinstance(seg, (_CachedOp, _Ranged)) for seg in view._segments)
+    assert len(list(view.segments)) <= 2 * len(ops) + 1   # header, one segment per op, padding
+    assert not any(isinstance(seg, (Cached, Computed)) for seg in view.segments)
     placed = _placed(view)
     r = random.Random(3)
     with view.open() as blob:
@@ -106,7 +107,7 @@ def test_runs_equal_the_computation_past_the_old_piece_limit(wide_src):
             else:
                 want = _whole(op, s)
             assert view.read(at, size, blob) == want, name
-            rounds = next((seg.rounds for seg in view._segments if isinstance(seg, _InRounds) and seg.start == at),
+            rounds = next((seg.rounds for seg in view.segments if isinstance(seg, InRounds) and seg.at == at),
                           None)
             unit = min(p[2] for p in rounds.parts) if rounds else 4096
             edges = [k * unit for k in range(0, size // unit, max(1, size // unit // 50))] + [size - unit, size]

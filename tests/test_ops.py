@@ -5,7 +5,7 @@ from gguf import GGMLQuantizationType as DT
 from gguf import quants
 
 from compatfs.format.header import SourceGGUF
-from compatfs.translate.byte_ops import Split, Zeros
+from compatfs.translate.byte_ops import Split, ZeroTensor
 from compatfs.translate.ops import AddScalar, Concat, Permute, Promote, to_f32
 
 from ggufs import bf16, write_gguf
@@ -123,7 +123,7 @@ def test_permute_chunks_equal_the_whole(src, monkeypatch):
 def test_add_scalar_and_zeros(src):
     op = AddScalar.of(src.tensors["b16"], 1.0)
     np.testing.assert_array_equal(arr(op, run(op, src)), B.astype(np.float16).astype(np.float32) + 1)
-    z = Zeros.of((32, 2), DT.F16)
+    z = ZeroTensor.of((32, 2), DT.F16)
     assert run(z, src) == bytes(32 * 2 * 2)
 
 
@@ -159,7 +159,7 @@ def test_ops_that_move_bytes_are_served_as_pieces_equal_to_the_computation(src):
         (src, Concat.of(src.tensors["a16"], src.tensors["b16"])),
         (src, Split.of(src.tensors["a32"], axis=1, start=2, length=3)),
         (src, Split.of(src.tensors["a16"], axis=0, start=8, length=16)),
-        (src, Zeros.of((32, 2), DT.F16)),
+        (src, ZeroTensor.of((32, 2), DT.F16)),
         (src, PadRows.of(src.tensors["b16"], 7)),
         (exp, ConcatRows.of(exp.tensors["g"], exp.tensors["u"])),
         (exp, Split.of(exp.tensors["g"], axis=1, start=1, length=2)),
@@ -216,3 +216,31 @@ def test_f16_and_bf16_promotion_is_bit_exact_for_every_value(tmp_path):
             out = bytearray(b"\xaa" * (hi - lo + 8))
             op.compute_range_into(read, lo, hi, memoryview(out)[4:4 + hi - lo])
             assert out[4:-4] == want.tobytes()[lo:hi] and out[:4] == out[-4:] == b"\xaa" * 4, (name, lo, hi)
+
+
+def test_the_op_contract_is_checked_when_an_op_class_is_made(src):
+    """An op without `_compute` cannot be made; a ranged op without
+    `compute_range_into`, or one overriding the derived `compute_range`, is
+    refused at class creation (neither falls back on the other)."""
+    from compatfs.translate.ops import Op
+
+    class Whole(Op):
+        pass
+
+    with pytest.raises(TypeError, match="abstract"):
+        Whole((), (4,), DT.F32)
+    with pytest.raises(TypeError, match="compute_range_into"):
+        class Ranged(Op):
+            ranged = True
+
+            def _compute(self, data):
+                return b""
+    with pytest.raises(TypeError, match="compute_range"):
+        class Overriding(Op):
+            def _compute(self, data):
+                return b""
+
+            def compute_range(self, read, lo, hi):
+                return b""
+    with pytest.raises(Exception, match="not computed by range"):
+        Permute.of(src.tensors["a32"], (3, 2, 1, 32), (0, 2, 1, 3)).compute_range(lambda t, a, n: b"", 0, 4)

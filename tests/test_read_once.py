@@ -18,7 +18,7 @@ from compatfs.errors import GGUFError
 from compatfs.files.libc import cached_pages, pages
 from compatfs.translate.ops import Promote
 from compatfs.testing.store import add_model
-from compatfs.view.assemble import Computed
+from compatfs.view.segments import Computed, Segments
 
 from conftest import needs_fuse
 from ggufs import write_gguf
@@ -168,14 +168,9 @@ def test_an_op_that_reads_its_inputs_once_leaves_them_out_of_the_page_cache(tmp_
     op = Promote.of(SourceGGUF(path).tensors["w"])
     assert op.reads_inputs_once
 
-    class OneOp:                     # a view of the op's bytes alone
-        size = op.nbytes
-
-        def layout(self, offset, size):
-            return [Computed(op, offset, min(size, op.nbytes - offset))]
-
+    one_op = Segments([Computed(0, op.nbytes, 0, op)], op.nbytes)     # a view of the op's bytes alone
     with direct(path) as f:
         out = bytearray(op.nbytes)
-        viewbytes.fill(OneOp(), f, 0, memoryview(out))
+        viewbytes.fill(one_op, f, 0, memoryview(out))
     assert np.array_equal(np.frombuffer(out, np.float32), weights.astype(np.float32))
     assert cached(path) == 0

@@ -9,7 +9,8 @@ from compatfs.format.header import SourceGGUF
 from compatfs.view.opcache import OpCache
 from compatfs.translate import ALWAYS, Rename, Set, ToF32, Translation, plan
 from compatfs.format.values import string
-from compatfs.view.layout import View, _CachedOp, _Ranged
+from compatfs.view.layout import View
+from compatfs.view.segments import Cached, Computed
 
 
 TR = Translation("t", ALWAYS, kv=(Set("general.architecture", string("renamed")),),
@@ -124,8 +125,8 @@ def test_interleaved_readers_never_recompute_a_tensor(tmp_path):
     for blob in blobs:
         views = BlobViews()
         view = views.view(blob, MMPROJ_FILE)
-        chunks = sum(-(-s.op.nbytes // s.op.chunk_bytes) for s in view._segments if isinstance(s, _CachedOp))
-        assert any(isinstance(s, (_CachedOp, _Ranged)) for s in view._segments)
+        chunks = sum(-(-s.op.nbytes // s.op.chunk_bytes) for s in view.segments if isinstance(s, Cached))
+        assert any(isinstance(s, (Cached, Computed)) for s in view.segments)
         got = _interleaved(view)
         assert views.op_cache.computations == chunks
         assert got == BlobViews().view(blob, MMPROJ_FILE).read(0, view.size)
@@ -148,3 +149,30 @@ def test_translated_size_is_the_laid_out_size(tmp_path):
                     assert View.translated_size(spec) == view.size, (name, kind)
                     seen += 1
     assert seen >= len(LEGACY)
+
+
+def test_a_range_is_covered_by_its_segments_clipped(tmp_path):
+    """`Segments.cover`: the segments of any range lie end to end over it
+    (clipped to the file), each of the kind of the segment of the layout it
+    comes from, its own fields kept and its `lo` moved with its start; the
+    bytes they assemble are those of the whole file."""
+    path = make(tmp_path, 64)
+    src = SourceGGUF(path)
+    view = View.translated(src, plan(TR, src), OpCache(), key="k")
+    layout = list(view.segments)
+    assert {type(s).__name__ for s in layout} >= {"HeldBytes", "BlobBytes", "ZeroBytes", "Computed"}
+    whole = view.read(0, view.size)
+    rng = random.Random(1)
+    for _ in range(300):
+        offset = rng.randrange(view.size)
+        size = rng.randrange(1, view.size - offset + 40)
+        covered = view.segments.cover(offset, size)
+        assert covered[0].at == offset and sum(s.size for s in covered) == min(size, view.size - offset)
+        for s, following in zip(covered, covered[1:]):
+            assert s.at + s.size == following.at
+        for s in covered:
+            origin = next(o for o in layout if o.at <= s.at < o.at + o.size)
+            assert type(s) is type(origin) and s.at + s.size <= origin.at + origin.size
+            assert s.lo - origin.lo == s.at - origin.at
+            assert all(getattr(s, f) is getattr(origin, f) for f in s.__match_args__[3:])
+        assert view.read(offset, size) == whole[offset:offset + size]

@@ -21,6 +21,8 @@ from .values import _SCALAR as _SCALAR_FORMATS, VT, Value, skip_value, string_st
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 8            # the most dimensions a tensor info may have
+MAX_DIM = 2**63 - 1     # ggml's dimensions are int64
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 
@@ -58,6 +60,31 @@ class TensorInfo:
         if not isinstance(self.dtype, DT):
             raise GGUFError(f"tensor {self.name} has ggml type {self.dtype}, which GGUF readers do not know")
         return self.dtype
+
+    def part(self, name: str, shape: tuple[int, ...], dtype: DT, start: int = 0, *,
+             stored: int | None = None) -> "TensorInfo":
+        """A tensor `name` of `shape` and `dtype` that stands for its bytes of
+        this one from byte `start` (a row of a matrix, a value of a packed
+        table, the raw bytes of a type GGUF readers do not know): the one way
+        to make a tensor that the blob's header does not list.  `stored` is
+        this tensor's size in bytes where its type has none GGUF readers know
+        (as a translation's `StoredType` sizes it).  GGUFError naming both
+        where the blob's own tensors would be refused: more than `MAX_DIMS`
+        dimensions or one outside ggml's int64, a type GGUF readers do not
+        know, a row that is not whole blocks, bytes outside this tensor's."""
+        if len(shape) > MAX_DIMS or any(not 0 <= d <= MAX_DIM for d in shape):
+            raise GGUFError(f"tensor {name} (part of {self.name}) has shape {shape}")
+        if not isinstance(dtype, DT):
+            raise GGUFError(f"tensor {name} (part of {self.name}) has ggml type {dtype}, which GGUF readers do not know")
+        try:
+            nbytes = tensor_nbytes(shape, dtype)
+        except GGUFError as e:
+            raise GGUFError(f"tensor {name} (part of {self.name}): {e}") from None
+        whole = self.nbytes if stored is None else stored
+        if start < 0 or start + nbytes > whole:
+            raise GGUFError(f"tensor {name}: bytes [{start}, {start + nbytes}) lie outside the {whole} bytes "
+                            f"of {self.name}")
+        return TensorInfo(name, tuple(shape), dtype, self.offset + start)
 
 
 class SourceGGUF:
@@ -155,7 +182,7 @@ class SourceGGUF:
             if off + 4 > end:
                 raise GGUFError("tensor info runs past the end of the file")
             n_dims = _U32.unpack_from(buf, off)[0]
-            if n_dims > 8:
+            if n_dims > MAX_DIMS:
                 raise GGUFError(f"tensor {name!r} has {n_dims} dimensions")
             if off + 4 + 8 * n_dims + 12 > end:
                 raise GGUFError("tensor info runs past the end of the file")

@@ -36,7 +36,7 @@ def _fill(handle: Handle, offset: int, out: memoryview) -> None:
     included) read through the handle's blob; EIO and a log line when the
     blob cannot give them or an op fails on its data (throttled per blob)."""
     try:
-        viewbytes.fill(handle.view, handle.file, offset, out)
+        viewbytes.fill(handle.view.segments, handle.file, offset, out)
     except Exception as e:   # a blob cut short, an op that fails on bad tensor data
         quiet = _failures.due(handle.blob)
         if quiet is not None:

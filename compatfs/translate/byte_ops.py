@@ -59,11 +59,11 @@ class Split(Op):
 
 
 @dataclass(frozen=True)
-class Zeros(Op):
+class ZeroTensor(Op):
     """A tensor of zeros with no input."""
 
     @classmethod
-    def of(cls, shape: tuple[int, ...], dtype: DT = DT.F32) -> "Zeros":
+    def of(cls, shape: tuple[int, ...], dtype: DT = DT.F32) -> "ZeroTensor":
         return cls((), tuple(shape), dtype)
 
     def pieces(self):
@@ -166,3 +166,6 @@ class Strided(Op):
         index = [slice(None)] * arr.ndim
         index[arr.ndim - 1 - self.axis] = slice(self.start, None, self.step)
         return np.ascontiguousarray(arr[tuple(index)]).tobytes()
+
+
+__all__ = ["Split", "ZeroTensor", "ConcatRows", "PadRows", "Strided"]

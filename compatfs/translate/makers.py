@@ -54,7 +54,7 @@ def embedding_row(token: str, embedding: str = "token_embd.weight"):
         if t is None or index is None or len(t.shape) != 2 or index >= t.shape[1]:
             return None
         row_bytes = tensor_nbytes(t.shape[:1], t.dtype)
-        return Promote.of(TensorInfo(f"{t.name}[{index}]", t.shape[:1], t.dtype, t.offset + index * row_bytes))
+        return Promote.of(t.part(f"{t.name}[{index}]", t.shape[:1], t.known_dtype(), index * row_bytes))
     return make
 
 

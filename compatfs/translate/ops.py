@@ -13,6 +13,7 @@ first, so the numpy array of a tensor has the reversed shape.
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, NamedTuple, Union
 
@@ -49,8 +50,20 @@ def to_f32(t: TensorInfo, data: bytes | memoryview) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class Op:
-    """Base: `inputs` in, a tensor of `shape`/`dtype` out."""
+class Op(ABC):
+    """Base: `inputs` in, a tensor of `shape`/`dtype` out.
+
+    The contract.  Every op defines `_compute` (the whole output from its
+    whole inputs: how an op computed whole is served, and the reference the
+    other ways are tested against); an op without it cannot be made.  An op
+    may say that its bytes are made another way, and then defines what that
+    way needs: `pieces` (input bytes moved and zeros); `ranged` true and
+    `compute_range_into` (any byte range from the input bytes it needs: a
+    class that overrides `ranged` without defining `compute_range_into` is
+    refused when it is created); or `chunk_bytes` and `compute_chunk`
+    (computed a chunk at a time).  `compute_range` is derived from
+    `compute_range_into` and is not overridden (refused, too).  It may also
+    override `description`, `computes_ahead` and `reads_inputs_once`."""
 
     inputs: tuple[TensorInfo, ...]
     shape: tuple[int, ...]
@@ -72,10 +85,19 @@ class Op:
             raise GGUFError(f"{self.description} produced {len(out)} bytes, expected {self.nbytes}")
         return out
 
-    def _compute(self, data: list[bytes | memoryview]) -> bytes:
-        raise NotImplementedError
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Refuses a class that breaks the contract above for ranged ops."""
+        super().__init_subclass__(**kwargs)
+        if "compute_range" in vars(cls):
+            raise TypeError(f"op {cls.__name__} overrides compute_range: ranged ops define compute_range_into")
+        if cls.ranged is not Op.ranged and cls.compute_range_into is Op.compute_range_into:
+            raise TypeError(f"op {cls.__name__} says whether it is ranged but does not define compute_range_into")
 
-    def pieces(self) -> list[Piece] | None:
+    @abstractmethod
+    def _compute(self, data: list[bytes | memoryview]) -> bytes:
+        """The whole output from the whole inputs' bytes (in `inputs` order)."""
+
+    def pieces(self) -> list[RunsOrZeros] | None:
         """The output as input bytes (`Runs`) and zeros, when it is made of
         them (served from the blob like any other tensor, never computed);
         else None."""
@@ -97,8 +119,8 @@ class Op:
     @property
     def ranged(self) -> bool:
         """True: any byte range is made from just the input bytes it needs;
-        such an op defines `compute_range` or `compute_range_into` (each
-        serves the other).  A subclass sets it as a class attribute or a property."""
+        such an op defines `compute_range_into`.  A subclass sets it as a
+        class attribute or a property."""
         return False
 
     @property
@@ -118,15 +140,17 @@ class Op:
         return self.ranged
 
     def compute_range(self, read: ReadRange, lo: int, hi: int) -> bytes | memoryview:
-        """Bytes [lo, hi) of the output."""
+        """Bytes [lo, hi) of the output of a ranged op (`compute_range_into`
+        into a buffer of their own)."""
         out = memoryview(bytearray(hi - lo))
         self.compute_range_into(read, lo, hi, out)
         return out
 
     def compute_range_into(self, read: ReadRange, lo: int, hi: int, out: memoryview) -> None:
         """Bytes [lo, hi) of the output written into `out` (hi - lo bytes; the
-        FUSE layer passes the reply buffer, so a range is never copied again)."""
-        out[:] = self.compute_range(read, lo, hi)
+        FUSE layer passes the reply buffer, so a range is never copied again).
+        Only a ranged op has them: this one raises GGUFError."""
+        raise GGUFError(f"{self.description} is not computed by range")
 
 
 class Part(NamedTuple):
@@ -166,7 +190,7 @@ def strided_runs(t: TensorInfo, start: int, unit: int, stride: int, count: int) 
     return Runs((Part(t, start, unit, stride),), count)
 
 
-Piece = Union[Runs, int]            # an int: that many zero bytes
+RunsOrZeros = Union[Runs, int]      # an int: that many zero bytes
 ReadRange = Callable[[TensorInfo, int, int], bytes]   # (tensor, start, size) -> its bytes
 
 
@@ -216,7 +240,7 @@ def _elementwise_into(src: TensorInfo, read: ReadRange, lo: int, hi: int, out: m
         for at in range(0, len(values), CHUNK):
             _to_f32(dtype, stored[at:at + CHUNK], values[at:at + CHUNK])
     else:
-        flat = TensorInfo(src.name, ((b1 - b0) * block,), src.dtype, 0)
+        flat = src.part(src.name, ((b1 - b0) * block,), dtype, b0 * block_bytes)
         values[:] = to_f32(flat, raw)[skip:skip + len(values)]
     if fn is not None:
         for at in range(0, len(values), CHUNK):
@@ -383,3 +407,9 @@ class AddScalar(Elementwise):
 
     def _values(self, values):
         return values + np.float32(self.value)
+
+
+__all__ = [
+    "Op", "Elementwise", "Promote", "Concat", "Permute", "AddScalar", "Part", "Runs", "RunsOrZeros",
+    "strided_runs", "ReadRange", "ReadTensor", "as_array", "to_f32", "elements",
+]

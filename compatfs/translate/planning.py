@@ -16,7 +16,7 @@ from typing import Iterable
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as DT
 
-from ..format.header import SourceGGUF
+from ..format.header import MAX_DIM, SourceGGUF
 from ..errors import GGUFError
 from ..format.values import Value
 from .kv_edits import KVEdit, KVs, When
@@ -104,9 +104,6 @@ class ViewSpec:
     alignment: int
     handler: str
     idle_renames: tuple = ()    # the `Rename`s that matched no tensor of this blob
-
-
-MAX_DIM = 2**63 - 1     # ggml's dimensions are int64
 
 
 def plan(tr: Translation, src: SourceGGUF) -> ViewSpec:

@@ -39,6 +39,7 @@ from ..files.blobfile import BlobFile
 from ..errors import GGUFError
 from ..translate.ops import Op
 from ..files.scratch import give, take
+from .segments import Computed
 
 CHUNK = 1 << 20        # view bytes computed at a time by a worker
 PER_FILE = 8           # chunks held or being computed for one open file
@@ -78,14 +79,6 @@ WORKERS = workers()
 HELD = max(2 * PER_FILE, 4 * WORKERS)   # chunks held or being computed over all open files
 
 enabled = WORKERS > 0
-
-
-class Span(NamedTuple):
-    """Output bytes [lo, lo + size) of ranged `op`, at view offset `at`."""
-    op: Op
-    lo: int
-    size: int
-    at: int
 
 
 class Later(NamedTuple):
@@ -161,8 +154,8 @@ class _Chunk:
     `HELD` given back) once dropped, its computation over and no read
     copying out of it."""
 
-    def __init__(self, span: Span):
-        self.op, self.lo, self.size, self.at = span
+    def __init__(self, span: Computed):
+        self.op, self.lo, self.size, self.at = span.op, span.lo, span.size, span.at
         self.buf = take(span.size)
         self.future: Future = Future()
         self.taken = 0            # bytes of it copied out by reads
@@ -229,7 +222,7 @@ class Ahead:
         with self._lock:
             return self._running
 
-    def fill(self, span: Span, out: memoryview, compute: Compute, blob: BlobFile) -> None:
+    def fill(self, span: Computed, out: memoryview, compute: Compute, blob: BlobFile) -> None:
         """Bytes of `span` into `out` (its size): from the chunks that hold
         them (waited for when being computed; the error of one that failed
         raised), the rest computed here with `compute` through `blob`."""
@@ -245,7 +238,7 @@ class Ahead:
             for c in mine:
                 c.unpin()
 
-    def _fill(self, span: Span, mine: list[_Chunk], out: memoryview, compute: Compute, blob: BlobFile) -> None:
+    def _fill(self, span: Computed, mine: list[_Chunk], out: memoryview, compute: Compute, blob: BlobFile) -> None:
         """`fill` with the chunks that overlap the span, pinned."""
         lo, hi = span.lo, span.lo + span.size
         at = lo
@@ -273,7 +266,7 @@ class Ahead:
             compute(blob, span.op, at, out[at - lo:])
 
     def advance(self, blob: BlobFile, offset: int, size: int,
-                upcoming: Callable[[int, int], Iterable[Span | Later]], compute: Compute) -> None:
+                upcoming: Callable[[int, int], Iterable[Computed | Later]], compute: Compute) -> None:
         """A read of view bytes [offset, offset + size) through `blob` is
         done: when it continues the reads before (it starts within `WINDOW`
         of where they ended), what `upcoming(start, size)` lays out in the
@@ -313,7 +306,7 @@ class Ahead:
         for fn, future in tasks:
             _pool.submit(fn, future)
 
-    def _plan(self, upcoming: Iterable[Span | Later], stop: int,
+    def _plan(self, upcoming: Iterable[Computed | Later], stop: int,
               compute: Compute) -> list[tuple[Callable[[], None], Future]]:
         """The workers' calls and their futures for `upcoming`: chunks (at
         most `CHUNK` view bytes each, cut where the view is cut in `CHUNK`s)
@@ -339,7 +332,7 @@ class Ahead:
                     self._planned = at
                     return tasks
                 n = min(item.at + item.size, (at // CHUNK + 1) * CHUNK) - at
-                chunk = _Chunk(Span(item.op, item.lo + at - item.at, n, at))
+                chunk = _Chunk(item.clip(at, at + n))
                 self._track(chunk.future)
                 self._chunks.append(chunk)
                 tasks.append((self._task(partial(chunk.compute, compute)), chunk.future))

@@ -5,14 +5,12 @@ The layout is fixed when the view is built: the GGUF v3 header (KVs, tensor
 infos, padding), then tensor data aligned to `general.alignment`, in the
 blob's data order so that a sequential read of the view is a sequential read
 of the blob (the tensor infos are listed in that order too, as GGUF readers
-require).  A read maps to pieces (`viewbytes`) by binary search over the
-segments, and `viewbytes` assembles their bytes.
+require).  The layout is the view's `segments` (a `segments.Segments`); a read
+is those clipped to its range, and `viewbytes` assembles their bytes.
 """
 from __future__ import annotations
 
-import bisect
 import struct
-from dataclasses import dataclass
 from typing import Hashable
 
 from . import assemble as viewbytes
@@ -20,52 +18,10 @@ from ..files.blobfile import BlobFile
 from ..format.header import MAGIC, SourceGGUF
 from ..errors import GGUFError
 from .opcache import OpCache
-from ..translate.ops import Op, Runs
+from ..translate.ops import Runs
 from ..translate import ViewSpec, ViewTensor
-from .assemble import Cached, Computed, FileRange, InRounds, Piece, Rounds, Zeros
-
-
-@dataclass(frozen=True)
-class _Segment:
-    """`size` bytes of the view from `start`; what they are is the subclass's."""
-    start: int
-    size: int
-
-
-@dataclass(frozen=True)
-class _Mem(_Segment):
-    """Bytes held in memory (the rendered header)."""
-    data: bytes
-
-
-@dataclass(frozen=True)
-class _Zero(_Segment):
-    """Zeros (padding, an op's zero pieces)."""
-
-
-@dataclass(frozen=True)
-class _File(_Segment):
-    """The blob's bytes from absolute `offset`."""
-    offset: int
-
-
-@dataclass(frozen=True)
-class _InRounds(_Segment):
-    """Blob bytes laid out in `rounds`."""
-    rounds: Rounds
-
-
-@dataclass(frozen=True)
-class _Ranged(_Segment):
-    """A ranged op, each range computed from the input bytes it needs."""
-    op: Op
-
-
-@dataclass(frozen=True)
-class _CachedOp(_Segment):
-    """An op computed in chunks into the view's op cache, under `key`."""
-    op: Op
-    key: Hashable
+from .assemble import FileRange
+from .segments import BlobBytes, Cached, Computed, HeldBytes, InRounds, Rounds, Segment, Segments, ZeroBytes
 
 
 def _pad(n: int, align: int) -> int:
@@ -95,20 +51,18 @@ def render_header(spec: ViewSpec, offsets: dict[str, int]) -> bytes:
 class View:
     """The bytes of one translated (or identity) file of one blob."""
 
-    def __init__(self, stamp: tuple, source: SourceGGUF | None, segments: list[_Segment], size: int,
-                 spec: ViewSpec | None, cache: OpCache | None):
+    def __init__(self, stamp: tuple, source: SourceGGUF | None, segments: list[Segment], size: int,
+                 spec: ViewSpec | None):
         self.stamp = stamp          # `blobfile.identity` of the blob it was built from
         self.source = source
         self.spec = spec
         self.size = size
-        self._segments = segments
-        self._starts = [s.start for s in segments]
-        self._cache = cache
+        self.segments = Segments(segments, size)
 
     @property
     def nbytes_held(self) -> int:
         """Memory this view keeps: its rendered header and the parsed blob header."""
-        held = sum(len(s.data) for s in self._segments if isinstance(s, _Mem))
+        held = sum(len(s.data) for s in self.segments if isinstance(s, HeldBytes))
         return held + (self.source.header_size if self.source is not None else 0)
 
     # -- construction ------------------------------------------------------
@@ -116,52 +70,25 @@ class View:
     def identity(cls, stamp: tuple) -> "View":
         """The blob itself, byte for byte (`stamp` as in `View.stamp`)."""
         size = stamp[2]
-        segs: list[_Segment] = [_File(0, size, 0)] if size else []
-        return cls(stamp, None, segs, size, None, None)
+        segs: list[Segment] = [BlobBytes(0, size, 0)] if size else []
+        return cls(stamp, None, segs, size, None)
 
     @classmethod
     def translated(cls, source: SourceGGUF, spec: ViewSpec, cache: OpCache, key: Hashable) -> "View":
         """Lay out `spec` over `source`; op tensors are cached under (`key`, name)."""
         spec, offsets = _data_order(spec)
         header = render_header(spec, offsets)
-        segs, size = _data_segments(spec, len(header), key)
-        return cls(source.identity, source, [_Mem(0, len(header), header), *segs], size, spec, cache)
+        segs, size = _data_segments(spec, len(header), key, cache)
+        return cls(source.identity, source, [HeldBytes(0, len(header), 0, header), *segs], size, spec)
 
     @staticmethod
     def translated_size(spec: ViewSpec) -> int:
         """The size `translated` gives a view of `spec`, every tensor checked the
         same way, without rendering its header (what `stat` needs)."""
         spec = _data_order(spec)[0]
-        return _data_segments(spec, _header_size(spec), None)[1]
+        return _data_segments(spec, _header_size(spec), None, None)[1]
 
     # -- reads ----------------------------------------------------------------
-    def layout(self, offset: int, size: int) -> list[Piece]:
-        """The pieces of the bytes at [offset, offset+size), clipped to the
-        file, for `viewbytes` to assemble."""
-        end = min(offset + size, self.size)
-        out: list[Piece] = []
-        i = bisect.bisect_right(self._starts, offset) - 1
-        while offset < end and i < len(self._segments):
-            seg = self._segments[i]
-            lo = offset - seg.start
-            n = min(seg.size - lo, end - offset)
-            if isinstance(seg, _File):
-                out.append(FileRange(seg.offset + lo, n))
-            elif isinstance(seg, _Mem):
-                out.append(memoryview(seg.data)[lo:lo + n])
-            elif isinstance(seg, _Zero):
-                out.append(Zeros(n))
-            elif isinstance(seg, _InRounds):
-                out.append(InRounds(seg.rounds, lo, n))
-            elif isinstance(seg, _Ranged):
-                out.append(Computed(seg.op, lo, n))
-            else:
-                assert isinstance(seg, _CachedOp) and self._cache is not None   # (only translated views have ops)
-                out.append(Cached(seg.op, self._cache, seg.key, lo, n))
-            offset += n
-            i += 1
-        return out
-
     def open(self) -> BlobFile:
         """The blob this translated view was built from, opened (GGUFError
         when it is no longer that blob)."""
@@ -176,10 +103,10 @@ class View:
         size = max(0, min(offset + size, self.size) - max(offset, 0))
         buf = bytearray(size)
         if blob is not None:
-            viewbytes.fill(self, blob, offset, memoryview(buf))
+            viewbytes.fill(self.segments, blob, offset, memoryview(buf))
         else:
             with self.open() as f:
-                viewbytes.fill(self, f, offset, memoryview(buf))
+                viewbytes.fill(self.segments, f, offset, memoryview(buf))
         return bytes(buf)
 
     def pieces(self, offset: int, size: int, blob: BlobFile | None = None) -> list[FileRange | bytearray]:
@@ -188,9 +115,9 @@ class View:
         through `blob`, or the view's own blob opened for this call (an
         identity view is all blob ranges: it needs none)."""
         if blob is not None or self.source is None:
-            return viewbytes.parts(self, blob, offset, size)
+            return viewbytes.parts(self.segments, blob, offset, size)
         with self.open() as f:
-            return viewbytes.parts(self, f, offset, size)
+            return viewbytes.parts(self.segments, f, offset, size)
 
 
 def _data_order(spec: ViewSpec) -> tuple[ViewSpec, dict[str, int]]:
@@ -218,21 +145,23 @@ def _header_size(spec: ViewSpec) -> int:
     return n + _pad(n, spec.alignment)
 
 
-def _data_segments(spec: ViewSpec, pos: int, key: Hashable) -> tuple[list[_Segment], int]:
+def _data_segments(spec: ViewSpec, pos: int, key: Hashable,
+                   cache: OpCache | None) -> tuple[list[Segment], int]:
     """The segments of the tensor data from `pos` (padding included), and
-    where they end: the view's size."""
-    segs: list[_Segment] = []
+    where they end: the view's size; ops computed in chunks go into `cache`
+    (None: a layout made for its size alone)."""
+    segs: list[Segment] = []
     for t in spec.tensors:
-        segs.extend(s for s in _tensor_segments(t, pos, key) if s.size)
+        segs.extend(s for s in _tensor_segments(t, pos, key, cache) if s.size)
         pos += t.nbytes
         pad = _pad(t.nbytes, spec.alignment)
         if pad:
-            segs.append(_Zero(pos, pad))
+            segs.append(ZeroBytes(pos, pad, 0))
             pos += pad
     return segs, pos
 
 
-def _tensor_segments(t: ViewTensor, pos: int, key: Hashable) -> list[_Segment]:
+def _tensor_segments(t: ViewTensor, pos: int, key: Hashable, cache: OpCache | None) -> list[Segment]:
     """How tensor `t`, at `pos` in the view, is served: blob bytes; an op's
     input bytes and zeros (an op that only moves bytes: ranges, and rounds
     of strided runs laid out by arithmetic); an op computed per requested
@@ -241,32 +170,32 @@ def _tensor_segments(t: ViewTensor, pos: int, key: Hashable) -> list[_Segment]:
     if op is None:
         if t.source is None:
             raise GGUFError(f"tensor {t.name} is neither blob bytes nor an op")
-        return [_File(pos, t.nbytes, t.source.offset)]
+        return [BlobBytes(pos, t.nbytes, t.source.offset)]
     pieces = op.pieces()
     if pieces is not None:
-        segs = []
+        segs: list[Segment] = []
         for p in pieces:
             if isinstance(p, Runs):
                 segs.append(_runs_segment(op.description, p, pos))
                 pos += p.nbytes
             else:
-                segs.append(_Zero(pos, p))
+                segs.append(ZeroBytes(pos, p, 0))
                 pos += p
         if sum(s.size for s in segs) != t.nbytes:
             raise GGUFError(f"{op.description}: pieces make {sum(s.size for s in segs)} bytes, not {t.nbytes}")
         return segs
     if op.ranged:
-        return [_Ranged(pos, t.nbytes, op)]
+        return [Computed(pos, t.nbytes, 0, op)]
     if op.nbytes and op.chunk_bytes <= 0:
         raise GGUFError(f"{op.description}: chunks of {op.chunk_bytes} bytes")
-    return [_CachedOp(pos, t.nbytes, op, (key, t.name))]
+    return [Cached(pos, t.nbytes, 0, op, cache, (key, t.name))]
 
 
-def _runs_segment(what: str, runs: Runs, pos: int) -> _Segment:
+def _runs_segment(what: str, runs: Runs, pos: int) -> Segment:
     """The segment of `runs` at `pos`: a blob range, or rounds; every run
     checked to lie inside its input tensor."""
     if runs.nbytes == 0:
-        return _Zero(pos, 0)
+        return ZeroBytes(pos, 0, 0)
     parts, at = [], 0
     for p in runs.parts:
         if runs.count < 1 or p.unit < 0 or p.start < 0 or p.stride < 0 \
@@ -275,5 +204,5 @@ def _runs_segment(what: str, runs: Runs, pos: int) -> _Segment:
         parts.append((at, p.tensor.offset + p.start, p.unit, p.stride))
         at += p.unit
     if runs.count == 1 and len(parts) == 1:
-        return _File(pos, at, parts[0][1])
-    return _InRounds(pos, runs.nbytes, Rounds(at, tuple(parts), runs.count))
+        return BlobBytes(pos, at, parts[0][1])
+    return InRounds(pos, runs.nbytes, 0, Rounds(at, tuple(parts), runs.count))
