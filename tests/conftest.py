@@ -23,6 +23,17 @@ def fuse_available() -> bool:
     return os.path.exists("/dev/fuse") and bool(shutil.which("fusermount3") or shutil.which("fusermount"))
 
 
+def fds_of(path) -> int:
+    """How many of this process's descriptors hold the file at `path`."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}") == str(path)
+        except OSError:
+            continue
+    return n
+
+
 def wait_until(cond, seconds: float = 4.0, *, what: str, tolerate: tuple[type[Exception], ...] = ()):
     """`cond()` once it is truthy, asked every 50 ms for at most `seconds`;
     AssertionError saying that `what` did not happen within them when it

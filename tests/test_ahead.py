@@ -8,7 +8,6 @@ workers' descriptor closed with the file."""
 from __future__ import annotations
 
 import gc
-import os
 import threading
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from compatfs.view.catalog import BlobViews
 from compatfs.names import MODEL_FILE
 from compatfs.view.segments import Computed
 
-from conftest import needs_fuse, wait_until
+from conftest import fds_of, needs_fuse, wait_until
 
 MiB = 1 << 20
 
@@ -309,13 +308,7 @@ def test_workers_are_the_cores_beyond_two_unless_the_environment_says(monkeypatc
 
 def test_the_workers_descriptor_is_closed_with_the_file(blob, numpy_kernel):
     def open_on_blob() -> int:
-        n = 0
-        for fd in os.listdir("/proc/self/fd"):
-            try:
-                n += os.readlink(f"/proc/self/fd/{fd}") == str(blob)
-            except OSError:
-                pass
-        return n
+        return fds_of(blob)
     gc.collect()
     wait_until(lambda: open_on_blob() == 0, 10, what="earlier tests' descriptors to close")
     view = BlobViews().view(blob, MODEL_FILE)

@@ -24,7 +24,7 @@ from compatfs.sources.ollama import OllamaStore
 from compatfs.tree import Tree
 from compatfs.view.catalog import BlobViews
 
-from conftest import needs_fuse
+from conftest import fds_of, needs_fuse
 from hostile import vision_and_text_store
 from test_hostile_mount import expected
 
@@ -188,17 +188,6 @@ def test_faults_are_logged_at_most_once_per_blob_a_while(mounted, monkeypatch, c
     assert caplog.text.count("just now") == 2 and "(2 more since the last such line)" in caplog.text
 
 
-def _fds_of(path: Path) -> int:
-    """How many of this process's descriptors hold `path`."""
-    n = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            n += os.readlink(f"/proc/self/fd/{fd}") == str(path)
-        except OSError:
-            continue
-    return n
-
-
 @pytest.mark.parametrize("fault", ["denied", "gone"])
 def test_a_refused_open_leaves_no_descriptor(mounted, monkeypatch, fault):
     """models.ini opened while it is open already: the open handle's
@@ -210,7 +199,7 @@ def test_a_refused_open_leaves_no_descriptor(mounted, monkeypatch, fault):
     ref = fs.tree.lookup("models.ini")
     assert ref is not None and ref.readable_as is not None
     fh = _open(fs, "/models.ini")
-    assert _fds_of(ref.blob) == 1
+    assert fds_of(ref.blob) == 1
     real = openfiles.status
 
     def status(path, *args, **kwargs):
@@ -221,9 +210,9 @@ def test_a_refused_open_leaves_no_descriptor(mounted, monkeypatch, fault):
     with pytest.raises(OSError) as e:
         _open(fs, "/models.ini")
     assert e.value.errno == (errno.EACCES if fault == "denied" else errno.ENOENT)
-    assert _fds_of(ref.blob) == 1
+    assert fds_of(ref.blob) == 1
     fs.release("/models.ini", SimpleNamespace(fh=fh))
-    assert _fds_of(ref.blob) == 0
+    assert fds_of(ref.blob) == 0
 
 
 @needs_fuse
