@@ -199,6 +199,8 @@ def test_listed_overlaps_go_to_the_translation_named_first(corpus):
                 assert classify(src).text.name == first, label
 
 
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/fixtures is not present: the writers alone do not "
+                                                 "hold every form a rename is for")
 def test_every_rename_renames_something_it_claims(corpus):
     used: dict[str, set] = {}
     for path in corpus.values():
