@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from .files.blobfile import identity, status
+from .files.blobfile import identity, status, statuses
 from .view.sampling import retain_layers
 from .sources.base import Folder, Listing, Source
 from .view.catalog import BlobViews
@@ -104,49 +104,6 @@ class Snapshot:
             self.dirs.setdefault("/".join(parts[:i + 1]), set())
 
 
-def statuses(files: set[Path]) -> dict[Path, os.stat_result | OSError]:
-    """The status of each of `files` as `blobfile.status` resolves it (or
-    why it cannot be had), with one walk per folder they are in: the folder is
-    walked, opened again by path (and used only when that is the folder the
-    walk reached), and each file's own status read in it, never through a
-    symlink; a symlink, or a file whose status cannot be read so, is walked
-    on its own."""
-    by_folder: dict[Path, list[Path]] = {}
-    for f in files:
-        by_folder.setdefault(f.parent, []).append(f)
-    out: dict[Path, os.stat_result | OSError] = {}
-    for folder, inside in by_folder.items():
-        fd = -1
-        if len(inside) > 1:
-            try:
-                walked = status(folder)
-                fd = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-                here = os.fstat(fd)
-                if (here.st_dev, here.st_ino) != (walked.st_dev, walked.st_ino):
-                    os.close(fd)
-                    fd = -1
-            except OSError:
-                fd = -1
-        try:
-            for f in inside:
-                if fd >= 0:
-                    try:
-                        st = os.stat(f.name, dir_fd=fd, follow_symlinks=False)
-                        if not stat.S_ISLNK(st.st_mode):
-                            out[f] = st
-                            continue
-                    except OSError:
-                        pass
-                try:
-                    out[f] = status(f)
-                except OSError as e:
-                    out[f] = e
-        finally:
-            if fd >= 0:
-                os.close(fd)
-    return out
-
-
 class Tree:
     def __init__(self, source: Source, views: BlobViews, rescan_seconds: float = 1.0):
         self.source = source
@@ -178,7 +135,7 @@ class Tree:
         and, as `<path>` (relative to the source's root), the owner, mode and
         time of every folder on disk a mounted folder mirrors (a change there
         changes folders the files do not tell).  Each file's status is read as
-        `blobfile.status` resolves it (`statuses`: nothing is opened but
+        `blobfile.status` resolves it (`blobfile.statuses`: nothing is opened but
         folders); one whose status cannot be read is marked by why."""
         return {**self._folder_marks(snap), **self._root_marks(snap)}
 

@@ -218,6 +218,49 @@ def status(path: str | os.PathLike, caller: Caller | None = None, need: int = 0)
         os.close(fd)
 
 
+def statuses(files: set[Path]) -> dict[Path, os.stat_result | OSError]:
+    """The status of each of `files` as `status` resolves it (or
+    why it cannot be had), with one walk per folder they are in: the folder is
+    walked, opened again by path (and used only when that is the folder the
+    walk reached), and each file's own status read in it, never through a
+    symlink; a symlink, or a file whose status cannot be read so, is walked
+    on its own."""
+    by_folder: dict[Path, list[Path]] = {}
+    for f in files:
+        by_folder.setdefault(f.parent, []).append(f)
+    out: dict[Path, os.stat_result | OSError] = {}
+    for folder, inside in by_folder.items():
+        fd = -1
+        if len(inside) > 1:
+            try:
+                walked = status(folder)
+                fd = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+                here = os.fstat(fd)
+                if (here.st_dev, here.st_ino) != (walked.st_dev, walked.st_ino):
+                    os.close(fd)
+                    fd = -1
+            except OSError:
+                fd = -1
+        try:
+            for f in inside:
+                if fd >= 0:
+                    try:
+                        st = os.stat(f.name, dir_fd=fd, follow_symlinks=False)
+                        if not stat.S_ISLNK(st.st_mode):
+                            out[f] = st
+                            continue
+                    except OSError:
+                        pass
+                try:
+                    out[f] = status(f)
+                except OSError as e:
+                    out[f] = e
+        finally:
+            if fd >= 0:
+                os.close(fd)
+    return out
+
+
 def open_regular(path: str | os.PathLike, caller: Caller | None = None) -> tuple[int, os.stat_result]:
     """A read-only descriptor of the regular file at `path` and its status
     (taken from the descriptor); with `caller`: Denied unless it may search
