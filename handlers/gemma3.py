@@ -6,13 +6,14 @@ and rope scaling, kept multimodal tokens past the embedding rows, and stored
 the SigLIP tower and projector (`v.*`, `mm.*`) in the same file under their
 own names.
 """
+from gguf import MODEL_TENSOR as T
 from gguf import Keys
 from gguf import TokenType as TT
 
 from compatfs.format.values import boolean, f32, string
 from compatfs.translate import (
     CopyIfAbsent, Default, Hide, Rename, ToF32, TokenType, Translation, TruncateToRows, When, any_of, arch_is,
-    clip_projector, has_key, has_tensor, has_tensor_prefix, value_at_least,
+    base, clip_projector, has_key, has_tensor, has_tensor_prefix, leaf, tensor, value_at_least,
 )
 
 # Google's published Gemma 3 chat template (Ollama files carry none).
@@ -73,19 +74,19 @@ CLIP = clip_projector(
           "attention.head_count", "attention.layer_norm_epsilon"),
     mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), keep_present=True,
     tensors=(
-        Rename("v.patch_embedding", "v.patch_embd"),
-        Rename("v.position_embedding", "v.position_embd"),
-        Rename("v.post_layernorm", "v.post_ln"),
-        Rename(".layer_norm1", ".ln1"),
-        Rename(".layer_norm2", ".ln2"),
-        Rename(".attn_output", ".attn_out"),
+        Rename("v.patch_embedding", base(T.V_ENC_EMBD_PATCH)),
+        Rename("v.position_embedding", base(T.V_ENC_EMBD_POS)),
+        Rename("v.post_layernorm", base(T.V_POST_NORM)),
+        Rename(".layer_norm1", leaf(T.V_ENC_INPUT_NORM)),
+        Rename(".layer_norm2", leaf(T.V_ENC_POST_ATTN_NORM)),
+        Rename(".attn_output", leaf(T.V_ENC_ATTN_O)),
         # SigLIP fc1 widens (n_embd -> n_ff), fc2 narrows: llama.cpp's
         # converter names them ffn_up and ffn_down.
-        Rename(".mlp.fc1", ".ffn_up"),
-        Rename(".mlp.fc2", ".ffn_down"),
-        Rename("mm.mm_input_projection", "mm.input_projection"),
-        Rename("mm.mm_soft_emb_norm", "mm.soft_emb_norm"),
+        Rename(".mlp.fc1", leaf(T.V_ENC_FFN_UP)),
+        Rename(".mlp.fc2", leaf(T.V_ENC_FFN_DOWN)),
+        Rename("mm.mm_input_projection", base(T.V_MM_INP_PROJ)),
+        Rename("mm.mm_soft_emb_norm", base(T.V_MM_SOFT_EMB_NORM)),
         # llama.cpp keeps the patch and position embeddings in F32.
-        ToF32(("v.patch_embd.weight", "v.position_embd.weight")),
+        ToF32((tensor(T.V_ENC_EMBD_PATCH), tensor(T.V_ENC_EMBD_POS))),
     ),
 )

@@ -17,12 +17,14 @@ text embedding into the projector as `v.token_embd.img_break`).
 """
 from __future__ import annotations
 
+from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
 from compatfs.format.values import f32, string
 from compatfs.translate import (
     OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, CopyIfAbsent, Default, DropPrefix, Hide, Produce, Rename, RopePermute, Set,
-    Translation, When, any_of, arch_is, clip_projector, embedding_row, has_key, has_tensor_prefix, missing_or_default,
+    Translation, When, any_of, arch_is, base, clip_projector, embedding_row, has_key, has_tensor_prefix, leaf,
+    missing_or_default,
 )
 
 
@@ -73,15 +75,15 @@ CLIP = clip_projector(
         # Pixtral's 2D rope expects llama.cpp's row order in vision Q/K.
         RopePermute("v.blk.", (".attn_q.weight", ".attn_k.weight"), heads="mistral3.vision.attention.head_count"),
         # The [IMG_BREAK] row separator, from the text embedding.
-        Produce("v.token_embd.img_break", embedding_row("[IMG_BREAK]")),
-        Rename("v.patch_conv", "v.patch_embd"),
-        Rename("v.encoder_norm", "v.pre_ln"),
-        Rename(".attn_output", ".attn_out"),
-        Rename(".attn_norm", ".ln1"),
-        Rename(".ffn_norm", ".ln2"),
-        Rename("mm.linear_1", "mm.1"),
-        Rename("mm.linear_2", "mm.2"),
-        Rename("mm.patch_merger.merging_layer", "mm.patch_merger"),
-        Rename("mm.norm", "mm.input_norm"),
+        Produce(base(T.V_TOK_EMBD_IMG_BREAK), embedding_row("[IMG_BREAK]")),
+        Rename("v.patch_conv", base(T.V_ENC_EMBD_PATCH)),
+        Rename("v.encoder_norm", base(T.V_PRE_NORM)),
+        Rename(".attn_output", leaf(T.V_ENC_ATTN_O)),
+        Rename(".attn_norm", leaf(T.V_ENC_INPUT_NORM)),
+        Rename(".ffn_norm", leaf(T.V_ENC_POST_ATTN_NORM)),
+        Rename("mm.linear_1", base(T.V_MMPROJ, 1)),
+        Rename("mm.linear_2", base(T.V_MMPROJ, 2)),
+        Rename("mm.patch_merger.merging_layer", base(T.V_MM_PATCH_MERGER)),
+        Rename("mm.norm", base(T.V_MM_INP_NORM)),
     ),
 )

@@ -22,12 +22,13 @@ Blobs with Qwen3.5's vision tower or M-RoPE keys are `handlers/qwen35.py`'s.
 """
 from __future__ import annotations
 
+from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
 from compatfs.format.values import string
 from compatfs.translate import (
-    AddSuffix, CopyPrefixIfAbsent, Count, DropPrefix, PerLayerToMax, Set, Translation, any_of, arch_is, has_key,
-    has_tensor_ending, has_tensor_prefix, is_array, value_is,
+    CopyPrefixIfAbsent, Count, DropPrefix, PerLayerToMax, RenameEnd, Set, Translation, any_of, arch_is, has_key,
+    has_tensor_ending, has_tensor_prefix, is_array, leaf, value_is,
 )
 
 ARCH = "qwen3next"
@@ -55,5 +56,6 @@ TEXT = Translation(
         PerLayerToMax(f"{ARCH}.attention.head_count_kv"),
         Set(Keys.Tokenizer.PRE, string("qwen2"), when=value_is(Keys.Tokenizer.PRE, "qwen35")),
     ),
-    tensors=(AddSuffix(".ssm_dt", ".bias"),),
+    # llama.cpp reads the time-step bias as a bias.
+    tensors=(RenameEnd(".ssm_dt", leaf(T.SSM_DT) + ".bias"),),
 )
