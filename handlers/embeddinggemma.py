@@ -23,13 +23,14 @@ dropped.  Ollama's handler also renames a
 (`model/models/gemma3`) loads only `output_norm`, so no blob it ran has
 that name, and the rename is left out.
 """
+from gguf import MODEL_TENSOR as T
 from gguf import Keys
 from gguf import TokenType as TT
 
 from compatfs.format.values import boolean, f32, string
 from compatfs.translate import (
     CopyIfAbsent, CopyPrefixIfAbsent, Default, Drop, DropPrefix, FromShape, Rename, Set, TokenType, Translation,
-    arch_is, has_key, has_tensor,
+    arch_is, base, has_key, has_tensor,
 )
 
 ARCH = "gemma-embedding"
@@ -64,7 +65,7 @@ TEXT = Translation(
         TokenType(("<start_of_image>", "<end_of_image>"), TT.CONTROL),
     ),
     tensors=(
-        Rename("dense.0", "dense_2"),
-        Rename("dense.1", "dense_3"),
+        Rename("dense.0", base(T.DENSE_2_OUT)),
+        Rename("dense.1", base(T.DENSE_3_OUT)),
     ),
 )

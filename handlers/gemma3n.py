@@ -30,6 +30,7 @@ Departures from Ollama's handler, each toward llama.cpp's conversion:
 """
 from __future__ import annotations
 
+from gguf import MODEL_TENSOR as T
 from gguf import Keys
 from gguf import TokenType as TT
 
@@ -38,7 +39,7 @@ from compatfs.format.values import boolean, f32, string
 from compatfs.translate import Op, PadRows
 from compatfs.translate import (
     BYTE_TOKENS, CopyIfAbsent, Default, Drop, Hide, PadTokensUnused, Produce, Set, TokenType, Translation, any_of,
-    arch_is, has_key, rows_differ,
+    arch_is, has_key, rows_differ, tensor,
 )
 
 TOKEN_EMBD, PER_LAYER_EMBD = "token_embd.weight", "per_layer_token_embd.weight"
@@ -87,6 +88,6 @@ TEXT = Translation(
         # No Ollama converter wrote the towers into this file; a blob that has
         # them still loads as text (llama.cpp counts every tensor).
         Hide(("v.", "a.", "mm.")),
-        Produce(PER_LAYER_EMBD, padded_per_layer_embd, consumes=(PER_LAYER_EMBD,)),
+        Produce(tensor(T.PER_LAYER_TOKEN_EMBD), padded_per_layer_embd, consumes=(PER_LAYER_EMBD,)),
     ),
 )

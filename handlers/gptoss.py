@@ -35,6 +35,7 @@ from math import prod
 
 import numpy as np
 from gguf import GGMLQuantizationType as DT
+from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
 from compatfs.format.header import SourceGGUF, TensorInfo
@@ -45,7 +46,7 @@ from compatfs.translate import Op, Strided
 from compatfs.files.scratch import scratch
 from compatfs.translate import (
     CopyPrefixIfAbsent, Count, Default, DefaultTokenId, Drop, DropPrefix, FromShape, ProducePerBlock, Rename, Set,
-    StoredType, Translation, When, arch_is, has_key, has_token,
+    StoredType, Translation, When, arch_is, has_key, has_token, leaf, tensor,
 )
 
 OLLAMA_MXFP4 = 4            # the ggml type number Ollama's converter gave MXFP4 before 59412fbb4
@@ -261,14 +262,12 @@ TEXT = Translation(
     ),
     tensors=(
         # Fused gate/up stacks (before c00fa9cc2) split; type-4 stacks repacked.
-        *(ProducePerBlock(BLOCKS, f"blk.{{}}.ffn_{part}_exps.{kind}", from_fused(kind, half),
-                          consumes=(FUSED + kind,))
-          for kind in ("weight", "bias") for half, part in enumerate(("gate", "up"))),
-        *(ProducePerBlock(BLOCKS, f"blk.{{}}.ffn_{part}_exps.weight", repacked(part),
-                          consumes=(f"blk.{{}}.ffn_{part}_exps.weight",))
-          for part in ("gate", "up", "down")),
-        Rename(".attn_out", ".attn_output"),
-        Rename(".attn_sinks", ".attn_sinks.weight"),
-        Rename(".ffn_norm", ".post_attention_norm"),
+        *(ProducePerBlock(BLOCKS, tensor(stack, "{}", kind), from_fused(kind, half), consumes=(FUSED + kind,))
+          for kind in ("weight", "bias") for half, stack in enumerate((T.FFN_GATE_EXP, T.FFN_UP_EXP))),
+        *(ProducePerBlock(BLOCKS, tensor(stack, "{}"), repacked(part), consumes=(f"blk.{{}}.ffn_{part}_exps.weight",))
+          for part, stack in (("gate", T.FFN_GATE_EXP), ("up", T.FFN_UP_EXP), ("down", T.FFN_DOWN_EXP))),
+        Rename(".attn_out", leaf(T.ATTN_OUT)),
+        Rename(".attn_sinks", leaf(T.ATTN_SINKS) + ".weight"),
+        Rename(".ffn_norm", leaf(T.ATTN_POST_NORM)),
     ),
 )

@@ -14,8 +14,10 @@ Departure from Ollama's handler (which copies the two SWA keys and renames
 the gate): the YaRN keys are moved as well, as llama.cpp's conversion has
 them, so that full-attention layers are not scaled twice.
 """
+from gguf import MODEL_TENSOR as T
+
 from compatfs.translate import (
-    CopyIfAbsent, Drop, DropPrefix, Rename, Translation, When, any_of, arch_is, has_key, has_tensor, value_is,
+    CopyIfAbsent, Drop, DropPrefix, Rename, Translation, When, any_of, arch_is, has_key, has_tensor, leaf, value_is,
 )
 
 P = "laguna."
@@ -38,5 +40,5 @@ TEXT = Translation(
         DropPrefix((P + "rope.swa.",)),
         Drop((P + "rope.scaling.beta_fast", P + "rope.scaling.beta_slow", P + "rope.scaling.attn_factor")),
     ),
-    tensors=(Rename(".attn_g", ".attn_gate"),),
+    tensors=(Rename(".attn_g", leaf(T.ATTN_GATE)),),
 )

@@ -6,11 +6,12 @@ does not match the tensors.  The current converter, from the LFM2 release
 config layout (`full_attn_idxs`), gives every layer KV heads, so llama.cpp
 looks for attention tensors in the short-convolution layers.
 """
+from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
 from compatfs.format.values import string
 from compatfs.translate import (
-    FromShape, Rename, Set, Translation, ZeroPerLayer, any_of, arch_is, has_tensor, per_layer_mismatch,
+    FromShape, Rename, Set, Translation, ZeroPerLayer, any_of, arch_is, has_tensor, per_layer_mismatch, tensor,
 )
 
 TEXT = Translation(
@@ -25,5 +26,5 @@ TEXT = Translation(
         # Only attention layers have KV heads.
         ZeroPerLayer("lfm2.attention.head_count_kv", "blk.{}.attn_q.weight"),
     ),
-    tensors=(Rename("output_norm.weight", "token_embd_norm.weight"),),
+    tensors=(Rename("output_norm.weight", tensor(T.TOKEN_EMBD_NORM)),),
 )

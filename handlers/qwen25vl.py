@@ -18,14 +18,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gguf import MODEL_TENSOR as T
 from gguf import Keys
 from gguf import TokenType as TT
 
 from compatfs.format.header import SourceGGUF
 from compatfs.format.values import boolean, string, u32
 from compatfs.translate import (
-    OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, CopyPrefixIfAbsent, Default, DefaultTokenId, Drop, DropPrefix, FromShape, Hide,
-    KVEdit, KVs, PadArray, PadTokensUnused, Rename, Set, TokenType, Translation, arch_is, clip_projector, integer_array,
+    CopyPrefixIfAbsent, Default, DefaultTokenId, Drop, DropPrefix, FromShape, Hide, KVEdit, KVs, OPENAI_CLIP_MEAN,
+    OPENAI_CLIP_STD, PadArray, PadTokensUnused, Rename, Set, TokenType, Translation, arch_is, base, clip_projector,
+    integer_array, tensor,
 )
 
 
@@ -101,10 +103,12 @@ CLIP = clip_projector(
     # this projector), vision rope base, temporal patch size.
     keep=("v.",),
     tensors=(
-        Rename("v.merger.ln_q.", "v.post_ln."),
-        Rename("v.merger.mlp.", "mm."),                       # mm.0 and mm.2, LLaVA-style
+        Rename("v.merger.ln_q", base(T.V_POST_NORM)),
+        # The merger's MLP as mm.0 and mm.2, LLaVA-style.
+        Rename("v.merger.mlp.0", base(T.V_MMPROJ, 0)),
+        Rename("v.merger.mlp.2", base(T.V_MMPROJ, 2)),
         # The Conv3D patch embedding, split into its two temporal halves.
-        Rename("v.patch_embd_0.weight", "v.patch_embd.weight"),
-        Rename("v.patch_embd_1.weight", "v.patch_embd.weight.1"),
+        Rename("v.patch_embd_0.weight", tensor(T.V_ENC_EMBD_PATCH)),
+        Rename("v.patch_embd_1.weight", tensor(T.V_ENC_EMBD_PATCH, suffix="weight.1")),
     ),
 )

@@ -148,10 +148,9 @@ def _any_block(name: str) -> str:
 def made(spec, source: SourceGGUF) -> list[str]:
     """The tensor names of a view its handler made: those its blob holds in
     no block (a block moved to another number keeps the blob's names), and
-    those of tensors computed from tensors of other names."""
+    those of tensors it computes (`Produce`: no blob tensor of its own)."""
     held = {_any_block(n) for n in source.tensors}
-    return [t.name for t in spec.tensors if _any_block(t.name) not in held
-            or (t.op is not None and _any_block(t.name) not in {_any_block(i.name) for i in t.op.inputs})]
+    return [t.name for t in spec.tensors if _any_block(t.name) not in held or t.source is None]
 
 
 def views(blobs: dict[str, Path]) -> dict[str, dict]:
