@@ -13,14 +13,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gguf import MODEL_ARCH as A
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
 from compatfs.format.header import SourceGGUF
 from compatfs.format.values import f32, string, u32
 from compatfs.translate import (
-    CopyEachIfAbsent, CopyIfAbsent, CopyPrefixIfAbsent, Count, Default, DropPrefix, FromFirstBlock, Hide, KVEdit, KVs,
-    Rename, Scaled, Set, ToF32, Translation, arch_is, base, blocks, clip_projector, leaf, tensor, whole,
+    ArchKeys, CopyEachIfAbsent, CopyIfAbsent, CopyPrefixIfAbsent, Count, Default, DropPrefix, FromFirstBlock, Hide,
+    KVEdit, KVs, Rename, Scaled, Set, ToF32, Translation, arch, arch_is, base, blocks, clip_projector, leaf, tensor,
+    whole,
 )
 
 
@@ -48,7 +50,8 @@ class SharedExpertCount(KVEdit):
 
 # -- the translations -------------------------------------------------------------------
 
-OLD, NEW = "deepseekocr", "deepseek2-ocr"
+OLD, NEW = "deepseekocr", arch(A.DEEPSEEK2OCR)
+K = ArchKeys(NEW)
 DETECT = arch_is(OLD)
 
 # llama.cpp's converter's template: the messages' contents, concatenated.
@@ -62,12 +65,12 @@ TEXT = Translation(
         DropPrefix((f"{OLD}.vision.", f"{OLD}.sam.")),
         CopyPrefixIfAbsent(f"{OLD}.", f"{NEW}."),
         DropPrefix((f"{OLD}.",)),
-        Default(f"{NEW}.attention.layer_norm_rms_epsilon", f32(1e-6)),
+        Default(K.Attention.LAYERNORM_RMS_EPS, f32(1e-6)),
         # ffn_down_exps is [expert width, n_embd, experts]; the shared experts'
         # down projection [shared count x expert width, n_embd].
-        FromFirstBlock(f"{NEW}.expert_feed_forward_length", "blk.", "ffn_down_exps.weight", axis=0),
-        SharedExpertCount(f"{NEW}.expert_shared_count", "blk.", "ffn_down_shexp.weight",
-                          per_expert=f"{NEW}.expert_feed_forward_length"),
+        FromFirstBlock(K.LLM.EXPERT_FEED_FORWARD_LENGTH, "blk.", "ffn_down_exps.weight", axis=0),
+        SharedExpertCount(K.LLM.EXPERT_SHARED_COUNT, "blk.", "ffn_down_shexp.weight",
+                          per_expert=K.LLM.EXPERT_FEED_FORWARD_LENGTH),
         Default(Keys.Tokenizer.CHAT_TEMPLATE, string(CHAT_TEMPLATE)),
     ),
     tensors=(Hide(("s.", "v.", "mm.")),),

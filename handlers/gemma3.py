@@ -12,8 +12,8 @@ from gguf import TokenType as TT
 
 from compatfs.format.values import boolean, f32, string
 from compatfs.translate import (
-    CopyIfAbsent, Default, Hide, Rename, ToF32, TokenType, Translation, TruncateToRows, When, any_of, arch_is,
-    base, clip_projector, has_key, has_tensor, has_tensor_prefix, leaf, tensor, value_at_least,
+    ArchKeys, CopyIfAbsent, Default, Hide, Rename, ToF32, TokenType, Translation, TruncateToRows, When, any_of,
+    arch_is, base, clip_projector, has_key, has_tensor, has_tensor_prefix, leaf, tensor, value_at_least,
 )
 
 # Google's published Gemma 3 chat template (Ollama files carry none).
@@ -26,6 +26,8 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}"
 )
 
+K = ArchKeys("gemma3")
+
 # Any one of these marks a gemma3 blob as Ollama-written.  Blobs with
 # `dense.0.weight` are EmbeddingGemma, which is a different translation.
 DETECT = arch_is("gemma3") & ~has_tensor("dense.0.weight") & any_of(
@@ -36,23 +38,23 @@ DETECT = arch_is("gemma3") & ~has_tensor("dense.0.weight") & any_of(
     has_key("gemma3.rope.local.freq_base"),
     has_key("tokenizer.ggml.add_padding_token"),
     has_key("tokenizer.ggml.add_unknown_token"),
-    ~has_key("gemma3.attention.layer_norm_rms_epsilon"),
+    ~has_key(K.Attention.LAYERNORM_RMS_EPS),
 )
 
 TEXT = Translation(
     name="gemma3",
     detect=DETECT,
     kv=(
-        CopyIfAbsent("gemma3.rope.global.freq_base", "gemma3.rope.freq_base"),
-        CopyIfAbsent("gemma3.rope.local.freq_base", "gemma3.rope.freq_base_swa"),
-        Default("gemma3.attention.layer_norm_rms_epsilon", f32(1e-6)),
-        Default("gemma3.rope.freq_base", f32(1_000_000.0)),
-        Default("gemma3.rope.freq_base_swa", f32(10_000.0)),
+        CopyIfAbsent("gemma3.rope.global.freq_base", K.Rope.FREQ_BASE),
+        CopyIfAbsent("gemma3.rope.local.freq_base", K.Rope.FREQ_BASE_SWA),
+        Default(K.Attention.LAYERNORM_RMS_EPS, f32(1e-6)),
+        Default(K.Rope.FREQ_BASE, f32(1_000_000.0)),
+        Default(K.Rope.FREQ_BASE_SWA, f32(10_000.0)),
         Default(Keys.Tokenizer.CHAT_TEMPLATE, string(CHAT_TEMPLATE)),
         # 4B/12B/27B extend a 16k training context 8x by linear rope scaling.
-        When(value_at_least("gemma3.context_length", 131072), (
-            Default("gemma3.rope.scaling.type", string("linear")),
-            Default("gemma3.rope.scaling.factor", f32(8.0)),
+        When(value_at_least(K.LLM.CONTEXT_LENGTH, 131072), (
+            Default(K.Rope.SCALING_TYPE, string("linear")),
+            Default(K.Rope.SCALING_FACTOR, f32(8.0)),
         )),
         # Extra multimodal tokens past the embedding rows fail the vocab check.
         TruncateToRows("token_embd.weight", (

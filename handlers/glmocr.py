@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gguf import MODEL_ARCH as A
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 from gguf import GGMLQuantizationType as DT
@@ -29,9 +30,9 @@ from compatfs.errors import GGUFError
 from compatfs.format.values import string, u32
 from compatfs.translate import Concat, Op
 from compatfs.translate import (
-    CopyIfAbsent, CopyPrefixIfAbsent, Count, DefaultTokenId, Drop, DropPrefix, Hide, KVEdit, KVs, OPENAI_CLIP_MEAN,
-    OPENAI_CLIP_STD, PadArray, PadTokensUnused, ProducePerBlock, Rename, Set, Translation, arch_is, clip_projector,
-    finite, has_tensor_prefix, leaf, tensor, whole,
+    ArchKeys, CopyIfAbsent, CopyPrefixIfAbsent, Count, DefaultTokenId, Drop, DropPrefix, Hide, KVEdit, KVs,
+    OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PadArray, PadTokensUnused, ProducePerBlock, Rename, Set, Translation, arch,
+    arch_is, clip_projector, finite, has_tensor_prefix, leaf, tensor, whole,
 )
 
 
@@ -73,20 +74,22 @@ def _describe(t: TensorInfo) -> str:
 # -- the translations ----------------------------------------------------------------------
 
 DETECT = arch_is("glmocr")
+NEW = arch(A.GLM4)
+K = ArchKeys(NEW)
 
 TEXT = Translation(
     name="glmocr",
     detect=DETECT,
     counts=(Count("glmocr.block_count", "blk."),),
     kv=(
-        Set(Keys.General.ARCHITECTURE, string("glm4")),
+        Set(Keys.General.ARCHITECTURE, string(NEW)),
         # The tower's keys go to the mmproj, the media token ids nowhere (llama.cpp reads none).
         DropPrefix(("glmocr.vision.", "glmocr.image_", "glmocr.video_")),
-        CopyPrefixIfAbsent("glmocr.", "glm4."),
-        PadArray("glm4.rope.mrope_section", "glm4.rope.dimension_sections", 4),
-        RotaryWidth("glm4.attention.key_length", "glm4.rope.partial_rotary_factor", "glm4.rope.dimension_count"),
+        CopyPrefixIfAbsent("glmocr.", f"{NEW}."),
+        PadArray(f"{NEW}.rope.mrope_section", K.Rope.DIMENSION_SECTIONS, 4),
+        RotaryWidth(K.Attention.KEY_LENGTH, f"{NEW}.rope.partial_rotary_factor", K.Rope.DIMENSION_COUNT),
         DropPrefix(("glmocr.",)),
-        Drop(("glm4.rope.mrope_section", "glm4.rope.partial_rotary_factor")),
+        Drop((f"{NEW}.rope.mrope_section", f"{NEW}.rope.partial_rotary_factor")),
         Set(Keys.Tokenizer.PRE, string("chatglm-bpe")),
         # Where the tokenizer config names none, llama.cpp's converter takes these from GLM's markers.
         DefaultTokenId(Keys.Tokenizer.BOS_ID, "<|endoftext|>"),

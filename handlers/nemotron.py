@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from gguf import MODEL_ARCH as A
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 from gguf import GGMLQuantizationType as DT
@@ -37,9 +38,9 @@ from compatfs.errors import GGUFError
 from compatfs.format.values import f32, string, u32
 from compatfs.translate import Elementwise, Op, to_f32
 from compatfs.translate import (
-    CopyPrefixIfAbsent, Count, Default, DropPrefix, FromFirstBlock, Hide, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Produce,
-    ProducePerBlock, Rename, Set, ToF32, Translation, When, any_of, arch_is, base, clip_projector, concatenated,
-    describe, has_block_tensor, has_tensor_prefix, leaf, split_qkv, tensor, value_at_least, whole,
+    ArchKeys, CopyPrefixIfAbsent, Count, Default, DropPrefix, FromFirstBlock, Hide, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD,
+    Produce, ProducePerBlock, Rename, Set, ToF32, Translation, When, any_of, arch, arch_is, base, clip_projector,
+    concatenated, describe, has_block_tensor, has_tensor_prefix, leaf, split_qkv, tensor, value_at_least, whole,
 )
 
 
@@ -80,14 +81,15 @@ def _square_side(n: int) -> int | None:
 
 # -- the text translations -------------------------------------------------------------
 
-MOE = "nemotron_h_moe"
+MOE = arch(A.NEMOTRON_H_MOE)
+K_MOE = ArchKeys(MOE)
 
 
 TEXT_MOE = Translation(
     name="nemotron_h_moe",
     # Ollama's detector looks at blocks 0 and 1 only; the latent tensors of any block count here.
     detect=arch_is(MOE) & any_of(has_block_tensor("ffn_latent_in"), has_tensor_prefix("mtp.")),
-    kv=(FromFirstBlock(f"{MOE}.moe_latent_size", "blk.", "ffn_latent_in.weight", axis=1),),
+    kv=(FromFirstBlock(K_MOE.LLM.MOE_LATENT_SIZE, "blk.", "ffn_latent_in.weight", axis=1),),
     tensors=(
         # The MTP head: llama.cpp's converter folds it into an extra block
         # (`nextn_predict_layers`); Ollama's handler, and this one, leave it out.
@@ -102,12 +104,12 @@ DETECT_OMNI = arch_is(OMNI) & any_of(has_tensor_prefix("v."), has_tensor_prefix(
 OMNI_HAS_EXPERTS = value_at_least(f"{OMNI}.expert_count", 1) | value_at_least(f"{OMNI}.expert_used_count", 1)
 
 
-def _text_arch(arch: str) -> tuple:
-    """The omni blob's text keys under `arch`; its vision and audio keys left out."""
+def _text_arch(text_arch: str) -> tuple:
+    """The omni blob's text keys under `text_arch`; its vision and audio keys left out."""
     return (
-        Set(Keys.General.ARCHITECTURE, string(arch)),
+        Set(Keys.General.ARCHITECTURE, string(text_arch)),
         DropPrefix((f"{OMNI}.vision.", f"{OMNI}.audio.")),
-        CopyPrefixIfAbsent(f"{OMNI}.", f"{arch}."),
+        CopyPrefixIfAbsent(f"{OMNI}.", f"{text_arch}."),
         DropPrefix((f"{OMNI}.",)),
     )
 
@@ -117,7 +119,7 @@ TEXT_OMNI = Translation(
     detect=DETECT_OMNI,
     kv=(
         When(OMNI_HAS_EXPERTS, _text_arch(MOE)),
-        When(~OMNI_HAS_EXPERTS, _text_arch("nemotron_h")),
+        When(~OMNI_HAS_EXPERTS, _text_arch(arch(A.NEMOTRON_H))),
     ),
     # Ollama's handler would go on to the latent-FFN and MTP fixes above for
     # a future omni variant that had them; no omni checkpoint does.
