@@ -35,7 +35,7 @@ from compatfs.format.header import SourceGGUF
 from compatfs.format.values import VT, array, boolean, string, u32
 from compatfs.translate import ConcatRows, Op
 from compatfs.translate import (
-    BYTE_TOKENS, CopyEachIfAbsent, CopyIfAbsent, Count, Default, Drop, DropPrefix, FillArray, Hide, KeepOnly,
+    ArchKeys, BYTE_TOKENS, CopyEachIfAbsent, CopyIfAbsent, Count, Default, Drop, DropPrefix, FillArray, Hide, KeepOnly,
     ProducePerBlock, Rename, Set, TensorEdit, Tensors, ToF32, TokenType, Translation, ViewTensor, When, any_of,
     arch_is, as_projector, base, has_tensor_prefix, leaf, tensor, value_is, whole,
 )
@@ -94,6 +94,7 @@ def gate_up_experts(src: SourceGGUF, i: int) -> Op | None:
 # llama.cpp's conversion keeps the towers in the mmproj and names the
 # tokenizer `gemma4`; any of these marks the blob as Ollama-written.  (Split
 # expert tensors alone do not: llama.cpp loads them too.)
+K = ArchKeys("gemma4")
 DETECT = arch_is("gemma4") & any_of(
     has_tensor_prefix("v."),
     has_tensor_prefix("a."),
@@ -110,7 +111,7 @@ MEDIA_MARKERS = ("<|image>", "<image|>", "<|image|>", "<|audio>", "<audio|>", "<
 TEXT = Translation(
     name="gemma4",
     detect=DETECT,
-    counts=(Count("gemma4.block_count", "blk."),),
+    counts=(Count(K.LLM.BLOCK_COUNT, "blk."),),
     kv=(
         # Gemma 4's tokenizer is BPE with SentencePiece-style byte fallback;
         # as `llama` (SPM) its special tokens split into pieces.
@@ -127,7 +128,7 @@ TEXT = Translation(
     ),
     tensors=(
         Hide(("v.", "a.", "mm.", "model.vision_tower.")),
-        ProducePerBlock("gemma4.block_count", tensor(T.FFN_GATE_UP_EXP, "{}"), gate_up_experts,
+        ProducePerBlock(K.LLM.BLOCK_COUNT, tensor(T.FFN_GATE_UP_EXP, "{}"), gate_up_experts,
                         consumes=("blk.{}.ffn_gate_exps.weight", "blk.{}.ffn_up_exps.weight")),
         Rename(".ffn_gate_inp.per_expert_scale", leaf(T.FFN_DOWN_EXP) + ".scale"),
     ),
@@ -149,7 +150,7 @@ CLIP = Translation(
             # llama.cpp's converter writes 224.
             Default(Keys.ClipVision.IMAGE_SIZE, u32(224)),
             # The projector's output feeds the language model's embedding.
-            CopyIfAbsent("gemma4.embedding_length", Keys.ClipVision.PROJECTION_DIM),
+            CopyIfAbsent(K.LLM.EMBEDDING_LENGTH, Keys.ClipVision.PROJECTION_DIM),
             # The tower normalises pixels itself (`v.std_bias`, `v.std_scale`).
             Default(Keys.ClipVision.IMAGE_MEAN, array(VT.FLOAT32, [0.0, 0.0, 0.0])),
             Default(Keys.ClipVision.IMAGE_STD, array(VT.FLOAT32, [1.0, 1.0, 1.0])),
@@ -162,7 +163,7 @@ CLIP = Translation(
                 "attention.layer_norm_epsilon",
             )),
             Default(Keys.ClipAudio.NUM_MEL_BINS, u32(128)),
-            CopyIfAbsent("gemma4.embedding_length", Keys.ClipAudio.PROJECTION_DIM),
+            CopyIfAbsent(K.LLM.EMBEDDING_LENGTH, Keys.ClipAudio.PROJECTION_DIM),
             Set(Keys.Clip.HAS_AUDIO_ENCODER, boolean(True)),
             Set(Keys.ClipAudio.PROJECTOR_TYPE, string("gemma4a")),
         )),

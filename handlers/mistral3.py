@@ -22,15 +22,16 @@ from gguf import Keys
 
 from compatfs.format.values import f32, string
 from compatfs.translate import (
-    OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, CopyIfAbsent, Default, DropPrefix, Hide, Produce, Rename, RopePermute, Set,
-    Translation, When, any_of, arch_is, base, clip_projector, embedding_row, has_key, has_tensor_prefix, leaf,
+    ArchKeys, CopyIfAbsent, Default, DropPrefix, Hide, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Produce, Rename, RopePermute,
+    Set, Translation, When, any_of, arch_is, base, clip_projector, embedding_row, has_key, has_tensor_prefix, leaf,
     missing_or_default,
 )
 
 
 # -- the translations --------------------------------------------------------------
 
-SCALING_TYPE = "mistral3.rope.scaling.type"
+K = ArchKeys("mistral3")
+SCALING_TYPE = K.Rope.SCALING_TYPE
 # The checkpoint has no rope scaling, yet the type key is there, "" (or "default").
 NO_ROPE_SCALING = has_key(SCALING_TYPE) & missing_or_default(SCALING_TYPE)
 
@@ -53,10 +54,10 @@ TEXT = Translation(
         # its own conversion writes no rope-scaling keys for such a checkpoint.
         When(NO_ROPE_SCALING, (DropPrefix(("mistral3.rope.scaling.",)),)),
         # Older converters' YaRN names.
-        CopyIfAbsent("mistral3.rope.scaling.beta_fast", "mistral3.rope.scaling.yarn_beta_fast"),
-        CopyIfAbsent("mistral3.rope.scaling.beta_slow", "mistral3.rope.scaling.yarn_beta_slow"),
-        CopyIfAbsent("mistral3.rope.scaling.mscale_all_dim", "mistral3.rope.scaling.yarn_log_multiplier"),
-        CopyIfAbsent("mistral3.rope.scaling_beta", "mistral3.attention.temperature_scale"),
+        CopyIfAbsent("mistral3.rope.scaling.beta_fast", K.Rope.SCALING_YARN_BETA_FAST),
+        CopyIfAbsent("mistral3.rope.scaling.beta_slow", K.Rope.SCALING_YARN_BETA_SLOW),
+        CopyIfAbsent("mistral3.rope.scaling.mscale_all_dim", K.Rope.SCALING_YARN_LOG_MUL),
+        CopyIfAbsent("mistral3.rope.scaling_beta", K.Attention.TEMPERATURE_SCALE),
         Set(Keys.Tokenizer.PRE, string("tekken"), when=missing_or_default(Keys.Tokenizer.PRE)),
     ),
     tensors=(Hide(("v.", "mm.")),),

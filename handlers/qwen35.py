@@ -40,9 +40,9 @@ from compatfs.errors import GGUFError
 from compatfs.format.values import VT, array, u32
 from compatfs.translate import AddScalar
 from compatfs.translate import (
-    Count, Default, Drop, DropPrefix, Hide, KVEdit, KVs, PadArray, PerLayerToMax, Produce, Rename, RenameEnd, TensorEdit,
-    Tensors, Translation, any_of, arch_is, base, describe, has_key, has_tensor_prefix, has_true, leaf, stacked, tensor,
-    whole,
+    ArchKeys, Count, Default, Drop, DropPrefix, Hide, KVEdit, KVs, PadArray, PerLayerToMax, Produce, Rename, RenameEnd,
+    TensorEdit, Tensors, Translation, any_of, arch_is, base, describe, has_key, has_tensor_prefix, has_true, leaf,
+    stacked, tensor, whole,
 )
 
 from .qwen3vl import qwen_tokenizer, vision_projector
@@ -160,17 +160,18 @@ def detector(arch: str):
 
 
 def text_translation(arch: str) -> Translation:
+    k = ArchKeys(arch)
     return Translation(
         name=arch,
         detect=detector(arch),
-        counts=(Count(f"{arch}.block_count", "blk."),),
+        counts=(Count(k.LLM.BLOCK_COUNT, "blk."),),
         kv=(
-            PadArray(f"{arch}.rope.dimension_sections", f"{arch}.rope.dimension_sections", 4),
+            PadArray(k.Rope.DIMENSION_SECTIONS, k.Rope.DIMENSION_SECTIONS, 4),
             # llama.cpp's converter writes Qwen3.5's default when the config has none.
-            Default(f"{arch}.rope.dimension_sections", array(VT.INT32, [11, 11, 10, 0])),
-            PerLayerToMax(f"{arch}.attention.head_count_kv"),
-            MtpBlockCount(f"{arch}.block_count", f"{arch}.nextn_predict_layers"),
-            RecurrentLayers(f"{arch}.attention.recurrent_layers", f"{arch}.block_count", "blk.{}.ssm_a"),
+            Default(k.Rope.DIMENSION_SECTIONS, array(VT.INT32, [11, 11, 10, 0])),
+            PerLayerToMax(k.Attention.HEAD_COUNT_KV),
+            MtpBlockCount(k.LLM.BLOCK_COUNT, k.LLM.NEXTN_PREDICT_LAYERS),
+            RecurrentLayers(f"{arch}.attention.recurrent_layers", k.LLM.BLOCK_COUNT, "blk.{}.ssm_a"),
             # Vision keys go to the projector; the rest is not read by llama.cpp
             # (interleaved M-RoPE and the V-head order are implied by the arch).
             DropPrefix((f"{arch}.vision.",)),
@@ -182,7 +183,7 @@ def text_translation(arch: str) -> Translation:
         tensors=(
             Hide(("v.", "mm.")),
             RenameEnd(".ssm_dt", leaf(T.SSM_DT) + ".bias"),
-            PlaceMtp(f"{arch}.block_count"),
+            PlaceMtp(k.LLM.BLOCK_COUNT),
         ),
     )
 

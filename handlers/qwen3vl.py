@@ -52,10 +52,10 @@ from compatfs.errors import GGUFError
 from compatfs.format.values import VT, array, boolean, u32
 from compatfs.translate import Op, Part, Runs, as_array
 from compatfs.translate import (
-    BlockCount, CopyEachIfAbsent, CopyIfAbsent, Count, Default, DefaultTokenId, Drop, DropPrefix, FromShape, Hide,
-    KVEdit, KVs, PadArray, PadTokensUnused, Produce, ProducePerBlock, Rename, TensorEdit, Tensors, ToF32, TokenType,
-    Translation, arch_is, base, clip_projector, concatenated, describe, has_key, integer_array, leaf, split_qkv, tensor,
-    whole,
+    ArchKeys, BlockCount, CopyEachIfAbsent, CopyIfAbsent, Count, Default, DefaultTokenId, Drop, DropPrefix, FromShape,
+    Hide, KVEdit, KVs, PadArray, PadTokensUnused, Produce, ProducePerBlock, Rename, TensorEdit, Tensors, ToF32,
+    TokenType, Translation, arch_is, base, clip_projector, concatenated, describe, has_key, integer_array, leaf,
+    split_qkv, tensor, whole,
 )
 
 from .qwen25vl import FIM_MARKERS
@@ -215,19 +215,20 @@ def qwen_tokenizer() -> tuple:
 
 
 def text_translation(arch: str) -> Translation:
+    k = ArchKeys(arch)
     return Translation(
         name=arch,
         # llama.cpp's conversion carries the sections; Ollama's never did.
-        detect=arch_is(arch) & ~has_key(f"{arch}.rope.dimension_sections"),
+        detect=arch_is(arch) & ~has_key(k.Rope.DIMENSION_SECTIONS),
         kv=(
             # A config whose rope scaling names a type gave the converter its
             # 3 sections; without one (the published configs) none are written.
-            PadArray(f"{arch}.rope.mrope_section", f"{arch}.rope.dimension_sections", 4),
-            MRopeSections(f"{arch}.rope.dimension_sections", "blk.0.attn_k_norm.weight"),
-            BlockCount(f"{arch}.n_deepstack_layers", "v.deepstack_merger."),
+            PadArray(f"{arch}.rope.mrope_section", k.Rope.DIMENSION_SECTIONS, 4),
+            MRopeSections(k.Rope.DIMENSION_SECTIONS, "blk.0.attn_k_norm.weight"),
+            BlockCount(k.LLM.NUM_DEEPSTACK_LAYERS, "v.deepstack_merger."),
             # MoE: not written by Ollama's converter (llama.cpp would divide
             # the dense width by the experts used).
-            FromShape(f"{arch}.expert_feed_forward_length", "blk.0.ffn_gate_exps.weight", axis=1),
+            FromShape(k.LLM.EXPERT_FEED_FORWARD_LENGTH, "blk.0.ffn_gate_exps.weight", axis=1),
             DropPrefix((f"{arch}.vision.",)),
             Drop((f"{arch}.rope.mrope_section",)),
             *qwen_tokenizer(),
@@ -248,7 +249,7 @@ def vision_projector(name: str, arch: str, detect) -> Translation:
             FromShape(Keys.ClipVision.FEED_FORWARD_LENGTH, "v.blk.0.mlp.linear_fc1.weight", axis=1),
             ImageSize(Keys.ClipVision.IMAGE_SIZE, "v.pos_embed.weight", "v.patch_embed.weight"),
             # llama.cpp's converter takes the text model's RMS epsilon.
-            CopyIfAbsent(f"{arch}.attention.layer_norm_rms_epsilon", Keys.ClipVision.Attention.LAYERNORM_EPS),
+            CopyIfAbsent(ArchKeys(arch).Attention.LAYERNORM_RMS_EPS, Keys.ClipVision.Attention.LAYERNORM_EPS),
             CopyIfAbsent(f"{v}attention.layer_norm_epsilon", Keys.ClipVision.Attention.LAYERNORM_EPS),
             CopyEachIfAbsent(v, "clip.vision.", ("image_mean", "image_std")),
         ),
