@@ -266,3 +266,34 @@ def test_made_names_follow_gguf_py(all_views, tmp_path):
         if moved[label]["tensors"] != want:
             not_moved[label] = sorted(set(moved[label]["tensors"]) ^ set(want))[:6]
     assert not_moved == {}
+
+
+# -- the helpers handlers write names with (compatfs.translate.gguf_names) -----------------------
+
+def test_tensor_names_in_the_forms_a_handler_writes():
+    from compatfs.translate import ArchKeys, arch, base, blocks, leaf, tensor
+    assert tensor(T.ATTN_Q, 3) == "blk.3.attn_q.weight"
+    assert tensor(T.ATTN_Q, "{}", "bias") == "blk.{}.attn_q.bias"           # a template for ProducePerBlock
+    assert tensor(T.V_ENC_EMBD_PATCH, suffix="weight.1") == "v.patch_embd.weight.1"
+    assert base(T.V_POST_NORM) == "v.post_ln" and base(T.V_MMPROJ, 2) == "mm.2"
+    assert leaf(T.V_ENC_ATTN_O) == ".attn_out" and leaf(T.V_SAM_ATTN_OUT) == ".attn.out"
+    assert blocks(T.V_SAM_PRE_NORM) == "v.sam.blk."
+    for wrong in (lambda: tensor(T.ATTN_Q), lambda: tensor(T.TOKEN_EMBD, 0), lambda: leaf(T.TOKEN_EMBD),
+                  lambda: blocks(T.V_POST_NORM)):
+        with pytest.raises(ValueError, match="block"):
+            wrong()
+    assert arch(MODEL_ARCH.QWEN2VL) == "qwen2vl" and arch(MODEL_ARCH.GPT_OSS) == "gpt-oss"
+    k = ArchKeys("gemma3")
+    assert k.Rope.FREQ_BASE == "gemma3.rope.freq_base" and k.LLM.CONTEXT_LENGTH == "gemma3.context_length"
+    assert k.Tokenizer.PRE == Keys.Tokenizer.PRE                            # no architecture in it
+    with pytest.raises(AttributeError):
+        k.Rope.NO_SUCH_KEY
+
+
+def test_rename_end_replaces_only_the_end():
+    from gguf import GGMLQuantizationType as DT
+    from compatfs.translate import Rename, RenameEnd, ViewTensor
+    ts = [ViewTensor(n, (4,), DT.F32) for n in ("blk.0.ssm_dt", "blk.0.ssm_dt.weight", "blk.1.x_ssm_dt", "a.ssm_dt")]
+    ts = Rename("a", "b").apply(ts, None)                      # renamed once already: left alone
+    ts = RenameEnd(".ssm_dt", ".ssm_dt.bias").apply(ts, None)
+    assert [t.name for t in ts] == ["blk.0.ssm_dt.bias", "blk.0.ssm_dt.weight", "blk.1.x_ssm_dt", "b.ssm_dt"]
