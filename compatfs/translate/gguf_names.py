@@ -3,11 +3,13 @@ name, a tensor's name with or without its suffix, the components after a
 block number and the prefix before it that a `Rename` writes, and `{arch}`
 keys with the architecture filled in.
 
-Handlers write a name that llama.cpp reads through these, so that a gguf-py
-release that moves a name moves the handler's target with it
-(`tests/test_gguf_names.py` checks every translated view against gguf-py);
-the names Ollama's converters wrote, which handlers rename, detect or drop,
-stay literals.
+Handlers write the names llama.cpp reads through these (the tensors they
+make, the keys they set or keep, the architecture they give a view), so that
+a gguf-py release that moves a name moves the handler's target with it
+(`tests/test_gguf_names.py` checks every translated view against gguf-py,
+and that the views follow a gguf-py whose names moved).  The names Ollama's
+converters wrote, which handlers rename, detect, read or drop, stay literals,
+even where they are spelled as llama.cpp's.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ def tensor(t: MODEL_TENSOR, bid: int | str | None = None, suffix: str | None = "
     block tensor is named without a block, or another with one."""
     template = TENSOR_NAMES[t]
     if ("{bid}" in template) != (bid is not None):
-        raise ValueError(f"{t.name} ({template}) is named {'with' if bid is None else 'without'} a block")
+        raise ValueError(f"{t.name} ({template}) is named {'without' if bid is None else 'with'} a block")
     name = template.format(bid=bid) if bid is not None else template
     return name if suffix is None else f"{name}.{suffix}"
 
