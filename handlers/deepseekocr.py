@@ -13,13 +13,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gguf import MODEL_ARCH as A
+from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
 from compatfs.format.header import SourceGGUF
 from compatfs.format.values import f32, string, u32
 from compatfs.translate import (
-    CopyEachIfAbsent, CopyIfAbsent, CopyPrefixIfAbsent, Count, Default, DropPrefix, FromFirstBlock, Hide, KVEdit, KVs,
-    Rename, Scaled, Set, ToF32, Translation, arch_is, clip_projector, whole,
+    ArchKeys, CopyEachIfAbsent, CopyIfAbsent, CopyPrefixIfAbsent, Count, Default, DropPrefix, FromFirstBlock, Hide,
+    KVEdit, KVs, Rename, Scaled, Set, ToF32, Translation, arch, arch_is, base, blocks, clip_projector, leaf, tensor,
+    whole,
 )
 
 
@@ -47,7 +50,8 @@ class SharedExpertCount(KVEdit):
 
 # -- the translations -------------------------------------------------------------------
 
-OLD, NEW = "deepseekocr", "deepseek2-ocr"
+OLD, NEW = "deepseekocr", arch(A.DEEPSEEK2OCR)
+K = ArchKeys(NEW)
 DETECT = arch_is(OLD)
 
 # llama.cpp's converter's template: the messages' contents, concatenated.
@@ -61,12 +65,12 @@ TEXT = Translation(
         DropPrefix((f"{OLD}.vision.", f"{OLD}.sam.")),
         CopyPrefixIfAbsent(f"{OLD}.", f"{NEW}."),
         DropPrefix((f"{OLD}.",)),
-        Default(f"{NEW}.attention.layer_norm_rms_epsilon", f32(1e-6)),
+        Default(K.Attention.LAYERNORM_RMS_EPS, f32(1e-6)),
         # ffn_down_exps is [expert width, n_embd, experts]; the shared experts'
         # down projection [shared count x expert width, n_embd].
-        FromFirstBlock(f"{NEW}.expert_feed_forward_length", "blk.", "ffn_down_exps.weight", axis=0),
-        SharedExpertCount(f"{NEW}.expert_shared_count", "blk.", "ffn_down_shexp.weight",
-                          per_expert=f"{NEW}.expert_feed_forward_length"),
+        FromFirstBlock(K.LLM.EXPERT_FEED_FORWARD_LENGTH, "blk.", "ffn_down_exps.weight", axis=0),
+        SharedExpertCount(K.LLM.EXPERT_SHARED_COUNT, "blk.", "ffn_down_shexp.weight",
+                          per_expert=K.LLM.EXPERT_FEED_FORWARD_LENGTH),
         Default(Keys.Tokenizer.CHAT_TEMPLATE, string(CHAT_TEMPLATE)),
     ),
     tensors=(Hide(("s.", "v.", "mm.")),),
@@ -96,28 +100,36 @@ CLIP = clip_projector(
     mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5),
     keep=("s.", "v.", "mm."),
     tensors=(
-        # SAM: its inner names renamed as the tower moves under `v.sam.`, the rest moved as they are.
-        Rename("s.position_embd", "v.sam.pos_embd.weight"),
-        Rename(".attn.proj", ".attn.out", under="s.blk.", into="v.sam.blk."),
-        Rename(".attn.rel_pos_h", ".attn.pos_h.weight", under="s.blk.", into="v.sam.blk."),
-        Rename(".attn.rel_pos_w", ".attn.pos_w.weight", under="s.blk.", into="v.sam.blk."),
-        Rename(".norm1", ".pre_ln", under="s.blk.", into="v.sam.blk."),
-        Rename(".norm2", ".post_ln", under="s.blk.", into="v.sam.blk."),
-        Rename("s", "v.sam"),
+        # SAM, moved under llama.cpp's `v.sam.`, its inner names renamed as it moves.
+        Rename("s.position_embd", tensor(T.V_SAM_POS_EMBD)),
+        Rename("s.patch_embd", base(T.V_SAM_PATCH_EMBD)),
+        Rename(".attn.qkv", leaf(T.V_SAM_ATTN_QKV), under="s.blk.", into=blocks(T.V_SAM_ATTN_QKV)),
+        Rename(".attn.proj", leaf(T.V_SAM_ATTN_OUT), under="s.blk.", into=blocks(T.V_SAM_ATTN_OUT)),
+        Rename(".attn.rel_pos_h", leaf(T.V_SAM_ATTN_POS_H) + ".weight", under="s.blk.",
+               into=blocks(T.V_SAM_ATTN_POS_H)),
+        Rename(".attn.rel_pos_w", leaf(T.V_SAM_ATTN_POS_W) + ".weight", under="s.blk.",
+               into=blocks(T.V_SAM_ATTN_POS_W)),
+        Rename(".norm1", leaf(T.V_SAM_PRE_NORM), under="s.blk.", into=blocks(T.V_SAM_PRE_NORM)),
+        Rename(".norm2", leaf(T.V_SAM_POST_NORM), under="s.blk.", into=blocks(T.V_SAM_POST_NORM)),
+        Rename(".mlp.lin1", leaf(T.V_SAM_MLP_LIN_1), under="s.blk.", into=blocks(T.V_SAM_MLP_LIN_1)),
+        Rename(".mlp.lin2", leaf(T.V_SAM_MLP_LIN_2), under="s.blk.", into=blocks(T.V_SAM_MLP_LIN_2)),
+        *(Rename(f"s.neck.{i}", base(T.V_SAM_NECK, i)) for i in range(4)),     # conv, norm, conv, norm
+        Rename("s.net_2", base(T.V_SAM_NET_2)),
+        Rename("s.net_3", base(T.V_SAM_NET_3)),
         # CLIP.
-        Rename("v.pre_layrnorm", "v.pre_ln"),
-        Rename(".self_attn.qkv_proj", ".attn_qkv", under="v.blk."),
-        Rename(".self_attn.out_proj", ".attn_out", under="v.blk."),
-        Rename(".layer_norm1", ".ln1", under="v.blk."),
-        Rename(".layer_norm2", ".ln2", under="v.blk."),
-        Rename(".mlp.fc1", ".ffn_up", under="v.blk."),
-        Rename(".mlp.fc2", ".ffn_down", under="v.blk."),
+        Rename("v.pre_layrnorm", base(T.V_PRE_NORM)),
+        Rename(".self_attn.qkv_proj", leaf(T.V_ENC_ATTN_QKV), under="v.blk."),
+        Rename(".self_attn.out_proj", leaf(T.V_ENC_ATTN_O), under="v.blk."),
+        Rename(".layer_norm1", leaf(T.V_ENC_INPUT_NORM), under="v.blk."),
+        Rename(".layer_norm2", leaf(T.V_ENC_POST_ATTN_NORM), under="v.blk."),
+        Rename(".mlp.fc1", leaf(T.V_ENC_FFN_UP), under="v.blk."),
+        Rename(".mlp.fc2", leaf(T.V_ENC_FFN_DOWN), under="v.blk."),
         # The projector and the learned layout embeddings.
-        Rename("mm.layers", "mm.model.fc"),
-        Rename("mm.image_newline", "v.image_newline"),
-        Rename("mm.view_seperator", "v.view_seperator"),
+        Rename("mm.layers", base(T.V_MMPROJ_FC)),
+        Rename("mm.image_newline", base(T.V_ENC_EMBD_IMGNL)),
+        Rename("mm.view_seperator", base(T.V_ENC_EMBD_VSEP)),
         # Convolution kernels and embeddings in F32, as llama.cpp's converter keeps them.
-        ToF32(("v.patch_embd.weight", "v.sam.patch_embd.weight", "v.sam.neck.0.weight", "v.sam.neck.2.weight",
-               "v.sam.net_2.weight", "v.sam.net_3.weight")),
+        ToF32((tensor(T.V_ENC_EMBD_PATCH), tensor(T.V_SAM_PATCH_EMBD), tensor(T.V_SAM_NECK, 0),
+               tensor(T.V_SAM_NECK, 2), tensor(T.V_SAM_NET_2), tensor(T.V_SAM_NET_3))),
     ),
 )

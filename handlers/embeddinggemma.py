@@ -23,16 +23,19 @@ dropped.  Ollama's handler also renames a
 (`model/models/gemma3`) loads only `output_norm`, so no blob it ran has
 that name, and the rename is left out.
 """
+from gguf import MODEL_ARCH as A
+from gguf import MODEL_TENSOR as T
 from gguf import Keys
 from gguf import TokenType as TT
 
 from compatfs.format.values import boolean, f32, string
 from compatfs.translate import (
-    CopyIfAbsent, CopyPrefixIfAbsent, Default, Drop, DropPrefix, FromShape, Rename, Set, TokenType, Translation,
-    arch_is, has_key, has_tensor,
+    ArchKeys, CopyIfAbsent, CopyPrefixIfAbsent, Default, Drop, DropPrefix, FromShape, Rename, Set, TokenType,
+    Translation, arch, arch_is, base, has_key, has_tensor,
 )
 
-ARCH = "gemma-embedding"
+ARCH = arch(A.GEMMA_EMBEDDING)
+K = ArchKeys(ARCH)
 
 TEXT = Translation(
     name="embeddinggemma",
@@ -42,8 +45,8 @@ TEXT = Translation(
         Set(Keys.General.ARCHITECTURE, string(ARCH)),
         # llama.cpp reads the hyperparameters under the architecture's name.
         CopyPrefixIfAbsent("gemma3.", f"{ARCH}."),
-        CopyIfAbsent(f"{ARCH}.rope.local.freq_base", f"{ARCH}.rope.freq_base_swa"),
-        Default(f"{ARCH}.rope.freq_base_swa", f32(10_000.0)),
+        CopyIfAbsent(f"{ARCH}.rope.local.freq_base", K.Rope.FREQ_BASE_SWA),
+        Default(K.Rope.FREQ_BASE_SWA, f32(10_000.0)),
         # The projection head: [n_embd, n_ff] up, [n_ff, n_embd] down (ggml shapes).
         FromShape(f"{ARCH}.dense_2_feat_in", "dense.0.weight", axis=0),
         FromShape(f"{ARCH}.dense_2_feat_out", "dense.0.weight", axis=1),
@@ -53,7 +56,7 @@ TEXT = Translation(
         # this architecture: keys from the causal model's file would override them.
         DropPrefix(("gemma3.", f"{ARCH}.rope.local.")),
         Drop((
-            f"{ARCH}.attention.causal", f"{ARCH}.attention.sliding_window_pattern",
+            K.Attention.CAUSAL, K.Attention.SLIDING_WINDOW_PATTERN,
             "tokenizer.ggml.add_padding_token", "tokenizer.ggml.add_unknown_token",
             # BPE merges: a SentencePiece vocabulary has none.
             Keys.Tokenizer.MERGES,
@@ -64,7 +67,7 @@ TEXT = Translation(
         TokenType(("<start_of_image>", "<end_of_image>"), TT.CONTROL),
     ),
     tensors=(
-        Rename("dense.0", "dense_2"),
-        Rename("dense.1", "dense_3"),
+        Rename("dense.0", base(T.DENSE_2_OUT)),
+        Rename("dense.1", base(T.DENSE_3_OUT)),
     ),
 )

@@ -30,6 +30,7 @@ Departures from Ollama's handler, each toward llama.cpp's conversion:
 """
 from __future__ import annotations
 
+from gguf import MODEL_TENSOR as T
 from gguf import Keys
 from gguf import TokenType as TT
 
@@ -37,10 +38,11 @@ from compatfs.format.header import SourceGGUF
 from compatfs.format.values import boolean, f32, string
 from compatfs.translate import Op, PadRows
 from compatfs.translate import (
-    BYTE_TOKENS, CopyIfAbsent, Default, Drop, Hide, PadTokensUnused, Produce, Set, TokenType, Translation, any_of,
-    arch_is, has_key, rows_differ,
+    ArchKeys, BYTE_TOKENS, CopyIfAbsent, Default, Drop, Hide, PadTokensUnused, Produce, Set, TokenType, Translation,
+    any_of, arch_is, has_key, rows_differ, tensor,
 )
 
+K = ArchKeys("gemma3n")
 TOKEN_EMBD, PER_LAYER_EMBD = "token_embd.weight", "per_layer_token_embd.weight"
 
 
@@ -62,11 +64,11 @@ TEXT = Translation(
         ~has_key(Keys.Tokenizer.ADD_PREFIX),
     ),
     kv=(
-        CopyIfAbsent("gemma3n.rope.freq_base_local", "gemma3n.rope.freq_base_swa"),
-        CopyIfAbsent("gemma3n.head_dim", "gemma3n.attention.key_length"),
-        CopyIfAbsent("gemma3n.head_dim", "gemma3n.attention.value_length"),
+        CopyIfAbsent("gemma3n.rope.freq_base_local", K.Rope.FREQ_BASE_SWA),
+        CopyIfAbsent("gemma3n.head_dim", K.Attention.KEY_LENGTH),
+        CopyIfAbsent("gemma3n.head_dim", K.Attention.VALUE_LENGTH),
         # Gemma 3n's published value; llama.cpp applies 30 whatever the key says.
-        Default("gemma3n.final_logit_softcapping", f32(30.0)),
+        Default(K.LLM.FINAL_LOGIT_SOFTCAPPING, f32(30.0)),
         # Ollama's names and keys llama.cpp reads nowhere.
         Drop((
             "gemma3n.rope.freq_base_local", "gemma3n.head_dim", "gemma3n.altup.correct_scale",
@@ -87,6 +89,6 @@ TEXT = Translation(
         # No Ollama converter wrote the towers into this file; a blob that has
         # them still loads as text (llama.cpp counts every tensor).
         Hide(("v.", "a.", "mm.")),
-        Produce(PER_LAYER_EMBD, padded_per_layer_embd, consumes=(PER_LAYER_EMBD,)),
+        Produce(tensor(T.PER_LAYER_TOKEN_EMBD), padded_per_layer_embd, consumes=(PER_LAYER_EMBD,)),
     ),
 )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gguf import MODEL_TENSOR as T
 from gguf import Keys
 from gguf import GGMLQuantizationType as DT
 from gguf import TokenType as TT
@@ -34,9 +35,9 @@ from compatfs.format.header import SourceGGUF
 from compatfs.format.values import VT, array, boolean, string, u32
 from compatfs.translate import ConcatRows, Op
 from compatfs.translate import (
-    BYTE_TOKENS, CopyEachIfAbsent, CopyIfAbsent, Count, Default, Drop, DropPrefix, FillArray, Hide, KeepOnly,
-    ProducePerBlock, Rename, Set, TensorEdit, Tensors, ToF32, TokenType, Translation, ViewTensor, When, any_of, arch_is,
-    as_projector, has_tensor_prefix, value_is, whole,
+    ArchKeys, BYTE_TOKENS, CopyEachIfAbsent, CopyIfAbsent, Count, Default, Drop, DropPrefix, FillArray, Hide, KeepOnly,
+    ProducePerBlock, Rename, Set, TensorEdit, Tensors, ToF32, TokenType, Translation, ViewTensor, When, any_of,
+    arch_is, as_projector, base, has_tensor_prefix, leaf, tensor, value_is, whole,
 )
 
 
@@ -93,6 +94,7 @@ def gate_up_experts(src: SourceGGUF, i: int) -> Op | None:
 # llama.cpp's conversion keeps the towers in the mmproj and names the
 # tokenizer `gemma4`; any of these marks the blob as Ollama-written.  (Split
 # expert tensors alone do not: llama.cpp loads them too.)
+K = ArchKeys("gemma4")
 DETECT = arch_is("gemma4") & any_of(
     has_tensor_prefix("v."),
     has_tensor_prefix("a."),
@@ -109,7 +111,7 @@ MEDIA_MARKERS = ("<|image>", "<image|>", "<|image|>", "<|audio>", "<audio|>", "<
 TEXT = Translation(
     name="gemma4",
     detect=DETECT,
-    counts=(Count("gemma4.block_count", "blk."),),
+    counts=(Count(K.LLM.BLOCK_COUNT, "blk."),),
     kv=(
         # Gemma 4's tokenizer is BPE with SentencePiece-style byte fallback;
         # as `llama` (SPM) its special tokens split into pieces.
@@ -126,9 +128,9 @@ TEXT = Translation(
     ),
     tensors=(
         Hide(("v.", "a.", "mm.", "model.vision_tower.")),
-        ProducePerBlock("gemma4.block_count", "blk.{}.ffn_gate_up_exps.weight", gate_up_experts,
+        ProducePerBlock(K.LLM.BLOCK_COUNT, tensor(T.FFN_GATE_UP_EXP, "{}"), gate_up_experts,
                         consumes=("blk.{}.ffn_gate_exps.weight", "blk.{}.ffn_up_exps.weight")),
-        Rename(".ffn_gate_inp.per_expert_scale", ".ffn_down_exps.scale"),
+        Rename(".ffn_gate_inp.per_expert_scale", leaf(T.FFN_DOWN_EXP) + ".scale"),
     ),
 )
 
@@ -148,7 +150,7 @@ CLIP = Translation(
             # llama.cpp's converter writes 224.
             Default(Keys.ClipVision.IMAGE_SIZE, u32(224)),
             # The projector's output feeds the language model's embedding.
-            CopyIfAbsent("gemma4.embedding_length", Keys.ClipVision.PROJECTION_DIM),
+            CopyIfAbsent(K.LLM.EMBEDDING_LENGTH, Keys.ClipVision.PROJECTION_DIM),
             # The tower normalises pixels itself (`v.std_bias`, `v.std_scale`).
             Default(Keys.ClipVision.IMAGE_MEAN, array(VT.FLOAT32, [0.0, 0.0, 0.0])),
             Default(Keys.ClipVision.IMAGE_STD, array(VT.FLOAT32, [1.0, 1.0, 1.0])),
@@ -161,7 +163,7 @@ CLIP = Translation(
                 "attention.layer_norm_epsilon",
             )),
             Default(Keys.ClipAudio.NUM_MEL_BINS, u32(128)),
-            CopyIfAbsent("gemma4.embedding_length", Keys.ClipAudio.PROJECTION_DIM),
+            CopyIfAbsent(K.LLM.EMBEDDING_LENGTH, Keys.ClipAudio.PROJECTION_DIM),
             Set(Keys.Clip.HAS_AUDIO_ENCODER, boolean(True)),
             Set(Keys.ClipAudio.PROJECTOR_TYPE, string("gemma4a")),
         )),
@@ -173,14 +175,14 @@ CLIP = Translation(
                      per_block=("attn_q", "attn_k", "attn_v", "attn_out", "ffn_gate", "ffn_up", "ffn_down"),
                      after=("mm.input_projection",)),
         # llama.cpp's converter keeps the position table in F32.
-        ToF32(("v.position_embd.weight",)),
+        ToF32((tensor(T.V_ENC_EMBD_POS),)),
         # Audio: Ollama's names for the conformer's input and output projections ...
-        Rename("a.pre_encode.out.weight", "a.input_projection.weight"),
-        Rename("mm.a.fc.", "a.pre_encode.out."),
+        Rename("a.pre_encode.out.weight", tensor(T.A_ENC_INP_PROJ)),
+        Rename("mm.a.fc", base(T.A_ENC_OUT)),
         # ... and its block norms (in this order: ln2 is renamed before it is reused).
-        Rename(".ln1.", ".attn_pre_norm.", under="a.blk."),
-        Rename(".ln2.", ".attn_post_norm.", under="a.blk."),
-        Rename(".layer_pre_norm.", ".ln2.", under="a.blk."),
-        Rename(".linear_pos.", ".attn_k_rel.", under="a.blk."),
+        Rename(".ln1", leaf(T.A_ENC_ATTN_PRE_NORM), under="a.blk."),
+        Rename(".ln2", leaf(T.A_ENC_ATTN_POST_NORM), under="a.blk."),
+        Rename(".layer_pre_norm", leaf(T.A_ENC_OUTPUT_NORM), under="a.blk."),
+        Rename(".linear_pos", leaf(T.A_ENC_ATTN_K_REL), under="a.blk."),
     ),
 )

@@ -21,14 +21,17 @@ special tokens are found by their text, as llama.cpp's converter finds them
 (Ollama's handler takes the 2nd and 3rd entries of `eos_token_ids`).
 Ollama's converter drops the MTP layer, so the view has none.
 """
+from gguf import MODEL_ARCH as A
 from gguf import Keys
 
 from compatfs.format.values import boolean, string, u32
 from compatfs.translate import (
-    CopyIfAbsent, CopyPrefixIfAbsent, Default, DefaultTokenId, DropPrefix, Set, Translation, arch_is, has_key,
+    ArchKeys, CopyIfAbsent, CopyPrefixIfAbsent, Default, DefaultTokenId, DropPrefix, Set, Translation, arch, arch_is,
+    has_key,
 )
 
-OLD, NEW = "glm4moelite.", "deepseek2."
+OLD, NEW = "glm4moelite.", arch(A.DEEPSEEK2)
+K = ArchKeys(NEW)
 
 # llama.cpp's converter (`_set_vocab_glm`) sets these from the tokens' text.
 SPECIAL_TOKENS = (
@@ -46,18 +49,18 @@ TEXT = Translation(
     # `attn_kv_b` unsplit and no `*_mla` lengths, which this table does not split.
     detect=arch_is("glm4moelite") & has_key(OLD + "attention.key_length_mla"),
     kv=(
-        Set(Keys.General.ARCHITECTURE, string("deepseek2")),
+        Set(Keys.General.ARCHITECTURE, string(NEW)),
         # The latent (absorbed) and per-head lengths trade places.
-        CopyIfAbsent(OLD + "attention.key_length_mla", NEW + "attention.key_length"),
-        CopyIfAbsent(OLD + "attention.value_length_mla", NEW + "attention.value_length"),
-        CopyIfAbsent(OLD + "attention.key_length", NEW + "attention.key_length_mla"),
-        CopyIfAbsent(OLD + "attention.value_length", NEW + "attention.value_length_mla"),
-        CopyPrefixIfAbsent(OLD, NEW),
+        CopyIfAbsent(OLD + "attention.key_length_mla", K.Attention.KEY_LENGTH),
+        CopyIfAbsent(OLD + "attention.value_length_mla", K.Attention.VALUE_LENGTH),
+        CopyIfAbsent(OLD + "attention.key_length", K.Attention.KEY_LENGTH_MLA),
+        CopyIfAbsent(OLD + "attention.value_length", K.Attention.VALUE_LENGTH_MLA),
+        CopyPrefixIfAbsent(OLD, f"{NEW}."),
         DropPrefix((OLD,)),
         # MLA shares one latent KV head.
-        Set(NEW + "attention.head_count_kv", u32(1)),
-        Default(NEW + "expert_group_count", u32(1)),
-        Default(NEW + "expert_group_used_count", u32(1)),
+        Set(K.Attention.HEAD_COUNT_KV, u32(1)),
+        Default(K.LLM.EXPERT_GROUP_COUNT, u32(1)),
+        Default(K.LLM.EXPERT_GROUP_USED_COUNT, u32(1)),
         *SPECIAL_TOKENS,
     ),
 )

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gguf import MODEL_ARCH as A
+from gguf import MODEL_TENSOR as T
 from gguf import Keys
 from gguf import GGMLQuantizationType as DT
 
@@ -28,9 +30,9 @@ from compatfs.errors import GGUFError
 from compatfs.format.values import string, u32
 from compatfs.translate import Concat, Op
 from compatfs.translate import (
-    OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, CopyIfAbsent, CopyPrefixIfAbsent, Count, DefaultTokenId, Drop, DropPrefix, Hide,
-    KVEdit, KVs, PadArray, PadTokensUnused, ProducePerBlock, Rename, Set, Translation, arch_is, clip_projector, finite,
-    has_tensor_prefix, whole,
+    ArchKeys, CopyIfAbsent, CopyPrefixIfAbsent, Count, DefaultTokenId, Drop, DropPrefix, Hide, KVEdit, KVs,
+    OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PadArray, PadTokensUnused, ProducePerBlock, Rename, Set, Translation, arch,
+    arch_is, clip_projector, finite, has_tensor_prefix, leaf, tensor, whole,
 )
 
 
@@ -72,20 +74,22 @@ def _describe(t: TensorInfo) -> str:
 # -- the translations ----------------------------------------------------------------------
 
 DETECT = arch_is("glmocr")
+NEW = arch(A.GLM4)
+K = ArchKeys(NEW)
 
 TEXT = Translation(
     name="glmocr",
     detect=DETECT,
     counts=(Count("glmocr.block_count", "blk."),),
     kv=(
-        Set(Keys.General.ARCHITECTURE, string("glm4")),
+        Set(Keys.General.ARCHITECTURE, string(NEW)),
         # The tower's keys go to the mmproj, the media token ids nowhere (llama.cpp reads none).
         DropPrefix(("glmocr.vision.", "glmocr.image_", "glmocr.video_")),
-        CopyPrefixIfAbsent("glmocr.", "glm4."),
-        PadArray("glm4.rope.mrope_section", "glm4.rope.dimension_sections", 4),
-        RotaryWidth("glm4.attention.key_length", "glm4.rope.partial_rotary_factor", "glm4.rope.dimension_count"),
+        CopyPrefixIfAbsent("glmocr.", f"{NEW}."),
+        PadArray(f"{NEW}.rope.mrope_section", K.Rope.DIMENSION_SECTIONS, 4),
+        RotaryWidth(K.Attention.KEY_LENGTH, f"{NEW}.rope.partial_rotary_factor", K.Rope.DIMENSION_COUNT),
         DropPrefix(("glmocr.",)),
-        Drop(("glm4.rope.mrope_section", "glm4.rope.partial_rotary_factor")),
+        Drop((f"{NEW}.rope.mrope_section", f"{NEW}.rope.partial_rotary_factor")),
         Set(Keys.Tokenizer.PRE, string("chatglm-bpe")),
         # Where the tokenizer config names none, llama.cpp's converter takes these from GLM's markers.
         DefaultTokenId(Keys.Tokenizer.BOS_ID, "<|endoftext|>"),
@@ -95,11 +99,11 @@ TEXT = Translation(
     ),
     tensors=(
         Hide(("v.", "mm.")),
-        ProducePerBlock("glmocr.block_count", "blk.{}.ffn_up.weight", gate_up,
+        ProducePerBlock("glmocr.block_count", tensor(T.FFN_UP, "{}"), gate_up,
                         consumes=("blk.{}.ffn_gate.weight", "blk.{}.ffn_up.weight")),
-        Rename(".attn_out", ".attn_output", under="blk."),
-        Rename(".post_attn_norm", ".post_attention_norm", under="blk."),
-        Rename(".post_ffn_norm", ".post_ffw_norm", under="blk."),
+        Rename(".attn_out", leaf(T.ATTN_OUT), under="blk."),
+        Rename(".post_attn_norm", leaf(T.ATTN_POST_NORM), under="blk."),
+        Rename(".post_ffn_norm", leaf(T.FFN_POST_NORM), under="blk."),
     ),
 )
 
@@ -118,7 +122,7 @@ CLIP = clip_projector(
     # limits, the merger's output width (the text width).
     tensors=(
         # The Conv3D patch embedding, split into its two temporal halves.
-        Rename("v.patch_embd_0.weight", "v.patch_embd.weight"),
-        Rename("v.patch_embd_1.weight", "v.patch_embd.weight.1"),
+        Rename("v.patch_embd_0.weight", tensor(T.V_ENC_EMBD_PATCH)),
+        Rename("v.patch_embd_1.weight", tensor(T.V_ENC_EMBD_PATCH, suffix="weight.1")),
     ),
 )

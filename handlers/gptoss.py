@@ -35,6 +35,8 @@ from math import prod
 
 import numpy as np
 from gguf import GGMLQuantizationType as DT
+from gguf import MODEL_ARCH as A
+from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
 from compatfs.format.header import SourceGGUF, TensorInfo
@@ -44,8 +46,8 @@ from compatfs.translate import accel
 from compatfs.translate import Op, Strided
 from compatfs.files.scratch import scratch
 from compatfs.translate import (
-    CopyPrefixIfAbsent, Count, Default, DefaultTokenId, Drop, DropPrefix, FromShape, ProducePerBlock, Rename, Set,
-    StoredType, Translation, When, arch_is, has_key, has_token,
+    ArchKeys, CopyPrefixIfAbsent, Count, Default, DefaultTokenId, Drop, DropPrefix, FromShape, ProducePerBlock, Rename,
+    Set, StoredType, Translation, When, arch, arch_is, has_key, has_token, leaf, tensor,
 )
 
 OLLAMA_MXFP4 = 4            # the ggml type number Ollama's converter gave MXFP4 before 59412fbb4
@@ -233,6 +235,8 @@ def repacked(part: str):
 
 BOS, EOS = "<|startoftext|>", "<|return|>"
 BLOCKS = "gptoss.block_count"
+NEW = arch(A.GPT_OSS)
+K = ArchKeys(NEW)
 FUSED = "blk.{}.ffn_gate_up_exps."
 
 TEXT = Translation(
@@ -241,17 +245,17 @@ TEXT = Translation(
     counts=(Count(BLOCKS, "blk."),),
     stored_types=(StoredType(OLLAMA_MXFP4, QK, BLOCK),),
     kv=(
-        Set(Keys.General.ARCHITECTURE, string("gpt-oss")),
-        CopyPrefixIfAbsent("gptoss.", "gpt-oss."),
+        Set(Keys.General.ARCHITECTURE, string(NEW)),
+        CopyPrefixIfAbsent("gptoss.", f"{NEW}."),
         DropPrefix(("gptoss.",)),
         # llama.cpp requires the experts' width: the row length of a down
         # stack (Ollama's handler reads a gate stack, which older blobs lack).
         When(~has_key("gptoss.expert_feed_forward_length"), (
-            FromShape("gpt-oss.expert_feed_forward_length", "blk.0.ffn_down_exps.weight", axis=0),
+            FromShape(K.LLM.EXPERT_FEED_FORWARD_LENGTH, "blk.0.ffn_down_exps.weight", axis=0),
         )),
-        Default("gpt-oss.rope.scaling.type", string("yarn")),
-        Default("gpt-oss.rope.scaling.yarn_beta_fast", f32(32.0)),
-        Default("gpt-oss.rope.scaling.yarn_beta_slow", f32(1.0)),
+        Default(K.Rope.SCALING_TYPE, string("yarn")),
+        Default(K.Rope.SCALING_YARN_BETA_FAST, f32(32.0)),
+        Default(K.Rope.SCALING_YARN_BETA_SLOW, f32(1.0)),
         Set(Keys.Tokenizer.PRE, string("gpt-4o")),
         # Ids of the full o200k vocabulary, which llama.cpp never reads: it
         # finds the end-of-generation tokens by their text.
@@ -261,14 +265,12 @@ TEXT = Translation(
     ),
     tensors=(
         # Fused gate/up stacks (before c00fa9cc2) split; type-4 stacks repacked.
-        *(ProducePerBlock(BLOCKS, f"blk.{{}}.ffn_{part}_exps.{kind}", from_fused(kind, half),
-                          consumes=(FUSED + kind,))
-          for kind in ("weight", "bias") for half, part in enumerate(("gate", "up"))),
-        *(ProducePerBlock(BLOCKS, f"blk.{{}}.ffn_{part}_exps.weight", repacked(part),
-                          consumes=(f"blk.{{}}.ffn_{part}_exps.weight",))
-          for part in ("gate", "up", "down")),
-        Rename(".attn_out", ".attn_output"),
-        Rename(".attn_sinks", ".attn_sinks.weight"),
-        Rename(".ffn_norm", ".post_attention_norm"),
+        *(ProducePerBlock(BLOCKS, tensor(stack, "{}", kind), from_fused(kind, half), consumes=(FUSED + kind,))
+          for kind in ("weight", "bias") for half, stack in enumerate((T.FFN_GATE_EXP, T.FFN_UP_EXP))),
+        *(ProducePerBlock(BLOCKS, tensor(stack, "{}"), repacked(part), consumes=(f"blk.{{}}.ffn_{part}_exps.weight",))
+          for part, stack in (("gate", T.FFN_GATE_EXP), ("up", T.FFN_UP_EXP), ("down", T.FFN_DOWN_EXP))),
+        Rename(".attn_out", leaf(T.ATTN_OUT)),
+        Rename(".attn_sinks", leaf(T.ATTN_SINKS) + ".weight"),
+        Rename(".ffn_norm", leaf(T.ATTN_POST_NORM)),
     ),
 )

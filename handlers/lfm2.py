@@ -6,24 +6,28 @@ does not match the tensors.  The current converter, from the LFM2 release
 config layout (`full_attn_idxs`), gives every layer KV heads, so llama.cpp
 looks for attention tensors in the short-convolution layers.
 """
+from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
 from compatfs.format.values import string
 from compatfs.translate import (
-    FromShape, Rename, Set, Translation, ZeroPerLayer, any_of, arch_is, has_tensor, per_layer_mismatch,
+    ArchKeys, FromShape, Rename, Set, Translation, ZeroPerLayer, any_of, arch_is, has_tensor, per_layer_mismatch,
+    tensor,
 )
+
+K = ArchKeys("lfm2")
 
 TEXT = Translation(
     name="lfm2",
     detect=arch_is("lfm2") & any_of(
         has_tensor("output_norm.weight") & ~has_tensor("token_embd_norm.weight"),
-        per_layer_mismatch("lfm2.attention.head_count_kv", "blk.{}.attn_q.weight"),
+        per_layer_mismatch(K.Attention.HEAD_COUNT_KV, "blk.{}.attn_q.weight"),
     ),
     kv=(
         Set(Keys.Tokenizer.PRE, string("lfm2")),
-        FromShape("lfm2.feed_forward_length", "blk.0.ffn_gate.weight", axis=1),
+        FromShape(K.LLM.FEED_FORWARD_LENGTH, "blk.0.ffn_gate.weight", axis=1),
         # Only attention layers have KV heads.
-        ZeroPerLayer("lfm2.attention.head_count_kv", "blk.{}.attn_q.weight"),
+        ZeroPerLayer(K.Attention.HEAD_COUNT_KV, "blk.{}.attn_q.weight"),
     ),
-    tensors=(Rename("output_norm.weight", "token_embd_norm.weight"),),
+    tensors=(Rename("output_norm.weight", tensor(T.TOKEN_EMBD_NORM)),),
 )

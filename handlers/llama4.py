@@ -17,12 +17,13 @@ to `v.blk.N.attn_post_norm` (a name gemma4 later claimed), which clip.cpp
 applies after attention instead of before the MLP; here it is `ln2`, as
 clip.cpp's Llama 4 graph needs it and as earlier llama.cpp conversions wrote.
 """
+from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
 from compatfs.format.values import boolean, string
 from compatfs.translate import (
     CopyIfAbsent, DropPrefix, Hide, PadTokensUnused, Reciprocal, Rename, Set, Translation, any_of, arch_is,
-    clip_projector, has_tensor_prefix, missing_or_default,
+    base, clip_projector, has_tensor_prefix, leaf, missing_or_default, tensor,
 )
 
 
@@ -62,18 +63,18 @@ CLIP = clip_projector(
     # base (clip.cpp fixes 10000) and the pixel-shuffle ratio itself.
     tensors=(
         # The adapter MLP first: the block-leaf rename below would take its fc1/fc2.
-        Rename("v.vision_adapter.mlp.fc1", "mm.model.mlp.1"),
-        Rename("v.vision_adapter.mlp.fc2", "mm.model.mlp.2"),
-        Rename("mm.linear_1", "mm.model.fc"),
-        Rename("v.positional_embedding_vlm", "v.position_embd.weight"),
-        Rename("v.class_embedding", "v.class_embd"),
-        Rename("v.patch_embedding", "v.patch_embd"),
-        Rename("v.layernorm_pre", "v.pre_ln"),
-        Rename("v.layernorm_post", "v.post_ln"),
-        Rename(".attn_output", ".attn_out", under="v.blk."),
-        Rename(".attn_norm", ".ln1", under="v.blk."),
-        Rename(".ffn_norm", ".ln2", under="v.blk."),
-        Rename(".mlp.fc1", ".ffn_up", under="v.blk."),
-        Rename(".mlp.fc2", ".ffn_down", under="v.blk."),
+        Rename("v.vision_adapter.mlp.fc1", base(T.V_MMPROJ_MLP, 1)),
+        Rename("v.vision_adapter.mlp.fc2", base(T.V_MMPROJ_MLP, 2)),
+        Rename("mm.linear_1", base(T.V_MMPROJ_FC)),
+        Rename("v.positional_embedding_vlm", tensor(T.V_ENC_EMBD_POS)),
+        Rename("v.class_embedding", base(T.V_ENC_EMBD_CLS)),
+        Rename("v.patch_embedding", base(T.V_ENC_EMBD_PATCH)),
+        Rename("v.layernorm_pre", base(T.V_PRE_NORM)),
+        Rename("v.layernorm_post", base(T.V_POST_NORM)),
+        Rename(".attn_output", leaf(T.V_ENC_ATTN_O), under="v.blk."),
+        Rename(".attn_norm", leaf(T.V_ENC_INPUT_NORM), under="v.blk."),
+        Rename(".ffn_norm", leaf(T.V_ENC_POST_ATTN_NORM), under="v.blk."),
+        Rename(".mlp.fc1", leaf(T.V_ENC_FFN_UP), under="v.blk."),
+        Rename(".mlp.fc2", leaf(T.V_ENC_FFN_DOWN), under="v.blk."),
     ),
 )

@@ -17,18 +17,21 @@ text embedding into the projector as `v.token_embd.img_break`).
 """
 from __future__ import annotations
 
+from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
 from compatfs.format.values import f32, string
 from compatfs.translate import (
-    OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, CopyIfAbsent, Default, DropPrefix, Hide, Produce, Rename, RopePermute, Set,
-    Translation, When, any_of, arch_is, clip_projector, embedding_row, has_key, has_tensor_prefix, missing_or_default,
+    ArchKeys, CopyIfAbsent, Default, DropPrefix, Hide, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Produce, Rename, RopePermute,
+    Set, Translation, When, any_of, arch_is, base, clip_projector, embedding_row, has_key, has_tensor_prefix, leaf,
+    missing_or_default,
 )
 
 
 # -- the translations --------------------------------------------------------------
 
-SCALING_TYPE = "mistral3.rope.scaling.type"
+K = ArchKeys("mistral3")
+SCALING_TYPE = K.Rope.SCALING_TYPE
 # The checkpoint has no rope scaling, yet the type key is there, "" (or "default").
 NO_ROPE_SCALING = has_key(SCALING_TYPE) & missing_or_default(SCALING_TYPE)
 
@@ -51,10 +54,10 @@ TEXT = Translation(
         # its own conversion writes no rope-scaling keys for such a checkpoint.
         When(NO_ROPE_SCALING, (DropPrefix(("mistral3.rope.scaling.",)),)),
         # Older converters' YaRN names.
-        CopyIfAbsent("mistral3.rope.scaling.beta_fast", "mistral3.rope.scaling.yarn_beta_fast"),
-        CopyIfAbsent("mistral3.rope.scaling.beta_slow", "mistral3.rope.scaling.yarn_beta_slow"),
-        CopyIfAbsent("mistral3.rope.scaling.mscale_all_dim", "mistral3.rope.scaling.yarn_log_multiplier"),
-        CopyIfAbsent("mistral3.rope.scaling_beta", "mistral3.attention.temperature_scale"),
+        CopyIfAbsent("mistral3.rope.scaling.beta_fast", K.Rope.SCALING_YARN_BETA_FAST),
+        CopyIfAbsent("mistral3.rope.scaling.beta_slow", K.Rope.SCALING_YARN_BETA_SLOW),
+        CopyIfAbsent("mistral3.rope.scaling.mscale_all_dim", K.Rope.SCALING_YARN_LOG_MUL),
+        CopyIfAbsent("mistral3.rope.scaling_beta", K.Attention.TEMPERATURE_SCALE),
         Set(Keys.Tokenizer.PRE, string("tekken"), when=missing_or_default(Keys.Tokenizer.PRE)),
     ),
     tensors=(Hide(("v.", "mm.")),),
@@ -73,15 +76,15 @@ CLIP = clip_projector(
         # Pixtral's 2D rope expects llama.cpp's row order in vision Q/K.
         RopePermute("v.blk.", (".attn_q.weight", ".attn_k.weight"), heads="mistral3.vision.attention.head_count"),
         # The [IMG_BREAK] row separator, from the text embedding.
-        Produce("v.token_embd.img_break", embedding_row("[IMG_BREAK]")),
-        Rename("v.patch_conv", "v.patch_embd"),
-        Rename("v.encoder_norm", "v.pre_ln"),
-        Rename(".attn_output", ".attn_out"),
-        Rename(".attn_norm", ".ln1"),
-        Rename(".ffn_norm", ".ln2"),
-        Rename("mm.linear_1", "mm.1"),
-        Rename("mm.linear_2", "mm.2"),
-        Rename("mm.patch_merger.merging_layer", "mm.patch_merger"),
-        Rename("mm.norm", "mm.input_norm"),
+        Produce(base(T.V_TOK_EMBD_IMG_BREAK), embedding_row("[IMG_BREAK]")),
+        Rename("v.patch_conv", base(T.V_ENC_EMBD_PATCH)),
+        Rename("v.encoder_norm", base(T.V_PRE_NORM)),
+        Rename(".attn_output", leaf(T.V_ENC_ATTN_O)),
+        Rename(".attn_norm", leaf(T.V_ENC_INPUT_NORM)),
+        Rename(".ffn_norm", leaf(T.V_ENC_POST_ATTN_NORM)),
+        Rename("mm.linear_1", base(T.V_MMPROJ, 1)),
+        Rename("mm.linear_2", base(T.V_MMPROJ, 2)),
+        Rename("mm.patch_merger.merging_layer", base(T.V_MM_PATCH_MERGER)),
+        Rename("mm.norm", base(T.V_MM_INP_NORM)),
     ),
 )

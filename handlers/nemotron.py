@@ -28,6 +28,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from gguf import MODEL_ARCH as A
+from gguf import MODEL_TENSOR as T
 from gguf import Keys
 from gguf import GGMLQuantizationType as DT
 
@@ -36,9 +38,9 @@ from compatfs.errors import GGUFError
 from compatfs.format.values import f32, string, u32
 from compatfs.translate import Elementwise, Op, to_f32
 from compatfs.translate import (
-    OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, CopyPrefixIfAbsent, Count, Default, DropPrefix, FromFirstBlock, Hide, Produce,
-    ProducePerBlock, Rename, Set, ToF32, Translation, When, any_of, arch_is, clip_projector, concatenated, describe,
-    has_block_tensor, has_tensor_prefix, split_qkv, value_at_least, whole,
+    ArchKeys, CopyPrefixIfAbsent, Count, Default, DropPrefix, FromFirstBlock, Hide, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD,
+    Produce, ProducePerBlock, Rename, Set, ToF32, Translation, When, any_of, arch, arch_is, base, clip_projector,
+    concatenated, describe, has_block_tensor, has_tensor_prefix, leaf, split_qkv, tensor, value_at_least, whole,
 )
 
 
@@ -79,20 +81,21 @@ def _square_side(n: int) -> int | None:
 
 # -- the text translations -------------------------------------------------------------
 
-MOE = "nemotron_h_moe"
+MOE = arch(A.NEMOTRON_H_MOE)
+K_MOE = ArchKeys(MOE)
 
 
 TEXT_MOE = Translation(
     name="nemotron_h_moe",
     # Ollama's detector looks at blocks 0 and 1 only; the latent tensors of any block count here.
     detect=arch_is(MOE) & any_of(has_block_tensor("ffn_latent_in"), has_tensor_prefix("mtp.")),
-    kv=(FromFirstBlock(f"{MOE}.moe_latent_size", "blk.", "ffn_latent_in.weight", axis=1),),
+    kv=(FromFirstBlock(K_MOE.LLM.MOE_LATENT_SIZE, "blk.", "ffn_latent_in.weight", axis=1),),
     tensors=(
         # The MTP head: llama.cpp's converter folds it into an extra block
         # (`nextn_predict_layers`); Ollama's handler, and this one, leave it out.
         Hide(("mtp.",)),
-        Rename(".ffn_latent_in", ".ffn_latent_down"),
-        Rename(".ffn_latent_out", ".ffn_latent_up"),
+        Rename(".ffn_latent_in", leaf(T.MOE_LATENT_DOWN)),
+        Rename(".ffn_latent_out", leaf(T.MOE_LATENT_UP)),
     ),
 )
 
@@ -101,12 +104,12 @@ DETECT_OMNI = arch_is(OMNI) & any_of(has_tensor_prefix("v."), has_tensor_prefix(
 OMNI_HAS_EXPERTS = value_at_least(f"{OMNI}.expert_count", 1) | value_at_least(f"{OMNI}.expert_used_count", 1)
 
 
-def _text_arch(arch: str) -> tuple:
-    """The omni blob's text keys under `arch`; its vision and audio keys left out."""
+def _text_arch(text_arch: str) -> tuple:
+    """The omni blob's text keys under `text_arch`; its vision and audio keys left out."""
     return (
-        Set(Keys.General.ARCHITECTURE, string(arch)),
+        Set(Keys.General.ARCHITECTURE, string(text_arch)),
         DropPrefix((f"{OMNI}.vision.", f"{OMNI}.audio.")),
-        CopyPrefixIfAbsent(f"{OMNI}.", f"{arch}."),
+        CopyPrefixIfAbsent(f"{OMNI}.", f"{text_arch}."),
         DropPrefix((f"{OMNI}.",)),
     )
 
@@ -116,7 +119,7 @@ TEXT_OMNI = Translation(
     detect=DETECT_OMNI,
     kv=(
         When(OMNI_HAS_EXPERTS, _text_arch(MOE)),
-        When(~OMNI_HAS_EXPERTS, _text_arch("nemotron_h")),
+        When(~OMNI_HAS_EXPERTS, _text_arch(arch(A.NEMOTRON_H))),
     ),
     # Ollama's handler would go on to the latent-FFN and MTP fixes above for
     # a future omni variant that had them; no omni checkpoint does.
@@ -183,15 +186,15 @@ CLIP = clip_projector(
     # tiling (clip.cpp resizes to the fixed size), media token ids.
     tensors=(
         Hide(("mm.a.",)),                     # the audio projector
-        Rename("v.cls_embd", "v.class_embd"),
-        ToF32(("v.class_embd",)),             # concatenated with the F32 patch rows
-        Produce("v.position_embd.weight", position_table, consumes=("v.position_embd",)),
-        Produce("v.patch_embd.weight", patch_kernel, consumes=("v.patch_embd.weight",)),
+        Rename("v.cls_embd", base(T.V_ENC_EMBD_CLS)),
+        ToF32((base(T.V_ENC_EMBD_CLS),)),            # concatenated with the F32 patch rows
+        Produce(tensor(T.V_ENC_EMBD_POS), position_table, consumes=("v.position_embd",)),
+        Produce(tensor(T.V_ENC_EMBD_PATCH), patch_kernel, consumes=("v.patch_embd.weight",)),
         # Ollama's converter split RADIO's fused QKV; llama.cpp's keeps it fused.
-        *(ProducePerBlock(V + "block_count", f"v.blk.{{}}.attn_qkv.{kind}", concatenated(*split_qkv(kind)),
+        *(ProducePerBlock(V + "block_count", tensor(T.V_ENC_ATTN_QKV, "{}", kind), concatenated(*split_qkv(kind)),
                           consumes=split_qkv(kind)) for kind in ("weight", "bias")),
-        Rename("mm.norm", "mm.model.mlp.0"),
-        Rename("mm.1", "mm.model.mlp.1"),
-        Rename("mm.2", "mm.model.mlp.3"),
+        Rename("mm.norm", base(T.V_MMPROJ_MLP, 0)),
+        Rename("mm.1", base(T.V_MMPROJ_MLP, 1)),
+        Rename("mm.2", base(T.V_MMPROJ_MLP, 3)),
     ),
 )

@@ -20,14 +20,18 @@ Departure from Ollama's handler (which only renames the architecture): the
 attention factor is moved and the BOS default stated, as llama.cpp's
 conversion has them.
 """
+from gguf import MODEL_ARCH as A
 from gguf import Keys
 
 from compatfs.format.values import boolean, string
 from compatfs.translate import (
-    CopyIfAbsent, CopyPrefixIfAbsent, Default, Drop, DropPrefix, Set, Translation, When, any_of, arch_is, has_key,
-    value_is,
+    ArchKeys, CopyIfAbsent, CopyPrefixIfAbsent, Default, Drop, DropPrefix, Set, Translation, When, any_of, arch,
+    arch_is, has_key, value_is,
 )
 
+NEW = arch(A.OLMO2)
+K = ArchKeys(NEW)
+# Ollama's name of YaRN's attention factor (llama.cpp's: rope.scaling.yarn_attn_factor).
 ATTN_FACTOR = "olmo2.rope.scaling.attn_factor"
 
 TEXT = Translation(
@@ -38,11 +42,11 @@ TEXT = Translation(
         has_key(ATTN_FACTOR),
     )),
     kv=(
-        Set(Keys.General.ARCHITECTURE, string("olmo2")),
-        CopyPrefixIfAbsent("olmo3.", "olmo2."),
+        Set(Keys.General.ARCHITECTURE, string(NEW)),
+        CopyPrefixIfAbsent("olmo3.", f"{NEW}."),
         DropPrefix(("olmo3.",)),
-        When(value_is("olmo3.rope.scaling.type", "yarn") | value_is("olmo2.rope.scaling.type", "yarn"), (
-            CopyIfAbsent(ATTN_FACTOR, "olmo2.rope.scaling.yarn_attn_factor"),
+        When(value_is("olmo3.rope.scaling.type", "yarn") | value_is(K.Rope.SCALING_TYPE, "yarn"), (
+            CopyIfAbsent(ATTN_FACTOR, K.Rope.SCALING_YARN_ATTN_FACTOR),
             Drop((ATTN_FACTOR,)),
         )),
         Default(Keys.Tokenizer.ADD_BOS, boolean(False)),

@@ -18,14 +18,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gguf import MODEL_ARCH as A
+from gguf import MODEL_TENSOR as T
 from gguf import Keys
 from gguf import TokenType as TT
 
 from compatfs.format.header import SourceGGUF
 from compatfs.format.values import boolean, string, u32
 from compatfs.translate import (
-    OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, CopyPrefixIfAbsent, Default, DefaultTokenId, Drop, DropPrefix, FromShape, Hide,
-    KVEdit, KVs, PadArray, PadTokensUnused, Rename, Set, TokenType, Translation, arch_is, clip_projector, integer_array,
+    ArchKeys, CopyPrefixIfAbsent, Default, DefaultTokenId, Drop, DropPrefix, FromShape, Hide, KVEdit, KVs,
+    OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PadArray, PadTokensUnused, Rename, Set, TokenType, Translation, arch, arch_is,
+    base, clip_projector, integer_array, tensor,
 )
 
 
@@ -56,6 +59,8 @@ class WindowPattern(KVEdit):
 # -- the translations -----------------------------------------------------------------------
 
 DETECT = arch_is("qwen25vl")
+NEW = arch(A.QWEN2VL)
+K = ArchKeys(NEW)
 
 # Qwen's FIM and repository markers: llama.cpp's converter types every
 # `<|...|>` added token as control; Ollama typed these user-defined.
@@ -65,14 +70,14 @@ TEXT = Translation(
     name="qwen25vl",
     detect=DETECT,
     kv=(
-        Set(Keys.General.ARCHITECTURE, string("qwen2vl")),
+        Set(Keys.General.ARCHITECTURE, string(NEW)),
         # llama.cpp's loader reads its KVs under the architecture's prefix.
         DropPrefix(("qwen25vl.vision.",)),
-        CopyPrefixIfAbsent("qwen25vl.", "qwen2vl."),
+        CopyPrefixIfAbsent("qwen25vl.", f"{NEW}."),
         # M-RoPE sections: Ollama's 3 (temporal, height, width), llama.cpp's 4.
-        PadArray("qwen2vl.rope.mrope_section", "qwen2vl.rope.dimension_sections", 4),
+        PadArray(f"{NEW}.rope.mrope_section", K.Rope.DIMENSION_SECTIONS, 4),
         DropPrefix(("qwen25vl.",)),
-        Drop(("qwen2vl.rope.mrope_section",)),
+        Drop((f"{NEW}.rope.mrope_section",)),
         # Qwen2.5-VL's config names <|endoftext|> BOS; its tokenizer adds neither BOS nor EOS.
         DefaultTokenId(Keys.Tokenizer.BOS_ID, "<|endoftext|>"),
         Default(Keys.Tokenizer.ADD_BOS, boolean(False)),
@@ -101,10 +106,12 @@ CLIP = clip_projector(
     # this projector), vision rope base, temporal patch size.
     keep=("v.",),
     tensors=(
-        Rename("v.merger.ln_q.", "v.post_ln."),
-        Rename("v.merger.mlp.", "mm."),                       # mm.0 and mm.2, LLaVA-style
+        Rename("v.merger.ln_q", base(T.V_POST_NORM)),
+        # The merger's MLP as mm.0 and mm.2, LLaVA-style.
+        Rename("v.merger.mlp.0", base(T.V_MMPROJ, 0)),
+        Rename("v.merger.mlp.2", base(T.V_MMPROJ, 2)),
         # The Conv3D patch embedding, split into its two temporal halves.
-        Rename("v.patch_embd_0.weight", "v.patch_embd.weight"),
-        Rename("v.patch_embd_1.weight", "v.patch_embd.weight.1"),
+        Rename("v.patch_embd_0.weight", tensor(T.V_ENC_EMBD_PATCH)),
+        Rename("v.patch_embd_1.weight", tensor(T.V_ENC_EMBD_PATCH, suffix="weight.1")),
     ),
 )

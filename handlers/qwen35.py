@@ -33,15 +33,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gguf import GGMLQuantizationType as DT
-from gguf import MODEL_TENSOR, TENSOR_NAMES
+from gguf import MODEL_TENSOR as T
 
 from compatfs.format.header import SourceGGUF
 from compatfs.errors import GGUFError
 from compatfs.format.values import VT, array, u32
 from compatfs.translate import AddScalar
 from compatfs.translate import (
-    AddSuffix, Count, Default, Drop, DropPrefix, Hide, KVEdit, KVs, PadArray, PerLayerToMax, Produce, Rename, TensorEdit,
-    Tensors, Translation, any_of, arch_is, describe, has_key, has_tensor_prefix, has_true, stacked, whole,
+    ArchKeys, Count, Default, Drop, DropPrefix, Hide, KVEdit, KVs, PadArray, PerLayerToMax, Produce, Rename, RenameEnd,
+    TensorEdit, Tensors, Translation, any_of, arch_is, base, describe, has_key, has_tensor_prefix, has_true, leaf,
+    stacked, tensor, whole,
 )
 
 from .qwen3vl import qwen_tokenizer, vision_projector
@@ -91,16 +92,16 @@ class RecurrentLayers(KVEdit):
 # mtp.<name> -> llama.cpp's tensor in the MTP block, and whether its norm
 # weight is still HF's w (stored by llama.cpp as 1 + w).
 MTP_SHARED = (
-    ("mtp.fc", MODEL_TENSOR.NEXTN_EH_PROJ, False),
-    ("mtp.pre_fc_norm_embedding", MODEL_TENSOR.NEXTN_ENORM, True),
-    ("mtp.pre_fc_norm_hidden", MODEL_TENSOR.NEXTN_HNORM, True),
-    ("mtp.embed_tokens", MODEL_TENSOR.NEXTN_EMBED_TOKENS, False),
-    ("mtp.shared_head.head", MODEL_TENSOR.NEXTN_SHARED_HEAD_HEAD, False),
-    ("mtp.shared_head.norm", MODEL_TENSOR.NEXTN_SHARED_HEAD_NORM, True),
-    ("mtp.norm", MODEL_TENSOR.NEXTN_SHARED_HEAD_NORM, True),
+    ("mtp.fc", T.NEXTN_EH_PROJ, False),
+    ("mtp.pre_fc_norm_embedding", T.NEXTN_ENORM, True),
+    ("mtp.pre_fc_norm_hidden", T.NEXTN_HNORM, True),
+    ("mtp.embed_tokens", T.NEXTN_EMBED_TOKENS, False),
+    ("mtp.shared_head.head", T.NEXTN_SHARED_HEAD_HEAD, False),
+    ("mtp.shared_head.norm", T.NEXTN_SHARED_HEAD_NORM, True),
+    ("mtp.norm", T.NEXTN_SHARED_HEAD_NORM, True),
 )
-MTP_EXPERTS = (("gate_proj", MODEL_TENSOR.FFN_GATE_EXP), ("up_proj", MODEL_TENSOR.FFN_UP_EXP),
-               ("down_proj", MODEL_TENSOR.FFN_DOWN_EXP))
+MTP_EXPERTS = (("gate_proj", T.FFN_GATE_EXP), ("up_proj", T.FFN_UP_EXP),
+               ("down_proj", T.FFN_DOWN_EXP))
 
 
 @dataclass(frozen=True)
@@ -119,16 +120,16 @@ class PlaceMtp(TensorEdit):
         experts = src.block_ids(prefix)
         if experts and experts != frozenset(range(len(experts))):
             raise GGUFError(f"{prefix}*: experts {sorted(experts)} are not numbered 0..{len(experts) - 1}")
-        for leaf, tensor in MTP_EXPERTS if experts else ():
-            names = tuple(f"{prefix}{e}.{leaf}.weight" for e in range(len(experts)))
+        for proj, stack in MTP_EXPERTS if experts else ():
+            names = tuple(f"{prefix}{e}.{proj}.weight" for e in range(len(experts)))
             if any(name not in src.tensors for name in names):
-                raise GGUFError(f"{prefix}*.{leaf}.weight: not every expert has one")
+                raise GGUFError(f"{prefix}*.{proj}.weight: not every expert has one")
             make = lambda s, names=names: stacked([s.tensors[name] for name in names])
-            ts = Produce(TENSOR_NAMES[tensor].format(bid=n) + ".weight", make, consumes=names).apply(ts, src)
+            ts = Produce(tensor(stack, n), make, consumes=names).apply(ts, src)
         ts = Rename("mtp.layers.0", f"blk.{n}").apply(ts, src)
         shifted = set()
-        for old, tensor, shift in MTP_SHARED:
-            new = TENSOR_NAMES[tensor].format(bid=n)
+        for old, shared, shift in MTP_SHARED:
+            new = base(shared, n)
             ts = Rename(old, new).apply(ts, src)
             if shift:
                 shifted.add(new + ".weight")
@@ -159,17 +160,18 @@ def detector(arch: str):
 
 
 def text_translation(arch: str) -> Translation:
+    k = ArchKeys(arch)
     return Translation(
         name=arch,
         detect=detector(arch),
-        counts=(Count(f"{arch}.block_count", "blk."),),
+        counts=(Count(k.LLM.BLOCK_COUNT, "blk."),),
         kv=(
-            PadArray(f"{arch}.rope.dimension_sections", f"{arch}.rope.dimension_sections", 4),
+            PadArray(k.Rope.DIMENSION_SECTIONS, k.Rope.DIMENSION_SECTIONS, 4),
             # llama.cpp's converter writes Qwen3.5's default when the config has none.
-            Default(f"{arch}.rope.dimension_sections", array(VT.INT32, [11, 11, 10, 0])),
-            PerLayerToMax(f"{arch}.attention.head_count_kv"),
-            MtpBlockCount(f"{arch}.block_count", f"{arch}.nextn_predict_layers"),
-            RecurrentLayers(f"{arch}.attention.recurrent_layers", f"{arch}.block_count", "blk.{}.ssm_a"),
+            Default(k.Rope.DIMENSION_SECTIONS, array(VT.INT32, [11, 11, 10, 0])),
+            PerLayerToMax(k.Attention.HEAD_COUNT_KV),
+            MtpBlockCount(k.LLM.BLOCK_COUNT, k.LLM.NEXTN_PREDICT_LAYERS),
+            RecurrentLayers(f"{arch}.attention.recurrent_layers", k.LLM.BLOCK_COUNT, "blk.{}.ssm_a"),
             # Vision keys go to the projector; the rest is not read by llama.cpp
             # (interleaved M-RoPE and the V-head order are implied by the arch).
             DropPrefix((f"{arch}.vision.",)),
@@ -180,8 +182,8 @@ def text_translation(arch: str) -> Translation:
         ),
         tensors=(
             Hide(("v.", "mm.")),
-            AddSuffix(".ssm_dt", ".bias"),
-            PlaceMtp(f"{arch}.block_count"),
+            RenameEnd(".ssm_dt", leaf(T.SSM_DT) + ".bias"),
+            PlaceMtp(k.LLM.BLOCK_COUNT),
         ),
     )
 

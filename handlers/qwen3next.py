@@ -22,15 +22,18 @@ Blobs with Qwen3.5's vision tower or M-RoPE keys are `handlers/qwen35.py`'s.
 """
 from __future__ import annotations
 
+from gguf import MODEL_ARCH as A
+from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
 from compatfs.format.values import string
 from compatfs.translate import (
-    AddSuffix, CopyPrefixIfAbsent, Count, DropPrefix, PerLayerToMax, Set, Translation, any_of, arch_is, has_key,
-    has_tensor_ending, has_tensor_prefix, is_array, value_is,
+    ArchKeys, CopyPrefixIfAbsent, Count, DropPrefix, PerLayerToMax, RenameEnd, Set, Translation, any_of, arch, arch_is,
+    has_key, has_tensor_ending, has_tensor_prefix, is_array, leaf, value_is,
 )
 
-ARCH = "qwen3next"
+ARCH = arch(A.QWEN3NEXT)
+K = ArchKeys(ARCH)
 
 
 # Ollama's `qwen35moe` form of a Qwen3-Next checkpoint: Qwen3-Next's fused
@@ -46,14 +49,15 @@ AS_QWEN35MOE = arch_is("qwen35moe") & has_tensor_ending(".ssm_ba.weight") & ~any
 TEXT = Translation(
     name="qwen3next",
     detect=AS_QWEN35MOE | (arch_is(ARCH) & any_of(
-        has_tensor_ending(".ssm_dt"), is_array(f"{ARCH}.attention.head_count_kv"))),
-    counts=(Count("qwen35moe.block_count", "blk."), Count(f"{ARCH}.block_count", "blk.")),
+        has_tensor_ending(".ssm_dt"), is_array(K.Attention.HEAD_COUNT_KV))),
+    counts=(Count("qwen35moe.block_count", "blk."), Count(K.LLM.BLOCK_COUNT, "blk.")),
     kv=(
         Set(Keys.General.ARCHITECTURE, string(ARCH)),
         CopyPrefixIfAbsent("qwen35moe.", f"{ARCH}."),
         DropPrefix(("qwen35moe.",)),
-        PerLayerToMax(f"{ARCH}.attention.head_count_kv"),
+        PerLayerToMax(K.Attention.HEAD_COUNT_KV),
         Set(Keys.Tokenizer.PRE, string("qwen2"), when=value_is(Keys.Tokenizer.PRE, "qwen35")),
     ),
-    tensors=(AddSuffix(".ssm_dt", ".bias"),),
+    # llama.cpp reads the time-step bias as a bias.
+    tensors=(RenameEnd(".ssm_dt", leaf(T.SSM_DT) + ".bias"),),
 )

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import Keys
 from gguf import GGMLQuantizationType as DT
-from gguf import MODEL_TENSOR, TENSOR_NAMES
+from gguf import MODEL_TENSOR as T
 from gguf import TokenType as TT
 
 from compatfs.format.header import SourceGGUF, TensorInfo
@@ -52,9 +52,10 @@ from compatfs.errors import GGUFError
 from compatfs.format.values import VT, array, boolean, u32
 from compatfs.translate import Op, Part, Runs, as_array
 from compatfs.translate import (
-    BlockCount, CopyEachIfAbsent, CopyIfAbsent, Count, Default, DefaultTokenId, Drop, DropPrefix, FromShape, Hide,
-    KVEdit, KVs, PadArray, PadTokensUnused, Produce, ProducePerBlock, Rename, TensorEdit, Tensors, ToF32, TokenType,
-    Translation, arch_is, clip_projector, concatenated, describe, has_key, integer_array, split_qkv, whole,
+    ArchKeys, BlockCount, CopyEachIfAbsent, CopyIfAbsent, Count, Default, DefaultTokenId, Drop, DropPrefix, FromShape,
+    Hide, KVEdit, KVs, PadArray, PadTokensUnused, Produce, ProducePerBlock, Rename, TensorEdit, Tensors, ToF32,
+    TokenType, Translation, arch_is, base, clip_projector, concatenated, describe, has_key, integer_array, leaf,
+    split_qkv, tensor, whole,
 )
 
 from .qwen25vl import FIM_MARKERS
@@ -181,8 +182,7 @@ def patch_frame(frame: int, weight: str = "v.patch_embed.weight", bias: str = "v
     return make
 
 
-DEEPSTACK_LEAVES = (("norm", MODEL_TENSOR.V_DS_NORM), ("linear_fc1", MODEL_TENSOR.V_DS_FC1),
-                    ("linear_fc2", MODEL_TENSOR.V_DS_FC2))
+DEEPSTACK_LEAVES = (("norm", T.V_DS_NORM), ("linear_fc1", T.V_DS_FC1), ("linear_fc2", T.V_DS_FC2))
 
 
 @dataclass(frozen=True)
@@ -194,8 +194,8 @@ class RenameDeepstack(TensorEdit):
 
     def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
         for j, block in enumerate(deepstack_layers(src, self.indexes, self.blocks)):
-            for leaf, tensor in DEEPSTACK_LEAVES:
-                ts = Rename(f"v.deepstack_merger.{j}.{leaf}", TENSOR_NAMES[tensor].format(bid=block)).apply(ts, src)
+            for merger_leaf, t in DEEPSTACK_LEAVES:
+                ts = Rename(f"v.deepstack_merger.{j}.{merger_leaf}", base(t, block)).apply(ts, src)
         return ts
 
 
@@ -215,19 +215,20 @@ def qwen_tokenizer() -> tuple:
 
 
 def text_translation(arch: str) -> Translation:
+    k = ArchKeys(arch)
     return Translation(
         name=arch,
         # llama.cpp's conversion carries the sections; Ollama's never did.
-        detect=arch_is(arch) & ~has_key(f"{arch}.rope.dimension_sections"),
+        detect=arch_is(arch) & ~has_key(k.Rope.DIMENSION_SECTIONS),
         kv=(
             # A config whose rope scaling names a type gave the converter its
             # 3 sections; without one (the published configs) none are written.
-            PadArray(f"{arch}.rope.mrope_section", f"{arch}.rope.dimension_sections", 4),
-            MRopeSections(f"{arch}.rope.dimension_sections", "blk.0.attn_k_norm.weight"),
-            BlockCount(f"{arch}.n_deepstack_layers", "v.deepstack_merger."),
+            PadArray(f"{arch}.rope.mrope_section", k.Rope.DIMENSION_SECTIONS, 4),
+            MRopeSections(k.Rope.DIMENSION_SECTIONS, "blk.0.attn_k_norm.weight"),
+            BlockCount(k.LLM.NUM_DEEPSTACK_LAYERS, "v.deepstack_merger."),
             # MoE: not written by Ollama's converter (llama.cpp would divide
             # the dense width by the experts used).
-            FromShape(f"{arch}.expert_feed_forward_length", "blk.0.ffn_gate_exps.weight", axis=1),
+            FromShape(k.LLM.EXPERT_FEED_FORWARD_LENGTH, "blk.0.ffn_gate_exps.weight", axis=1),
             DropPrefix((f"{arch}.vision.",)),
             Drop((f"{arch}.rope.mrope_section",)),
             *qwen_tokenizer(),
@@ -248,7 +249,7 @@ def vision_projector(name: str, arch: str, detect) -> Translation:
             FromShape(Keys.ClipVision.FEED_FORWARD_LENGTH, "v.blk.0.mlp.linear_fc1.weight", axis=1),
             ImageSize(Keys.ClipVision.IMAGE_SIZE, "v.pos_embed.weight", "v.patch_embed.weight"),
             # llama.cpp's converter takes the text model's RMS epsilon.
-            CopyIfAbsent(f"{arch}.attention.layer_norm_rms_epsilon", Keys.ClipVision.Attention.LAYERNORM_EPS),
+            CopyIfAbsent(ArchKeys(arch).Attention.LAYERNORM_RMS_EPS, Keys.ClipVision.Attention.LAYERNORM_EPS),
             CopyIfAbsent(f"{v}attention.layer_norm_epsilon", Keys.ClipVision.Attention.LAYERNORM_EPS),
             CopyEachIfAbsent(v, "clip.vision.", ("image_mean", "image_std")),
         ),
@@ -257,22 +258,22 @@ def vision_projector(name: str, arch: str, detect) -> Translation:
         keep=("v.",),
         tensors=(
             # The converter split one QKV into three equal parts.
-            *(ProducePerBlock(f"{v}block_count", f"v.blk.{{}}.attn_qkv.{kind}", concatenated(*split_qkv(kind)),
-                              consumes=split_qkv(kind)) for kind in ("weight", "bias")),
-            Produce("v.patch_embd.weight", patch_frame(0), consumes=("v.patch_embed.weight",)),
-            Produce("v.patch_embd.weight.1", patch_frame(1)),
-            Rename("v.patch_embed", "v.patch_embd"),
-            Rename("v.pos_embed", "v.position_embd"),
-            Rename("v.merger.norm", "v.post_ln"),
-            Rename("v.merger.linear_fc1", "mm.0"),
-            Rename("v.merger.linear_fc2", "mm.2"),
+            *(ProducePerBlock(f"{v}block_count", tensor(T.V_ENC_ATTN_QKV, "{}", kind),
+                              concatenated(*split_qkv(kind)), consumes=split_qkv(kind)) for kind in ("weight", "bias")),
+            Produce(tensor(T.V_ENC_EMBD_PATCH), patch_frame(0), consumes=("v.patch_embed.weight",)),
+            Produce(tensor(T.V_ENC_EMBD_PATCH, suffix="weight.1"), patch_frame(1)),
+            Rename("v.patch_embed", base(T.V_ENC_EMBD_PATCH)),
+            Rename("v.pos_embed", base(T.V_ENC_EMBD_POS)),
+            Rename("v.merger.norm", base(T.V_POST_NORM)),
+            Rename("v.merger.linear_fc1", base(T.V_MMPROJ, 0)),
+            Rename("v.merger.linear_fc2", base(T.V_MMPROJ, 2)),
             RenameDeepstack(f"{v}deepstack_visual_indexes", f"{v}block_count"),
-            Rename(".norm1", ".ln1", under="v.blk."),
-            Rename(".norm2", ".ln2", under="v.blk."),
-            Rename(".mlp.linear_fc1", ".ffn_up", under="v.blk."),
-            Rename(".mlp.linear_fc2", ".ffn_down", under="v.blk."),
+            Rename(".norm1", leaf(T.V_ENC_INPUT_NORM), under="v.blk."),
+            Rename(".norm2", leaf(T.V_ENC_POST_ATTN_NORM), under="v.blk."),
+            Rename(".mlp.linear_fc1", leaf(T.V_ENC_FFN_UP), under="v.blk."),
+            Rename(".mlp.linear_fc2", leaf(T.V_ENC_FFN_DOWN), under="v.blk."),
             # llama.cpp's converter keeps the position table in F32.
-            ToF32(("v.position_embd.weight",)),
+            ToF32((tensor(T.V_ENC_EMBD_POS),)),
         ),
     )
 

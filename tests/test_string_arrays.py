@@ -11,22 +11,22 @@ import pytest
 
 import compatfs.format.values as gv
 from compatfs.errors import GGUFError
-from compatfs.format.values import string_starts
+from compatfs.format.values import PastTheEnd, string_starts
 
 
 def reference(buf, off, count, end, base=0):
     """The walk as GGUF defines it: u64 length, then that many bytes."""
     if count > (end - off) // 8:
-        raise GGUFError("string array runs past the end of the file")
+        raise PastTheEnd("string array runs past the end of the file")
     starts = array("Q")
     try:
         for _ in range(count):
             starts.append(off - base)
             off += 8 + struct.unpack_from("<Q", buf, off)[0]
     except struct.error:
-        raise GGUFError("string array runs past the end of the file") from None
+        raise PastTheEnd("string array runs past the end of the file") from None
     if off > end:
-        raise GGUFError("string array runs past the end of the file")
+        raise PastTheEnd("string array runs past the end of the file")
     return starts, off
 
 

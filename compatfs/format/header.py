@@ -17,7 +17,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as DT
 
 from ..files.blobfile import BlobFile
 from ..errors import GGUFError
-from .values import _SCALAR as _SCALAR_FORMATS, VT, Value, skip_value, string_starts
+from .values import _SCALAR as _SCALAR_FORMATS, VT, PastTheEnd, Value, skip_value, string_starts
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -130,11 +130,11 @@ class SourceGGUF:
         """Parse the header in `buf` (the file's first bytes): its KVs and tensor
         infos.  Every length is checked against the blob's size before anything
         is read for it ("past the end of the blob"); `_Short` when the header
-        goes on past `buf` ("past the end of the file" of a buffer shorter than the blob)."""
+        goes on past `buf` (`PastTheEnd` in a buffer shorter than the blob)."""
         try:
             spans, raw_tensors, off = self._walk(buf)
-        except GGUFError as e:
-            if len(buf) < self.size and "past the end of the file" in str(e):
+        except PastTheEnd:
+            if len(buf) < self.size:
                 raise _Short() from None
             raise
         self._build(buf, spans, raw_tensors, off)
@@ -160,7 +160,7 @@ class SourceGGUF:
         for _ in range(n_kv):
             key, off = _read_str(buf, off, end, self.size)
             if off + 4 > end:
-                raise GGUFError("KV runs past the end of the file")
+                raise PastTheEnd("KV runs past the end of the file")
             try:
                 vtype = VT(_U32.unpack_from(buf, off)[0])
             except ValueError:
@@ -180,12 +180,12 @@ class SourceGGUF:
         for _ in range(n_tensors):
             name, off = _read_str(buf, off, end, self.size)
             if off + 4 > end:
-                raise GGUFError("tensor info runs past the end of the file")
+                raise PastTheEnd("tensor info runs past the end of the file")
             n_dims = _U32.unpack_from(buf, off)[0]
             if n_dims > MAX_DIMS:
                 raise GGUFError(f"tensor {name!r} has {n_dims} dimensions")
             if off + 4 + 8 * n_dims + 12 > end:
-                raise GGUFError("tensor info runs past the end of the file")
+                raise PastTheEnd("tensor info runs past the end of the file")
             shape = struct.unpack_from(f"<{n_dims}Q", buf, off + 4)
             off += 4 + 8 * n_dims
             raw_type, rel = struct.unpack_from("<IQ", buf, off)
@@ -275,13 +275,13 @@ def _read_str(buf: memoryview, off: int, end: int, size: int) -> tuple[str, int]
     """A key or tensor name at `off`: its length checked against the blob's
     `size` first (then against `buf`'s `end`: "past the end")."""
     if off + 8 > end:
-        raise GGUFError("header runs past the end of the file")
+        raise PastTheEnd("header runs past the end of the file")
     n = _U64.unpack_from(buf, off)[0]
     if off + 8 + n > size:
         raise GGUFError(f"a name at offset {off} runs past the end of the blob ({n} bytes claimed, "
                         f"the blob has {size})")
     if off + 8 + n > end:
-        raise GGUFError("string runs past the end of the file")
+        raise PastTheEnd("string runs past the end of the file")
     try:
         return bytes(buf[off + 8:off + 8 + n]).decode("utf-8"), off + 8 + n
     except UnicodeDecodeError:

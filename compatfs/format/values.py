@@ -20,7 +20,13 @@ from gguf import GGUFValueType as VT
 
 from ..errors import GGUFError
 
-__all__ = ["VT", "Value", "u32", "i32", "f32", "boolean", "string", "array"]
+__all__ = ["VT", "Value", "PastTheEnd", "u32", "i32", "f32", "boolean", "string", "array"]
+
+
+class PastTheEnd(GGUFError):
+    """A value, name or array of a header runs past the end of the bytes it
+    was read from.  `SourceGGUF` reads a header in growing prefixes of the
+    blob and reads more on this error, and on no other."""
 
 
 _SCALAR = {
@@ -70,7 +76,7 @@ def string_starts(buf, off: int, count: int, end: int, base: int = 0) -> tuple[_
     Tiny arrays and unusual arguments (base > off) take the plain walk.
     """
     if count > (end - off) // 8:
-        raise GGUFError("string array runs past the end of the file")
+        raise PastTheEnd("string array runs past the end of the file")
     if count < _BULK_MIN or not 0 <= base <= off:
         return _walk(buf, off, count, end, base)
     mem = np.frombuffer(buf, np.uint8)
@@ -139,7 +145,7 @@ def _bulk_walk(buf, mem: np.ndarray, off: int, count: int, end: int, base: int) 
         rest, pos = _walk(buf, pos, left, end, base)
         starts.extend(rest)
     elif pos > end:
-        raise GGUFError("string array runs past the end of the file")
+        raise PastTheEnd("string array runs past the end of the file")
     return starts, pos
 
 
@@ -176,9 +182,9 @@ def _walk(buf, off: int, count: int, end: int, base: int) -> tuple[_arr.array, i
             add(off - base)
             off += 8 + unpack(buf, off)[0]
     except struct.error:
-        raise GGUFError("string array runs past the end of the file") from None
+        raise PastTheEnd("string array runs past the end of the file") from None
     if off > end:
-        raise GGUFError("string array runs past the end of the file")
+        raise PastTheEnd("string array runs past the end of the file")
     return starts, off
 
 
@@ -191,11 +197,11 @@ def skip_value(buf: memoryview, off: int, vtype: VT, end: int, depth: int = 0) -
         off += struct.calcsize(_SCALAR[vtype])
     elif vtype == VT.STRING:
         if off + 8 > end:
-            raise GGUFError("string runs past the end of the file")
+            raise PastTheEnd("string runs past the end of the file")
         off += 8 + _U64.unpack_from(buf, off)[0]
     else:  # ARRAY
         if off + 12 > end:
-            raise GGUFError("array header runs past the end of the file")
+            raise PastTheEnd("array header runs past the end of the file")
         etype = _vtype(_U32.unpack_from(buf, off)[0], f"offset {off}")
         count = _U64.unpack_from(buf, off + 4)[0]
         off += 12
@@ -205,13 +211,13 @@ def skip_value(buf: memoryview, off: int, vtype: VT, end: int, depth: int = 0) -
             if depth >= MAX_NESTING:
                 raise GGUFError(f"arrays nested more than {MAX_NESTING} deep")
             if count > (end - off) // 12:
-                raise GGUFError("array runs past the end of the file")
+                raise PastTheEnd("array runs past the end of the file")
             for _ in range(count):
                 off = skip_value(buf, off, VT.ARRAY, end, depth + 1)
         else:
             off += count * struct.calcsize(_SCALAR[etype])
     if off > end:
-        raise GGUFError("value runs past the end of the file")
+        raise PastTheEnd("value runs past the end of the file")
     return off
 
 

@@ -98,16 +98,17 @@ def _parts(pattern: str) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class AddSuffix(TensorEdit):
-    """Tensors whose names end with `end` get `suffix` appended (counts as
-    their one rename)."""
+class RenameEnd(TensorEdit):
+    """Tensors whose names end with `end` have that end replaced by `new`
+    (counts as their one rename): `RenameEnd(".ssm_dt", ".ssm_dt.bias")`
+    names `blk.3.ssm_dt` as `blk.3.ssm_dt.bias`, and nothing else."""
     end: str
-    suffix: str
+    new: str
 
     def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
         for t in ts:
             if t.name.endswith(self.end) and not t.renamed:
-                t.name, t.renamed = t.name + self.suffix, True
+                t.name, t.renamed = t.name[:len(t.name) - len(self.end)] + self.new, True
         return ts
 
 
@@ -192,6 +193,6 @@ class ProducePerBlock(TensorEdit):
 
 
 __all__ = [
-    "ViewTensor", "Tensors", "TensorEdit", "Hide", "KeepOnly", "Rename", "AddSuffix", "ToF32", "RopePermute",
+    "ViewTensor", "Tensors", "TensorEdit", "Hide", "KeepOnly", "Rename", "RenameEnd", "ToF32", "RopePermute",
     "Produce", "ProducePerBlock",
 ]
