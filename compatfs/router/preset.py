@@ -6,6 +6,13 @@ section per model folder, requested by its Ollama name.
   (upper-cased, only its last `-`/`.` part kept), so a section is named as
   the model with `:` written `@` (`gemma3@4b`; Ollama names never hold `@`)
   and the Ollama name is its `alias`, which the router resolves exactly.
+- Every section denotes exactly one model (`refusal`): llama.cpp's preset
+  reader takes `[*]` as the options of every model and an empty name as
+  `[default]`; a second section of one name replaces the first, and the
+  router refuses to start on a name or alias another model has.  A model
+  whose section or alias would be any of these is left out, a comment line
+  saying why; names are otherwise as llama.cpp takes them (`[default]` with
+  options is the model `default`).
 - `model`/`mmproj` are absolute paths under the mount (llama.cpp passes a
   preset's paths to the model's server as they are); an embedding model (its
   header names a pooling type) gets `embeddings`, which llama-server needs
@@ -184,6 +191,27 @@ def section_name(name: str) -> str:
     return name.replace(":", "@")
 
 
+# Section names llama.cpp's preset reader (b11434 `common/preset.cpp`) gives a
+# meaning of its own, and which.
+_SPECIAL_SECTIONS = {
+    "*": "llama-server reads a section named '*' as the options of every model",
+    "": "llama-server reads a section with no name as its default section",
+}
+
+
+def refusal(name: str) -> str | None:
+    """Why the model `name` can have no section of its own in a preset (its
+    name cannot be written in one, or llama-server would read its section
+    as something else than one model); None when it can."""
+    special = _SPECIAL_SECTIONS.get(section_name(name).strip())
+    if special is not None:
+        return f"left out of {PRESET_FILE} ({special})"
+    if _NOT_IN_SECTION.search(name):
+        return f"left out of {PRESET_FILE} (its name cannot be a section name: no '[', ']', ';', '#', '@', ',', " \
+               "line ends or surrounding spaces)"
+    return None
+
+
 def section(entry: Entry) -> Section:
     """The preset section of one model."""
     s = Section(section_name(entry.name))
@@ -221,12 +249,17 @@ def render(entries: list[Entry], sections: list[Section] | None = None) -> str:
     """The preset INI of `entries` (with `sections`: theirs, already made)."""
     lines = ["; llama-server --models-preset for a compatfs mount, written by compatfs from the mount's",
              "; model folders: each model is requested by its Ollama name (the section's alias).", ""]
+    taken: set[str] = set()      # the section names and aliases written so far
     for i, entry in enumerate(entries):
         s = sections[i] if sections is not None else section(entry)
         bad = [v for k, v in s.options if k != "alias" and _NOT_IN_VALUE.search(v)]
-        if _NOT_IN_SECTION.search(entry.name) or bad:
-            lines += [f"; {_comment(entry.name)}: left out (its name or path cannot be written in an INI file)", ""]
+        why = refusal(entry.name) or (
+            "left out (its path cannot be written in an INI file)" if bad else None) or (
+            "left out (its section name or alias is another model's)" if {s.name, entry.name} & taken else None)
+        if why is not None:
+            lines += [f"; {_comment(entry.name)}: {why}", ""]
             continue
+        taken |= {s.name, entry.name}
         lines.append(f"[{s.name}]")
         lines += [f"; {_comment(n)}" for n in s.notes]
         lines += [f"{k} = {v}" for k, v in s.options]
