@@ -7,7 +7,11 @@ in (`sampling`).
 
 A params layer is an untrusted store file: one that is not a JSON object
 (or nests deeper than Python's parser goes) is not used at all; a value of the wrong type or out of range is left out, with
-a note saying why (Ollama would refuse the request instead).
+a note saying why (Ollama would refuse the request instead).  An option that
+sizes an allocation is bounded by what the machine and the model allow
+(`Limits`: threads by the CPUs this process may run on, the context by the
+model's trained context, batches, tokens kept, predicted or remembered by
+that context, GPU layers by the model's blocks), with a note saying so.
 """
 from __future__ import annotations
 
@@ -57,6 +61,7 @@ class Option:
     hi: float | None = None
     sampling: str | None = None
     const: str | None = None        # for "true": the flag's value
+    bound: str | None = None        # the `Limits` field that bounds it from above
 
     def check(self, v):
         """The value, checked (ValueError saying what is wrong)."""
@@ -81,19 +86,20 @@ class Option:
 # params layers that llama-server still has.  Ranges: what llama.cpp accepts
 # (an int32 or float32 at most; probabilities 0..1).
 OPTIONS: dict[str, Option] = {
-    "num_ctx": Option("--ctx-size", "int", 0),
-    "num_batch": Option("--batch-size", "int", 1),
-    "num_gpu": Option("--n-gpu-layers", "int", -1),
+    "num_ctx": Option("--ctx-size", "int", 0, bound="context"),
+    "num_batch": Option("--batch-size", "int", 1, bound="context"),
+    "num_gpu": Option("--n-gpu-layers", "int", -1, bound="layers"),
     "main_gpu": Option("--main-gpu", "int", 0),
-    "num_thread": Option("--threads", "int", -1),
-    "num_keep": Option("--keep", "int", -1),
+    "num_thread": Option("--threads", "int", -1, bound="cpus"),
+    "num_keep": Option("--keep", "int", -1, bound="context"),
     "seed": Option("--seed", "int", -1, (1 << 32) - 1),
-    "num_predict": Option("--n-predict", "int", -2),
+    "num_predict": Option("--n-predict", "int", -2, bound="context"),
     "top_k": Option("--top-k", "int", 0, sampling=Keys.General.SAMPLING_TOP_K),
     "top_p": Option("--top-p", "float", 0, 1, sampling=Keys.General.SAMPLING_TOP_P),
     "min_p": Option("--min-p", "float", 0, 1, sampling=Keys.General.SAMPLING_MIN_P),
     "typical_p": Option("--typical", "float", 0, 1),
-    "repeat_last_n": Option("--repeat-last-n", "int", -1, sampling=Keys.General.SAMPLING_PENALTY_LAST_N),
+    "repeat_last_n": Option("--repeat-last-n", "int", -1, sampling=Keys.General.SAMPLING_PENALTY_LAST_N,
+                            bound="context"),
     "temperature": Option("--temp", "float", 0, sampling=Keys.General.SAMPLING_TEMP),
     "repeat_penalty": Option("--repeat-penalty", "float", 0, sampling=Keys.General.SAMPLING_PENALTY_REPEAT),
     "presence_penalty": Option("--presence-penalty"),
@@ -106,6 +112,39 @@ OPTIONS: dict[str, Option] = {
     "rope_frequency_scale": Option("--rope-freq-scale", "float", 0),
     "numa": Option("--numa", "true", const="distribute"),
 }
+
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the machine and the model allow an option that sizes an
+    allocation.  Where the model's own limits are not at hand (a params
+    layer's sampling keys are read once for every model that names it;
+    `llama-args` without a model), ceilings stand in for them."""
+
+    cpus: int | None = None         # None: not known (an option it bounds is not used)
+    context: int = 1 << 20          # tokens the model was trained on
+    layers: int = 1 << 16           # its blocks, plus the output layer
+    context_is: str = "the most tokens compatfs passes where the model's own context is not at hand"
+    layers_is: str = "the most layers compatfs passes where the model's own are not at hand"
+
+    def bounded(self, key: str, option: Option, v: int, params: dict) -> tuple[int, str | None]:
+        """`v` (checked) within its bound, and a note when it was lowered
+        (ValueError when its bound is not known).  A batch is bounded by the
+        context the params ask for, where that is smaller."""
+        if option.bound is None or v <= 0:      # 0 and below: llama.cpp's own defaults and "unlimited"
+            return v, None
+        limit, what = {"cpus": (self.cpus, "the CPUs this machine gives it"),
+                       "context": (self.context, self.context_is),
+                       "layers": (self.layers, self.layers_is)}[option.bound]
+        if limit is None:
+            raise ValueError(f"{v} cannot be checked: {what} is not known")
+        if key == "num_batch" and isinstance(params.get("num_ctx"), int) and 0 < params["num_ctx"] < limit:
+            limit, what = params["num_ctx"], "the params' num_ctx"
+        if v <= limit:
+            return v, None
+        return limit, f"params {key}={v}: bounded to {limit} ({what})"
+
 
 def read_params(path: Path) -> dict:
     """The params layer's JSON object (ValueError naming the layer otherwise)."""
@@ -131,18 +170,21 @@ class Sampling:
     notes: tuple[str, ...] = ()
 
 
-def sampling(params: dict) -> Sampling:
+def sampling(params: dict, limits: Limits = Limits()) -> Sampling:
     """The `general.sampling.*` KVs of a params object: ints as int32 and
-    floats as float32, as llama.cpp's converter writes them."""
+    floats as float32, as llama.cpp's converter writes them; the options
+    `limits` bound, bounded (with a note)."""
     kvs, notes = [], []
     for key, option in OPTIONS.items():
         if option.sampling is None or key not in params:
             continue
         try:
-            v = option.check(params[key])
+            v, bounded = limits.bounded(key, option, option.check(params[key]), params)
         except ValueError as e:
             notes.append(f"params {key}: not in model.gguf ({e})")
             continue
+        if bounded is not None:
+            notes.append(bounded)
         kvs.append((option.sampling, i32(v) if option.kind == "int" else f32(v)))
     return Sampling(tuple(kvs), tuple(notes))
 

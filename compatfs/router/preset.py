@@ -39,7 +39,7 @@ from pathlib import Path
 
 from ..files.blobfile import identity, status
 from ..format.params import OPTIONS, read_params
-from .params import translate_params
+from .params import model_limits, translate_params
 from ..files.statedir import mount_file
 from ..errors import GGUFError
 from ..names import LAYER_FILE, MMPROJ_FILE, MODEL_FILE, PRESET_FILE
@@ -66,6 +66,7 @@ class Entry:
     mmproj: bool
     params: Path | None        # its params.json
     embedding: bool = False    # an embedding model (llama-server serves it with --embeddings)
+    model: Path | None = None  # the GGUF whose header tells the model's limits (`router.params.model_limits`)
 
 
 # Of the mount's files `scan_mount` last found: path -> (identity, is an embedding model).
@@ -113,7 +114,8 @@ def scan_mount(mnt: Path) -> list[Entry]:
         if MODEL_FILE in files:
             out.append(Entry(rel.as_posix(), Path(dirpath), MMPROJ_FILE in files,
                              Path(dirpath, _PARAMS_FILE) if _PARAMS_FILE in files else None,
-                             is_embedding(Path(dirpath, MODEL_FILE), _embedding_memo, memo)))
+                             is_embedding(Path(dirpath, MODEL_FILE), _embedding_memo, memo),
+                             Path(dirpath, MODEL_FILE)))
         dirs.sort()
     _embedding_memo = memo
     return sorted(out, key=lambda e: e.name)
@@ -224,7 +226,8 @@ def section(entry: Entry) -> Section:
     if entry.params is None:
         return s
     try:
-        args = translate_params(read_params(entry.params))
+        params = read_params(entry.params)
+        args = translate_params(params, model_limits(entry.model, params))
     except ValueError as e:
         s.notes.append(str(e))
         return s
@@ -343,4 +346,5 @@ class RootPreset:
             embedding = tree.views.summary(f.model).embedding
         except GGUFError:
             embedding = False
-        return Entry(name, self.mountpoint / name, MMPROJ_FILE in (tree.files(snap, name) or {}), f.params, embedding)
+        return Entry(name, self.mountpoint / name, MMPROJ_FILE in (tree.files(snap, name) or {}), f.params, embedding,
+                     f.model)
