@@ -3,6 +3,11 @@ the daemon holds open: the caller's uid and groups against the file's owner,
 group and other bits and its POSIX access ACL (the `system.posix_acl_access`
 extended attribute), as acl(5) orders them.
 
+The same decision, made for every caller at once, says whether a store file
+may go into something the mount shows to many (`everyone_who_may`): every
+caller (but root) granted what one walk (`Recorder`) was asked, through
+every folder on the way, must be granted what another was asked.
+
 The ACL's binary layout (Linux's, little-endian): a 4-byte version (2), then
 8-byte entries of a 2-byte tag, 2-byte permission bits (4 r, 2 w, 1 x) and a
 4-byte uid or gid (unused for the owner, owning group, mask and other).
@@ -172,3 +177,48 @@ def _decide(uid: int, groups: frozenset[int], st: os.stat_result, acl: ACL | Non
     if matching:
         return any(p & mask & bit for p in matching)
     return bool(acl.perms(OTHER) & bit)
+
+
+Chain = list[tuple[os.stat_result, "ACL | None", int]]
+
+
+@dataclass
+class Recorder(Caller):
+    """A caller granted everything, which keeps each decision it was asked
+    for (the status and ACL of each folder a walk searched and of the file
+    it read, in order): what one walk takes, for `everyone_who_may`."""
+
+    uid: int = -1
+    gid: int = -1
+    pid: int = -1
+    chain: Chain = field(default_factory=list)
+
+    def may(self, st: os.stat_result, acl: ACL | None, bit: int) -> bool:
+        self.chain.append((st, acl, bit))
+        return True
+
+
+def everyone_who_may(gate: Chain, then: Chain) -> bool:
+    """Whether every caller but root that the kernel grants all of `gate`
+    (the decisions a `Recorder` kept) it also grants all of `then`: tried for
+    every uid the two name (owners, named ACL users) and one they do not,
+    each with every set of the groups they name (owning groups, named ACL
+    groups); more than `_MAX_UNKNOWN_GROUPS` groups: False."""
+    uids: set[int] = set()
+    gids: set[int] = set()
+    for st, acl, _ in (*gate, *then):
+        uids.add(st.st_uid)
+        gids.add(st.st_gid)
+        for tag, ident, _ in (acl.entries if acl is not None else ()):
+            (uids if tag == USER else gids if tag == GROUP else set()).add(ident)
+    uids.discard(0)
+    uids.add(max(uids, default=0) + 1)      # a user none of them names
+    named = sorted(gids)
+    if len(named) > _MAX_UNKNOWN_GROUPS:
+        return False
+    for uid in uids:
+        for k in range(1 << len(named)):
+            groups = frozenset(g for j, g in enumerate(named) if k >> j & 1)
+            if all(_decide(uid, groups, *d) for d in gate) and not all(_decide(uid, groups, *d) for d in then):
+                return False
+    return True

@@ -67,6 +67,7 @@ class Entry:
     params: Path | None        # its params.json
     embedding: bool = False    # an embedding model (llama-server serves it with --embeddings)
     model: Path | None = None  # the GGUF whose header tells the model's limits (`router.params.model_limits`)
+    readers: Path | None = None  # the folder whose readers read the preset (its params must be theirs to read)
 
 
 # Of the mount's files `scan_mount` last found: path -> (identity, is an embedding model).
@@ -226,7 +227,7 @@ def section(entry: Entry) -> Section:
     if entry.params is None:
         return s
     try:
-        params = read_params(entry.params)
+        params = read_params(entry.params, entry.readers)
         args = translate_params(params, model_limits(entry.model, params))
     except ValueError as e:
         s.notes.append(str(e))
@@ -315,29 +316,31 @@ class RootPreset:
             self._sections = {}
             return {}
         try:
+            owner = tree.source.owner("", snap.listing)
+            try:
+                like: os.stat_result | None = status(owner)
+            except OSError:
+                like = None
+            # Who may read the file decides which params layers it shows.
+            readers = None if like is None else (like.st_uid, like.st_gid, like.st_mode, like.st_ctime_ns)
             made: dict[str, tuple[tuple, Entry, Section]] = {}
             for name in sorted(models):
-                key = (self.mountpoint, marks.get(name))
+                key = (self.mountpoint, marks.get(name), readers)
                 kept = self._sections.get(name)
                 if kept is None or kept[0] != key:
-                    entry = self._entry(tree, snap, name)
+                    entry = self._entry(tree, snap, name, owner)
                     kept = key, entry, section(entry)
                 made[name] = kept
             if made != self._sections or self._text is None:
                 self._text = render([e for _, e, _ in made.values()], [s for _, _, s in made.values()])
             self._sections = made
-            owner = tree.source.owner("", snap.listing)
-            try:
-                like = status(owner)
-            except OSError:
-                like = None
             shown = self.published.update(self._text, like)
         except Exception:   # a bad store file must never fail a scan
             log.exception("cannot make the mount's %s", PRESET_FILE)
             return {}
         return {PRESET_FILE: FileRef(self.published.path, LAYER_FILE, readable_as=owner)} if shown else {}
 
-    def _entry(self, tree: Tree, snap: Snapshot, name: str) -> Entry:
+    def _entry(self, tree: Tree, snap: Snapshot, name: str, readers: Path) -> Entry:
         """The entry of model folder `name`: whether it shows an mmproj.gguf
         and is an embedding model are its blobs' summaries' (the index's: no
         header is parsed where the index knows the blob)."""
@@ -347,4 +350,4 @@ class RootPreset:
         except GGUFError:
             embedding = False
         return Entry(name, self.mountpoint / name, MMPROJ_FILE in (tree.files(snap, name) or {}), f.params, embedding,
-                     f.model)
+                     f.model, readers)
