@@ -19,7 +19,9 @@ section per model folder, requested by its Ollama name.
   to answer /v1/embeddings.
 - The params layer's options that are not sampling defaults (those are in
   model.gguf as `general.sampling.*`) become the section's options, named as
-  llama-server's flags without dashes.  An INI value ends at `;`, `#` or a
+  llama-server's flags without dashes, bounded by the machine and the model
+  (`router.params`), and only where every caller who may read the preset may
+  read the layer (`format.params.read_params`).  An INI value ends at `;`, `#` or a
   line end and holds one value per option: what cannot be written so is
   left out, and a comment line in the section says why.
 
@@ -343,7 +345,8 @@ class RootPreset:
     def _entry(self, tree: Tree, snap: Snapshot, name: str, readers: Path) -> Entry:
         """The entry of model folder `name`: whether it shows an mmproj.gguf
         and is an embedding model are its blobs' summaries' (the index's: no
-        header is parsed where the index knows the blob)."""
+        header is parsed where the index knows the blob); `readers`: the
+        folder on disk whose readers may read the preset."""
         f = snap.listing.folders[name]
         try:
             embedding = tree.views.summary(f.model).embedding
