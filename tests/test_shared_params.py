@@ -74,14 +74,13 @@ def test_everyone_who_may_tries_every_caller_the_permissions_name(open_tmp):
 
 def test_private_and_symlinked_params_never_reach_the_shared_files(open_tmp):
     blob = llama.plain_llama_text(open_tmp / "t.gguf")
-    # (a) A root store: a private model (its manifest folder 0700, its params blob 0600) beside an open one.
+    # (a) A root store: a model whose params blob is private (0600) beside an open one.
     root = open_tmp / "store"
     secret = add_model(root, "secret", blob, tag="1b")
     set_params(root, secret, SECRET)
     opened = add_model(root, "open", blob, tag="1b")
     set_params(root, opened, PUBLIC)
     _chmod_all(root)
-    secret.parent.chmod(0o700)
     params_blob(root, secret).chmod(0o600)
     # (b) A store uid 65534 owns, whose params blob is a symlink to a root-only file.
     mine = open_tmp / "mine"
