@@ -147,14 +147,23 @@ class Tree:
 
     def _folder_marks(self, snap: Snapshot) -> dict[str, tuple | None]:
         """`marks` of the folders that hold GGUF files."""
-        folders = snap.listing.folders.values()
-        st = statuses({p for f in folders for p in (f.model, f.projector, *(p for _, p in f.passed)) if p is not None})
+        return self._marks_of(snap.listing.folders)
+
+    def mark_now(self, snap: Snapshot, name: str) -> tuple | None:
+        """The `marks` entry of `snap`'s folder `name` as the store is now
+        (None for a folder `snap` does not have)."""
+        folder = snap.listing.folders.get(name)
+        return None if folder is None else self._marks_of({name: folder})[name]
+
+    def _marks_of(self, folders: dict[str, Folder]) -> dict[str, tuple | None]:
+        st = statuses({p for f in folders.values() for p in (f.model, f.projector, *(p for _, p in f.passed))
+                       if p is not None})
         mark = self._file_mark
 
         def of(p: Path | None) -> tuple | None:
             return None if p is None else mark(p, st[p])
         return {name: (of(f.model), of(f.projector), *((n, of(p)) for n, p in f.passed))
-                for name, f in snap.listing.folders.items()}
+                for name, f in folders.items()}
 
     def _root_marks(self, snap: Snapshot) -> dict[str, tuple | None]:
         """`marks` of the root's own files and of the folders on disk mounted folders mirror."""

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from compatfs.format.params import Limits
 from compatfs.router.params import flag_argv, translate_params
 from compatfs.testing import gemma3, llama, llava
 from compatfs.testing.core import T, write
@@ -103,7 +104,7 @@ def test_layer_files_are_the_blobs_byte_for_byte(store, mount_store):
 # -- params -> llama-server flags ------------------------------------------------
 
 def test_params_as_ollama_writes_them_become_llama_server_flags():
-    out = translate_params(json.loads(LLAMA3_PARAMS))
+    out = translate_params(json.loads(LLAMA3_PARAMS), Limits(8, 8192, 33))
     assert out.argv == ["--ctx-size", "8192",
                         "--reverse-prompt", "<|start_header_id|>", "--reverse-prompt", "<|end_header_id|>",
                         "--reverse-prompt", "<|eot_id|>", "--temp", "0.6"]
@@ -117,7 +118,7 @@ def test_every_current_ollama_option_and_what_has_no_equivalent():
               "presence_penalty": 0.5, "frequency_penalty": 0.25, "stop": "###", "use_mmap": False,
               "use_mlock": True, "mirostat": 2, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
               "penalize_newline": True, "draft_num_predict": 4, "num_ctx_typo": 1}
-    out = translate_params(params)
+    out = translate_params(params, Limits(8, 4096, 100))
     pairs = dict(zip(out.argv[::2], out.argv[1::2]))
     assert pairs == {"--ctx-size": "4096", "--batch-size": "512", "--n-gpu-layers": "99", "--main-gpu": "1",
                      "--threads": "8", "--keep": "24", "--seed": "42", "--n-predict": "128", "--top-k": "40",

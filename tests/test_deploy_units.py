@@ -155,6 +155,7 @@ def test_compose_sidecar_and_llama_server():
     args = server["command"]
     assert args[args.index("-m") + 1].startswith(seen["target"] + "/") and args[args.index("-m") + 1].endswith("/model.gguf")
     assert server["depends_on"]["compatfs"]["condition"] == "service_healthy"
+    assert side["pid"] == "host"     # its callers' pids (and so their groups) are known to it
 
 
 def _containers(pod_spec: dict) -> dict:
@@ -179,13 +180,14 @@ def test_kubernetes_pod_with_a_sidecar():
     model = server["args"][server["args"].index("-m") + 1]
     assert model.startswith(_mount(server, "compat")["mountPath"] + "/") and model.endswith("/model.gguf")
     assert side.get("restartPolicy") == "Always" and "startupProbe" in side   # native sidecar, ready once mounted
+    assert pod["spec"]["shareProcessNamespace"] is True     # llama-server's pid (and so its groups) known to it
 
 
 def test_kubernetes_daemonset_mounts_on_the_node():
     docs = {d["kind"]: d for d in yaml.safe_load_all((CONTRIB / "kubernetes" / "daemonset.yaml").read_text())}
     ds = docs["DaemonSet"]["spec"]["template"]["spec"]
     side = _containers(ds)["compatfs"]
-    assert side["securityContext"]["privileged"] is True
+    assert side["securityContext"]["privileged"] is True and ds["hostPID"] is True
     assert _mount(side, "compat")["mountPropagation"] == "Bidirectional"
     vols = {v["name"]: v for v in ds["volumes"]}
     assert vols["compat"]["hostPath"]["path"] == MNT and vols["ollama"]["hostPath"]["path"] == STORE

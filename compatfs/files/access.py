@@ -3,6 +3,11 @@ the daemon holds open: the caller's uid and groups against the file's owner,
 group and other bits and its POSIX access ACL (the `system.posix_acl_access`
 extended attribute), as acl(5) orders them.
 
+The same decision, made for every caller at once, says whether a store file
+may go into something the mount shows to many (`everyone_who_may`): every
+caller (but root) granted what one walk (`Recorder`) was asked, through
+every folder on the way, must be granted what another was asked.
+
 The ACL's binary layout (Linux's, little-endian): a 4-byte version (2), then
 8-byte entries of a 2-byte tag, 2-byte permission bits (4 r, 2 w, 1 x) and a
 4-byte uid or gid (unused for the owner, owning group, mask and other).
@@ -10,9 +15,12 @@ The ACL's binary layout (Linux's, little-endian): a 4-byte version (2), then
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import struct
 from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
 
 READ, SEARCH = 4, 1
 
@@ -74,48 +82,143 @@ def read_acl(path: str) -> ACL | None:
 @dataclass
 class Caller:
     """The process a FUSE request comes from: uid, primary gid and pid; its
-    supplementary groups are read from /proc only when a decision needs them."""
+    supplementary groups are read from /proc only when a decision needs them.
+    They are unknown (None) where its pid is 0 (the daemon runs in another pid
+    namespace than the caller's) or its /proc status cannot be read or is
+    another's (its filesystem uid and gid are not the request's): then a
+    decision that its groups could change is a refusal (`may`)."""
 
     uid: int
     gid: int
     pid: int
     _groups: frozenset[int] | None = field(default=None, repr=False)
+    _read: bool = field(default=False, repr=False)
 
     @property
-    def groups(self) -> frozenset[int]:
-        if self._groups is None:
-            groups = {self.gid}
-            try:
-                with open(f"/proc/{self.pid}/status") as f:
-                    for line in f:
-                        if line.startswith("Groups:"):
-                            groups.update(int(g) for g in line.split()[1:])
-                            break
-            except (OSError, ValueError):
-                pass
-            self._groups = frozenset(groups)
+    def groups(self) -> frozenset[int] | None:
+        """Its primary and supplementary groups; None when they cannot be known."""
+        if not self._read:
+            self._groups, self._read = _proc_groups(self.uid, self.gid, self.pid), True
         return self._groups
 
     def may(self, st: os.stat_result, acl: ACL | None, bit: int) -> bool:
         """Whether the kernel would grant permission `bit` (READ, SEARCH) on a
         file of status `st` and access ACL `acl`.  Root may read anything and
-        search any folder (as CAP_DAC_OVERRIDE lets it)."""
+        search any folder (as CAP_DAC_OVERRIDE lets it).  With its groups
+        unknown: granted only when every set of groups it could hold (its
+        primary group, and any of the groups the file names) decides the same,
+        and that is to grant."""
         if self.uid == 0:
             return True
-        if acl is None:
-            if self.uid == st.st_uid:
-                return bool(st.st_mode >> 6 & bit)
-            if st.st_gid in self.groups:
-                return bool(st.st_mode >> 3 & bit)
-            return bool(st.st_mode & bit)
-        if self.uid == st.st_uid:
-            return bool(acl.perms(USER_OBJ) & bit)
-        mask = acl.perms(MASK, absent=7)
-        named = [p for t, i, p in acl.entries if t == USER and i == self.uid]
-        if named:
-            return bool(named[0] & mask & bit)
-        groups = [p for t, i, p in acl.entries
-                  if (t == GROUP_OBJ and st.st_gid in self.groups) or (t == GROUP and i in self.groups)]
-        if groups:
-            return any(p & mask & bit for p in groups)
-        return bool(acl.perms(OTHER) & bit)
+        groups = self.groups
+        if groups is not None:
+            return _decide(self.uid, groups, st, acl, bit)
+        named = sorted(({st.st_gid} | {i for t, i, _ in (acl.entries if acl else ()) if t == GROUP}) - {self.gid})
+        if len(named) > _MAX_UNKNOWN_GROUPS:
+            verdicts = {False}
+        else:
+            verdicts = {_decide(self.uid, frozenset({self.gid, *(g for j, g in enumerate(named) if k >> j & 1)}),
+                                st, acl, bit) for k in range(1 << len(named))}
+        if len(verdicts) > 1:
+            _log_unknown(self)
+        return verdicts == {True}
+
+
+# Groups a file names beyond which an unknown caller's membership is not
+# tried out (2 ** this many sets): refused.
+_MAX_UNKNOWN_GROUPS = 8
+_logged_unknown: set[tuple[int, int]] = set()
+
+
+def _log_unknown(caller: Caller) -> None:
+    key = (caller.uid, caller.pid)
+    if key not in _logged_unknown and len(_logged_unknown) < 1024:
+        _logged_unknown.add(key)
+        log.warning("uid %d (pid %d as this daemon sees it): its supplementary groups cannot be read from /proc "
+                    "(a caller in another pid namespace than the daemon's?): refused where they would decide",
+                    caller.uid, caller.pid)
+
+
+def _proc_groups(uid: int, gid: int, pid: int) -> frozenset[int] | None:
+    """The groups of process `pid` from /proc, when it is the caller (its
+    filesystem uid and gid are `uid` and `gid`); None otherwise."""
+    if pid <= 0:
+        return None
+    fields: dict[str, list[str]] = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("Uid", "Gid", "Groups"):
+                    fields[key] = rest.split()
+        if int(fields["Uid"][3]) != uid or int(fields["Gid"][3]) != gid:
+            return None
+        return frozenset({gid, *(int(g) for g in fields.get("Groups", []))})
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+
+
+def _decide(uid: int, groups: frozenset[int], st: os.stat_result, acl: ACL | None, bit: int) -> bool:
+    """The kernel's decision for a caller other than root with `uid` and `groups`."""
+    if acl is None:
+        if uid == st.st_uid:
+            return bool(st.st_mode >> 6 & bit)
+        if st.st_gid in groups:
+            return bool(st.st_mode >> 3 & bit)
+        return bool(st.st_mode & bit)
+    if uid == st.st_uid:
+        return bool(acl.perms(USER_OBJ) & bit)
+    mask = acl.perms(MASK, absent=7)
+    named = [p for t, i, p in acl.entries if t == USER and i == uid]
+    if named:
+        return bool(named[0] & mask & bit)
+    matching = [p for t, i, p in acl.entries
+                if (t == GROUP_OBJ and st.st_gid in groups) or (t == GROUP and i in groups)]
+    if matching:
+        return any(p & mask & bit for p in matching)
+    return bool(acl.perms(OTHER) & bit)
+
+
+Chain = list[tuple[os.stat_result, "ACL | None", int]]
+
+
+@dataclass
+class Recorder(Caller):
+    """A caller granted everything, which keeps each decision it was asked
+    for (the status and ACL of each folder a walk searched and of the file
+    it read, in order): what one walk takes, for `everyone_who_may`."""
+
+    uid: int = -1
+    gid: int = -1
+    pid: int = -1
+    chain: Chain = field(default_factory=list)
+
+    def may(self, st: os.stat_result, acl: ACL | None, bit: int) -> bool:
+        self.chain.append((st, acl, bit))
+        return True
+
+
+def everyone_who_may(gate: Chain, then: Chain) -> bool:
+    """Whether every caller but root that the kernel grants all of `gate`
+    (the decisions a `Recorder` kept) it also grants all of `then`: tried for
+    every uid the two name (owners, named ACL users) and one they do not,
+    each with every set of the groups they name (owning groups, named ACL
+    groups); more than `_MAX_UNKNOWN_GROUPS` groups: False."""
+    uids: set[int] = set()
+    gids: set[int] = set()
+    for st, acl, _ in (*gate, *then):
+        uids.add(st.st_uid)
+        gids.add(st.st_gid)
+        for tag, ident, _ in (acl.entries if acl is not None else ()):
+            (uids if tag == USER else gids if tag == GROUP else set()).add(ident)
+    uids.discard(0)
+    uids.add(max(uids, default=0) + 1)      # a user none of them names
+    named = sorted(gids)
+    if len(named) > _MAX_UNKNOWN_GROUPS:
+        return False
+    for uid in uids:
+        for k in range(1 << len(named)):
+            groups = frozenset(g for j, g in enumerate(named) if k >> j & 1)
+            if all(_decide(uid, groups, *d) for d in gate) and not all(_decide(uid, groups, *d) for d in then):
+                return False
+    return True

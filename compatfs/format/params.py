@@ -7,7 +7,11 @@ in (`sampling`).
 
 A params layer is an untrusted store file: one that is not a JSON object
 (or nests deeper than Python's parser goes) is not used at all; a value of the wrong type or out of range is left out, with
-a note saying why (Ollama would refuse the request instead).
+a note saying why (Ollama would refuse the request instead).  An option that
+sizes an allocation is bounded by what the machine and the model allow
+(`Limits`: threads by the CPUs this process may run on, the context by the
+model's trained context, batches, tokens kept, predicted or remembered by
+that context, GPU layers by the model's blocks), with a note saying so.
 """
 from __future__ import annotations
 
@@ -18,7 +22,8 @@ from pathlib import Path
 
 from gguf import Keys
 
-from ..files.blobfile import read_small
+from ..files.access import READ, SEARCH, Recorder, everyone_who_may
+from ..files.blobfile import BlobFile, status
 from ..errors import GGUFError
 from ..format.values import f32, i32
 
@@ -57,6 +62,7 @@ class Option:
     hi: float | None = None
     sampling: str | None = None
     const: str | None = None        # for "true": the flag's value
+    bound: str | None = None        # the `Limits` field that bounds it from above
 
     def check(self, v):
         """The value, checked (ValueError saying what is wrong)."""
@@ -81,19 +87,20 @@ class Option:
 # params layers that llama-server still has.  Ranges: what llama.cpp accepts
 # (an int32 or float32 at most; probabilities 0..1).
 OPTIONS: dict[str, Option] = {
-    "num_ctx": Option("--ctx-size", "int", 0),
-    "num_batch": Option("--batch-size", "int", 1),
-    "num_gpu": Option("--n-gpu-layers", "int", -1),
+    "num_ctx": Option("--ctx-size", "int", 0, bound="context"),
+    "num_batch": Option("--batch-size", "int", 1, bound="context"),
+    "num_gpu": Option("--n-gpu-layers", "int", -1, bound="layers"),
     "main_gpu": Option("--main-gpu", "int", 0),
-    "num_thread": Option("--threads", "int", -1),
-    "num_keep": Option("--keep", "int", -1),
+    "num_thread": Option("--threads", "int", -1, bound="cpus"),
+    "num_keep": Option("--keep", "int", -1, bound="context"),
     "seed": Option("--seed", "int", -1, (1 << 32) - 1),
-    "num_predict": Option("--n-predict", "int", -2),
+    "num_predict": Option("--n-predict", "int", -2, bound="context"),
     "top_k": Option("--top-k", "int", 0, sampling=Keys.General.SAMPLING_TOP_K),
     "top_p": Option("--top-p", "float", 0, 1, sampling=Keys.General.SAMPLING_TOP_P),
     "min_p": Option("--min-p", "float", 0, 1, sampling=Keys.General.SAMPLING_MIN_P),
     "typical_p": Option("--typical", "float", 0, 1),
-    "repeat_last_n": Option("--repeat-last-n", "int", -1, sampling=Keys.General.SAMPLING_PENALTY_LAST_N),
+    "repeat_last_n": Option("--repeat-last-n", "int", -1, sampling=Keys.General.SAMPLING_PENALTY_LAST_N,
+                            bound="context"),
     "temperature": Option("--temp", "float", 0, sampling=Keys.General.SAMPLING_TEMP),
     "repeat_penalty": Option("--repeat-penalty", "float", 0, sampling=Keys.General.SAMPLING_PENALTY_REPEAT),
     "presence_penalty": Option("--presence-penalty"),
@@ -107,11 +114,62 @@ OPTIONS: dict[str, Option] = {
     "numa": Option("--numa", "true", const="distribute"),
 }
 
-def read_params(path: Path) -> dict:
-    """The params layer's JSON object (ValueError naming the layer otherwise)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the machine and the model allow an option that sizes an
+    allocation.  Where the model's own limits are not at hand (a params
+    layer's sampling keys are read once for every model that names it;
+    `llama-args` without a model), ceilings stand in for them."""
+
+    cpus: int | None = None         # None: not known (an option it bounds is not used)
+    context: int = 1 << 20          # tokens the model was trained on
+    layers: int = 1 << 16           # its blocks, plus the output layer
+    context_is: str = "the most tokens compatfs passes where the model's own context is not at hand"
+    layers_is: str = "the most layers compatfs passes where the model's own are not at hand"
+
+    def bounded(self, key: str, option: Option, v: int, params: dict) -> tuple[int, str | None]:
+        """`v` (checked) within its bound, and a note when it was lowered
+        (ValueError when its bound is not known).  A batch is bounded by the
+        context the params ask for, where that is smaller."""
+        if option.bound is None or v <= 0:      # 0 and below: llama.cpp's own defaults and "unlimited"
+            return v, None
+        limit, what = {"cpus": (self.cpus, "the CPUs this machine gives it"),
+                       "context": (self.context, self.context_is),
+                       "layers": (self.layers, self.layers_is)}[option.bound]
+        if limit is None:
+            raise ValueError(f"{v} cannot be checked: {what} is not known")
+        if key == "num_batch" and isinstance(params.get("num_ctx"), int) and 0 < params["num_ctx"] < limit:
+            limit, what = params["num_ctx"], "the params' num_ctx"
+        if v <= limit:
+            return v, None
+        return limit, f"params {key}={v}: bounded to {limit} ({what})"
+
+
+def read_params(path: Path, readers_of: Path | None = None) -> dict:
+    """The params layer's JSON object (ValueError naming the layer otherwise).
+
+    Its options go into files the mount shows to many (model.gguf's sampling
+    keys, models.ini), so the layer is read only where every caller who may
+    search the folder naming it (and, with `readers_of`, read that folder
+    too: models.ini's readers) may read the file it resolves to, through
+    every folder on the way (`access.everyone_who_may`): decided on the very
+    descriptor it is then read from, never with the daemon's own rights."""
     try:
-        doc = json.loads(read_small(path, MAX_BYTES))
-    except GGUFError as e:
+        seen, gate = Recorder(), Recorder()
+        with BlobFile(path, caller=seen) as f:
+            status(path.parent, gate, SEARCH)
+            if readers_of is not None:
+                status(readers_of, gate, READ)
+            if not everyone_who_may(gate.chain, seen.chain):
+                who = f"everyone who may read {readers_of}" if readers_of is not None else \
+                    f"everyone who may reach {path.parent}"
+                raise ValueError(f"params layer {path.name} is not readable by {who}: not used")
+            if f.stamp[2] > MAX_BYTES:
+                raise GGUFError(f"{path}: {f.stamp[2]} bytes, more than the {MAX_BYTES} a params layer may have")
+            doc = json.loads(bytes(f.read(0, f.stamp[2])))
+    except (GGUFError, OSError) as e:
         raise ValueError(f"params layer {path.name} cannot be read ({e})") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"params layer {path.name} is not JSON ({e})") from None
@@ -131,18 +189,21 @@ class Sampling:
     notes: tuple[str, ...] = ()
 
 
-def sampling(params: dict) -> Sampling:
+def sampling(params: dict, limits: Limits = Limits()) -> Sampling:
     """The `general.sampling.*` KVs of a params object: ints as int32 and
-    floats as float32, as llama.cpp's converter writes them."""
+    floats as float32, as llama.cpp's converter writes them; the options
+    `limits` bound, bounded (with a note)."""
     kvs, notes = [], []
     for key, option in OPTIONS.items():
         if option.sampling is None or key not in params:
             continue
         try:
-            v = option.check(params[key])
+            v, bounded = limits.bounded(key, option, option.check(params[key]), params)
         except ValueError as e:
             notes.append(f"params {key}: not in model.gguf ({e})")
             continue
+        if bounded is not None:
+            notes.append(bounded)
         kvs.append((option.sampling, i32(v) if option.kind == "int" else f32(v)))
     return Sampling(tuple(kvs), tuple(notes))
 

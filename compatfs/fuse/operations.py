@@ -6,14 +6,15 @@ calls on the modules that decide:
 - `presented`: the store's current view of a file (failures logged once);
 - `openfiles`: the views paths keep while files are open on them, and what
   an open snapshots (the view and the blob's descriptor it is read through);
-- `readpath`: a read's reply, one malloc'ed buffer filled by `viewbytes`;
+- `readpath`: a read's reply, one malloc'ed buffer filled by `view.assemble`;
 - `rescan`: the background rescan and the kernel's invalidations;
 - `inodes`: inode numbers; `libfuse`: the libfuse 3 binding;
-- `access` and `blobfile`: permissions, decided on the store files themselves.
+- `files.access` and `files.blobfile`: permissions, decided on the store
+  files themselves.
 
-Every decision about what a file contains lives in `tree`, `views` and
-`view`; the mount's lifecycle (options, signals, read-ahead, unmount) in
-`daemon`.  What the mount guarantees:
+Every decision about what a file contains lives in `tree` and the `view`
+package (`view.catalog`'s BlobViews); the mount's lifecycle (options,
+signals, read-ahead, unmount) in `daemon`.  What the mount guarantees:
 - libfuse 3, chosen explicitly (mfusepy would take libfuse 2 first).
 - A file shows its blob's owner and mode (minus write bits); opening it also
   needs the caller to be able to reach and read the blob in the store itself.
@@ -180,12 +181,18 @@ class CompatFS(fuse.Operations):
             # The blob changed as it was opened, or the store moved on since
             # the last scan (a model pulled again, its old blob removed):
             # the path's current blob, from a scan made now.  A blob that
-            # cannot be served (EIO), still the one the path shows and not
-            # changed since this attempt began, is not tried again, unless
-            # the model's folder is still moving (its marks differ from the
-            # scan before: a blob removed and written anew meanwhile).
+            # cannot be served (EIO), not changed since this attempt began,
+            # whose model folder's files are as the last scan marked them
+            # (a blob already known to be broken) fails without a scan;
+            # after a scan it is not tried again unless the folder is still
+            # moving (its marks differ from the scan before: a blob removed
+            # and written anew meanwhile).
             folder = path.strip("/").rpartition("/")[0]
-            marked = self.tree.snapshot().marks.get(folder)
+            snap = self.tree.snapshot()
+            marked = snap.marks.get(folder)
+            if failed is not None and _blob_state(node) == before and self._attrs.node(path) == node \
+                    and self.tree.mark_now(snap, folder) == marked:
+                break
             moving = self.tree.snapshot(fresh=True).marks.get(folder) != marked
             now = self._attrs.node(path)
             if failed is not None and now == node and _blob_state(now) == before and not moving:
@@ -214,8 +221,8 @@ class CompatFS(fuse.Operations):
         handle, outdated = self._files.remove(fi.fh)
         if handle is not None and outdated:
             # The path kept its view for open files: now the kernel learns the
-            # store's current one (from the rescan thread: no notification from
-            # inside an operation).
+            # store's current one, told by the rescan thread once this release
+            # is answered (an open, instead, invalidates its path itself).
             self._rescan.stale(handle.path)
         return 0
 

@@ -1,13 +1,16 @@
 """The params layer in llama-server's flags: each Ollama option of a params
-object (read and checked by `format.params`) as the flag its `Option` names,
-and the options llama-server has no flag for, each with why.
+object (read and checked by `format.params`, bounded by `Limits`) as the flag
+its `Option` names, and the options llama-server has no flag for, each with why.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
-from ..format.params import OPTIONS, Option
+from ..errors import GGUFError
+from ..format.params import OPTIONS, Limits, Option
 
 # Options whose meaning llama-server has, but only in combination: use_mmap
 # and use_mlock become one --load-mode.
@@ -58,8 +61,45 @@ def _load_mode(params: dict) -> list[str]:
     return ["--load-mode", mode]
 
 
-def translate_params(params: dict) -> Args:
-    """llama-server flags for an Ollama params object."""
+def machine_cpus() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except OSError:
+        return os.cpu_count() or 1
+
+
+_BY_MODEL = {k for k, o in OPTIONS.items() if o.bound in ("context", "layers")}
+
+
+def model_limits(model: Path | None, params: dict) -> Limits:
+    """The `Limits` of the model GGUF at `model` on this machine: its trained
+    context (`<arch>.context_length`, a positive int32) and its layers (the
+    blocks it holds tensors of, never a count read from a KV, and its output
+    layer), read from its header only when `params` has an option they
+    bound; `Limits`' ceilings where they cannot be read."""
+    from ..format.header import SourceGGUF
+    limits = Limits(machine_cpus())
+    if model is None or not _BY_MODEL & set(params):
+        return limits
+    try:
+        src = SourceGGUF(model)
+        ctx = src.get(f"{src.architecture}.context_length") if src.architecture else None
+        blocks = len(src.block_ids())
+    except (GGUFError, OSError, ValueError):
+        return limits
+    if isinstance(ctx, int) and not isinstance(ctx, bool) and 0 < ctx < 1 << 31:
+        limits = replace(limits, context=ctx, context_is="the model's trained context")
+    if blocks:
+        limits = replace(limits, layers=blocks + 1, layers_is="the model's layers and its output layer")
+    return limits
+
+
+def translate_params(params: dict, limits: Limits | None = None) -> Args:
+    """llama-server flags for an Ollama params object; `limits` bound the
+    options that size an allocation (default: this machine's CPUs, and
+    `Limits`' ceilings for the model's)."""
+    limits = limits if limits is not None else Limits(machine_cpus())
     out = Args()
     for key in sorted(params):
         value = params[key]
@@ -71,6 +111,10 @@ def translate_params(params: dict) -> Args:
             out.notes.append(f"params {key}={json.dumps(value)}: not passed ({why})")
             continue
         try:
+            if option.bound is not None:
+                value, note = limits.bounded(key, option, option.check(value), params)
+                if note is not None:
+                    out.notes.append(note)
             out.argv += flag_argv(option, value)
         except ValueError as e:
             out.notes.append(f"params {key}: not passed ({e})")

@@ -6,13 +6,22 @@ section per model folder, requested by its Ollama name.
   (upper-cased, only its last `-`/`.` part kept), so a section is named as
   the model with `:` written `@` (`gemma3@4b`; Ollama names never hold `@`)
   and the Ollama name is its `alias`, which the router resolves exactly.
+- Every section denotes exactly one model (`refusal`): llama.cpp's preset
+  reader takes `[*]` as the options of every model and an empty name as
+  `[default]`; a second section of one name replaces the first, and the
+  router refuses to start on a name or alias another model has.  A model
+  whose section or alias would be any of these is left out, a comment line
+  saying why; names are otherwise as llama.cpp takes them (`[default]` with
+  options is the model `default`).
 - `model`/`mmproj` are absolute paths under the mount (llama.cpp passes a
   preset's paths to the model's server as they are); an embedding model (its
   header names a pooling type) gets `embeddings`, which llama-server needs
   to answer /v1/embeddings.
 - The params layer's options that are not sampling defaults (those are in
   model.gguf as `general.sampling.*`) become the section's options, named as
-  llama-server's flags without dashes.  An INI value ends at `;`, `#` or a
+  llama-server's flags without dashes, bounded by the machine and the model
+  (`router.params`), and only where every caller who may read the preset may
+  read the layer (`format.params.read_params`).  An INI value ends at `;`, `#` or a
   line end and holds one value per option: what cannot be written so is
   left out, and a comment line in the section says why.
 
@@ -32,7 +41,7 @@ from pathlib import Path
 
 from ..files.blobfile import identity, status
 from ..format.params import OPTIONS, read_params
-from .params import translate_params
+from .params import model_limits, translate_params
 from ..files.statedir import mount_file
 from ..errors import GGUFError
 from ..names import LAYER_FILE, MMPROJ_FILE, MODEL_FILE, PRESET_FILE
@@ -59,6 +68,8 @@ class Entry:
     mmproj: bool
     params: Path | None        # its params.json
     embedding: bool = False    # an embedding model (llama-server serves it with --embeddings)
+    model: Path | None = None  # the GGUF whose header tells the model's limits (`router.params.model_limits`)
+    readers: Path | None = None  # the folder whose readers read the preset (its params must be theirs to read)
 
 
 # Of the mount's files `scan_mount` last found: path -> (identity, is an embedding model).
@@ -106,7 +117,8 @@ def scan_mount(mnt: Path) -> list[Entry]:
         if MODEL_FILE in files:
             out.append(Entry(rel.as_posix(), Path(dirpath), MMPROJ_FILE in files,
                              Path(dirpath, _PARAMS_FILE) if _PARAMS_FILE in files else None,
-                             is_embedding(Path(dirpath, MODEL_FILE), _embedding_memo, memo)))
+                             is_embedding(Path(dirpath, MODEL_FILE), _embedding_memo, memo),
+                             Path(dirpath, MODEL_FILE)))
         dirs.sort()
     _embedding_memo = memo
     return sorted(out, key=lambda e: e.name)
@@ -184,6 +196,27 @@ def section_name(name: str) -> str:
     return name.replace(":", "@")
 
 
+# Section names llama.cpp's preset reader (b11434 `common/preset.cpp`) gives a
+# meaning of its own, and which.
+_SPECIAL_SECTIONS = {
+    "*": "llama-server reads a section named '*' as the options of every model",
+    "": "llama-server reads a section with no name as its default section",
+}
+
+
+def refusal(name: str) -> str | None:
+    """Why the model `name` can have no section of its own in a preset (its
+    name cannot be written in one, or llama-server would read its section
+    as something else than one model); None when it can."""
+    special = _SPECIAL_SECTIONS.get(section_name(name).strip())
+    if special is not None:
+        return f"left out of {PRESET_FILE} ({special})"
+    if _NOT_IN_SECTION.search(name):
+        return f"left out of {PRESET_FILE} (its name cannot be a section name: no '[', ']', ';', '#', '@', ',', " \
+               "line ends or surrounding spaces)"
+    return None
+
+
 def section(entry: Entry) -> Section:
     """The preset section of one model."""
     s = Section(section_name(entry.name))
@@ -196,7 +229,8 @@ def section(entry: Entry) -> Section:
     if entry.params is None:
         return s
     try:
-        args = translate_params(read_params(entry.params))
+        params = read_params(entry.params, entry.readers)
+        args = translate_params(params, model_limits(entry.model, params))
     except ValueError as e:
         s.notes.append(str(e))
         return s
@@ -221,12 +255,17 @@ def render(entries: list[Entry], sections: list[Section] | None = None) -> str:
     """The preset INI of `entries` (with `sections`: theirs, already made)."""
     lines = ["; llama-server --models-preset for a compatfs mount, written by compatfs from the mount's",
              "; model folders: each model is requested by its Ollama name (the section's alias).", ""]
+    taken: set[str] = set()      # the section names and aliases written so far
     for i, entry in enumerate(entries):
         s = sections[i] if sections is not None else section(entry)
         bad = [v for k, v in s.options if k != "alias" and _NOT_IN_VALUE.search(v)]
-        if _NOT_IN_SECTION.search(entry.name) or bad:
-            lines += [f"; {_comment(entry.name)}: left out (its name or path cannot be written in an INI file)", ""]
+        why = refusal(entry.name) or (
+            "left out (its path cannot be written in an INI file)" if bad else None) or (
+            "left out (its section name or alias is another model's)" if {s.name, entry.name} & taken else None)
+        if why is not None:
+            lines += [f"; {_comment(entry.name)}: {why}", ""]
             continue
+        taken |= {s.name, entry.name}
         lines.append(f"[{s.name}]")
         lines += [f"; {_comment(n)}" for n in s.notes]
         lines += [f"{k} = {v}" for k, v in s.options]
@@ -279,35 +318,39 @@ class RootPreset:
             self._sections = {}
             return {}
         try:
+            owner = tree.source.owner("", snap.listing)
+            try:
+                like: os.stat_result | None = status(owner)
+            except OSError:
+                like = None
+            # Who may read the file decides which params layers it shows.
+            readers = None if like is None else (like.st_uid, like.st_gid, like.st_mode, like.st_ctime_ns)
             made: dict[str, tuple[tuple, Entry, Section]] = {}
             for name in sorted(models):
-                key = (self.mountpoint, marks.get(name))
+                key = (self.mountpoint, marks.get(name), readers)
                 kept = self._sections.get(name)
                 if kept is None or kept[0] != key:
-                    entry = self._entry(tree, snap, name)
+                    entry = self._entry(tree, snap, name, owner)
                     kept = key, entry, section(entry)
                 made[name] = kept
             if made != self._sections or self._text is None:
                 self._text = render([e for _, e, _ in made.values()], [s for _, _, s in made.values()])
             self._sections = made
-            owner = tree.source.owner("", snap.listing)
-            try:
-                like = status(owner)
-            except OSError:
-                like = None
             shown = self.published.update(self._text, like)
         except Exception:   # a bad store file must never fail a scan
             log.exception("cannot make the mount's %s", PRESET_FILE)
             return {}
         return {PRESET_FILE: FileRef(self.published.path, LAYER_FILE, readable_as=owner)} if shown else {}
 
-    def _entry(self, tree: Tree, snap: Snapshot, name: str) -> Entry:
+    def _entry(self, tree: Tree, snap: Snapshot, name: str, readers: Path) -> Entry:
         """The entry of model folder `name`: whether it shows an mmproj.gguf
         and is an embedding model are its blobs' summaries' (the index's: no
-        header is parsed where the index knows the blob)."""
+        header is parsed where the index knows the blob); `readers`: the
+        folder on disk whose readers may read the preset."""
         f = snap.listing.folders[name]
         try:
             embedding = tree.views.summary(f.model).embedding
         except GGUFError:
             embedding = False
-        return Entry(name, self.mountpoint / name, MMPROJ_FILE in (tree.files(snap, name) or {}), f.params, embedding)
+        return Entry(name, self.mountpoint / name, MMPROJ_FILE in (tree.files(snap, name) or {}), f.params, embedding,
+                     f.model, readers)
