@@ -43,6 +43,7 @@ REASONS = {
     "command-r": "ranges over a value of Ollama's",
     "define": "{{ define }}",
     "doubling": "could grow without bound",
+    "is-think-set": "uses .IsThinkSet",
     "json-tools": "calls json",
     "len-string": "len of a string",
     "nested-range": "could grow without bound",
@@ -50,6 +51,7 @@ REASONS = {
     "print-list": "prints a list",
     "printf-q": "printf %q",
     "response-before-else": "an else follows the .Response",
+    "string-order": "lt of strings",
     "unterminated": "no {{ end }}",
 }
 

@@ -15,6 +15,17 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class Unknown:
+    """A field whose value llama.cpp does not give: using it is refused, for `why`."""
+
+    why: str
+
+
+_THINK_SET = Unknown("llama.cpp does not tell whether a request set thinking")
+_THINK_LEVEL = Unknown("llama.cpp does not pass Ollama's thinking level")
+
+
+@dataclass(frozen=True)
 class List:
     elem: object
     rooted: bool = False
@@ -24,9 +35,9 @@ class List:
 # that of the older Prompt/Response form: Go maps, whose missing keys are nil.
 STRUCTS: dict[str, dict[str, object]] = {
     "root": {"System": "str", "Messages": List("message", True), "Tools": List("tool", True), "Response": "str",
-             "Think": "bool", "ThinkLevel": "str", "IsThinkSet": "bool"},
-    "legacy": {"System": "str", "Prompt": "str", "Response": "str", "Think": "bool", "ThinkLevel": "str",
-               "IsThinkSet": "bool"},
+             "Think": "bool", "ThinkLevel": _THINK_LEVEL, "IsThinkSet": _THINK_SET},
+    "legacy": {"System": "str", "Prompt": "str", "Response": "str", "Think": "bool", "ThinkLevel": _THINK_LEVEL,
+               "IsThinkSet": _THINK_SET},
     "message": {"Role": "str", "Content": "str", "Thinking": "str", "Images": "any", "ToolCalls": List("toolcall"),
                 "ToolName": "str", "ToolCallID": "str"},
     "toolcall": {"ID": "str", "Function": "callfunction"},
@@ -92,6 +103,9 @@ for _name, _expr in {"CONTENT": "m.content", "THINKING": "m.reasoning_content", 
 
 # Ollama's `think` as llama.cpp's `enable_thinking` (set by a request's
 # chat_template_kwargs or llama-server's reasoning switch).
+# llama-server passes it always (false unless the request or the template's
+# own detection of thinking turns it on, as Ollama turns `think` on for a
+# model whose template thinks), so whether a request set it (Ollama's
+# `.IsThinkSet`) or a level (`.ThinkLevel`) is not known: a template that
+# asks is refused.
 THINK = "(enable_thinking is defined and enable_thinking is true)"
-IS_THINK_SET = "(enable_thinking is defined and enable_thinking is not none)"
-THINK_LEVEL = '""'

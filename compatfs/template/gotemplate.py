@@ -159,10 +159,13 @@ def _actions(src: str) -> list[tuple[str, str]]:
         trim = end - 2 >= inner and src[end - 1] == "-" and src[end - 2] in _SPACE
         if trim:
             body = src[inner:end - 1]
-        if not body.strip(_SPACE).startswith("/*"):
+        if body.startswith("/*"):          # a comment: right after the delimiter, to right before it
+            if not (body.endswith("*/") or trim and body[:-1].endswith("*/")) or len(body) < 4:
+                raise Refused("a comment that does not end with */ right before }}")
+        elif body.lstrip(_SPACE).startswith("/*"):
+            raise Refused("a comment that does not start right after {{")
+        else:
             items.append(("action", body))
-        elif not (body.strip(_SPACE).endswith("*/")):
-            raise Refused("a comment does not end with */ right before }}")
         if trim:
             items.append(("trim", ""))
         pos = end + 2

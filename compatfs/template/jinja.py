@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .data import MAPS, STRUCTS, List
+from .data import MAPS, STRUCTS, List, Unknown
 from .gotemplate import Action, Branch, Const, Dot, Field, Func, Jump, Pipe, Refused, Text
 
 _ESC = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r", "\b": "\\b", "\f": "\\f", "\v": "\\v"}
@@ -86,6 +86,8 @@ def _compare(op: str, fn: str):
         _basic(args, fn)
         if args[0].type == "bool" and op != "!=":
             raise Refused(f"{fn} of bools, which Go refuses")
+        if args[0].type == "str" and op != "!=":
+            raise Refused(f"{fn} of strings, which llama.cpp's Jinja does not order")
         return Val(f"({args[0].expr} {op} {args[1].expr})", "bool")
     return compare
 
@@ -231,6 +233,8 @@ class Emitter:
                     v = Val("none", "nil")
                     continue
                 raise Refused(f"Ollama's {t} has no field .{n}")
+            if isinstance(fields[n], Unknown):
+                raise Refused(f"uses .{n}, but {fields[n].why}")
             v = Val(f'{v.expr}["{n}"]', fields[n])
         return v
 

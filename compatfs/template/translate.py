@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .data import IS_THINK_SET, PROLOGUE, THINK, THINK_LEVEL
+from .data import PROLOGUE, THINK
 from .gotemplate import Action, Branch, Field, Pipe, Refused, parse
 from .jinja import lit, macro
 
@@ -115,9 +115,7 @@ def up_to_response(nodes: list) -> list:
 
 
 def _think(used: set[str]) -> str:
-    fields = {"Think": THINK if "think" in used else "false",
-              "ThinkLevel": THINK_LEVEL, "IsThinkSet": IS_THINK_SET if "isthinkset" in used else "false"}
-    return ", ".join(f'"{k}": {v}' for k, v in fields.items())
+    return '"Think": ' + (THINK if "think" in used else "false")
 
 
 _LEGACY = """\

@@ -276,7 +276,9 @@ func main() {
 			joined = append(joined, m)
 		}
 	}
-	think := in.Think != nil && *in.Think
+	// Ollama turns thinking on where a request leaves it unset and the
+	// model's template thinks (here: names .Thinking).
+	think := in.Think != nil && *in.Think || in.Think == nil && strings.Contains(in.Template, ".Thinking")
 	var out bytes.Buffer
 	if vars["messages"] {
 		var tools Tools
