@@ -233,8 +233,9 @@ class Emitter:
                     v = Val("none", "nil")
                     continue
                 raise Refused(f"Ollama's {t} has no field .{n}")
-            if isinstance(fields[n], Unknown):
-                raise Refused(f"uses .{n}, but {fields[n].why}")
+            known = fields[n]
+            if isinstance(known, Unknown):
+                raise Refused(f"uses .{n}, but {known.why}")
             v = Val(f'{v.expr}["{n}"]', fields[n])
         return v
 
