@@ -162,3 +162,30 @@ def test_real_gemma3_without_a_chat_template_gets_gemmas_turns_not_chatml(gemma,
         server.close()
     assert prompt == "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
     assert "<|im_start|>" not in prompt
+
+
+def test_how_each_layer_is_applied_is_there_for_ls(store):
+    tree = Tree(OllamaStore(store), BlobViews())
+    applied = dict(sampling.of_layer(tree.lookup("gemma3:latest/model.gguf").params).applied)
+    assert set(applied) == {"template", "system"} and "tokenizer.chat_template" in applied["template"]
+    refused = sampling.of_layer(tree.lookup("refused:latest/model.gguf").params)
+    assert [layer for layer, _ in refused.applied] == ["params"]
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda p: p.write_bytes(b"{{ .Prompt }}" * 6000), "more than the 65537"),
+    (lambda p: os.mkfifo(p), "not a regular file"),
+    (lambda p: p.write_bytes(b"{{ range .Messages }}{{ range $.Messages }}x{{ end }}{{ end }}"), "without bound"),
+], ids=["huge", "fifo", "quadratic"])
+def test_a_hostile_template_layer_is_refused_in_one_line_and_the_model_still_served(blob, tmp_path, make, reason):
+    root = tmp_path / "s"
+    m = add_model(root, "m", blob)
+    set_layer(root, m, TEMPLATE, b"placeholder")
+    layer = root / "blobs" / ("sha256-" + hashlib.sha256(b"placeholder").hexdigest())
+    layer.unlink()
+    make(layer)
+    tree = Tree(OllamaStore(root), BlobViews())
+    ref = tree.lookup("m:latest/model.gguf")
+    notes = sampling.of_layer(ref.params).notes
+    assert len(notes) == 1 and reason in notes[0] and "\n" not in notes[0], notes
+    assert chat_template(view_file(tree, "m:latest/model.gguf", tmp_path / "m.gguf")) == chat_template(blob)
