@@ -71,6 +71,7 @@ class Applied:
 _lock = threading.Lock()
 _params: dict[str, tuple[tuple, Sampling]] = {}    # layer path -> (its identity, its reading)
 _templates: dict[tuple[str, str], tuple[tuple, ChatTemplate]] = {}   # (template, system) -> (identities, translation)
+_made: dict[Layers, tuple[tuple, Applied]] = {}      # a model's layers -> (their identities, what they give)
 
 
 def _stamp(path: Path | None) -> tuple:
@@ -122,7 +123,22 @@ def _chat_template(template: Path, system: Path | None) -> ChatTemplate:
 
 
 def of_layer(layers: Layers) -> Applied:
-    """What model.gguf gains from `layers` (read again once they change)."""
+    """What model.gguf gains from `layers` (made again once they change;
+    asked at every lookup of model.gguf, it costs a status of each layer)."""
+    try:
+        stamps = tuple(_stamp(p) for p in layers.paths())
+    except OSError:
+        return _applied(layers)     # (each unreadable layer's note says why)
+    with _lock:
+        hit = _made.get(layers)
+    if hit is None or hit[0] != stamps:
+        hit = stamps, _applied(layers)
+        with _lock:
+            _made[layers] = hit
+    return hit[1]
+
+
+def _applied(layers: Layers) -> Applied:
     kvs: list = []
     applied: list[tuple[str, str]] = []
     notes: list[str] = []
@@ -154,6 +170,8 @@ def retain_layers(paths: set[Path]) -> None:
             del _params[gone]
         for pair in [k for k in _templates if k[0] not in keep or (k[1] != "None" and k[1] not in keep)]:
             del _templates[pair]
+        for layers in [k for k in _made if any(str(p) not in keep for p in k.paths())]:
+            del _made[layers]
 
 
 def kvs_key(kvs: tuple) -> str:
