@@ -43,6 +43,8 @@ REASONS = {
     "command-r": "ranges over a value of Ollama's",
     "define": "{{ define }}",
     "doubling": "could grow without bound",
+    "doubling-copy": "could grow without bound",
+    "doubling-with": "could grow without bound",
     "is-think-set": "uses .IsThinkSet",
     "json-tools": "calls json",
     "len-string": "len of a string",

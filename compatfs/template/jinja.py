@@ -217,6 +217,7 @@ class Emitter:
         self.rooted_loop = False
         self.loop_assigned: set[int] = set()  # outer variables a loop assigns
         self.grown = grown or set()           # (from a first pass) the same
+        self.tainted: set[int] = set()        # variables a loop gives what grows with it
         self.jumps: list[int] = []           # each enclosing range's break/continue flags (ns.bN, ns.cN)
         self.flags: list[int] = []           # every range's flags
 
@@ -291,13 +292,31 @@ class Emitter:
         assert value is not None
         return value
 
-    def reads(self, node) -> list[int]:
-        """The variable slots a pipeline's operands read."""
+    def reads(self, node, dot: Val) -> list[int]:
+        """The variable slots a pipeline's operands read (dot's too, where dot is one)."""
         if isinstance(node, Pipe):
-            return [s for cmd in node.cmds for a in cmd for s in self.reads(a)]
+            return [s for cmd in node.cmds for a in cmd for s in self.reads(a, dot)]
         if isinstance(node, Field) and node.var not in (None, "$"):
             return [self.lookup(node.var)]
+        if isinstance(node, Dot) and dot.var is not None:
+            return [dot.var]
         return []
+
+    def carry(self, slot: int, pipe: Pipe, dot: Val) -> None:
+        """Inside a range: `slot` takes the value of `pipe`.  A variable that
+        grows with the loop (an outer one the loop assigns) may take its own
+        value once and nothing else that grows with it; a variable given what
+        grows grows too."""
+        if not self.loops:
+            return
+        hot = [s for s in self.reads(pipe, dot) if s in self.grown or s in self.tainted]
+        if slot < self.loops[-1]:
+            self.loop_assigned.add(slot)
+            if len(hot) > 1 or any(s != slot for s in hot):
+                raise Refused("a loop assigns a variable from more than its own value: "
+                              "its output could grow without bound")
+        elif hot:
+            self.tainted.add(slot)
 
     # -- statements ------------------------------------------------------------
     def declare(self, name: str, t) -> int:
@@ -309,7 +328,7 @@ class Emitter:
         self.types[slot] = t
         return slot
 
-    def set_var(self, pipe: Pipe, v: Val) -> None:
+    def set_var(self, pipe: Pipe, v: Val, dot: Val) -> int:
         name = pipe.decl[0]
         if not pipe.assign:
             slot = self.declare(name, v.type)
@@ -317,13 +336,9 @@ class Emitter:
             slot = self.lookup(name)
             if self.types[slot] != v.type:
                 raise Refused(f"{name} is given {_name(v.type)} after {_name(self.types[slot])}")
-            if self.loops and slot < self.loops[-1]:
-                self.loop_assigned.add(slot)
-                carried = [s for s in self.reads(pipe) if s in self.grown]
-                if len(carried) > 1 or any(s != slot for s in carried):
-                    raise Refused(f"a loop assigns {name} from more than its own value: "
-                                  "its output could grow without bound")
+        self.carry(slot, pipe, dot)
         self.out.append(f"{{%- set ns.v{slot} = {v.expr} -%}}")
+        return slot
 
     def nodes(self, nodes: list, dot: Val) -> None:
         guards = 0
@@ -333,7 +348,7 @@ class Emitter:
             elif isinstance(n, Action):
                 v = self.pipe(n.pipe, dot)
                 if n.pipe.decl:
-                    self.set_var(n.pipe, v)
+                    self.set_var(n.pipe, v, dot)
                 else:
                     self.out.append(f"{{{{- {printed(v)} -}}}}")
             elif isinstance(n, Jump):
@@ -363,13 +378,14 @@ class Emitter:
             if b.pipe.decl:
                 if len(b.pipe.decl) != 1:
                     raise Refused(f"{b.kind} declares one variable at most")
-                self.set_var(b.pipe, v)
-                v = Val(f"ns.v{self.lookup(b.pipe.decl[0])}", v.type)
+                slot = self.set_var(b.pipe, v, dot)
+                v = Val(f"ns.v{slot}", v.type, slot)
             elif b.kind == "with":
                 slot = self.slots
                 self.slots += 1
+                self.carry(slot, b.pipe, dot)
                 self.out.append(f"{{%- set ns.v{slot} = {v.expr} -%}}")
-                v = Val(f"ns.v{slot}", v.type)
+                v = Val(f"ns.v{slot}", v.type, slot)
             self.out.append(f"{{%- if {truth(v)} -%}}")
             self.block(b.body, v if b.kind == "with" else dot)
             if b.orelse is not None:
