@@ -69,8 +69,9 @@ def test_what_cannot_be_translated_exactly_is_refused_in_one_line(path: Path):
     (b"{{ .Prompt }}" * 10000, "more than the"),
     (b"\xff{{ .Prompt }}", "not UTF-8"),
     (b"{{ " * 40 + b"x", "does not end"),
-    (b"{{ (((((((((((((((((((((((((((((((((((((( .Prompt" + b")" * 38 + b" }}", None),
-    (b"{{ if .System }}" * 5000 + b"{{ end }}" * 5000, None),
+    (b"{{ print " + b"(print " * 100 + b".Prompt" + b")" * 100 + b" }}", "nests ( ) more than 64"),
+    (b"{{if .System}}" * 2000 + b"{{end}}" * 2000, "nests if, range and with more than 64"),
+    (b"{{ if .System }}" * 60 + b"x" + b"{{ end }}" * 60, None),
 ])
 def test_hostile_templates_are_refused_or_translated_without_failing(data, reason):
     result = translate(data)

@@ -12,6 +12,11 @@ import re
 from dataclasses import dataclass, field
 
 
+# What Ollama's templates nest is a few levels; the Jinja a deeper one makes
+# would nest as deep in llama.cpp's parser.
+MAX_DEPTH = 64
+
+
 class Refused(ValueError):
     """A template that is not translated: the one-line reason why."""
 
@@ -213,7 +218,7 @@ def _quote_end(src: str, i: int) -> int:
 
 class _Parser:
     def __init__(self, items: list[tuple[str, str]]):
-        self.items, self.i = items, 0
+        self.items, self.i, self.depth = items, 0, 0
 
     def until(self, ends: tuple[str, ...]) -> tuple[list, str, list[tuple[str, str]]]:
         """Nodes up to an action whose first word is in `ends`: (nodes, that
@@ -248,6 +253,15 @@ class _Parser:
         return nodes, "", []
 
     def branch(self, kind: str, toks: list) -> Branch:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise Refused(f"the template nests if, range and with more than {MAX_DEPTH} deep")
+        try:
+            return self._branch(kind, toks)
+        finally:
+            self.depth -= 1
+
+    def _branch(self, kind: str, toks: list) -> Branch:
         pipe = _pipe(toks, allow_two=kind == "range")
         body, word, rest = self.until(("else", "end"))
         orelse = None
@@ -286,7 +300,9 @@ def _pipe(toks: list[tuple[str, str]], allow_two: bool = False) -> Pipe:
     return pipe
 
 
-def _commands(toks: list, pos: int, cmds: list) -> tuple[int, list]:
+def _commands(toks: list, pos: int, cmds: list, depth: int = 0) -> tuple[int, list]:
+    if depth > MAX_DEPTH:
+        raise Refused(f"the template nests ( ) more than {MAX_DEPTH} deep")
     cmd: list = []
     while pos < len(toks):
         kind, text = toks[pos]
@@ -301,7 +317,7 @@ def _commands(toks: list, pos: int, cmds: list) -> tuple[int, list]:
             continue
         if text == "(" and kind == "op":
             sub = Pipe()
-            pos, sub.cmds = _commands(toks, pos + 1, [])
+            pos, sub.cmds = _commands(toks, pos + 1, [], depth + 1)
             if pos >= len(toks) or toks[pos][1] != ")":
                 raise Refused("a ( without its )")
             if not sub.cmds:
