@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .files.blobfile import identity, status, statuses
-from .view.sampling import retain_layers
+from .view.sampling import Layers, layers_of, retain_layers
 from .sources.base import Folder, Listing, Source
 from .view.catalog import BlobViews
 from .names import LAYER_FILE, MMPROJ_FILE, MODEL_FILE
@@ -41,13 +41,13 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class FileRef:
     """A virtual file: the `kind` view of the blob at `blob` (a model folder's
-    model.gguf: with the sampling defaults of the params layer at `params`;
+    model.gguf: with what its Modelfile layers `params` give it (view.sampling);
     a file the mount makes itself, `models.ini`: `readable_as` is the folder
     on disk whose permission to read decides who may open it)."""
 
     blob: Path
     kind: str
-    params: Path | None = None
+    params: Layers | None = None
     readable_as: Path | None = None
 
 
@@ -78,7 +78,8 @@ class Snapshot:
         self.files: dict[str, dict[str, FileRef]] = {}
         for name, folder in listing.folders.items():
             self._add_dir(name)
-            files = {MODEL_FILE: FileRef(folder.model, MODEL_FILE, folder.params)}
+            files = {MODEL_FILE: FileRef(folder.model, MODEL_FILE,
+                                         layers_of(folder.params, folder.template, folder.system))}
             if folder.projector is not None:
                 files[MMPROJ_FILE] = FileRef(folder.projector, MMPROJ_FILE)
             files.update((n, FileRef(path, LAYER_FILE)) for n, path in folder.passed)
@@ -254,7 +255,7 @@ class Tree:
             if extra:
                 snap.files[""] = extra
         snap.marks = {**folders, **self._root_marks(snap)}
-        retain_layers({f.params for f in snap.listing.folders.values() if f.params is not None})
+        retain_layers({p for f in snap.listing.folders.values() for p in (f.params, f.template, f.system) if p})
         with self._lock:
             self._snap, self._stamp = snap, time.monotonic()
         if previous is None or previous.ggufs != snap.ggufs:

@@ -14,6 +14,18 @@ if ! command -v fusermount3 >/dev/null || ! ldconfig -p | grep 'libfuse3\.so' >/
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq fuse3 >/dev/null
 fi
 
+# The template tests render Ollama's templates with Go's own text/template
+# (tests/gotmpl): with `test`, Debian's golang-go, where it can be installed.
+if [ "${1:-}" = test ] && ! command -v go >/dev/null; then
+    sudo=""
+    [ "$(id -u)" = 0 ] || sudo=sudo
+    if command -v apt-get >/dev/null && { [ -z "$sudo" ] || command -v sudo >/dev/null; }; then
+        echo "setup: installing golang-go (the template tests' reference renderer)" >&2
+        { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq golang-go; } \
+            >/dev/null 2>&1 || echo "setup: golang-go not installed; the template tests will skip" >&2
+    fi
+fi
+
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi

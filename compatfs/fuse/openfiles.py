@@ -16,7 +16,6 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 from ..files.access import READ, Caller
@@ -26,6 +25,7 @@ from .libfuse import fuse
 from .presented import Presented
 from ..tree import FileRef, Tree
 from ..view.layout import View
+from ..view.sampling import Layers
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class Served:
     blob: str
     stamp: tuple
     fhs: set[int] = field(default_factory=set)
-    params: Path | None = None     # the params layer a model folder's model.gguf was built with
+    params: Layers | None = None   # the Modelfile layers a model folder's model.gguf was built with
 
 
 class CannotOpen(fuse.FuseOSError):

@@ -34,6 +34,8 @@ class Folder:
     passed: tuple[tuple[str, Path], ...] = ()  # (file name, file) shown byte for byte
     is_model: bool = True                      # False: a folder that is not a model (an Ollama blob's), left out of `ls`
     params: Path | None = None                 # Ollama's params layer: model.gguf carries its sampling options
+    template: Path | None = None               # Ollama's template layer: model.gguf's chat template, translated
+    system: Path | None = None                 # Ollama's system layer: the chat template's default system message
 
     def ggufs(self) -> tuple[Path, ...]:
         return (self.model,) if self.projector is None else (self.model, self.projector)

@@ -41,6 +41,8 @@ MODEL = "application/vnd.ollama.image.model"
 PROJECTOR = "application/vnd.ollama.image.projector"
 ADAPTER = "application/vnd.ollama.image.adapter"
 PARAMS = "application/vnd.ollama.image.params"
+TEMPLATE = "application/vnd.ollama.image.template"
+SYSTEM = "application/vnd.ollama.image.system"
 DEFAULT_HOST = "registry.ollama.ai"
 DEFAULT_NAMESPACE = "library"
 _DIGEST = re.compile(r"^sha256[:-]([0-9a-fA-F]{64})$")
@@ -51,8 +53,8 @@ _HEX = re.compile(r"^(?:sha256[:-])?([0-9a-fA-F]{64})$")
 # Manifest layers shown beside model.gguf, unchanged: media type -> file name.
 LAYER_FILES = {
     PARAMS: "params.json",
-    "application/vnd.ollama.image.template": "template",
-    "application/vnd.ollama.image.system": "system",
+    TEMPLATE: "template",
+    SYSTEM: "system",
     "application/vnd.ollama.image.license": "license",
 }
 
@@ -205,7 +207,8 @@ class OllamaStore(Source):
             if name.split("/")[0] == BLOBS:
                 out.skipped[name] = f"its first folder would be {BLOBS}/, where the mount shows every blob"
                 continue
-            layer, proj, params = model.model_layer, model.projector_layer, model.first(PARAMS)
+            layer, proj = model.model_layer, model.projector_layer
+            params, template, system = (model.first(t) for t in (PARAMS, TEMPLATE, SYSTEM))
             if layer is None:   # (`manifests` leaves such models out, naming why)
                 continue
             made = self._made.get(name)
@@ -213,7 +216,9 @@ class OllamaStore(Source):
                 made = model.layers, Folder(self.blob_path(layer.digest),
                                             self.blob_path(proj.digest) if proj else None,
                                             self._layer_files(model.layers),
-                                            params=self.blob_path(params.digest) if params else None)
+                                            params=self.blob_path(params.digest) if params else None,
+                                            template=self.blob_path(template.digest) if template else None,
+                                            system=self.blob_path(system.digest) if system else None)
             made_now[name] = made
             out.folders[name] = made[1]
             parts = name.split("/")

@@ -42,7 +42,7 @@ from ..format.values import VT
 from .index import Index, Stamp, Summary
 from ..files.libc import tune_malloc
 from .opcache import OpCache
-from .sampling import kvs_key, of_layer, with_sampling
+from .sampling import Layers, kvs_key, of_layer, with_sampling
 from ..translate import Translation, ViewSpec, first_claim, plan
 from .layout import View
 from ..names import LAYER_FILE, MMPROJ_FILE, MODEL_FILE
@@ -371,14 +371,14 @@ class BlobViews:
             pool.shutdown(wait=True, cancel_futures=True)
 
     # -- views -----------------------------------------------------------------
-    def sampling_kvs(self, kind: str, params: Path | None) -> tuple:
+    def sampling_kvs(self, kind: str, params: Layers | None) -> tuple:
         """The KVs a model folder's `kind` file gains from its params layer
         (`params`): only model.gguf, only with translation on."""
         if params is None or kind != MODEL_FILE or not self.translate:
             return ()
         return of_layer(params).kvs
 
-    def sampled_size(self, path: Path, params: Path | None, size: int) -> int:
+    def sampled_size(self, path: Path, params: Layers | None, size: int) -> int:
         """The size of a model folder's model.gguf whose blob's own text view
         has `size` bytes: that view's with the params layer's KVs (counted
         from the blob's header once per blob and set of KVs, then kept in the
@@ -401,7 +401,7 @@ class BlobViews:
                 self.index.put_sampled(path, stamp, key, hit)
         return hit
 
-    def view(self, path: Path, kind: str, params: Path | None = None) -> View:
+    def view(self, path: Path, kind: str, params: Layers | None = None) -> View:
         """The view (of a model folder's file: with its params layer's KVs);
         GGUFError (naming the blob) when it cannot be built.  The index entry
         of a view without such KVs is checked against it: see `_verify`."""

@@ -1,61 +1,186 @@
-"""A model folder's model.gguf: its blob's text view with the sampling
-defaults of the model's params layer as llama.cpp's `general.sampling.*`
-KVs (llama.cpp reads them when it loads a model, and a request that names a
-value still overrides it).  Two tags of one blob with different params show
-different model.gguf files; `blobs/` shows each blob's own translation.
+"""A model folder's model.gguf: its blob's text view with what the model's
+Modelfile layers say llama.cpp reads from a GGUF file:
 
-The layer is read by identity (device, inode, size, times): a layer that
-changes is read again; one that cannot be used adds no KVs, and the reason is
-kept for `compatfs ls`.  One reading is kept per layer path, and only for
-the layers a scan of the store still names (`retain_layers`): as many as
-the store has.
+- the sampling defaults of its params layer as llama.cpp's
+  `general.sampling.*` KVs (llama.cpp reads them when it loads a model, and
+  a request that names a value still overrides it);
+- its template layer, translated to Jinja (`compatfs.template`), as
+  `tokenizer.chat_template`, with its system layer as the default system
+  message of a chat that opens without one; a template that is not
+  translated leaves the blob's own (or none), and the system layer unused.
+
+Two tags of one blob with different layers show different model.gguf
+files; `blobs/` shows each blob's own translation.  Each layer is read by
+identity (device, inode, size, times): a layer that changes is read (and
+a template translated) again, never per read of model.gguf; what cannot be
+used adds no KVs, and the reason is kept for `compatfs ls`.  One reading is
+kept per layer (pair), and only for the layers a scan of the store still
+names (`retain_layers`): as many as the store has.
 """
 from __future__ import annotations
 
+import hashlib
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
-from ..files.blobfile import identity, status
+from gguf import Keys
+
+from ..errors import GGUFError
+from ..files.blobfile import identity, read_small, status
 from ..format.header import SourceGGUF
 from ..format.params import Sampling, layer_sampling
+from ..format.values import string
+from ..template import ChatTemplate, translate
+from ..template.translate import MAX_SYSTEM, MAX_TEMPLATE
 from ..translate import ALWAYS, Translation, ViewSpec, plan
 
 # The blob as it is, laid out afresh: what gains the KVs where no handler
 # claims the blob.
 UNCHANGED = Translation("unchanged", ALWAYS)
 
+
+@dataclass(frozen=True)
+class Layers:
+    """A model's Modelfile layers that model.gguf carries (None: it has none)."""
+
+    params: Path | None = None
+    template: Path | None = None
+    system: Path | None = None
+
+    def paths(self) -> tuple[Path, ...]:
+        return tuple(p for p in (self.params, self.template, self.system) if p is not None)
+
+
+def layers_of(params: Path | None, template: Path | None, system: Path | None) -> Layers | None:
+    """The Layers of a model folder (None where it has none of them)."""
+    layers = Layers(params, template, system)
+    return layers if layers.paths() else None
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What model.gguf gains from a model's layers: its KVs, how each layer
+    is applied (layer -> how), and what is not, with why (one line each)."""
+
+    kvs: tuple = ()
+    applied: tuple[tuple[str, str], ...] = ()
+    notes: tuple[str, ...] = ()
+
+
 _lock = threading.Lock()
-_layers: dict[str, tuple[tuple, Sampling]] = {}    # layer path -> (its identity, its reading)
+_params: dict[str, tuple[tuple, Sampling]] = {}    # layer path -> (its identity, its reading)
+_templates: dict[tuple[str, str], tuple[tuple, ChatTemplate]] = {}   # (template, system) -> (identities, translation)
+_made: dict[Layers, tuple[tuple, Applied]] = {}      # a model's layers -> (their identities, what they give)
 
 
-def of_layer(path: Path) -> Sampling:
-    """The sampling KVs of the params layer at `path` (read again once it changes)."""
+def _stamp(path: Path | None) -> tuple:
+    return () if path is None else identity(status(path))    # resolved as every store path is (never into the mount)
+
+
+def _sampling(path: Path) -> Sampling:
     try:
-        stamp = identity(status(path))    # resolved as every store path is (never into the mount)
+        stamp = _stamp(path)
     except OSError as e:
         return Sampling((), (f"params layer {path.name} cannot be read ({e.strerror}): "
                              "no sampling defaults in model.gguf",))
     with _lock:
-        hit = _layers.get(str(path))
+        hit = _params.get(str(path))
     if hit is None or hit[0] != stamp:
         hit = stamp, layer_sampling(path)
         with _lock:
-            _layers[str(path)] = hit
+            _params[str(path)] = hit
     return hit[1]
 
 
+def _read(path: Path | None, what: str, limit: int) -> bytes:
+    if path is None:
+        return b""
+    try:
+        return read_small(path, limit)
+    except GGUFError as e:
+        raise ValueError(f"its {what} layer {path.name} cannot be read ({e})") from None
+
+
+def _chat_template(template: Path, system: Path | None) -> ChatTemplate:
+    """The translation of a template layer with a system layer (again once either changes)."""
+    try:
+        stamp = (_stamp(template), _stamp(system))
+    except OSError as e:
+        return ChatTemplate(reason=f"a layer cannot be read ({e.strerror})")
+    key = (str(template), str(system))
+    with _lock:
+        hit = _templates.get(key)
+    if hit is None or hit[0] != stamp:
+        try:
+            made = translate(_read(template, "template", MAX_TEMPLATE + 1), _read(system, "system", MAX_SYSTEM + 1))
+        except ValueError as e:
+            made = ChatTemplate(reason=str(e))
+        hit = stamp, made
+        with _lock:
+            _templates[key] = hit
+    return hit[1]
+
+
+def of_layer(layers: Layers) -> Applied:
+    """What model.gguf gains from `layers` (made again once they change;
+    asked at every lookup of model.gguf, it costs a status of each layer)."""
+    try:
+        stamps = tuple(_stamp(p) for p in layers.paths())
+    except OSError:
+        return _applied(layers)     # (each unreadable layer's note says why)
+    with _lock:
+        hit = _made.get(layers)
+    if hit is None or hit[0] != stamps:
+        hit = stamps, _applied(layers)
+        with _lock:
+            _made[layers] = hit
+    return hit[1]
+
+
+def _applied(layers: Layers) -> Applied:
+    kvs: list = []
+    applied: list[tuple[str, str]] = []
+    notes: list[str] = []
+    if layers.params is not None:
+        s = _sampling(layers.params)
+        kvs += s.kvs
+        notes += s.notes
+        if s.kvs:
+            applied.append(("params", "sampling defaults in model.gguf: " + ", ".join(k for k, _ in s.kvs)))
+    if layers.template is not None:
+        t = _chat_template(layers.template, layers.system)
+        if t.jinja is not None:
+            kvs.append((Keys.Tokenizer.CHAT_TEMPLATE, string(t.jinja)))
+            applied.append(("template", "model.gguf's chat template (tokenizer.chat_template), translated to Jinja"))
+            if layers.system is not None:
+                applied.append(("system", "the default system message of the chat template"))
+        else:
+            notes.append(f"template: not applied, model.gguf keeps its own chat template ({t.reason})")
+    if layers.system is not None and not any(layer == "system" for layer, _ in applied):
+        notes.append("system: not applied (only a translated template layer carries it)")
+    return Applied(tuple(kvs), tuple(applied), tuple(notes))
+
+
 def retain_layers(paths: set[Path]) -> None:
-    """Forget the readings of every params layer not in `paths`."""
+    """Forget the readings of every layer not in `paths`."""
     keep = {str(p) for p in paths}
     with _lock:
-        for gone in [p for p in _layers if p not in keep]:
-            del _layers[gone]
+        for gone in [p for p in _params if p not in keep]:
+            del _params[gone]
+        for pair in [k for k in _templates if k[0] not in keep or (k[1] != "None" and k[1] not in keep)]:
+            del _templates[pair]
+        for layers in [k for k in _made if any(str(p) not in keep for p in k.paths())]:
+            del _made[layers]
 
 
 def kvs_key(kvs: tuple) -> str:
-    """A text that tells one set of sampling KVs from another (their keys,
+    """A text that tells one set of KVs from another (a digest of their keys,
     types and encoded values): what the index keys a sampled size by."""
-    return ";".join(f"{key}={int(value.vtype)}:{bytes(value.payload).hex()}" for key, value in kvs)
+    h = hashlib.sha256()
+    for key, value in kvs:
+        h.update(f"{key}={int(value.vtype)}:".encode() + bytes(value.payload) + b";")
+    return h.hexdigest()
 
 
 def with_sampling(spec: ViewSpec | None, source: SourceGGUF, kvs: tuple) -> ViewSpec:

@@ -1,0 +1,3 @@
+module compatfs/tests/gotmpl
+
+go 1.19
