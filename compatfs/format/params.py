@@ -22,8 +22,7 @@ from pathlib import Path
 
 from gguf import Keys
 
-from ..files.access import READ, SEARCH, Recorder, everyone_who_may
-from ..files.blobfile import BlobFile, status
+from ..files.shared import NotShared, read_shared
 from ..errors import GGUFError
 from ..format.values import f32, i32
 
@@ -151,24 +150,13 @@ def read_params(path: Path, readers_of: Path | None = None) -> dict:
     """The params layer's JSON object (ValueError naming the layer otherwise).
 
     Its options go into files the mount shows to many (model.gguf's sampling
-    keys, models.ini), so the layer is read only where every caller who may
-    search the folder naming it (and, with `readers_of`, read that folder
-    too: models.ini's readers) may read the file it resolves to, through
-    every folder on the way (`access.everyone_who_may`): decided on the very
-    descriptor it is then read from, never with the daemon's own rights."""
+    keys, models.ini), so it is read as `files.shared.read_shared` reads:
+    only where everyone who may see them (with `readers_of`: models.ini's
+    readers) may read the layer itself."""
     try:
-        seen, gate = Recorder(), Recorder()
-        with BlobFile(path, caller=seen) as f:
-            status(path.parent, gate, SEARCH)
-            if readers_of is not None:
-                status(readers_of, gate, READ)
-            if not everyone_who_may(gate.chain, seen.chain):
-                who = f"everyone who may read {readers_of}" if readers_of is not None else \
-                    f"everyone who may reach {path.parent}"
-                raise ValueError(f"params layer {path.name} is not readable by {who}: not used")
-            if f.stamp[2] > MAX_BYTES:
-                raise GGUFError(f"{path}: {f.stamp[2]} bytes, more than the {MAX_BYTES} a params layer may have")
-            doc = json.loads(bytes(f.read(0, f.stamp[2])))
+        doc = json.loads(read_shared(path, MAX_BYTES, "params layer", readers_of))
+    except NotShared:
+        raise
     except (GGUFError, OSError) as e:
         raise ValueError(f"params layer {path.name} cannot be read ({e})") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -27,7 +27,8 @@ from pathlib import Path
 from gguf import Keys
 
 from ..errors import GGUFError
-from ..files.blobfile import identity, read_small, status
+from ..files.blobfile import identity, status
+from ..files.shared import read_shared
 from ..format.header import SourceGGUF
 from ..format.params import Sampling, layer_sampling
 from ..format.values import string
@@ -97,8 +98,8 @@ def _read(path: Path | None, what: str, limit: int) -> bytes:
     if path is None:
         return b""
     try:
-        return read_small(path, limit)
-    except GGUFError as e:
+        return read_shared(path, limit, f"{what} layer")   # (NotShared: a ValueError saying why)
+    except (GGUFError, OSError) as e:
         raise ValueError(f"its {what} layer {path.name} cannot be read ({e})") from None
 
 
