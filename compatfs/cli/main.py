@@ -14,23 +14,49 @@ from ..errors import GGUFError
 from ..view.index import IndexPathError
 from .launch import LaunchError, MountRequest
 from ..view.opcache import DEFAULT_MB
-from ..sources.base import SourceError
-from ..sources.choose import default_source, open_source
+from ..sources.base import Source, SourceError
+from ..sources.choose import open_source
 from ..files.statedir import StateDirError, mount_file
+from .locate import find_source, keep_out_of_mounts
 
 
 class CliError(Exception):
     """One clear line for the user; exit status 1."""
 
 
+def _open(given: str | None) -> Source:
+    """The source a command reads in-process (`locate.find_source`), read as
+    its mounts read it (never through them); says on stderr which source it
+    chose when none was named."""
+    found = find_source(given)
+    if found.why:
+        print(f"{PROG}: source {found.path} ({found.why})", file=sys.stderr)
+    keep_out_of_mounts(found.path)
+    return open_source(found.path)
+
+
 # -- mount / umount -----------------------------------------------------------
 
 def cmd_mount(args) -> int:
     from ..view.catalog import translation_enabled
-    source = Path(args.source).expanduser() if args.source else default_source()
-    request = MountRequest(tuple(args.options), translation_enabled(args.no_translate), args.op_cache_mb,
+    found = find_source(args.source, mounts=False)
+    if found.why:
+        print(f"{PROG}: source {found.path} ({found.why})", file=sys.stderr)
+    source = open_source(found.path.absolute())
+    request = MountRequest(_naming(source, args.options), translation_enabled(args.no_translate), args.op_cache_mb,
                            args.read_ahead_kb, args.index, args.no_index, args.log, args.verbose)
-    return launch.mount(open_source(source.absolute()), Path(args.mountpoint).absolute(), request, args.foreground)
+    return launch.mount(source, Path(args.mountpoint).absolute(), request, args.foreground)
+
+
+def _naming(source: Source, options: list[str]) -> tuple[str, ...]:
+    """The -o options, with `fsname` the source's path unless given: the mount
+    table then names the source of the mount (`locate`), as `df` shows it.
+    (A path holding a comma cannot be an option's value: such a mount keeps
+    the name compatfs.)"""
+    if any(item.split("=", 1)[0] == "fsname" for o in options for item in o.split(",")):
+        return tuple(options)
+    root = str(source.root)
+    return (*options, f"fsname={root}") if "," not in root else tuple(options)
 
 
 def cmd_umount(args) -> int:
@@ -44,7 +70,7 @@ def cmd_ls(args) -> int:
     from ..errors import GGUFError
     from ..tree import Tree
     from ..view.catalog import BlobViews, translation_enabled
-    store = open_source(args.source)
+    store = _open(args.source)
     views = BlobViews(translate=translation_enabled(args.no_translate))
     tree = Tree(store, views)
     snap = tree.snapshot()
@@ -116,9 +142,8 @@ def _llama_cpp_verdict(tree, name: str) -> dict:
 
 def cmd_inspect(args) -> int:
     from .report import describe, format_report, resolve_target
-    path = resolve_target(args.target, args.source, args.clip)
     try:
-        report = describe(path, "mmproj.gguf" if args.clip else "model.gguf")
+        report = describe(resolve_target(args.target, lambda: _model_tree(args.source), args.clip))
     except FileNotFoundError as e:      # --clip of a blob without a projector view
         raise CliError(str(e)) from None
     print(json.dumps(report, indent=2) if args.json else format_report(report))
@@ -131,18 +156,24 @@ def _model_tree(source: str | None, no_translate: bool = False):
     """A Tree over the source (views built in-process, as the mount builds them)."""
     from ..tree import Tree
     from ..view.catalog import BlobViews, translation_enabled
-    return Tree(open_source(source), BlobViews(translate=translation_enabled(no_translate)))
+    return Tree(_open(source), BlobViews(translate=translation_enabled(no_translate)))
 
 
 def _server_args(args):
     from ..router.llama_args import find_model_dir, server_args
     from ..router.models import model_files
-    name, files = model_files(_model_tree(args.source), args.model)
+    from ..names import MODEL_FILE
+    tree = _model_tree(args.source or args.mount)
+    name, files = model_files(tree, args.model)
     try:
         model_dir = find_model_dir(name, args.mount)
     except ValueError as e:
         raise CliError(str(e)) from None
-    return server_args(files, model_dir)
+    try:
+        embedding = tree.views.summary(files[MODEL_FILE].blob).embedding
+    except GGUFError:         # a blob that cannot be read: its mount refuses it too
+        embedding = False
+    return server_args(files, model_dir, embedding)
 
 
 def cmd_llama_args(args) -> int:
@@ -404,3 +435,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _closed_pipe()
+
+
+def _closed_pipe() -> int:
+    """The reader of stdout went away (`compatfs ls | head -1`): stop quietly,
+    as a tool killed by SIGPIPE does (status 141), with stdout pointed at
+    /dev/null so that Python's own flush at exit finds no pipe to fail on."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + 13
