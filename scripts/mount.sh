@@ -33,7 +33,12 @@ if [ -n "$already" ]; then
     fi
     echo "mount: $mnt is already a compatfs mount of $already: nothing changed" >&2
 else
-    bash scripts/setup.sh
+    # Set up when the install is missing or older than what it is made from
+    # (setting up again rewrites the compiled kernel under running processes).
+    if [ ! -x .venv/bin/compatfs ] || [ -n "$(find pyproject.toml setup.py compatfs/_accel.c \
+            -newer .venv/bin/compatfs 2>/dev/null)" ]; then
+        bash scripts/setup.sh
+    fi
     if [ -z "$src" ]; then
         candidate="${OLLAMA_MODELS:-$HOME/.ollama/models}"
         if [ -d "$candidate/manifests" ] && [ -d "$candidate/blobs" ]; then

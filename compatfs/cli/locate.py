@@ -92,14 +92,13 @@ def find_source(given: str | os.PathLike | None, mounts: bool = True) -> Found:
 
 
 def keep_out_of_mounts(source: Path) -> list[Path]:
-    """Keep this process out of every compatfs mount that serves `source`,
-    or whose source the mount table does not say, as their daemons keep out
-    of their own: a store file that leads into one is refused.  Returns them."""
+    """Keep this process out of every compatfs mount of `source`, as their
+    daemons keep out of their own: a store file that leads into one is
+    refused.  Returns them."""
     out = []
+    real = os.path.realpath(source)
     for m in mounttable.mounts():
-        if m.fstype != FSTYPE:
-            continue
-        if os.path.isabs(m.source) and os.path.realpath(m.source) != os.path.realpath(source):
+        if m.fstype != FSTYPE or not os.path.isabs(m.source) or os.path.realpath(m.source) != real:
             continue
         _keep_out(m.point)
         out.append(m.point)

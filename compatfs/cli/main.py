@@ -17,6 +17,7 @@ from ..sources.base import Source, SourceError
 from ..sources.choose import open_source
 from ..files.statedir import StateDirError, mount_file
 from .locate import find_source, keep_out_of_mounts
+from ..files.blobfile import KEEP_OUT_ENV
 
 
 class CliError(Exception):
@@ -461,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         argv, extra = argv[:cut], argv[cut + 1:]
     args = build_parser().parse_args(argv)
     args.extra = extra
+    kept = os.environ.get(KEEP_OUT_ENV)     # `_open` adds the mounts of the source read
     try:
         return args.func(args)
     except (CliError, LaunchError, SourceError, GGUFError, IndexPathError, StateDirError) as e:
@@ -470,6 +472,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return _closed_pipe()
+    finally:     # as it was, for a caller that runs commands in-process (the tests)
+        if kept is None:
+            os.environ.pop(KEEP_OUT_ENV, None)
+        else:
+            os.environ[KEEP_OUT_ENV] = kept
 
 
 def _closed_pipe() -> int:
