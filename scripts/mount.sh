@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Set up and mount: scripts/mount.sh [MOUNTPOINT] [SOURCE]
+# Set up and mount: scripts/mount.sh [MOUNTPOINT] [SOURCE|demo]
 #   MOUNTPOINT  default /mnt/compat
-#   SOURCE      default $OLLAMA_MODELS, else ~/.ollama/models, else a small
-#               demo store of tiny legacy models generated into .cache/demo-store
+#   SOURCE      default $OLLAMA_MODELS, else ~/.ollama/models, else (and with
+#               `demo`) a small demo store of tiny legacy models, generated
+#               into .cache/demo-store
 # Then lists the models the mount shows (`compatfs ls MOUNTPOINT`).  Run again
 # while MOUNTPOINT is mounted, it says so and changes nothing.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-
-mnt="$(realpath -m "${1:-/mnt/compat}")"
+mnt="$(realpath -m "${1:-/mnt/compat}")"          # paths as given, from where it is run
 src="${2:-}"
+[ -n "$src" ] && [ "$src" != demo ] && src="$(realpath -m "$src")"
+cd "$(dirname "$0")/.."
+demo="$PWD/.cache/demo-store"
+[ "$src" = demo ] && src="$demo"
 
 # The source of a live compatfs mount at $mnt, if there is one (from the mount
 # table, as compatfs reads it; a dead mount does not count: mounting cleans it up).
@@ -26,7 +29,7 @@ EOF
 
 already="$(mounted_source)"
 if [ -n "$already" ]; then
-    if [ -n "$src" ] && [ "$(realpath -m "$src")" != "$already" ]; then
+    if [ -n "$src" ] && [ "$src" != "$already" ]; then
         echo "mount: $mnt is already a compatfs mount of $already: unmount it first" \
              "(.venv/bin/compatfs umount $mnt) to mount $src there" >&2
         exit 1
@@ -45,9 +48,11 @@ else
             src="$candidate"
         else
             echo "mount: no Ollama store at $candidate; using the demo store" >&2
-            src=.cache/demo-store
-            .venv/bin/compatfs demo-store "$src"
+            src="$demo"
         fi
+    fi
+    if [ "$src" = "$demo" ]; then
+        .venv/bin/compatfs demo-store "$src"
     fi
     # A mountpoint left by a daemon that died answers "Transport endpoint is not
     # connected": mkdir fails on it, and compatfs cleans it up before mounting.
