@@ -274,3 +274,33 @@ def test_serve_says_what_it_runs(store, mount_store, tmp_path):
     assert lines[1].startswith(f"compatfs: running llama-server's router (stopped with compatfs serve): {fake} "
                                "--models-preset "), lines
     assert "exec" not in res.stderr
+
+
+def test_the_readmes_commands_are_the_parsers():
+    """Measured on 0c32945: the README and --help disagreed (`ls --no-translate`
+    undocumented, `--source STORE` against `SOURCE`, `--log LOG` against `FILE`).
+    Each line of the README's Commands block names exactly the options, and
+    the metavars, of that command's parser."""
+    import argparse
+    import re
+    from conftest import ROOT
+    from compatfs.cli.main import build_parser
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"## Commands\n\n```\n(.*?)\n```", readme, re.S)
+    assert block is not None
+    lines = {line.split()[1]: line for line in block.group(1).splitlines() if line.startswith("compatfs ")}
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert set(lines) == set(commands) | {"--version"}
+    for name, sub in commands.items():
+        line = lines[name]
+        written = set(re.findall(r"(?<![\w-])(--?[a-z][a-z-]*)", line.split(None, 2)[2] if " " in line else ""))
+        actions = [set(a.option_strings) for a in sub._actions if a.option_strings and a.dest != "help"]
+        assert written <= set().union(*actions), (name, written - set().union(*actions))
+        assert all(strings & written for strings in actions), (name, [s for s in actions if not s & written])
+        for a in sub._actions:
+            if a.metavar and isinstance(a.metavar, str):
+                assert a.metavar in line, (name, a.metavar)
+        usage = sub.format_usage()
+        for metavar in re.findall(r"\b(SOURCE|MOUNTPOINT|MODEL|DIR|FILE|PATH)\b", line):
+            assert metavar in usage, (name, metavar, usage)
