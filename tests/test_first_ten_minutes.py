@@ -304,3 +304,16 @@ def test_the_readmes_commands_are_the_parsers():
         usage = sub.format_usage()
         for metavar in re.findall(r"\b(SOURCE|MOUNTPOINT|MODEL|DIR|FILE|PATH)\b", line):
             assert metavar in usage, (name, metavar, usage)
+
+
+def test_a_mount_only_llama_server_sees_is_not_the_source(store, monkeypatch, capsys):
+    """`llama-args MODEL --mount DIR` where DIR is where llama-server sees the
+    mount (a container's path), not a mount here: the source is the default
+    (in-process, with no compatfs mount in the mount table)."""
+    from compatfs.cli.main import main
+    monkeypatch.setattr(mounttable, "mounts", lambda path=None: [])
+    monkeypatch.setenv("OLLAMA_MODELS", str(store))
+    assert main(["llama-args", "plain", "--mount", "/models", "--lines"]) == 0
+    out = capsys.readouterr()
+    assert out.out.splitlines()[:2] == ["-m", "/models/plain:latest/model.gguf"], out.err
+    assert f"source {store} ($OLLAMA_MODELS)" in out.err

@@ -16,7 +16,7 @@ from ..view.opcache import DEFAULT_MB
 from ..sources.base import Source, SourceError
 from ..sources.choose import open_source
 from ..files.statedir import StateDirError, mount_file
-from .locate import find_source, keep_out_of_mounts
+from .locate import find_source, keep_out_of_mounts, mount_of
 from ..files.blobfile import KEEP_OUT_ENV
 
 
@@ -163,7 +163,10 @@ def _server_args(args):
     from ..router.llama_args import find_model_dir, server_args
     from ..router.models import model_files
     from ..names import MODEL_FILE
-    tree = _model_tree(args.source or args.mount)
+    # --mount names the source too when it is a compatfs mount here (not a
+    # path only llama-server sees, in a container say).
+    mounted = args.mount and mount_of(Path(args.mount))
+    tree = _model_tree(args.source or (args.mount if mounted else None))
     name, files = model_files(tree, args.model)
     try:
         model_dir = find_model_dir(name, args.mount)
