@@ -317,3 +317,41 @@ def test_a_mount_only_llama_server_sees_is_not_the_source(store, monkeypatch, ca
     out = capsys.readouterr()
     assert out.out.splitlines()[:2] == ["-m", "/models/plain:latest/model.gguf"], out.err
     assert f"source {store} ($OLLAMA_MODELS)" in out.err
+
+
+@needs_fuse
+def test_run_serves_embeddings_with_stock_llama_server(store, mount_store, tmp_path):
+    """Issue 32 pt 4, measured on 0c32945: `compatfs run` on an embedding
+    model started llama-server without --embeddings: /v1/embeddings was 501."""
+    import socket
+    import time
+    import urllib.request
+    import llamacpp
+    server = llamacpp.tool("llama-server")
+    mnt = mount_store(store)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path / "run.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "compatfs", "run", "embed:" + LEGACY["embeddinggemma"].tag,
+                             "--source", store, "--mount", mnt.path, "--llama-server", server, "--",
+                             "--host", "127.0.0.1", "--port", str(port), "-c", "512", "-t", "2", "--no-warmup"],
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        deadline, answer = time.monotonic() + 120, None
+        while time.monotonic() < deadline and proc.poll() is None and answer is None:
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/embeddings", json.dumps(
+                {"input": "Hello world"}).encode(), {"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=10) as r:
+                    answer = json.load(r)
+            except urllib.error.HTTPError as e:
+                if e.code != 503:        # loading
+                    raise AssertionError(f"/v1/embeddings: HTTP {e.code}") from None
+                time.sleep(0.5)
+            except OSError:
+                time.sleep(0.5)
+        assert answer is not None, (tmp_path / "run.log").read_text(errors="replace")[-3000:]
+        assert len(answer["data"][0]["embedding"]) > 0
+    finally:
+        llamacpp.stop(proc, log)
