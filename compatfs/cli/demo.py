@@ -9,15 +9,17 @@ import json
 import tempfile
 from pathlib import Path
 
-from ..sources.ollama import PARAMS
 from ..testing import write_models
 from ..testing.llama import plain_llama_text
 from ..testing.store import add_model
 
 # One model under another host and namespace, to show the nested layout.
 NESTED = ("hf.co", "demo", "tiny-llama", "Q8_0", plain_llama_text)
-# Its params layer, as a publisher's Modelfile PARAMETERs are stored.
+# Its params layer, as a publisher's Modelfile PARAMETERs are stored (the
+# layer's media type written as data, as the tests write it: only the source
+# reads a store's layout).
 NESTED_PARAMS = {"temperature": 0.6, "top_k": 30, "num_ctx": 2048, "stop": ["</s>"]}
+PARAMS_MEDIA_TYPE = "application/vnd.ollama.image.params"
 
 
 def write_demo_store(root: Path) -> Path:
@@ -38,5 +40,5 @@ def _add_params(root: Path, manifest: Path, params: dict) -> None:
     digest = hashlib.sha256(data).hexdigest()
     (root / "blobs" / f"sha256-{digest}").write_bytes(data)
     doc = json.loads(manifest.read_text())
-    doc["layers"].append({"mediaType": PARAMS, "digest": f"sha256:{digest}", "size": len(data)})
+    doc["layers"].append({"mediaType": PARAMS_MEDIA_TYPE, "digest": f"sha256:{digest}", "size": len(data)})
     manifest.write_text(json.dumps(doc))

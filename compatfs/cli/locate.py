@@ -21,7 +21,7 @@ from pathlib import Path
 from ..files import mounttable
 from ..files.blobfile import KEEP_OUT_ENV
 from ..sources.base import SourceError
-from ..sources.ollama import is_store
+from ..sources.choose import open_source
 
 FSTYPE = "fuse.compatfs"
 # Where scripts/mount.sh writes the demo store: .cache/ of the checkout.
@@ -83,9 +83,15 @@ def find_source(given: str | os.PathLike | None, mounts: bool = True) -> Found:
     candidates += [(Path.home() / ".ollama" / "models", "Ollama's default"),
                    (DEMO_STORE, "the demo store scripts/mount.sh writes")]
     for path, why in candidates:
-        if is_store(path):
-            return Found(path, why)
-        tried.append(f"{path} ({why}: {'no manifests/ and blobs/' if path.is_dir() else 'not there'})")
+        if not path.is_dir():
+            tried.append(f"{path} ({why}: not there)")
+            continue
+        try:
+            open_source(path)
+        except SourceError as e:
+            tried.append(f"{path} ({why}: {e})")
+            continue
+        return Found(path, why)
     raise SourceError("no source found; tried " + ", ".join(tried)
                       + ". Name one (an Ollama store or a folder of GGUF files), or run scripts/mount.sh "
                         "for the demo store")
