@@ -355,3 +355,78 @@ def test_run_serves_embeddings_with_stock_llama_server(store, mount_store, tmp_p
         assert len(answer["data"][0]["embedding"]) > 0
     finally:
         llamacpp.stop(proc, log)
+
+
+def _on_a_terminal(argv: list[str], env: dict, cwd: Path) -> str:
+    """What `argv` writes to a terminal (stdout and stderr on one pty)."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+    main, side = pty.openpty()
+    fcntl.ioctl(side, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))    # 24 rows, 100 columns
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=side, stderr=side, env=env, cwd=cwd)
+    os.close(side)
+    out = b""
+    while True:
+        ready, _, _ = select.select([main], [], [], 60)
+        if not ready:
+            proc.kill()
+            break
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:       # EIO: the writer side is closed
+            break
+        if not chunk:
+            break
+        out += chunk
+    proc.wait(timeout=60)
+    os.close(main)
+    return out.decode(errors="replace")
+
+
+def test_e2e_shows_the_builds_progress_on_a_terminal(tmp_path):
+    """Issue 33: long work is not silent. scripts/e2e's llama.cpp build (a
+    fake cmake here, printing make's percentages) shows a progress bar on a
+    terminal, none with -q, and none off a terminal (measured on 0c32945:
+    the build printed nothing for minutes)."""
+    from conftest import ROOT
+    fakes = tmp_path / "bin"
+    fakes.mkdir()
+    cache = tmp_path / "cache"
+    (cache / "src").mkdir(parents=True)
+    (cache / "src" / "CMakeLists.txt").write_text("")
+    (fakes / "g++").write_text("#!/bin/sh\n")
+    (fakes / "cmake").write_text(f"""#!/bin/sh
+case "$*" in *--build*)
+  for p in 5 40 75 100; do echo "[ $p%] Building CXX object x$p.o"; sleep 0.1; done
+  mkdir -p {cache}/build/bin
+  for t in llama-server llama-mtmd-cli llama-quantize; do printf '#!/bin/sh\\n' > {cache}/build/bin/$t; done ;;
+esac
+""")
+    for f in fakes.iterdir():
+        f.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fakes}:{os.environ['PATH']}"}
+    argv = [sys.executable, str(ROOT / "scripts" / "e2e.py"), "--build-only", "--cache", str(cache)]
+    shown = _on_a_terminal(argv, env, ROOT)
+    assert "building llama.cpp" in shown and "100/100" in shown, shown
+    subprocess.run(["rm", "-rf", str(cache / "build")], check=True)
+    quiet = _on_a_terminal([*argv, "-q"], env, ROOT)
+    assert "llama.cpp tools in" in quiet and "building llama.cpp:" not in quiet, quiet
+    subprocess.run(["rm", "-rf", str(cache / "build")], check=True)
+    piped = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert piped.returncode == 0 and "building llama.cpp:" not in piped.stderr, piped.stderr
+
+
+def test_export_shows_bytes_rate_and_time_left_on_a_terminal(store, tmp_path):
+    """On a terminal `export` draws tqdm's bar (bytes, rate, time left); with
+    -q nothing but the sha256 lines (measured on 0c32945: -q still printed a
+    line per file written)."""
+    from conftest import ROOT
+    argv = [sys.executable, "-m", "compatfs", "export", "tuned:1b", str(tmp_path / "out"), "--source", str(store)]
+    shown = _on_a_terminal(argv, dict(os.environ), ROOT)
+    assert "tuned:1b: 100%|" in shown and "B/s]" in shown and "compatfs: wrote" in shown, shown
+    quiet = _on_a_terminal([*argv[:-3], str(tmp_path / "q"), "--source", str(store), "-q"], dict(os.environ), ROOT)
+    lines = quiet.strip().splitlines()
+    assert len(lines) == 2 and all(len(line.split()[0]) == 64 for line in lines), quiet
