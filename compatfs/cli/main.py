@@ -442,7 +442,10 @@ def mount_helper(argv: list[str] | None = None) -> int:
     from . import fstab
     argv = sys.argv[1:] if argv is None else list(argv)
     if any(a in ("-h", "--help") for a in argv):
-        print(MOUNT_HELPER_USAGE)
+        try:
+            print(MOUNT_HELPER_USAGE, flush=True)
+        except BrokenPipeError:
+            return _closed_pipe()
         return 0
     try:
         cmd, warnings = fstab.mount_argv(argv)
@@ -463,7 +466,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] in (["run"], ["serve"]) and "--" in argv:     # llama-server's own arguments, passed on as they are
         cut = argv.index("--")
         argv, extra = argv[:cut], argv[cut + 1:]
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)     # --help and --version print here
+    except BrokenPipeError:
+        return _closed_pipe()
     args.extra = extra
     kept = os.environ.get(KEEP_OUT_ENV)     # `_open` adds the mounts of the source read
     try:
