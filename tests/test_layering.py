@@ -1,4 +1,4 @@
-"""The package's layers as README's Layout lists them: each of compatfs'
+"""The package's layers as docs/architecture.md's Layers section lists them: each of compatfs'
 subpackages and top modules imports only those listed before it (and the
 handlers, installed as compatfs.handlers)."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ PACKAGE = ROOT / "compatfs"
 
 
 def listed_order() -> list[str]:
-    """The units (`errors`, `format`, `tree`, ...) in the order the Layout section lists them."""
-    layout = (ROOT / "README.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
+    """The units (`errors`, `format`, `tree`, ...) in the order the Layers section lists them."""
+    layout = (ROOT / "docs" / "architecture.md").read_text().split("## Layers", 1)[1].split("\n## ", 1)[0]
     return [m.group(1) for m in re.finditer(r"^  - `([a-z_]+)(?:/|\.py)`", layout, re.M)]
 
 

@@ -141,6 +141,6 @@ def test_print_preset_shows_every_model_of_the_mount(tmp_path, mount_store):
            "ctx-size = 2048\n" in text
     assert f"[tiny@1b]\nalias = tiny:1b\nmodel = {mnt.path}/tiny:1b/model.gguf\n" in text
     assert "temp" not in text and "blobs" not in text
-    missing = run("--mount", mnt.path, env={**os.environ, "PATH": "/nonexistent"})
+    missing = run("--mount", mnt.path, "--llama-server", "/nonexistent/llama-server")
     assert missing.returncode == 1 and missing.stderr.strip() == \
-        "compatfs: error: llama-server not found in PATH: name it with --llama-server PATH"
+        "compatfs: error: --llama-server /nonexistent/llama-server: not an executable file"

@@ -210,16 +210,18 @@ def _size(n: int) -> str:
 
 
 def export_model(views: BlobViews, name: str, files: dict, outdir: Path, reflink: str = "auto",
-                 checksum: bool = True, progress: bool = True) -> list[Exported]:
+                 checksum: bool = True, quiet: bool = False) -> list[Exported]:
     """Write the files of model `name` (FileRefs by file name, as `models.model_files`
-    gives them) into `outdir`; prints a sha256sum line per file and a summary."""
+    gives them) into `outdir`; prints a sha256sum line per file (stdout) and,
+    unless `quiet`, a progress bar while writing (on a terminal: bytes, rate,
+    time left) and a line per file written (stderr)."""
     from tqdm import tqdm
     outdir.mkdir(parents=True, exist_ok=True)
     jobs = [(fname, files[fname], views.view(files[fname].blob, files[fname].kind, files[fname].params))
             for fname in sorted(files, key=_order)]
     done: list[Exported] = []
     bar = tqdm(total=sum(v.size for _, _, v in jobs), unit="B", unit_scale=True, unit_divisor=1024,
-               desc=name, disable=None if progress else True, file=sys.stderr)
+               desc=name, disable=True if quiet else None, file=sys.stderr)
     try:
         with _terminate_as_interrupt():
             for fname, ref, view in jobs:
@@ -231,5 +233,6 @@ def export_model(views: BlobViews, name: str, files: dict, outdir: Path, reflink
             print(f"{e.sha256}  {e.path}")
         shared = f", {_size(e.shared)} shared with the blob (reflink)" if e.shared else ""
         why = f"; copied: {'; '.join(sorted(e.copied_because))}" if e.copied_because else ""
-        print(f"compatfs: wrote {e.path} ({_size(e.size)}{shared}){why}", file=sys.stderr)
+        if not quiet:
+            print(f"compatfs: wrote {e.path} ({_size(e.size)}{shared}){why}", file=sys.stderr)
     return done

@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -14,23 +13,50 @@ from ..errors import GGUFError
 from ..view.index import IndexPathError
 from .launch import LaunchError, MountRequest
 from ..view.opcache import DEFAULT_MB
-from ..sources.base import SourceError
-from ..sources.choose import default_source, open_source
+from ..sources.base import Source, SourceError
+from ..sources.choose import open_source
 from ..files.statedir import StateDirError, mount_file
+from .locate import find_source, keep_out_of_mounts, mount_of
+from ..files.blobfile import KEEP_OUT_ENV
 
 
 class CliError(Exception):
     """One clear line for the user; exit status 1."""
 
 
+def _open(given: str | None) -> Source:
+    """The source a command reads in-process (`locate.find_source`), read as
+    its mounts read it (never through them); says on stderr which source it
+    chose when none was named."""
+    found = find_source(given)
+    if found.why:
+        print(f"{PROG}: source {found.path} ({found.why})", file=sys.stderr)
+    keep_out_of_mounts(found.path)
+    return open_source(found.path)
+
+
 # -- mount / umount -----------------------------------------------------------
 
 def cmd_mount(args) -> int:
     from ..view.catalog import translation_enabled
-    source = Path(args.source).expanduser() if args.source else default_source()
-    request = MountRequest(tuple(args.options), translation_enabled(args.no_translate), args.op_cache_mb,
+    found = find_source(args.source, mounts=False)
+    if found.why:
+        print(f"{PROG}: source {found.path} ({found.why})", file=sys.stderr)
+    source = open_source(found.path.absolute())
+    request = MountRequest(_naming(source, args.options), translation_enabled(args.no_translate), args.op_cache_mb,
                            args.read_ahead_kb, args.index, args.no_index, args.log, args.verbose)
-    return launch.mount(open_source(source.absolute()), Path(args.mountpoint).absolute(), request, args.foreground)
+    return launch.mount(source, Path(args.mountpoint).absolute(), request, args.foreground)
+
+
+def _naming(source: Source, options: list[str]) -> tuple[str, ...]:
+    """The -o options, with `fsname` the source's path unless given: the mount
+    table then names the source of the mount (`locate`), as `df` shows it.
+    (A path holding a comma cannot be an option's value: such a mount keeps
+    the name compatfs.)"""
+    if any(item.split("=", 1)[0] == "fsname" for o in options for item in o.split(",")):
+        return tuple(options)
+    root = str(source.root)
+    return (*options, f"fsname={root}") if "," not in root else tuple(options)
 
 
 def cmd_umount(args) -> int:
@@ -44,7 +70,7 @@ def cmd_ls(args) -> int:
     from ..errors import GGUFError
     from ..tree import Tree
     from ..view.catalog import BlobViews, translation_enabled
-    store = open_source(args.source)
+    store = _open(args.source)
     views = BlobViews(translate=translation_enabled(args.no_translate))
     tree = Tree(store, views)
     snap = tree.snapshot()
@@ -116,9 +142,8 @@ def _llama_cpp_verdict(tree, name: str) -> dict:
 
 def cmd_inspect(args) -> int:
     from .report import describe, format_report, resolve_target
-    path = resolve_target(args.target, args.source, args.clip)
     try:
-        report = describe(path, "mmproj.gguf" if args.clip else "model.gguf")
+        report = describe(resolve_target(args.target, lambda: _model_tree(args.source), args.clip))
     except FileNotFoundError as e:      # --clip of a blob without a projector view
         raise CliError(str(e)) from None
     print(json.dumps(report, indent=2) if args.json else format_report(report))
@@ -131,18 +156,27 @@ def _model_tree(source: str | None, no_translate: bool = False):
     """A Tree over the source (views built in-process, as the mount builds them)."""
     from ..tree import Tree
     from ..view.catalog import BlobViews, translation_enabled
-    return Tree(open_source(source), BlobViews(translate=translation_enabled(no_translate)))
+    return Tree(_open(source), BlobViews(translate=translation_enabled(no_translate)))
 
 
 def _server_args(args):
     from ..router.llama_args import find_model_dir, server_args
     from ..router.models import model_files
-    name, files = model_files(_model_tree(args.source), args.model)
+    from ..names import MODEL_FILE
+    # --mount names the source too when it is a compatfs mount here (not a
+    # path only llama-server sees, in a container say).
+    mounted = args.mount and mount_of(Path(args.mount))
+    tree = _model_tree(args.source or (args.mount if mounted else None))
+    name, files = model_files(tree, args.model)
     try:
         model_dir = find_model_dir(name, args.mount)
     except ValueError as e:
         raise CliError(str(e)) from None
-    return server_args(files, model_dir)
+    try:
+        embedding = tree.views.summary(files[MODEL_FILE].blob).embedding
+    except GGUFError:         # a blob that cannot be read: its mount refuses it too
+        embedding = False
+    return server_args(files, model_dir, embedding)
 
 
 def cmd_llama_args(args) -> int:
@@ -160,11 +194,12 @@ def cmd_llama_args(args) -> int:
 
 
 def _llama_server(named: str | None) -> str:
-    """The llama-server to run: `--llama-server`, else the one in PATH."""
-    exe = named or shutil.which("llama-server")
-    if not exe:
-        raise CliError("llama-server not found in PATH: name it with --llama-server PATH")
-    return exe
+    """The llama-server to run: `--llama-server`, else the one `llama_server.find` finds."""
+    from ..router.llama_server import NotFound, find
+    try:
+        return str(find(named))
+    except NotFound as e:
+        raise CliError(str(e)) from None
 
 
 def cmd_run(args) -> int:
@@ -219,7 +254,7 @@ def cmd_export(args) -> int:
     tree = _model_tree(args.source, args.no_translate)
     name, files = model_files(tree, args.model)
     export_model(tree.views, name, files, Path(args.directory), reflink=args.reflink,
-                 checksum=not args.no_checksum, progress=not args.quiet)
+                 checksum=not args.no_checksum, quiet=args.quiet)
     return 0
 
 
@@ -253,6 +288,13 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+SOURCE_HELP = ("an Ollama store, a folder of GGUF files, or a compatfs mountpoint (the source mounted there); "
+               "default: the compatfs mount there is, else $OLLAMA_MODELS, ~/.ollama/models, the demo store "
+               "scripts/mount.sh writes")
+SERVER_HELP = ("the llama-server to run (default: llama-server on PATH, else the compatfs[serve] extra's, "
+               "$LLAMA_CPP_DIR/build/bin's, scripts/e2e's build)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=(
         "Present the models of an Ollama store, or of a folder of GGUF files, as llama.cpp-compatible GGUF files "
@@ -263,8 +305,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     m = sub.add_parser("mount", help="mount a store (returns once mounted; -f stays attached)")
-    m.add_argument("source", nargs="?", help="an Ollama store, or a folder of GGUF files (default $OLLAMA_MODELS, else ~/.ollama/models)")
-    m.add_argument("mountpoint")
+    m.add_argument("source", nargs="?", metavar="SOURCE",
+                   help="an Ollama store, or a folder of GGUF files (default: $OLLAMA_MODELS, else ~/.ollama/models, "
+                        "else the demo store scripts/mount.sh writes)")
+    m.add_argument("mountpoint", metavar="MOUNTPOINT")
     m.add_argument("-f", "--foreground", action="store_true", help="stay attached (logging to stderr unless --log)")
     m.add_argument("-o", dest="options", action="append", default=[], metavar="opt[,opt]",
                    help="FUSE mount options, e.g. -o allow_other,attr_timeout=600")
@@ -277,26 +321,26 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--no-index", action="store_true", help="keep the index in memory only")
     m.add_argument("--no-translate", action="store_true",
                    help="serve every blob unchanged (also: OLLAMA_LLAMA_CPP_COMPAT=0)")
-    m.add_argument("--log", help="log file (default: stderr with -f or under systemd, else "
+    m.add_argument("--log", metavar="FILE", help="log file (default: stderr with -f or under systemd, else "
                                  "$XDG_STATE_HOME/compatfs/, i.e. ~/.local/state/compatfs/)")
     m.add_argument("-v", "--verbose", action="count", default=0, help="log more (-vv: debug)")
     m.set_defaults(func=cmd_mount)
 
-    u = sub.add_parser("umount", help="unmount a compatfs mount")
-    u.add_argument("mountpoint")
+    u = sub.add_parser("umount", help="unmount a compatfs mount (also cleans up after a daemon that was killed)")
+    u.add_argument("mountpoint", metavar="MOUNTPOINT")
     u.set_defaults(func=cmd_umount)
 
     ls = sub.add_parser("ls", help="list every model: the files it shows, the handlers that claim it, whether stock llama.cpp loads it, or why it is left out")
-    ls.add_argument("source", nargs="?", help="an Ollama store, or a folder of GGUF files (default as for mount)")
-    ls.add_argument("--no-translate", action="store_true", help="as the mount would show it untranslated")
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("source", nargs="?", metavar="SOURCE", help=SOURCE_HELP)
+    ls.add_argument("--no-translate", action="store_true", help="as a mount with --no-translate shows it")
+    ls.add_argument("--json", action="store_true", help="as JSON")
     ls.set_defaults(func=cmd_ls)
 
     i = sub.add_parser("inspect", help="show the translation of a model, blob or GGUF file")
-    i.add_argument("target", help="MODEL (as ollama names it), BLOB-DIGEST (sha256-<hex>) or FILE.gguf")
+    i.add_argument("target", metavar="MODEL|BLOB-DIGEST|FILE.gguf", help="MODEL (as ollama names it), BLOB-DIGEST (sha256-<hex>) or FILE.gguf")
     i.add_argument("--clip", action="store_true", help="the mmproj.gguf view instead of model.gguf")
-    i.add_argument("--source", help="the Ollama store or folder of GGUF files for MODEL or DIGEST (default as for mount)")
-    i.add_argument("--json", action="store_true")
+    i.add_argument("--source", metavar="SOURCE", help=SOURCE_HELP)
+    i.add_argument("--json", action="store_true", help="as JSON")
     i.set_defaults(func=cmd_inspect)
 
     la = sub.add_parser("llama-args", help="print the llama-server arguments for a model: its files and its params layer",
@@ -309,12 +353,12 @@ def build_parser() -> argparse.ArgumentParser:
     la.set_defaults(func=cmd_llama_args)
 
     r = sub.add_parser("run", help="exec llama-server on a model with the arguments llama-args prints",
-                       usage="compatfs run MODEL [--source STORE] [--mount MOUNTPOINT] [--llama-server PATH] "
+                       usage="compatfs run MODEL [--source SOURCE] [--mount MOUNTPOINT] [--llama-server PATH] "
                              "[-- EXTRA ...]",
                        description="Exec llama-server on MODEL's mounted files with the arguments `compatfs "
                                    "llama-args` prints, then EXTRA (which override them: -- --port 8080).")
     _model_args(r)
-    r.add_argument("--llama-server", metavar="PATH", help="the llama-server to run (default: from PATH)")
+    r.add_argument("--llama-server", metavar="PATH", help=SERVER_HELP)
     r.set_defaults(func=cmd_run)
 
     sv = sub.add_parser("serve", help="run llama-server's router over a mount: every model by its Ollama name",
@@ -328,7 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "EXTRA goes to llama-server and overrides every model's own "
                                     "settings (-- --models-max 2 -t 8).")
     sv.add_argument("--mount", metavar="MOUNTPOINT", help="the compatfs mount (default: the one there is)")
-    sv.add_argument("--llama-server", metavar="PATH", help="the llama-server to run (default: from PATH)")
+    sv.add_argument("--llama-server", metavar="PATH", help=SERVER_HELP)
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     sv.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
     sv.add_argument("--print-preset", action="store_true",
@@ -341,30 +385,54 @@ def build_parser() -> argparse.ArgumentParser:
                                    "system, license) into DIRECTORY, byte-identical to the mounted ones, "
                                    "and print each file's sha256. Each file is written under a temporary "
                                    "name and renamed when complete.")
-    e.add_argument("model", help="MODEL as ollama names it (gemma3:4b, hf.co/org/repo:tag)")
-    e.add_argument("directory", help="where to write (created if missing)")
-    e.add_argument("--source", help="an Ollama store, or a folder of GGUF files (default as for mount)")
+    e.add_argument("model", metavar="MODEL", help="MODEL as ollama names it (gemma3:4b, hf.co/org/repo:tag)")
+    e.add_argument("directory", metavar="DIR", help="where to write (created if missing)")
+    e.add_argument("--source", metavar="SOURCE", help=SOURCE_HELP)
     e.add_argument("--reflink", dest="reflink", action="store_const", const="always", default="auto",
                    help="share all tensor data read from the blobs with them (btrfs, XFS), or fail; by default "
                         "data is shared where the filesystem and the file's layout allow and copied elsewhere")
     e.add_argument("--no-reflink", dest="reflink", action="store_const", const="never", help="always copy")
     e.add_argument("--no-checksum", action="store_true", help="skip the sha256 (data shared by reflink is then not read)")
     e.add_argument("--no-translate", action="store_true", help="export the blobs unchanged (also: OLLAMA_LLAMA_CPP_COMPAT=0)")
-    e.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    e.add_argument("-q", "--quiet", action="store_true",
+                   help="nothing on stderr: no progress bar (shown only on a terminal) and no line per file written")
     e.set_defaults(func=cmd_export)
 
     d = sub.add_parser("demo-store", help="write a small store of tiny legacy Ollama models")
-    d.add_argument("directory")
+    d.add_argument("directory", metavar="DIR")
     d.set_defaults(func=cmd_demo_store)
     return p
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="MODEL as ollama names it (gemma3:4b, hf.co/org/repo:tag)")
-    p.add_argument("--source", help="an Ollama store, or a folder of GGUF files (default as for mount)")
+    p.add_argument("model", metavar="MODEL", help="MODEL as ollama names it (gemma3:4b, hf.co/org/repo:tag)")
+    p.add_argument("--source", metavar="SOURCE", help=SOURCE_HELP)
     p.add_argument("--mount", metavar="MOUNTPOINT",
                    help="where llama-server sees the mount (default: the compatfs mount that shows MODEL; "
                         "a mount that does not answer within 2 s is left out)")
+
+
+MOUNT_HELPER_USAGE = """\
+usage: mount.compatfs SOURCE DIR [-sfnv] [-o OPTIONS]
+
+Mount the Ollama store (or folder of GGUF files) SOURCE at DIR, as
+`compatfs mount SOURCE DIR` does: mount(8) runs this for /etc/fstab entries
+of type compatfs (mount.fuse3 runs `compatfs SOURCE DIR -o OPTIONS` for type
+fuse.compatfs), e.g.
+
+  /usr/share/ollama/.ollama/models  /mnt/compat  compatfs  ro,allow_other,nofail  0 0
+
+  -o OPTIONS  comma-separated: FUSE's (allow_other, uid=, gid=, umask=,
+              attr_timeout=, fsname=, ...) and compatfs's own: op_cache_mb=N,
+              read_ahead_kb=N, index=FILE, no_index, no_translate, log=FILE,
+              verbose. Options mount(8) or systemd act on (noauto, user,
+              _netdev, nofail, x-systemd.*, ...) are accepted and ignored;
+              any other is an error. The mount is read-only (rw is ignored).
+  -s          sloppy: an unknown option is a warning, not an error
+  -f          fake: check the options, mount nothing
+  -n, -v      accepted (no mtab is written; -v is mount(8)'s)
+
+See docs/deploy.md for fstab, systemd and containers."""
 
 
 def mount_helper(argv: list[str] | None = None) -> int:
@@ -374,7 +442,10 @@ def mount_helper(argv: list[str] | None = None) -> int:
     from . import fstab
     argv = sys.argv[1:] if argv is None else list(argv)
     if any(a in ("-h", "--help") for a in argv):
-        print(fstab.__doc__)
+        try:
+            print(MOUNT_HELPER_USAGE, flush=True)
+        except BrokenPipeError:
+            return _closed_pipe()
         return 0
     try:
         cmd, warnings = fstab.mount_argv(argv)
@@ -395,8 +466,12 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] in (["run"], ["serve"]) and "--" in argv:     # llama-server's own arguments, passed on as they are
         cut = argv.index("--")
         argv, extra = argv[:cut], argv[cut + 1:]
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)     # --help and --version print here
+    except BrokenPipeError:
+        return _closed_pipe()
     args.extra = extra
+    kept = os.environ.get(KEEP_OUT_ENV)     # `_open` adds the mounts of the source read
     try:
         return args.func(args)
     except (CliError, LaunchError, SourceError, GGUFError, IndexPathError, StateDirError) as e:
@@ -404,3 +479,20 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _closed_pipe()
+    finally:     # as it was, for a caller that runs commands in-process (the tests)
+        if kept is None:
+            os.environ.pop(KEEP_OUT_ENV, None)
+        else:
+            os.environ[KEEP_OUT_ENV] = kept
+
+
+def _closed_pipe() -> int:
+    """The reader of stdout went away (`compatfs ls | head -1`): stop quietly,
+    as a tool killed by SIGPIPE does (status 141), with stdout pointed at
+    /dev/null so that Python's own flush at exit finds no pipe to fail on."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + 13

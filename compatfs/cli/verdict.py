@@ -32,6 +32,19 @@ AS_IS = "as-is"
 TRANSLATED = "translated"
 NO = "no"
 
+# What a model folder's own layers add to its model.gguf, by key prefix, as
+# `ls` names it.
+ADDED_BY_LAYERS = {
+    "general.sampling.": "sampling defaults",
+}
+
+
+def _added(keys: tuple[str, ...]) -> str:
+    """The keys a model's layers add, named by what they are."""
+    named = [what for prefix, what in ADDED_BY_LAYERS.items() if any(k.startswith(prefix) for k in keys)]
+    other = [k for k in keys if not any(k.startswith(p) for p in ADDED_BY_LAYERS)]
+    return ", ".join(named + other)
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -40,20 +53,23 @@ class Verdict:
     loads: str
     handler: str | None = None
     reason: str | None = None
+    adds: tuple[str, ...] = ()     # keys the model's own layers add to the file (its params layer's)
 
     def __str__(self) -> str:
-        if self.loads == TRANSLATED:
-            return f"translated ({self.handler})"
         if self.loads == NO:
             return f"no: {self.reason}"
-        return "as is"
+        plus = f" + {_added(self.adds)}" if self.adds else ""
+        if self.loads == TRANSLATED:
+            return f"translated ({self.handler}){plus}"
+        return f"as is{plus}"
 
     def as_dict(self) -> dict:
-        return {"loads": self.loads, "handler": self.handler, "reason": self.reason}
+        return {"loads": self.loads, "handler": self.handler, "reason": self.reason, "adds": list(self.adds)}
 
 
-def view_verdict(views: BlobViews, blob: Path, kind: str) -> Verdict:
-    """The verdict for the `kind` view of `blob` (GGUFError when unreadable)."""
+def view_verdict(views: BlobViews, blob: Path, kind: str, adds: tuple[str, ...] = ()) -> Verdict:
+    """The verdict for the `kind` view of `blob` with the keys `adds` a model
+    folder's layers add to it (GGUFError when unreadable)."""
     s = views.summary(blob)
     if s.error:
         raise GGUFError(s.error)
@@ -64,12 +80,14 @@ def view_verdict(views: BlobViews, blob: Path, kind: str) -> Verdict:
         if tr is not None:
             why += f" (after {tr})"
         return Verdict(NO, tr, why)
-    return Verdict(TRANSLATED, tr, None) if tr is not None else Verdict(AS_IS)
+    return Verdict(TRANSLATED, tr, None, adds) if tr is not None else Verdict(AS_IS, adds=adds)
 
 
 def model_verdict(views: BlobViews, files: dict) -> dict[str, Verdict]:
-    """Verdicts for the GGUF files of one model directory (`Tree` FileRefs by name)."""
-    return {name: view_verdict(views, ref.blob, ref.kind)
+    """Verdicts for the GGUF files of one model directory (`Tree` FileRefs by
+    name), as a user opens them: with what the model's own layers add."""
+    return {name: view_verdict(views, ref.blob, ref.kind,
+                               tuple(k for k, _ in views.sampling_kvs(ref.kind, ref.params)))
             for name, ref in files.items() if name in (MODEL_FILE, MMPROJ_FILE)}
 
 

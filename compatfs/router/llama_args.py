@@ -17,13 +17,17 @@ from .params import Args, translate_params
 from ..names import MMPROJ_FILE, MODEL_FILE
 
 
-def server_args(files: dict, model_dir: Path) -> Args:
+def server_args(files: dict, model_dir: Path, embedding: bool = False) -> Args:
     """`-m`, `--mmproj` (files of `model_dir`, the model's directory where
-    llama-server sees the mount), and the translated params layer.
-    `files` are the model directory's files by name (`models.model_files`)."""
+    llama-server sees the mount), `--embeddings` for an `embedding` model (as
+    its models.ini section has it: llama-server answers /v1/embeddings only
+    with it), and the translated params layer.  `files` are the model
+    directory's files by name (`models.model_files`)."""
     out = Args(["-m", str(model_dir / MODEL_FILE)])
     if MMPROJ_FILE in files:
         out.argv += ["--mmproj", str(model_dir / MMPROJ_FILE)]
+    if embedding:
+        out.argv.append("--embeddings")
     if "params.json" in files:
         try:
             params = translate_params(read_params(files["params.json"].blob))

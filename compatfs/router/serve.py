@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -93,9 +94,11 @@ class Router:
     def run(self) -> int:
         self.refresh()
         mine = "the mount's own" if self.published else "written by compatfs serve"
-        print(f"compatfs: {len(self.entries)} models of {self.mnt}; preset {self.preset_file} ({mine})",
-              file=sys.stderr)
-        print(f"compatfs: exec {' '.join(self.argv)}", file=sys.stderr, flush=True)
+        n = len(self.entries)
+        print(f"compatfs: serving {n} model{'s' if n != 1 else ''} of {self.mnt} at {self.base} "
+              f"(preset {self.preset_file}, {mine})", file=sys.stderr)
+        print(f"compatfs: running llama-server's router (stopped with compatfs serve): {shlex.join(self.argv)}",
+              file=sys.stderr, flush=True)
         proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL)
         stop = []
 
