@@ -7,6 +7,7 @@ uid 65534 as the attacker."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -38,7 +39,6 @@ def as_nobody(path: Path) -> bytes | None:
 
 
 def params_blob(root: Path, manifest: Path) -> Path:
-    import json
     digest = next(x["digest"] for x in json.loads(manifest.read_text())["layers"] if x["mediaType"] == PARAMS)
     return root / "blobs" / digest.replace(":", "-")
 
@@ -134,3 +134,39 @@ def test_a_layer_is_read_from_the_file_its_permissions_were_decided_on(open_tmp)
     layer.symlink_to(private)
     with pytest.raises(ValueError, match="not readable by everyone"):
         read_params(layer)
+
+
+def test_private_template_and_system_layers_never_reach_a_shared_model_gguf(open_tmp):
+    """The template and system layers are read under the params layer's rule:
+    a private one (0600) adds nothing to the model.gguf others may open, and
+    `ls`'s notes say why."""
+    from compatfs.view import sampling
+    from compatfs.view.sampling import Layers
+    from test_template_layer import SYSTEM, TEMPLATE, set_layer
+    blob = llama.plain_llama_text(open_tmp / "t.gguf")
+    root = open_tmp / "store"
+    templates = {"private": b"{{ .System }}SECRETTURN{{ .Prompt }}", "open": b"{{ .System }}OPENTURN{{ .Prompt }}"}
+    manifests = {}
+    for name, template in templates.items():
+        manifests[name] = add_model(root, name, blob, tag="1b")
+        set_layer(root, manifests[name], TEMPLATE, template)
+        set_layer(root, manifests[name], SYSTEM, f"{name.upper()}SYSTEM".encode())
+    _chmod_all(root)
+    for layer in (TEMPLATE, SYSTEM):
+        digest = next(x["digest"] for x in json.loads(manifests["private"].read_text())["layers"]
+                      if x["mediaType"] == layer)
+        (root / "blobs" / digest.replace(":", "-")).chmod(0o600)
+    m = Mount(root, open_tmp / "mnt", env={"XDG_STATE_HOME": str(open_tmp / "state")})
+    try:
+        private = as_nobody(m / "private:1b" / "model.gguf")
+        assert private is not None
+        assert b"SECRETTURN" not in private and b"PRIVATESYSTEM" not in private
+        opened = as_nobody(m / "open:1b" / "model.gguf") or b""
+        assert b"OPENTURN" in opened and b"OPENSYSTEM" in opened
+        assert m.alive
+    finally:
+        m.close()
+    blobs = {x["mediaType"]: root / "blobs" / x["digest"].replace(":", "-")
+             for x in json.loads(manifests["private"].read_text())["layers"]}
+    notes = sampling.of_layer(Layers(None, blobs[TEMPLATE], blobs[SYSTEM])).notes
+    assert any("not readable by everyone" in n for n in notes), notes
