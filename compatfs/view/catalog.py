@@ -242,6 +242,7 @@ class BlobViews:
     ..."; those workers parse, as they return)."""
 
     PATIENCE = 0.05   # seconds a request waits for a worker's summary before making its own
+    MAX_WORKERS = 4   # indexing processes at most, whatever is asked (each imports numpy and gguf)
 
     def __init__(self, translate: bool = True, op_cache: OpCache | None = None,
                  index: Index | None = None, view_budget: int = 32 << 20, workers: int = 0):
@@ -250,7 +251,7 @@ class BlobViews:
         self.index = index if index is not None else Index(None, translate)
         self._views: LRUCache = LRUCache(maxsize=view_budget, getsizeof=lambda v: v.nbytes_held)
         self._lock = threading.Lock()
-        self._workers = workers
+        self._workers = min(workers, self.MAX_WORKERS)
         self._pool: ProcessPoolExecutor | None = None
         self._pending: dict[str, Future] = {}
         self.on_belied: Callable[[Path], None] | None = None
@@ -315,8 +316,9 @@ class BlobViews:
             return False
 
     def prefetch(self, paths) -> None:
-        """Summarise, in worker processes, the blobs of `paths` not yet indexed
-        (with `workers` > 0 and at least two of them to do)."""
+        """Summarise, in worker processes (`workers` of them, at most
+        `MAX_WORKERS`), the blobs of `paths` not yet indexed (with `workers` >
+        0 and at least two of them to do)."""
         if self._workers <= 0:
             return
         todo = []
