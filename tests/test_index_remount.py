@@ -59,6 +59,7 @@ def mount_and_list(store: Path, index: Path, mountpoint: Path) -> tuple[str, dic
             sizes[f"{name}/{file}"] = size
     ref = tree.lookup("models.ini")
     assert isinstance(ref, FileRef)
+    tree.views.close()     # as the daemon does at unmount: what the index learnt is written
     return ref.blob.read_text(), sizes
 
 
