@@ -203,7 +203,7 @@ class Index:
         self._db: sqlite3.Connection | None = None
         # What the writer has to do: rows to write, paths to prune if gone.
         self._wake = threading.Condition(self._lock)
-        self._rows: list[tuple[str, tuple]] = []
+        self._rows: dict[tuple[str, object], tuple] = {}   # (statement, entry) -> row
         self._prune: set[str] = set()
         self._writing = False
         self._closed = False
@@ -305,7 +305,7 @@ class Index:
         with self._lock:
             self._mem[str(path)] = (stamp, summary)
             self._queue("INSERT OR REPLACE INTO views_v4 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (str(path), self.version, self.translate, *stamp, summary.model_size, summary.mmproj_size,
+                        str(path), (str(path), self.version, self.translate, *stamp, summary.model_size, summary.mmproj_size,
                          summary.text, summary.clip, summary.error, summary.arch, summary.model_error,
                          summary.mmproj_error, int(summary.embedding)))
 
@@ -320,12 +320,13 @@ class Index:
         with self._lock:
             self._sampled[(str(path), kvs)] = (stamp, size)
             self._queue("INSERT OR REPLACE INTO sampled_v1 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (str(path), self.version, self.translate, *stamp, kvs, size))
+                        (str(path), kvs), (str(path), self.version, self.translate, *stamp, kvs, size))
 
-    def _queue(self, sql: str, row: tuple) -> None:
-        """A row for the writer (the lock is held)."""
+    def _queue(self, sql: str, key: object, row: tuple) -> None:
+        """A row for the writer, replacing one of the same `key` not yet
+        written (the lock is held): what waits is at most one row per entry."""
         if self._writer is not None and not self._closed:
-            self._rows.append((sql, row))
+            self._rows[(sql, key)] = row
             self._wake.notify()
 
     def retain(self, keep: set[str]) -> None:
@@ -353,7 +354,7 @@ class Index:
             with self._lock:
                 while not (self._rows or self._prune or self._closed):
                     self._wake.wait()
-                rows, self._rows = self._rows, []
+                rows, self._rows = list(self._rows.items()), {}
                 prune, self._prune = self._prune, set()
                 if not rows and not prune:
                     return    # closed, all written
@@ -366,7 +367,7 @@ class Index:
             if not done:
                 return
 
-    def _batch(self, db: sqlite3.Connection, rows: list[tuple[str, tuple]], gone: list[tuple[str]] | None = None,
+    def _batch(self, db: sqlite3.Connection, rows: list[tuple[tuple[str, object], tuple]], gone: list[tuple[str]] | None = None,
                old_versions: bool = False) -> bool:
         """Write `rows` and delete the rows of `gone` paths (and of other
         versions) in one transaction, again while another process holds the
@@ -376,7 +377,7 @@ class Index:
             try:
                 db.execute("BEGIN IMMEDIATE")
                 try:
-                    for sql, row in rows:
+                    for (sql, _), row in rows:
                         db.execute(sql, row)
                     for table in _TABLES:
                         if gone:
@@ -397,6 +398,7 @@ class Index:
                     self._writer = None
                     self._rows.clear()
                     self._prune.clear()
+                    self._wake.notify_all()
                 return False
 
     def flush(self, timeout: float | None = None) -> bool:
