@@ -18,6 +18,35 @@ from compatfs.testing.store import add_model
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "fixtures"
 
+# Where compatfs keeps a user's index (`COMPATFS_CACHE_DIR`, `XDG_CACHE_HOME`)
+# and state (`XDG_STATE_HOME`: logs, published presets): a folder of the
+# run's own from the moment the suite is loaded, so that no test and no
+# process a test starts (they inherit this environment) ever uses the
+# user's; each test then gets folders of its own (`own_user_dirs`).
+USER_DIRS = ("COMPATFS_CACHE_DIR", "XDG_CACHE_HOME", "XDG_STATE_HOME")
+_RUN_DIRS = Path(tempfile.mkdtemp(prefix="compatfs-test-dirs-"))
+
+
+def _use_dirs(base: Path, setenv=os.environ.__setitem__) -> None:
+    for name in USER_DIRS:
+        d = base / name.lower()
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        setenv(name, str(d))
+
+
+_use_dirs(_RUN_DIRS)
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(_RUN_DIRS, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def own_user_dirs(tmp_path_factory, monkeypatch):
+    """Every test has cache and state folders of its own (and so has every
+    process it starts), never the user's."""
+    _use_dirs(tmp_path_factory.mktemp("user-dirs"), monkeypatch.setenv)
+
 
 def fuse_available() -> bool:
     return os.path.exists("/dev/fuse") and bool(shutil.which("fusermount3") or shutil.which("fusermount"))

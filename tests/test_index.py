@@ -23,8 +23,11 @@ from conftest import needs_fuse, wait_until
 
 def test_entries_survive_reopening_and_stale_ones_are_ignored(tmp_path):
     path = tmp_path / "index.sqlite3"
-    blob, stamp, summary = Path("/store/blobs/sha256-1"), (1, 2, 3, 4, 5), Summary(100, 50, "gemma3", "gemma3-clip", arch="gemma3")
-    Index(path, translate=True, version="v1").put(blob, stamp, summary)
+    blob, stamp, summary = tmp_path / "sha256-1", (1, 2, 3, 4, 5), Summary(100, 50, "gemma3", "gemma3-clip", arch="gemma3")
+    blob.touch()     # a blob that is gone is pruned
+    index = Index(path, translate=True, version="v1")
+    index.put(blob, stamp, summary)
+    index.close()
     assert Index(path, translate=True, version="v1").get(blob, stamp) == summary
     assert Index(path, translate=True, version="v1").get(blob, (1, 2, 3, 4, 6)) is None  # blob rewritten in place (ctime moved)
     assert Index(path, translate=True, version="v2").get(blob, stamp) is None           # handlers changed
@@ -37,8 +40,11 @@ def test_an_unreadable_index_is_moved_aside_and_rebuilt(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="compatfs"):
         index = Index(path, translate=True, version="v1")
     assert "unreadable" in caplog.text and "rebuilt" in caplog.text
-    index.put(Path("/b"), (1, 1, 1, 1, 1), Summary(1, None))
-    assert Index(path, translate=True, version="v1").get(Path("/b"), (1, 1, 1, 1, 1)) == Summary(1, None)
+    blob = tmp_path / "b"
+    blob.touch()
+    index.put(blob, (1, 1, 1, 1, 1), Summary(1, None))
+    index.close()
+    assert Index(path, translate=True, version="v1").get(blob, (1, 1, 1, 1, 1)) == Summary(1, None)
     assert path.with_name(path.name + ".corrupt").exists()
 
 
@@ -236,16 +242,18 @@ def test_entries_of_the_wrong_kind_or_with_errors_are_made_again(tmp_path):
     index = Index(path, translate=True, version="v1")
     good = Summary(100, None, "gemma3", arch="gemma3")
     for i in range(4):
-        index.put(Path(f"/b{i}"), (i, 1, 1, 1, 1), good)
+        (tmp_path / f"b{i}").touch()
+        index.put(tmp_path / f"b{i}", (i, 1, 1, 1, 1), good)
+    index.close()
     db = sqlite3.connect(path)
-    db.execute("UPDATE views_v4 SET model_size = 'abc' WHERE path = '/b1'")
-    db.execute("UPDATE views_v4 SET model_size = -5 WHERE path = '/b2'")
-    db.execute("UPDATE views_v4 SET error = 'forged' WHERE path = '/b3'")
+    db.execute("UPDATE views_v4 SET model_size = 'abc' WHERE path = ?", (str(tmp_path / "b1"),))
+    db.execute("UPDATE views_v4 SET model_size = -5 WHERE path = ?", (str(tmp_path / "b2"),))
+    db.execute("UPDATE views_v4 SET error = 'forged' WHERE path = ?", (str(tmp_path / "b3"),))
     db.commit()
     db.close()
     again = Index(path, translate=True, version="v1")
-    assert again.get(Path("/b0"), (0, 1, 1, 1, 1)) == good
-    assert [again.get(Path(f"/b{i}"), (i, 1, 1, 1, 1)) for i in (1, 2, 3)] == [None] * 3
+    assert again.get(tmp_path / "b0", (0, 1, 1, 1, 1)) == good
+    assert [again.get(tmp_path / f"b{i}", (i, 1, 1, 1, 1)) for i in (1, 2, 3)] == [None] * 3
 
 
 def test_a_view_that_belies_its_entry_rebuilds_it(tmp_path):
@@ -294,12 +302,25 @@ def test_a_mount_comes_up_without_an_index_it_cannot_write(tmp_path, mount_store
         subprocess.run(["umount", str(ro)])
 
 
-def test_the_version_follows_the_translation_not_the_commands():
-    """The index's version digests the code that decides a summary (format
-    with the params reader, translate, view, the handlers) and nothing else: an
-    edit to a command or the FUSE layer leaves every entry valid."""
-    from compatfs.view.index import decisive_files
-    names = {f"{f.parent.name}/{f.name}" for f in decisive_files()}
-    assert {"translate/ops.py", "format/header.py", "view/catalog.py", "handlers/gptoss.py",
-            "format/params.py"} <= names
-    assert not names & {"router/params.py", "cli/main.py", "fuse/operations.py", "fuse/rescan.py", "sources/ollama.py"}
+def test_the_version_is_declared_and_follows_gguf_py(tmp_path, monkeypatch):
+    """The index's version is compatfs's declared one and gguf-py's: an edit
+    to a comment keeps every entry, a gguf-py of another version (its
+    quantization sizes decide views too) makes them again.  Measured
+    before: a digest of the source files, blind to gguf-py."""
+    import importlib.metadata
+    import compatfs.view.index as index_module
+    real = importlib.metadata.version("gguf")
+    assert index_module.translation_version() == f"{index_module.INDEX_VERSION}+gguf-{real}"
+    path, blob = tmp_path / "index.sqlite3", tmp_path / "b"
+    blob.touch()
+    first = Index(path, translate=True)
+    first.put(blob, (1, 1, 1, 1, 1), Summary(1, None))
+    first.close()
+    assert Index(path, translate=True).get(blob, (1, 1, 1, 1, 1)) == Summary(1, None)
+    index_module.translation_version.cache_clear()
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.0.1" if name == "gguf" else real)
+    try:
+        assert Index(path, translate=True).get(blob, (1, 1, 1, 1, 1)) is None
+    finally:
+        monkeypatch.undo()
+        index_module.translation_version.cache_clear()

@@ -1,7 +1,8 @@
 """Starting and stopping a mount from the command line: the mountpoint and
 FUSE checked first (a dead compatfs mount there cleaned up), the daemon run
 attached (`-f`) or started in the background with its log until the mount
-is up, and unmounting through fusermount3, fusermount or umount."""
+is up, and unmounting through fusermount3, fusermount or umount, bounded in
+time whatever state the daemon is in (see `umount`)."""
 from __future__ import annotations
 
 import errno
@@ -10,15 +11,19 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import PROG
+from ..files import mounttable
 from ..sources.base import Source
 from ..files.statedir import StateDirError, mount_file
 
 UP_WITHIN = 30      # seconds a background daemon has to bring the mount up
+ANSWER_WITHIN = 5   # seconds `umount` waits on a mount's daemon before it aborts the connection
+FUSE_CONNECTIONS = Path("/sys/fs/fuse/connections")
 
 
 class LaunchError(Exception):
@@ -74,20 +79,92 @@ def mount(store: Source, mnt: Path, request: MountRequest, foreground: bool) -> 
 
 
 def umount(mnt: Path) -> None:
-    """Unmount the compatfs mount at `mnt` (a dead one lazily)."""
-    if _stale(mnt):
+    """Unmount the mount at `mnt`, waiting at most about `ANSWER_WITHIN`
+    seconds on it for each step: a compatfs mount whose daemon is gone is
+    unmounted lazily; one whose daemon does not answer (stopped, wedged) has
+    its FUSE connection aborted and is detached lazily.  Whether `mnt` is a
+    mount, and of what, is read from the mount table; the mount itself is
+    only asked with a bounded wait."""
+    mnt = Path(os.path.realpath(mnt.parent)) / mnt.name    # resolving it would look up the mount's root
+    entry = mounttable.last_at(mnt)
+    if entry is None:
+        raise LaunchError(f"{mnt} is not mounted")
+    state = _answers(mnt, ANSWER_WITHIN)
+    if state is False:
         _clean_stale(mnt)
         return
-    if not os.path.ismount(mnt):
-        raise LaunchError(f"{mnt} is not mounted")
+    if state is True:
+        done, errors = _unmount_tools(mnt, ["-u"])
+        if done:
+            return
+        if errors:
+            raise LaunchError(f"cannot unmount {mnt}: {errors[0]}")
+    # No answer within the wait (the daemon is stopped or wedged), or the
+    # unmount itself waited on it.
+    if entry.fstype != "fuse.compatfs":
+        raise LaunchError(f"{mnt} does not answer and is not a compatfs mount ({entry.fstype}): "
+                          f"detach it with `fusermount3 -u -z {mnt}` or `umount -l {mnt}`")
+    how = "aborted its FUSE connection and detached it" if _abort(entry) else "detached it"
+    done, errors = _unmount_tools(mnt, ["-u"]) if how.startswith("aborted") else (False, [])
+    if not done:
+        done, errors = _unmount_tools(mnt, ["-u", "-z"])
+    if not done:
+        raise LaunchError(f"cannot unmount {mnt}: {errors[0] if errors else 'no answer from its daemon'}")
+    print(f"{PROG}: the daemon of {mnt} did not answer within {ANSWER_WITHIN} s: {how}", file=sys.stderr)
+
+
+def _answers(mnt: Path, within: float) -> bool | None:
+    """Whether the FUSE daemon at `mnt` answers (statvfs, never answered from
+    the kernel's caches): True, False when it is gone ("Transport endpoint
+    is not connected"), None when it does not answer within `within`
+    seconds (the asking thread is left to the kernel; an aborted connection
+    releases it)."""
+    result: list[bool] = []
+
+    def ask() -> None:
+        try:
+            os.statvfs(mnt)
+            result.append(True)
+        except OSError as e:
+            result.append(e.errno not in (errno.ENOTCONN, errno.ECONNABORTED))
+
+    asker = threading.Thread(target=ask, name="compatfs-umount-probe", daemon=True)
+    asker.start()
+    asker.join(within)
+    return result[0] if result else None
+
+
+def _unmount_tools(mnt: Path, args: list[str]) -> tuple[bool, list[str]]:
+    """Unmount with fusermount3, fusermount (with `args`) or umount (with
+    `-l` for `-z`), each given `ANSWER_WITHIN` seconds: whether one did, and
+    the errors of those that failed (one that ran out of time is none)."""
     errors = []
-    for tool in (["fusermount3", "-u"], ["fusermount", "-u"], ["umount"]):
-        if shutil.which(tool[0]):
-            res = subprocess.run(tool + [str(mnt)], capture_output=True, text=True)
-            if res.returncode == 0:
-                return
-            errors.append(res.stderr.strip())
-    raise LaunchError(f"cannot unmount {mnt}: {errors[0] if errors else 'no fusermount or umount found'}")
+    lazy = "-z" in args
+    for tool in (["fusermount3", *args], ["fusermount", *args], ["umount", *(["-l"] if lazy else [])]):
+        if not shutil.which(tool[0]):
+            continue
+        try:
+            res = subprocess.run(tool + [str(mnt)], capture_output=True, text=True, timeout=ANSWER_WITHIN)
+        except subprocess.TimeoutExpired:
+            continue
+        if res.returncode == 0:
+            return True, []
+        errors.append(res.stderr.strip())
+    return False, errors
+
+
+def _abort(entry: mounttable.Mount) -> bool:
+    """Abort the FUSE connection of mount `entry` (/sys/fs/fuse/connections/
+    <its device number>/abort): every request waiting on its daemon, and every
+    later one, then fails at once.  Whether it was aborted."""
+    major, _, minor = entry.device.partition(":")
+    try:
+        conn = (int(major) << 20) | int(minor)     # the kernel's device number, as fusectl names it
+        with open(FUSE_CONNECTIONS / str(conn) / "abort", "w") as f:
+            f.write("1")
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 def _check_fuse() -> None:
@@ -97,16 +174,6 @@ def _check_fuse() -> None:
         from ..fuse import libfuse  # noqa: F401  (loading it finds libfuse 3)
     except OSError as e:
         raise LaunchError(f"libfuse 3 not found ({e}): install it, e.g. `apt-get install fuse3`") from None
-
-
-def _stale(path: Path) -> bool:
-    """Whether `path` is a FUSE mount whose daemon is gone ("Transport endpoint
-    is not connected")."""
-    try:
-        os.statvfs(path)   # never answered from the kernel's caches, as stat can be
-        return False
-    except OSError as e:
-        return e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
 
 
 def _clean_stale(path: Path) -> None:
@@ -123,8 +190,12 @@ def _clean_stale(path: Path) -> None:
 
 
 def _check_mountpoint(path: Path) -> None:
-    if _stale(path):
+    state = _answers(path, ANSWER_WITHIN)
+    if state is False:
         _clean_stale(path)
+    elif state is None:
+        raise LaunchError(f"mountpoint {path} does not answer (a mount there whose daemon is stopped or wedged): "
+                          f"`{PROG} umount {path}` detaches it")
     if not path.exists():
         raise LaunchError(f"mountpoint {path} does not exist")
     if not path.is_dir():

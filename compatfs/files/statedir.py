@@ -2,6 +2,7 @@
 each mount publishes, never inside a store."""
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from pathlib import Path
@@ -34,7 +35,25 @@ def state_dir() -> Path:
     return d
 
 
+# Characters a mountpoint keeps in its file name; `/` becomes `_`, and every
+# other byte (`_` and `%` too) `%XX`: one name per mountpoint, never two.
+_KEPT = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.-")
+_NAME_MAX = 200    # bytes of the encoded mountpoint kept as they are; longer ones are shortened
+
+
+def mount_name(mountpoint: Path | str) -> str:
+    """The mountpoint (made absolute) as one file name: `/mnt/compat` is
+    `mnt_compat`, `/mnt/a_b` `mnt_a%5Fb` (and `/mnt/a/b` `mnt_a_b`), `/` is
+    `_`.  A name longer than `_NAME_MAX` is its start, `~` and a SHA-256 of
+    the whole (`~` is escaped in every other name)."""
+    path = os.fsencode(os.path.abspath(mountpoint)).lstrip(b"/")
+    name = "".join("_" if b == 0x2F else chr(b) if b in _KEPT else f"%{b:02X}" for b in path) or "_"
+    if len(name) > _NAME_MAX:
+        name = f"{name[:_NAME_MAX - 65]}~{hashlib.sha256(path).hexdigest()}"
+    return name
+
+
 def mount_file(prefix: str, mountpoint: Path | str, suffix: str) -> Path:
     """The state folder's file `prefix`-<mountpoint as one name>`suffix` of a
-    mount (`/mnt/compat` is `mnt_compat`, `/` is `root`)."""
-    return state_dir() / f"{prefix}-{str(mountpoint).strip('/').replace('/', '_') or 'root'}{suffix}"
+    mount (see `mount_name`)."""
+    return state_dir() / f"{prefix}-{mount_name(mountpoint)}{suffix}"

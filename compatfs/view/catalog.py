@@ -17,6 +17,7 @@ that nothing remembers it as the blob's.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -81,6 +82,13 @@ def _architecture(kvs) -> str | None:
         return v.decode()
     except (GGUFError, UnicodeDecodeError):
         return None
+
+
+def _embedding(kvs) -> bool:
+    """Whether a view of KVs `kvs` is an embedding model: it names a pooling
+    type for its architecture."""
+    arch = _architecture(kvs)
+    return arch is not None and f"{arch}.pooling_type" in kvs
 
 
 def _is_projector(source: SourceGGUF) -> bool:
@@ -227,11 +235,9 @@ def summarize(path: Path, translate: bool) -> tuple[Stamp, Summary]:
     model_size, model_error, model = made(MODEL_FILE)
     mmproj_size, mmproj_error, _ = made(MMPROJ_FILE) if info.has_mmproj else (None, None, None)
     kvs = dict(model.kvs) if model else info.source.kvs
-    arch = _architecture(kvs)
     return stamp, Summary(model_size, mmproj_size, info.text.name if info.text else None,
-                          info.clip.name if info.clip else None, arch=arch,
-                          model_error=model_error, mmproj_error=mmproj_error,
-                          embedding=arch is not None and f"{arch}.pooling_type" in kvs)
+                          info.clip.name if info.clip else None, arch=_architecture(kvs),
+                          model_error=model_error, mmproj_error=mmproj_error, embedding=_embedding(kvs))
 
 
 class BlobViews:
@@ -242,6 +248,7 @@ class BlobViews:
     ..."; those workers parse, as they return)."""
 
     PATIENCE = 0.05   # seconds a request waits for a worker's summary before making its own
+    MAX_WORKERS = 4   # indexing processes at most, whatever is asked (each imports numpy and gguf)
 
     def __init__(self, translate: bool = True, op_cache: OpCache | None = None,
                  index: Index | None = None, view_budget: int = 32 << 20, workers: int = 0):
@@ -250,10 +257,11 @@ class BlobViews:
         self.index = index if index is not None else Index(None, translate)
         self._views: LRUCache = LRUCache(maxsize=view_budget, getsizeof=lambda v: v.nbytes_held)
         self._lock = threading.Lock()
-        self._workers = workers
+        self._workers = min(workers, self.MAX_WORKERS)
         self._pool: ProcessPoolExecutor | None = None
         self._pending: dict[str, Future] = {}
         self.on_belied: Callable[[Path], None] | None = None
+        self._checked: dict[str, Stamp] = {}   # blob path -> identity whose summary was made by this daemon
 
     # -- summaries -------------------------------------------------------------
     @overload
@@ -302,6 +310,8 @@ class BlobViews:
         return summarize(path, self.translate)
 
     def _indexed(self, path: Path, stamp: Stamp, summary: Summary) -> None:
+        with self._lock:
+            self._checked[str(path)] = stamp
         if self.index.get(path, stamp) != summary:
             log.debug("indexed %s: %s", path, summary)
             self.index.put(path, stamp, summary)
@@ -315,8 +325,9 @@ class BlobViews:
             return False
 
     def prefetch(self, paths) -> None:
-        """Summarise, in worker processes, the blobs of `paths` not yet indexed
-        (with `workers` > 0 and at least two of them to do)."""
+        """Summarise, in worker processes (`workers` of them, at most
+        `MAX_WORKERS`), the blobs of `paths` not yet indexed (with `workers` >
+        0 and at least two of them to do)."""
         if self._workers <= 0:
             return
         todo = []
@@ -363,12 +374,14 @@ class BlobViews:
                 self._pool = None
 
     def close(self) -> None:
-        """Stop the indexing workers (what they were doing is done again next time)."""
+        """Stop the indexing workers (what they were doing is done again next
+        time) and write what the index learnt."""
         with self._lock:
             pool, self._pool = self._pool, None
             self._pending.clear()
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+        self.index.close()
 
     # -- views -----------------------------------------------------------------
     def sampling_kvs(self, kind: str, params: Layers | None) -> tuple:
@@ -403,8 +416,8 @@ class BlobViews:
 
     def view(self, path: Path, kind: str, params: Layers | None = None) -> View:
         """The view (of a model folder's file: with its params layer's KVs);
-        GGUFError (naming the blob) when it cannot be built.  The index entry
-        of a view without such KVs is checked against it: see `_verify`."""
+        GGUFError (naming the blob) when it cannot be built.  What the index
+        says of it is checked against it before it is returned: see `_verify`."""
         stamp = _stamp(path)
         if kind == LAYER_FILE or (not self.translate and kind == MODEL_FILE):
             return View.identity(stamp)
@@ -424,33 +437,80 @@ class BlobViews:
             if not kvs:
                 self._verify(path, stamp, kind, None)
             raise GGUFError(f"{path}: {e}") from None
-        if view.stamp == stamp and not kvs:
-            self._verify(path, stamp, kind, view.size)
         if view.stamp == stamp:
+            embedding = _embedding(dict(view.spec.kvs) if view.spec is not None else info.source.kvs)
+            self._verify(path, stamp, kind, view.size, kvs, embedding)
             with self._lock:
                 if view.nbytes_held <= self._views.maxsize:
                     self._views[key] = view
         return view
 
-    def _verify(self, path: Path, stamp: Stamp, kind: str, size: int | None) -> None:
+    def _verify(self, path: Path, stamp: Stamp, kind: str, size: int | None, kvs: tuple = (),
+                embedding: bool | None = None) -> None:
         """Index entries are hints: where the entry of `path` belies the view
-        just built (its size; None: no view), the entry is made again from the
-        blob and, if it changes, `on_belied(path)` is told (the FUSE layer
-        drops what the kernel keeps of the blob's files)."""
+        just built (its size, or with sampling KVs `kvs` the size recorded
+        with them; None: no view; for model.gguf, whether it is an embedding
+        model), the entry is made again from the blob, logged, and
+        `on_belied(path)` is told (the FUSE layer drops what the kernel keeps
+        of the blob's files, and models.ini is made again)."""
         known = self.index.get(path, stamp)
-        if known is None:
+        wrong = []
+        if kvs and size is not None:
+            recorded = self.index.sampled(path, stamp, kvs_key(kvs))
+            if recorded is not None and recorded != size:
+                wrong.append(f"{recorded} bytes for {kind} with its sampling keys, the view has {size}")
+                self.index.put_sampled(path, stamp, kvs_key(kvs), size)
+        if known is not None and not kvs:
+            shown = known.model_size if kind == MODEL_FILE else known.mmproj_size
+            if (shown or None) != size:
+                wrong.append(f"{shown} bytes for {kind}, the view has {size if size is not None else 'none'}")
+        if known is not None and kind == MODEL_FILE and embedding is not None and known.embedding != embedding:
+            wrong.append(f"embedding model: {known.embedding}, the view's header: {embedding}")
+        if not wrong:
             return
-        shown = known.model_size if kind == MODEL_FILE else known.mmproj_size
-        if (shown or None) == size:
-            return
-        got_stamp, summary = self._summarize(path, "a check of its index entry")
-        if got_stamp != stamp or summary == known:
-            return
-        log.error("index entry of %s said %s bytes for %s, the view has %s: entry replaced",
-                  path, shown, kind, size if size is not None else "none")
-        self.index.put(path, stamp, summary)
+        if known is not None:
+            got_stamp, summary = self._summarize(path, "a check of its index entry")
+            if got_stamp != stamp:
+                return
+            self.index.put(path, stamp, summary)
+        log.error("index entry of %s said %s: entry replaced", path, "; ".join(wrong))
         if self.on_belied is not None:
             self.on_belied(path)
+
+    def embedding(self, path: Path) -> bool:
+        """Whether the blob's model.gguf is an embedding model, as its header
+        says (what models.ini gives `embeddings`): the index's word is
+        checked against the blob once per blob identity (a header parsed,
+        unless this daemon made the entry itself), and replaced, logged,
+        where it is wrong; False for a blob that cannot be read."""
+        try:
+            stamp = _stamp(path)
+            summary = self.summary(path, stamp)
+        except GGUFError as e:
+            log.debug("%s: %s", path, e)
+            return False
+        if summary is None:           # another blob by now: the next scan asks again
+            return False
+        with self._lock:
+            checked = self._checked.get(str(path)) == stamp
+        if not checked:
+            try:
+                got_stamp, made = self._summarize(path, "a check of its embedding flag")
+            except GGUFError as e:
+                log.debug("%s: %s", path, e)
+                return False
+            if got_stamp != stamp:
+                return False
+            if made.embedding != summary.embedding:
+                # Only the flag: a size it got wrong too is found (and the
+                # kernel told) when the view is built (`_verify`).
+                log.error("index entry of %s said embedding model: %s, its header: %s: flag replaced", path,
+                          summary.embedding, made.embedding)
+                summary = dataclasses.replace(summary, embedding=made.embedding)
+                self.index.put(path, stamp, summary)
+            with self._lock:
+                self._checked[str(path)] = stamp
+        return summary.embedding
 
     def retain(self, paths: set[Path]) -> None:
         """Forget every view and summary whose blob is not one of `paths` (blobs
@@ -459,4 +519,6 @@ class BlobViews:
         with self._lock:
             for key in [k for k in self._views if k[0] not in keep]:
                 del self._views[key]
+            for gone in [p for p in self._checked if p not in keep]:
+                del self._checked[gone]
         self.index.retain(keep)
