@@ -190,7 +190,7 @@ def test_ls_says_whether_llama_cpp_loads_each_model(store):
     doc = json.loads(compatfs("ls", store, "--json").stdout)
     rows = {r["name"]: r for r in doc["models"]}
     assert rows["llama3.1:8b"]["loads"]["model.gguf"] == {"loads": "translated", "handler": "llama3", "reason": None,
-                                                          "adds": ["general.sampling.temp"]}
+                                                          "adds": ["general.sampling.temp", "tokenizer.chat_template"]}
     assert rows["gemma3:4b"]["loads"]["mmproj.gguf"]["handler"] == "gemma3-clip"
     assert rows["llava:7b"]["loads"]["model.gguf"]["loads"] == "as-is"
     assert rows["llava:7b"]["loads"]["mmproj.gguf"] == {"loads": "translated", "handler": "llava-mlp", "reason": None,
