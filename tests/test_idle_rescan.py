@@ -38,9 +38,9 @@ def counted(monkeypatch):
     calls: dict[str, list] = {"read_params": [], "render": []}
     read, render = compatfs.router.preset.read_params, compatfs.router.preset.render
 
-    def reading(path):
+    def reading(path, *args):
         calls["read_params"].append(path)
-        return read(path)
+        return read(path, *args)
 
     def rendering(*args, **kwargs):
         calls["render"].append(1)

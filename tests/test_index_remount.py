@@ -70,7 +70,7 @@ def test_a_remount_over_a_warm_index_parses_no_header(store, tmp_path, monkeypat
     index = tmp_path / "index.sqlite3"
     first = mount_and_list(store, index, tmp_path / "mnt")
     compatfs.router.preset._embedding_memo.clear()     # a remount is a new daemon: nothing kept in memory
-    compatfs.view.sampling._layers.clear()
+    compatfs.view.sampling.retain_layers(set())    # (every layer's reading forgotten)
     parsed = []
     real = compatfs.format.header.SourceGGUF
 
