@@ -3,8 +3,9 @@ without blocking.
 
 A `Watch` follows each folder it is given (entries created, removed,
 renamed, written, their owner, mode or times changed, and the folder's own),
-not the folders below it.  `changed` tells whether any event came in (or
-the kernel's queue overflowed, which means the same) and drains them.  It
+not the folders below it, and for some only the entries of given names.
+`changed` tells whether any event that counts came in (or the kernel's queue
+overflowed, which means the same) and drains them.  It
 sees changes made through the folder on this machine, not those of a file a
 symlink leads elsewhere, nor those a network filesystem's other clients
 make: what it reports is a reason to look, never a reason not to.  Where
@@ -57,6 +58,7 @@ class Watch:
         self._lib = lib
         self._fd = fd
         self._watched: dict[str, int] = {}    # folder -> watch descriptor
+        self._only: dict[int, set[str]] = {}  # watch descriptor -> the only names whose events count in it
 
     @classmethod
     def open(cls) -> "Watch | None":
@@ -69,11 +71,13 @@ class Watch:
             return None
         return cls(lib, fd)
 
-    def follow(self, folders: set[Path]) -> bool:
+    def follow(self, folders: set[Path], only: dict[Path, set[str]] | None = None) -> bool:
         """Follow exactly `folders` from now on; whether one was not followed
-        before (a change made in it before now is not reported).  A folder
-        that cannot be followed is passed over (logged once, when inotify
-        allows no more watches)."""
+        before (a change made in it before now is not reported).  In a
+        folder of `only`, only events naming one of its names (or the folder
+        itself) count: the others (a file being downloaded beside the blobs a
+        scan named) are drained unseen.  A folder that cannot be followed is
+        passed over (logged once, when inotify allows no more watches)."""
         wanted = {str(f) for f in folders}
         for gone in set(self._watched) - wanted:
             self._lib.inotify_rm_watch(self._fd, self._watched.pop(gone))
@@ -87,11 +91,13 @@ class Watch:
                 log.warning("inotify allows no more watches (fs.inotify.max_user_watches): %s and others "
                             "are followed by the rescan's timer only", folder)
                 break
+        self._only = {self._watched[str(f)]: names for f, names in (only or {}).items() if str(f) in self._watched}
         return added
 
     def changed(self) -> bool:
-        """Whether an event came in since the last call (all are drained); a
-        folder whose watch went with it is followed again by the next `follow`."""
+        """Whether an event that counts came in since the last call (all are
+        drained); a folder whose watch went with it is followed again by the
+        next `follow`."""
         seen = False
         while True:
             try:
@@ -102,11 +108,13 @@ class Watch:
                 return True
             if not data:
                 return seen
-            seen = True
             at = 0
             while at + _EVENT.size <= len(data):
                 wd, mask, _cookie, length = _EVENT.unpack_from(data, at)
+                name = data[at + _EVENT.size:at + _EVENT.size + length].rstrip(b"\0")
                 at += _EVENT.size + length
+                only = self._only.get(wd)
+                seen = seen or only is None or not name or os.fsdecode(name) in only
                 if mask & _IGNORED:
                     for folder in [f for f, w in self._watched.items() if w == wd]:
                         del self._watched[folder]

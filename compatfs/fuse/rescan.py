@@ -6,7 +6,8 @@ The attribute memo is emptied before the kernel is told.
 
 The thread looks every second (a tenth of a second after a scan during
 which a change was reported).  It rescans when the folders the last scan
-read or named files in report a change (`watch`), when a path kept for open
+read report a change, or those it named files in a change of one of those
+files (`watch`: a file downloaded beside them costs nothing), when a path kept for open
 files is released, and otherwise on a timer: every second while a rescan
 costs at most `IDLE_SHARE` of a second of CPU, else as seldom as keeps the
 rescans to that share (a store of thousands of models, or one whose changes
@@ -82,8 +83,18 @@ class Rescan:
 
     def _follow(self, snap: Snapshot) -> bool:
         """Watch the folders where `snap` may change; whether any is newly
-        watched (what changed there before is not reported: look again)."""
-        return self._inotify.follow(self.tree.watched(snap)) if self._inotify is not None else False
+        watched (what changed there before is not reported: look again).  In
+        a folder the scan did not list, only the files it names count (a
+        blob being downloaded beside them, which no manifest names yet, is
+        nothing to show: its writes cost no scan)."""
+        if self._inotify is None:
+            return False
+        only: dict[Path, set[str]] = {}
+        for f in snap.listing.folders.values():
+            for p in (f.model, f.projector, *(p for _, p in f.passed)):
+                if p is not None and p.parent not in snap.listing.read:
+                    only.setdefault(p.parent, set()).add(p.name)
+        return self._inotify.follow(self.tree.watched(snap), only)
 
     def stale(self, path: str) -> None:
         """`path` kept its view for open files, which closed: the kernel learns
