@@ -8,7 +8,8 @@ time from the root, each relative to the folder descriptor before it and
 never following a symlink implicitly (symlinks are read and resolved here,
 at most 40): so the folders traversed are known exactly, a path that leads
 into a mount compatfs serves (`keep_out`) is refused before anything in it is
-looked up, and with a `Caller` each folder must grant it search permission
+looked up, one a symlink leads onto another mount whose lookups hang fails
+in bounded time (`probe`), and with a `Caller` each folder must grant it search permission
 (mode bits and ACL, on the folder's descriptor).  The last component is held
 by an O_PATH descriptor (nothing is opened yet: no device or FIFO is ever
 opened); only a regular file is then opened, without blocking, from that very
@@ -34,6 +35,7 @@ from pathlib import Path
 from .access import READ, SEARCH, BadACL, Caller, read_acl
 from ..errors import GGUFError
 from .libc import cached_pages, pages, written_by_others
+from .probe import leaves, reach
 from .scratch import scratch
 from .watch import Followed, contents
 
@@ -159,8 +161,11 @@ def _inside_mount(path: str, kept: tuple[str, ...]) -> str | None:
 def _walk(path: str | os.PathLike, caller: Caller | None) -> int:
     """An O_PATH descriptor of what `path` resolves to (never a symlink);
     OSError as the kernel's lookup would fail, Denied when `caller` lacks
-    search permission on a folder on the way."""
-    todo = os.path.abspath(os.fspath(path)).split("/")[::-1]   # components still to resolve, next last
+    search permission on a folder on the way.  A symlink that leads onto
+    another mount than `path` starts on is looked up first by `probe.reach`
+    (ETIMEDOUT where that lookup hangs)."""
+    start = os.path.abspath(os.fspath(path))
+    todo = start.split("/")[::-1]   # components still to resolve, next last
     here, fd = "/", os.open("/", _PATH_FLAGS)
     links, kept = 0, _kept_out()
     try:
@@ -193,6 +198,10 @@ def _walk(path: str | os.PathLike, caller: Caller | None) -> int:
             if links > _MAX_LINKS:
                 raise OSError(errno.ELOOP, "too many levels of symbolic links")
             todo.extend(target.split("/")[::-1])
+            rest = os.path.normpath(os.path.join("/" if target.startswith("/") else here, *todo[::-1]))
+            elsewhere = leaves(start, rest)
+            if elsewhere is not None and _inside_mount(rest, kept) is None:
+                reach(rest, elsewhere)       # (ETIMEDOUT where a lookup there hangs)
             if target.startswith("/"):
                 os.close(fd)
                 fd = -1
@@ -218,6 +227,24 @@ def status(path: str | os.PathLike, caller: Caller | None = None, need: int = 0)
         return st
     finally:
         os.close(fd)
+
+
+def resolved(path: str | os.PathLike) -> int:
+    """An O_PATH descriptor (the caller's to close) of what `path` resolves
+    to, as `status` resolves it (never into compatfs's own mount); OSError
+    as the lookup fails."""
+    return _walk(path, None)
+
+
+def is_folder(path: str | os.PathLike) -> bool:
+    """Whether `path` resolves, as `status` resolves it, to a folder; a
+    lookup that hung (ETIMEDOUT) is raised, naming the path."""
+    try:
+        return stat.S_ISDIR(status(path).st_mode)
+    except OSError as e:
+        if e.errno == errno.ETIMEDOUT:
+            raise
+        return False
 
 
 def statuses(files: set[Path]) -> dict[Path, os.stat_result | OSError]:

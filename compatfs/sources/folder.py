@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Callable
 
 from .base import Folder, Listing, Source, SourceError
-from ..files.blobfile import status
+from ..files.blobfile import is_folder, status
 from ..names import MMPROJ_FILE, MODEL_FILE
 
 log = logging.getLogger(__name__)
@@ -139,7 +139,11 @@ class FolderListing(Listing):
 class GGUFFolder(Source):
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root).expanduser()
-        if not self.root.is_dir():
+        try:
+            found = is_folder(self.root)
+        except OSError as e:     # a lookup that hung
+            raise SourceError(str(e)) from None
+        if not found:
             raise SourceError(f"{self.root}: no such directory")
         self._capped: set[str] = set()     # the folders the last scan left the folders below out of (logged once)
 

@@ -33,7 +33,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..files.blobfile import BlobFile, Stamp, identity, status
+from ..files.blobfile import BlobFile, Stamp, identity, is_folder, status
 from ..errors import GGUFError
 from .base import Folder, Listing, Source, SourceError
 
@@ -58,8 +58,9 @@ LAYER_FILES = {
 
 
 def is_store(root: Path) -> bool:
-    """Whether `root` has an Ollama store's two folders."""
-    return (root / "manifests").is_dir() and (root / BLOBS).is_dir()
+    """Whether `root` has an Ollama store's two folders (looked up as every
+    store path is: `blobfile.is_folder`)."""
+    return is_folder(root / "manifests") and is_folder(root / BLOBS)
 
 
 def default_source() -> Path:
@@ -178,8 +179,12 @@ def _files_below(base: Path, listed: set[Path]) -> list[tuple[Path, os.stat_resu
 class OllamaStore(Source):
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root).expanduser()
-        missing = [d for d in ("manifests", BLOBS) if not (self.root / d).is_dir()]
-        if not self.root.is_dir():
+        try:
+            missing = [d for d in ("manifests", BLOBS) if not is_folder(self.root / d)]
+            found = is_folder(self.root)
+        except OSError as e:
+            raise SourceError(str(e)) from None
+        if not found:
             raise SourceError(f"{self.root}: no such directory (expected an Ollama model store)")
         if missing:
             raise SourceError(f"{self.root}: not an Ollama model store (no {' or '.join(d + '/' for d in missing)})")
@@ -236,10 +241,17 @@ class OllamaStore(Source):
             return max([owner_mtime, *times.values()])
         if folder.startswith(BLOBS + "/"):
             try:
-                return os.stat(listing.folders[folder].model).st_mtime_ns
+                return status(listing.folders[folder].model).st_mtime_ns
             except (KeyError, OSError):
                 return owner_mtime
         return times.get(folder, owner_mtime)
+
+    def refuses_mountpoint(self, mountpoint: Path) -> str | None:
+        """A mountpoint at the store or inside it (under `manifests/` or
+        `blobs/`: where the scan looks) would have the mount look into itself."""
+        if Path(os.path.realpath(mountpoint)).is_relative_to(os.path.realpath(self.root)):
+            return f"the mountpoint {mountpoint} is inside the store {self.root}: the mount would look into itself"
+        return None
 
     def name(self, target: str) -> str:
         """A blob digest (`sha256:<hex>`, `sha256-<hex>` or the bare hex) is

@@ -1,0 +1,77 @@
+"""A store symlink whose target is on a mount whose lookups hang (a dead NFS
+or sshfs server, a user's FUSE mount: here `hungfs.py`, whose getattr
+sleeps for an hour): the rescan goes on (a model pulled meanwhile shows),
+the other models are served, and `compatfs ls` of the store ends, naming the
+path that hung (measured on 0c32945: the rescan thread, and `ls`, stuck for
+as long as the mount hangs; `timeout -s KILL` did not end `ls`)."""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from compatfs.testing import gemma3
+from compatfs.testing.store import add_model
+
+from conftest import needs_fuse, wait_until
+from hostile import abort_fuse, bounded
+
+pytestmark = needs_fuse
+
+HUNGFS = Path(__file__).with_name("hungfs.py")
+
+
+@pytest.fixture
+def hung(tmp_path):
+    """A mount whose `file` hangs every lookup of it; aborted afterwards."""
+    point = tmp_path / "hung"
+    point.mkdir()
+    proc = subprocess.Popen([sys.executable, str(HUNGFS), str(point)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: os.path.ismount(point), seconds=20, what="the hanging mount up")
+        yield point
+    finally:
+        abort_fuse(point)
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+def store(tmp_path, hung):
+    """`text:1b`, and `away:1b` whose model blob is a symlink to the hanging file."""
+    root = tmp_path / "store"
+    add_model(root, "text", gemma3.legacy_gemma3_text(tmp_path / "t.gguf"), tag="1b")
+    digest = hashlib.sha256(b"away").hexdigest()
+    (root / "blobs" / f"sha256-{digest}").symlink_to(hung / "file")
+    manifest = root / "manifests/registry.ollama.ai/library/away/1b"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(json.dumps({"schemaVersion": 2, "layers": [
+        {"mediaType": "application/vnd.ollama.image.model", "digest": f"sha256:{digest}", "size": 4}]}))
+    return root
+
+
+def test_a_hanging_symlink_stalls_neither_the_rescan_nor_other_models(store, tmp_path, hung, mount_store):
+    m = mount_store(store)
+    with open(m / "text:1b/model.gguf", "rb") as f:
+        assert f.read(4) == b"GGUF"
+    add_model(store, "pulled", gemma3.legacy_gemma3_text(tmp_path / "p.gguf", seed=3), tag="1b")
+    wait_until(lambda: "pulled:1b" in os.listdir(m.path), what="a model pulled meanwhile listed")
+    with open(m / "pulled:1b/model.gguf", "rb") as f:
+        assert f.read(4) == b"GGUF"
+    assert "did not end within" in m.log_text() or "away:1b" in os.listdir(m.path)
+    assert m.alive
+
+
+def test_ls_of_the_store_ends_naming_what_hung(store, hung):
+    t = time.monotonic()
+    res = bounded([sys.executable, "-m", "compatfs", "ls", str(store)], 60, mountpoint=hung)
+    assert res.returncode == 0, res.stderr
+    assert "text:1b" in res.stdout
+    out = res.stdout + res.stderr
+    assert "away:1b" in out and "did not end within" in out and str(hung) in out, out
+    assert time.monotonic() - t < 60
