@@ -83,7 +83,7 @@ class Watch:
             self._lib.inotify_rm_watch(self._fd, self._watched.pop(gone))
         added = False
         for folder in sorted(wanted - set(self._watched)):
-            wd = self._lib.inotify_add_watch(self._fd, os.fsencode(folder), _EVENTS | _ONLYDIR)
+            wd = self._add(folder)
             if wd >= 0:
                 self._watched[folder] = wd
                 added = True
@@ -93,6 +93,21 @@ class Watch:
                 break
         self._only = {self._watched[str(f)]: names for f, names in (only or {}).items() if str(f) in self._watched}
         return added
+
+    def _add(self, folder: str) -> int:
+        """A watch of `folder` as `blobfile` resolves it (never into compatfs's
+        own mount; a hung lookup fails in bounded time), added by its
+        descriptor; -1 (errno set where inotify refused it) when there is none."""
+        from .blobfile import resolved    # (blobfile follows open files with this module's `Contents`)
+        try:
+            fd = resolved(folder)
+        except OSError:
+            ctypes.set_errno(0)
+            return -1
+        try:
+            return self._lib.inotify_add_watch(self._fd, f"/proc/self/fd/{fd}".encode(), _EVENTS | _ONLYDIR)
+        finally:
+            os.close(fd)
 
     def changed(self) -> bool:
         """Whether an event that counts came in since the last call (all are
