@@ -45,6 +45,7 @@ _lock = threading.Lock()
 _helper: list[subprocess.Popen] = []                 # the helper answering now (one at most)
 _stuck: dict[str, tuple[subprocess.Popen, str]] = {}  # mountpoint -> the helper stuck on it, and the path it looks up
 _table: list[tuple[float, list[str]]] = []          # (when read, mountpoints longest first)
+_owner: list[int] = []                               # the process the helpers above are of
 
 
 def _points() -> list[str]:
@@ -72,8 +73,9 @@ def leaves(start: str, path: str) -> str | None:
 
 
 def _hung(path: str, mount: str, looked_up: str) -> OSError:
-    return OSError(errno.ETIMEDOUT, f"{path}: a lookup on {mount} ({looked_up}) did not end within {BOUND:g} s "
-                                    "(a hung mount?): not looked up")
+    still = f" ({looked_up}, looked up before, has not ended)" if looked_up != path else ""
+    return OSError(errno.ETIMEDOUT, f"{path}: a lookup on {mount} did not end within {BOUND:g} s{still} "
+                                    "(a hung mount?)")
 
 
 def _start() -> subprocess.Popen:
@@ -96,6 +98,10 @@ def reach(path: str, mount: str) -> None:
     same); OSError ETIMEDOUT naming both when it was not, or a lookup on
     that mount is stuck still."""
     with _lock:
+        if _owner != [os.getpid()]:      # a forked child: its parent's helpers are not its own
+            _helper.clear()
+            _stuck.clear()
+            _owner[:] = [os.getpid()]
         stuck = _stuck.get(mount)
         if stuck is not None:
             if not _ended(stuck[0]):
