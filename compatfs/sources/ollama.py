@@ -47,6 +47,7 @@ _DIGEST = re.compile(r"^sha256[:-]([0-9a-fA-F]{64})$")
 MANIFEST_LIMIT = 4 << 20   # bytes; Ollama's manifests take a few KB (10,000 layers: about 1.6 MB)
 BLOBS = "blobs"
 _HEX = re.compile(r"^(?:sha256[:-])?([0-9a-fA-F]{64})$")
+MAX_PATHS_KEPT = 100_000   # blob paths remembered (more, and they are made afresh)
 
 # Manifest layers shown beside model.gguf, unchanged: media type -> file name.
 LAYER_FILES = {
@@ -163,13 +164,13 @@ def _files_below(base: Path, listed: set[Path]) -> list[tuple[Path, os.stat_resu
             with os.scandir(folder) as entries:
                 for entry in entries:
                     if entry.is_dir(follow_symlinks=False):
-                        todo.append(Path(entry.path))
+                        todo.append(folder / entry.name)
                         continue
                     try:
                         st: os.stat_result | None = entry.stat(follow_symlinks=False)
                     except OSError:
                         st = None
-                    out.append((Path(entry.path), st))
+                    out.append((folder / entry.name, st))
         except OSError:
             continue
         listed.add(folder)
@@ -195,9 +196,15 @@ class OllamaStore(Source):
         self._blob_folders: dict[str, Folder] = {}
         self._owners = {True: self.root / BLOBS, False: self.root / "manifests"}   # a folder under blobs/ or not
         self._lock = threading.Lock()
+        self._blob_paths: dict[str, Path] = {}     # digest -> its blob's path (made once: a scan asks for each)
 
     def blob_path(self, digest: str) -> Path:
-        return self.root / BLOBS / digest
+        path = self._blob_paths.get(digest)
+        if path is None:
+            if len(self._blob_paths) > 4 * MAX_PATHS_KEPT:
+                self._blob_paths.clear()
+            path = self._blob_paths[digest] = self.root / BLOBS / digest
+        return path
 
     # -- Source ----------------------------------------------------------------
     def scan(self) -> StoreListing:
@@ -284,16 +291,17 @@ class OllamaStore(Source):
         out = Scan()
         base = self.root / "manifests"
         seen: set[Path] = set()
-        found = _files_below(base, out.listed)
+        prefix = len(str(base)) + 1
+        # (the path, its status, its parts below manifests/): the parts split once, as strings
+        found = [(path, st, str(path)[prefix:].split("/")) for path, st in _files_below(base, out.listed)]
         owners: dict[str, Path] = {}
 
-        def order(found: tuple[Path, os.stat_result | None]) -> tuple:
-            # host and namespace spelled as Ollama writes them first
-            head = found[0].relative_to(base).parts[:2]
-            return head != tuple(p.lower() for p in head), found[0]
+        def order(found: tuple[Path, os.stat_result | None, list[str]]) -> tuple:
+            # host and namespace spelled as Ollama writes them first, then in path order
+            head = found[2][:2]
+            return head != [p.lower() for p in head], found[2]
 
-        for path, st in sorted(found, key=order):
-            parts = path.relative_to(base).parts
+        for path, st, parts in sorted(found, key=order):
             if len(parts) != 4:
                 out.skipped[str(path)] = "not at manifests/<host>/<namespace>/<model>/<tag>"
                 continue
