@@ -8,6 +8,9 @@ import json
 import os
 import time
 
+import pytest
+
+from compatfs.files.libc import cached_pages, pages
 from compatfs.testing import gemma3
 from compatfs.testing.store import add_model
 
@@ -43,3 +46,30 @@ def test_a_download_beside_the_blobs_causes_no_scan(tmp_path, mount_store):
     wait_until(lambda: "pulled:latest" in os.listdir(m.path), seconds=2.0, what="the pulled model listed")
     assert m.log_text().count(SCANNED_FOR_A_CHANGE) > before      # (the count means something)
     assert m.alive
+
+
+def test_a_download_drops_no_page_of_a_model(tmp_path, mount_store):
+    """A file appearing in `blobs/` changes that folder's time, which the
+    mount's folders show: the kernel forgets their attributes, not the
+    pages of the models in them (on 0c32945 every model.gguf's pages were
+    dropped, each running server reading its model through the mount again)."""
+    store = tmp_path / "store"
+    add_model(store, "text", gemma3.legacy_gemma3_text(tmp_path / "t.gguf"), tag="1b")
+    m = mount_store(store)
+    path = m / "text:1b/model.gguf"
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        while os.read(fd, 1 << 20):
+            pass
+        before = cached_pages(fd, 0, size)
+        if before is None:
+            pytest.skip("the kernel does not tell what the page cache holds (cachestat)")
+        assert before == pages(0, size)
+        seen = m.changes_seen()
+        (store / "blobs" / "sha256-0123-partial").write_bytes(b"x")
+        wait_until(lambda: m.changes_seen() > seen, what="a rescan seeing blobs/ changed")
+        assert "<blobs>" in m.log_text().split("store changed: ")[-1].splitlines()[0]
+        assert cached_pages(fd, 0, size) == before
+    finally:
+        os.close(fd)

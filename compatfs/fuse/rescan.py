@@ -1,7 +1,8 @@
 """The rescan thread: the store is rescanned in the background, and the
 kernel's cached attributes and pages of what changed are invalidated at once
-(a changed folder, its files and parents; every folder when the store's top
-folders change; a path that kept its view for open files once they closed).
+(a changed folder, its files and parents; every folder, not their files,
+when the store's top folders change; a path that kept its view for open
+files once they closed).
 The attribute memo is emptied before the kernel is told.
 
 The thread looks every second (a tenth of a second after a scan during
@@ -160,10 +161,15 @@ class Rescan:
                 log.exception("rescan of %s failed", self.root)
 
     def _invalidate(self, folders: set[str], *snaps) -> None:
-        """Invalidate the folders, their files (as either snapshot names them) and parents."""
+        """Invalidate the folders, their files (as either snapshot names them)
+        and parents; for a folder on disk whose owner, mode and time folders
+        show (`<path>`), every folder, and none of their files (which show
+        their blobs' own: a file downloaded into `blobs/` drops no page of
+        a model)."""
         paths = set()
-        if any(d.startswith("<") for d in folders):   # a folder on disk whose owner and mode folders show
-            folders = {d for d in folders if not d.startswith("<")} | set(snaps[-1].dirs)
+        if any(d.startswith("<") for d in folders):
+            paths |= {f"/{d}" for d in snaps[-1].dirs}
+            folders = {d for d in folders if not d.startswith("<")}
         for d in folders:
             names = {MODEL_FILE, MMPROJ_FILE}
             for snap in snaps:
