@@ -29,16 +29,22 @@ HUNGFS = Path(__file__).with_name("hungfs.py")
 def hung(tmp_path):
     """A mount whose `file` hangs every lookup of it; aborted afterwards."""
     point = tmp_path / "hung"
-    point.mkdir()
-    proc = subprocess.Popen([sys.executable, str(HUNGFS), str(point)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = _hanging_mount(point)
     try:
-        wait_until(lambda: os.path.ismount(point), seconds=20, what="the hanging mount up")
         yield point
     finally:
         abort_fuse(point)
         proc.kill()
         proc.wait(timeout=10)
+
+
+def _hanging_mount(point: Path):
+    """`hungfs.py` mounted at `point` (made); its process."""
+    point.mkdir(parents=True)
+    proc = subprocess.Popen([sys.executable, str(HUNGFS), str(point)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    wait_until(lambda: os.path.ismount(point), seconds=20, what="the hanging mount up")
+    return proc
 
 
 @pytest.fixture
@@ -96,3 +102,33 @@ def test_only_a_symlink_off_the_mount_is_looked_up_first(tmp_path, monkeypatch):
     (root / "blobs" / "away").symlink_to(elsewhere)
     blobfile.status(root / "blobs" / "away")
     assert asked == [str(elsewhere)]
+
+
+def test_a_hanging_mount_in_a_folder_source_stalls_nothing(tmp_path, mount_store):
+    """A user mounts a FUSE filesystem that stops answering in their own
+    folder of a shared folder source: the folder is left out (it cannot be
+    listed, naming what hung), the rest is served, a model added meanwhile
+    shows, and `ls` ends."""
+    shared = tmp_path / "shared"
+    (shared / "alice").mkdir(parents=True)
+    gemma3.legacy_gemma3_text(shared / "alice" / "alice.gguf")
+    trap = shared / "mallory" / "trap"
+    proc = _hanging_mount(trap)
+    try:
+        m = mount_store(shared)
+        with open(m / "alice" / "model.gguf", "rb") as f:
+            assert f.read(4) == b"GGUF"
+        (shared / "bob").mkdir()
+        gemma3.legacy_gemma3_text(shared / "bob" / "bob.gguf", seed=5)
+        wait_until(lambda: "bob" in os.listdir(m.path), what="a model added meanwhile listed")
+        res = bounded([sys.executable, "-m", "compatfs", "ls", str(shared), "--json"], 60, mountpoint=trap)
+        assert res.returncode == 0, res.stderr
+        doc = json.loads(res.stdout)
+        assert {r["name"] for r in doc["models"]} == {"alice", "bob"}
+        reasons = {r["name"]: r["reason"] for r in doc["left_out"]}
+        assert "did not end within" in reasons[str(trap)], reasons
+        assert m.alive
+    finally:
+        abort_fuse(trap)
+        proc.kill()
+        proc.wait(timeout=10)

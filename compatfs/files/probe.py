@@ -9,9 +9,10 @@ resolves starts on, `reach` has a helper process look the rest of the path
 up, and waits for it at most `BOUND` seconds: past that, the lookup fails
 (ETIMEDOUT, naming the path and the mount), the helper is left where it is
 stuck, and every lookup on that mount fails at once until the helper's
-lookup ends.  A path that stays on its mount (a store with no symlink out
-of it) costs nothing here: the mount table is read only when a symlink leads
-elsewhere (`leaves`).
+lookup ends.  So is a folder a walk is about to list where a mount is made
+(`guard`: a user's own FUSE mount in a shared folder).  A path that stays on
+its mount (a store with no symlink out of it) costs a set lookup at most:
+the mount table is read at most once a second.
 """
 from __future__ import annotations
 
@@ -28,12 +29,20 @@ from .mounttable import mounts
 BOUND = 1.0              # seconds a lookup on another mount may take in the helper before it counts as hung
 _TABLE_SECONDS = 1.0     # the mount table is read again after this long
 
-# The helper: one path a line (hex of its bytes), answered with 0 or the errno of stat()-ing it.
+# The helper: one request a line, `S <hex of a path's bytes>` (stat it) or
+# `L <hex>` (list the folder and lstat each entry, as a walk of it does),
+# answered with 0 or the errno met.
 _HELPER = """
 import os, sys
 for line in sys.stdin:
+    kind, _, path = line.strip().partition(" ")
     try:
-        os.stat(bytes.fromhex(line.strip()))
+        if kind == "L":
+            with os.scandir(bytes.fromhex(path)) as it:
+                for entry in it:
+                    entry.stat(follow_symlinks=False)
+        else:
+            os.stat(bytes.fromhex(path))
         answer = 0
     except OSError as e:
         answer = e.errno or 0
@@ -44,7 +53,7 @@ for line in sys.stdin:
 _lock = threading.Lock()
 _helper: list[subprocess.Popen] = []                 # the helper answering now (one at most)
 _stuck: dict[str, tuple[subprocess.Popen, str]] = {}  # mountpoint -> the helper stuck on it, and the path it looks up
-_table: list[tuple[float, list[str]]] = []          # (when read, mountpoints longest first)
+_table: list[tuple[float, list[str], set[str]]] = []   # (when read, mountpoints longest first, and as a set)
 _owner: list[int] = []                               # the process the helpers above are of
 
 
@@ -52,9 +61,17 @@ def _points() -> list[str]:
     """The mountpoints, longest first (read at most once every `_TABLE_SECONDS`)."""
     now = time.monotonic()
     if not _table or now - _table[0][0] > _TABLE_SECONDS:
-        points = sorted({str(m.point) for m in mounts()}, key=len, reverse=True)
-        _table[:] = [(now, points)]
+        points = {str(m.point) for m in mounts()}
+        _table[:] = [(now, sorted(points, key=len, reverse=True), points)]
     return _table[0][1]
+
+
+def guard(folder: str) -> None:
+    """Before a folder is listed: where a mount is made at `folder` (a walk
+    would step onto it), `reach` it first (ETIMEDOUT where its lookups hang)."""
+    _points()
+    if folder in _table[0][2]:
+        reach(folder, folder, listing=True)
 
 
 def mount_of(path: str) -> str:
@@ -92,8 +109,9 @@ def _ended(helper: subprocess.Popen) -> bool:
     return True
 
 
-def reach(path: str, mount: str) -> None:
-    """Return once `path` (on `mount`) was looked up in the helper within
+def reach(path: str, mount: str, listing: bool = False) -> None:
+    """Return once `path` (on `mount`) was looked up in the helper (with
+    `listing`, the folder listed and each entry's own status read) within
     `BOUND` seconds, whatever the answer (the caller's own lookup meets the
     same); OSError ETIMEDOUT naming both when it was not, or a lookup on
     that mount is stuck still."""
@@ -115,7 +133,7 @@ def reach(path: str, mount: str) -> None:
         helper = _helper[0]
         assert helper.stdin is not None and helper.stdout is not None
         try:
-            helper.stdin.write(os.fsencode(path).hex() + "\n")
+            helper.stdin.write(("L " if listing else "S ") + os.fsencode(path).hex() + "\n")
             helper.stdin.flush()
         except OSError:
             _helper.clear()

@@ -38,6 +38,7 @@ from typing import Callable
 
 from .base import Folder, Listing, Source, SourceError
 from ..files.blobfile import is_folder, status
+from ..files.probe import guard
 from ..names import MMPROJ_FILE, MODEL_FILE
 
 log = logging.getLogger(__name__)
@@ -82,9 +83,12 @@ def walk(root: Path, onerror: Callable[[OSError], None] | None = None,
     def visit(top: str) -> None:
         nonlocal kept
         try:
+            guard(top)       # a mount made there may hang: looked up first, in bounded time
             with os.scandir(top) as it:
                 entries = list(it)
         except OSError as e:
+            if e.filename is None:
+                e.filename = top
             if onerror is not None:
                 onerror(e)
             return

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..files.blobfile import BlobFile, Stamp, identity, is_folder, status
+from ..files.probe import guard
 from ..errors import GGUFError
 from .base import Folder, Listing, Source, SourceError
 
@@ -161,6 +162,7 @@ def _files_below(base: Path, listed: set[Path]) -> list[tuple[Path, os.stat_resu
     while todo:
         folder = todo.pop()
         try:
+            guard(str(folder))     # a mount made there may hang: looked up first, in bounded time
             with os.scandir(folder) as entries:
                 for entry in entries:
                     if entry.is_dir(follow_symlinks=False):
