@@ -75,6 +75,9 @@ models are cached in .cache/):
   gpt-oss-20b fused form read with --op-cache-mb 16 against the default
   cache.  Every measurement is bounded by --timeout seconds (default 300)
   and printed as "> N s (timed out)" past it.
+* pull: at 1,000 and 10,000 tiny models (the stores of `scale`), the
+  daemon's CPU over 20 idle seconds and over a simulated 20 s download into
+  the store, and how soon the model shows once its manifest lands.
 
 "Cold" drops the page cache (`echo 3 > /proc/sys/vm/drop_caches`, as root)
 where the output says drop_caches; where that is not permitted it is a fresh
@@ -242,7 +245,7 @@ def ratio(a: float, b: float) -> str:
     return f"{a / b:6.2f}x"
 
 
-SECTIONS = ("read", "ops", "interleaved", "textops", "big", "scale", "server", "widths")
+SECTIONS = ("read", "ops", "interleaved", "textops", "big", "scale", "server", "widths", "pull")
 
 
 def main() -> None:
@@ -295,6 +298,8 @@ def run_sections(args, only: set[str], work: Path) -> None:
         server_bench(args.llama_server, store, work, ["plain:latest"] + (["legacy:latest"] if legacy else []))
     if "widths" in only:
         widths_bench(binary, args.llama_server, work, args.timeout)
+    if "pull" in only:
+        pull_bench(work)
 
 
 def read_bench(model: Path, legacy: Path | None, binary: Path, store: Path, work: Path) -> None:
@@ -1528,6 +1533,94 @@ def _timed(fn) -> float:
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
+
+
+# -- pull: the daemon's CPU while a model is downloaded into a big store ---------------------------
+
+PULL_SECONDS = 20          # a simulated download lasts this long; the idle figure is taken over as long
+
+
+def simulated_pull(store: Path, i: int, seconds: float = PULL_SECONDS) -> bytes:
+    """Write a blob as Ollama's download does, for `seconds`: data appended
+    to `blobs/sha256-<hex>-partial` every 50 ms, its part files
+    (`-partial-N`) rewritten as it goes; then renamed to its blob's name
+    and the part files removed (no manifest names it yet).  The blob's bytes."""
+    import hashlib
+    data = tiny_gguf(i) + os.urandom(1 << 20)
+    digest = hashlib.sha256(data).hexdigest()
+    blob = store / "blobs" / f"sha256-{digest}"
+    parts = [store / "blobs" / f"sha256-{digest}-partial-{k}" for k in range(4)]
+    steps = int(seconds / 0.05)
+    with open(f"{blob}-partial", "wb") as w:
+        for step in range(steps):
+            w.write(data[len(data) * step // steps:len(data) * (step + 1) // steps])
+            w.flush()
+            parts[step % 4].write_text(json.dumps({"N": step % 4, "Completed": len(data) * step // steps}))
+            time.sleep(0.05)
+    for part in parts:
+        part.unlink(missing_ok=True)
+    os.rename(f"{blob}-partial", blob)
+    return data
+
+
+def pull_daemon(store: Path, mnt: Path, index: Path, log: Path, up_within: float = 600) -> Daemon:
+    """A daemon logging at debug level, given `up_within` seconds to mount (a
+    first mount of 10,000 models on a busy machine takes more than 20)."""
+    mnt.mkdir(parents=True, exist_ok=True)
+    log.unlink(missing_ok=True)
+    d = object.__new__(Daemon)
+    d.mnt = mnt
+    d.proc = subprocess.Popen([sys.executable, "-m", "compatfs", "mount", "-f", str(store), str(mnt), "-vv",
+                               "--log", str(log)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "COMPATFS_CACHE_DIR": str(index)})
+    deadline = time.monotonic() + up_within
+    while not os.path.ismount(mnt):
+        if d.proc.poll() is not None or time.monotonic() > deadline:
+            d.close()
+            raise RuntimeError(f"mount at {mnt} did not come up")
+        time.sleep(0.1)
+    return d
+
+
+def pull_bench(work: Path) -> None:
+    """Section `pull`: at 1,000 and 10,000 tiny models (the `scale` section's
+    stores), the daemon's CPU over PULL_SECONDS idle, then over a simulated
+    download of PULL_SECONDS into the store, and how soon the model shows
+    once its manifest lands."""
+    import hashlib
+    rows = []
+    for n in BIG_STORE_MODELS:
+        store = big_store(n)
+        index, log, mnt = work / f"pull-index-{n}", work / f"pull-{n}.log", work / f"mnt-pull-{n}"
+        shutil.rmtree(index, ignore_errors=True)
+        d = pull_daemon(store, mnt, index, log)
+        manifest = store / "manifests" / "registry.ollama.ai" / "library" / "pulled" / "latest"
+        blob: Path | None = None
+        try:
+            list_all(d.mnt)
+            idle = idle_cpu(d.proc.pid, log, PULL_SECONDS)
+            c, t = cpu_seconds(d.proc.pid), time.monotonic()
+            data = simulated_pull(store, n)
+            pull = (cpu_seconds(d.proc.pid) - c) / (time.monotonic() - t)
+            blob = store / "blobs" / f"sha256-{hashlib.sha256(data).hexdigest()}"
+            manifest.parent.mkdir(parents=True, exist_ok=True)
+            manifest.write_text(json.dumps({"schemaVersion": 2, "layers": [
+                {"mediaType": "application/vnd.ollama.image.model",
+                 "digest": f"sha256:{blob.name[len('sha256-'):]}", "size": len(data)}]}))
+            listed = until_listed(d.mnt, "pulled:latest", True)
+            rows.append((n, idle, pull, listed))
+        finally:
+            d.close()
+            shutil.rmtree(manifest.parent, ignore_errors=True)    # the cached store stays as built
+            if blob is not None:
+                blob.unlink(missing_ok=True)
+    print(f"\npull: the daemon's CPU (share of one core) over {PULL_SECONDS} s idle, then over a simulated "
+          f"{PULL_SECONDS} s download into the store (blobs/sha256-<hex>-partial written every 50 ms)")
+    print("  models    idle     pull   pull/idle   listed after its manifest (goal: pull about idle; <= 2 s)")
+    for n, idle, pull, listed in rows:
+        shown = f"{listed:6.2f} s" if listed is not None else "  > 30 s"
+        times = ratio(pull, idle) if idle > 0 else "-"
+        print(f"  {n:6d}  {idle:6.2%}  {pull:6.2%}   {times:>8}   {shown}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ time from the root, each relative to the folder descriptor before it and
 never following a symlink implicitly (symlinks are read and resolved here,
 at most 40): so the folders traversed are known exactly, a path that leads
 into a mount compatfs serves (`keep_out`) is refused before anything in it is
-looked up, and with a `Caller` each folder must grant it search permission
+looked up, one a symlink leads onto another mount whose lookups hang fails
+in bounded time (`probe`), and with a `Caller` each folder must grant it search permission
 (mode bits and ACL, on the folder's descriptor).  The last component is held
 by an O_PATH descriptor (nothing is opened yet: no device or FIFO is ever
 opened); only a regular file is then opened, without blocking, from that very
@@ -33,8 +34,10 @@ from pathlib import Path
 
 from .access import READ, SEARCH, BadACL, Caller, read_acl
 from ..errors import GGUFError
-from .libc import cached_pages, pages
+from .libc import cached_pages, pages, written_by_others
+from .probe import leaves, reach
 from .scratch import scratch
+from .watch import Followed, contents
 
 Stamp = tuple[int, int, int, int, int]   # st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns
 
@@ -46,6 +49,7 @@ ALIGN = 4096                             # O_DIRECT offsets, sizes and buffers: 
 DIRECT_MIN = 64 << 10                    # shorter reads go through the page cache
 _BOUNCE = (1 << 20) + 2 * ALIGN          # the aligned buffer an O_DIRECT read goes through
 KEEP_OUT_ENV = "COMPATFS_KEEP_OUT"       # mounts never looked into, a JSON list (inherited by workers)
+EXPLAINED_WITHIN = 0.05                  # seconds a followed file's moved change time waits for the event that tells why
 
 
 class Denied(PermissionError):
@@ -157,8 +161,11 @@ def _inside_mount(path: str, kept: tuple[str, ...]) -> str | None:
 def _walk(path: str | os.PathLike, caller: Caller | None) -> int:
     """An O_PATH descriptor of what `path` resolves to (never a symlink);
     OSError as the kernel's lookup would fail, Denied when `caller` lacks
-    search permission on a folder on the way."""
-    todo = os.path.abspath(os.fspath(path)).split("/")[::-1]   # components still to resolve, next last
+    search permission on a folder on the way.  A symlink that leads onto
+    another mount than `path` starts on is looked up first by `probe.reach`
+    (ETIMEDOUT where that lookup hangs)."""
+    start = os.path.abspath(os.fspath(path))
+    todo = start.split("/")[::-1]   # components still to resolve, next last
     here, fd = "/", os.open("/", _PATH_FLAGS)
     links, kept = 0, _kept_out()
     try:
@@ -191,6 +198,10 @@ def _walk(path: str | os.PathLike, caller: Caller | None) -> int:
             if links > _MAX_LINKS:
                 raise OSError(errno.ELOOP, "too many levels of symbolic links")
             todo.extend(target.split("/")[::-1])
+            rest = os.path.normpath(os.path.join("/" if target.startswith("/") else here, *todo[::-1]))
+            elsewhere = leaves(start, rest)
+            if elsewhere is not None and _inside_mount(rest, kept) is None:
+                reach(rest, elsewhere)       # (ETIMEDOUT where a lookup there hangs)
             if target.startswith("/"):
                 os.close(fd)
                 fd = -1
@@ -216,6 +227,24 @@ def status(path: str | os.PathLike, caller: Caller | None = None, need: int = 0)
         return st
     finally:
         os.close(fd)
+
+
+def resolved(path: str | os.PathLike) -> int:
+    """An O_PATH descriptor (the caller's to close) of what `path` resolves
+    to, as `status` resolves it (never into compatfs's own mount); OSError
+    as the lookup fails."""
+    return _walk(path, None)
+
+
+def is_folder(path: str | os.PathLike) -> bool:
+    """Whether `path` resolves, as `status` resolves it, to a folder; a
+    lookup that hung (ETIMEDOUT) is raised, naming the path."""
+    try:
+        return stat.S_ISDIR(status(path).st_mode)
+    except OSError as e:
+        if e.errno == errno.ETIMEDOUT:
+            raise
+        return False
 
 
 def statuses(files: set[Path]) -> dict[Path, os.stat_result | OSError]:
@@ -306,18 +335,41 @@ class BlobFile:
     opened (`expect`: the identity it must have, else GGUFError; `caller`:
     who must be allowed to read it, else Denied; see `open_regular`).
     Whether it still holds those bytes is judged by `unchanged` against its
-    link count at open: a name of it removed meanwhile leaves it intact."""
+    link count at open: a name of it removed meanwhile leaves it intact.
+    With `follow` (a file kept open to serve reads) it is judged instead by
+    what the kernel reports of it (`files.watch.Contents`): a change of its
+    metadata alone (mode, owner, ACL, links, xattrs) leaves it intact, any
+    write of its bytes does not, whatever was done to its times or links."""
 
-    def __init__(self, path: str | os.PathLike, expect: Stamp | None = None, caller: Caller | None = None):
+    def __init__(self, path: str | os.PathLike, expect: Stamp | None = None, caller: Caller | None = None,
+                 follow: bool = False):
         self.path = Path(path)
         self.fd, st = open_regular(path, caller)
         self.stamp = identity(st)
         self._seen = (self.stamp, st.st_nlink)   # the identity and link count it was last found intact with
         self._direct: int | None = None      # the O_DIRECT descriptor: None not opened yet, -1 none to be had
         self._refused = False                # its reads failed: kept open until `close`, no longer read
+        self._followed: Followed | None = None
+        if follow:
+            self._follow(st)
         if expect is not None and not unchanged(expect, None, st):
             self.close()
             raise GGUFError(f"{path}: the file changed since it was read")
+
+    def _follow(self, st: os.stat_result) -> None:
+        """Have the kernel's events judge the file from now on (where inotify
+        follows it); a change between the open and that is a change."""
+        watch = contents()
+        followed = watch.follow(self.fd, st.st_ctime_ns) if watch is not None else None
+        if followed is None:
+            return
+        self._followed = followed
+        try:
+            now = os.fstat(self.fd)
+        except OSError:
+            now = None
+        if now is None or identity(now) != self.stamp:
+            followed.written = True
 
     def __enter__(self) -> "BlobFile":
         return self
@@ -332,16 +384,24 @@ class BlobFile:
         if self._direct is not None and self._direct >= 0:
             os.close(self._direct)
         self._direct = -1
+        followed, self._followed = self._followed, None
+        watch = contents() if followed is not None else None
+        if watch is not None and followed is not None:
+            watch.unfollow(followed)
 
     def duplicate(self) -> "BlobFile":
-        """Another descriptor of this very file (removed from its folder or not)."""
+        """Another descriptor of this very file (removed from its folder or
+        not), judged as this one is."""
         again = object.__new__(BlobFile)
         try:
             again.fd = os.dup(self.fd)
         except OSError as e:
             raise _failed(self.path, "open", e) from None
         again.path, again.stamp, again._seen = self.path, self.stamp, self._seen
-        again._direct, again._refused = None, False
+        again._direct, again._refused, again._followed = None, False, self._followed
+        watch = contents() if self._followed is not None else None
+        if watch is not None and self._followed is not None:
+            watch.share(self._followed)
         return again
 
     def allow(self, caller: Caller) -> None:
@@ -357,21 +417,50 @@ class BlobFile:
 
     def intact(self, st: os.stat_result | None = None) -> bool:
         """Whether the file still holds the bytes it was opened with, judged
-        by `unchanged` on its status `st` (default: taken now from its
-        descriptor).  A change time moved by a name removed is accepted once:
-        from then on the file must keep that change time and link count, or
-        lose another name."""
+        on its status `st` (default: taken now from its descriptor): its
+        device, inode, size and modification time as at open, and then, for
+        a followed file, `_same_bytes`; otherwise by `unchanged`: a change
+        time moved by a name removed is accepted once, from then on the file
+        must keep that change time and link count, or lose another name."""
         if st is None:
             try:
                 st = os.fstat(self.fd)
             except OSError:
                 return False
         stamp, links = self._seen
+        if self._followed is not None:
+            return identity(st)[:4] == tuple(stamp[:4]) and self._same_bytes(self._followed, st)
         if not unchanged(stamp, links, st):
             return False
         if st.st_ctime_ns != stamp[4]:
             self._seen = (identity(st), st.st_nlink)
         return True
+
+    def _same_bytes(self, followed: Followed, st: os.stat_result) -> bool:
+        """Whether a followed file of unchanged size and modification time
+        (status `st`) holds the bytes it was opened with: never once the
+        kernel reported a write of it; otherwise a change time that moved
+        is accepted where the kernel reported a change of metadata and
+        nothing may write the file now (a writable mapping writes unseen:
+        `written_by_others`); and so where events may be missing."""
+        watch = contents()
+        if watch is None:
+            return False
+        watch.news(followed)
+        if followed.written:
+            return False
+        if st.st_ctime_ns == followed.ctime:
+            return True
+        if followed.lost:
+            return False
+        if not followed.touched:     # what moved it may not have been reported yet
+            watch.news(followed, EXPLAINED_WITHIN)
+            if followed.written or followed.lost or not followed.touched:
+                return False
+        if written_by_others(self.fd) is not False:
+            return False
+        now = watch.settle(followed, self.fd)     # every change reported so far is in its change time
+        return now is not None and identity(now)[:4] == identity(st)[:4]
 
     def check(self) -> None:
         """GGUFError when the file was truncated or rewritten since it was opened."""

@@ -1,14 +1,17 @@
 """What compatfs asks of the C library itself: `malloc`/`free` for the read
 replies libfuse frees (page-aligned, so O_DIRECT reads can fill them), the allocator's thresholds (the daemon and its
 indexing workers tune them differently; a glibc call, elsewhere it does
-nothing), and how much of a file range the page cache holds (`cachestat`)."""
+nothing), how much of a file range the page cache holds (`cachestat`), and
+whether a file may be written by anyone now (a lease's answer)."""
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import errno
+import fcntl
 import os
 import platform
+import signal
 
 LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 LIBC.malloc.restype = ctypes.c_void_p
@@ -72,3 +75,22 @@ def cached_pages(fd: int, offset: int, size: int) -> int | None:
 def pages(offset: int, size: int) -> int:
     """How many pages bytes [offset, offset+size) of a file lie in."""
     return (offset + size - 1) // PAGE - offset // PAGE + 1 if size else 0
+
+
+_F_SETSIG = 10      # fcntl: the signal a lease break sends (Python's fcntl names F_SETLEASE only)
+
+
+def written_by_others(fd: int) -> bool | None:
+    """Whether any descriptor (or writable shared mapping) of the file open
+    as `fd`, a read-only descriptor of this process, may write it now: a
+    read lease is refused exactly then (Linux's F_SETLEASE; taken and let go
+    at once, its break signal one that is ignored); None where the kernel
+    would not say (no leases on that filesystem, or not this caller's file
+    without CAP_LEASE)."""
+    try:
+        fcntl.fcntl(fd, _F_SETSIG, signal.SIGURG)
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+    except OSError as e:
+        return True if e.errno == errno.EAGAIN else None
+    fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+    return False

@@ -5,7 +5,9 @@ open handles read while their blob is intact, and switches to the store's new
 one when they close (the FUSE layer then has the kernel's caches of it
 dropped).  An open takes one snapshot of the store: the view and the blob's
 descriptor it is served from, permission decided on that very descriptor; a
-read checks the handle's blob against the view's stamp.  Shares the FUSE
+read checks the handle's blob against the view's stamp, the blob followed
+(`BlobFile(follow=True)`): a change of its metadata (mode, owner, ACL,
+links) leaves open files reading, a write of its bytes does not.  Shares the FUSE
 layer's lock.
 """
 from __future__ import annotations
@@ -153,7 +155,7 @@ class OpenFiles:
             if file is not None:
                 file.allow(caller)
             else:
-                file = BlobFile(blob, caller=caller)
+                file = BlobFile(blob, caller=caller, follow=True)
         except BaseException as e:
             if file is not None:
                 file.close()
@@ -245,8 +247,8 @@ class OpenFiles:
             if handle.file.intact():      # its stamp is the view's (`open_view` serves no other)
                 return handle
             handle.failed = True
-            log.error("blob %s changed under an open file (size, modification or change time): reads of %s fail "
-                      "until it is opened again", handle.blob, handle.path)
+            log.error("blob %s changed under an open file (its bytes written, or its size or modification time "
+                      "changed): reads of %s fail until it is opened again", handle.blob, handle.path)
         raise fuse.FuseOSError(errno.EIO)
 
     def prune(self, changed: set[str], folders: dict[str, tuple | None]) -> None:

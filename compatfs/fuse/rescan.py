@@ -1,12 +1,14 @@
 """The rescan thread: the store is rescanned in the background, and the
 kernel's cached attributes and pages of what changed are invalidated at once
-(a changed folder, its files and parents; every folder when the store's top
-folders change; a path that kept its view for open files once they closed).
+(a changed folder, its files and parents; every folder, not their files,
+when the store's top folders change; a path that kept its view for open
+files once they closed).
 The attribute memo is emptied before the kernel is told.
 
 The thread looks every second (a tenth of a second after a scan during
 which a change was reported).  It rescans when the folders the last scan
-read or named files in report a change (`watch`), when a path kept for open
+read report a change, or those it named files in a change of one of those
+files (`watch`: a file downloaded beside them costs nothing), when a path kept for open
 files is released, and otherwise on a timer: every second while a rescan
 costs at most `IDLE_SHARE` of a second of CPU, else as seldom as keeps the
 rescans to that share (a store of thousands of models, or one whose changes
@@ -82,8 +84,18 @@ class Rescan:
 
     def _follow(self, snap: Snapshot) -> bool:
         """Watch the folders where `snap` may change; whether any is newly
-        watched (what changed there before is not reported: look again)."""
-        return self._inotify.follow(self.tree.watched(snap)) if self._inotify is not None else False
+        watched (what changed there before is not reported: look again).  In
+        a folder the scan did not list, only the files it names count (a
+        blob being downloaded beside them, which no manifest names yet, is
+        nothing to show: its writes cost no scan)."""
+        if self._inotify is None:
+            return False
+        only: dict[Path, set[str]] = {}
+        for f in snap.listing.folders.values():
+            for p in (f.model, f.projector, *(p for _, p in f.passed)):
+                if p is not None and p.parent not in snap.listing.read:
+                    only.setdefault(p.parent, set()).add(p.name)
+        return self._inotify.follow(self.tree.watched(snap), only)
 
     def stale(self, path: str) -> None:
         """`path` kept its view for open files, which closed: the kernel learns
@@ -149,10 +161,15 @@ class Rescan:
                 log.exception("rescan of %s failed", self.root)
 
     def _invalidate(self, folders: set[str], *snaps) -> None:
-        """Invalidate the folders, their files (as either snapshot names them) and parents."""
+        """Invalidate the folders, their files (as either snapshot names them)
+        and parents; for a folder on disk whose owner, mode and time folders
+        show (`<path>`), every folder, and none of their files (which show
+        their blobs' own: a file downloaded into `blobs/` drops no page of
+        a model)."""
         paths = set()
-        if any(d.startswith("<") for d in folders):   # a folder on disk whose owner and mode folders show
-            folders = {d for d in folders if not d.startswith("<")} | set(snaps[-1].dirs)
+        if any(d.startswith("<") for d in folders):
+            paths |= {f"/{d}" for d in snaps[-1].dirs}
+            folders = {d for d in folders if not d.startswith("<")}
         for d in folders:
             names = {MODEL_FILE, MMPROJ_FILE}
             for snap in snaps:

@@ -2,7 +2,7 @@
 on disk and the mounted tree.
 
 A source is a folder on disk holding GGUF files in some layout (an Ollama
-store: `store.OllamaStore`; a plain folder tree: `folder.GGUFFolder`).  It
+store: `ollama.OllamaStore`; a plain folder tree: `folder.GGUFFolder`).  It
 tells, at one moment (`scan`), which folders the mount has and what each
 holds: the GGUF whose text view is `model.gguf`, the GGUF whose projector
 view is `mmproj.gguf` (or none: then the model GGUF's own, if it has one),

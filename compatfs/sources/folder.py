@@ -28,20 +28,24 @@ symlink to a folder is not walked into.
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from .base import Folder, Listing, Source, SourceError
-from ..files.blobfile import status
+from ..files.blobfile import is_folder, status
+from ..files.probe import guard
 from ..names import MMPROJ_FILE, MODEL_FILE
+
+log = logging.getLogger(__name__)
 
 SUFFIX = ".gguf"
 PROJECTOR_PREFIX = "mmproj"
-MAX_FOLDERS = 10_000    # folders on disk a scan visits at most (one may run every second)
+MAX_FOLDERS = 10_000    # folders below one folder a scan walks at most (one may run every second)
 _SPLIT = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)
 
 
@@ -56,42 +60,72 @@ def _is_dir(entry: os.DirEntry) -> bool:
         return False
 
 
-def walk(root: Path, onerror: Callable[[OSError], None] | None = None) -> Iterator[tuple[str, list[str], list[str]]]:
-    """`os.walk(root)`, top down, without following a symlink implicitly
-    (`_is_dir`): each folder's path, its folders (which the caller may prune)
-    and its other entries; a symlink to a folder is listed among the folders
-    and not walked into."""
-    todo = [os.fspath(root)]
-    while todo:
-        top = todo.pop()
+Walked = tuple[str, list[str], list[str]]     # a folder's path, its folders, its other entries
+
+
+def walk(root: Path, onerror: Callable[[OSError], None] | None = None,
+         cap: int = MAX_FOLDERS) -> tuple[list[Walked], dict[str, str]]:
+    """The folders under `root`, top down, as `os.walk(root)` gives them but
+    without following a symlink implicitly (`_is_dir`): each folder's path,
+    its folders and its other entries (a symlink to a folder is listed among
+    the folders); walked into are the folders that are neither hidden nor
+    symlinks, in name order.  A folder below which more than `cap` folders
+    lie (a tree left out below it counting as one) has none of them walked:
+    they are left out, and the second value says so (folder -> why).  That
+    costs about `cap` folders more listed, and only that tree: the rest is
+    walked all the same.  For `root` itself, what was walked before its
+    count ran over is kept, and the rest left out."""
+    out: list[Walked] = []
+    skipped: dict[str, str] = {}
+    kept = 0                       # folders walked and kept (a tree left out counting as one)
+    stack: list[tuple[str, int, int, list[str]]] = []   # (folder, its index in out, `kept` before it, folders left)
+
+    def visit(top: str) -> None:
+        nonlocal kept
         try:
+            guard(top)       # a mount made there may hang: looked up first, in bounded time
             with os.scandir(top) as it:
                 entries = list(it)
         except OSError as e:
+            if e.filename is None:
+                e.filename = top
             if onerror is not None:
                 onerror(e)
-            continue
-        dirs, files, real = [], [], set()
+            return
+        dirs, files, inside = [], [], []
         for entry in entries:
             if _is_dir(entry):
                 dirs.append(entry.name)
-                if not entry.is_symlink():
-                    real.add(entry.name)
+                if not entry.is_symlink() and not entry.name.startswith("."):
+                    inside.append(entry.name)
             else:
                 files.append(entry.name)
-        yield top, dirs, files
-        todo.extend(os.path.join(top, d) for d in reversed(dirs) if d in real)
+        out.append((top, dirs, files))
+        stack.append((top, len(out) - 1, kept, [os.path.join(top, d) for d in sorted(inside, reverse=True)]))
+        kept += 1
+
+    visit(os.fspath(root))
+    while stack:
+        top, at, before, todo = stack[-1]
+        if kept - before - 1 > cap:
+            stack.pop()
+            if stack:
+                del out[at + 1:]
+                kept = before + 1
+                skipped[top] = f"more than {cap} folders below it: none of them is scanned"
+            else:
+                skipped[top] = f"more than {cap} folders below it: the rest is not scanned"
+            continue
+        if todo:
+            visit(todo.pop())
+        else:
+            stack.pop()
+    return out, skipped
 
 
 def has_gguf(root: Path) -> bool:
     """Whether any folder under `root` (hidden ones aside) holds a `.gguf` file."""
-    for visited, (_dirpath, dirs, files) in enumerate(walk(root)):
-        if visited >= MAX_FOLDERS:
-            return False
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        if any(_is_gguf(f) for f in files):
-            return True
-    return False
+    return any(any(_is_gguf(f) for f in files) for _top, _dirs, files in walk(root)[0])
 
 
 def _is_gguf(name: str) -> bool:
@@ -109,8 +143,13 @@ class FolderListing(Listing):
 class GGUFFolder(Source):
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root).expanduser()
-        if not self.root.is_dir():
+        try:
+            found = is_folder(self.root)
+        except OSError as e:     # a lookup that hung
+            raise SourceError(str(e)) from None
+        if not found:
             raise SourceError(f"{self.root}: no such directory")
+        self._capped: set[str] = set()     # the folders the last scan left the folders below out of (logged once)
 
     def scan(self) -> FolderListing:
         out = FolderListing()
@@ -118,12 +157,14 @@ class GGUFFolder(Source):
         def unreadable(e: OSError) -> None:
             out.skipped[str(e.filename)] = f"cannot be listed ({e.strerror})"
 
-        for visited, (dirpath, dirs, files) in enumerate(walk(self.root, onerror=unreadable)):
-            if visited >= MAX_FOLDERS:
-                out.skipped[dirpath] = f"more than {MAX_FOLDERS} folders: the rest is not scanned"
-                break
+        folders, capped = walk(self.root, onerror=unreadable)
+        for path, why in capped.items():
+            out.skipped[path] = why
+            if path not in self._capped:
+                log.warning("%s: %s", path, why)
+        self._capped = set(capped)
+        for dirpath, dirs, files in folders:
             entries = set(dirs) | set(files)
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
             out.read.add(Path(dirpath))
             rel = Path(dirpath).relative_to(self.root).as_posix()
             rel = "" if rel == "." else rel

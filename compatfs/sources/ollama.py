@@ -33,7 +33,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..files.blobfile import BlobFile, Stamp, identity, status
+from ..files.blobfile import BlobFile, Stamp, identity, is_folder, status
+from ..files.probe import guard
 from ..errors import GGUFError
 from .base import Folder, Listing, Source, SourceError
 
@@ -49,6 +50,7 @@ _DIGEST = re.compile(r"^sha256[:-]([0-9a-fA-F]{64})$")
 MANIFEST_LIMIT = 4 << 20   # bytes; Ollama's manifests take a few KB (10,000 layers: about 1.6 MB)
 BLOBS = "blobs"
 _HEX = re.compile(r"^(?:sha256[:-])?([0-9a-fA-F]{64})$")
+MAX_PATHS_KEPT = 100_000   # blob paths remembered (more, and they are made afresh)
 
 # Manifest layers shown beside model.gguf, unchanged: media type -> file name.
 LAYER_FILES = {
@@ -60,8 +62,9 @@ LAYER_FILES = {
 
 
 def is_store(root: Path) -> bool:
-    """Whether `root` has an Ollama store's two folders."""
-    return (root / "manifests").is_dir() and (root / BLOBS).is_dir()
+    """Whether `root` has an Ollama store's two folders (looked up as every
+    store path is: `blobfile.is_folder`)."""
+    return is_folder(root / "manifests") and is_folder(root / BLOBS)
 
 
 def default_source() -> Path:
@@ -161,16 +164,17 @@ def _files_below(base: Path, listed: set[Path]) -> list[tuple[Path, os.stat_resu
     while todo:
         folder = todo.pop()
         try:
+            guard(str(folder))     # a mount made there may hang: looked up first, in bounded time
             with os.scandir(folder) as entries:
                 for entry in entries:
                     if entry.is_dir(follow_symlinks=False):
-                        todo.append(Path(entry.path))
+                        todo.append(folder / entry.name)
                         continue
                     try:
                         st: os.stat_result | None = entry.stat(follow_symlinks=False)
                     except OSError:
                         st = None
-                    out.append((Path(entry.path), st))
+                    out.append((folder / entry.name, st))
         except OSError:
             continue
         listed.add(folder)
@@ -180,8 +184,12 @@ def _files_below(base: Path, listed: set[Path]) -> list[tuple[Path, os.stat_resu
 class OllamaStore(Source):
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root).expanduser()
-        missing = [d for d in ("manifests", BLOBS) if not (self.root / d).is_dir()]
-        if not self.root.is_dir():
+        try:
+            missing = [d for d in ("manifests", BLOBS) if not is_folder(self.root / d)]
+            found = is_folder(self.root)
+        except OSError as e:
+            raise SourceError(str(e)) from None
+        if not found:
             raise SourceError(f"{self.root}: no such directory (expected an Ollama model store)")
         if missing:
             raise SourceError(f"{self.root}: not an Ollama model store (no {' or '.join(d + '/' for d in missing)})")
@@ -192,9 +200,15 @@ class OllamaStore(Source):
         self._blob_folders: dict[str, Folder] = {}
         self._owners = {True: self.root / BLOBS, False: self.root / "manifests"}   # a folder under blobs/ or not
         self._lock = threading.Lock()
+        self._blob_paths: dict[str, Path] = {}     # digest -> its blob's path (made once: a scan asks for each)
 
     def blob_path(self, digest: str) -> Path:
-        return self.root / BLOBS / digest
+        path = self._blob_paths.get(digest)
+        if path is None:
+            if len(self._blob_paths) > 4 * MAX_PATHS_KEPT:
+                self._blob_paths.clear()
+            path = self._blob_paths[digest] = self.root / BLOBS / digest
+        return path
 
     # -- Source ----------------------------------------------------------------
     def scan(self) -> StoreListing:
@@ -241,10 +255,17 @@ class OllamaStore(Source):
             return max([owner_mtime, *times.values()])
         if folder.startswith(BLOBS + "/"):
             try:
-                return os.stat(listing.folders[folder].model).st_mtime_ns
+                return status(listing.folders[folder].model).st_mtime_ns
             except (KeyError, OSError):
                 return owner_mtime
         return times.get(folder, owner_mtime)
+
+    def refuses_mountpoint(self, mountpoint: Path) -> str | None:
+        """A mountpoint at the store or inside it (under `manifests/` or
+        `blobs/`: where the scan looks) would have the mount look into itself."""
+        if Path(os.path.realpath(mountpoint)).is_relative_to(os.path.realpath(self.root)):
+            return f"the mountpoint {mountpoint} is inside the store {self.root}: the mount would look into itself"
+        return None
 
     def name(self, target: str) -> str:
         """A blob digest (`sha256:<hex>`, `sha256-<hex>` or the bare hex) is
@@ -277,16 +298,17 @@ class OllamaStore(Source):
         out = Scan()
         base = self.root / "manifests"
         seen: set[Path] = set()
-        found = _files_below(base, out.listed)
+        prefix = len(str(base)) + 1
+        # (the path, its status, its parts below manifests/): the parts split once, as strings
+        found = [(path, st, str(path)[prefix:].split("/")) for path, st in _files_below(base, out.listed)]
         owners: dict[str, Path] = {}
 
-        def order(found: tuple[Path, os.stat_result | None]) -> tuple:
-            # host and namespace spelled as Ollama writes them first
-            head = found[0].relative_to(base).parts[:2]
-            return head != tuple(p.lower() for p in head), found[0]
+        def order(found: tuple[Path, os.stat_result | None, list[str]]) -> tuple:
+            # host and namespace spelled as Ollama writes them first, then in path order
+            head = found[2][:2]
+            return head != [p.lower() for p in head], found[2]
 
-        for path, st in sorted(found, key=order):
-            parts = path.relative_to(base).parts
+        for path, st, parts in sorted(found, key=order):
             if len(parts) != 4:
                 out.skipped[str(path)] = "not at manifests/<host>/<namespace>/<model>/<tag>"
                 continue
