@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from .files.access import READ, Chain, Recorder, everyone_who_may
 from .files.blobfile import identity, status, statuses
 from .view.sampling import Layers, layers_of, retain_layers
 from .sources.base import Folder, Listing, Source
@@ -105,6 +106,58 @@ class Snapshot:
             self.dirs.setdefault("/".join(parts[:i + 1]), set())
 
 
+class HiddenNames:
+    """Leaves out of a listing each folder whose name or files the store hides
+    from some who may list the folder its mounted parent mirrors: a caller
+    (other than root) granted reading that folder is not granted reading
+    every store file they are read from (`Folder.told_by`: folders listed,
+    manifests read; `access.everyone_who_may`).
+    Decided for everyone at once, so every caller sees the same listings (as
+    the kernel caches them), and again only when a folder involved changes
+    (its identity, owner, mode or change time, which an ACL change moves)."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple, bool] = {}    # the folders' statuses -> whether the name is shown
+
+    def hide(self, source: Source, listing: Listing) -> None:
+        named = {name: f for name, f in listing.folders.items() if f.told_by}
+        if not named:
+            self._known = {}
+            return
+        owners = {name: source.owner(name.rpartition("/")[0], listing) for name in named}
+        st = statuses({p for f in named.values() for p in f.told_by} | set(owners.values()))
+
+        def key(p: Path) -> tuple:
+            s = st[p]
+            return (str(p), s.strerror) if isinstance(s, OSError) else \
+                (str(p), *identity(s), s.st_uid, s.st_gid, s.st_mode)
+        chains: dict[Path, Chain | None] = {}
+
+        def chain(p: Path) -> Chain | None:
+            if p not in chains:
+                rec = Recorder()
+                try:
+                    status(p, rec, READ)
+                    chains[p] = rec.chain
+                except OSError:
+                    chains[p] = None
+            return chains[p]
+        known: dict[tuple, bool] = {}
+        for name, f in named.items():
+            k = (key(owners[name]), *(key(p) for p in f.told_by))
+            shown = self._known.get(k)
+            if shown is None:
+                gate, then = chain(owners[name]), [chain(p) for p in f.told_by]
+                shown = gate is not None and all(c is not None for c in then) and \
+                    everyone_who_may(gate, [d for c in then if c is not None for d in c])
+            known[k] = shown
+            if not shown:
+                del listing.folders[name]
+                listing.skipped[name] = f"its name or manifest is not readable in the store by everyone who may " \
+                                        f"list {owners[name]}"
+        self._known = known
+
+
 class Tree:
     def __init__(self, source: Source, views: BlobViews, rescan_seconds: float = 1.0):
         self.source = source
@@ -116,6 +169,7 @@ class Tree:
         self._lock = threading.Lock()      # held only to swap a snapshot in
         self._building = threading.Lock()  # one rescan at a time
         self._root_files: RootFiles | None = None   # what else the root shows (the FUSE layer's)
+        self._names = HiddenNames()
 
     def publish(self, root_files: RootFiles) -> None:
         """Show `root_files`' files at the root, from the next scan on."""
@@ -248,7 +302,9 @@ class Tree:
 
     def _rescan(self) -> Snapshot:
         previous = self._snap
-        snap = Snapshot(self.source.scan())
+        listing = self.source.scan()
+        self._names.hide(self.source, listing)
+        snap = Snapshot(listing)
         folders = self._folder_marks(snap)
         if self._root_files is not None:
             extra = self._root_files.files(self, snap, folders)

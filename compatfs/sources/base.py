@@ -36,6 +36,11 @@ class Folder:
     params: Path | None = None                 # Ollama's params layer: model.gguf carries its sampling options
     template: Path | None = None               # Ollama's template layer: model.gguf's chat template, translated
     system: Path | None = None                 # Ollama's system layer: the chat template's default system message
+    # The store files whose contents tell this folder's name and files, below
+    # the folder its mounted parent mirrors (`Source.owner`): an Ollama
+    # model's host, namespace and model folders under manifests/ (listed) and
+    # its manifest (read).
+    told_by: tuple[Path, ...] = ()
 
     def ggufs(self) -> tuple[Path, ...]:
         return (self.model,) if self.projector is None else (self.model, self.projector)

@@ -232,7 +232,8 @@ class OllamaStore(Source):
                                             self._layer_files(model.layers),
                                             params=self.blob_path(params.digest) if params else None,
                                             template=self.blob_path(template.digest) if template else None,
-                                            system=self.blob_path(system.digest) if system else None)
+                                            system=self.blob_path(system.digest) if system else None,
+                                            told_by=(*(model.manifest.parents[i] for i in (2, 1, 0)), model.manifest))
             made_now[name] = made
             out.folders[name] = made[1]
             parts = name.split("/")
