@@ -24,6 +24,7 @@ from . import ahead
 from ..files.blobfile import ALIGN, BlobFile
 from ..errors import GGUFError
 from ..format.header import TensorInfo
+from ..translate import accel
 from ..translate.ops import Op
 from ..files.scratch import give, scratch, take
 from .segments import BlobBytes, Cached, Computed, HeldBytes, InRounds, Segment, Segments, ZeroBytes
@@ -39,6 +40,7 @@ class FileRange(NamedTuple):
 GATHER = 4 << 20      # blob bytes read at once to gather short runs from
 DIRECT = 64 << 10     # runs this long (or sparser than 1 in `SPARSE`) are read straight into place
 SPARSE = 8
+SCATTER = 512         # runs this long (and shorter than `DIRECT`) scattered into place by the compiled gather_read
 
 
 def fill(segments: Segments, blob: BlobFile | None, offset: int, out: memoryview) -> None:
@@ -193,7 +195,9 @@ class _Inputs:
 def _rounds(seg: InRounds, blob: BlobFile | None, out: memoryview) -> None:
     """Bytes [lo, lo + len(out)) of the segment's rounds: per part, a run cut
     by the range's ends read alone; whole runs read straight into place when
-    long or sparse, else gathered from `GATHER`-sized reads of the blob."""
+    long or sparse, else scattered into place in one pass over the blob by
+    the compiled `gather_read` (runs of `SCATTER` bytes or more, where it is
+    built) or gathered with numpy from `GATHER`-sized reads of the blob."""
     blob, r, lo = _opened(blob), seg.rounds, seg.lo
     hi = lo + len(out)
     dst = np.frombuffer(out, np.uint8)
@@ -212,6 +216,8 @@ def _rounds(seg: InRounds, blob: BlobFile | None, out: memoryview) -> None:
                 for j in range(k, whole):
                     a = j * r.period + at - lo
                     blob.read_once_into(out[a:a + unit], offset + j * stride)
+            elif unit >= SCATTER and accel.native is not None:
+                _scattered(blob, out[k * r.period + at - lo:], offset + k * stride, unit, stride, whole - k, r.period)
             else:
                 batch = max(1, GATHER // stride)
                 with scratch((min(batch, whole - k) - 1) * stride + unit) as spans:
@@ -221,6 +227,23 @@ def _rounds(seg: InRounds, blob: BlobFile | None, out: memoryview) -> None:
                         target = as_strided(dst[j * r.period + at - lo:], shape=(m, unit), strides=(r.period, 1))
                         target[...] = as_strided(spans, shape=(m, unit), strides=(stride, 1))
             k = whole
+
+
+def _scattered(blob: BlobFile, out: memoryview, offset: int, unit: int, stride: int, count: int,
+               period: int) -> None:
+    """`count` runs of `unit` blob bytes, `stride` apart from `offset`, into
+    `out` `period` apart, by the compiled `gather_read`: one pass over the
+    blob's span through its descriptor (the page cache), each run read
+    straight into its place (the bytes between runs into a buffer thrown
+    away); GGUFError naming the blob when it cannot be read or ends first."""
+    assert accel.native is not None
+    span = (count - 1) * stride + unit
+    try:
+        got = accel.native.gather_read(blob.fd, out, offset, unit, stride, count, period)
+    except OSError as e:
+        raise GGUFError(f"{blob.path}: cannot read: {e.strerror}") from e
+    if got != span:
+        raise GGUFError(f"{blob.path}: ends at {offset + got}, before {offset + span} (truncated?)")
 
 
 def _cached(seg: Cached, blob: BlobFile | None, out: memoryview) -> None:
