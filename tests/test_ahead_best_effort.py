@@ -120,6 +120,7 @@ def test_a_chunk_that_failed_for_the_system_is_computed_again_by_the_read():
 
 
 def test_the_chunks_of_a_file_that_stopped_reading_are_reclaimed(monkeypatch):
+    settled()                                     # (no other test's chunks held)
     now = [1000.0]
     monkeypatch.setattr(ahead, "_clock", lambda: now[0], raising=False)
     monkeypatch.setattr(ahead, "HELD", ahead.PER_FILE)
