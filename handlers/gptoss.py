@@ -69,7 +69,7 @@ class OllamaMXFP4(Op):
     step: int = 1
 
     @classmethod
-    def of(cls, t: TensorInfo, start: int = 0, step: int = 1) -> "OllamaMXFP4":
+    def of(cls, t: TensorInfo, start: int = 0, step: int = 1) -> OllamaMXFP4:
         shape = t.shape
         if len(shape) < 2 or shape[0] % QK or not 0 <= start < step or shape[1] % step:
             raise GGUFError(f"{t.name}: shape {shape} is not an MXFP4 stack whose rows split {step} ways")

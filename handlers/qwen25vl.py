@@ -16,6 +16,7 @@ The window-attention period is encoded Qwen2.5-VL's own way: the KV edit
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from gguf import MODEL_ARCH as A
@@ -52,7 +53,7 @@ class WindowPattern(KVEdit):
             kv.setdefault(self.key, u32(self.default))
             return
         period = blocks[0] + 1
-        if all(b - a == period for a, b in zip(blocks, blocks[1:])):
+        if all(b - a == period for a, b in itertools.pairwise(blocks)):
             kv[self.key] = u32(period)
 
 

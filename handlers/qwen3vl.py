@@ -146,7 +146,7 @@ class FrameOfPatchEmbedding(Op):
     frame: int = 0
 
     @classmethod
-    def of(cls, src: TensorInfo, channels_out: int, frame: int) -> "FrameOfPatchEmbedding":
+    def of(cls, src: TensorInfo, channels_out: int, frame: int) -> FrameOfPatchEmbedding:
         if len(src.shape) != 4 or not channels_out or src.shape[3] % channels_out or not 0 <= frame < src.shape[2]:
             raise GGUFError(f"{src.name}: shape {src.shape} is no Conv3D patch embedding "
                             f"with {channels_out} output channels and a frame {frame}")

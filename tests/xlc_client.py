@@ -57,6 +57,7 @@ import sys
 import tempfile
 import time
 import zlib
+import contextlib
 
 HERE = os.path.abspath(__file__)
 LOG_ENV = "XLC_LOG_FILE"
@@ -185,8 +186,7 @@ class Vocab:
             params.raw[_VOCAB_ONLY_OFFSET] = 1
         self.model = lib.llama_model_load_from_file(path.encode(), params)
         if not self.model:
-            raise RuntimeError("llama_model_load_from_file (vocab_only=%s) failed for %s"
-                               % (self.vocab_only, path))
+            raise RuntimeError(f"llama_model_load_from_file (vocab_only={self.vocab_only}) failed for {path}")
         self.vocab = lib.llama_model_get_vocab(self.model)
 
     # -- queries ---------------------------------------------------------------------------
@@ -228,7 +228,7 @@ class Vocab:
             n = self.lib.llama_tokenize(self.vocab, data, len(data), arr, n_max, add_special,
                                         parse_special)
         if n < 0:
-            raise RuntimeError("llama_tokenize failed (%d)" % n)
+            raise RuntimeError(f"llama_tokenize failed ({n})")
         return list(arr[:n])
 
     def detokenize(self, ids, remove_special: bool, unparse_special: bool) -> str:
@@ -292,7 +292,7 @@ def _greedy(job: dict) -> dict:
 
 def _resp_error(r) -> str | None:
     if not isinstance(r, dict):
-        return "unexpected response type %s" % type(r).__name__
+        return f"unexpected response type {type(r).__name__}"
     if "error" in r:
         e = r["error"]
         return e.get("message", json.dumps(e)) if isinstance(e, dict) else str(e)
@@ -497,18 +497,18 @@ class JobRunner:
             op = a.get("op")
             fn = getattr(self, "op_" + str(op), None)
             if fn is None:
-                res = {"ok": False, "error": "unknown op %r" % op}
+                res = {"ok": False, "error": f"unknown op {op!r}"}
             else:
                 try:
                     res = fn(a)
                     res.setdefault("ok", True)
                 except Exception as e:  # load failures surface here as RuntimeError
-                    res = {"ok": False, "error": "%s: %s" % (type(e).__name__, e)}
+                    res = {"ok": False, "error": f"{type(e).__name__}: {e}"}
             results.append({"op": op, **res})
         bad = [r for r in results if not r.get("ok")]
         out = {"ok": not bad, "results": results}
         if bad:
-            out["error"] = "%s: %s" % (bad[0]["op"], bad[0].get("error"))
+            out["error"] = "{}: {}".format(bad[0]["op"], bad[0].get("error"))
         return out
 
 
@@ -543,7 +543,7 @@ def main(argv: list[str]) -> int:
     orig_err = os.dup(2)
     lfd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     if own_log:
-        os.write(orig_err, ("xlc_client: llama.cpp log -> %s\n" % log_path).encode())
+        os.write(orig_err, (f"xlc_client: llama.cpp log -> {log_path}\n").encode())
     os.dup2(lfd, 2)
     os.close(lfd)
     try:
@@ -556,7 +556,7 @@ def main(argv: list[str]) -> int:
             raise ValueError("job must be a JSON object with a 'model' path")
         out = JobRunner(job).run()
     except Exception as e:
-        out = {"ok": False, "error": "%s: %s" % (type(e).__name__, e)}
+        out = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     sys.stderr.flush()
     if not out.get("ok"):
         _settle(log_path)
@@ -572,7 +572,7 @@ def main(argv: list[str]) -> int:
         if errs and "Failed to init server" in str(out.get("error", "")):
             specific = [l for l in errs if "error loading model" in l or "GGML_ASSERT" in l
                         or "Failed to load CLIP" in l or "error:" in l]
-            out["error"] = "%s | %s" % (out["error"], " | ".join((specific or errs)[-3:]))
+            out["error"] = "{} | {}".format(out["error"], " | ".join((specific or errs)[-3:]))
     if own_log:
         os.write(orig_err, log.encode("utf-8", "replace"))
         os.unlink(log_path)
@@ -618,14 +618,10 @@ def run_job(job: dict, timeout: float = 300) -> dict:
         log = ""
     log += stderr.decode("utf-8", "replace")
     for p in os.listdir(tmpdir):
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(os.path.join(tmpdir, p))
-        except OSError:
-            pass
-    try:
+    with contextlib.suppress(OSError):
         os.rmdir(tmpdir)
-    except OSError:
-        pass
 
     result = None
     if not timed_out:
@@ -642,9 +638,9 @@ def run_job(job: dict, timeout: float = 300) -> dict:
         return result
     tail = _tail(log)
     if timed_out:
-        err = "timeout after %ss\n%s" % (timeout, tail)
+        err = f"timeout after {timeout}s\n{tail}"
     else:
-        err = tail or "no output (returncode %s)" % rc
+        err = tail or f"no output (returncode {rc})"
     out = {"ok": False, "error": err, "returncode": rc, "log_errors": _error_lines(log)[-20:]}
     if rc is not None and rc < 0:
         try:

@@ -62,7 +62,7 @@ class TensorInfo:
         return self.dtype
 
     def part(self, name: str, shape: tuple[int, ...], dtype: DT, start: int = 0, *,
-             stored: int | None = None) -> "TensorInfo":
+             stored: int | None = None) -> TensorInfo:
         """A tensor `name` of `shape` and `dtype` that stands for its bytes of
         this one from byte `start` (a row of a matrix, a value of a packed
         table, the raw bytes of a type GGUF readers do not know): the one way

@@ -12,7 +12,8 @@ import bisect
 import struct
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 from cachetools import LRUCache
@@ -231,7 +232,7 @@ class Value:
     starts: _arr.array | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def strings(cls, payload: bytes | memoryview) -> "Value":
+    def strings(cls, payload: bytes | memoryview) -> Value:
         """A string array value with its element offsets recorded."""
         return cls(VT.ARRAY, payload, _element_starts(payload))
 
@@ -296,7 +297,7 @@ class Value:
                 pos = data.find(needle, pos + 1)
         return found
 
-    def with_items(self, items: Sequence[Any] | np.ndarray) -> "Value":
+    def with_items(self, items: Sequence[Any] | np.ndarray) -> Value:
         """An array of this array's element type holding `items`; GGUFError
         for a value that is not an array."""
         etype = self.element_type
@@ -304,7 +305,7 @@ class Value:
             raise GGUFError(f"a {self.vtype.name.lower()} has no elements to replace")
         return array(etype, items)
 
-    def truncated(self, n: int) -> "Value":
+    def truncated(self, n: int) -> Value:
         """The first `n` elements of an array value (itself if it is not longer)."""
         if self.vtype != VT.ARRAY or n >= self.count:
             return self

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from . import (
     bert, deepseekocr, embeddinggemma, gemma3, gemma3n, gemma4, glm4moelite, glmocr, gptoss, laguna, lfm2, llama,
@@ -31,7 +31,7 @@ class LegacyModel:
     models that ship one as a separate layer."""
 
     model: Writer
-    projector: Optional[Writer] = None
+    projector: Writer | None = None
     tag: str = "latest"
 
 

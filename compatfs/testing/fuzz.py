@@ -24,7 +24,7 @@ import tracemalloc
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..format.header import SourceGGUF
 from ..errors import GGUFError

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 import struct
 import tempfile
-from typing import Callable
+from collections.abc import Callable
 
 from ..format.header import SourceGGUF
 

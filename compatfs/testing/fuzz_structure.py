@@ -14,7 +14,8 @@ import re
 import struct
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from gguf import GGUFValueType as VT
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -50,7 +51,7 @@ _GEMMA3_SPECIALS = [
 ]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gemma3_tokens() -> tuple[list[str], list[float], list[int], list[str]]:
     """Gemma 3 SentencePiece vocabulary as Ollama's spm parser emits it (tokens,
     scores, token_type, merges): specials 0..13 (<pad>=0 <eos>=1 <bos>=2 <unk>=3,

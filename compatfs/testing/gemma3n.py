@@ -57,7 +57,7 @@ CHAT_TEMPLATE = (
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gemma3n_tokens() -> tuple[list[str], list[float], list[int], list[str], int]:
     """(tokens, scores, types, merges, text rows): Gemma's vocabulary, then
     `[PAD<i>]` for the image/audio slots up to `GEMMA3N["n_vocab"]`."""

@@ -55,7 +55,7 @@ CHAT_TEMPLATE = (
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gemma4_tokens() -> tuple[list[str], list[float], list[int], list[str]]:
     """Tokens, scores, types, merges as Ollama's converter writes Gemma 4's
     tokenizer.json: the added tokens, the byte tokens (normal), the

@@ -62,7 +62,7 @@ class Blob:
     alignment: int = 32
 
     @classmethod
-    def parse(cls, raw: bytes) -> "Blob":
+    def parse(cls, raw: bytes) -> Blob:
         """A well-formed GGUF file (such as a legacy writer's) as a `Blob`."""
         buf = memoryview(raw)
         version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)

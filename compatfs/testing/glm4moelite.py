@@ -57,7 +57,7 @@ CHAT_TEMPLATE = (
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def glm4_tokens() -> tuple[list[str], list[int], list[float], list[str]]:
     """(tokens, types, scores, merges): bytes, merged tokens, GLM's added tokens."""
     return byte_level_vocab(tail=ADDED)

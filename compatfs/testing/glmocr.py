@@ -65,7 +65,7 @@ GLMOCR_CHAT_TEMPLATE = (
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def glm_tokens() -> tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...]]:
     """Byte-level BPE vocabulary in GLM's layout (tokens, types, merges): the 256
     byte characters, one token per learned merge, then GLM's special tokens (control)."""

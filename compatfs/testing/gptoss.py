@@ -130,7 +130,7 @@ def write_raw(path: Path, kvs: dict[str, tuple], tensors: dict[str, Raw]) -> Pat
 
 # -- a tiny model of the current form -----------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def harmony_tokens() -> tuple[list[str], list[int], list[str]]:
     """A byte-level BPE vocabulary (tokens, types, merges) learned from the
     corpus, followed by 32 harmony special tokens (control)."""

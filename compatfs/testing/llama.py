@@ -48,7 +48,7 @@ _LLAMA3_SPECIAL_NAMES = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def llama3_tokens() -> tuple[list[str], list[int], list[str]]:
     """Llama 3 byte-level BPE vocab (tokens, token_type, merges), 128256 entries:
     the 256 GPT-2 byte characters first, then one token per learned merge, filler

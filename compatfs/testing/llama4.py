@@ -75,7 +75,7 @@ LLAMA4_CHAT_TEMPLATE = (
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def llama4_tokens() -> tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...]]:
     """Byte-level BPE vocabulary in Llama 4's layout (tokens, types, merges): the
     256 byte characters, one token per learned merge, then the special tokens

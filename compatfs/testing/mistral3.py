@@ -65,7 +65,7 @@ CHAT_TEMPLATE = (
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def mistral3_tokens() -> tuple[list[str], list[int], list[float], list[str]]:
     """(tokens, types, scores, merges): Tekken's 32 special tokens, bytes, merged tokens."""
     return byte_level_vocab(head=SPECIALS)

@@ -59,7 +59,7 @@ CHAT_TEMPLATE = (
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def byte_bpe_tokens(specials: tuple[str, ...]) -> tuple[list[str], list[int], list[str]]:
     """A byte-level BPE vocabulary of a few hundred tokens (tokens, types, merges):
     `specials` (control) first, then the 256 byte characters, then one token per

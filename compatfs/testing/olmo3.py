@@ -44,7 +44,7 @@ CHAT_TEMPLATE = (
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def olmo3_tokens() -> tuple[list[str], list[int], list[float], list[str]]:
     """(tokens, types, scores, merges): bytes, merged tokens, OLMo's added tokens."""
     return byte_level_vocab(tail=tuple((t, 3) for t in ADDED))

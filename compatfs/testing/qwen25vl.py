@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -62,7 +63,7 @@ CHAT_TEMPLATE = (
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def qwen25vl_tokens() -> tuple[list[str], list[int], list[float], list[str]]:
     """(tokens, types, scores, merges): bytes, merged tokens, Qwen2.5's added
     tokens, `[PAD<i>]` up to the embedding rows."""

@@ -49,7 +49,7 @@ CHAT_TEMPLATE = (
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def small_bpe_tokens(specials: tuple[str, ...], n_merges: int = 200) -> tuple[list[str], list[int], list[str]]:
     """A byte-level BPE vocabulary (GPT-2 byte characters, then one token per
     merge learned on the corpus, then `specials` typed control): tokens,

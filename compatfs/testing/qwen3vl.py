@@ -68,7 +68,7 @@ QWEN_VL_TEMPLATE = (
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def qwen_tokens() -> tuple[list[str], list[int], list[str]]:
     """(tokens, token types, merges): the 256 byte characters, one token per
     learnt merge, Qwen's added tokens, `[PAD<i>]` up to `QWEN_VOCAB`."""

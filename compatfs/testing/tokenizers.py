@@ -3,6 +3,7 @@ corpus (deterministic, independent of the weight seed, no network)."""
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from typing import Any
 
@@ -39,7 +40,7 @@ def train_bpe(words: dict[tuple[str, ...], int], n_merges: int) -> list[tuple[st
     for _ in range(n_merges):
         counts: dict[tuple[str, str], int] = {}
         for w, f in words.items():
-            for a, b in zip(w, w[1:]):
+            for a, b in itertools.pairwise(w):
                 counts[(a, b)] = counts.get((a, b), 0) + f
         if not counts:
             break
@@ -71,10 +72,10 @@ def bytes_to_unicode() -> dict[int, str]:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    return dict(zip(bs, (chr(c) for c in cs)))
+    return dict(zip(bs, (chr(c) for c in cs), strict=True))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def spm_pieces(n_merges: int) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """(merged pieces in rank order, single characters by frequency, merges 'a b')."""
     words: dict[tuple[str, ...], int] = {}
@@ -99,7 +100,7 @@ def byte_tokens() -> list[str]:
     return [f"<0x{b:02X}>" for b in range(256)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def llama_spm_tokens() -> tuple[list[str], list[float], list[int]]:
     """Llama-2/LLaVA style SentencePiece vocab: <unk>=0 <s>=1 </s>=2, bytes 3..258."""
     pieces, singles, _ = spm_pieces(120)
@@ -115,7 +116,7 @@ def llama_spm_tokens() -> tuple[list[str], list[float], list[int]]:
 
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def byte_level_merges(n_merges: int) -> tuple[tuple[str, str], ...]:
     """`n_merges` BPE merges learned from the corpus split as Llama 3's
     pre-tokenizer splits it, over GPT-2's byte characters (as byte-level BPE
@@ -129,7 +130,7 @@ def byte_level_merges(n_merges: int) -> tuple[tuple[str, str], ...]:
     return tuple(train_bpe(words, n_merges))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def byte_level_vocab(head: tuple[str, ...] = (), tail: tuple[tuple[str, int], ...] = (), *, n_merged: int = 224,
                      size: int | None = None) -> tuple[list[str], list[int], list[float], list[str]]:
     """A byte-level BPE vocabulary as Ollama's converters wrote one (tokens,

@@ -24,7 +24,7 @@ class Split(Op):
     start: int = 0
 
     @classmethod
-    def of(cls, src: TensorInfo, axis: int, start: int, length: int) -> "Split":
+    def of(cls, src: TensorInfo, axis: int, start: int, length: int) -> Split:
         shape = list(src.shape)
         if start + length > shape[axis]:
             raise GGUFError(f"{src.name}: split {start}+{length} exceeds axis {axis} of {shape[axis]}")
@@ -63,7 +63,7 @@ class ZeroTensor(Op):
     """A tensor of zeros with no input."""
 
     @classmethod
-    def of(cls, shape: tuple[int, ...], dtype: DT = DT.F32) -> "ZeroTensor":
+    def of(cls, shape: tuple[int, ...], dtype: DT = DT.F32) -> ZeroTensor:
         return cls((), tuple(shape), dtype)
 
     def pieces(self):
@@ -81,7 +81,7 @@ class ConcatRows(Op):
     of one dtype; bytes kept (a row is whole quantization blocks)."""
 
     @classmethod
-    def of(cls, *srcs: TensorInfo) -> "ConcatRows":
+    def of(cls, *srcs: TensorInfo) -> ConcatRows:
         if len({t.dtype for t in srcs}) != 1 or len({(t.shape[0], *t.shape[2:]) for t in srcs}) != 1:
             raise GGUFError(f"cannot concatenate rows of {[(t.name, t.shape, t.dtype) for t in srcs]}")
         first = srcs[0]
@@ -92,8 +92,8 @@ class ConcatRows(Op):
         slabs = elements(self.shape[2:])
         sizes = [t.nbytes // slabs for t in self.inputs]
         if slabs == 1:
-            return [Runs.span(t, 0, size) for t, size in zip(self.inputs, sizes)]
-        return [Runs(tuple(Part(t, 0, size, size) for t, size in zip(self.inputs, sizes)), slabs)]
+            return [Runs.span(t, 0, size) for t, size in zip(self.inputs, sizes, strict=True)]
+        return [Runs(tuple(Part(t, 0, size, size) for t, size in zip(self.inputs, sizes, strict=True)), slabs)]
 
     def _compute(self, data):
         slabs = int(np.prod(self.shape[2:], dtype=np.int64))
@@ -108,7 +108,7 @@ class PadRows(Op):
     of zero bytes decodes to zeros in every ggml type: its scales are zero)."""
 
     @classmethod
-    def of(cls, src: TensorInfo, rows: int) -> "PadRows":
+    def of(cls, src: TensorInfo, rows: int) -> PadRows:
         if len(src.shape) != 2 or rows < src.shape[1]:
             raise GGUFError(f"{src.name}: cannot pad shape {src.shape} to {rows} rows")
         return cls((src,), (src.shape[0], rows), src.known_dtype())
@@ -135,7 +135,7 @@ class Strided(Op):
     step: int = 1
 
     @classmethod
-    def of(cls, src: TensorInfo, axis: int, start: int, step: int) -> "Strided":
+    def of(cls, src: TensorInfo, axis: int, start: int, step: int) -> Strided:
         shape = list(src.shape)
         if not 0 <= axis < len(shape) or not 0 <= start < step or shape[axis] % step:
             raise GGUFError(f"{src.name}: cannot take elements {start}::{step} of axis {axis} of shape {src.shape}")

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, NamedTuple, Union
+from typing import Any, ClassVar, NamedTuple
+from collections.abc import Callable
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as DT
@@ -173,7 +174,7 @@ class Runs:
     count: int
 
     @classmethod
-    def span(cls, t: TensorInfo, start: int, size: int) -> "Runs":
+    def span(cls, t: TensorInfo, start: int, size: int) -> Runs:
         """`size` bytes of `t` from byte `start`: one range."""
         return cls((Part(t, start, size, size),), 1)
 
@@ -190,7 +191,7 @@ def strided_runs(t: TensorInfo, start: int, unit: int, stride: int, count: int) 
     return Runs((Part(t, start, unit, stride),), count)
 
 
-RunsOrZeros = Union[Runs, int]      # an int: that many zero bytes
+RunsOrZeros = Runs | int      # an int: that many zero bytes
 ReadRange = Callable[[TensorInfo, int, int], bytes | memoryview]   # (tensor, start, size) -> its bytes
 
 
@@ -294,7 +295,7 @@ class Promote(Elementwise):
     """Dtype promotion to F32 (from F16, BF16 or any quantized type)."""
 
     @classmethod
-    def of(cls, src: TensorInfo) -> "Promote":
+    def of(cls, src: TensorInfo) -> Promote:
         return cls((src,), src.shape, DT.F32)
 
 
@@ -305,7 +306,7 @@ class Concat(Op):
     concatenated as F32 (also a QKV merge), computed range by range."""
 
     @classmethod
-    def of(cls, *srcs: TensorInfo) -> "Concat":
+    def of(cls, *srcs: TensorInfo) -> Concat:
         same = len({t.dtype for t in srcs}) == 1
         return cls(tuple(srcs), _concat_shape(srcs), srcs[0].known_dtype() if same else DT.F32)
 
@@ -323,7 +324,7 @@ class Concat(Op):
     def _compute(self, data):
         if self._same:
             return b"".join(bytes(d) for d in data)
-        return b"".join(to_f32(t, d).tobytes() for t, d in zip(self.inputs, data))
+        return b"".join(to_f32(t, d).tobytes() for t, d in zip(self.inputs, data, strict=True))
 
     def compute_range_into(self, read, lo, hi, out):
         base = 0
@@ -352,7 +353,7 @@ class Permute(Op):
     axes: tuple[int, ...] = ()
 
     @classmethod
-    def of(cls, src: TensorInfo, view: tuple[int, ...], axes: tuple[int, ...]) -> "Permute":
+    def of(cls, src: TensorInfo, view: tuple[int, ...], axes: tuple[int, ...]) -> Permute:
         if int(np.prod(view)) != int(np.prod(src.shape)) or sorted(axes) != list(range(len(view))):
             raise GGUFError(f"{src.name}: cannot permute shape {src.shape} as {view} by {axes}")
         return cls((src,), src.shape, src.known_dtype(), tuple(view), tuple(axes))
@@ -402,7 +403,7 @@ class AddScalar(Elementwise):
     value: float = 0.0
 
     @classmethod
-    def of(cls, src: TensorInfo, value: float) -> "AddScalar":
+    def of(cls, src: TensorInfo, value: float) -> AddScalar:
         return cls((src,), src.shape, DT.F32, value)
 
     def _values(self, values):

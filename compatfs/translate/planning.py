@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 from math import prod
-from typing import Iterable
+from collections.abc import Iterable
 
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as DT
@@ -172,7 +172,7 @@ def check_data(src: SourceGGUF, stored: tuple[StoredType, ...] = ()) -> None:
             end = t.offset
         spans.append((t.offset, end, t.name))
     spans.sort()
-    for (start, end, name), (next_start, _, next_name) in zip(spans, spans[1:] + [(src.size, 0, "")]):
+    for (start, end, name), (next_start, _, next_name) in zip(spans, spans[1:] + [(src.size, 0, "")], strict=True):
         if start < src.data_offset:
             raise GGUFError(f"tensor {name} starts before the data section")
         if end > next_start:

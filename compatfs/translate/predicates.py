@@ -5,7 +5,7 @@ match."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from gguf import Keys
@@ -25,13 +25,13 @@ class Pred:
     def __call__(self, src: SourceGGUF) -> bool:
         return bool(self.test(src))
 
-    def __or__(self, other: "Pred") -> "Pred":
+    def __or__(self, other: Pred) -> Pred:
         return Pred(f"({self.text} or {other.text})", lambda s: self(s) or other(s))
 
-    def __and__(self, other: "Pred") -> "Pred":
+    def __and__(self, other: Pred) -> Pred:
         return Pred(f"{self.text} and {other.text}", lambda s: self(s) and other(s))
 
-    def __invert__(self) -> "Pred":
+    def __invert__(self) -> Pred:
         return Pred(f"not {self.text}", lambda s: not self(s))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from gguf import GGMLQuantizationType as DT
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 import time
 from functools import partial
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, NamedTuple
+from collections.abc import Callable, Iterator
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -165,7 +166,7 @@ class _Inputs:
         self._held: tuple[TensorInfo, int, memoryview] | None = None   # the last read: tensor, start, its bytes
         self._end: tuple[TensorInfo, int] | None = None                # where the last read asked ended
 
-    def __enter__(self) -> "_Inputs":
+    def __enter__(self) -> _Inputs:
         return self
 
     def __exit__(self, *exc) -> None:

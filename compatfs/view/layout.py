@@ -11,7 +11,7 @@ is those clipped to its range, and `viewbytes` assembles their bytes.
 from __future__ import annotations
 
 import struct
-from typing import Hashable
+from collections.abc import Hashable
 
 from . import assemble as viewbytes
 from ..files.blobfile import BlobFile
@@ -67,14 +67,14 @@ class View:
 
     # -- construction ------------------------------------------------------
     @classmethod
-    def identity(cls, stamp: tuple) -> "View":
+    def identity(cls, stamp: tuple) -> View:
         """The blob itself, byte for byte (`stamp` as in `View.stamp`)."""
         size = stamp[2]
         segs: list[Segment] = [BlobBytes(0, size, 0)] if size else []
         return cls(stamp, None, segs, size, None)
 
     @classmethod
-    def translated(cls, source: SourceGGUF, spec: ViewSpec, cache: OpCache, key: Hashable) -> "View":
+    def translated(cls, source: SourceGGUF, spec: ViewSpec, cache: OpCache, key: Hashable) -> View:
         """Lay out `spec` over `source`; op tensors are cached under (`key`, name)."""
         spec, offsets = _data_order(spec)
         header = render_header(spec, offsets)

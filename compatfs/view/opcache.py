@@ -21,7 +21,7 @@ range never come here: each read in flight takes a few times its own size.)
 from __future__ import annotations
 
 import threading
-from typing import Callable, Hashable
+from collections.abc import Callable, Hashable
 
 from cachetools import LRUCache
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Hashable, Iterator, TypeVar
+from typing import TypeVar
+from collections.abc import Hashable, Iterator
 
 from ..translate.ops import Op
 from .opcache import OpCache
