@@ -68,6 +68,7 @@ def cmd_umount(args) -> int:
 
 def cmd_ls(args) -> int:
     from ..errors import GGUFError
+    from ..router.layers import account
     from ..tree import Tree
     from ..view.catalog import BlobViews, translation_enabled
     store = _open(args.source)
@@ -91,21 +92,26 @@ def cmd_ls(args) -> int:
                 raise GGUFError(error)
             clip = clip_summary.clip or ("-" if "mmproj.gguf" not in listing else "unchanged")
             rows.append({"name": name, "files": listing, "text": summary.text or "-", "clip": clip,
-                         **_llama_cpp_verdict(tree, name), "params": _params(tree, name)})
+                         **_llama_cpp_verdict(tree, name), "params": _params(tree, name),
+                         "layers": account(tree, snap, name).as_dict()})
         except GGUFError as e:
             rows.append({"name": name, "files": listing, "error": str(e)})
     left_out = [{"name": n, "reason": r} for n, r in sorted(snap.listing.skipped.items())]
     if args.json:
         print(json.dumps({"source": str(store.root), "models": rows, "left_out": left_out}, indent=2))
         return 0
-    table = [["NAME", "FILES", "TEXT", "CLIP", "LLAMA.CPP"]]
+    table = [["NAME", "FILES", "TEXT", "CLIP", "LAYERS", "LLAMA.CPP"]]
     for r in rows:
         files = " ".join(r["files"])
         if "error" in r:
             table.append([r["name"], files, f"error: {r['error']}"])
         else:
-            table.append([r["name"], files, r["text"], r["clip"], r["llama_cpp"]])
-            table += [["", f"  {note}"] for note in r["params"]["notes"]]
+            applied = r["layers"]["applied"]
+            names = ",".join(dict.fromkeys(a["layer"] for a in applied)) or "-"
+            table.append([r["name"], files, r["text"], r["clip"], names, r["llama_cpp"]])
+            # What is not applied first (one line each, saying why), then how each layer is.
+            table += [["", f"  {note}"] for note in r["layers"]["not_applied"]]
+            table += [["", f"  {a['layer']}: {a['how']}"] for a in applied]
     table += [[r["name"], f"left out: {r['reason']}"] for r in left_out]
     print("\n".join(_aligned(table)))
     return 0
@@ -173,10 +179,10 @@ def _server_args(args):
     except ValueError as e:
         raise CliError(str(e)) from None
     try:
-        embedding = tree.views.summary(files[MODEL_FILE].blob).embedding
+        summary = tree.views.summary(files[MODEL_FILE].blob)
     except GGUFError:         # a blob that cannot be read: its mount refuses it too
-        embedding = False
-    return server_args(files, model_dir, embedding)
+        return server_args(files, model_dir)
+    return server_args(files, model_dir, summary.embedding, summary.arch, summary.text is not None)
 
 
 def cmd_llama_args(args) -> int:
@@ -330,7 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("mountpoint", metavar="MOUNTPOINT")
     u.set_defaults(func=cmd_umount)
 
-    ls = sub.add_parser("ls", help="list every model: the files it shows, the handlers that claim it, whether stock llama.cpp loads it, or why it is left out")
+    ls = sub.add_parser("ls", help="list every model: the files it shows, the handlers that claim it, which of its "
+                                   "Modelfile layers are applied and how (what is not, and why), whether stock "
+                                   "llama.cpp loads it, or why it is left out")
     ls.add_argument("source", nargs="?", metavar="SOURCE", help=SOURCE_HELP)
     ls.add_argument("--no-translate", action="store_true", help="as a mount with --no-translate shows it")
     ls.add_argument("--json", action="store_true", help="as JSON")
