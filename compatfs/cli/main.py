@@ -44,7 +44,7 @@ def cmd_mount(args) -> int:
         print(f"{PROG}: source {found.path} ({found.why})", file=sys.stderr)
     source = open_source(found.path.absolute())
     request = MountRequest(_naming(source, args.options), translation_enabled(args.no_translate), args.op_cache_mb,
-                           args.read_ahead_kb, args.index, args.no_index, args.log, args.verbose)
+                           args.read_ahead_kb, args.index, args.no_index, args.log, args.verbose, args.quiet)
     return launch.mount(source, Path(args.mountpoint).absolute(), request, args.foreground)
 
 
@@ -330,6 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--log", metavar="FILE", help="log file (default: stderr with -f or under systemd, else "
                                  "$XDG_STATE_HOME/compatfs/, i.e. ~/.local/state/compatfs/)")
     m.add_argument("-v", "--verbose", action="count", default=0, help="log more (-vv: debug)")
+    m.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress bar while the mount comes up (shown only on a terminal: the store's GGUF "
+                        "blobs the index holds)")
     m.set_defaults(func=cmd_mount)
 
     u = sub.add_parser("umount", help="unmount a compatfs mount (also cleans up after a daemon that was killed)")
