@@ -2,8 +2,9 @@
 each layer applied and how (its params as sampling defaults in model.gguf
 and as flags in models.ini and `llama-args`, its template as model.gguf's
 chat template, its system layer as that template's default system message,
-its adapters as llama-server's `--lora`), and one line for each thing not
-applied, saying why."""
+its adapters as llama-server's `--lora`, its messages layer as the chat
+template's first messages), and one line for each thing not applied, saying
+why."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from .preset import Entry, refusal, section
 # models.ini options that are the model's files, not its params layer's.
 _FILES = ("alias", "model", "mmproj", "embeddings", "lora")
 
-MESSAGES_NOT_APPLIED = ("messages: not applied (llama-server keeps no conversation of a model's own: send the "
+MESSAGES_NOT_APPLIED = ("messages: not applied (model.gguf is made without the messages layer: send the "
                         "Modelfile's MESSAGEs as the first `messages` of a chat)")
 
 
@@ -62,7 +63,7 @@ def account(tree: Tree, snap: Snapshot, name: str) -> Account:
     if loras:
         applied.append(("adapters", "llama-server's --lora (models.ini lora, llama-args, run): " + ", ".join(loras)))
     notes += [n for n in s.notes if n not in notes]
-    if folder.messages is not None:
+    if folder.messages is not None and getattr(layers, "messages", None) is None:
         notes.append(MESSAGES_NOT_APPLIED)
     why = refusal(name)
     if why is not None:
