@@ -11,7 +11,9 @@ checked first against what the loader requires: `general.type` "adapter",
 pairs (or `_norm.weight`, which the loader skips) of the model's tensors,
 `lora_a` [in, rank] and `lora_b` [rank, out] of the model's [in, out].  An
 adapter that fails is left out of `--lora`, with why.  Each check is kept
-while the adapter and the model keep their identity.
+while the adapter and the model keep their identity.  In models.ini, which
+many may read, an adapter is named only where all of them may read it, and
+why one is left out is not said (it would tell what the adapter holds).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from gguf import GGUFValueType
 
 from ..errors import GGUFError
 from ..files.blobfile import identity, status
+from ..files.shared import NotShared, read_shared
 from ..format.header import SourceGGUF
 from ..sources.base import adapter_order
 
@@ -42,6 +45,21 @@ def lora_value(paths: list[Path]) -> str:
     def field(p: str) -> str:
         return '"' + p.replace('"', '""') + '"' if "," in p or '"' in p else p
     return ",".join(field(str(p)) for p in paths)
+
+
+def shared(adapter: Path, readers_of: Path) -> bool:
+    """Whether everyone who may read `readers_of` (models.ini's readers) may
+    read the adapter, as `files.shared` decides it for a layer (deciding
+    reads none of the adapter's bytes)."""
+    try:
+        read_shared(adapter, 0, "adapter", readers_of)
+    except NotShared:
+        return False
+    except GGUFError:      # the adapter is larger than the 0 bytes asked for: past the decision
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def refusal(adapter: Path, model: Path, arch: str | None, translated: bool) -> str | None:

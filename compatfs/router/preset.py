@@ -43,7 +43,7 @@ from pathlib import Path
 
 from ..files.blobfile import identity, status
 from ..format.params import OPTIONS, read_params
-from .adapters import adapter_names, lora_value, refusal as adapter_refusal
+from .adapters import adapter_names, lora_value, refusal as adapter_refusal, shared as adapter_shared
 from .params import model_limits, translate_params
 from ..files.statedir import mount_file
 from ..errors import GGUFError
@@ -276,10 +276,16 @@ def _loras(entry: Entry, notes: list[str]) -> list[str]:
             arch = None
     out = []
     for name, path in entry.adapters:
+        if entry.readers is not None and not adapter_shared(path, entry.readers):
+            notes.append(f"adapters: {name} not passed (not readable by everyone who may read {PRESET_FILE})")
+            continue
         why = "the model has no model.gguf" if entry.model is None else \
             adapter_refusal(path, entry.model, arch, entry.translated)
         if why is None:
             out.append(name)
+        elif entry.readers is not None:     # (what it holds is not told to all who read the preset)
+            notes.append(f"adapters: {name} not passed (llama.cpp's LoRA loader would refuse it: "
+                         "`compatfs ls` says why)")
         else:
             notes.append(f"adapters: {name} not passed ({why})")
     return out
