@@ -1,7 +1,8 @@
 """The demo store: tiny models written the way Ollama's converters wrote
 published blobs, so a mount shows every translation without a real store.
 One model is nested under another host and namespace, with a params layer
-(its sampling defaults show in its model.gguf, its options in models.ini)."""
+(its sampling defaults show in its model.gguf, its options in models.ini)
+and a LoRA adapter layer (its adapter.gguf, passed as llama-server's --lora)."""
 from __future__ import annotations
 
 import tempfile
@@ -9,7 +10,9 @@ from pathlib import Path
 
 from ..testing import write_models
 from ..testing.llama import plain_llama_text
-from ..testing.store import add_model, add_params
+from ..sources.ollama import ADAPTER
+from ..testing.adapter import llama_adapter
+from ..testing.store import add_model, add_params, set_layer
 
 # One model under another host and namespace, to show the nested layout.
 NESTED = ("hf.co", "demo", "tiny-llama", "Q8_0", plain_llama_text)
@@ -26,5 +29,6 @@ def write_demo_store(root: Path) -> Path:
         host, namespace, name, tag, model = NESTED
         manifest = add_model(root, name, model(tmp / "nested.gguf"), host=host, namespace=namespace, tag=tag)
         add_params(root, manifest, NESTED_PARAMS)
+        set_layer(root, manifest, ADAPTER, llama_adapter(tmp / "adapter.gguf"))
     return root
 
