@@ -10,9 +10,8 @@ from pathlib import Path
 
 from ..testing import write_models
 from ..testing.llama import plain_llama_text
-from ..sources.ollama import ADAPTER
 from ..testing.adapter import llama_adapter
-from ..testing.store import add_model, add_params, set_layer
+from ..testing.store import add_adapter, add_model, add_params
 
 # One model under another host and namespace, to show the nested layout.
 NESTED = ("hf.co", "demo", "tiny-llama", "Q8_0", plain_llama_text)
@@ -29,6 +28,6 @@ def write_demo_store(root: Path) -> Path:
         host, namespace, name, tag, model = NESTED
         manifest = add_model(root, name, model(tmp / "nested.gguf"), host=host, namespace=namespace, tag=tag)
         add_params(root, manifest, NESTED_PARAMS)
-        set_layer(root, manifest, ADAPTER, llama_adapter(tmp / "adapter.gguf"))
+        add_adapter(root, manifest, llama_adapter(tmp / "adapter.gguf"))
     return root
 

@@ -49,7 +49,6 @@ from ..files.statedir import mount_file
 from ..errors import GGUFError
 from ..names import LAYER_FILE, MMPROJ_FILE, MODEL_FILE, PRESET_FILE
 from ..sources.base import adapter_files
-from ..sources.ollama import OllamaStore
 from ..tree import FileRef, Snapshot, Tree
 
 log = logging.getLogger(__name__)
@@ -291,10 +290,8 @@ def _loras(entry: Entry, notes: list[str]) -> list[str]:
     return out
 
 
-# How a preset's models are named, by the kind of source the mount shows
-# (`NAMED_AS`: a mount walked by `serve`, whose kind is not known).
-NAMED_BY_OLLAMA = "its Ollama name, as `ollama list` shows it"
-NAMED_BY_FOLDER = "its folder's path under the mount"
+# How a preset's models are named where the kind of source is not known (a
+# mount walked by `serve`); a source says how its own are (`Source.model_names`).
 NAMED_AS = "its folder's path under the mount (for an Ollama store, its Ollama name)"
 
 
@@ -382,8 +379,8 @@ class RootPreset:
                     kept = key, entry, section(entry)
                 made[name] = kept
             if made != self._sections or self._text is None:
-                named = NAMED_BY_OLLAMA if isinstance(tree.source, OllamaStore) else NAMED_BY_FOLDER
-                self._text = render([e for _, e, _ in made.values()], [s for _, _, s in made.values()], named)
+                self._text = render([e for _, e, _ in made.values()], [s for _, _, s in made.values()],
+                                    tree.source.model_names)
             self._sections = made
             shown = self.published.update(self._text, like)
         except Exception:   # a bad store file must never fail a scan

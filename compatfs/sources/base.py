@@ -75,6 +75,7 @@ class Source(ABC):
     """One kind of store; `root` is the folder it was opened at."""
 
     root: Path
+    model_names = "its folder's path under the mount"    # what a model's name is, as a user writes it
 
     @abstractmethod
     def scan(self) -> Listing:

@@ -180,6 +180,8 @@ def _files_below(base: Path, listed: set[Path]) -> list[tuple[Path, os.stat_resu
 
 
 class OllamaStore(Source):
+    model_names = "its Ollama name, as `ollama list` shows it"
+
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root).expanduser()
         missing = [d for d in ("manifests", BLOBS) if not (self.root / d).is_dir()]

@@ -11,7 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
-from ..sources.ollama import DEFAULT_HOST, DEFAULT_NAMESPACE, MODEL, PARAMS, PROJECTOR
+from ..sources.ollama import ADAPTER, DEFAULT_HOST, DEFAULT_NAMESPACE, MODEL, PARAMS, PROJECTOR
 
 
 def add_blob(root: Path, path: Path) -> dict:
@@ -75,3 +75,8 @@ def set_layer(root: str | Path, manifest: Path, media_type: str, data: bytes | P
 def add_params(root: str | Path, manifest: Path, params: dict | None) -> None:
     """Give the model of `manifest` a params layer holding `params` (None: none)."""
     set_layer(root, manifest, PARAMS, None if params is None else json.dumps(params).encode())
+
+
+def add_adapter(root: str | Path, manifest: Path, adapter: Path) -> None:
+    """Give the model of `manifest` one more adapter layer, the GGUF `adapter`."""
+    set_layer(root, manifest, ADAPTER, adapter, append=True)
