@@ -354,10 +354,13 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true", help="as JSON")
     i.set_defaults(func=cmd_inspect)
 
-    la = sub.add_parser("llama-args", help="print the llama-server arguments for a model: its files and its params layer",
-                        description="Print llama-server's -m and --mmproj for MODEL's mounted files, and the "
-                                    "manifest's params (num_ctx, temperature, stop, ...) as llama-server flags. "
-                                    "What has no llama-server equivalent is listed on stderr.")
+    la = sub.add_parser("llama-args", help="print the llama-server arguments for a model: its files, adapters and "
+                                           "params layer",
+                        description="Print llama-server's -m, --mmproj and --lora (its adapters) for MODEL's mounted "
+                                    "files, and the manifest's params (num_ctx, temperature, stop, ...) as "
+                                    "llama-server flags. What is not passed (an option without a llama-server "
+                                    "equivalent, an adapter llama.cpp would refuse, a value bounded) is listed on "
+                                    "stderr.")
     _model_args(la)
     la.add_argument("--json", action="store_true", help="as JSON: the arguments and what is not passed")
     la.add_argument("--lines", action="store_true", help="one argument per line (for mapfile/readarray)")
@@ -379,7 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "of the mount (the mount's own models.ini, which follows the store; for a "
                                     "mount without one, one written from the mount): each model is requested by "
                                     "its Ollama name (\"model\": \"gemma3:4b\") and started on first use, with "
-                                    "its params layer's options; its sampling defaults are in its model.gguf. "
+                                    "its params layer's options and its adapters; its sampling defaults and chat "
+                                    "template are in its model.gguf. "
                                     "EXTRA goes to llama-server and overrides every model's own "
                                     "settings (-- --models-max 2 -t 8).")
     sv.add_argument("--mount", metavar="MOUNTPOINT", help="the compatfs mount (default: the one there is)")
@@ -392,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.set_defaults(func=cmd_serve)
 
     e = sub.add_parser("export", help="write a model's files to a directory as real files (no FUSE needed)",
-                       description="Write MODEL's files (model.gguf, mmproj.gguf, params.json, template, "
+                       description="Write MODEL's files (model.gguf, mmproj.gguf, adapter.gguf, params.json, template, "
                                    "system, license) into DIRECTORY, byte-identical to the mounted ones, "
                                    "and print each file's sha256. Each file is written under a temporary "
                                    "name and renamed when complete.")
