@@ -66,7 +66,8 @@ def test_llama_args_passes_the_adapters_llama_cpp_loads(store):
 def test_ls_says_which_layers_are_applied_and_how(store):
     doc = json.loads(compatfs("ls", store, "--json").stdout)
     row = next(r for r in doc["models"] if r["name"] == "tuned:1b")
-    assert row["files"] == ["adapter-2.gguf", "adapter-3.gguf", "adapter.gguf", "model.gguf", "params.json"]
+    assert row["files"] == ["adapter-2.gguf", "adapter-3.gguf", "adapter.gguf", "messages.json", "model.gguf",
+                            "params.json"]
     applied = {(a["layer"], a["how"]) for a in row["layers"]["applied"]}
     assert ("params", "sampling defaults in model.gguf: general.sampling.temp") in applied
     assert ("params", "models.ini and llama-args flags: ctx-size 4096") in applied
@@ -128,7 +129,9 @@ def test_stock_llama_server_loads_the_adapters_through_the_mount(store, mount_st
     server = llamacpp.tool("llama-server")
     m = mount_store(store)
     d = m / "tuned:1b"
-    assert sorted(os.listdir(d)) == ["adapter-2.gguf", "adapter-3.gguf", "adapter.gguf", "model.gguf", "params.json"]
+    assert sorted(os.listdir(d)) == ["adapter-2.gguf", "adapter-3.gguf", "adapter.gguf", "messages.json", "model.gguf",
+                                     "params.json"]
+    assert (d / "messages.json").read_bytes() == MESSAGES_LAYER
     assert (d / "adapter.gguf").read_bytes() == llama_adapter(tmp_path / "again.gguf").read_bytes()
     ini = (m / "models.ini").read_text()
     assert f"lora = {d}/adapter.gguf,{d}/adapter-2.gguf\n" in ini

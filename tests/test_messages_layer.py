@@ -6,11 +6,16 @@ stock llama-server (`/apply-template`) exactly as Go's text/template renders
 it; a messages layer that cannot be used leaves the template without it, and
 says why."""
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from compatfs.names import MODEL_FILE
+from compatfs.sources.ollama import MESSAGES, SYSTEM as SYSTEM_LAYER, TEMPLATE, OllamaStore
+from compatfs.testing.store import add_model, set_layer
+from compatfs.tree import Tree
 from compatfs.template import translate
 from compatfs.template.translate import parse_messages
 from compatfs.testing import llama
@@ -18,6 +23,7 @@ from compatfs.view.catalog import BlobViews
 from compatfs.view.sampling import Layers, of_layer
 from gguf import GGUFReader, Keys
 
+from conftest import needs_fuse
 from gotmpl_ref import CHATS, CORPUS, Server, go_binary, go_render
 
 LAYER = [{"role": "user", "content": "Ping {{ .System }}"}, {"role": "assistant", "content": "Pong"}]
@@ -77,3 +83,33 @@ def test_model_gguf_carries_them_and_says_so(tiny, tmp_path):
         assert len(made.notes) == 1 and made.notes[0].startswith("messages: not applied (") and why in made.notes[0]
     without = of_layer(Layers(messages=messages))
     assert without.notes == ("messages: not applied (only a translated template layer carries it)",)
+
+
+@needs_fuse
+def test_through_the_mount_and_ls(tmp_path, mount_store):
+    """Once the tree hands model.gguf its folder's messages layer (tree.py's
+    `layers_of(..., folder.messages)`), the mounted model.gguf renders it and
+    `ls` says so; until then `ls` says it is not applied."""
+    root = tmp_path / "store"
+    m = add_model(root, "chat", llama.plain_llama_text(tmp_path / "m.gguf"), tag="1b")
+    set_layer(root, m, TEMPLATE, b"{{ range .Messages }}[{{ .Role }}]{{ .Content }}{{ end }}")
+    set_layer(root, m, SYSTEM_LAYER, b"Be brief.")
+    set_layer(root, m, MESSAGES, json.dumps(LAYER).encode())
+    res = subprocess.run([sys.executable, "-m", "compatfs", "ls", str(root), "--json"], capture_output=True,
+                         text=True, timeout=120, check=True)
+    layers = json.loads(res.stdout)["models"][0]["layers"]
+    handed = Tree(OllamaStore(root), BlobViews()).lookup("chat:1b/model.gguf").params.messages is not None
+    if not handed:
+        assert any(n.startswith("messages: not applied") for n in layers["not_applied"]), layers
+        pytest.skip("the tree does not hand model.gguf its messages layer yet (tree.py: layers_of(..., "
+                    "folder.messages))")
+    assert "messages" in [a["layer"] for a in layers["applied"]] and layers["not_applied"] == []
+    mnt = mount_store(root)
+    server = Server(mnt / "chat:1b/model.gguf", tmp_path / "server.log")
+    try:
+        assert server.apply({"messages": [{"role": "user", "content": "Hi"}]}) == \
+            "[system]Be brief.[user]Ping {{ .System }}[assistant]Pong[user]Hi"
+        assert server.apply({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"}]}) \
+            == "[user]Ping {{ .System }}[assistant]Pong[system]S[user]Hi"
+    finally:
+        server.close()

@@ -7,7 +7,7 @@ Layout: `manifests/<host>/<namespace>/<model>/<tag>` (JSON) and
     /<host>/<namespace>/<model>:<tag>/   everything else nested, as `ollama list` names it
     /blobs/sha256-<hex>/model.gguf       every GGUF blob (model, projector, adapter) a manifest names
     .../mmproj.gguf                      the projector layer's, or the model blob's own
-    .../params.json, template, system, license
+    .../params.json, template, system, messages.json, license
                                          the manifest's layers of those types, byte for byte
     .../adapter.gguf, adapter-2.gguf     its adapter layers (LoRA GGUF), byte for byte
 
@@ -57,6 +57,7 @@ LAYER_FILES = {
     PARAMS: "params.json",
     TEMPLATE: "template",
     SYSTEM: "system",
+    MESSAGES: "messages.json",
     "application/vnd.ollama.image.license": "license",
 }
 
