@@ -15,7 +15,7 @@ from ..names import MODEL_FILE
 from ..sources.base import adapter_files
 from ..tree import Snapshot, Tree
 from ..view.sampling import of_layer
-from .preset import Entry, refusal, section
+from .preset import Entry, adapters_passed, refusal, section
 
 # models.ini options that are the model's files, not its params layer's.
 _FILES = ("alias", "model", "mmproj", "embeddings", "lora")
@@ -59,7 +59,7 @@ def account(tree: Tree, snap: Snapshot, name: str) -> Account:
     flags = [f"{k} {v}" for k, v in s.options if k not in _FILES]
     if flags:
         applied.append(("params", "models.ini and llama-args flags: " + ", ".join(flags)))
-    loras = [n for n, _ in entry.adapters if f"adapters: {n} not passed" not in " ".join(s.notes)]
+    loras = adapters_passed(entry, [])     # (what it leaves out is in the section's notes already)
     if loras:
         applied.append(("adapters", "llama-server's --lora (models.ini lora, llama-args, run): " + ", ".join(loras)))
     notes += [n for n in s.notes if n not in notes]

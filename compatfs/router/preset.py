@@ -235,7 +235,7 @@ def section(entry: Entry) -> Section:
     if entry.embedding:
         s.options.append(("embeddings", "true"))
     if entry.adapters:
-        loras = _loras(entry, s.notes)
+        loras = adapters_passed(entry, s.notes)
         if loras:
             s.options.append(("lora", lora_value([entry.folder / n for n in loras])))
     if entry.params is None:
@@ -263,7 +263,7 @@ def section(entry: Entry) -> Section:
     return s
 
 
-def _loras(entry: Entry, notes: list[str]) -> list[str]:
+def adapters_passed(entry: Entry, notes: list[str]) -> list[str]:
     """The adapter files of `entry` llama.cpp loads with its model (a line in
     `notes` for each left out)."""
     arch = entry.arch
