@@ -55,7 +55,7 @@ def shared(adapter: Path, readers_of: Path) -> bool:
         read_shared(adapter, 0, "adapter", readers_of)
     except NotShared:
         return False
-    except GGUFError:      # the adapter is larger than the 0 bytes asked for: past the decision
+    except GGUFError:      # larger than the 0 bytes asked for (decided), or no regular file (`refusal` refuses it)
         return True
     except OSError:
         return False
