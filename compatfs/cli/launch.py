@@ -42,6 +42,12 @@ class MountRequest:
     no_index: bool
     log: str | None
     verbose: int
+    quiet: bool = False           # -q: no progress bar
+
+    def index_path(self) -> Path | None:
+        """The index file the daemon keeps (None: in memory only)."""
+        from ..view.index import default_path
+        return None if self.no_index else Path(self.index).absolute() if self.index else default_path()
 
     def daemon_argv(self, store: Source, mnt: Path) -> list[str]:
         """The attached `compatfs mount -f` the background start runs."""
@@ -269,9 +275,76 @@ def _start(store: Source, mnt: Path, request: MountRequest) -> int:
         if out is not None:
             os.close(out)
     where = f"log {log_file}" if log_file else "logging to the journal"
+    progress = Progress(store, request) if not request.quiet and sys.stderr.isatty() else None
     deadline = time.monotonic() + UP_WITHIN
+    try:
+        return _wait_up(store, mnt, proc, log_file, start, where, deadline, progress)
+    finally:
+        if progress is not None:
+            progress.close()
+
+
+class Progress:
+    """A bar on stderr while a mount comes up: of the source's GGUF blobs,
+    those the index holds at their current identity (what a first mount of a
+    big store spends its time on), read from the daemon's index file."""
+
+    EVERY = 0.5     # seconds between looks at the index
+
+    def __init__(self, store: Source, request: MountRequest):
+        from tqdm import tqdm
+        self.path = request.index_path()
+        self.translate = request.translate
+        self.blobs: dict[str, tuple] = {}
+        if self.path is not None:
+            from ..files.blobfile import identity, status
+            for blob in dict.fromkeys(p for f in store.scan().folders.values() for p in f.ggufs()):
+                try:
+                    self.blobs[str(blob)] = identity(status(blob))
+                except OSError:
+                    continue
+        self.bar = tqdm(total=len(self.blobs), desc="indexing", unit="blob", leave=False, file=sys.stderr,
+                        disable=not self.blobs)
+        self._next = 0.0
+
+    def poll(self) -> None:
+        now = time.monotonic()
+        if self.bar.disable or now < self._next:
+            return
+        self._next = now + self.EVERY
+        held = self._held()
+        if held is not None and held > self.bar.n:
+            self.bar.update(held - self.bar.n)
+
+    def _held(self) -> int | None:
+        """How many of the blobs the index file holds at their identity (None:
+        it cannot be read now)."""
+        import sqlite3
+        from ..view.index import STARTUP_VIEWS, translation_version
+        try:
+            db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=0.2)
+        except sqlite3.Error:
+            return None
+        try:
+            rows = db.execute(STARTUP_VIEWS, (translation_version(), int(self.translate))).fetchall()
+        except sqlite3.Error:
+            return None
+        finally:
+            db.close()
+        return sum(1 for path, *stamp in rows if self.blobs.get(path) == tuple(stamp[:5]))
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _wait_up(store: Source, mnt: Path, proc: subprocess.Popen, log_file: Path | None, start: int, where: str,
+             deadline: float, progress: Progress | None) -> int:
     while time.monotonic() < deadline:
+        if progress is not None:
+            progress.poll()
         if os.path.ismount(mnt):
+            if progress is not None:
+                progress.close()
             print(f"{PROG}: mounted {store.root} at {mnt} (pid {proc.pid}, {where})")
             return 0
         if proc.poll() is not None:

@@ -44,7 +44,7 @@ def cmd_mount(args) -> int:
         print(f"{PROG}: source {found.path} ({found.why})", file=sys.stderr)
     source = open_source(found.path.absolute())
     request = MountRequest(_naming(source, args.options), translation_enabled(args.no_translate), args.op_cache_mb,
-                           args.read_ahead_kb, args.index, args.no_index, args.log, args.verbose)
+                           args.read_ahead_kb, args.index, args.no_index, args.log, args.verbose, args.quiet)
     return launch.mount(source, Path(args.mountpoint).absolute(), request, args.foreground)
 
 
@@ -68,6 +68,7 @@ def cmd_umount(args) -> int:
 
 def cmd_ls(args) -> int:
     from ..errors import GGUFError
+    from ..router.layers import account
     from ..tree import Tree
     from ..view.catalog import BlobViews, translation_enabled
     store = _open(args.source)
@@ -91,21 +92,26 @@ def cmd_ls(args) -> int:
                 raise GGUFError(error)
             clip = clip_summary.clip or ("-" if "mmproj.gguf" not in listing else "unchanged")
             rows.append({"name": name, "files": listing, "text": summary.text or "-", "clip": clip,
-                         **_llama_cpp_verdict(tree, name), "params": _params(tree, name)})
+                         **_llama_cpp_verdict(tree, name), "params": _params(tree, name),
+                         "layers": account(tree, snap, name).as_dict()})
         except GGUFError as e:
             rows.append({"name": name, "files": listing, "error": str(e)})
     left_out = [{"name": n, "reason": r} for n, r in sorted(snap.listing.skipped.items())]
     if args.json:
         print(json.dumps({"source": str(store.root), "models": rows, "left_out": left_out}, indent=2))
         return 0
-    table = [["NAME", "FILES", "TEXT", "CLIP", "LLAMA.CPP"]]
+    table = [["NAME", "FILES", "TEXT", "CLIP", "LAYERS", "LLAMA.CPP"]]
     for r in rows:
         files = " ".join(r["files"])
         if "error" in r:
             table.append([r["name"], files, f"error: {r['error']}"])
         else:
-            table.append([r["name"], files, r["text"], r["clip"], r["llama_cpp"]])
-            table += [["", f"  {note}"] for note in r["params"]["notes"]]
+            applied = r["layers"]["applied"]
+            names = ",".join(dict.fromkeys(a["layer"] for a in applied)) or "-"
+            table.append([r["name"], files, r["text"], r["clip"], names, r["llama_cpp"]])
+            # What is not applied first (one line each, saying why), then how each layer is.
+            table += [["", f"  {note}"] for note in r["layers"]["not_applied"]]
+            table += [["", f"  {a['layer']}: {a['how']}"] for a in applied]
     table += [[r["name"], f"left out: {r['reason']}"] for r in left_out]
     print("\n".join(_aligned(table)))
     return 0
@@ -173,10 +179,10 @@ def _server_args(args):
     except ValueError as e:
         raise CliError(str(e)) from None
     try:
-        embedding = tree.views.summary(files[MODEL_FILE].blob).embedding
+        summary = tree.views.summary(files[MODEL_FILE].blob)
     except GGUFError:         # a blob that cannot be read: its mount refuses it too
-        embedding = False
-    return server_args(files, model_dir, embedding)
+        return server_args(files, model_dir)
+    return server_args(files, model_dir, summary.embedding, summary.arch, summary.text is not None)
 
 
 def cmd_llama_args(args) -> int:
@@ -324,13 +330,18 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--log", metavar="FILE", help="log file (default: stderr with -f or under systemd, else "
                                  "$XDG_STATE_HOME/compatfs/, i.e. ~/.local/state/compatfs/)")
     m.add_argument("-v", "--verbose", action="count", default=0, help="log more (-vv: debug)")
+    m.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress bar while the mount comes up (shown only on a terminal: the store's GGUF "
+                        "blobs the index holds)")
     m.set_defaults(func=cmd_mount)
 
     u = sub.add_parser("umount", help="unmount a compatfs mount (also cleans up after a daemon that was killed)")
     u.add_argument("mountpoint", metavar="MOUNTPOINT")
     u.set_defaults(func=cmd_umount)
 
-    ls = sub.add_parser("ls", help="list every model: the files it shows, the handlers that claim it, whether stock llama.cpp loads it, or why it is left out")
+    ls = sub.add_parser("ls", help="list every model: the files it shows, the handlers that claim it, which of its "
+                                   "Modelfile layers are applied and how (what is not, and why), whether stock "
+                                   "llama.cpp loads it, or why it is left out")
     ls.add_argument("source", nargs="?", metavar="SOURCE", help=SOURCE_HELP)
     ls.add_argument("--no-translate", action="store_true", help="as a mount with --no-translate shows it")
     ls.add_argument("--json", action="store_true", help="as JSON")
@@ -343,10 +354,13 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true", help="as JSON")
     i.set_defaults(func=cmd_inspect)
 
-    la = sub.add_parser("llama-args", help="print the llama-server arguments for a model: its files and its params layer",
-                        description="Print llama-server's -m and --mmproj for MODEL's mounted files, and the "
-                                    "manifest's params (num_ctx, temperature, stop, ...) as llama-server flags. "
-                                    "What has no llama-server equivalent is listed on stderr.")
+    la = sub.add_parser("llama-args", help="print the llama-server arguments for a model: its files, adapters and "
+                                           "params layer",
+                        description="Print llama-server's -m, --mmproj and --lora (its adapters) for MODEL's mounted "
+                                    "files, and the manifest's params (num_ctx, temperature, stop, ...) as "
+                                    "llama-server flags. What is not passed (an option without a llama-server "
+                                    "equivalent, an adapter llama.cpp would refuse, a value bounded) is listed on "
+                                    "stderr.")
     _model_args(la)
     la.add_argument("--json", action="store_true", help="as JSON: the arguments and what is not passed")
     la.add_argument("--lines", action="store_true", help="one argument per line (for mapfile/readarray)")
@@ -368,7 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "of the mount (the mount's own models.ini, which follows the store; for a "
                                     "mount without one, one written from the mount): each model is requested by "
                                     "its Ollama name (\"model\": \"gemma3:4b\") and started on first use, with "
-                                    "its params layer's options; its sampling defaults are in its model.gguf. "
+                                    "its params layer's options and its adapters; its sampling defaults and chat "
+                                    "template are in its model.gguf. "
                                     "EXTRA goes to llama-server and overrides every model's own "
                                     "settings (-- --models-max 2 -t 8).")
     sv.add_argument("--mount", metavar="MOUNTPOINT", help="the compatfs mount (default: the one there is)")
@@ -381,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.set_defaults(func=cmd_serve)
 
     e = sub.add_parser("export", help="write a model's files to a directory as real files (no FUSE needed)",
-                       description="Write MODEL's files (model.gguf, mmproj.gguf, params.json, template, "
+                       description="Write MODEL's files (model.gguf, mmproj.gguf, adapter.gguf, params.json, template, "
                                    "system, license) into DIRECTORY, byte-identical to the mounted ones, "
                                    "and print each file's sha256. Each file is written under a temporary "
                                    "name and renamed when complete.")

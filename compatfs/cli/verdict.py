@@ -36,6 +36,7 @@ NO = "no"
 # `ls` names it.
 ADDED_BY_LAYERS = {
     "general.sampling.": "sampling defaults",
+    "tokenizer.chat_template": "chat template",
 }
 
 

@@ -1,5 +1,6 @@
-"""llama-server arguments for one model of the store: its mounted files, and
-the settings of the manifest's params layer in llama-server's flags.
+"""llama-server arguments for one model of the store: its mounted files (its
+adapters as `--lora`), and the settings of the manifest's params layer in
+llama-server's flags.
 
 Each Ollama option maps to at most one llama-server flag (the table is
 `format.params.OPTIONS`, passed by `params.translate_params`); an option without an equivalent is reported, never
@@ -13,36 +14,57 @@ from pathlib import Path
 
 from ..files.mounttable import points_of
 from ..format.params import read_params
-from .params import Args, translate_params
+from ..view.sampling import of_layer
+from .adapters import adapter_names, lora_value, refusal as adapter_refusal
+from .params import Args, model_limits, translate_params
 from ..names import MMPROJ_FILE, MODEL_FILE
 
 
-def server_args(files: dict, model_dir: Path, embedding: bool = False) -> Args:
+def server_args(files: dict, model_dir: Path, embedding: bool = False, arch: str | None = None,
+                translated: bool = False) -> Args:
     """`-m`, `--mmproj` (files of `model_dir`, the model's directory where
     llama-server sees the mount), `--embeddings` for an `embedding` model (as
     its models.ini section has it: llama-server answers /v1/embeddings only
-    with it), and the translated params layer.  `files` are the model
-    directory's files by name (`models.model_files`)."""
+    with it), `--lora` with the model's adapters that llama.cpp loads on a
+    model.gguf of architecture `arch` (`translated`: a handler's view), the
+    translated params layer bounded by the model's limits, and what the
+    model's Modelfile layers do not give it (`view.sampling.of_layer`)."""
     out = Args(["-m", str(model_dir / MODEL_FILE)])
     if MMPROJ_FILE in files:
         out.argv += ["--mmproj", str(model_dir / MMPROJ_FILE)]
     if embedding:
         out.argv.append("--embeddings")
+    model = files.get(MODEL_FILE)
+    loras, notes = lora_files(files, model, arch, translated)
+    if loras:
+        out.argv += ["--lora", lora_value([model_dir / n for n in loras])]
+    out.notes += notes
     if "params.json" in files:
         try:
-            params = translate_params(read_params(files["params.json"].blob))
+            raw = read_params(files["params.json"].blob)
+            params = translate_params(raw, model_limits(model.blob if model else None, raw))
         except ValueError as e:
             out.notes.append(str(e))
         else:
             out.argv += params.argv
             out.notes += params.notes
-    if "template" in files:
-        out.notes.append("template: Ollama's Go template is not passed; llama-server uses the chat "
-                         "template in model.gguf (--chat-template-file to override)")
-    if "system" in files:
-        out.notes.append("system: llama-server has no default system prompt; send it as the first "
-                         f"message (the text is in {model_dir / 'system'})")
+    if model is not None and model.params is not None:
+        out.notes += [n for n in of_layer(model.params).notes if n not in out.notes]
     return out
+
+
+def lora_files(files: dict, model, arch: str | None, translated: bool) -> tuple[list[str], list[str]]:
+    """The adapter files of a model folder llama.cpp loads with its model.gguf
+    (`model`, its FileRef), in their order, and one line for each left out."""
+    names, notes = [], []
+    for name in adapter_names(files):
+        why = "the model has no model.gguf" if model is None else \
+            adapter_refusal(files[name].blob, model.blob, arch, translated)
+        if why is None:
+            names.append(name)
+        else:
+            notes.append(f"adapters: {name} not passed ({why})")
+    return names, notes
 
 
 ANSWER_WITHIN = 2.0     # seconds a compatfs mount has to say whether it shows a model

@@ -1,6 +1,7 @@
 """llama-server's router preset (`--models-preset FILE.ini`, llama.cpp
 b11434 `common/preset.cpp`) for the models a compatfs mount shows: one
-section per model folder, requested by its Ollama name.
+section per model folder, requested by its name (an Ollama store's: its
+Ollama name; a folder of GGUF files': its folder's path under the mount).
 
 - A section name's text after its last `:` is canonicalised by llama.cpp
   (upper-cased, only its last `-`/`.` part kept), so a section is named as
@@ -16,7 +17,8 @@ section per model folder, requested by its Ollama name.
 - `model`/`mmproj` are absolute paths under the mount (llama.cpp passes a
   preset's paths to the model's server as they are); an embedding model (its
   header names a pooling type) gets `embeddings`, which llama-server needs
-  to answer /v1/embeddings.
+  to answer /v1/embeddings; its adapters that llama.cpp loads with it
+  (`router.adapters`) are its `lora`.
 - The params layer's options that are not sampling defaults (those are in
   model.gguf as `general.sampling.*`) become the section's options, named as
   llama-server's flags without dashes, bounded by the machine and the model
@@ -41,10 +43,12 @@ from pathlib import Path
 
 from ..files.blobfile import identity, status
 from ..format.params import OPTIONS, read_params
+from .adapters import adapter_names, lora_value, refusal as adapter_refusal, shared as adapter_shared
 from .params import model_limits, translate_params
 from ..files.statedir import mount_file
 from ..errors import GGUFError
 from ..names import LAYER_FILE, MMPROJ_FILE, MODEL_FILE, PRESET_FILE
+from ..sources.base import adapter_files
 from ..tree import FileRef, Snapshot, Tree
 
 log = logging.getLogger(__name__)
@@ -70,6 +74,9 @@ class Entry:
     embedding: bool = False    # an embedding model (llama-server serves it with --embeddings)
     model: Path | None = None  # the GGUF whose header tells the model's limits (`router.params.model_limits`)
     readers: Path | None = None  # the folder whose readers read the preset (its params must be theirs to read)
+    adapters: tuple[tuple[str, Path], ...] = ()   # (file name in `folder`, the GGUF it shows) of its adapters
+    arch: str | None = None    # model.gguf's architecture (None: read from `model` where it has adapters)
+    translated: bool = False   # whether model.gguf is a handler's view of `model` (tensors renamed, say)
 
 
 # Of the mount's files `scan_mount` last found: path -> (identity, is an embedding model).
@@ -118,7 +125,8 @@ def scan_mount(mnt: Path) -> list[Entry]:
             out.append(Entry(rel.as_posix(), Path(dirpath), MMPROJ_FILE in files,
                              Path(dirpath, _PARAMS_FILE) if _PARAMS_FILE in files else None,
                              is_embedding(Path(dirpath, MODEL_FILE), _embedding_memo, memo),
-                             Path(dirpath, MODEL_FILE)))
+                             Path(dirpath, MODEL_FILE),
+                             adapters=tuple((n, Path(dirpath, n)) for n in adapter_names(files))))
         dirs.sort()
     _embedding_memo = memo
     return sorted(out, key=lambda e: e.name)
@@ -226,6 +234,10 @@ def section(entry: Entry) -> Section:
         s.options.append(("mmproj", str(entry.folder / MMPROJ_FILE)))
     if entry.embedding:
         s.options.append(("embeddings", "true"))
+    if entry.adapters:
+        loras = adapters_passed(entry, s.notes)
+        if loras:
+            s.options.append(("lora", lora_value([entry.folder / n for n in loras])))
     if entry.params is None:
         return s
     try:
@@ -251,10 +263,43 @@ def section(entry: Entry) -> Section:
     return s
 
 
-def render(entries: list[Entry], sections: list[Section] | None = None) -> str:
-    """The preset INI of `entries` (with `sections`: theirs, already made)."""
+def adapters_passed(entry: Entry, notes: list[str]) -> list[str]:
+    """The adapter files of `entry` llama.cpp loads with its model (a line in
+    `notes` for each left out)."""
+    arch = entry.arch
+    if arch is None and entry.model is not None:
+        from ..format.header import SourceGGUF
+        try:
+            arch = SourceGGUF(entry.model).architecture
+        except (GGUFError, OSError):
+            arch = None
+    out = []
+    for name, path in entry.adapters:
+        if entry.readers is not None and not adapter_shared(path, entry.readers):
+            notes.append(f"adapters: {name} not passed (not readable by everyone who may read {PRESET_FILE})")
+            continue
+        why = "the model has no model.gguf" if entry.model is None else \
+            adapter_refusal(path, entry.model, arch, entry.translated)
+        if why is None:
+            out.append(name)
+        elif entry.readers is not None:     # (what it holds is not told to all who read the preset)
+            notes.append(f"adapters: {name} not passed (llama.cpp's LoRA loader would refuse it: "
+                         "`compatfs ls` says why)")
+        else:
+            notes.append(f"adapters: {name} not passed ({why})")
+    return out
+
+
+# How a preset's models are named where the kind of source is not known (a
+# mount walked by `serve`); a source says how its own are (`Source.model_names`).
+NAMED_AS = "its folder's path under the mount (for an Ollama store, its Ollama name)"
+
+
+def render(entries: list[Entry], sections: list[Section] | None = None, named: str = NAMED_AS) -> str:
+    """The preset INI of `entries` (with `sections`: theirs, already made);
+    `named` says what a model's name is."""
     lines = ["; llama-server --models-preset for a compatfs mount, written by compatfs from the mount's",
-             "; model folders: each model is requested by its Ollama name (the section's alias).", ""]
+             f"; model folders: each model is requested by {named} (the section's alias).", ""]
     taken: set[str] = set()      # the section names and aliases written so far
     for i, entry in enumerate(entries):
         s = sections[i] if sections is not None else section(entry)
@@ -334,7 +379,8 @@ class RootPreset:
                     kept = key, entry, section(entry)
                 made[name] = kept
             if made != self._sections or self._text is None:
-                self._text = render([e for _, e, _ in made.values()], [s for _, _, s in made.values()])
+                self._text = render([e for _, e, _ in made.values()], [s for _, _, s in made.values()],
+                                    tree.source.model_names)
             self._sections = made
             shown = self.published.update(self._text, like)
         except Exception:   # a bad store file must never fail a scan
@@ -349,8 +395,9 @@ class RootPreset:
         folder on disk whose readers may read the preset."""
         f = snap.listing.folders[name]
         try:
-            embedding = tree.views.summary(f.model).embedding
+            summary = tree.views.summary(f.model)
+            embedding, arch, translated = summary.embedding, summary.arch, summary.text is not None
         except GGUFError:
-            embedding = False
+            embedding, arch, translated = False, None, False
         return Entry(name, self.mountpoint / name, MMPROJ_FILE in (tree.files(snap, name) or {}), f.params, embedding,
-                     f.model, readers)
+                     f.model, readers, adapter_files(f.adapters), arch, translated)

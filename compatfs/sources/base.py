@@ -16,6 +16,7 @@ source's own module knows its layout.
 """
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,9 @@ class Folder:
     params: Path | None = None                 # Ollama's params layer: model.gguf carries its sampling options
     template: Path | None = None               # Ollama's template layer: model.gguf's chat template, translated
     system: Path | None = None                 # Ollama's system layer: the chat template's default system message
+    adapters: tuple[Path, ...] = ()            # Ollama's adapter layers (LoRA GGUF), in the manifest's order;
+                                               # shown as `adapter_files` among `passed`
+    messages: Path | None = None               # Ollama's messages layer (a Modelfile's MESSAGEs)
     # The store files whose contents tell this folder's name and files, below
     # the folder its mounted parent mirrors (`Source.owner`): an Ollama
     # model's host, namespace and model folders under manifests/ (listed) and
@@ -44,6 +48,22 @@ class Folder:
 
     def ggufs(self) -> tuple[Path, ...]:
         return (self.model,) if self.projector is None else (self.model, self.projector)
+
+
+ADAPTER_FILE = re.compile(r"^adapter(?:-([1-9][0-9]*))?\.gguf$")
+
+
+def adapter_files(adapters: tuple[Path, ...]) -> tuple[tuple[str, Path], ...]:
+    """The files a model folder shows its adapter layers as: `adapter.gguf`,
+    `adapter-2.gguf`, ... in the manifest's order."""
+    return tuple((f"adapter-{i + 1}.gguf" if i else "adapter.gguf", p) for i, p in enumerate(adapters))
+
+
+def adapter_order(name: str) -> int | None:
+    """The place (0, 1, ...) of an adapter file among a folder's, by its name
+    (`adapter_files`); None for a file that is not one."""
+    m = ADAPTER_FILE.match(name)
+    return None if m is None else int(m.group(1) or 1) - 1
 
 
 @dataclass
@@ -60,6 +80,7 @@ class Source(ABC):
     """One kind of store; `root` is the folder it was opened at."""
 
     root: Path
+    model_names = "its folder's path under the mount"    # what a model's name is, as a user writes it
 
     @abstractmethod
     def scan(self) -> Listing:

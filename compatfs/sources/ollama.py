@@ -7,8 +7,9 @@ Layout: `manifests/<host>/<namespace>/<model>/<tag>` (JSON) and
     /<host>/<namespace>/<model>:<tag>/   everything else nested, as `ollama list` names it
     /blobs/sha256-<hex>/model.gguf       every GGUF blob (model, projector, adapter) a manifest names
     .../mmproj.gguf                      the projector layer's, or the model blob's own
-    .../params.json, template, system, license
+    .../params.json, template, system, messages.json, license
                                          the manifest's layers of those types, byte for byte
+    .../adapter.gguf, adapter-2.gguf     its adapter layers (LoRA GGUF), byte for byte
 
 Folders mirror the owner and mode of `blobs/` (the blob folders) or
 `manifests/` (all others); a model folder's time is its manifest's (a
@@ -36,7 +37,7 @@ from pathlib import Path
 from ..files.blobfile import BlobFile, Stamp, identity, is_folder, status
 from ..files.probe import guard
 from ..errors import GGUFError
-from .base import Folder, Listing, Source, SourceError
+from .base import Folder, Listing, Source, SourceError, adapter_files
 
 MODEL = "application/vnd.ollama.image.model"
 PROJECTOR = "application/vnd.ollama.image.projector"
@@ -44,6 +45,7 @@ ADAPTER = "application/vnd.ollama.image.adapter"
 PARAMS = "application/vnd.ollama.image.params"
 TEMPLATE = "application/vnd.ollama.image.template"
 SYSTEM = "application/vnd.ollama.image.system"
+MESSAGES = "application/vnd.ollama.image.messages"
 DEFAULT_HOST = "registry.ollama.ai"
 DEFAULT_NAMESPACE = "library"
 _DIGEST = re.compile(r"^sha256[:-]([0-9a-fA-F]{64})$")
@@ -57,6 +59,7 @@ LAYER_FILES = {
     PARAMS: "params.json",
     TEMPLATE: "template",
     SYSTEM: "system",
+    MESSAGES: "messages.json",
     "application/vnd.ollama.image.license": "license",
 }
 
@@ -182,6 +185,8 @@ def _files_below(base: Path, listed: set[Path]) -> list[tuple[Path, os.stat_resu
 
 
 class OllamaStore(Source):
+    model_names = "its Ollama name, as `ollama list` shows it"
+
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root).expanduser()
         try:
@@ -222,17 +227,21 @@ class OllamaStore(Source):
                 out.skipped[name] = f"its first folder would be {BLOBS}/, where the mount shows every blob"
                 continue
             layer, proj = model.model_layer, model.projector_layer
-            params, template, system = (model.first(t) for t in (PARAMS, TEMPLATE, SYSTEM))
+            params, template, system, messages = (model.first(t) for t in (PARAMS, TEMPLATE, SYSTEM, MESSAGES))
             if layer is None:   # (`manifests` leaves such models out, naming why)
                 continue
             made = self._made.get(name)
             if made is None or made[0] is not model.layers:    # (an unchanged manifest keeps its layers)
+                # Every adapter layer, as Ollama loads each: shown as adapter.gguf, adapter-2.gguf, ...
+                adapters = tuple(self.blob_path(x.digest) for x in model.layers if x.media_type == ADAPTER)
                 made = model.layers, Folder(self.blob_path(layer.digest),
                                             self.blob_path(proj.digest) if proj else None,
-                                            self._layer_files(model.layers),
+                                            self._layer_files(model.layers) + adapter_files(adapters),
                                             params=self.blob_path(params.digest) if params else None,
                                             template=self.blob_path(template.digest) if template else None,
                                             system=self.blob_path(system.digest) if system else None,
+                                            adapters=adapters,
+                                            messages=self.blob_path(messages.digest) if messages else None,
                                             told_by=(*(model.manifest.parents[i] for i in (2, 1, 0)), model.manifest))
             made_now[name] = made
             out.folders[name] = made[1]

@@ -2,7 +2,8 @@
 that renders each chat as Ollama renders it:
 
 - the model's system layer is the chat's first message where the chat does
-  not open with a system message;
+  not open with a system message, and its messages layer (a Modelfile's
+  MESSAGEs) follows it, before the chat's own messages;
 - consecutive messages of one role (but tool results) are one, joined by a
   blank line, and `.System` is every system message joined so;
 - a template that names `.Messages` (its fields or variables, in any case) is
@@ -17,6 +18,7 @@ not reproduce exactly is refused, with the reason in one line.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from .data import PROLOGUE, THINK
@@ -25,6 +27,24 @@ from .jinja import lit, macro
 
 MAX_TEMPLATE = 64 << 10     # bytes; Ollama's templates take a few KB
 MAX_SYSTEM = 256 << 10
+MAX_MESSAGES = 256 << 10
+# The roles a Modelfile's MESSAGE may have.
+MESSAGE_ROLES = ("system", "user", "assistant")
+
+# Where the chat gains the model's messages layer: after the system layer's
+# message, before the chat's own (as Ollama's chat handler joins them), in
+# every chat that has messages.
+_SYSTEM_FIRST = """\
+{%- if SYSTEM != "" and chat|length > 0 and chat[0].role != "system" -%}
+{%- set chat = [{"role": "system", "content": SYSTEM}] + chat -%}
+{%- endif -%}
+"""
+_WITH_MESSAGES = """\
+{%- if chat|length > 0 -%}
+{%- set chat = ([{"role": "system", "content": SYSTEM}] if SYSTEM != "" and chat[0].role != "system" else []) \
++ MESSAGES + chat -%}
+{%- endif -%}
+""".replace("\\\n", "")
 
 
 @dataclass(frozen=True)
@@ -134,10 +154,17 @@ _LEGACY = """\
 """
 
 
-def _jinja(template: str, system: str) -> str:
+def _jinja(template: str, system: str, messages: list[tuple[str, str]]) -> str:
     nodes = parse(template)
     used = names(nodes)
-    head = PROLOGUE.replace("SYSTEM", lit(system))
+    sys_lit = lit(system)
+    head = PROLOGUE.replace("SYSTEM", sys_lit)
+    if messages:     # (each part filled on its own: no text of a layer is read as a placeholder)
+        listed = ", ".join(f'{{"role": {lit(role)}, "content": {lit(content)}}}' for role, content in messages)
+        before, after = _WITH_MESSAGES.split("MESSAGES")
+        with_them = before.replace("SYSTEM", sys_lit) + f"[{listed}]" + after.replace("SYSTEM", sys_lit)
+        pre, _, post = PROLOGUE.partition(_SYSTEM_FIRST)
+        head = pre.replace("SYSTEM", sys_lit) + with_them + post.replace("SYSTEM", sys_lit)
     if "messages" in used:
         call = ('{%- set S = C.sys|join("\\n\\n") -%}\n'
                 f'{{{{- ollama({{"System": S, "Messages": C.done, "Tools": K.tools, "Response": "", {_think(used)}}}) -}}}}\n')
@@ -149,9 +176,34 @@ def _jinja(template: str, system: str) -> str:
             + _LEGACY.replace("DATA", data))
 
 
-def translate(template: bytes, system: bytes = b"") -> ChatTemplate:
+def parse_messages(layer: bytes) -> list[tuple[str, str]]:
+    """The (role, content) of each message of a messages layer (a Modelfile's
+    MESSAGEs, as Ollama stores them: a JSON list of {"role", "content"});
+    ValueError saying why it cannot be used."""
+    if len(layer) > MAX_MESSAGES:
+        raise ValueError(f"the messages layer is {len(layer)} bytes, more than the {MAX_MESSAGES} taken")
+    try:
+        doc = json.loads(layer)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"the messages layer is not JSON ({e})") from None
+    if not isinstance(doc, list):
+        raise ValueError("the messages layer is not a list of messages")
+    out = []
+    for m in doc:
+        if not isinstance(m, dict) or m.get("role") not in MESSAGE_ROLES or not isinstance(m.get("content"), str):
+            raise ValueError("a message of the messages layer is not a role (system, user or assistant) "
+                             "and a text")
+        if any(v not in (None, "", [], {}) for k, v in m.items() if k not in ("role", "content")):
+            raise ValueError("a message of the messages layer has more than a role and a text")
+        out.append((m["role"], m["content"]))
+    return out
+
+
+def translate(template: bytes, system: bytes = b"", messages: list[tuple[str, str]] | None = None) -> ChatTemplate:
     """The Jinja chat template of a template layer (and the model's system
-    layer), or why there is none."""
+    layer, and the (role, content) of its messages layer: `parse_messages`),
+    or why there is none."""
+    listed = messages or []
     if len(template) > MAX_TEMPLATE:
         return ChatTemplate(reason=f"the template is {len(template)} bytes, more than the {MAX_TEMPLATE} translated")
     if len(system) > MAX_SYSTEM:
@@ -161,7 +213,7 @@ def translate(template: bytes, system: bytes = b"") -> ChatTemplate:
     except UnicodeDecodeError:
         return ChatTemplate(reason="the template or system message is not UTF-8 text")
     try:
-        return ChatTemplate(jinja=_jinja(text, sys_text))
+        return ChatTemplate(jinja=_jinja(text, sys_text, listed))
     except Refused as e:
         return ChatTemplate(reason=str(e))
     except RecursionError:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
-from ..sources.ollama import DEFAULT_HOST, DEFAULT_NAMESPACE, MODEL, PROJECTOR
+from ..sources.ollama import ADAPTER, DEFAULT_HOST, DEFAULT_NAMESPACE, MODEL, PARAMS, PROJECTOR
 
 
 def add_blob(root: Path, path: Path) -> dict:
@@ -43,3 +44,39 @@ def add_model(root: str | Path, name: str, model: Path, projector: Path | None =
         "layers": layers,
     }))
     return manifest
+
+
+def _data_blob(root: Path, data: bytes) -> dict:
+    """Write `data` into `root/blobs` under its digest; its manifest layer entry."""
+    digest = hashlib.sha256(data).hexdigest()
+    (root / "blobs").mkdir(parents=True, exist_ok=True)
+    (root / "blobs" / f"sha256-{digest}").write_bytes(data)
+    return {"digest": f"sha256:{digest}", "size": len(data)}
+
+
+def set_layer(root: str | Path, manifest: Path, media_type: str, data: bytes | Path | None, *,
+              append: bool = False) -> None:
+    """Give the model of `manifest` a layer of `media_type` holding `data`
+    (bytes, or a file copied in; None: no such layer): it replaces the
+    layers of that type, or with `append` follows them.  The manifest is
+    replaced whole, as Ollama replaces one (a new file)."""
+    root = Path(root)
+    doc = json.loads(manifest.read_text())
+    if not append:
+        doc["layers"] = [x for x in doc["layers"] if x["mediaType"] != media_type]
+    if data is not None:
+        entry = add_blob(root, data) if isinstance(data, Path) else _data_blob(root, data)
+        doc["layers"].append({"mediaType": media_type, **entry})
+    tmp = manifest.with_name(f".{manifest.name}.tmp")
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, manifest)
+
+
+def add_params(root: str | Path, manifest: Path, params: dict | None) -> None:
+    """Give the model of `manifest` a params layer holding `params` (None: none)."""
+    set_layer(root, manifest, PARAMS, None if params is None else json.dumps(params).encode())
+
+
+def add_adapter(root: str | Path, manifest: Path, adapter: Path) -> None:
+    """Give the model of `manifest` one more adapter layer, the GGUF `adapter`."""
+    set_layer(root, manifest, ADAPTER, adapter, append=True)

@@ -6,8 +6,10 @@ Modelfile layers say llama.cpp reads from a GGUF file:
   a request that names a value still overrides it);
 - its template layer, translated to Jinja (`compatfs.template`), as
   `tokenizer.chat_template`, with its system layer as the default system
-  message of a chat that opens without one; a template that is not
-  translated leaves the blob's own (or none), and the system layer unused.
+  message of a chat that opens without one, and its messages layer (a
+  Modelfile's MESSAGEs) as the first messages of every chat after it; a
+  template that is not translated leaves the blob's own (or none), and the
+  system and messages layers unused.
 
 Two tags of one blob with different layers show different model.gguf
 files; `blobs/` shows each blob's own translation.  Each layer is read by
@@ -33,7 +35,7 @@ from ..format.header import SourceGGUF
 from ..format.params import Sampling, layer_sampling
 from ..format.values import string
 from ..template import ChatTemplate, translate
-from ..template.translate import MAX_SYSTEM, MAX_TEMPLATE
+from ..template.translate import MAX_MESSAGES, MAX_SYSTEM, MAX_TEMPLATE, parse_messages
 from ..translate import ALWAYS, Translation, ViewSpec, plan
 
 # The blob as it is, laid out afresh: what gains the KVs where no handler
@@ -48,14 +50,16 @@ class Layers:
     params: Path | None = None
     template: Path | None = None
     system: Path | None = None
+    messages: Path | None = None
 
     def paths(self) -> tuple[Path, ...]:
-        return tuple(p for p in (self.params, self.template, self.system) if p is not None)
+        return tuple(p for p in (self.params, self.template, self.system, self.messages) if p is not None)
 
 
-def layers_of(params: Path | None, template: Path | None, system: Path | None) -> Layers | None:
+def layers_of(params: Path | None, template: Path | None, system: Path | None,
+              messages: Path | None = None) -> Layers | None:
     """The Layers of a model folder (None where it has none of them)."""
-    layers = Layers(params, template, system)
+    layers = Layers(params, template, system, messages)
     return layers if layers.paths() else None
 
 
@@ -71,7 +75,8 @@ class Applied:
 
 _lock = threading.Lock()
 _params: dict[str, tuple[tuple, Sampling]] = {}    # layer path -> (its identity, its reading)
-_templates: dict[tuple[str, str], tuple[tuple, ChatTemplate]] = {}   # (template, system) -> (identities, translation)
+# (template, system, messages) -> (identities, translation, why the messages layer is not in it)
+_templates: dict[tuple[str, str, str], tuple[tuple, ChatTemplate, str | None]] = {}
 _made: dict[Layers, tuple[tuple, Applied]] = {}      # a model's layers -> (their identities, what they give)
 
 
@@ -103,24 +108,33 @@ def _read(path: Path | None, what: str, limit: int) -> bytes:
         raise ValueError(f"its {what} layer {path.name} cannot be read ({e})") from None
 
 
-def _chat_template(template: Path, system: Path | None) -> ChatTemplate:
-    """The translation of a template layer with a system layer (again once either changes)."""
+def _chat_template(template: Path, system: Path | None, messages: Path | None) -> tuple[ChatTemplate, str | None]:
+    """The translation of a template layer with a system and a messages
+    layer (again once any changes), and why the messages layer is not in it
+    (a messages layer that cannot be used leaves the template without it)."""
     try:
-        stamp = (_stamp(template), _stamp(system))
+        stamp = (_stamp(template), _stamp(system), _stamp(messages))
     except OSError as e:
-        return ChatTemplate(reason=f"a layer cannot be read ({e.strerror})")
-    key = (str(template), str(system))
+        return ChatTemplate(reason=f"a layer cannot be read ({e.strerror})"), None
+    key = (str(template), str(system), str(messages))
     with _lock:
         hit = _templates.get(key)
     if hit is None or hit[0] != stamp:
+        listed, unused = None, None
+        if messages is not None:
+            try:
+                listed = parse_messages(_read(messages, "messages", MAX_MESSAGES + 1))
+            except ValueError as e:
+                unused = str(e)
         try:
-            made = translate(_read(template, "template", MAX_TEMPLATE + 1), _read(system, "system", MAX_SYSTEM + 1))
+            made = translate(_read(template, "template", MAX_TEMPLATE + 1), _read(system, "system", MAX_SYSTEM + 1),
+                             listed)
         except ValueError as e:
             made = ChatTemplate(reason=str(e))
-        hit = stamp, made
+        hit = stamp, made, unused
         with _lock:
             _templates[key] = hit
-    return hit[1]
+    return hit[1], hit[2]
 
 
 def of_layer(layers: Layers) -> Applied:
@@ -150,16 +164,23 @@ def _applied(layers: Layers) -> Applied:
         if s.kvs:
             applied.append(("params", "sampling defaults in model.gguf: " + ", ".join(k for k, _ in s.kvs)))
     if layers.template is not None:
-        t = _chat_template(layers.template, layers.system)
+        t, unused = _chat_template(layers.template, layers.system, layers.messages)
+        if unused is not None:
+            notes.append(f"messages: not applied ({unused})")
         if t.jinja is not None:
             kvs.append((Keys.Tokenizer.CHAT_TEMPLATE, string(t.jinja)))
             applied.append(("template", "model.gguf's chat template (tokenizer.chat_template), translated to Jinja"))
             if layers.system is not None:
                 applied.append(("system", "the default system message of the chat template"))
+            if layers.messages is not None and unused is None:
+                applied.append(("messages", "the chat template's first messages of every chat, after the system "
+                                            "message, before the chat's own (as Ollama joins them)"))
         else:
             notes.append(f"template: not applied, model.gguf keeps its own chat template ({t.reason})")
-    if layers.system is not None and not any(layer == "system" for layer, _ in applied):
-        notes.append("system: not applied (only a translated template layer carries it)")
+    for layer, path in (("system", layers.system), ("messages", layers.messages)):
+        if path is not None and not any(name == layer for name, _ in applied) and \
+                not any(n.startswith(f"{layer}: not applied") for n in notes):
+            notes.append(f"{layer}: not applied (only a translated template layer carries it)")
     return Applied(tuple(kvs), tuple(applied), tuple(notes))
 
 
@@ -169,8 +190,8 @@ def retain_layers(paths: set[Path]) -> None:
     with _lock:
         for gone in [p for p in _params if p not in keep]:
             del _params[gone]
-        for pair in [k for k in _templates if k[0] not in keep or (k[1] != "None" and k[1] not in keep)]:
-            del _templates[pair]
+        for key in [k for k in _templates if k[0] not in keep or any(p != "None" and p not in keep for p in k[1:])]:
+            del _templates[key]
         for layers in [k for k in _made if any(str(p) not in keep for p in k.paths())]:
             del _made[layers]
 
