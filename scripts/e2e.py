@@ -182,7 +182,7 @@ class Server:
         if embedding:
             cmd += ["--embeddings"]
         self.log = logfile
-        self._out = open(logfile, "wb")
+        self._out = open(logfile, "wb")  # noqa: SIM115 (closed with the process, below)
         self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.ready = self._wait()
 
@@ -329,7 +329,7 @@ def router_run(cases: list[Case], mnt: Path, bindir: Path, work: Path) -> None:
     vision model; the nested model's params as its defaults (/props)."""
     port = free_port()
     logfile = work / "router.log"
-    out = open(logfile, "wb")
+    out = open(logfile, "wb")  # noqa: SIM115 (closed once the router has stopped)
     env = {**os.environ, "XDG_STATE_HOME": str(work / "state")}
     proc = subprocess.Popen([sys.executable, "-m", "compatfs", "serve", "--mount", str(mnt),
                              "--llama-server", str(bindir / "llama-server"), "--port", str(port), "--",

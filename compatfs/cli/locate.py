@@ -42,9 +42,9 @@ def mount_of(path: Path, table: list[mounttable.Mount] | None = None) -> mountta
     p = Path(os.path.abspath(path.expanduser()))
     best = None
     for m in mounttable.mounts() if table is None else table:
-        if m.fstype == FSTYPE and (m.point == p or m.point in p.parents):
-            if best is None or len(m.point.parts) >= len(best.point.parts):
-                best = m
+        if m.fstype == FSTYPE and (m.point == p or m.point in p.parents) \
+                and (best is None or len(m.point.parts) >= len(best.point.parts)):
+            best = m
     return best
 
 

@@ -34,6 +34,7 @@ only when the mount shows none.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -155,10 +156,8 @@ class Published:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
                 os.write(fd, text.encode())
-                try:
+                with contextlib.suppress(PermissionError):   # not root: the daemon's own file, with the mode it mirrors
                     os.fchown(fd, uid, gid)
-                except PermissionError:   # not root: the daemon's own file, with the mode it mirrors
-                    pass
                 os.fchmod(fd, mode)
             finally:
                 os.close(fd)
@@ -172,10 +171,8 @@ class Published:
             return False
 
     def remove(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(self.path)
-        except OSError:
-            pass
         self._written = self._failed = None
 
     def withdraw(self) -> None:
@@ -248,7 +245,7 @@ def section(entry: Entry) -> Section:
         return s
     s.notes += args.notes
     seen: dict[str, int] = {}
-    for flag, value in zip(args.argv[::2], args.argv[1::2]):
+    for flag, value in zip(args.argv[::2], args.argv[1::2], strict=True):
         if flag in _IN_MODEL:
             continue
         key = flag.lstrip("-")

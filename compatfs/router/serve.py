@@ -79,7 +79,7 @@ class Router:
         preset did."""
         entries = scan_mount(self.mnt)
         sections = [section(e) for e in entries]
-        now = {e.name: (_stamp(e), s.options) for e, s in zip(entries, sections)}
+        now = {e.name: (_stamp(e), s.options) for e, s in zip(entries, sections, strict=True)}
         changed = sorted(n for n in now.keys() | self.entries.keys() if now.get(n) != self.entries.get(n))
         if self.published:
             text = self.preset_file.read_text()

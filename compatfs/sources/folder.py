@@ -34,7 +34,7 @@ import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from .base import Folder, Listing, Source, SourceError
 from ..files.blobfile import is_folder, status
