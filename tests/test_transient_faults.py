@@ -108,7 +108,7 @@ def test_a_transient_fault_is_not_remembered(mounted, monkeypatch, caplog, how):
     fh = _open(fs)                         # tried again: served
     assert "just now" in caplog.text and "not remembered, tried again the next time" in caplog.text
     assert mounted.scans == []            # no scan of the store for it
-    handle = fs._files.get(fh)
+    handle = fs._paths.get(fh)
     assert handle is not None
     blob = handle.file.path
     assert handle.view.size == len(expected(blob)) and handle.view.read(0, handle.view.size, handle.file) == \
@@ -262,7 +262,7 @@ def test_failed_reads_are_logged_at_most_once_per_blob_a_while(monkeypatch, capl
 
     def fail(view, file, offset, out):
         raise OSError(errno.EIO, "Input/output error")
-    monkeypatch.setattr(readpath.viewbytes, "fill", fail)
+    monkeypatch.setattr(readpath.assemble, "fill", fail)
     monkeypatch.setattr(readpath, "_failures", presented.Throttle(readpath.READ_LOG_SECONDS))
     clock = [1000.0]
     monkeypatch.setattr(presented.time, "monotonic", lambda: clock[0])

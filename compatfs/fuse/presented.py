@@ -73,13 +73,14 @@ class Unavailable(fuse.FuseOSError):
 
 
 class Presented:
-    """The store's current views of `tree`'s files; shares the FUSE layer's lock."""
+    """The store's current views of `tree`'s files, and the blobs found
+    broken (guarded by its own lock)."""
 
     _FAILURES_KEPT = 1024
 
-    def __init__(self, tree: Tree, lock: threading.Lock):
+    def __init__(self, tree: Tree):
         self.tree = tree
-        self._lock = lock
+        self._lock = threading.Lock()
         self._failures: dict[tuple, str] = {}      # what failed (blob, kind, stamp) -> the line logged once
         self._faults = Throttle(TRANSIENT_LOG_SECONDS)     # blob -> when its last fault was logged
 
