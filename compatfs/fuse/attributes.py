@@ -14,7 +14,7 @@ import os
 import stat
 
 from . import inodes
-from ..files.blobfile import identity, status
+from ..files.lookup import identity, status
 from .libfuse import fuse
 from .paths import Paths
 from .presented import Changed, Presented, Unavailable

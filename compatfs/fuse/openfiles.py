@@ -16,7 +16,8 @@ import errno
 import logging
 
 from ..files.access import READ, Caller
-from ..files.blobfile import BlobFile, Denied, identity, status, transient
+from ..files.blobfile import BlobFile
+from ..files.lookup import Denied, identity, status, transient
 from ..errors import GGUFError
 from .libfuse import fuse
 from .paths import KeptView, OpenFile, Paths

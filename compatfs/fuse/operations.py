@@ -45,7 +45,7 @@ from . import libfuse, readpath
 from .libfuse import fuse
 from ..tree import FileRef, Tree
 from ..files.access import READ
-from ..files.blobfile import Denied, identity, keep_out, status
+from ..files.lookup import Denied, identity, keep_out, status
 from .attributes import Attributes, file_attrs
 from .paths import Paths, fstat
 from .rescan import Rescan

@@ -3,7 +3,7 @@ size of its view from the blob's summary (no view is built for `stat`), the
 view itself.  A blob that cannot be presented is EIO with one log line per
 blob, kind and identity, and its view is not built again until it changes.
 A fault of the system instead (out of descriptors or memory, an I/O error:
-`blobfile.transient`) is EIO that is not remembered (`unavailable`): the
+`lookup.transient`) is EIO that is not remembered (`unavailable`): the
 next open tries again, and such failures are logged, at most one line per
 blob every `TRANSIENT_LOG_SECONDS` (a `Throttle`, which the read path's
 failure lines share).
@@ -18,7 +18,7 @@ import threading
 import time
 from typing import NoReturn
 
-from ..files.blobfile import TRANSIENT_ERRNOS, identity, status, transient
+from ..files.lookup import TRANSIENT_ERRNOS, identity, status, transient
 from .libfuse import fuse
 from ..tree import FileRef, Tree
 from ..view.layout import View
