@@ -2,7 +2,7 @@
 
 Built where a C compiler and Python's headers are at hand; where they are
 not, the build goes on without it (a warning, never a failure) and compatfs
-runs on its numpy kernels, which give the same bytes (see compatfs/accel.py).
+runs on its numpy kernels, which give the same bytes (see compatfs/translate/accel.py).
 Everything else about the package is in pyproject.toml.
 """
 from setuptools import Extension, setup

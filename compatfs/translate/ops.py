@@ -191,7 +191,7 @@ def strided_runs(t: TensorInfo, start: int, unit: int, stride: int, count: int) 
 
 
 RunsOrZeros = Union[Runs, int]      # an int: that many zero bytes
-ReadRange = Callable[[TensorInfo, int, int], bytes]   # (tensor, start, size) -> its bytes
+ReadRange = Callable[[TensorInfo, int, int], bytes | memoryview]   # (tensor, start, size) -> its bytes
 
 
 @dataclass(frozen=True)

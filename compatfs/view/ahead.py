@@ -15,10 +15,18 @@ continuation (the reader went elsewhere) drops its file's chunks (those not
 started are never computed), and chunks behind the reader are dropped as it
 passes them.  A chunk is computed by the same `compute_range_into` into its
 own buffer as a read would compute into its reply: the bytes are the same.
-A chunk whose computation failed gives its error to the read that needs it
-(the mount answers that read EIO); other files never see it.  Workers read
-the blob through a descriptor of their own (a duplicate of the open file's),
-closed once the file is gone and no worker uses it.
+Computing ahead is best effort and never fails a read: a chunk whose
+computation failed is computed again by the read that needs it (so only an
+error of the data itself fails that read, as it would without computing
+ahead; other files never see it), and what the bookkeeping needs after a
+read's bytes are filled (a descriptor for the workers, memory for a chunk, a
+worker thread) is done without when the system cannot give it, every place
+among the `HELD` it took given back.  Chunks of a file that stays open but
+has not read for `IDLE` seconds are reclaimed when another file finds no
+place among the `HELD` (they are computed again, or by the reads, should it
+read on).  Workers read the blob through a descriptor of their own (a
+duplicate of the open file's), closed once the file is gone and no worker
+uses it.
 
 The pool has a worker for each CPU the process may use beyond two (see
 `workers`; `COMPATFS_AHEAD_WORKERS=N` in the environment sets it, 0 turns
@@ -30,6 +38,7 @@ import logging
 import os
 import queue
 import threading
+import time
 import weakref
 from concurrent.futures import Future
 from functools import partial
@@ -45,6 +54,7 @@ CHUNK = 1 << 20        # view bytes computed at a time by a worker
 PER_FILE = 8           # chunks held or being computed for one open file
 LATER = 2              # op-cache chunks being computed ahead for one open file
 WINDOW = PER_FILE * CHUNK
+IDLE = 2.0             # seconds without a read after which a file's chunks may be reclaimed for another's
 
 log = logging.getLogger(__name__)
 
@@ -96,22 +106,31 @@ Compute = Callable[[BlobFile, Op, int, memoryview], None]
 
 class _Pool:
     """`workers` daemon threads running submitted calls, started on first
-    use (and again in a forked child, which has none of its parent's threads)."""
+    use (and again in a forked child, which has none of its parent's
+    threads); a thread that cannot be started is tried again on the next
+    call, and a call is refused (RuntimeError) while none runs."""
 
     def __init__(self, workers: int):
         self._workers = workers
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._pid = -1
+        self._started = 0
         self._lock = threading.Lock()
 
     def submit(self, fn: Callable[[], None], future: Future) -> None:
         with self._lock:
             if self._pid != os.getpid():
-                self._pid = os.getpid()
+                self._pid, self._started = os.getpid(), 0
                 self._queue = queue.SimpleQueue()
-                for i in range(self._workers):
-                    threading.Thread(target=self._run, args=(self._queue,), name=f"compatfs-ahead-{i}",
+            while self._started < self._workers:
+                try:
+                    threading.Thread(target=self._run, args=(self._queue,), name=f"compatfs-ahead-{self._started}",
                                      daemon=True).start()
+                except RuntimeError:
+                    if not self._started:
+                        raise
+                    break
+                self._started += 1
             self._queue.put((fn, future))
 
     @staticmethod
@@ -146,6 +165,28 @@ def _reserve() -> bool:
             return False
         _held += 1
         return True
+
+
+def _unreserve() -> None:
+    """A place `_reserve` took given back, its chunk never made."""
+    global _held
+    with _held_lock:
+        _held -= 1
+
+
+_clock = time.monotonic
+_states: weakref.WeakSet["Ahead"] = weakref.WeakSet()   # every file's state, for `_reclaim_idle`
+_states_lock = threading.Lock()
+
+
+def _reclaim_idle(but: "Ahead") -> None:
+    """The chunks of every file but `but` that has not read for `IDLE` seconds dropped."""
+    with _states_lock:
+        states = list(_states)
+    now = _clock()
+    for state in states:
+        if state is not but:
+            state.reclaim(now)
 
 
 class _Chunk:
@@ -210,6 +251,9 @@ class Ahead:
         self._later: dict[Hashable, tuple[int, Future]] = {}   # op-cache chunks given to the workers: at, future
         self._end: int | None = None          # where the reads so far ended (the furthest)
         self._planned = 0                     # the view's chunks before this offset are planned
+        self._last = _clock()                 # when it last read
+        with _states_lock:
+            _states.add(self)
 
     def __len__(self) -> int:
         """Chunks held or being computed for this file."""
@@ -224,10 +268,11 @@ class Ahead:
 
     def fill(self, span: Computed, out: memoryview, compute: Compute, blob: BlobFile) -> None:
         """Bytes of `span` into `out` (its size): from the chunks that hold
-        them (waited for when being computed; the error of one that failed
-        raised), the rest computed here with `compute` through `blob`."""
+        them (waited for when being computed), the rest, and those of a chunk
+        whose computation failed, computed here with `compute` through `blob`."""
         lo, hi = span.lo, span.lo + span.size
         with self._lock:
+            self._last = _clock()
             mine = sorted((c for c in self._chunks if c.op is span.op and c.lo < hi and c.lo + c.size > lo),
                           key=lambda c: c.lo)
             for c in mine:
@@ -249,12 +294,10 @@ class Ahead:
             if c.future.cancel():               # not started: computed here, without waiting for a worker
                 self._forget(c)
                 compute(blob, span.op, s, out[s - lo:e - lo])
+            elif c.future.exception() is not None:   # (waits for it) failed: computed here again
+                self._forget(c)
+                compute(blob, span.op, s, out[s - lo:e - lo])
             else:
-                try:
-                    c.future.result()
-                except BaseException:
-                    self._forget(c)
-                    raise
                 out[s - lo:e - lo] = c.buf.data[s - c.lo:e - c.lo]
                 with self._lock:
                     c.taken += e - s
@@ -271,9 +314,14 @@ class Ahead:
         done: when it continues the reads before (it starts within `WINDOW`
         of where they ended), what `upcoming(start, size)` lays out in the
         next `WINDOW` bytes is given to the workers, while this file's and the
-        global bounds allow: the spans of ranged ops chunk by chunk, and up to
+        global bounds allow (the idle files' chunks reclaimed when the global
+        one is reached): the spans of ranged ops chunk by chunk, and up to
         `LATER` chunks of ops the op cache holds; otherwise this file's chunks
-        are dropped (and its op-cache chunks not started never computed)."""
+        are dropped (and its op-cache chunks not started never computed).
+        Never raises for want of a descriptor, memory or a thread: what could
+        not be had is not computed ahead (and planned again by the next read)."""
+        if held() >= HELD:
+            _reclaim_idle(but=self)
         end = offset + size
         drop: list[_Chunk] = []
         cancel: list[Future] = []
@@ -281,6 +329,7 @@ class Ahead:
         with self._lock:
             if self._closed:
                 return
+            self._last = _clock()
             if self._end is None or not self._end - WINDOW <= offset <= self._end + WINDOW:
                 drop, self._chunks = self._chunks, []
                 cancel = [f for _, f in self._later.values()]
@@ -295,16 +344,61 @@ class Ahead:
                         cancel.append(f)
                         del self._later[key]
                 start, stop = max(self._planned, self._end), self._end + WINDOW
-                if start < stop:
+                if start < stop and self._descriptor(blob):
                     tasks = self._plan(upcoming(start, stop - start), stop, compute)
-                    if tasks and self._own is None:
-                        self._own = blob.duplicate()
         for c in drop:
             c.drop()
         for f in cancel:
             f.cancel()
-        for fn, future in tasks:
-            _pool.submit(fn, future)
+        self._submit(tasks)
+
+    def _descriptor(self, blob: BlobFile) -> bool:
+        """Whether the workers have a descriptor of the file (a duplicate of
+        `blob`'s made now if not; none to be had is logged: nothing is planned).
+        The lock is held."""
+        if self._own is None:
+            try:
+                self._own = blob.duplicate()
+            except (GGUFError, OSError, MemoryError) as e:
+                log.debug("not computing ahead of %s: %s", getattr(blob, "path", blob), e)
+                return False
+        return True
+
+    def _submit(self, tasks: list[tuple[Callable[[], None], Future]]) -> None:
+        """The planned calls given to the workers; those the pool could not
+        take (no thread to be started) cancelled, their chunks dropped."""
+        for i, (fn, future) in enumerate(tasks):
+            try:
+                _pool.submit(fn, future)
+            except (RuntimeError, MemoryError) as e:
+                log.debug("not computing ahead: %s", e)
+                left = {id(f) for _, f in tasks[i:]}
+                with self._lock:
+                    dropped = [c for c in self._chunks if id(c.future) in left]
+                    self._chunks = [c for c in self._chunks if id(c.future) not in left]
+                    for key, (_, f) in list(self._later.items()):
+                        if id(f) in left:
+                            del self._later[key]
+                for _, f in tasks[i:]:
+                    f.cancel()
+                for c in dropped:
+                    c.drop()
+                return
+
+    def reclaim(self, now: float) -> None:
+        """This file's chunks dropped if it has not read for `IDLE` seconds
+        before `now` (its next read starts afresh, as after a jump)."""
+        with self._lock:
+            if now - self._last < IDLE or not (self._chunks or self._later):
+                return
+            drop, self._chunks = self._chunks, []
+            cancel = [f for _, f in self._later.values()]
+            self._later.clear()
+            self._end = None
+        for c in drop:
+            c.drop()
+        for f in cancel:
+            f.cancel()
 
     def _plan(self, upcoming: Iterable[Computed | Later], stop: int,
               compute: Compute) -> list[tuple[Callable[[], None], Future]]:
@@ -332,7 +426,13 @@ class Ahead:
                     self._planned = at
                     return tasks
                 n = min(item.at + item.size, (at // CHUNK + 1) * CHUNK) - at
-                chunk = _Chunk(item.clip(at, at + n))
+                try:
+                    chunk = _Chunk(item.clip(at, at + n))
+                except (OSError, MemoryError) as e:     # no memory for its buffer
+                    _unreserve()
+                    log.debug("not computing ahead: %s", e)
+                    self._planned = at
+                    return tasks
                 self._track(chunk.future)
                 self._chunks.append(chunk)
                 tasks.append((self._task(partial(chunk.compute, compute)), chunk.future))

@@ -21,10 +21,12 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from . import ahead
-from ..files.blobfile import BlobFile
+from ..files.blobfile import ALIGN, BlobFile
 from ..errors import GGUFError
+from ..format.header import TensorInfo
+from ..translate import accel
 from ..translate.ops import Op
-from ..files.scratch import scratch
+from ..files.scratch import give, scratch, take
 from .segments import BlobBytes, Cached, Computed, HeldBytes, InRounds, Segment, Segments, ZeroBytes
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,7 @@ class FileRange(NamedTuple):
 GATHER = 4 << 20      # blob bytes read at once to gather short runs from
 DIRECT = 64 << 10     # runs this long (or sparser than 1 in `SPARSE`) are read straight into place
 SPARSE = 8
+SCATTER = 512         # runs this long (and shorter than `DIRECT`) scattered into place by the compiled gather_read
 
 
 def fill(segments: Segments, blob: BlobFile | None, offset: int, out: memoryview) -> None:
@@ -101,7 +104,8 @@ def _fill(seg: Segment, blob: BlobFile | None, out: memoryview) -> None:
 
 def _compute(blob: BlobFile, op: Op, lo: int, out: memoryview) -> None:
     """Bytes [lo, lo + len(out)) of ranged `op` into `out`, its inputs read through `blob`."""
-    op.compute_range_into(_reader(blob, op.reads_inputs_once), lo, lo + len(out), out)
+    with _Inputs(blob, op.reads_inputs_once, len(out)) as read:
+        op.compute_range_into(read, lo, lo + len(out), out)
 
 
 def _held(seg: HeldBytes, blob: BlobFile | None, out: memoryview) -> None:
@@ -131,22 +135,69 @@ def _computed(seg: Computed, blob: BlobFile | None, out: memoryview) -> None:
         state.fill(seg, out, _compute, blob)
 
 
-def _reader(blob: BlobFile, once: bool = False):
-    """An op's input reader: (tensor, start, size) -> those bytes, through
-    `blob` (with `read_once_into` where the op reads them `once`)."""
-    read_into = blob.read_once_into if once else blob.read_into
-
+def _reader(blob: BlobFile):
+    """An op's input reader for a computation whose result is kept (an op
+    cache chunk): (tensor, start, size) -> those bytes, through `blob`, in
+    memory of their own."""
     def read(t, start: int, size: int) -> memoryview:
         buf = np.empty(size, np.uint8)
-        read_into(buf.data, t.offset + start)
+        blob.read_into(buf.data, t.offset + start)
         return buf.data
     return read
+
+
+class _Inputs:
+    """A ranged op's input reader for one range of `budget` output bytes:
+    (tensor, start, size) -> those bytes, through `blob` (with
+    `read_once_into` where the op reads them `once`), valid until the
+    reader is closed.  Each read lands in scratch memory where it lies as in
+    the blob (its offset modulo `ALIGN`), so that an O_DIRECT read goes
+    straight into it.  A read that starts where the one before of the same
+    input ended (an op that reads its input in pieces) reads ahead at once
+    as many bytes as the range has left to fill and an `ALIGN` more (a
+    piece may end in a block cut by the range's end; within the input),
+    which serve the reads that follow: one read of the blob instead of many."""
+
+    def __init__(self, blob: BlobFile, once: bool, budget: int):
+        self._read_into = blob.read_once_into if once else blob.read_into
+        self._left = budget
+        self._taken: list[np.ndarray] = []
+        self._held: tuple[TensorInfo, int, memoryview] | None = None   # the last read: tensor, start, its bytes
+        self._end: tuple[TensorInfo, int] | None = None                # where the last read asked ended
+
+    def __enter__(self) -> "_Inputs":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for buf in self._taken:
+            give(buf)
+        self._taken.clear()
+
+    def __call__(self, t: TensorInfo, start: int, size: int) -> memoryview:
+        held, self._left = self._held, self._left - size
+        if held is not None and held[0] is t and held[1] <= start and start + size <= held[1] + len(held[2]):
+            data = held[2][start - held[1]:start - held[1] + size]
+        else:
+            want = size
+            if self._end is not None and self._end[0] is t and self._end[1] == start:
+                want = max(size, min(self._left + size + ALIGN, t.nbytes - start))
+            skip = (t.offset + start) % ALIGN
+            buf = take(skip + want)
+            self._taken.append(buf)
+            data = buf.data[skip:skip + want]
+            self._read_into(data, t.offset + start)
+            self._held = (t, start, data)
+            data = data[:size]
+        self._end = (t, start + size)
+        return data
 
 
 def _rounds(seg: InRounds, blob: BlobFile | None, out: memoryview) -> None:
     """Bytes [lo, lo + len(out)) of the segment's rounds: per part, a run cut
     by the range's ends read alone; whole runs read straight into place when
-    long or sparse, else gathered from `GATHER`-sized reads of the blob."""
+    long or sparse, else scattered into place in one pass over the blob by
+    the compiled `gather_read` (runs of `SCATTER` bytes or more, where it is
+    built) or gathered with numpy from `GATHER`-sized reads of the blob."""
     blob, r, lo = _opened(blob), seg.rounds, seg.lo
     hi = lo + len(out)
     dst = np.frombuffer(out, np.uint8)
@@ -165,6 +216,8 @@ def _rounds(seg: InRounds, blob: BlobFile | None, out: memoryview) -> None:
                 for j in range(k, whole):
                     a = j * r.period + at - lo
                     blob.read_once_into(out[a:a + unit], offset + j * stride)
+            elif unit >= SCATTER and accel.native is not None:
+                _scattered(blob, out[k * r.period + at - lo:], offset + k * stride, unit, stride, whole - k, r.period)
             else:
                 batch = max(1, GATHER // stride)
                 with scratch((min(batch, whole - k) - 1) * stride + unit) as spans:
@@ -174,6 +227,23 @@ def _rounds(seg: InRounds, blob: BlobFile | None, out: memoryview) -> None:
                         target = as_strided(dst[j * r.period + at - lo:], shape=(m, unit), strides=(r.period, 1))
                         target[...] = as_strided(spans, shape=(m, unit), strides=(stride, 1))
             k = whole
+
+
+def _scattered(blob: BlobFile, out: memoryview, offset: int, unit: int, stride: int, count: int,
+               period: int) -> None:
+    """`count` runs of `unit` blob bytes, `stride` apart from `offset`, into
+    `out` `period` apart, by the compiled `gather_read`: one pass over the
+    blob's span through its descriptor (the page cache), each run read
+    straight into its place (the bytes between runs into a buffer thrown
+    away); GGUFError naming the blob when it cannot be read or ends first."""
+    assert accel.native is not None
+    span = (count - 1) * stride + unit
+    try:
+        got = accel.native.gather_read(blob.fd, out, offset, unit, stride, count, period)
+    except OSError as e:
+        raise GGUFError(f"{blob.path}: cannot read: {e.strerror}") from e
+    if got != span:
+        raise GGUFError(f"{blob.path}: ends at {offset + got}, before {offset + span} (truncated?)")
 
 
 def _cached(seg: Cached, blob: BlobFile | None, out: memoryview) -> None:
