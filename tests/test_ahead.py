@@ -7,7 +7,6 @@ gives its error to the read that needs it and to no other file's; the
 workers' descriptor closed with the file."""
 from __future__ import annotations
 
-import gc
 import threading
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import numpy as np
 import pytest
 
 from compatfs.translate import accel
-from compatfs.view import ahead, assemble as viewbytes
+from compatfs.view import ahead, pool, assemble as viewbytes
 from compatfs.errors import GGUFError
 from compatfs.handlers.gptoss import OllamaMXFP4
 from compatfs.testing import widths
@@ -32,7 +31,7 @@ MiB = 1 << 20
 @pytest.fixture(autouse=True)
 def two_workers(monkeypatch):
     """Two ahead workers, whatever the machine's default (none on two cores)."""
-    monkeypatch.setattr(ahead, "_pool", ahead._Pool(2))
+    monkeypatch.setattr(ahead, "_pool", pool.Pool(2))
     monkeypatch.setattr(ahead, "WORKERS", 2)
     monkeypatch.setattr(ahead, "enabled", True)
 
@@ -297,19 +296,21 @@ def test_op_cache_chunks_are_computed_ahead_a_few_at_a_time_and_dropped_on_a_jum
 
 
 def test_workers_are_the_cores_beyond_two_unless_the_environment_says(monkeypatch):
-    monkeypatch.setattr(ahead, "cores", lambda: 16)
+    monkeypatch.setattr(pool, "cores", lambda: 16)
     for value, want in (("", 14), ("3", 3), ("0", 0), ("many", 14), ("-1", 14)):
         monkeypatch.setenv("COMPATFS_AHEAD_WORKERS", value)
-        assert ahead.workers() == want, value
-    monkeypatch.setattr(ahead, "cores", lambda: 2)
+        assert pool.workers() == want, value
+    monkeypatch.setattr(pool, "cores", lambda: 2)
     monkeypatch.setenv("COMPATFS_AHEAD_WORKERS", "")
-    assert ahead.workers() == 0
+    assert pool.workers() == 0
 
 
 def test_the_workers_descriptor_is_closed_with_the_file(blob, numpy_kernel):
+    """Closing the file closes everything it opened (its workers' duplicate
+    included), while the file object itself is still referenced: no garbage
+    collection is waited for."""
     def open_on_blob() -> int:
         return fds_of(blob)
-    gc.collect()
     wait_until(lambda: open_on_blob() == 0, 10, what="earlier tests' descriptors to close")
     view = BlobViews().view(blob, MODEL_FILE)
     f = view.open()
@@ -317,7 +318,6 @@ def test_the_workers_descriptor_is_closed_with_the_file(blob, numpy_kernel):
         view.read(at, MiB, f)
     assert open_on_blob() >= 2                            # the file and the workers' duplicate
     f.close()
-    del f
-    gc.collect()
     wait_until(lambda: open_on_blob() == 0, 10, what="the workers' descriptor to close")
+    assert f.fd == -1
     wait_until(lambda: ahead.held() == 0, 10, what="every chunk to be freed")

@@ -164,8 +164,8 @@ def test_a_sequential_reader_has_op_cache_chunks_computed_ahead(heads_src, monke
     a reader reading on finds the next chunks computed on the ahead workers:
     the same bytes, each chunk still computed once; with a cache of one
     chunk, nothing is computed ahead (it would push out the chunk being read)."""
-    from compatfs.view import ahead, assemble as viewbytes
-    monkeypatch.setattr(ahead, "_pool", ahead._Pool(2))     # two workers, whatever the machine's default
+    from compatfs.view import ahead, pool, assemble as viewbytes
+    monkeypatch.setattr(ahead, "_pool", pool.Pool(2))     # two workers, whatever the machine's default
     monkeypatch.setattr(ahead, "enabled", True)
     on_workers = []
     chunk = viewbytes._chunk

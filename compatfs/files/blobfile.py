@@ -19,6 +19,7 @@ import errno
 import os
 import threading
 from pathlib import Path
+from typing import Callable, Hashable, Protocol, TypeVar, cast
 
 from .access import READ, SEARCH, Caller
 from ..errors import GGUFError
@@ -34,6 +35,12 @@ __all__ = ["ALIGN", "DIRECT_MIN", "KEEP_OUT_ENV", "TRANSIENT_ERRNOS", "BlobFile"
            "unchanged"]
 
 _DIRECT_FLAGS = OPEN_FLAGS | os.O_DIRECT
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=Closable)
+
 ALIGN = 4096                             # O_DIRECT offsets, sizes and buffers: whole 4 KiB blocks
 DIRECT_MIN = 64 << 10                    # shorter reads go through the page cache
 _BOUNCE = (1 << 20) + 2 * ALIGN          # the aligned buffer an O_DIRECT read goes through
@@ -58,7 +65,9 @@ class BlobFile:
     With `follow` (a file kept open to serve reads) it is judged instead by
     what the kernel reports of it (`files.watch.Contents`): a change of its
     metadata alone (mode, owner, ACL, links, xattrs) leaves it intact, any
-    write of its bytes does not, whatever was done to its times or links."""
+    write of its bytes does not, whatever was done to its times or links.
+    It owns what was made for it (`owned`: the reads it computes ahead),
+    closed with it by `close`, as its descriptors are."""
 
     def __init__(self, path: str | os.PathLike, expect: Stamp | None = None, caller: Caller | None = None,
                  follow: bool = False):
@@ -69,6 +78,8 @@ class BlobFile:
         self._direct: int | None = None      # the O_DIRECT descriptor: None not opened yet, -1 none to be had
         self._refused = False                # its reads failed: kept open until `close`, no longer read
         self._followed: Followed | None = None
+        self._owned: dict[Hashable, Closable] = {}
+        self._owned_lock = threading.Lock()
         if follow:
             self._follow(st)
         if expect is not None and not unchanged(expect, None, st):
@@ -96,7 +107,26 @@ class BlobFile:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def owned(self, key: Hashable, make: Callable[[], C]) -> C:
+        """What was made for this open file under `key` (by `make`, on the
+        first ask): closed, first, when this file is (`close`); made and
+        closed at once once this file is closed."""
+        with self._owned_lock:
+            made = self._owned.get(key)
+            if made is None:
+                made = make()
+                if self.fd >= 0:
+                    self._owned[key] = made
+                else:
+                    made.close()
+        return cast(C, made)    # (made by `make` for this key)
+
     def close(self) -> None:
+        """Close what it owns (`owned`), its descriptors, and stop following it."""
+        with self._owned_lock:
+            owned, self._owned = list(self._owned.values()), {}
+        for made in owned:
+            made.close()
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -118,6 +148,7 @@ class BlobFile:
             raise failure(self.path, "open", e) from None
         again.path, again.stamp, again._seen = self.path, self.stamp, self._seen
         again._direct, again._refused, again._followed = None, False, self._followed
+        again._owned, again._owned_lock = {}, threading.Lock()
         watch = contents() if self._followed is not None else None
         if watch is not None and self._followed is not None:
             watch.share(self._followed)
