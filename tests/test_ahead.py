@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from compatfs.translate import accel
-from compatfs.view import ahead, pool, assemble as viewbytes
+from compatfs.view import ahead, pool, assemble
 from compatfs.errors import GGUFError
 from compatfs.handlers.gptoss import OllamaMXFP4
 from compatfs.testing import widths
@@ -73,12 +73,12 @@ def numpy_kernel(monkeypatch):
 def worker_bytes(monkeypatch):
     """Bytes of ranged ops computed on the ahead workers, counted."""
     counted = {"workers": 0, "reads": 0}
-    compute = viewbytes._compute
+    compute = assemble._compute
 
     def counting(blob, op, lo, out):
         counted["workers" if threading.current_thread().name.startswith("compatfs-ahead") else "reads"] += len(out)
         compute(blob, op, lo, out)
-    monkeypatch.setattr(viewbytes, "_compute", counting)
+    monkeypatch.setattr(assemble, "_compute", counting)
     return counted
 
 

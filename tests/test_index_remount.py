@@ -17,7 +17,7 @@ import compatfs.view.sampling
 import compatfs.view.catalog
 from compatfs.files.blobfile import status
 from compatfs.view.index import Index
-from compatfs.fuse.presented import Presented
+from compatfs.fuse.current import CurrentViews
 from compatfs.sources.choose import open_source
 from compatfs.testing import llama
 from compatfs.testing.store import add_model
@@ -47,7 +47,7 @@ def mount_and_list(store: Path, index: Path, mountpoint: Path) -> tuple[str, dic
     tree = Tree(open_source(store), BlobViews(index=Index(index, translate=True)))
     tree.publish(RootPreset.at(mountpoint))
     snap = tree.snapshot()
-    presented = Presented(tree)
+    presented = CurrentViews(tree)
     sizes = {}
     for name in snap.models:
         listing = tree.lookup(name)

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from compatfs.files.access import Caller
-from compatfs.fuse import libfuse, openfiles, paths, presented, rescan
+from compatfs.fuse import current, libfuse, openfiles, paths, rescan
 from compatfs.fuse.operations import CompatFS
 from compatfs.sources.ollama import OllamaStore
 from compatfs.testing import llama
@@ -70,5 +70,5 @@ def test_a_wrong_index_entry_is_told_to_the_kernel_by_the_rescan_thread(fs):
 
 
 def test_no_lock_is_handed_between_the_fuse_layers_objects():
-    for cls in (paths.Paths, presented.Presented, openfiles.OpenFiles, rescan.Rescan):
+    for cls in (paths.Paths, current.CurrentViews, openfiles.OpenFiles, rescan.Rescan):
         assert "lock" not in inspect.signature(cls.__init__).parameters, cls

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 
 from compatfs.files.blobfile import status
-from compatfs.fuse.presented import Presented
+from compatfs.fuse.current import CurrentViews
 from compatfs.router.preset import RootPreset
 from compatfs.sources.choose import open_source
 from compatfs.testing import llama
@@ -31,7 +31,7 @@ def test_a_layer_that_is_not_json_leaves_the_model_served_without_its_settings(t
     assert preset is not None
     tree.publish(preset)
     tree.rescan()
-    presented = Presented(tree)
+    presented = CurrentViews(tree)
 
     def size(path: str) -> int | None:
         ref = tree.lookup(path)

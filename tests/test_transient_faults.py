@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from compatfs.fuse import libfuse, presented
+from compatfs.fuse import current, libfuse, throttle
 from compatfs.view import catalog as views_module
 from compatfs.files.access import Caller
 from compatfs.files.blobfile import Transient
@@ -174,14 +174,14 @@ def test_classify_raises_a_fault_of_the_system(tmp_path, monkeypatch):
 def test_faults_are_logged_at_most_once_per_blob_a_while(mounted, monkeypatch, caplog):
     fs = mounted.fs
     clock = [1000.0]
-    monkeypatch.setattr(presented.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(throttle.time, "monotonic", lambda: clock[0])
     with caplog.at_level(logging.ERROR, logger="compatfs"):
         for _ in range(3):
             _fault(monkeypatch, "EMFILE parsing")
             with pytest.raises(OSError):
                 _open(fs)
         assert caplog.text.count("just now") == 1
-        clock[0] += presented.TRANSIENT_LOG_SECONDS
+        clock[0] += current.TRANSIENT_LOG_SECONDS
         _fault(monkeypatch, "EMFILE parsing")
         with pytest.raises(OSError):
             _open(fs)
@@ -263,9 +263,9 @@ def test_failed_reads_are_logged_at_most_once_per_blob_a_while(monkeypatch, capl
     def fail(view, file, offset, out):
         raise OSError(errno.EIO, "Input/output error")
     monkeypatch.setattr(readpath.assemble, "fill", fail)
-    monkeypatch.setattr(readpath, "_failures", presented.Throttle(readpath.READ_LOG_SECONDS))
+    monkeypatch.setattr(readpath, "_failures", throttle.Throttle(readpath.READ_LOG_SECONDS))
     clock = [1000.0]
-    monkeypatch.setattr(presented.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(throttle.time, "monotonic", lambda: clock[0])
     handles = [SimpleNamespace(view=None, file=None, blob=f"/store/blobs/sha256-{n}") for n in "ab"]
     out = memoryview(bytearray(1 << 20))
 

@@ -97,20 +97,21 @@ TRANSIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EN
 
 
 class Transient(GGUFError):
-    """A store file could not be opened or read just now for a fault of the
-    system (`TRANSIENT_ERRNOS`, or memory running out): nothing is known of
+    """A store file could not be opened or read just now for a transient
+    fault (`TRANSIENT_ERRNOS`, or memory running out): nothing is known of
     its bytes, and the same request may succeed next time."""
 
 
 def failure(path: str | os.PathLike, doing: str, e: OSError) -> GGUFError:
     """The error naming `path` of an OSError met while `doing` it (open, read):
-    Transient for a fault of the system, GGUFError otherwise."""
+    Transient for a transient fault, GGUFError otherwise."""
     kind = Transient if e.errno in TRANSIENT_ERRNOS else GGUFError
     return kind(f"{path}: cannot {doing}: {e.strerror}")
 
 
 def transient(e: BaseException | None) -> bool:
-    """Whether `e` is a fault of the system rather than a verdict on a
+    """Whether `e` is a transient fault (the system out of descriptors or
+    memory, a device failing this once) rather than a verdict on a
     file's bytes: a Transient, a MemoryError or an OSError of
     `TRANSIENT_ERRNOS`; so is one raised from or while handling such a fault
     (an error reworded on its way up, even `from None`, keeps it as its
@@ -280,7 +281,7 @@ def open_regular(path: str | os.PathLike, caller: Caller | None = None) -> tuple
     """A read-only descriptor of the regular file at `path` and its status
     (taken from the descriptor); with `caller`: Denied unless it may search
     every folder on the way and read the opened file; GGUFError naming the
-    path otherwise (Transient for a fault of the system)."""
+    path otherwise (Transient for a transient fault)."""
     try:
         pfd = _walk(path, caller)
     except Denied:

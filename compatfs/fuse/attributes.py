@@ -4,7 +4,7 @@ A folder mirrors the owner and mode (minus write bits) of the store folder it
 comes from; a file shows its blob's owner, mode (minus write bits) and times,
 the size of the view it serves (the one its open files read while they
 are open), one inode number per (path, blob identity).  A file whose blob
-cannot be presented is shown empty and unreadable, so that opening it
+cannot be served is shown empty and unreadable, so that opening it
 reports the error.  Listings carry every entry's inode number, as stat gives it.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from . import inodes
 from ..files.lookup import identity, status
 from .libfuse import fuse
 from .paths import Paths
-from .presented import Changed, Presented, Unavailable
+from .current import Changed, CurrentViews, Unavailable
 from ..tree import FileRef, Tree
 
 
@@ -37,9 +37,9 @@ def file_attrs(path: str, stamp: tuple, size: int, st: os.stat_result | None) ->
 class Attributes:
     """Attributes and listings of `tree`'s paths."""
 
-    def __init__(self, tree: Tree, presented: Presented, paths: Paths):
+    def __init__(self, tree: Tree, current: CurrentViews, paths: Paths):
         self.tree = tree
-        self._presented = presented
+        self._current = current
         self._paths = paths
 
     def node(self, path: str):
@@ -73,8 +73,8 @@ class Attributes:
             # Size and identity of one blob (the path may name another by the
             # time its summary is looked up).
             try:
-                st = self._presented.blob_stat(node)
-                size = self._presented.size(node, st)
+                st = self._current.blob_stat(node)
+                size = self._current.size(node, st)
                 break
             except Unavailable:
                 raise    # EIO for this stat only: an answer not remembered, the next one tries again

@@ -21,7 +21,7 @@ from ..files.lookup import Denied, identity, status, transient
 from ..errors import GGUFError
 from .libfuse import fuse
 from .paths import KeptView, OpenFile, Paths
-from .presented import Presented
+from .current import CurrentViews
 from ..tree import FileRef, Tree
 from ..view.layout import View
 
@@ -40,9 +40,9 @@ class CannotOpen(fuse.FuseOSError):
 class OpenFiles:
     """Opens and closes the mount's files; what is kept per path is `paths`'."""
 
-    def __init__(self, tree: Tree, presented: Presented, paths: Paths):
+    def __init__(self, tree: Tree, current: CurrentViews, paths: Paths):
         self.tree = tree
-        self._presented = presented
+        self._current = current
         self._paths = paths
 
     def _choose(self, path: str, ref: FileRef) -> tuple[View, str, BlobFile | None]:
@@ -53,13 +53,13 @@ class OpenFiles:
         view = kept[0].view if kept is not None else None
         if kept is not None and view is not None and kept[2]:
             return view, kept[0].blob, kept[3]
-        return self._presented.build(ref, self._presented.blob_stat(ref)), str(ref.blob), None
+        return self._current.build(ref, self._current.blob_stat(ref)), str(ref.blob), None
 
     def open_view(self, path: str, node: FileRef, caller: Caller) -> tuple[View, BlobFile] | None:
         """The view `path` serves now and the blob file it is served from, opened for `caller` (EACCES unless it may read it; the
         permission is decided on that very file); None when the file opened
         is not the one the view was built from (it changed meanwhile).  A
-        fault of the system is `Presented.unavailable`; whatever is raised,
+        transient fault is `CurrentViews.unavailable`; whatever is raised,
         no descriptor is left open."""
         file: BlobFile | None = None
         try:
@@ -82,7 +82,7 @@ class OpenFiles:
 
     def _refusal(self, node: FileRef, e: BaseException) -> BaseException:
         """What an open answers for `e`, raised while it took its snapshot:
-        EACCES for Denied; for a fault of the system, `Presented.unavailable`;
+        EACCES for Denied; for a transient fault, `CurrentViews.unavailable`;
         CannotOpen for another GGUFError; a lookup's own errno for another
         OSError; anything else as it is."""
         if isinstance(e, Denied):
@@ -90,7 +90,7 @@ class OpenFiles:
         if isinstance(e, fuse.FuseOSError):
             return e
         if transient(e):
-            return self._presented.unavailable(str(node.blob), f"cannot open blob just now: {e}")
+            return self._current.unavailable(str(node.blob), f"cannot open blob just now: {e}")
         if isinstance(e, GGUFError):
             return CannotOpen(str(e))
         if isinstance(e, OSError):

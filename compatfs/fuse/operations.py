@@ -5,7 +5,7 @@ calls on the modules that decide:
 - `paths`: everything kept per path, with one owner (`Paths`): the open
   files, the view a path keeps for them, the sizes getattr gave the kernel,
   getattr's and readdir's answers between rescans;
-- `presented`: the store's current view of a file (failures logged once);
+- `current`: the store's current view of a file (failures logged once);
 - `openfiles`: what an open snapshots (the view and the blob's descriptor it
   is read through) and what a release closes;
 - `readpath`: a read's reply, one malloc'ed buffer filled by `view.assemble`;
@@ -50,7 +50,7 @@ from .attributes import Attributes, file_attrs
 from .paths import Paths, fstat
 from .rescan import Rescan
 from .openfiles import CannotOpen, OpenFiles
-from .presented import Presented, Unavailable
+from .current import CurrentViews, Unavailable
 from ..router.preset import RootPreset
 
 log = logging.getLogger(__name__)
@@ -88,10 +88,10 @@ class CompatFS(fuse.Operations):
         self._read_ahead_kb = read_ahead_kb
         self.root = tree.source.root
         self._paths = Paths()                        # everything kept per path
-        self._presented = Presented(tree)            # the store's current views, failures logged once
+        self._current = CurrentViews(tree)           # the store's current views, failures logged once
         self._opening = [threading.Lock() for _ in range(64)]   # opens of one path, one at a time
-        self._files = OpenFiles(tree, self._presented, self._paths)
-        self._attrs = Attributes(tree, self._presented, self._paths)
+        self._files = OpenFiles(tree, self._current, self._paths)
+        self._attrs = Attributes(tree, self._current, self._paths)
         self._rescan = Rescan(tree, self._paths, on_start)
 
     # -- lifetime ------------------------------------------------------------
@@ -180,7 +180,7 @@ class CompatFS(fuse.Operations):
             else:
                 failed = None
             if opened is not None or isinstance(failed, Unavailable):
-                break   # served, or a fault of the system (logged, not remembered: no scan for it)
+                break   # served, or a transient fault (logged, not remembered: no scan for it)
             # The blob changed as it was opened, or the store moved on since
             # the last scan (a model pulled again, its old blob removed):
             # the path's current blob, from a scan made now.  A blob that

@@ -23,7 +23,7 @@ from ..view import assemble
 from ..files.libc import LIBC, PAGE, malloc_aligned
 from .libfuse import fuse
 from .paths import OpenFile
-from .presented import Throttle, left_out
+from .throttle import Throttle, left_out
 
 log = logging.getLogger(__name__)
 

@@ -66,9 +66,10 @@ enabled = WORKERS > 0
 
 
 class Later(NamedTuple):
-    """A computation whose result is kept elsewhere (a chunk of an op the op
-    cache holds), for the view's bytes from `at`: `run(blob)` makes it,
-    reading through `blob`; `key` names it."""
+    """An op-cache chunk to compute ahead (the name says when: later than
+    the read that plans it, before the read that needs it): its result is
+    kept by the op cache, not by `Ahead`.  It is for the view's bytes from
+    `at`; `run(blob)` computes it, reading through `blob`; `key` names it."""
     key: Hashable
     at: int
     run: Callable[[BlobFile], object]
