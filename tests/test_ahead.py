@@ -7,6 +7,7 @@ gives its error to the read that needs it and to no other file's; the
 workers' descriptor closed with the file."""
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -321,3 +322,36 @@ def test_the_workers_descriptor_is_closed_with_the_file(blob, numpy_kernel):
     wait_until(lambda: open_on_blob() == 0, 10, what="the workers' descriptor to close")
     assert f.fd == -1
     wait_until(lambda: ahead.held() == 0, 10, what="every chunk to be freed")
+
+
+def test_a_release_closes_everything_the_open_file_opened(blob, numpy_kernel, tmp_path, monkeypatch):
+    """The FUSE layer's release closes the blob file, its O_DIRECT descriptor
+    and what was computed ahead for it (the workers' duplicate), while the
+    open file object is still referenced: nothing waits for the garbage
+    collector."""
+    from types import SimpleNamespace
+
+    from compatfs.files.access import Caller
+    from compatfs.fuse import libfuse
+    from compatfs.fuse.operations import CompatFS
+    from compatfs.sources.ollama import OllamaStore
+    from compatfs.tree import Tree
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setattr(libfuse, "caller", lambda: Caller(os.getuid(), os.getgid(), os.getpid()))
+    store = tmp_path / "store"
+    add_model(store, "gptoss", blob)
+    (tmp_path / "mnt").mkdir()
+    fs = CompatFS(Tree(OllamaStore(store), BlobViews(), rescan_seconds=3600), str(tmp_path / "mnt"))
+    path = "/gptoss:latest/model.gguf"
+    fi = SimpleNamespace(flags=os.O_RDONLY, keep_cache=0, fh=0)
+    assert fs.open(path, fi) == 0
+    opened = fs._files.reading(fi.fh)
+    stored = opened.file.path
+    for at in range(0, opened.view.size, MiB):          # as read_buf fills its replies
+        n = min(MiB, opened.view.size - at)
+        assemble.fill(opened.view.segments, opened.file, at, memoryview(bytearray(n)))
+    assert fds_of(stored) >= 2                           # the file and the workers' duplicate
+    fs.release(path, fi)
+    wait_until(lambda: fds_of(stored) == 0, 10, what="every descriptor the open file opened to close")
+    wait_until(lambda: ahead.held() == 0, 10, what="every chunk to be freed")
+    assert opened.file.fd == -1 and fs.open_files == 0
