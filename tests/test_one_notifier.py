@@ -72,3 +72,11 @@ def test_a_wrong_index_entry_is_told_to_the_kernel_by_the_rescan_thread(fs):
 def test_no_lock_is_handed_between_the_fuse_layers_objects():
     for cls in (paths.Paths, current.CurrentViews, openfiles.OpenFiles, rescan.Rescan):
         assert "lock" not in inspect.signature(cls.__init__).parameters, cls
+
+
+def test_only_the_rescan_module_sends_notifications():
+    """No other module of the FUSE layer calls libfuse's notification."""
+    from conftest import ROOT
+    callers = {p.name for p in (ROOT / "compatfs" / "fuse").glob("*.py")
+               if p.name != "libfuse.py" and "invalidate_path(" in p.read_text()}
+    assert callers == {"rescan.py"}, callers
