@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .files.access import READ, Chain, Recorder, everyone_who_may
-from .files.blobfile import identity, status, statuses
+from .files.lookup import identity, status, statuses
 from .view.sampling import Layers, layers_of, retain_layers
 from .sources.base import Folder, Listing, Source
 from .view.catalog import BlobViews
@@ -190,7 +190,7 @@ class Tree:
         and, as `<path>` (relative to the source's root), the owner, mode and
         time of every folder on disk a mounted folder mirrors (a change there
         changes folders the files do not tell).  Each file's status is read as
-        `blobfile.status` resolves it (`blobfile.statuses`: nothing is opened but
+        `lookup.status` resolves it (`lookup.statuses`: nothing is opened but
         folders); one whose status cannot be read is marked by why."""
         return {**self._folder_marks(snap), **self._root_marks(snap)}
 

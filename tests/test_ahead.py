@@ -7,7 +7,7 @@ gives its error to the read that needs it and to no other file's; the
 workers' descriptor closed with the file."""
 from __future__ import annotations
 
-import gc
+import os
 import threading
 from pathlib import Path
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from compatfs.translate import accel
-from compatfs.view import ahead, assemble as viewbytes
+from compatfs.view import ahead, pool, assemble
 from compatfs.errors import GGUFError
 from compatfs.handlers.gptoss import OllamaMXFP4
 from compatfs.testing import widths
@@ -32,7 +32,7 @@ MiB = 1 << 20
 @pytest.fixture(autouse=True)
 def two_workers(monkeypatch):
     """Two ahead workers, whatever the machine's default (none on two cores)."""
-    monkeypatch.setattr(ahead, "_pool", ahead._Pool(2))
+    monkeypatch.setattr(ahead, "_pool", pool.Pool(2))
     monkeypatch.setattr(ahead, "WORKERS", 2)
     monkeypatch.setattr(ahead, "enabled", True)
 
@@ -74,12 +74,12 @@ def numpy_kernel(monkeypatch):
 def worker_bytes(monkeypatch):
     """Bytes of ranged ops computed on the ahead workers, counted."""
     counted = {"workers": 0, "reads": 0}
-    compute = viewbytes._compute
+    compute = assemble._compute
 
     def counting(blob, op, lo, out):
         counted["workers" if threading.current_thread().name.startswith("compatfs-ahead") else "reads"] += len(out)
         compute(blob, op, lo, out)
-    monkeypatch.setattr(viewbytes, "_compute", counting)
+    monkeypatch.setattr(assemble, "_compute", counting)
     return counted
 
 
@@ -297,19 +297,21 @@ def test_op_cache_chunks_are_computed_ahead_a_few_at_a_time_and_dropped_on_a_jum
 
 
 def test_workers_are_the_cores_beyond_two_unless_the_environment_says(monkeypatch):
-    monkeypatch.setattr(ahead, "cores", lambda: 16)
+    monkeypatch.setattr(pool, "cores", lambda: 16)
     for value, want in (("", 14), ("3", 3), ("0", 0), ("many", 14), ("-1", 14)):
         monkeypatch.setenv("COMPATFS_AHEAD_WORKERS", value)
-        assert ahead.workers() == want, value
-    monkeypatch.setattr(ahead, "cores", lambda: 2)
+        assert pool.workers() == want, value
+    monkeypatch.setattr(pool, "cores", lambda: 2)
     monkeypatch.setenv("COMPATFS_AHEAD_WORKERS", "")
-    assert ahead.workers() == 0
+    assert pool.workers() == 0
 
 
 def test_the_workers_descriptor_is_closed_with_the_file(blob, numpy_kernel):
+    """Closing the file closes everything it opened (its workers' duplicate
+    included), while the file object itself is still referenced: no garbage
+    collection is waited for."""
     def open_on_blob() -> int:
         return fds_of(blob)
-    gc.collect()
     wait_until(lambda: open_on_blob() == 0, 10, what="earlier tests' descriptors to close")
     view = BlobViews().view(blob, MODEL_FILE)
     f = view.open()
@@ -317,7 +319,39 @@ def test_the_workers_descriptor_is_closed_with_the_file(blob, numpy_kernel):
         view.read(at, MiB, f)
     assert open_on_blob() >= 2                            # the file and the workers' duplicate
     f.close()
-    del f
-    gc.collect()
     wait_until(lambda: open_on_blob() == 0, 10, what="the workers' descriptor to close")
+    assert f.fd == -1
     wait_until(lambda: ahead.held() == 0, 10, what="every chunk to be freed")
+
+
+def test_a_release_closes_everything_the_open_file_opened(blob, numpy_kernel, tmp_path, monkeypatch):
+    """The FUSE layer's release closes the blob file, its O_DIRECT descriptor
+    and what was computed ahead for it (the workers' duplicate), while the
+    open file object is still referenced: nothing waits for the garbage
+    collector."""
+    from types import SimpleNamespace
+
+    from compatfs.files.access import Caller
+    from compatfs.fuse import libfuse
+    from compatfs.fuse.operations import CompatFS
+    from compatfs.sources.ollama import OllamaStore
+    from compatfs.tree import Tree
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setattr(libfuse, "caller", lambda: Caller(os.getuid(), os.getgid(), os.getpid()))
+    store = tmp_path / "store"
+    add_model(store, "gptoss", blob)
+    (tmp_path / "mnt").mkdir()
+    fs = CompatFS(Tree(OllamaStore(store), BlobViews(), rescan_seconds=3600), str(tmp_path / "mnt"))
+    path = "/gptoss:latest/model.gguf"
+    fi = SimpleNamespace(flags=os.O_RDONLY, keep_cache=0, fh=0)
+    assert fs.open(path, fi) == 0
+    opened = fs._files.reading(fi.fh)
+    stored = opened.file.path
+    for at in range(0, opened.view.size, MiB):          # as read_buf fills its replies
+        n = min(MiB, opened.view.size - at)
+        assemble.fill(opened.view.segments, opened.file, at, memoryview(bytearray(n)))
+    assert fds_of(stored) >= 2                           # the file and the workers' duplicate
+    fs.release(path, fi)
+    wait_until(lambda: fds_of(stored) == 0, 10, what="every descriptor the open file opened to close")
+    wait_until(lambda: ahead.held() == 0, 10, what="every chunk to be freed")
+    assert opened.file.fd == -1 and fs.open_files == 0

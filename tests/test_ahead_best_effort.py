@@ -15,7 +15,7 @@ import pytest
 from compatfs.files.blobfile import BlobFile, Transient
 from compatfs.names import MODEL_FILE
 from compatfs.translate import accel
-from compatfs.view import ahead
+from compatfs.view import ahead, pool
 from compatfs.view.catalog import BlobViews
 from compatfs.view.segments import Computed
 from compatfs.testing import widths
@@ -29,7 +29,7 @@ MiB = 1 << 20
 @pytest.fixture(autouse=True)
 def two_workers(monkeypatch):
     """Two ahead workers, whatever the machine's default (none on two cores)."""
-    monkeypatch.setattr(ahead, "_pool", ahead._Pool(2))
+    monkeypatch.setattr(ahead, "_pool", pool.Pool(2))
     monkeypatch.setattr(ahead, "WORKERS", 2)
     monkeypatch.setattr(ahead, "enabled", True)
 

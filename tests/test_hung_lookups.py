@@ -87,20 +87,20 @@ def test_only_a_symlink_off_the_mount_is_looked_up_first(tmp_path, monkeypatch):
     """A store with no symlink leading off its own mount pays nothing for
     this: no helper is asked (a relative symlink inside the store is
     resolved as before); one leading onto another mount is."""
-    from compatfs.files import blobfile, probe
+    from compatfs.files import lookup, probe
     asked: list[str] = []
-    monkeypatch.setattr(blobfile, "reach", lambda path, mount: asked.append(path))
+    monkeypatch.setattr(lookup, "reach", lambda path, mount: asked.append(path))
     root = tmp_path / "store"
     add_model(root, "text", gemma3.legacy_gemma3_text(tmp_path / "t.gguf"), tag="1b")
     blob = next(p for p in (root / "blobs").iterdir())
     os.rename(blob, root / "blobs" / "real")
     blob.symlink_to("real")
-    assert blobfile.status(blob).st_size == (root / "blobs" / "real").stat().st_size
+    assert lookup.status(blob).st_size == (root / "blobs" / "real").stat().st_size
     assert asked == []
     elsewhere = Path("/dev/null")
     assert probe.mount_of(str(elsewhere)) != probe.mount_of(str(root))
     (root / "blobs" / "away").symlink_to(elsewhere)
-    blobfile.status(root / "blobs" / "away")
+    lookup.status(root / "blobs" / "away")
     assert asked == [str(elsewhere)]
 
 

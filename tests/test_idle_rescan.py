@@ -19,7 +19,7 @@ from compatfs.testing.store import add_model
 from compatfs.router.preset import RootPreset
 from compatfs.tree import Tree
 from compatfs.view.catalog import BlobViews
-from test_rescan_start import Memo, OpenFiles
+from test_rescan_start import Paths
 from test_sampling import set_params
 
 
@@ -81,7 +81,7 @@ def test_an_idle_store_is_not_scanned_at_every_look(store, tmp_path, monkeypatch
     tree = published_tree(store, tmp_path, monkeypatch)
     monkeypatch.setattr(Rescan, "RESCAN_SECONDS", 0.02)
     monkeypatch.setattr(Rescan, "IDLE_SHARE", 1e-9, raising=False)     # the timer's scans: far apart (minutes)
-    rescan = Rescan(tree, threading.Lock(), Memo(), OpenFiles())
+    rescan = Rescan(tree, Paths())
     looks: list[float] = []
     scans: list[float] = []
 

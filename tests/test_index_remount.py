@@ -6,7 +6,6 @@ start (which models show an mmproj.gguf) and `ls -l` of every model folder
 the index."""
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,7 @@ import compatfs.view.sampling
 import compatfs.view.catalog
 from compatfs.files.blobfile import status
 from compatfs.view.index import Index
-from compatfs.fuse.presented import Presented
+from compatfs.fuse.current import CurrentViews
 from compatfs.sources.choose import open_source
 from compatfs.testing import llama
 from compatfs.testing.store import add_model
@@ -48,7 +47,7 @@ def mount_and_list(store: Path, index: Path, mountpoint: Path) -> tuple[str, dic
     tree = Tree(open_source(store), BlobViews(index=Index(index, translate=True)))
     tree.publish(RootPreset.at(mountpoint))
     snap = tree.snapshot()
-    presented = Presented(tree, threading.Lock())
+    presented = CurrentViews(tree)
     sizes = {}
     for name in snap.models:
         listing = tree.lookup(name)

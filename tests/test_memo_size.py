@@ -3,13 +3,12 @@ the store has (a store of thousands of models is answered from memory, not
 recomputed past some count), and a bounded number of paths that do not exist."""
 from __future__ import annotations
 
-import threading
 
-from compatfs.fuse.memo import Memo
+from compatfs.fuse.paths import Paths
 
 
 def test_every_existing_path_is_remembered_and_misses_are_bounded():
-    memo = Memo(threading.Lock(), lambda path: False)
+    memo = Paths()
     computed: list[str] = []
 
     def attrs(path: str) -> dict | None:
@@ -22,6 +21,6 @@ def test_every_existing_path_is_remembered_and_misses_are_bounded():
     computed.clear()
     assert all(memo.attrs(p, attrs) == {"st_size": len(p)} for p in paths)
     assert computed == [], f"{len(computed)} of {len(paths)} answers computed again"
-    for i in range(3 * Memo.MISSES_KEPT):
+    for i in range(3 * Paths.MISSES_KEPT):
         memo.attrs(f"/missing{i}", attrs)
-    assert len(memo._attrs) <= len(paths) + Memo.MISSES_KEPT
+    assert len(memo._attrs) <= len(paths) + Paths.MISSES_KEPT

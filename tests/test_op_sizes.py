@@ -164,16 +164,16 @@ def test_a_sequential_reader_has_op_cache_chunks_computed_ahead(heads_src, monke
     a reader reading on finds the next chunks computed on the ahead workers:
     the same bytes, each chunk still computed once; with a cache of one
     chunk, nothing is computed ahead (it would push out the chunk being read)."""
-    from compatfs.view import ahead, assemble as viewbytes
-    monkeypatch.setattr(ahead, "_pool", ahead._Pool(2))     # two workers, whatever the machine's default
+    from compatfs.view import ahead, pool, assemble
+    monkeypatch.setattr(ahead, "_pool", pool.Pool(2))     # two workers, whatever the machine's default
     monkeypatch.setattr(ahead, "enabled", True)
     on_workers = []
-    chunk = viewbytes._chunk
+    chunk = assemble._chunk
 
     def counting(op, read, k, n):
         on_workers.append(threading.current_thread().name.startswith("compatfs-ahead"))
         return chunk(op, read, k, n)
-    monkeypatch.setattr(viewbytes, "_chunk", counting)
+    monkeypatch.setattr(assemble, "_chunk", counting)
     s = heads_src
     ops = {f"r{i}": _rope(s.tensors[f"m{i}"]) for i in range(6)}      # 96 MiB of op tensors, one after another
     for mib, expect_ahead in ((64, True), (4, False)):

@@ -5,10 +5,9 @@ and with a comment saying why, the other sections untouched; the layer
 itself is still shown as params.json, byte for byte."""
 from __future__ import annotations
 
-import threading
 
 from compatfs.files.blobfile import status
-from compatfs.fuse.presented import Presented
+from compatfs.fuse.current import CurrentViews
 from compatfs.router.preset import RootPreset
 from compatfs.sources.choose import open_source
 from compatfs.testing import llama
@@ -32,7 +31,7 @@ def test_a_layer_that_is_not_json_leaves_the_model_served_without_its_settings(t
     assert preset is not None
     tree.publish(preset)
     tree.rescan()
-    presented = Presented(tree, threading.Lock())
+    presented = CurrentViews(tree)
 
     def size(path: str) -> int | None:
         ref = tree.lookup(path)

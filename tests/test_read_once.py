@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compatfs.view import assemble as viewbytes
+from compatfs.view import assemble
 from compatfs.files.blobfile import ALIGN, DIRECT_MIN, BlobFile
 from compatfs.format.header import SourceGGUF
 from compatfs.errors import GGUFError
@@ -171,6 +171,6 @@ def test_an_op_that_reads_its_inputs_once_leaves_them_out_of_the_page_cache(tmp_
     one_op = Segments([Computed(0, op.nbytes, 0, op)], op.nbytes)     # a view of the op's bytes alone
     with direct(path) as f:
         out = bytearray(op.nbytes)
-        viewbytes.fill(one_op, f, 0, memoryview(out))
+        assemble.fill(one_op, f, 0, memoryview(out))
     assert np.array_equal(np.frombuffer(out, np.float32), weights.astype(np.float32))
     assert cached(path) == 0

@@ -15,15 +15,13 @@ from compatfs.tree import Tree
 from compatfs.view.catalog import BlobViews
 
 
-class Memo:
+class Paths:
     def __init__(self):
         self.forgotten = threading.Event()
 
     def forget(self):
         self.forgotten.set()
 
-
-class OpenFiles:
     def prune(self, *args):
         pass
 
@@ -32,8 +30,8 @@ def test_a_change_before_the_thread_starts_is_seen(tmp_path):
     store = tmp_path / "store"
     add_model(store, "llama3", llama.legacy_llama3_instruct(tmp_path / "l3.gguf"))
     tree = Tree(open_source(store), BlobViews(), rescan_seconds=0.2)
-    memo = Memo()
-    rescan = Rescan(tree, threading.Lock(), memo, OpenFiles())    # as the daemon makes it, before mounting
+    memo = Paths()
+    rescan = Rescan(tree, memo, None)    # as the daemon makes it, before mounting
     tree.snapshot()                                   # the mount's first lookups answer from it
     blob = next((store / "blobs").iterdir())
     os.chmod(blob, 0o640)

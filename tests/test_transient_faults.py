@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from compatfs.fuse import libfuse, presented
+from compatfs.fuse import current, libfuse, throttle
 from compatfs.view import catalog as views_module
 from compatfs.files.access import Caller
 from compatfs.files.blobfile import Transient
@@ -108,7 +108,7 @@ def test_a_transient_fault_is_not_remembered(mounted, monkeypatch, caplog, how):
     fh = _open(fs)                         # tried again: served
     assert "just now" in caplog.text and "not remembered, tried again the next time" in caplog.text
     assert mounted.scans == []            # no scan of the store for it
-    handle = fs._files.get(fh)
+    handle = fs._paths.get(fh)
     assert handle is not None
     blob = handle.file.path
     assert handle.view.size == len(expected(blob)) and handle.view.read(0, handle.view.size, handle.file) == \
@@ -174,14 +174,14 @@ def test_classify_raises_a_fault_of_the_system(tmp_path, monkeypatch):
 def test_faults_are_logged_at_most_once_per_blob_a_while(mounted, monkeypatch, caplog):
     fs = mounted.fs
     clock = [1000.0]
-    monkeypatch.setattr(presented.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(throttle.time, "monotonic", lambda: clock[0])
     with caplog.at_level(logging.ERROR, logger="compatfs"):
         for _ in range(3):
             _fault(monkeypatch, "EMFILE parsing")
             with pytest.raises(OSError):
                 _open(fs)
         assert caplog.text.count("just now") == 1
-        clock[0] += presented.TRANSIENT_LOG_SECONDS
+        clock[0] += current.TRANSIENT_LOG_SECONDS
         _fault(monkeypatch, "EMFILE parsing")
         with pytest.raises(OSError):
             _open(fs)
@@ -262,10 +262,10 @@ def test_failed_reads_are_logged_at_most_once_per_blob_a_while(monkeypatch, capl
 
     def fail(view, file, offset, out):
         raise OSError(errno.EIO, "Input/output error")
-    monkeypatch.setattr(readpath.viewbytes, "fill", fail)
-    monkeypatch.setattr(readpath, "_failures", presented.Throttle(readpath.READ_LOG_SECONDS))
+    monkeypatch.setattr(readpath.assemble, "fill", fail)
+    monkeypatch.setattr(readpath, "_failures", throttle.Throttle(readpath.READ_LOG_SECONDS))
     clock = [1000.0]
-    monkeypatch.setattr(presented.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(throttle.time, "monotonic", lambda: clock[0])
     handles = [SimpleNamespace(view=None, file=None, blob=f"/store/blobs/sha256-{n}") for n in "ab"]
     out = memoryview(bytearray(1 << 20))
 

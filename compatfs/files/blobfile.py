@@ -1,324 +1,50 @@
-"""Store files opened and read one way: never blocking, only regular files,
-never through the daemon's own mount, every read checked against the
-identity the file had when it was opened.
+"""Store files read one way: `BlobFile`, one open store file (opened by
+`lookup.open_regular`: never blocking, only regular files, never through the
+daemon's own mount), every read checked against the identity the file had
+when it was opened.
 
 Everything compatfs reads out of a store (blobs, manifests, params layers)
-comes through here.  A path is resolved by walking it one component at a
-time from the root, each relative to the folder descriptor before it and
-never following a symlink implicitly (symlinks are read and resolved here,
-at most 40): so the folders traversed are known exactly, a path that leads
-into a mount compatfs serves (`keep_out`) is refused before anything in it is
-looked up, one a symlink leads onto another mount whose lookups hang fails
-in bounded time (`probe`), and with a `Caller` each folder must grant it search permission
-(mode bits and ACL, on the folder's descriptor).  The last component is held
-by an O_PATH descriptor (nothing is opened yet: no device or FIFO is ever
-opened); only a regular file is then opened, without blocking, from that very
-descriptor, and a caller must be allowed to read the opened file.
-`BlobFile` is one open file, its descriptor and identity, and reads exactly
-the bytes asked for or raises.  Bytes that go on to be cached elsewhere (a
-view's blob ranges, which the kernel keeps as the mount's own file) are read
-with O_DIRECT from a file the page cache does not mostly hold already
-(`read_once_into`): a model read through the mount is then cached once, not
-twice.
+comes through here.  `BlobFile` reads exactly the bytes asked for or raises.
+Bytes that go on to be cached elsewhere (a view's blob ranges, which the
+kernel keeps as the mount's own file) are read with O_DIRECT from a file the
+page cache does not mostly hold already (`read_once_into`): a model read
+through the mount is then cached once, not twice.  The lookups' names other
+layers import from here (`status`, `identity`, `Denied`, ...) are
+`lookup`'s.
 """
 from __future__ import annotations
 
 import ctypes
 import errno
-import functools
-import json
 import os
-import stat
 import threading
 from pathlib import Path
+from typing import Callable, Hashable, Protocol, TypeVar, cast
 
-from .access import READ, SEARCH, BadACL, Caller, read_acl
+from .access import READ, SEARCH, Caller
 from ..errors import GGUFError
 from .libc import cached_pages, pages, written_by_others
-from .probe import leaves, reach
+from .lookup import (KEEP_OUT_ENV, OPEN_FLAGS, TRANSIENT_ERRNOS, Denied, Stamp, Transient, failure, identity,
+                     is_folder, keep_out, open_regular, proc_path, require, resolved, status, statuses,
+                     transient, unchanged)
 from .scratch import scratch
 from .watch import Followed, contents
 
-Stamp = tuple[int, int, int, int, int]   # st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns
+__all__ = ["ALIGN", "DIRECT_MIN", "KEEP_OUT_ENV", "TRANSIENT_ERRNOS", "BlobFile", "Denied", "Stamp", "Transient",
+           "identity", "is_folder", "keep_out", "read_small", "resolved", "status", "statuses", "transient",
+           "unchanged"]
 
-_OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
-_PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
-_DIRECT_FLAGS = _OPEN_FLAGS | os.O_DIRECT
-_MAX_LINKS = 40                          # the kernel's own limit
+_DIRECT_FLAGS = OPEN_FLAGS | os.O_DIRECT
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=Closable)
+
 ALIGN = 4096                             # O_DIRECT offsets, sizes and buffers: whole 4 KiB blocks
 DIRECT_MIN = 64 << 10                    # shorter reads go through the page cache
 _BOUNCE = (1 << 20) + 2 * ALIGN          # the aligned buffer an O_DIRECT read goes through
-KEEP_OUT_ENV = "COMPATFS_KEEP_OUT"       # mounts never looked into, a JSON list (inherited by workers)
 EXPLAINED_WITHIN = 0.05                  # seconds a followed file's moved change time waits for the event that tells why
-
-
-class Denied(PermissionError):
-    """The caller may not reach or read the file: a refusal (EACCES), not a
-    verdict on the file's bytes; its text names the file."""
-
-    def __init__(self, message: str):
-        super().__init__(errno.EACCES, message)
-
-    def __str__(self) -> str:
-        return str(self.strerror)
-
-
-def keep_out(mountpoint: str | os.PathLike) -> None:
-    """Never look inside `mountpoint` (a mount this process serves): a request
-    to it from the process answering it could wait forever.  Call before it
-    is mounted (its real path is taken then).  Kept in the environment, so
-    that the processes this one starts (indexing workers) keep out too."""
-    kept = [*_kept_out(), os.path.realpath(mountpoint)]
-    os.environ[KEEP_OUT_ENV] = json.dumps(list(dict.fromkeys(kept)))
-
-
-def _kept_out() -> tuple[str, ...]:
-    return _parse_kept(os.environ.get(KEEP_OUT_ENV) or "[]")
-
-
-@functools.lru_cache(maxsize=4)
-def _parse_kept(raw: str) -> tuple[str, ...]:
-    """The mounts of a `KEEP_OUT_ENV` value (parsed once per value: every walk reads it)."""
-    try:
-        kept = json.loads(raw)
-    except ValueError:
-        return ()
-    return tuple(m for m in kept if isinstance(m, str)) if isinstance(kept, list) else ()
-
-
-def identity(st: os.stat_result) -> Stamp:
-    """What identifies a file's bytes: device, inode, size, modification and
-    change time (a rewrite that restores the mtime still moves the ctime,
-    which cannot be set back)."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def unchanged(stamp: Stamp, links: int | None, st: os.stat_result) -> bool:
-    """The one rule for whether a file that had identity `stamp` and `links`
-    links (None: not known) still holds the same bytes, judged by its status
-    `st` now: the same device, inode, size and modification time, and the
-    same change time unless its link count went down meanwhile (removing a
-    name of it, as `ollama rm` does, moves the change time and nothing else).
-    A link added, or a rewrite that restores the mtime, is a change."""
-    now = identity(st)
-    return now[:4] == tuple(stamp[:4]) and (now[4] == stamp[4] or (links is not None and st.st_nlink < links))
-
-
-# A failed open or read with one of these says nothing of the file: the
-# system is out of descriptors or memory, or its device failed this once.
-TRANSIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EIO, errno.EAGAIN,
-                              errno.EINTR})
-
-
-class Transient(GGUFError):
-    """A store file could not be opened or read just now for a fault of the
-    system (`TRANSIENT_ERRNOS`, or memory running out): nothing is known of
-    its bytes, and the same request may succeed next time."""
-
-
-def _failed(path: str | os.PathLike, doing: str, e: OSError) -> GGUFError:
-    """The error naming `path` of an OSError met while `doing` it (open, read):
-    Transient for a fault of the system, GGUFError otherwise."""
-    kind = Transient if e.errno in TRANSIENT_ERRNOS else GGUFError
-    return kind(f"{path}: cannot {doing}: {e.strerror}")
-
-
-def transient(e: BaseException | None) -> bool:
-    """Whether `e` is a fault of the system rather than a verdict on a
-    file's bytes: a Transient, a MemoryError or an OSError of
-    `TRANSIENT_ERRNOS`; so is one raised from or while handling such a fault
-    (an error reworded on its way up, even `from None`, keeps it as its
-    context)."""
-    seen: set[int] = set()
-    while e is not None and id(e) not in seen:
-        if isinstance(e, (Transient, MemoryError)) or (isinstance(e, OSError) and e.errno in TRANSIENT_ERRNOS):
-            return True
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
-    return False
-
-
-def _proc(fd: int) -> str:
-    return f"/proc/self/fd/{fd}"
-
-
-def _require(caller: Caller, fd: int, st: os.stat_result, bit: int, where: str) -> None:
-    """Denied unless `caller` has permission `bit` on the file `fd` holds."""
-    if caller.uid == 0:
-        return
-    try:
-        allowed = caller.may(st, read_acl(_proc(fd)), bit)
-    except BadACL as e:
-        raise Denied(f"{where}: its access ACL is unreadable ({e}): refused") from None
-    if not allowed:
-        raise Denied(f"{where}: uid {caller.uid} may not {'read' if bit == READ else 'search'} it")
-
-
-def _inside_mount(path: str, kept: tuple[str, ...]) -> str | None:
-    return next((m for m in kept if path == m or path.startswith(m.rstrip("/") + "/")), None)
-
-
-def _walk(path: str | os.PathLike, caller: Caller | None) -> int:
-    """An O_PATH descriptor of what `path` resolves to (never a symlink);
-    OSError as the kernel's lookup would fail, Denied when `caller` lacks
-    search permission on a folder on the way.  A symlink that leads onto
-    another mount than `path` starts on is looked up first by `probe.reach`
-    (ETIMEDOUT where that lookup hangs)."""
-    start = os.path.abspath(os.fspath(path))
-    todo = start.split("/")[::-1]   # components still to resolve, next last
-    here, fd = "/", os.open("/", _PATH_FLAGS)
-    links, kept = 0, _kept_out()
-    try:
-        st = os.fstat(fd)
-        while todo:
-            name = todo.pop()
-            if name in ("", "."):
-                continue
-            there = os.path.dirname(here) if name == ".." else os.path.join(here, name)
-            mount = _inside_mount(there, kept)
-            if mount is not None:
-                raise OSError(errno.ELOOP, f"it leads into {mount}, compatfs's own mount")
-            if not stat.S_ISDIR(st.st_mode):
-                raise OSError(errno.ENOTDIR, f"{here} is not a folder")
-            if caller is not None:
-                _require(caller, fd, st, SEARCH, here)
-            child = os.open(name, _PATH_FLAGS, dir_fd=fd)
-            try:
-                cst = os.fstat(child)
-                target = os.readlink("", dir_fd=child) if stat.S_ISLNK(cst.st_mode) else None
-            except BaseException:
-                os.close(child)
-                raise
-            if target is None:
-                os.close(fd)
-                fd, here, st = child, there, cst
-                continue
-            os.close(child)
-            links += 1
-            if links > _MAX_LINKS:
-                raise OSError(errno.ELOOP, "too many levels of symbolic links")
-            todo.extend(target.split("/")[::-1])
-            rest = os.path.normpath(os.path.join("/" if target.startswith("/") else here, *todo[::-1]))
-            elsewhere = leaves(start, rest)
-            if elsewhere is not None and _inside_mount(rest, kept) is None:
-                reach(rest, elsewhere)       # (ETIMEDOUT where a lookup there hangs)
-            if target.startswith("/"):
-                os.close(fd)
-                fd = -1
-                here, fd = "/", os.open("/", _PATH_FLAGS)
-                st = os.fstat(fd)
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        raise
-    return fd
-
-
-def status(path: str | os.PathLike, caller: Caller | None = None, need: int = 0) -> os.stat_result:
-    """The status of what `path` resolves to (through symlinks, as resolved
-    here; nothing is opened); with `caller`: Denied unless it may search every
-    folder on the way and has permission `need` (READ, SEARCH) on the file.
-    OSError otherwise, as a lookup would fail."""
-    fd = _walk(path, caller)
-    try:
-        st = os.fstat(fd)
-        if caller is not None and need:
-            _require(caller, fd, st, need, str(path))
-        return st
-    finally:
-        os.close(fd)
-
-
-def resolved(path: str | os.PathLike) -> int:
-    """An O_PATH descriptor (the caller's to close) of what `path` resolves
-    to, as `status` resolves it (never into compatfs's own mount); OSError
-    as the lookup fails."""
-    return _walk(path, None)
-
-
-def is_folder(path: str | os.PathLike) -> bool:
-    """Whether `path` resolves, as `status` resolves it, to a folder; a
-    lookup that hung (ETIMEDOUT) is raised, naming the path."""
-    try:
-        return stat.S_ISDIR(status(path).st_mode)
-    except OSError as e:
-        if e.errno == errno.ETIMEDOUT:
-            raise
-        return False
-
-
-def statuses(files: set[Path]) -> dict[Path, os.stat_result | OSError]:
-    """The status of each of `files` as `status` resolves it (or
-    why it cannot be had), with one walk per folder they are in: the folder is
-    walked, opened again by path (and used only when that is the folder the
-    walk reached), and each file's own status read in it, never through a
-    symlink; a symlink, or a file whose status cannot be read so, is walked
-    on its own."""
-    by_folder: dict[Path, list[Path]] = {}
-    for f in files:
-        by_folder.setdefault(f.parent, []).append(f)
-    out: dict[Path, os.stat_result | OSError] = {}
-    for folder, inside in by_folder.items():
-        fd = -1
-        if len(inside) > 1:
-            try:
-                walked = status(folder)
-                fd = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-                here = os.fstat(fd)
-                if (here.st_dev, here.st_ino) != (walked.st_dev, walked.st_ino):
-                    os.close(fd)
-                    fd = -1
-            except OSError:
-                fd = -1
-        try:
-            for f in inside:
-                if fd >= 0:
-                    try:
-                        st = os.stat(f.name, dir_fd=fd, follow_symlinks=False)
-                        if not stat.S_ISLNK(st.st_mode):
-                            out[f] = st
-                            continue
-                    except OSError:
-                        pass
-                try:
-                    out[f] = status(f)
-                except OSError as e:
-                    out[f] = e
-        finally:
-            if fd >= 0:
-                os.close(fd)
-    return out
-
-
-def open_regular(path: str | os.PathLike, caller: Caller | None = None) -> tuple[int, os.stat_result]:
-    """A read-only descriptor of the regular file at `path` and its status
-    (taken from the descriptor); with `caller`: Denied unless it may search
-    every folder on the way and read the opened file; GGUFError naming the
-    path otherwise (Transient for a fault of the system)."""
-    try:
-        pfd = _walk(path, caller)
-    except Denied:
-        raise
-    except OSError as e:
-        raise _failed(path, "open", e) from None
-    try:
-        if not stat.S_ISREG(os.fstat(pfd).st_mode):
-            raise GGUFError(f"{path}: not a regular file")
-        fd = os.open(_proc(pfd), _OPEN_FLAGS)
-    except OSError as e:
-        raise _failed(path, "open", e) from None
-    finally:
-        os.close(pfd)
-    try:
-        st = os.fstat(fd)
-        if caller is not None:
-            _require(caller, fd, st, READ, str(path))
-    except BaseException as e:
-        os.close(fd)
-        if isinstance(e, OSError) and not isinstance(e, Denied):
-            raise _failed(path, "read", e) from None
-        raise
-    return fd, st
 
 
 def read_small(path: str | os.PathLike, limit: int) -> bytes:
@@ -339,7 +65,9 @@ class BlobFile:
     With `follow` (a file kept open to serve reads) it is judged instead by
     what the kernel reports of it (`files.watch.Contents`): a change of its
     metadata alone (mode, owner, ACL, links, xattrs) leaves it intact, any
-    write of its bytes does not, whatever was done to its times or links."""
+    write of its bytes does not, whatever was done to its times or links.
+    It owns what was made for it (`owned`: the reads it computes ahead),
+    closed with it by `close`, as its descriptors are."""
 
     def __init__(self, path: str | os.PathLike, expect: Stamp | None = None, caller: Caller | None = None,
                  follow: bool = False):
@@ -350,6 +78,8 @@ class BlobFile:
         self._direct: int | None = None      # the O_DIRECT descriptor: None not opened yet, -1 none to be had
         self._refused = False                # its reads failed: kept open until `close`, no longer read
         self._followed: Followed | None = None
+        self._owned: dict[Hashable, Closable] = {}
+        self._owned_lock = threading.Lock()
         if follow:
             self._follow(st)
         if expect is not None and not unchanged(expect, None, st):
@@ -377,7 +107,26 @@ class BlobFile:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def owned(self, key: Hashable, make: Callable[[], C]) -> C:
+        """What was made for this open file under `key` (by `make`, on the
+        first ask): closed, first, when this file is (`close`); made and
+        closed at once once this file is closed."""
+        with self._owned_lock:
+            made = self._owned.get(key)
+            if made is None:
+                made = make()
+                if self.fd >= 0:
+                    self._owned[key] = made
+                else:
+                    made.close()
+        return cast(C, made)    # (made by `make` for this key)
+
     def close(self) -> None:
+        """Close what it owns (`owned`), its descriptors, and stop following it."""
+        with self._owned_lock:
+            owned, self._owned = list(self._owned.values()), {}
+        for made in owned:
+            made.close()
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -396,9 +145,10 @@ class BlobFile:
         try:
             again.fd = os.dup(self.fd)
         except OSError as e:
-            raise _failed(self.path, "open", e) from None
+            raise failure(self.path, "open", e) from None
         again.path, again.stamp, again._seen = self.path, self.stamp, self._seen
         again._direct, again._refused, again._followed = None, False, self._followed
+        again._owned, again._owned_lock = {}, threading.Lock()
         watch = contents() if self._followed is not None else None
         if watch is not None and self._followed is not None:
             watch.share(self._followed)
@@ -409,11 +159,11 @@ class BlobFile:
         file's path now and read this file (a `duplicate` is checked so)."""
         try:
             status(self.path.parent, caller, SEARCH)
-            _require(caller, self.fd, os.fstat(self.fd), READ, str(self.path))
+            require(caller, self.fd, os.fstat(self.fd), READ, str(self.path))
         except Denied:
             raise
         except OSError as e:
-            raise _failed(self.path, "open", e) from None
+            raise failure(self.path, "open", e) from None
 
     def intact(self, st: os.stat_result | None = None) -> bool:
         """Whether the file still holds the bytes it was opened with, judged
@@ -479,7 +229,7 @@ class BlobFile:
                     raise self._ended(offset + done, offset + size)
                 done += n
         except OSError as e:
-            raise _failed(self.path, "read", e) from None
+            raise failure(self.path, "read", e) from None
 
     def _ended(self, at: int, end: int) -> GGUFError:
         """The error of a read that wanted bytes up to `end` and found the file ending at `at`."""
@@ -513,7 +263,7 @@ class BlobFile:
             self._bounced(fd, out[done:], offset + done)
         except OSError as e:
             if e.errno != errno.EINVAL:
-                raise _failed(self.path, "read", e) from None
+                raise failure(self.path, "read", e) from None
             self._refused = True         # the filesystem refuses these reads: the page cache from now on
             self.read_into(out[done:], offset + done)
 
@@ -566,7 +316,7 @@ class BlobFile:
         where its filesystem refuses one (or the file reopened is not this
         one, holding the same bytes: `intact`)."""
         try:
-            direct = os.open(_proc(self.fd), _DIRECT_FLAGS)
+            direct = os.open(proc_path(self.fd), _DIRECT_FLAGS)
         except OSError:
             return -1
         try:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from ..errors import GGUFError
 from .access import READ, SEARCH, Recorder, everyone_who_may
-from .blobfile import BlobFile, status
+from .blobfile import BlobFile
+from .lookup import status
 
 
 class NotShared(ValueError):

@@ -30,6 +30,8 @@ import threading
 import time
 from pathlib import Path
 
+from .lookup import resolved
+
 log = logging.getLogger(__name__)
 
 _IN_NONBLOCK, _IN_CLOEXEC = os.O_NONBLOCK, 0o2000000
@@ -95,10 +97,9 @@ class Watch:
         return added
 
     def _add(self, folder: str) -> int:
-        """A watch of `folder` as `blobfile` resolves it (never into compatfs's
+        """A watch of `folder` as `lookup` resolves it (never into compatfs's
         own mount; a hung lookup fails in bounded time), added by its
         descriptor; -1 (errno set where inotify refused it) when there is none."""
-        from .blobfile import resolved    # (blobfile follows open files with this module's `Contents`)
         try:
             fd = resolved(folder)
         except OSError:

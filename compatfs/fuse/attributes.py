@@ -2,9 +2,9 @@
 
 A folder mirrors the owner and mode (minus write bits) of the store folder it
 comes from; a file shows its blob's owner, mode (minus write bits) and times,
-the size of the view it serves (the one its open handles read while they
+the size of the view it serves (the one its open files read while they
 are open), one inode number per (path, blob identity).  A file whose blob
-cannot be presented is shown empty and unreadable, so that opening it
+cannot be served is shown empty and unreadable, so that opening it
 reports the error.  Listings carry every entry's inode number, as stat gives it.
 """
 from __future__ import annotations
@@ -14,17 +14,17 @@ import os
 import stat
 
 from . import inodes
-from ..files.blobfile import identity, status
+from ..files.lookup import identity, status
 from .libfuse import fuse
-from .openfiles import OpenFiles
-from .presented import Changed, Presented, Unavailable
+from .paths import Paths
+from .current import Changed, CurrentViews, Unavailable
 from ..tree import FileRef, Tree
 
 
 def file_attrs(path: str, stamp: tuple, size: int, st: os.stat_result | None) -> dict:
     """A file's attributes: its blob's owner, mode (minus write bits) and
     times, one inode number per (path, blob identity); `st_stamp` the
-    identity (getattr notes it as told to the kernel, and drops it)."""
+    identity (getattr notes that it gave the kernel its size, and drops it)."""
     attrs = {"st_mode": stat.S_IFREG | (st.st_mode & 0o555 if st else 0), "st_nlink": 1,
              "st_size": size, "st_blocks": (size + 511) // 512, "st_ino": inodes.file_ino(path, stamp),
              "st_stamp": tuple(stamp)}
@@ -37,10 +37,10 @@ def file_attrs(path: str, stamp: tuple, size: int, st: os.stat_result | None) ->
 class Attributes:
     """Attributes and listings of `tree`'s paths."""
 
-    def __init__(self, tree: Tree, presented: Presented, files: OpenFiles):
+    def __init__(self, tree: Tree, current: CurrentViews, paths: Paths):
         self.tree = tree
-        self._presented = presented
-        self._files = files
+        self._current = current
+        self._paths = paths
 
     def node(self, path: str):
         """What the tree has at `path`; ENOENT when nothing is there."""
@@ -63,18 +63,18 @@ class Attributes:
             return None
         if isinstance(node, list):
             return self._dir_attrs(path)
-        sticky = self._files.sticky(path)
-        held = sticky[0].view if sticky is not None else None   # the view its open handles read
-        if sticky is not None and held is not None and sticky[2]:
-            return file_attrs(path, held.stamp, held.size, sticky[1])
+        kept = self._paths.kept(path)
+        held = kept[0].view if kept is not None else None   # the view its open files read
+        if kept is not None and held is not None and kept[2]:
+            return file_attrs(path, held.stamp, held.size, kept[1])
         st: os.stat_result | None = None
         size: int | None = None
         for _attempt in range(3):
             # Size and identity of one blob (the path may name another by the
             # time its summary is looked up).
             try:
-                st = self._presented.blob_stat(node)
-                size = self._presented.size(node, st)
+                st = self._current.blob_stat(node)
+                size = self._current.size(node, st)
                 break
             except Unavailable:
                 raise    # EIO for this stat only: an answer not remembered, the next one tries again
@@ -85,10 +85,10 @@ class Attributes:
                 st = size = None
         if st is not None and size is not None:
             return file_attrs(path, identity(st), size, st)
-        if sticky is not None and held is not None:
+        if kept is not None and held is not None:
             # Its blob broke under open files: they keep their size (and get
             # EIO on read), rather than an early end of file.
-            return file_attrs(path, held.stamp, held.size, sticky[1])
+            return file_attrs(path, held.stamp, held.size, kept[1])
         # Shown (empty, unreadable), so that opening it reports the error.
         return {"st_mode": stat.S_IFREG, "st_nlink": 1, "st_size": 0, "st_ino": inodes.bad_ino(path),
                 "st_uid": os.getuid(), "st_gid": os.getgid()}
@@ -115,7 +115,7 @@ class Attributes:
 
     def _file_ino(self, path: str, ref: FileRef) -> int:
         """The inode number `getattr` gives `path`: one per (path, view)."""
-        stamp = self._files.open_stamp(path)
+        stamp = self._paths.open_stamp(path)
         if stamp is None:
             try:
                 stamp = identity(status(ref.blob))

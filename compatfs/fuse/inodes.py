@@ -2,7 +2,7 @@
 
 The root is 1; a folder's number comes from its path; a file's from its path
 and the identity of the blob it serves (another blob, or the same blob
-rewritten, is another inode); a file that cannot be presented has one of its
+rewritten, is another inode); a file that cannot be served has one of its
 own per path.
 """
 from __future__ import annotations
@@ -27,5 +27,5 @@ def file_ino(path: str, stamp: tuple) -> int:
 
 
 def bad_ino(path: str) -> int:
-    """The file at `path` when its blob cannot be presented."""
+    """The file at `path` when its blob cannot be served."""
     return ino("bad", path)

@@ -1,13 +1,16 @@
 """The FUSE layer: the `fuse.Operations` adapter, turning each request into
 calls on the modules that decide:
 
-- `attributes`: what getattr and readdir answer; `memo` keeps those answers
-  between rescans;
-- `presented`: the store's current view of a file (failures logged once);
-- `openfiles`: the views paths keep while files are open on them, and what
-  an open snapshots (the view and the blob's descriptor it is read through);
+- `attributes`: what getattr and readdir answer;
+- `paths`: everything kept per path, with one owner (`Paths`): the open
+  files, the view a path keeps for them, the sizes getattr gave the kernel,
+  getattr's and readdir's answers between rescans;
+- `current`: the store's current view of a file (failures logged once);
+- `openfiles`: what an open snapshots (the view and the blob's descriptor it
+  is read through) and what a release closes;
 - `readpath`: a read's reply, one malloc'ed buffer filled by `view.assemble`;
-- `rescan`: the background rescan and the kernel's invalidations;
+- `rescan`: the background rescan, and the only sender of the kernel's
+  invalidations (operations queue them to its thread);
 - `inodes`: inode numbers; `libfuse`: the libfuse 3 binding;
 - `files.access` and `files.blobfile`: permissions, decided on the store
   files themselves.
@@ -19,10 +22,10 @@ signals, read-ahead, unmount) in `daemon`.  What the mount guarantees:
 - A file shows its blob's owner and mode (minus write bits); opening it also
   needs the caller to be able to reach and read the blob in the store itself.
   Only regular files are served (a blob symlink counts as what it points to).
-- Every read checks the handle's blob against the view's stamp, before and
+- Every read checks the open file's blob against the view's stamp, before and
   after reading it: a blob that was truncated or rewritten gives EIO and a
   log line, never bytes of another file and never a short reply.
-- A path keeps serving the view its open handles read (the kernel keeps one
+- A path keeps serving the view its open files read (the kernel keeps one
   page cache per path), and switches to the store's new one when they close.
 - The store is looked at every second in the background and rescanned on a
   change inotify reports or on a timer (`rescan`); the kernel's cached
@@ -42,12 +45,12 @@ from . import libfuse, readpath
 from .libfuse import fuse
 from ..tree import FileRef, Tree
 from ..files.access import READ
-from ..files.blobfile import Denied, identity, keep_out, status
+from ..files.lookup import Denied, identity, keep_out, status
 from .attributes import Attributes, file_attrs
-from .memo import Memo
+from .paths import Paths, fstat
 from .rescan import Rescan
-from .openfiles import CannotOpen, OpenFiles, fstat
-from .presented import Presented, Unavailable
+from .openfiles import CannotOpen, OpenFiles
+from .current import CurrentViews, Unavailable
 from ..router.preset import RootPreset
 
 log = logging.getLogger(__name__)
@@ -71,6 +74,7 @@ class CompatFS(fuse.Operations):
 
     use_ns = True
     _OPEN_ATTEMPTS = 8          # an open racing re-pulls tries the path's newest blob this often
+    _INVALIDATE_WAIT = 10.0     # seconds an open waits at most for the rescan thread to invalidate its path
 
     def __init__(self, tree: Tree, mountpoint: str, read_ahead_kb: int = 0, on_start=None,
                  keep_thread_states: bool = False, background: tuple[int, int] | None = None):
@@ -83,13 +87,12 @@ class CompatFS(fuse.Operations):
             tree.publish(preset)   # its root shows models.ini, paths under the mountpoint
         self._read_ahead_kb = read_ahead_kb
         self.root = tree.source.root
-        self._lock = threading.Lock()
-        self._presented = Presented(tree, self._lock)  # the store's current views, failures logged once
+        self._paths = Paths()                        # everything kept per path
+        self._current = CurrentViews(tree)           # the store's current views, failures logged once
         self._opening = [threading.Lock() for _ in range(64)]   # opens of one path, one at a time
-        self._files = OpenFiles(tree, self._presented, self._lock, forget=lambda path: self._memo.forget_path(path))
-        self._memo = Memo(self._lock, self._files.open_on)   # getattr's and readdir's answers
-        self._attrs = Attributes(tree, self._presented, self._files)
-        self._rescan = Rescan(tree, self._lock, self._memo, self._files, on_start)
+        self._files = OpenFiles(tree, self._current, self._paths)
+        self._attrs = Attributes(tree, self._current, self._paths)
+        self._rescan = Rescan(tree, self._paths, on_start)
 
     # -- lifetime ------------------------------------------------------------
     def init_with_config(self, conn, config):
@@ -115,25 +118,25 @@ class CompatFS(fuse.Operations):
 
     @property
     def open_files(self) -> int:
-        return self._files.count
+        return self._paths.count
 
     # -- lookups -------------------------------------------------------------
     def getattr(self, path, fh=None):
-        handle = self._files.get(fh.fh) if fh is not None else None
+        opened = self._paths.get(fh.fh) if fh is not None else None
         attrs: dict | None
-        if handle is not None:
-            attrs = file_attrs(path, handle.view.stamp, handle.view.size, fstat(handle.file.fd))
+        if opened is not None:
+            attrs = file_attrs(path, opened.view.stamp, opened.view.size, fstat(opened.file.fd))
         else:
-            attrs = self._memo.attrs(path, self._attrs.of)
+            attrs = self._paths.attrs(path, self._attrs.of)
         if attrs is None:
             raise fuse.FuseOSError(errno.ENOENT)
         if stat.S_ISREG(attrs["st_mode"]):
             attrs = dict(attrs)
-            self._files.told(path, attrs.pop("st_stamp", None))
+            self._paths.gave_size(path, attrs.pop("st_stamp", None))
         return attrs
 
     def readdir(self, path, fh):
-        entries = self._memo.listing(path, self._attrs.listing)
+        entries = self._paths.listing(path, self._attrs.listing)
         rel = path.strip("/")
         # Listing needs what listing the store folder it comes from needs.
         try:
@@ -164,7 +167,7 @@ class CompatFS(fuse.Operations):
 
     def _open(self, path: str, node: FileRef, fi) -> int:
         """`open` of `path`, one at a time per path: what it serves is chosen
-        knowing every handle opened on it before."""
+        knowing every file opened on it before."""
         caller = libfuse.caller()
         for _attempt in range(self._OPEN_ATTEMPTS):
             before = _blob_state(node)      # what this attempt finds (a failure is judged against it)
@@ -177,7 +180,7 @@ class CompatFS(fuse.Operations):
             else:
                 failed = None
             if opened is not None or isinstance(failed, Unavailable):
-                break   # served, or a fault of the system (logged, not remembered: no scan for it)
+                break   # served, or a transient fault (logged, not remembered: no scan for it)
             # The blob changed as it was opened, or the store moved on since
             # the last scan (a model pulled again, its old blob removed):
             # the path's current blob, from a scan made now.  A blob that
@@ -204,32 +207,33 @@ class CompatFS(fuse.Operations):
             elif failed is None:
                 log.error("blob %s changes while it is opened: not served", node.blob)
             raise failed or fuse.FuseOSError(errno.EIO)
-        view, blob, file = opened
-        fh, keep_cache, stale = self._files.add(path, node, view, blob, file)
+        view, file = opened
+        fh, keep_cache, stale = self._paths.add(path, node, view, file)
         fi.keep_cache = int(keep_cache)
-        if stale and self._rescan.session:
+        if stale:
             # Since this was last done, getattr gave the kernel another view's
             # size for this path (it may hold it, or a reply still on its way
-            # may set it): it must ask again (getattr with this handle) before
-            # it serves any byte of this view, or it would cut it short or
-            # mix the two.  Invalidating also discards replies sent before.
-            libfuse.invalidate_path(self._rescan.session, path)
+            # may set it): it must ask again (getattr with this open file)
+            # before it serves any byte of this view, or it would cut it
+            # short or mix the two.  Invalidating also discards replies sent
+            # before.  The rescan thread sends it; the open waits for that.
+            self._rescan.invalidate({path}, wait=self._INVALIDATE_WAIT)
         fi.fh = fh
         return 0
 
     def release(self, path, fi):
-        handle, outdated = self._files.remove(fi.fh)
-        if handle is not None and outdated:
+        opened, outdated = self._files.release(fi.fh)
+        if opened is not None and outdated:
             # The path kept its view for open files: now the kernel learns the
             # store's current one, told by the rescan thread once this release
-            # is answered (an open, instead, invalidates its path itself).
-            self._rescan.stale(handle.path)
+            # is answered.
+            self._rescan.stale(opened.path)
         return 0
 
     def read_buf(self, path, bufpp, size, offset, fi):
         if self._keep_states:
             libfuse.keep_thread_state()
-        readpath.reply(self._files.handle(fi.fh), bufpp, size, offset, lambda: self._files.handle(fi.fh))
+        readpath.reply(self._files.reading(fi.fh), bufpp, size, offset, lambda: self._files.reading(fi.fh))
         return 0
 
     # -- everything that would write -------------------------------------------

@@ -1,11 +1,11 @@
 """The read path: a read is answered with one page-aligned malloc'ed buffer
-that libfuse frees (`read_buf`), filled by `viewbytes` through the blob the
+that libfuse frees (`read_buf`), filled by `view.assemble` through the blob the
 open file holds: blob ranges are read into C memory (with preadv; where the
 blob is read with O_DIRECT, its whole blocks straight into the buffer when
 they lie in it as in the blob, as a view served as the blob's bytes has
 them, the rest through an aligned buffer; their bytes never become Python
 objects), ranges of elementwise ops are computed straight
-into it, header bytes and op tensors' chunks copied in.  The handle's blob is
+into it, header bytes and op tensors' chunks copied in.  The open file's blob is
 checked again after filling: a blob cut short or rewritten under a read is
 EIO, never a short reply or bytes of another file.  A failed read is logged
 at most once per blob every `READ_LOG_SECONDS`, the next line counting the
@@ -19,11 +19,11 @@ import logging
 from typing import Callable
 
 from . import libfuse
-from ..view import assemble as viewbytes
+from ..view import assemble
 from ..files.libc import LIBC, PAGE, malloc_aligned
 from .libfuse import fuse
-from .openfiles import Handle
-from .presented import Throttle, left_out
+from .paths import OpenFile
+from .throttle import Throttle, left_out
 
 log = logging.getLogger(__name__)
 
@@ -31,23 +31,23 @@ READ_LOG_SECONDS = 10.0                  # a blob's failed reads are logged at m
 _failures = Throttle(READ_LOG_SECONDS)   # of the process: one mount serves from it
 
 
-def _fill(handle: Handle, offset: int, out: memoryview) -> None:
+def _fill(opened: OpenFile, offset: int, out: memoryview) -> None:
     """The view's bytes at `offset` into `out`, every blob byte (op inputs
-    included) read through the handle's blob; EIO and a log line when the
+    included) read through the open file's blob; EIO and a log line when the
     blob cannot give them or an op fails on its data (throttled per blob)."""
     try:
-        viewbytes.fill(handle.view.segments, handle.file, offset, out)
+        assemble.fill(opened.view.segments, opened.file, offset, out)
     except Exception as e:   # a blob cut short, an op that fails on bad tensor data
-        quiet = _failures.due(handle.blob)
+        quiet = _failures.due(opened.blob)
         if quiet is not None:
-            log.error("read of %s at %d failed: %s%s", handle.blob, offset, e, left_out(quiet))
+            log.error("read of %s at %d failed: %s%s", opened.blob, offset, e, left_out(quiet))
         raise fuse.FuseOSError(errno.EIO) from None
 
 
-def reply(handle: Handle, bufpp, size: int, offset: int, recheck: Callable[[], Handle]) -> None:
-    """Answer a read of `size` bytes at `offset` of `handle`'s view in `bufpp`;
-    `recheck` checks the handle's blob again once the bytes are in."""
-    n = max(0, min(size, handle.view.size - offset))
+def reply(opened: OpenFile, bufpp, size: int, offset: int, recheck: Callable[[], OpenFile]) -> None:
+    """Answer a read of `size` bytes at `offset` of `opened`'s view in `bufpp`;
+    `recheck` checks the open file's blob again once the bytes are in."""
+    n = max(0, min(size, opened.view.size - offset))
     # One memory buffer, which libfuse frees, filled here (a blob cut
     # short under a read is EIO, never a short reply, which the kernel
     # would take for the end of the file).
@@ -56,7 +56,7 @@ def reply(handle: Handle, bufpp, size: int, offset: int, recheck: Callable[[], H
         raise fuse.FuseOSError(errno.ENOMEM)
     try:
         if n:
-            _fill(handle, offset, memoryview((ctypes.c_char * n).from_address(mem)).cast("B"))
+            _fill(opened, offset, memoryview((ctypes.c_char * n).from_address(mem)).cast("B"))
         recheck()   # the blob is still the one the view was built from
         libfuse.reply_buffer(bufpp, mem, n)
     except BaseException:

@@ -2,8 +2,13 @@
 kernel's cached attributes and pages of what changed are invalidated at once
 (a changed folder, its files and parents; every folder, not their files,
 when the store's top folders change; a path that kept its view for open
-files once they closed).
-The attribute memo is emptied before the kernel is told.
+files once they closed).  The remembered attributes are dropped before the
+kernel is told.
+
+This thread is the only sender of kernel notifications: other threads queue
+them (`stale` after a release, `invalidate` from an open, which waits until
+it is sent, a wrong index entry found while a view is built), and the thread
+sends what is queued each time it wakes, before it looks at the store.
 
 The thread looks every second (a tenth of a second after a scan during
 which a change was reported).  It rescans when the folders the last scan
@@ -23,8 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import libfuse
-from .memo import Memo
-from .openfiles import OpenFiles
+from .paths import Paths
 from ..tree import Snapshot, Tree
 from ..names import MMPROJ_FILE, MODEL_FILE
 from ..files.watch import Watch
@@ -39,26 +43,26 @@ class Rescan:
     IDLE_SHARE = 0.005      # of one core: what the timer's rescans may cost at most
     FOLLOW_UP = 0.1         # seconds to the next look after a scan during which a change was reported
 
-    def __init__(self, tree: Tree, lock: threading.Lock, memo: Memo, open_files: OpenFiles,
-                 on_start: Callable[[], None] | None = None):
+    def __init__(self, tree: Tree, paths: Paths, on_start: Callable[[], None] | None = None):
         self.tree = tree
         self.root = tree.source.root
-        self._lock = lock
-        self._memo = memo
-        self._files = open_files
+        self._paths = paths
         self._on_start = on_start                 # run by the thread as it starts (the mount is up)
-        self._stale_paths: set[str] = set()      # to invalidate: they kept a view for open files
+        self._lock = threading.Lock()              # guards what other threads queue (below)
+        self._stale_paths: set[str] = set()      # to invalidate after a rescan: they kept a view for open files
+        self._now: set[str] = set()               # to invalidate as soon as the thread wakes
+        self._sent: list[threading.Event] = []    # set once what was queued before them is sent
         self._fuse_ptr: int | None = None
         self._stop = threading.Event()
-        self._kick = threading.Event()             # rescan now
+        self._kick = threading.Event()             # wake up: something is queued, or rescan now
         self._watcher: threading.Thread | None = None
-        tree.views.on_belied = self._belied      # an index entry was wrong: the kernel's attributes too
+        tree.views.on_belied = self._wrong_index_entry   # BlobViews takes its callback as an attribute
         # What the first rescan compares against, taken before the mount
         # answers anything (marks are taken from the store as it is when they
         # are made): a change made between the mount's first answers and the
         # thread's start is then a change, and the kernel forgets those answers.
         self._inotify = Watch.open()
-        self._restale = False      # an index entry was belied: models.ini's sections are made again
+        self._restale = False      # an index entry was wrong: models.ini's sections are made again
         self._first = tree.snapshot()
         self._follow(self._first)
         self.rescans = 0      # scans the thread made
@@ -79,6 +83,10 @@ class Rescan:
         if self._watcher is not None:
             self._watcher.join(timeout=5)
         self._fuse_ptr = None
+        with self._lock:
+            waiting, self._sent = self._sent, []
+        for sent in waiting:        # nothing is sent any more: nobody waits for it
+            sent.set()
         if self._inotify is not None and (self._watcher is None or not self._watcher.is_alive()):
             self._inotify.close()
 
@@ -99,11 +107,36 @@ class Rescan:
 
     def stale(self, path: str) -> None:
         """`path` kept its view for open files, which closed: the kernel learns
-        the store's current one now, from this thread (no notification from
-        inside an operation)."""
+        the store's current one after the rescan this asks for."""
         with self._lock:
             self._stale_paths.add(path)
         self._kick.set()
+
+    def invalidate(self, paths: set[str], wait: float = 0.0) -> None:
+        """Have the kernel drop its attributes and pages of `paths`, sent by
+        this thread when it next wakes; with `wait`, return once they are
+        sent (or after `wait` seconds, or at once while the thread is not
+        running: no kernel to tell)."""
+        sent = threading.Event()
+        with self._lock:
+            self._now |= paths
+            if wait and self._fuse_ptr and not self._stop.is_set():
+                self._sent.append(sent)
+            else:
+                sent.set()
+        self._kick.set()
+        sent.wait(wait)
+
+    def _send_queued(self) -> None:
+        """Send what other threads queued since the last time, and release who waits for it."""
+        with self._lock:
+            paths, self._now = self._now, set()
+            waiting, self._sent = self._sent, []
+        try:
+            self._invalidate_paths(paths)
+        finally:
+            for sent in waiting:
+                sent.set()
 
     def _watch(self) -> None:
         """Rescan the store when it may have changed; tell the kernel what changed."""
@@ -121,6 +154,7 @@ class Rescan:
             if self._stop.is_set():
                 return
             try:
+                self._send_queued()
                 with self._lock:
                     stale, self._stale_paths = self._stale_paths, set()
                     restale, self._restale = self._restale, False
@@ -149,23 +183,24 @@ class Rescan:
                 changed = {d for d in before.keys() | now.keys() if before.get(d) != now.get(d)}
                 before = now
                 if changed or stale:
-                    self._memo.forget()
+                    self._paths.forget()
                 if changed:
                     log.info("store changed: %s", ", ".join(sorted(changed)))
-                    self._invalidate(changed, old_snap, snap)
+                    self._invalidate_paths(self._paths_of(changed, old_snap, snap))
                     self.tree.views.retain(set(snap.ggufs))
                 old_snap = snap
                 self._invalidate_paths(stale)
-                self._files.prune(changed | {p.strip("/").rpartition("/")[0] for p in stale}, now)
+                self._paths.prune(changed | {p.strip("/").rpartition("/")[0] for p in stale}, now)
             except Exception:   # the mount outlives a failed rescan
                 log.exception("rescan of %s failed", self.root)
 
-    def _invalidate(self, folders: set[str], *snaps) -> None:
-        """Invalidate the folders, their files (as either snapshot names them)
-        and parents; for a folder on disk whose owner, mode and time folders
-        show (`<path>`), every folder, and none of their files (which show
-        their blobs' own: a file downloaded into `blobs/` drops no page of
-        a model)."""
+    @staticmethod
+    def _paths_of(folders: set[str], *snaps) -> set[str]:
+        """The paths to invalidate for changed `folders`: the folders, their
+        files (as either snapshot names them) and parents; for a folder on
+        disk whose owner, mode and time folders show (`<path>`), every
+        folder, and none of their files (which show their blobs' own: a file
+        downloaded into `blobs/` drops no page of a model)."""
         paths = set()
         if any(d.startswith("<") for d in folders):
             paths |= {f"/{d}" for d in snaps[-1].dirs}
@@ -177,19 +212,20 @@ class Rescan:
             paths |= {f"/{d}/{n}" for n in names} | {f"/{d}"}
             parts = d.split("/")
             paths |= {"/" + "/".join(parts[:i]) for i in range(len(parts))}
-        self._invalidate_paths(paths)
+        return paths
 
-    def _belied(self, blob: Path) -> None:
+    def _wrong_index_entry(self, blob: Path) -> None:
         """The index entry of `blob` was wrong (its sizes, or whether it has an
-        mmproj.gguf) and is made again: drop every remembered answer, and the
-        kernel's attributes of the folders that show the blob and their files."""
+        mmproj.gguf) and is made again (called by the thread that built a
+        view): every remembered answer is dropped, the kernel's attributes of
+        the folders that show the blob and their files are queued for this
+        thread to drop, and models.ini is made again."""
         snap = self.tree.snapshot()
         folders = {name for name, files in snap.files.items() if any(ref.blob == blob for ref in files.values())}
+        self._paths.forget()
         with self._lock:
             self._restale = True   # models.ini is made again from what the index says now
-        self._kick.set()
-        self._memo.forget()
-        self._invalidate(folders, snap)
+        self.invalidate(self._paths_of(folders, snap))
 
     def _invalidate_paths(self, paths: set[str]) -> None:
         """Drop the kernel's attributes and pages of `paths` (those it knows)."""

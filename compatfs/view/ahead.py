@@ -28,18 +28,17 @@ read on).  Workers read the blob through a descriptor of their own (a
 duplicate of the open file's), closed once the file is gone and no worker
 uses it.
 
-The pool has a worker for each CPU the process may use beyond two (see
-`workers`; `COMPATFS_AHEAD_WORKERS=N` in the environment sets it, 0 turns
-computing ahead off: every range is computed by the read that needs it).
+An open file's `Ahead` is owned by its `BlobFile` (`of`: made on its first
+read), and closed with it: closing the file drops every chunk, never
+computes those not started, and closes the workers' descriptor once no
+worker uses it.  The workers are `pool.Pool`'s, as many as `pool.workers`
+says (none: every range is computed by the read that needs it).
 """
 from __future__ import annotations
 
 import logging
-import os
-import queue
 import threading
 import time
-import weakref
 from concurrent.futures import Future
 from functools import partial
 from typing import Callable, Hashable, Iterable, NamedTuple
@@ -48,6 +47,7 @@ from ..files.blobfile import BlobFile
 from ..errors import GGUFError
 from ..translate.ops import Op
 from ..files.scratch import give, take
+from .pool import Pool, workers
 from .segments import Computed
 
 CHUNK = 1 << 20        # view bytes computed at a time by a worker
@@ -59,32 +59,6 @@ IDLE = 2.0             # seconds without a read after which a file's chunks may 
 log = logging.getLogger(__name__)
 
 
-def cores() -> int:
-    """The CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def workers() -> int:
-    """How many worker threads compute ahead: `COMPATFS_AHEAD_WORKERS` where
-    set, else the CPUs this process may use less two.  A sequential reader
-    through the mount already has two requests in flight (the mount's
-    read-ahead of 2048 KiB asks for 1 MiB at a time), each computed on a
-    core of its own: workers are the cores beyond those, and on two cores or
-    fewer there are none (nothing is computed ahead)."""
-    raw = os.environ.get("COMPATFS_AHEAD_WORKERS", "")
-    if raw:
-        try:
-            if int(raw) >= 0:
-                return int(raw)
-        except ValueError:
-            pass
-        log.warning("COMPATFS_AHEAD_WORKERS=%r is not a whole number of workers: using the default", raw)
-    return max(0, cores() - 2)
-
-
 WORKERS = workers()
 HELD = max(2 * PER_FILE, 4 * WORKERS)   # chunks held or being computed over all open files
 
@@ -92,9 +66,10 @@ enabled = WORKERS > 0
 
 
 class Later(NamedTuple):
-    """A computation whose result is kept elsewhere (a chunk of an op the op
-    cache holds), for the view's bytes from `at`: `run(blob)` makes it,
-    reading through `blob`; `key` names it."""
+    """An op-cache chunk to compute ahead (the name says when: later than
+    the read that plans it, before the read that needs it): its result is
+    kept by the op cache, not by `Ahead`.  It is for the view's bytes from
+    `at`; `run(blob)` computes it, reading through `blob`; `key` names it."""
     key: Hashable
     at: int
     run: Callable[[BlobFile], object]
@@ -104,49 +79,7 @@ class Later(NamedTuple):
 Compute = Callable[[BlobFile, Op, int, memoryview], None]
 
 
-class _Pool:
-    """`workers` daemon threads running submitted calls, started on first
-    use (and again in a forked child, which has none of its parent's
-    threads); a thread that cannot be started is tried again on the next
-    call, and a call is refused (RuntimeError) while none runs."""
-
-    def __init__(self, workers: int):
-        self._workers = workers
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._pid = -1
-        self._started = 0
-        self._lock = threading.Lock()
-
-    def submit(self, fn: Callable[[], None], future: Future) -> None:
-        with self._lock:
-            if self._pid != os.getpid():
-                self._pid, self._started = os.getpid(), 0
-                self._queue = queue.SimpleQueue()
-            while self._started < self._workers:
-                try:
-                    threading.Thread(target=self._run, args=(self._queue,), name=f"compatfs-ahead-{self._started}",
-                                     daemon=True).start()
-                except RuntimeError:
-                    if not self._started:
-                        raise
-                    break
-                self._started += 1
-            self._queue.put((fn, future))
-
-    @staticmethod
-    def _run(q: queue.SimpleQueue) -> None:
-        while True:
-            fn, future = q.get()
-            if future.set_running_or_notify_cancel():
-                try:
-                    fn()
-                except BaseException as e:
-                    future.set_exception(e)
-                else:
-                    future.set_result(None)
-
-
-_pool = _Pool(WORKERS)
+_pool = Pool(WORKERS)
 _held_lock = threading.Lock()
 _held = 0
 
@@ -175,7 +108,7 @@ def _unreserve() -> None:
 
 
 _clock = time.monotonic
-_states: weakref.WeakSet["Ahead"] = weakref.WeakSet()   # every file's state, for `_reclaim_idle`
+_states: set["Ahead"] = set()     # every open file's state (until it is closed), for `_reclaim_idle`
 _states_lock = threading.Lock()
 
 
@@ -470,6 +403,8 @@ class Ahead:
 
     def close(self) -> None:
         """Every chunk dropped; the workers' descriptor closed once none uses it."""
+        with _states_lock:
+            _states.discard(self)
         with self._lock:
             self._closed = True
             drop, self._chunks = self._chunks, []
@@ -491,19 +426,9 @@ class Ahead:
             own.close()
 
 
-_files: weakref.WeakKeyDictionary[BlobFile, Ahead] = weakref.WeakKeyDictionary()
-_files_lock = threading.Lock()
-
-
 def of(blob: BlobFile) -> Ahead | None:
-    """The open file's `Ahead` (made on its first read; closed when the file
-    object goes away), or None without workers."""
+    """The open file's `Ahead` (made on its first read, closed when the file
+    is), or None without workers."""
     if not enabled:
         return None
-    with _files_lock:
-        state = _files.get(blob)
-        if state is None:
-            state = _files[blob] = Ahead()
-            weakref.finalize(blob, state.close)
-    return state
-
+    return blob.owned(Ahead, Ahead)

@@ -1,12 +1,13 @@
-"""What the store presents at a file's path now: its blob's status, the
-size of its view from the blob's summary (no view is built for `stat`), the
-view itself.  A blob that cannot be presented is EIO with one log line per
+"""The store's current view at a file's path (as against the view a path
+keeps for its open files, `paths.KeptView`): its blob's status, the size of
+its view from the blob's summary (no view is built for `stat`), the view
+itself.  A blob whose view cannot be made is EIO with one log line per
 blob, kind and identity, and its view is not built again until it changes.
-A fault of the system instead (out of descriptors or memory, an I/O error:
-`blobfile.transient`) is EIO that is not remembered (`unavailable`): the
-next open tries again, and such failures are logged, at most one line per
-blob every `TRANSIENT_LOG_SECONDS` (a `Throttle`, which the read path's
-failure lines share).
+A transient fault instead (out of descriptors or memory, an I/O error:
+`lookup.transient`; it says nothing of the blob) is EIO that is not
+remembered (`unavailable`): the next open tries again, and such failures are
+logged, at most one line per blob every `TRANSIENT_LOG_SECONDS` (a
+`throttle.Throttle`).
 """
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ import logging
 import os
 import stat
 import threading
-import time
 from typing import NoReturn
 
-from ..files.blobfile import TRANSIENT_ERRNOS, identity, status, transient
+from ..files.lookup import TRANSIENT_ERRNOS, identity, status, transient
 from .libfuse import fuse
+from .throttle import Throttle, left_out
 from ..tree import FileRef, Tree
 from ..view.layout import View
 from ..names import LAYER_FILE, MODEL_FILE
@@ -27,38 +28,7 @@ from ..names import LAYER_FILE, MODEL_FILE
 log = logging.getLogger(__name__)
 
 
-TRANSIENT_LOG_SECONDS = 10.0    # a blob's faults of the system are logged at most once this often
-
-
-class Throttle:
-    """At most one log line per key every `seconds`: `due(key)` says whether
-    one is due now, and how many were left out since the last."""
-
-    _KEPT = 1024    # keys remembered; past that all are forgotten (a line is due for each again)
-
-    def __init__(self, seconds: float):
-        self.seconds = seconds
-        self._lock = threading.Lock()
-        self._last: dict[object, tuple[float, int]] = {}   # key -> when its last line was, how many left out since
-
-    def due(self, key: object) -> int | None:
-        """None when a line for `key` came less than `seconds` ago (this one
-        is counted), else how many were left out since that line."""
-        now = time.monotonic()
-        with self._lock:
-            last, quiet = self._last.get(key, (-self.seconds, 0))
-            if now - last < self.seconds:
-                self._last[key] = (last, quiet + 1)
-                return None
-            if len(self._last) >= self._KEPT:
-                self._last.clear()
-            self._last[key] = (now, 0)
-            return quiet
-
-
-def left_out(quiet: int) -> str:
-    """What a throttled line adds about the `quiet` lines left out before it."""
-    return f" ({quiet} more since the last such line)" if quiet else ""
+TRANSIENT_LOG_SECONDS = 10.0    # a blob's transient faults are logged at most once this often
 
 
 class Changed(Exception):
@@ -66,20 +36,21 @@ class Changed(Exception):
 
 
 class Unavailable(fuse.FuseOSError):
-    """EIO for a fault of the system, not of the blob (logged; nothing remembered)."""
+    """EIO for a transient fault, not of the blob (logged; nothing remembered)."""
 
     def __init__(self) -> None:
         super().__init__(errno.EIO)
 
 
-class Presented:
-    """The store's current views of `tree`'s files; shares the FUSE layer's lock."""
+class CurrentViews:
+    """The store's current views of `tree`'s files, and the blobs found
+    broken (guarded by its own lock)."""
 
     _FAILURES_KEPT = 1024
 
-    def __init__(self, tree: Tree, lock: threading.Lock):
+    def __init__(self, tree: Tree):
         self.tree = tree
-        self._lock = lock
+        self._lock = threading.Lock()
         self._failures: dict[tuple, str] = {}      # what failed (blob, kind, stamp) -> the line logged once
         self._faults = Throttle(TRANSIENT_LOG_SECONDS)     # blob -> when its last fault was logged
 
@@ -102,7 +73,7 @@ class Presented:
         raise fuse.FuseOSError(errno.EIO)
 
     def unavailable(self, blob: str, message: str) -> Unavailable:
-        """The EIO of a fault of the system met on `blob`, with `message`
+        """The EIO of a transient fault met on `blob`, with `message`
         logged unless a fault of that blob was logged less than
         `TRANSIENT_LOG_SECONDS` ago (the next line counts those left out)."""
         quiet = self._faults.due(blob)
@@ -123,7 +94,7 @@ class Presented:
     def size(self, ref: FileRef, st: os.stat_result) -> int | None:
         """The file's size from the summary of the blob of status `st` (no view
         is built for `stat`); None, logged once, when the view cannot be
-        presented; Unavailable where a fault of the system stopped it (nothing
+        made; Unavailable where a transient fault stopped it (nothing
         remembered); Changed when the blob at that path is another by now."""
         key = (str(ref.blob), ref.kind, identity(st))
         if ref.kind == LAYER_FILE or (not self.tree.views.translate and ref.kind == MODEL_FILE):
@@ -151,7 +122,7 @@ class Presented:
     def build(self, ref: FileRef, st: os.stat_result) -> View:
         """The store's current `ref.kind` view of the blob; a view that cannot be
         built is EIO with one log line (and not built again until the blob
-        changes), Unavailable where a fault of the system stopped the build."""
+        changes), Unavailable where a transient fault stopped the build."""
         key = (str(ref.blob), ref.kind, identity(st))
         with self._lock:
             known = self._failures.get(key)

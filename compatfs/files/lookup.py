@@ -1,0 +1,308 @@
+"""Store paths looked up one way: never following a symlink implicitly,
+never into the daemon's own mount, never without bound, and opened only as
+regular files, without blocking.
+
+A path is resolved by walking it one component at a time from the root,
+each relative to the folder descriptor before it (symlinks are read and
+resolved here, at most 40): so the folders traversed are known exactly, a
+path that leads into a mount compatfs serves (`keep_out`) is refused before
+anything in it is looked up, one a symlink leads onto another mount whose
+lookups hang fails in bounded time (`probe`), and with a `Caller` each folder
+must grant it search permission (mode bits and ACL, on the folder's
+descriptor).  The last component is held by an O_PATH descriptor (nothing is
+opened yet: no device or FIFO is ever opened); only a regular file is then
+opened, without blocking, from that very descriptor (`open_regular`), and a
+caller must be allowed to read the opened file.  What identifies a file's
+bytes (`identity`, `unchanged`) and what a refusal (`Denied`) or a transient
+fault (`Transient`: out of descriptors or memory, an I/O error, saying
+nothing of the file) is are defined here too.
+"""
+from __future__ import annotations
+
+import errno
+import functools
+import json
+import os
+import stat
+from pathlib import Path
+
+from .access import READ, SEARCH, BadACL, Caller, read_acl
+from ..errors import GGUFError
+from .probe import leaves, reach
+
+Stamp = tuple[int, int, int, int, int]   # st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns
+
+OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
+_PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+_MAX_LINKS = 40                          # the kernel's own limit
+KEEP_OUT_ENV = "COMPATFS_KEEP_OUT"       # mounts never looked into, a JSON list (inherited by workers)
+
+
+class Denied(PermissionError):
+    """The caller may not reach or read the file: a refusal (EACCES), not a
+    verdict on the file's bytes; its text names the file."""
+
+    def __init__(self, message: str):
+        super().__init__(errno.EACCES, message)
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def keep_out(mountpoint: str | os.PathLike) -> None:
+    """Never look inside `mountpoint` (a mount this process serves): a request
+    to it from the process answering it could wait forever.  Call before it
+    is mounted (its real path is taken then).  Kept in the environment, so
+    that the processes this one starts (indexing workers) keep out too."""
+    kept = [*_kept_out(), os.path.realpath(mountpoint)]
+    os.environ[KEEP_OUT_ENV] = json.dumps(list(dict.fromkeys(kept)))
+
+
+def _kept_out() -> tuple[str, ...]:
+    return _parse_kept(os.environ.get(KEEP_OUT_ENV) or "[]")
+
+
+@functools.lru_cache(maxsize=4)
+def _parse_kept(raw: str) -> tuple[str, ...]:
+    """The mounts of a `KEEP_OUT_ENV` value (parsed once per value: every walk reads it)."""
+    try:
+        kept = json.loads(raw)
+    except ValueError:
+        return ()
+    return tuple(m for m in kept if isinstance(m, str)) if isinstance(kept, list) else ()
+
+
+def identity(st: os.stat_result) -> Stamp:
+    """What identifies a file's bytes: device, inode, size, modification and
+    change time (a rewrite that restores the mtime still moves the ctime,
+    which cannot be set back)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def unchanged(stamp: Stamp, links: int | None, st: os.stat_result) -> bool:
+    """The one rule for whether a file that had identity `stamp` and `links`
+    links (None: not known) still holds the same bytes, judged by its status
+    `st` now: the same device, inode, size and modification time, and the
+    same change time unless its link count went down meanwhile (removing a
+    name of it, as `ollama rm` does, moves the change time and nothing else).
+    A link added, or a rewrite that restores the mtime, is a change."""
+    now = identity(st)
+    return now[:4] == tuple(stamp[:4]) and (now[4] == stamp[4] or (links is not None and st.st_nlink < links))
+
+
+# A failed open or read with one of these says nothing of the file: the
+# system is out of descriptors or memory, or its device failed this once.
+TRANSIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EIO, errno.EAGAIN,
+                              errno.EINTR})
+
+
+class Transient(GGUFError):
+    """A store file could not be opened or read just now for a transient
+    fault (`TRANSIENT_ERRNOS`, or memory running out): nothing is known of
+    its bytes, and the same request may succeed next time."""
+
+
+def failure(path: str | os.PathLike, doing: str, e: OSError) -> GGUFError:
+    """The error naming `path` of an OSError met while `doing` it (open, read):
+    Transient for a transient fault, GGUFError otherwise."""
+    kind = Transient if e.errno in TRANSIENT_ERRNOS else GGUFError
+    return kind(f"{path}: cannot {doing}: {e.strerror}")
+
+
+def transient(e: BaseException | None) -> bool:
+    """Whether `e` is a transient fault (the system out of descriptors or
+    memory, a device failing this once) rather than a verdict on a
+    file's bytes: a Transient, a MemoryError or an OSError of
+    `TRANSIENT_ERRNOS`; so is one raised from or while handling such a fault
+    (an error reworded on its way up, even `from None`, keeps it as its
+    context)."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, (Transient, MemoryError)) or (isinstance(e, OSError) and e.errno in TRANSIENT_ERRNOS):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def proc_path(fd: int) -> str:
+    return f"/proc/self/fd/{fd}"
+
+
+def require(caller: Caller, fd: int, st: os.stat_result, bit: int, where: str) -> None:
+    """Denied unless `caller` has permission `bit` on the file `fd` holds."""
+    if caller.uid == 0:
+        return
+    try:
+        allowed = caller.may(st, read_acl(proc_path(fd)), bit)
+    except BadACL as e:
+        raise Denied(f"{where}: its access ACL is unreadable ({e}): refused") from None
+    if not allowed:
+        raise Denied(f"{where}: uid {caller.uid} may not {'read' if bit == READ else 'search'} it")
+
+
+def _inside_mount(path: str, kept: tuple[str, ...]) -> str | None:
+    return next((m for m in kept if path == m or path.startswith(m.rstrip("/") + "/")), None)
+
+
+def _walk(path: str | os.PathLike, caller: Caller | None) -> int:
+    """An O_PATH descriptor of what `path` resolves to (never a symlink);
+    OSError as the kernel's lookup would fail, Denied when `caller` lacks
+    search permission on a folder on the way.  A symlink that leads onto
+    another mount than `path` starts on is looked up first by `probe.reach`
+    (ETIMEDOUT where that lookup hangs)."""
+    start = os.path.abspath(os.fspath(path))
+    todo = start.split("/")[::-1]   # components still to resolve, next last
+    here, fd = "/", os.open("/", _PATH_FLAGS)
+    links, kept = 0, _kept_out()
+    try:
+        st = os.fstat(fd)
+        while todo:
+            name = todo.pop()
+            if name in ("", "."):
+                continue
+            there = os.path.dirname(here) if name == ".." else os.path.join(here, name)
+            mount = _inside_mount(there, kept)
+            if mount is not None:
+                raise OSError(errno.ELOOP, f"it leads into {mount}, compatfs's own mount")
+            if not stat.S_ISDIR(st.st_mode):
+                raise OSError(errno.ENOTDIR, f"{here} is not a folder")
+            if caller is not None:
+                require(caller, fd, st, SEARCH, here)
+            child = os.open(name, _PATH_FLAGS, dir_fd=fd)
+            try:
+                cst = os.fstat(child)
+                target = os.readlink("", dir_fd=child) if stat.S_ISLNK(cst.st_mode) else None
+            except BaseException:
+                os.close(child)
+                raise
+            if target is None:
+                os.close(fd)
+                fd, here, st = child, there, cst
+                continue
+            os.close(child)
+            links += 1
+            if links > _MAX_LINKS:
+                raise OSError(errno.ELOOP, "too many levels of symbolic links")
+            todo.extend(target.split("/")[::-1])
+            rest = os.path.normpath(os.path.join("/" if target.startswith("/") else here, *todo[::-1]))
+            elsewhere = leaves(start, rest)
+            if elsewhere is not None and _inside_mount(rest, kept) is None:
+                reach(rest, elsewhere)       # (ETIMEDOUT where a lookup there hangs)
+            if target.startswith("/"):
+                os.close(fd)
+                fd = -1
+                here, fd = "/", os.open("/", _PATH_FLAGS)
+                st = os.fstat(fd)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        raise
+    return fd
+
+
+def status(path: str | os.PathLike, caller: Caller | None = None, need: int = 0) -> os.stat_result:
+    """The status of what `path` resolves to (through symlinks, as resolved
+    here; nothing is opened); with `caller`: Denied unless it may search every
+    folder on the way and has permission `need` (READ, SEARCH) on the file.
+    OSError otherwise, as a lookup would fail."""
+    fd = _walk(path, caller)
+    try:
+        st = os.fstat(fd)
+        if caller is not None and need:
+            require(caller, fd, st, need, str(path))
+        return st
+    finally:
+        os.close(fd)
+
+
+def resolved(path: str | os.PathLike) -> int:
+    """An O_PATH descriptor (the caller's to close) of what `path` resolves
+    to, as `status` resolves it (never into compatfs's own mount); OSError
+    as the lookup fails."""
+    return _walk(path, None)
+
+
+def is_folder(path: str | os.PathLike) -> bool:
+    """Whether `path` resolves, as `status` resolves it, to a folder; a
+    lookup that hung (ETIMEDOUT) is raised, naming the path."""
+    try:
+        return stat.S_ISDIR(status(path).st_mode)
+    except OSError as e:
+        if e.errno == errno.ETIMEDOUT:
+            raise
+        return False
+
+
+def statuses(files: set[Path]) -> dict[Path, os.stat_result | OSError]:
+    """The status of each of `files` as `status` resolves it (or
+    why it cannot be had), with one walk per folder they are in: the folder is
+    walked, opened again by path (and used only when that is the folder the
+    walk reached), and each file's own status read in it, never through a
+    symlink; a symlink, or a file whose status cannot be read so, is walked
+    on its own."""
+    by_folder: dict[Path, list[Path]] = {}
+    for f in files:
+        by_folder.setdefault(f.parent, []).append(f)
+    out: dict[Path, os.stat_result | OSError] = {}
+    for folder, inside in by_folder.items():
+        fd = -1
+        if len(inside) > 1:
+            try:
+                walked = status(folder)
+                fd = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+                here = os.fstat(fd)
+                if (here.st_dev, here.st_ino) != (walked.st_dev, walked.st_ino):
+                    os.close(fd)
+                    fd = -1
+            except OSError:
+                fd = -1
+        try:
+            for f in inside:
+                if fd >= 0:
+                    try:
+                        st = os.stat(f.name, dir_fd=fd, follow_symlinks=False)
+                        if not stat.S_ISLNK(st.st_mode):
+                            out[f] = st
+                            continue
+                    except OSError:
+                        pass
+                try:
+                    out[f] = status(f)
+                except OSError as e:
+                    out[f] = e
+        finally:
+            if fd >= 0:
+                os.close(fd)
+    return out
+
+
+def open_regular(path: str | os.PathLike, caller: Caller | None = None) -> tuple[int, os.stat_result]:
+    """A read-only descriptor of the regular file at `path` and its status
+    (taken from the descriptor); with `caller`: Denied unless it may search
+    every folder on the way and read the opened file; GGUFError naming the
+    path otherwise (Transient for a transient fault)."""
+    try:
+        pfd = _walk(path, caller)
+    except Denied:
+        raise
+    except OSError as e:
+        raise failure(path, "open", e) from None
+    try:
+        if not stat.S_ISREG(os.fstat(pfd).st_mode):
+            raise GGUFError(f"{path}: not a regular file")
+        fd = os.open(proc_path(pfd), OPEN_FLAGS)
+    except OSError as e:
+        raise failure(path, "open", e) from None
+    finally:
+        os.close(pfd)
+    try:
+        st = os.fstat(fd)
+        if caller is not None:
+            require(caller, fd, st, READ, str(path))
+    except BaseException as e:
+        os.close(fd)
+        if isinstance(e, OSError) and not isinstance(e, Denied):
+            raise failure(path, "read", e) from None
+        raise
+    return fd, st
