@@ -54,7 +54,8 @@ def test_tree_names_like_ollama_list(store, mount_store, tmp_path):
     assert sorted(os.listdir(m.path)) == ["blobs", "gemma3x:4b", "hf.co", "models.ini", "plain:latest"]
     assert os.listdir(m / "hf.co/org") == ["repo:Q4"]
     assert sorted(os.listdir(m / "gemma3x:4b")) == ["mmproj.gguf", "model.gguf"]
-    assert os.listdir(m / "plain:latest") == ["model.gguf"]
+    assert sorted(os.listdir(m / "plain:latest")) == ["adapter.gguf", "model.gguf"]    # the adapter byte for byte
+    assert (m / "plain:latest/adapter.gguf").read_bytes() == adapter.read_bytes()
     blobs = os.listdir(m / "blobs")
     assert len(blobs) == 3 and all(b.startswith("sha256-") for b in blobs)
     lora = next(b for b in blobs if (m / "blobs" / b / "model.gguf").read_bytes() == adapter.read_bytes())
