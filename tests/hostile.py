@@ -18,7 +18,7 @@ from compatfs.errors import GGUFError
 from compatfs.format.values import VT, Value, skip_value
 from compatfs.testing import gemma3
 from compatfs.testing.store import add_model
-from compatfs.files.blobfile import Transient
+from compatfs.files.lookup import Transient
 from compatfs.view.catalog import HandlerFailure
 
 _U64 = struct.Struct("<Q")

@@ -12,7 +12,9 @@ import threading
 
 import pytest
 
-from compatfs.files.blobfile import BlobFile, Transient
+from compatfs.files.blobfile import BlobFile
+
+from compatfs.files.lookup import Transient
 from compatfs.names import MODEL_FILE
 from compatfs.translate import accel
 from compatfs.view import ahead, pool

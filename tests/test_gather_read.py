@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from compatfs.errors import GGUFError
-from compatfs.files.blobfile import BlobFile, transient
+from compatfs.files.blobfile import BlobFile
+from compatfs.files.lookup import transient
 from compatfs.translate import accel
 from compatfs.view import ahead, assemble as viewbytes
 from compatfs.view.segments import InRounds, Rounds, Segments

@@ -259,7 +259,7 @@ def test_entries_of_the_wrong_kind_or_with_errors_are_made_again(tmp_path):
 def test_a_view_that_belies_its_entry_rebuilds_it(tmp_path):
     from compatfs.view.catalog import BlobViews, summarize
     from compatfs.names import MMPROJ_FILE, MODEL_FILE
-    from compatfs.files.blobfile import identity
+    from compatfs.files.lookup import identity
     import pytest
     from compatfs.errors import GGUFError
     blob = legacy_gemma3_text(tmp_path / "g.gguf")

@@ -15,7 +15,7 @@ import compatfs.format.header
 import compatfs.router.preset
 import compatfs.view.sampling
 import compatfs.view.catalog
-from compatfs.files.blobfile import status
+from compatfs.files.lookup import status
 from compatfs.view.index import Index
 from compatfs.fuse.current import CurrentViews
 from compatfs.sources.choose import open_source

@@ -94,7 +94,7 @@ def test_a_flipped_embedding_flag_is_found(warm, mount_store, tmp_path):
 
 
 def _stamp(path: str):
-    from compatfs.files.blobfile import identity, status
+    from compatfs.files.lookup import identity, status
     return identity(status(Path(path)))
 
 

@@ -6,7 +6,7 @@ itself is still shown as params.json, byte for byte."""
 from __future__ import annotations
 
 
-from compatfs.files.blobfile import status
+from compatfs.files.lookup import status
 from compatfs.fuse.current import CurrentViews
 from compatfs.router.preset import RootPreset
 from compatfs.sources.choose import open_source

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from compatfs.files.access import Recorder, everyone_who_may
-from compatfs.files.blobfile import status
+from compatfs.files.lookup import status
 from compatfs.format.params import read_params
 from compatfs.sources.ollama import PARAMS
 from compatfs.testing import llama

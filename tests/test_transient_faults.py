@@ -17,7 +17,7 @@ import pytest
 from compatfs.fuse import current, libfuse, throttle
 from compatfs.view import catalog as views_module
 from compatfs.files.access import Caller
-from compatfs.files.blobfile import Transient
+from compatfs.files.lookup import Transient
 from compatfs.fuse.operations import CompatFS
 from compatfs.view.index import Index
 from compatfs.sources.ollama import OllamaStore
@@ -194,7 +194,7 @@ def test_a_refused_open_leaves_no_descriptor(mounted, monkeypatch, fault):
     descriptor duplicated, then the check of its folder raises (on 5ea7fe0
     the duplicate stayed open, and an OSError went out as it was)."""
     from compatfs.fuse import openfiles
-    from compatfs.files.blobfile import Denied
+    from compatfs.files.lookup import Denied
     fs = mounted.fs
     ref = fs.tree.lookup("models.ini")
     assert ref is not None and ref.readable_as is not None

@@ -1,7 +1,7 @@
 """`compatfs export`: a model's files written out as real files, without FUSE.
 
 Each file is the same view the mount serves (built in-process by `BlobViews`),
-assembled by the mount's own code (`viewbytes`) through one open `BlobFile`
+assembled by the mount's own code (`view.assemble`) through one open `BlobFile`
 of the blob, so the export is byte-identical to the mounted file.
 Ranges of a piece that come from the blob are shared with it by
 `FICLONERANGE` where the filesystem can (btrfs, XFS) and the range sits at

@@ -297,7 +297,7 @@ class Progress:
         self.translate = request.translate
         self.blobs: dict[str, tuple] = {}
         if self.path is not None:
-            from ..files.blobfile import identity, status
+            from ..files.lookup import identity, status
             for blob in dict.fromkeys(p for f in store.scan().folders.values() for p in f.ggufs()):
                 try:
                     self.blobs[str(blob)] = identity(status(blob))

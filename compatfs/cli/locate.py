@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..files import mounttable
-from ..files.blobfile import KEEP_OUT_ENV
+from ..files.lookup import KEEP_OUT_ENV
 from ..sources.base import SourceError
 from ..sources.choose import open_source
 

@@ -17,7 +17,7 @@ from ..sources.base import Source, SourceError
 from ..sources.choose import open_source
 from ..files.statedir import StateDirError, mount_file
 from .locate import find_source, keep_out_of_mounts, mount_of
-from ..files.blobfile import KEEP_OUT_ENV
+from ..files.lookup import KEEP_OUT_ENV
 
 
 class CliError(Exception):

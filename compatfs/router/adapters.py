@@ -23,7 +23,7 @@ from pathlib import Path
 from gguf import GGUFValueType
 
 from ..errors import GGUFError
-from ..files.blobfile import identity, status
+from ..files.lookup import identity, status
 from ..files.shared import NotShared, read_shared
 from ..format.header import SourceGGUF
 from ..sources.base import adapter_order

@@ -42,7 +42,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..files.blobfile import identity, status
+from ..files.lookup import identity, status
 from ..format.params import OPTIONS, read_params
 from .adapters import adapter_names, lora_value, refusal as adapter_refusal, shared as adapter_shared
 from .params import model_limits, translate_params

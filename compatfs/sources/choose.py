@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .folder import GGUFFolder, has_gguf
 from .base import Source, SourceError
-from ..files.blobfile import is_folder
+from ..files.lookup import is_folder
 from .ollama import OllamaStore, default_source, is_store
 
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from collections.abc import Callable
 
 from .base import Folder, Listing, Source, SourceError
-from ..files.blobfile import is_folder, status
+from ..files.lookup import is_folder, status
 from ..files.probe import guard
 from ..names import MMPROJ_FILE, MODEL_FILE
 

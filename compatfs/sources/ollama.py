@@ -34,7 +34,9 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..files.blobfile import BlobFile, Stamp, identity, is_folder, status
+from ..files.blobfile import BlobFile
+
+from ..files.lookup import Stamp, identity, is_folder, status
 from ..files.probe import guard
 from ..errors import GGUFError
 from .base import Folder, Listing, Source, SourceError, adapter_files

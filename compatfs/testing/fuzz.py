@@ -3,7 +3,7 @@ through everything the mount does with a blob (parse, classify, plan each
 view, render its header, read a few ranges, ops included) in bounded time
 and memory.  A case passes when it is served or refused with `GGUFError`;
 anything else (another exception, a handler's crash that `views` refused as
-`HandlerFailure`, a fault of the system (`Transient`), a case over its time or
+`HandlerFailure`, a transient fault (`Transient`), a case over its time or
 memory bound) is a finding.  Two
 modes: `bytes` mutates the file's bytes (`compatfs.testing.fuzz_bytes`);
 `structure` edits the parsed header at the keys and tensors the handlers'
@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from ..format.header import SourceGGUF
 from ..errors import GGUFError
 from ..view.opcache import OpCache
-from ..files.blobfile import Transient
+from ..files.lookup import Transient
 from ..view.catalog import HandlerFailure, build_view, classify
 from ..names import MMPROJ_FILE, MODEL_FILE
 from .fuzz_bytes import byte_mutator
@@ -137,7 +137,7 @@ def views_of(path: Path) -> dict[str, bytes | str]:
     bytes, or the refusal's message (a `GGUFError`) for a view it refuses.
     A `HandlerFailure` is raised, not returned: a handler that crashed is a
     bug to report, not a refusal to compare the mount with (so is a
-    `Transient`, a fault of the system met on the way)."""
+    `Transient`, a transient fault met on the way)."""
     try:
         info = classify(SourceGGUF(path))
     except GGUFError as e:

@@ -136,7 +136,7 @@ class Op(ABC):
     def reads_inputs_once(self) -> bool:
         """True: the input bytes a range of the output is made from are read for
         that range alone, not again for another (so they need not stay in the
-        page cache: `viewbytes` reads them with `BlobFile.read_once_into`);
+        page cache: `view.assemble` reads them with `BlobFile.read_once_into`);
         a ranged op's are, unless it says otherwise."""
         return self.ranged
 

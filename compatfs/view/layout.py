@@ -6,14 +6,14 @@ infos, padding), then tensor data aligned to `general.alignment`, in the
 blob's data order so that a sequential read of the view is a sequential read
 of the blob (the tensor infos are listed in that order too, as GGUF readers
 require).  The layout is the view's `segments` (a `segments.Segments`); a read
-is those clipped to its range, and `viewbytes` assembles their bytes.
+is those clipped to its range, and `assemble` assembles their bytes.
 """
 from __future__ import annotations
 
 import struct
 from collections.abc import Hashable
 
-from . import assemble as viewbytes
+from . import assemble
 from ..files.blobfile import BlobFile
 from ..format.header import MAGIC, SourceGGUF
 from ..errors import GGUFError
@@ -98,26 +98,26 @@ class View:
 
     def read(self, offset: int, size: int, blob: BlobFile | None = None) -> bytes:
         """The bytes at [offset, offset+size), clipped to the file, as one
-        bytes object (in-process): assembled by `viewbytes` through `blob`,
+        bytes object (in-process): assembled by `assemble` through `blob`,
         or the view's own blob opened for this read."""
         size = max(0, min(offset + size, self.size) - max(offset, 0))
         buf = bytearray(size)
         if blob is not None:
-            viewbytes.fill(self.segments, blob, offset, memoryview(buf))
+            assemble.fill(self.segments, blob, offset, memoryview(buf))
         else:
             with self.open() as f:
-                viewbytes.fill(self.segments, f, offset, memoryview(buf))
+                assemble.fill(self.segments, f, offset, memoryview(buf))
         return bytes(buf)
 
     def pieces(self, offset: int, size: int, blob: BlobFile | None = None) -> list[FileRange | bytearray]:
         """The bytes at [offset, offset+size), clipped to the file: blob
-        ranges as `FileRange`s, everything else assembled (`viewbytes.parts`)
+        ranges as `FileRange`s, everything else assembled (`assemble.parts`)
         through `blob`, or the view's own blob opened for this call (an
         identity view is all blob ranges: it needs none)."""
         if blob is not None or self.source is None:
-            return viewbytes.parts(self.segments, blob, offset, size)
+            return assemble.parts(self.segments, blob, offset, size)
         with self.open() as f:
-            return viewbytes.parts(self.segments, f, offset, size)
+            return assemble.parts(self.segments, f, offset, size)
 
 
 def _data_order(spec: ViewSpec) -> tuple[ViewSpec, dict[str, int]]:

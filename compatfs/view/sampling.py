@@ -29,7 +29,7 @@ from pathlib import Path
 from gguf import Keys
 
 from ..errors import GGUFError
-from ..files.blobfile import identity, status
+from ..files.lookup import identity, status
 from ..files.shared import read_shared
 from ..format.header import SourceGGUF
 from ..format.params import Sampling, layer_sampling
