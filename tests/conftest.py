@@ -2,6 +2,7 @@
 by a compatfs daemon in its own process."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -128,10 +129,8 @@ class Mount:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):   # a thread stuck in the kernel: fail, never hang
                 self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:   # a thread stuck in the kernel: fail, never hang the run
-                pass
         self._log.close()
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 import struct
 import subprocess
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -93,10 +93,8 @@ def _kvs_end(data: bytes, n_kv: int) -> int:
 def fifo_writer_release(fifo: Path) -> None:
     """Open `fifo` for writing, without blocking, and close it: a reader
     blocked opening it (code under test that hung) goes on."""
-    try:
+    with suppress(OSError):
         os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-    except OSError:
-        pass
 
 
 def fuse_connection(mountpoint: Path) -> str | None:
@@ -140,10 +138,8 @@ def bounded(argv: list[str], seconds: float, mountpoint: Path | None = None,
     except subprocess.TimeoutExpired:
         aborted = mountpoint is not None and abort_fuse(mountpoint)
         p.kill()
-        try:
+        with suppress(subprocess.TimeoutExpired):
             p.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
         raise AssertionError(f"{argv} did not end within {seconds} s (hung; connection aborted: {aborted})") from None
     return subprocess.CompletedProcess(argv, p.returncode, out, err)
 

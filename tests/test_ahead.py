@@ -129,7 +129,7 @@ class Blob:
         self.fd = 3
         self.closed = closed if closed is not None else []
 
-    def duplicate(self) -> "Blob":
+    def duplicate(self) -> Blob:
         return Blob(self.closed)
 
     def close(self) -> None:

@@ -17,6 +17,7 @@ from compatfs.testing.store import add_model
 
 from conftest import needs_fuse, wait_until
 from test_hostile_mount import blob_of, expected
+import contextlib
 
 pytestmark = needs_fuse
 
@@ -45,10 +46,8 @@ def _abort(device: str) -> None:
     conns = Path("/sys/fs/fuse/connections")
     if not any(conns.iterdir()):
         subprocess.run(["mount", "-t", "fusectl", "none", str(conns)], capture_output=True)
-    try:
+    with contextlib.suppress(OSError):
         (conns / device.split(":")[1] / "abort").write_text("1")
-    except OSError:
-        pass
 
 
 def _finished(proc: subprocess.Popen, seconds: float) -> bool:

@@ -115,7 +115,7 @@ def test_every_current_ollama_option_and_what_has_no_equivalent():
               "use_mlock": True, "mirostat": 2, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
               "penalize_newline": True, "draft_num_predict": 4, "num_ctx_typo": 1}
     out = translate_params(params, Limits(8, 4096, 100))
-    pairs = dict(zip(out.argv[::2], out.argv[1::2]))
+    pairs = dict(zip(out.argv[::2], out.argv[1::2], strict=True))
     assert pairs == {"--ctx-size": "4096", "--batch-size": "512", "--n-gpu-layers": "99", "--main-gpu": "1",
                      "--threads": "8", "--keep": "24", "--seed": "42", "--n-predict": "128", "--top-k": "40",
                      "--top-p": "0.9", "--min-p": "0.05", "--typical": "1.0", "--repeat-last-n": "64",

@@ -290,7 +290,7 @@ def test_tensor_names_in_the_forms_a_handler_writes():
     assert k.Rope.FREQ_BASE == "gemma3.rope.freq_base" and k.LLM.CONTEXT_LENGTH == "gemma3.context_length"
     assert k.Tokenizer.PRE == Keys.Tokenizer.PRE                            # no architecture in it
     with pytest.raises(AttributeError):
-        k.Rope.NO_SUCH_KEY
+        _ = k.Rope.NO_SUCH_KEY
 
 
 def test_rename_end_replaces_only_the_end():

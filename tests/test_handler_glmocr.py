@@ -188,7 +188,7 @@ def test_tokenizes_as_llama_cpp_conversion(blob, store, mount_store, tmp_path):
     assert got_ids == [r["ids"] for r in want["results"]]
     assert got_ids[3][:3] == [token_id(t) for t in ("[gMASK]", "<sop>", "<|user|>")]
     raw_ids = [r["ids"] for r in raw["results"]]
-    assert all(len(r) == len(g) + 1 and r[1:] == g for r, g in zip(raw_ids, got_ids))
+    assert all(len(r) == len(g) + 1 and r[1:] == g for r, g in zip(raw_ids, got_ids, strict=True))
     assert set(GLM_SPECIALS) <= set(glm_tokens()[0])
 
 

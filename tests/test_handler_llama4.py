@@ -172,6 +172,6 @@ def test_tokenizes_as_llama_cpp_conversion(blob, store, mount_store, tmp_path):
     assert all(ids[0] == bos for ids in got_ids)
     raw_ids = [r["ids"] for r in raw["results"]]
     assert not any(ids[0] == bos for ids in raw_ids)
-    assert any(ids[1:] != r for ids, r in zip(got_ids, raw_ids))       # the pre-tokenizer matters too
+    assert any(ids[1:] != r for ids, r in zip(got_ids, raw_ids, strict=True))       # the pre-tokenizer matters too
 
 

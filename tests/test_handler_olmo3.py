@@ -76,8 +76,8 @@ def assert_close_top(mine, ref) -> None:
     """Same candidates, log-probabilities within the rounding of Ollama's
     BF16 weights against llama.cpp's F16 ones (measured: about 0.01)."""
     assert [[i for i, _ in step] for step in logprobs(mine)] == [[i for i, _ in step] for step in logprobs(ref)]
-    for a, b in zip(logprobs(mine), logprobs(ref)):
-        assert all(abs(x - y) < 0.05 for (_, x), (_, y) in zip(a, b)), (a, b)
+    for a, b in zip(logprobs(mine), logprobs(ref), strict=True):
+        assert all(abs(x - y) < 0.05 for (_, x), (_, y) in zip(a, b, strict=True)), (a, b)
 
 
 @needs_fuse

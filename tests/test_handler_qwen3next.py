@@ -82,7 +82,7 @@ def test_both_forms_load_as_the_same_qwen3next_model(blobs, tmp_path, mount_stor
     assert comp_a["tokens"] == comp_b["tokens"] and len(comp_a["tokens"]) == 8
     # Same candidates; log-probabilities within BF16 rounding (ggml multiplies a
     # BF16 weight with BF16-rounded activations, an F32 one without).
-    for step_a, step_b in zip(comp_a["top"], comp_b["top"]):
+    for step_a, step_b in zip(comp_a["top"], comp_b["top"], strict=True):
         assert [t["id"] for t in step_a] == [t["id"] for t in step_b]
-        assert all(abs(x["logprob"] - y["logprob"]) < 0.02 for x, y in zip(step_a, step_b))
+        assert all(abs(x["logprob"] - y["logprob"]) < 0.02 for x, y in zip(step_a, step_b, strict=True))
     assert chat_a["completion_tokens"] > 0 and chat_a["tokens"] == chat_b["tokens"]

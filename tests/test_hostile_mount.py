@@ -160,7 +160,7 @@ def test_ls_of_hostile_blobs_is_prompt_and_logged(store, mount_store, tmp_path):
         res = subprocess.run(["ls", "-lR", str(m.path)], capture_output=True, text=True, timeout=30)
         assert res.returncode == 0, res.stderr
         assert time.monotonic() - t < 10
-    for name, blob in bad.items():
+    for name in bad:
         assert (m / f"{name}:latest/model.gguf").stat().st_size == 0, name
         with pytest.raises(OSError) as e:
             (m / f"{name}:latest/model.gguf").read_bytes()
@@ -290,7 +290,7 @@ def test_a_blob_flipping_between_file_and_fifo_never_hangs_a_request(store, moun
 
     try:
         for rel in ("vision:4b/model.gguf", f"blobs/{blob.name}/model.gguf"):
-            wait_until(lambda: eio(rel), what=f"{rel} read as EIO, its blob left a FIFO")
+            wait_until(lambda rel=rel: eio(rel), what=f"{rel} read as EIO, its blob left a FIFO")
         assert bounded(["ls", "-lR", str(m.path)], 10, m.path).returncode == 0
         assert m.alive
     finally:

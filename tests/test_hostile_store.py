@@ -63,7 +63,7 @@ def test_no_reader_of_store_contents_blocks_on_a_fifo(store, fifo):
     blob = _blob(store, "text", "1b")
     parsed = SourceGGUF(blob)
     fifo(blob)
-    for what, call in [("parse", lambda: SourceGGUF(blob)), ("read", lambda: parsed.read(0, 16)),
+    for _what, call in [("parse", lambda: SourceGGUF(blob)), ("read", lambda: parsed.read(0, 16)),
                        ("summary", lambda: BlobViews().summary(blob)), ("view", lambda: BlobViews().view(blob, MODEL_FILE))]:
         with pytest.raises(GGUFError, match="not a regular file"):
             ends_within(call, 5)

@@ -159,10 +159,10 @@ def test_indexing_workers_end_with_the_daemon(tmp_path):
         assert pids, how
         if how == "close":
             assert proc.stdout.readline().strip() == "closed"
-            wait_until(lambda: _gone(pids), 10, what=f"workers {pids} ending with close()")
+            wait_until(lambda pids=pids: _gone(pids), 10, what=f"workers {pids} ending with close()")
             proc.kill()
         proc.wait(timeout=30)
-        wait_until(lambda: _gone(pids), 10, what=f"workers {pids} ending with a daemon ended by {how}")
+        wait_until(lambda pids=pids: _gone(pids), 10, what=f"workers {pids} ending with a daemon ended by {how}")
 
 
 def test_a_stat_never_waits_on_a_worker_that_has_not_answered(tmp_path):

@@ -68,7 +68,7 @@ def test_llama3_pre_tokenizer(legacy, mounted):
     fixed = run_job({"model": str(mounted / "llama3:8b/model.gguf"), "actions": tok})
     raw = run_job({"model": str(legacy[1]["llama3"]), "actions": tok})
     assert fixed["ok"] and raw["ok"]
-    for f, r in zip(fixed["results"], raw["results"]):
+    for f, r in zip(fixed["results"], raw["results"], strict=True):
         # Llama 3's split keeps ".get", "'M" and runs of newlines together, so
         # the merges learned for them apply: fewer tokens than the legacy split.
         assert len(f["ids"]) < len(r["ids"]), (f["pieces"], r["pieces"])

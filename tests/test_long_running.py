@@ -266,7 +266,7 @@ def test_readers_during_store_churn(store, mount_store, tmp_path):
                         f.seek(off)
                         got, exp = f.read(size), want[off:off + size]
                         if got != exp:
-                            mismatched[0] += sum(a != b for a, b in zip(got, exp)) + abs(len(got) - len(exp))
+                            mismatched[0] += sum(a != b for a, b in zip(got, exp, strict=False)) + abs(len(got) - len(exp))
                         reads[0] += 1
         except Exception as e:   # noqa: BLE001 (reported below)
             errors.append(repr(e))

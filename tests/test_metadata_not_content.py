@@ -119,7 +119,7 @@ def test_metadata_changes_leave_open_and_mapped_files_reading(store, tmp_path, m
             for what, change in _changes(store, tmp_path):
                 seen = m.changes_seen()
                 change()
-                wait_until(lambda: m.changes_seen() > seen, what=f"a rescan seeing the {what}")
+                wait_until(lambda seen=seen: m.changes_seen() > seen, what=f"a rescan seeing the {what}")
                 _drop(blob, path)
                 assert mapper.digest() == digest, what
                 f.seek(0)

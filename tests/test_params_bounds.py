@@ -28,14 +28,14 @@ PARAMS = {"num_thread": HUGE, "num_ctx": HUGE, "num_batch": HUGE, "num_gpu": HUG
 
 def test_options_that_size_allocations_are_bounded_with_a_note():
     out = translate_params(PARAMS, Limits(cpus=2, context=4096, layers=3))
-    pairs = dict(zip(out.argv[::2], out.argv[1::2]))
+    pairs = dict(zip(out.argv[::2], out.argv[1::2], strict=True))
     assert pairs == {"--threads": "2", "--ctx-size": "4096", "--batch-size": "4096", "--n-gpu-layers": "3",
                      "--keep": "4096", "--n-predict": "4096", "--repeat-last-n": "4096", "--temp": "0.5"}
     assert len(out.notes) == 7 and all(": bounded to " in n for n in out.notes), out.notes
     # A batch follows the context the params ask for; llama.cpp's own defaults pass as they are.
     out = translate_params({"num_ctx": 1024, "num_batch": 2048, "num_thread": -1, "num_predict": -2},
                            Limits(cpus=2, context=4096, layers=3))
-    assert dict(zip(out.argv[::2], out.argv[1::2])) == {"--ctx-size": "1024", "--batch-size": "1024",
+    assert dict(zip(out.argv[::2], out.argv[1::2], strict=True)) == {"--ctx-size": "1024", "--batch-size": "1024",
                                                         "--threads": "-1", "--n-predict": "-2"}
     # The model's limits not at hand: ceilings stand in for them.
     out = translate_params({"num_ctx": HUGE, "num_thread": 1})

@@ -108,9 +108,8 @@ def test_a_mostly_cached_file_is_read_through_the_page_cache(data):
 
 def test_a_read_past_the_end_names_the_file(data):
     path, raw = data
-    with direct(path) as f:
-        with pytest.raises(GGUFError, match=str(path)):
-            f.read_once_into(memoryview(bytearray(MiB)), len(raw) - MiB // 2)
+    with direct(path) as f, pytest.raises(GGUFError, match=str(path)):
+        f.read_once_into(memoryview(bytearray(MiB)), len(raw) - MiB // 2)
 
 
 def test_a_duplicate_decides_for_itself_and_reads_the_same_bytes(data):

@@ -96,7 +96,7 @@ def test_two_tags_of_one_blob_each_carry_their_own(store, tmp_path):
     plain, with_kvs = GGUFReader(view_bytes(tree, f"blobs/{digest}/model.gguf", tmp_path)), \
         GGUFReader(view_bytes(tree, "tiny:hot/model.gguf", tmp_path))
     assert [t.name for t in plain.tensors] == [t.name for t in with_kvs.tensors]
-    assert all(bytes(a.data) == bytes(b.data) for a, b in zip(plain.tensors, with_kvs.tensors))
+    assert all(bytes(a.data) == bytes(b.data) for a, b in zip(plain.tensors, with_kvs.tensors, strict=True))
     # The size stat shows is the view's.
     ref = tree.lookup("tiny:hot/model.gguf")
     base = tree.views.summary(ref.blob).model_size

@@ -100,7 +100,7 @@ def test_private_and_symlinked_params_never_reach_the_shared_files(open_tmp):
     for store, secret_model in ((root, "secret:1b"), (mine, "linked:1b")):
         m = Mount(store, open_tmp / f"mnt-{store.name}", env={"XDG_STATE_HOME": str(open_tmp / f"state-{store.name}")})
         try:
-            wait_until(lambda: (m / "models.ini").exists(), 10, what="models.ini published", tolerate=SERVING)
+            wait_until(lambda m=m: (m / "models.ini").exists(), 10, what="models.ini published", tolerate=SERVING)
             ini = as_nobody(m / "models.ini")
             assert ini is not None
             for word in (b"SECRETSTOP", b"424242", b"2048", b"temp"):

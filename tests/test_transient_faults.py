@@ -101,9 +101,8 @@ def test_a_transient_fault_is_not_remembered(mounted, monkeypatch, caplog, how):
     every later open of the model was EIO until the blob changed."""
     fs = mounted.fs
     once = _fault(monkeypatch, how)
-    with caplog.at_level(logging.ERROR, logger="compatfs"):
-        with pytest.raises(OSError) as e:
-            _open(fs)
+    with caplog.at_level(logging.ERROR, logger="compatfs"), pytest.raises(OSError) as e:
+        _open(fs)
     assert e.value.errno == errno.EIO and once.fired == 1
     fh = _open(fs)                         # tried again: served
     assert "just now" in caplog.text and "not remembered, tried again the next time" in caplog.text

@@ -1,4 +1,5 @@
 """Views in-process: layout, alignment, GGUF v2 input, stitched reads."""
+import itertools
 import random
 import struct
 
@@ -168,7 +169,7 @@ def test_a_range_is_covered_by_its_segments_clipped(tmp_path):
         size = rng.randrange(1, view.size - offset + 40)
         covered = view.segments.cover(offset, size)
         assert covered[0].at == offset and sum(s.size for s in covered) == min(size, view.size - offset)
-        for s, following in zip(covered, covered[1:]):
+        for s, following in itertools.pairwise(covered):
             assert s.at + s.size == following.at
         for s in covered:
             origin = next(o for o in layout if o.at <= s.at < o.at + o.size)

@@ -19,7 +19,8 @@ import errno
 import os
 import threading
 from pathlib import Path
-from typing import Callable, Hashable, Protocol, TypeVar, cast
+from typing import Protocol, TypeVar, cast
+from collections.abc import Callable, Hashable
 
 from .access import READ, SEARCH, Caller
 from ..errors import GGUFError
@@ -101,7 +102,7 @@ class BlobFile:
         if now is None or identity(now) != self.stamp:
             followed.written = True
 
-    def __enter__(self) -> "BlobFile":
+    def __enter__(self) -> BlobFile:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -138,7 +139,7 @@ class BlobFile:
         if watch is not None and followed is not None:
             watch.unfollow(followed)
 
-    def duplicate(self) -> "BlobFile":
+    def duplicate(self) -> BlobFile:
         """Another descriptor of this very file (removed from its folder or
         not), judged as this one is."""
         again = object.__new__(BlobFile)

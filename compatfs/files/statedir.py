@@ -6,6 +6,7 @@ import hashlib
 import os
 import stat
 from pathlib import Path
+import contextlib
 
 
 class StateDirError(OSError):
@@ -21,10 +22,8 @@ def state_dir() -> Path:
     d = root / "compatfs"
     try:
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        try:
+        with contextlib.suppress(FileExistsError):
             os.mkdir(d, 0o700)
-        except FileExistsError:
-            pass
         st = os.lstat(d)
     except OSError as e:
         raise StateDirError(f"cannot create the state folder {d}: {e.strerror}") from None

@@ -63,7 +63,7 @@ class Watch:
         self._only: dict[int, set[str]] = {}  # watch descriptor -> the only names whose events count in it
 
     @classmethod
-    def open(cls) -> "Watch | None":
+    def open(cls) -> Watch | None:
         lib = _libc()
         if lib is None:
             return None

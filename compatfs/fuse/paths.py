@@ -25,7 +25,8 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, TypeVar
+from typing import TypeVar
+from collections.abc import Callable
 
 from ..files.blobfile import BlobFile
 from ..tree import FileRef

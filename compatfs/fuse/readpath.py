@@ -16,7 +16,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 from . import libfuse
 from ..view import assemble

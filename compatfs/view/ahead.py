@@ -41,7 +41,8 @@ import threading
 import time
 from concurrent.futures import Future
 from functools import partial
-from typing import Callable, Hashable, Iterable, NamedTuple
+from typing import NamedTuple
+from collections.abc import Callable, Hashable, Iterable
 
 from ..files.blobfile import BlobFile
 from ..errors import GGUFError
@@ -108,11 +109,11 @@ def _unreserve() -> None:
 
 
 _clock = time.monotonic
-_states: set["Ahead"] = set()     # every open file's state (until it is closed), for `_reclaim_idle`
+_states: set[Ahead] = set()     # every open file's state (until it is closed), for `_reclaim_idle`
 _states_lock = threading.Lock()
 
 
-def _reclaim_idle(but: "Ahead") -> None:
+def _reclaim_idle(but: Ahead) -> None:
     """The chunks of every file but `but` that has not read for `IDLE` seconds dropped."""
     with _states_lock:
         states = list(_states)
@@ -224,10 +225,7 @@ class Ahead:
             if c.lo > at:
                 compute(blob, span.op, at, out[at - lo:c.lo - lo])
             s, e = max(at, c.lo), min(hi, c.lo + c.size)
-            if c.future.cancel():               # not started: computed here, without waiting for a worker
-                self._forget(c)
-                compute(blob, span.op, s, out[s - lo:e - lo])
-            elif c.future.exception() is not None:   # (waits for it) failed: computed here again
+            if c.future.cancel() or c.future.exception() is not None:               # not started: computed here, without waiting for a worker
                 self._forget(c)
                 compute(blob, span.op, s, out[s - lo:e - lo])
             else:

@@ -10,7 +10,7 @@ import os
 import queue
 import threading
 from concurrent.futures import Future
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
