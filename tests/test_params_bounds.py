@@ -18,7 +18,7 @@ from compatfs.router.params import machine_cpus, model_limits, translate_params
 from compatfs.testing import llama
 from compatfs.testing.store import add_model
 from conftest import needs_fuse, wait_until
-from test_router import SERVING, ask, free_port
+from test_router import SERVING, ask, router
 from test_sampling import set_params
 
 HUGE = (1 << 31) - 1
@@ -54,7 +54,7 @@ def test_the_models_limits_come_from_its_header(tmp_path):
 
 @needs_fuse
 def test_huge_params_reach_the_router_bounded(tmp_path, mount_store):
-    server = llamacpp.tool("llama-server")
+    llamacpp.tool("llama-server")     # (skips without one, before anything is mounted)
     root = tmp_path / "store"
     blob = llama.plain_llama_text(tmp_path / "t.gguf")
     trained = SourceGGUF(blob).get("llama.context_length")
@@ -70,17 +70,8 @@ def test_huge_params_reach_the_router_bounded(tmp_path, mount_store):
     ls = subprocess.run([sys.executable, "-m", "compatfs", "ls", str(root)], capture_output=True, text=True,
                         timeout=60)
     assert f"params repeat_last_n={HUGE}: bounded to {1 << 20}" in ls.stdout, ls.stdout + ls.stderr
-    port = free_port()
-    log = open(tmp_path / "server.log", "wb")
-    proc = subprocess.Popen([str(server), "--models-preset", str(mnt / "models.ini"), "--port", str(port),
-                             "--models-max", "1", "--no-webui"],
-                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    try:
-        wait_until(lambda: ask(port, "/health", timeout=2)["status"] == "ok", 60,
-                   what="the router answering /health", tolerate=SERVING)
+    with router(mnt / "models.ini", tmp_path / "server.log") as port:
         r = ask(port, "/completion", {"model": "tiny:1b", "prompt": "Hello", "n_predict": 2})
         assert r["tokens_predicted"] > 0, r
         gen = ask(port, f"/props?model={quote('tiny:1b')}")["default_generation_settings"]
         assert gen["n_ctx"] == trained
-    finally:
-        llamacpp.stop(proc, log)

@@ -5,14 +5,13 @@ out with why, and never changes another model's child's arguments."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import llamacpp
 from compatfs.router.preset import Entry, refusal, render
 from compatfs.testing import llama, llava
 from conftest import needs_fuse, wait_until
-from test_router import SERVING, ask, free_port
+from test_router import SERVING, ask, router
 
 
 def test_names_llama_cpp_reads_specially_get_no_section():
@@ -31,7 +30,7 @@ def test_a_section_name_or_alias_is_never_written_twice():
 
 @needs_fuse
 def test_a_folder_named_star_never_steers_another_model(tmp_path, mount_store):
-    server = llamacpp.tool("llama-server")
+    llamacpp.tool("llama-server")     # (skips without one, before anything is mounted)
     root = tmp_path / "models"
     (root / "*").mkdir(parents=True)
     (root / "tiny").mkdir()
@@ -46,19 +45,10 @@ def test_a_folder_named_star_never_steers_another_model(tmp_path, mount_store):
     assert (mnt / "*" / "mmproj.gguf").exists()
     text = (mnt / "models.ini").read_text()
     assert "[*]" not in text and "; *: left out of models.ini" in text and "[tiny]" in text, text
-    port = free_port()
-    log = open(tmp_path / "server.log", "wb")
-    proc = subprocess.Popen([str(server), "--models-preset", str(mnt / "models.ini"), "--port", str(port),
-                             "--models-max", "1", "-t", "1", "--no-webui"],
-                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    try:
-        wait_until(lambda: ask(port, "/health", timeout=2)["status"] == "ok", 60,
-                   what="the router answering /health", tolerate=SERVING)
+    with router(mnt / "models.ini", tmp_path / "server.log", "-t", "1") as port:
         models = {m["id"]: m for m in ask(port, "/models")["data"]}
         assert {"tiny", "default"} <= set(models) and "*" not in models, sorted(models)
         for name in ("tiny", "default"):
             args = models[name]["status"]["args"]
             assert "--mmproj" not in args and "--embeddings" not in args, (name, args)
             assert str(mnt / name / "model.gguf") in args, (name, args)
-    finally:
-        llamacpp.stop(proc, log)

@@ -15,7 +15,7 @@ import llamacpp
 from compatfs.testing import llama, llava
 from compatfs.testing.store import add_model
 from conftest import Mount, needs_fuse, wait_until
-from test_router import NESTED, SERVING, ask, free_port
+from test_router import NESTED, SERVING, ask, router
 from test_sampling import set_params
 
 pytestmark = needs_fuse
@@ -198,19 +198,12 @@ def test_models_ini_is_readable_as_the_mount_root_is(open_tmp):
 
 
 def test_stock_llama_server_serves_the_mounts_models_ini(tmp_path, mount_store):
-    server = llamacpp.tool("llama-server")
+    llamacpp.tool("llama-server")     # (skips without one, before anything is mounted)
     root, _, nested = store_with_models(tmp_path)
     set_params(root, nested, b'{"temperature":0.25,"top_k":5,"num_ctx":256}')
     mnt = mounted(tmp_path, root, mount_store)
     wait_until(lambda: "ctx-size = 256" in preset(mnt), 5, what="models.ini showing num_ctx 256", tolerate=SERVING)
-    port = free_port()
-    log = open(tmp_path / "server.log", "wb")
-    proc = subprocess.Popen([str(server), "--models-preset", str(mnt / "models.ini"), "--port", str(port),
-                             "--models-max", "1", "-t", "1", "--no-webui"],
-                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    try:
-        wait_until(lambda: ask(port, "/health", timeout=2)["status"] == "ok", 60,
-                   what="the server answering /health", tolerate=SERVING)
+    with router(mnt / "models.ini", tmp_path / "server.log", "-t", "1") as port:
         aliases = {a for m in ask(port, "/v1/models")["data"] for a in m["aliases"]}
         assert {NESTED, "tiny:1b"} <= aliases
         r = ask(port, "/completion", {"model": NESTED, "prompt": "Hello", "n_predict": 4})
@@ -218,5 +211,3 @@ def test_stock_llama_server_serves_the_mounts_models_ini(tmp_path, mount_store):
         from urllib.parse import quote
         gen = ask(port, f"/props?model={quote(NESTED)}")["default_generation_settings"]
         assert gen["n_ctx"] == 256 and gen["params"]["top_k"] == 5
-    finally:
-        llamacpp.stop(proc, log)

@@ -1,6 +1,7 @@
 """`compatfs serve`: stock llama-server's router over a mount, every model
 by its Ollama name (nested ones too), with its params: the preset's options
 and model.gguf's sampling defaults; the preset follows the store."""
+import contextlib
 import json
 import os
 import socket
@@ -74,6 +75,23 @@ def ask(port: int, path: str, body: dict | None = None, timeout: float = 120) ->
 
 # What asking a server or a mount that is not there yet raises (for wait_until: not yet).
 SERVING = (OSError, ValueError, KeyError)
+
+
+@contextlib.contextmanager
+def router(preset: Path, log: Path, *extra: str):
+    """Stock llama-server's router on `preset` (its output in `log`), up and
+    answering /health; yields its port, and stops it after."""
+    port = free_port()
+    out = open(log, "wb")  # noqa: SIM115 (closed with the process, by llamacpp.stop)
+    proc = subprocess.Popen([str(llamacpp.tool("llama-server")), "--models-preset", str(preset), "--port", str(port),
+                             "--models-max", "1", "--no-webui", *extra],
+                            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: ask(port, "/health", timeout=2)["status"] == "ok", 60,
+                   what="the router answering /health", tolerate=SERVING)
+        yield port
+    finally:
+        llamacpp.stop(proc, out)
 
 
 @needs_fuse
