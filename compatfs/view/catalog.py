@@ -9,7 +9,9 @@ import functools
 import logging
 import multiprocessing
 import os
+import stat
 import threading
+from collections.abc import Mapping
 from concurrent.futures import Future, ProcessPoolExecutor, TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Callable, overload
@@ -17,6 +19,7 @@ from typing import Callable, overload
 from cachetools import LRUCache
 
 from ..errors import GGUFError
+from ..files.blobfile import identity
 from ..format.header import SourceGGUF
 from ..names import LAYER_FILE, MMPROJ_FILE, MODEL_FILE
 from .claims import build_view, classify, is_embedding, sampled_spec
@@ -54,6 +57,32 @@ class BlobViews:
         self._pending: dict[str, Future] = {}
         self.on_belied: Callable[[Path], None] | None = None
         self._checked: dict[str, Stamp] = {}   # blob path -> identity whose summary was made by this daemon
+        self._seen: dict[str, os.stat_result] = {}   # blob path -> its status as the last scan found it
+
+    # -- statuses --------------------------------------------------------------
+    def saw(self, statuses: Mapping[Path, os.stat_result | OSError]) -> None:
+        """The statuses of blobs as a scan of the store just found them
+        (`blobfile.statuses`): what `stat` and `readdir` answer from until
+        the next scan (the scan that finds a blob changed tells the kernel
+        and the FUSE layer's memo to forget it), so that answering them
+        resolves no path again.  Views are built from the blob as it is
+        when they are read, whatever was seen."""
+        with self._lock:
+            for path, st in statuses.items():
+                if isinstance(st, os.stat_result) and stat.S_ISREG(st.st_mode):
+                    self._seen[str(path)] = st
+                else:
+                    self._seen.pop(str(path), None)
+
+    def seen(self, path: Path) -> os.stat_result | None:
+        """The status of the regular file `path` as the last scan found it (None: not seen)."""
+        with self._lock:
+            return self._seen.get(str(path))
+
+    def _stamp(self, path: Path) -> Stamp:
+        """The identity of the blob at `path` as the last scan found it, else as it is now."""
+        st = self.seen(path)
+        return identity(st) if st is not None else stamp_of(path)
 
     # -- summaries -------------------------------------------------------------
     @overload
@@ -66,7 +95,7 @@ class BlobViews:
         """The blob's summary; GGUFError when the blob cannot be read at all.
         With `stamp`: the summary of the blob of that identity, None when the
         file at `path` turns out to be another."""
-        expect, stamp = stamp, stamp or stamp_of(path)
+        expect, stamp = stamp, stamp or self._stamp(path)
         hit = self.index.get(path, stamp)
         if hit is not None:
             return hit
@@ -125,7 +154,7 @@ class BlobViews:
         todo = []
         for path in paths:
             try:
-                if self.index.get(path, stamp_of(path)) is None and str(path) not in self._pending:
+                if self.index.get(path, self._stamp(path)) is None and str(path) not in self._pending:
                     todo.append(path)
             except GGUFError:
                 continue
@@ -154,7 +183,7 @@ class BlobViews:
         try:
             stamp, summary = future.result()
             self._parsing(path, "its summary, in a worker")
-            if stamp == stamp_of(path):
+            if stamp == self._stamp(path):
                 self._indexed(path, stamp, summary)
         except Exception as e:
             log.debug("background summary of %s failed: %s", path, e)
@@ -191,7 +220,7 @@ class BlobViews:
         kvs = self.sampling_kvs(MODEL_FILE, params)
         if not kvs:
             return size
-        stamp, key = stamp_of(path), kvs_key(kvs)
+        stamp, key = self._stamp(path), kvs_key(kvs)
         hit = self.index.sampled(path, stamp, key)
         if hit is None:
             self._parsing(path, "its size with sampling defaults")
@@ -339,6 +368,8 @@ class BlobViews:
                 del self._views[key]
             for gone in [p for p in self._checked if p not in keep]:
                 del self._checked[gone]
+            for gone in [p for p in self._seen if p not in keep]:
+                del self._seen[gone]
         self.index.retain(keep)
 
 
