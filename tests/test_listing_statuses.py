@@ -84,3 +84,13 @@ def test_a_blob_that_left_is_seen_no_more(fs):
     ref = fs.tree.lookup("chat:1b/model.gguf")
     fs.tree.views.retain(set())
     assert fs.tree.views.seen(ref.blob) is None
+
+
+def test_a_summary_resolves_its_blob_path_once(tmp_path, monkeypatch):
+    from compatfs.view.summaries import summarize
+    blob = llama.plain_llama_text(tmp_path / "t.gguf")
+    walked: list[str] = []
+    real = blobfile._walk
+    monkeypatch.setattr(blobfile, "_walk", lambda path, caller: walked.append(os.fspath(path)) or real(path, caller))
+    stamp, summary = summarize(blob, True)
+    assert walked == [str(blob)] and summary.model_size > 0 and stamp[2] == blob.stat().st_size

@@ -81,14 +81,15 @@ def summarize(path: Path, translate: bool) -> tuple[Stamp, Summary]:
     """The blob's identity and its views' summary, made from scratch (also in
     a worker process: every argument and result is plain data).  A refused
     view has size 0 and its reason; a blob that cannot be parsed, `error`.
-    The identity is the parsed file's own (the path may name another by then)."""
-    stamp = stamp_of(path)
+    The identity is the parsed file's own (the path may name another by then;
+    for a blob that cannot be parsed, the file's at `path` after the attempt;
+    GGUFError when there is none, or no regular file)."""
     try:
         info = classify(SourceGGUF(path), translate)
     except GGUFError as e:
         if transient(e):
             raise        # a fault of the system is no verdict on the blob: nothing to index
-        return stamp, Summary(0, None, error=str(e))
+        return stamp_of(path), Summary(0, None, error=str(e))
     stamp = info.source.identity
 
     def made(kind: str) -> tuple[int, str | None, ViewSpec | None]:
