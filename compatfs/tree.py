@@ -213,6 +213,7 @@ class Tree:
     def _marks_of(self, folders: dict[str, Folder]) -> dict[str, tuple | None]:
         st = statuses({p for f in folders.values() for p in (f.model, f.projector, *(p for _, p in f.passed))
                        if p is not None})
+        self.views.saw(st)    # (listing: stat and readdir answer from these until the next scan)
         mark = self._file_mark
 
         def of(p: Path | None) -> tuple | None:

@@ -57,8 +57,12 @@ models are cached in .cache/):
   params layer; written once): mount-to-ready on a first mount and a
   remount over the warm index, with the headers the daemon had parsed by
   then (its debug log's lines), `ls -l` of every model folder first, again
-  and after the remount, daemon RSS; at 1,000 models also the daemon's CPU
-  over 30 idle seconds and how soon a model pulled and then removed shows.
+  and after the remount (attribute and entry timeouts 0: every request
+  reaches the daemon), daemon RSS; then a remount with the mount's own
+  timeouts: `ls -l` after it and again (the kernel answers), how soon a
+  model pulled and then removed shows, daemon RSS; at 1,000 models also the
+  daemon's CPU over 30 idle seconds after the first listing and after the
+  remount's.
 * server: llama-server start-to-ready through a fresh mount (first and second
   start) against a local copy of the same bytes (copied out of the mount),
   untranslated and translated, when a stock llama-server is at hand
@@ -1270,19 +1274,21 @@ def big_store_bench(work: Path) -> None:
         row.update(up=up, parsed_up=parsed_up, remount=list_all(d.mnt)[0])
         row.update(parsed_remount=parsed(log), rss_remount=rss_mib(d.proc.pid))
         d.close()
+        # The mount's own timeouts (the kernel keeps attributes and entries
+        # until the daemon says they changed): what a user's ls -l meets.
+        d, up_own, _ = big_daemon(store, mnt, index, log)
+        row.update(up_own=up_own, remount_own=list_all(d.mnt)[0], again_own=list_all(d.mnt)[0])
         if n == BIG_STORE_MODELS[0]:
-            d, _, _ = big_daemon(store, mnt, index, log)     # the mount's own timeouts
-            list_all(d.mnt)
             row["idle"] = idle_cpu(d.proc.pid, log)
-            manifest = write_tiny_model(store, "pulled", n, params=True)
-            try:
-                row["pulled"] = until_listed(d.mnt, "pulled:latest", True)
-                shutil.rmtree(manifest.parent)
-                row["removed"] = until_listed(d.mnt, "pulled:latest", False)
-            finally:
-                shutil.rmtree(manifest.parent, ignore_errors=True)    # the cached store stays as built
-            row["rss_own"] = rss_mib(d.proc.pid)
-            d.close()
+        manifest = write_tiny_model(store, "pulled", n, params=True)
+        try:
+            row["pulled"] = until_listed(d.mnt, "pulled:latest", True)
+            shutil.rmtree(manifest.parent)
+            row["removed"] = until_listed(d.mnt, "pulled:latest", False)
+        finally:
+            shutil.rmtree(manifest.parent, ignore_errors=True)    # the cached store stays as built
+        row["rss_own"] = rss_mib(d.proc.pid)
+        d.close()
         rows.append(row)
 
     def secs(v: float | None) -> str:
@@ -1292,8 +1298,8 @@ def big_store_bench(work: Path) -> None:
         print(f"\nscale, a big store: {r['n']} tiny models, every other one with a params layer"
               f" ({r['files']} files listed; store {r['built']}); timeouts 0 unless said")
         print("                                              now       goal")
-        print(f"  first mount: up in                       {secs(r['up_first'])}             "
-              f"({r['parsed_first']} headers parsed by then)")
+        print(f"  first mount: up in                       {secs(r['up_first'])}   <= 10 s   "
+              f"({r['parsed_first']} headers parsed by then; indexing may go on after)")
         print(f"  ls -l, first mount                       {secs(r['first'])}             "
               f"({r['parsed_listing']} headers parsed in all)")
         print(f"  ls -l again                              {secs(r['again'])}")
@@ -1303,12 +1309,17 @@ def big_store_bench(work: Path) -> None:
               f"({r['parsed_remount']} headers parsed in all; goal 0)")
         print(f"  daemon RSS after the first listings      {r['rss']:6.0f} MiB; after the remount's: "
               f"{r['rss_remount']:.0f} MiB")
-        if "idle" in r:
+        if "idle_first" in r:
             print(f"  daemon CPU idle {IDLE_SECONDS} s after the first listing {r['idle_first']:7.2%}    < 1% of a core")
-            print(f"  the same, remounted, own timeouts        {r['idle']:7.2%}    < 1% of a core")
-            print(f"  a model pulled: listed after             {secs(r['pulled'])}   <= 2 s")
-            print(f"  that model removed: gone after           {secs(r['removed'])}   <= 2 s")
-            print(f"  daemon RSS then                          {r['rss_own']:6.0f} MiB")
+        print("  the mount's own timeouts (the kernel keeps what the daemon told it until told it changed):")
+        print(f"  remount (warm index): up in              {secs(r['up_own'])}")
+        print(f"  ls -l after the remount                  {secs(r['remount_own'])}   <= 2 s")
+        print(f"  ls -l again                              {secs(r['again_own'])}   <= 0.5 s  (the kernel answers)")
+        if "idle" in r:
+            print(f"  daemon CPU idle {IDLE_SECONDS} s after that              {r['idle']:7.2%}    < 1% of a core")
+        print(f"  a model pulled: listed after             {secs(r['pulled'])}   <= 2 s")
+        print(f"  that model removed: gone after           {secs(r['removed'])}   <= 2 s")
+        print(f"  daemon RSS then                          {r['rss_own']:6.0f} MiB")
 
 
 # -- real widths: the op-heavy legacy forms at published sizes ---------------------------------

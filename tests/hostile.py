@@ -19,7 +19,7 @@ from compatfs.format.values import VT, Value, skip_value
 from compatfs.testing import gemma3
 from compatfs.testing.store import add_model
 from compatfs.files.lookup import Transient
-from compatfs.view.catalog import HandlerFailure
+from compatfs.view.claims import HandlerFailure
 
 _U64 = struct.Struct("<Q")
 

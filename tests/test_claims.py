@@ -13,7 +13,7 @@ from compatfs import handlers
 from compatfs.format.header import SourceGGUF
 from compatfs.testing import LEGACY
 from compatfs.translate import Rename, plan
-from compatfs.view.catalog import classify
+from compatfs.view.claims import classify
 
 from conftest import SHARED
 from ggufs import write_gguf

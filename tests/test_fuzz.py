@@ -35,7 +35,7 @@ def test_a_handler_crash_is_a_finding_not_a_refusal(tmp_path, monkeypatch):
     HandlerFailure, which is a GGUFError: the fuzzer reports it as a
     finding, `views_of` raises it, and `refused` fails on it even where the
     message matches (pytest.raises(GGUFError, match=...) passes it)."""
-    import compatfs.view.catalog as views_module
+    import compatfs.view.claims as views_module
     from compatfs.testing import LEGACY
     blob = LEGACY["gemma3"].model(tmp_path / "g.gguf")
 
@@ -218,7 +218,7 @@ def test_lfm2_kv_heads_as_strings_are_no_match(tmp_path):
     (it did, and the edit then died with an AttributeError writing an int
     into a string array), so it is served as stored."""
     from compatfs.format.header import SourceGGUF
-    from compatfs.view.catalog import classify
+    from compatfs.view.claims import classify
     path = _edited(SHARED / "ollama/lfm2.gguf", tmp_path,
                    lambda b: _same_length_strings(b, "lfm2.attention.head_count_kv"))
     assert classify(SourceGGUF(path)).text is None

@@ -28,7 +28,7 @@ from gguf import MODEL_ARCH, MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_TENSORS, TENS
 from compatfs.format.header import SourceGGUF
 from compatfs.testing import LEGACY
 from compatfs.translate import plan
-from compatfs.view.catalog import classify
+from compatfs.view.claims import classify
 
 from conftest import ROOT, SHARED
 

@@ -10,7 +10,7 @@ from compatfs.format.header import SourceGGUF
 from compatfs.testing import qwen3next
 from compatfs.testing.store import add_model
 from compatfs.testing.tokenizers import CORPUS
-from compatfs.view.catalog import classify
+from compatfs.view.claims import classify
 
 from compare import as_f32, kvs
 from conftest import needs_fuse

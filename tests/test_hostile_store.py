@@ -22,7 +22,8 @@ from compatfs.sources.ollama import OllamaStore
 from compatfs.testing import fuzz, llama
 from compatfs.testing.store import add_blob, add_model
 from compatfs.tree import Tree
-from compatfs.view.catalog import BlobViews, summarize
+from compatfs.view.catalog import BlobViews
+from compatfs.view.summaries import summarize
 from compatfs.names import MMPROJ_FILE, MODEL_FILE
 
 from hostile import ends_within, fifo_writer_release, vision_and_text_store
@@ -140,7 +141,7 @@ class Boom(Exception):
 
 def _failing_plan(monkeypatch, kinds: str):
     """Make planning with the handlers of `kinds` (TEXT or CLIP) raise Boom."""
-    import compatfs.view.catalog as views_module
+    import compatfs.view.claims as views_module
     real_plan = views_module.plan
 
     def plan(tr, src):
@@ -168,7 +169,7 @@ def test_a_failing_plan_refuses_only_its_view(store, monkeypatch, kinds, refused
 
 
 def test_a_failing_claim_refuses_only_its_view(store, monkeypatch):
-    import compatfs.view.catalog as views_module
+    import compatfs.view.claims as views_module
     blob = _blob(store, "vision", "4b")
     want = BlobViews().view(blob, MMPROJ_FILE).size
     real = views_module.first_claim
@@ -195,13 +196,13 @@ def test_indexing_workers_outlive_the_thread_that_started_them(store, tmp_path):
     working (and still end with the daemon: test_index)."""
     from concurrent.futures import ProcessPoolExecutor
     import multiprocessing
-    import compatfs.view.catalog as views_module
+    import compatfs.view.summaries as views_module
     blob = _blob(store, "text", "1b")
     box = {}
 
     def start():
         pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=views_module._die_with, initargs=(os.getpid(),))
+                                   initializer=views_module.die_with, initargs=(os.getpid(),))
         box["first"] = pool.submit(summarize, blob, True).result(timeout=60)   # the worker is set up
         box["pool"] = pool
 

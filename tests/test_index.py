@@ -169,7 +169,8 @@ def test_a_stat_never_waits_on_a_worker_that_has_not_answered(tmp_path):
     """A summary a worker has taken but not delivered (its pool still
     starting, or stuck) is made by the request itself after a short wait."""
     from concurrent.futures import Future
-    from compatfs.view.catalog import BlobViews, summarize
+    from compatfs.view.catalog import BlobViews
+    from compatfs.view.summaries import summarize
     blob = legacy_gemma3_text(tmp_path / "g.gguf")
     views = BlobViews(index=Index(None, True), workers=2)
     taken = Future()
@@ -241,23 +242,27 @@ def test_entries_of_the_wrong_kind_or_with_errors_are_made_again(tmp_path):
     path = tmp_path / "index.sqlite3"
     index = Index(path, translate=True, version="v1")
     good = Summary(100, None, "gemma3", arch="gemma3")
-    for i in range(4):
+    for i in range(7):
         (tmp_path / f"b{i}").touch()
         index.put(tmp_path / f"b{i}", (i, 1, 1, 1, 1), good)
     index.close()
     db = sqlite3.connect(path)
-    db.execute("UPDATE views_v4 SET model_size = 'abc' WHERE path = ?", (str(tmp_path / "b1"),))
-    db.execute("UPDATE views_v4 SET model_size = -5 WHERE path = ?", (str(tmp_path / "b2"),))
-    db.execute("UPDATE views_v4 SET error = 'forged' WHERE path = ?", (str(tmp_path / "b3"),))
+    db.execute("UPDATE views_v5 SET model_size = 'abc' WHERE path = ?", (str(tmp_path / "b1"),))
+    db.execute("UPDATE views_v5 SET model_size = -5 WHERE path = ?", (str(tmp_path / "b2"),))
+    db.execute("UPDATE views_v5 SET error = 'forged' WHERE path = ?", (str(tmp_path / "b3"),))
+    db.execute("UPDATE views_v5 SET context_length = 0 WHERE path = ?", (str(tmp_path / "b4"),))
+    db.execute("UPDATE views_v5 SET context_length = ? WHERE path = ?", (1 << 40, str(tmp_path / "b5")))
+    db.execute("UPDATE views_v5 SET block_count = 'many' WHERE path = ?", (str(tmp_path / "b6"),))
     db.commit()
     db.close()
     again = Index(path, translate=True, version="v1")
     assert again.get(tmp_path / "b0", (0, 1, 1, 1, 1)) == good
-    assert [again.get(tmp_path / f"b{i}", (i, 1, 1, 1, 1)) for i in (1, 2, 3)] == [None] * 3
+    assert [again.get(tmp_path / f"b{i}", (i, 1, 1, 1, 1)) for i in range(1, 7)] == [None] * 6
 
 
 def test_a_view_that_belies_its_entry_rebuilds_it(tmp_path):
-    from compatfs.view.catalog import BlobViews, summarize
+    from compatfs.view.catalog import BlobViews
+    from compatfs.view.summaries import summarize
     from compatfs.names import MMPROJ_FILE, MODEL_FILE
     from compatfs.files.lookup import identity
     import pytest

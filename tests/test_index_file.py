@@ -19,14 +19,14 @@ from conftest import needs_fuse, wait_until
 
 # The start-up query (as the base commit had it too).
 STARTUP = ("SELECT path, dev, ino, size, mtime_ns, ctime_ns, model_size, mmproj_size, text, clip, error, arch, "
-           "model_error, mmproj_error, embedding FROM views_v4 WHERE version = ? AND translate = ?")
+           "model_error, mmproj_error, embedding FROM views_v5 WHERE version = ? AND translate = ?")
 
 
 def _paths(path: Path, version: str | None = None) -> set[str]:
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        sql, args = ("SELECT path FROM views_v4", ()) if version is None else \
-            ("SELECT path FROM views_v4 WHERE version = ?", (version,))
+        sql, args = ("SELECT path FROM views_v5", ()) if version is None else \
+            ("SELECT path FROM views_v5 WHERE version = ?", (version,))
         return {p for (p,) in db.execute(sql, args)}
     finally:
         db.close()

@@ -15,6 +15,7 @@ import compatfs.format.header
 import compatfs.router.preset
 import compatfs.view.sampling
 import compatfs.view.catalog
+import compatfs.view.summaries
 from compatfs.files.lookup import status
 from compatfs.view.index import Index
 from compatfs.fuse.current import CurrentViews
@@ -79,6 +80,7 @@ def test_a_remount_over_a_warm_index_parses_no_header(store, tmp_path, monkeypat
 
     monkeypatch.setattr(compatfs.format.header, "SourceGGUF", counted)   # as the preset imports it
     monkeypatch.setattr(compatfs.view.catalog, "SourceGGUF", counted)
+    monkeypatch.setattr(compatfs.view.summaries, "SourceGGUF", counted)
     # The one parse a remount may make: a model blob's header, once, where
     # models.ini asks whether it is an embedding model (`BlobViews.embedding`:
     # the index's flag is checked before it reaches models.ini).

@@ -77,14 +77,14 @@ def test_a_lowered_size_with_sampling_keys_is_found_before_a_byte_is_served(warm
 @needs_fuse
 def test_a_flipped_embedding_flag_is_found(warm, mount_store, tmp_path):
     root, cache, true = warm
-    _tamper(cache, "UPDATE views_v4 SET embedding = 1 WHERE path = ?", _blob(root, "plain"))
+    _tamper(cache, "UPDATE views_v5 SET embedding = 1 WHERE path = ?", _blob(root, "plain"))
     # Asked before a view is built, the flag comes from the blob's header.
     index = Index(cache / "index.sqlite3", translate=True)
     assert index.get(Path(_blob(root, "plain")), _stamp(_blob(root, "plain"))).embedding   # as tampered
     views = BlobViews(index=index)
     assert views.embedding(Path(_blob(root, "plain"))) is False
     views.close()
-    _tamper(cache, "UPDATE views_v4 SET embedding = 1 WHERE path = ?", _blob(root, "plain"))
+    _tamper(cache, "UPDATE views_v5 SET embedding = 1 WHERE path = ?", _blob(root, "plain"))
     # Through a mount: once model.gguf's view is built, models.ini says the truth.
     m = mount_store(root, env={"COMPATFS_CACHE_DIR": str(cache)})
     assert (m / PLAIN).read_bytes() == true[PLAIN]
@@ -102,7 +102,7 @@ def _stamp(path: str):
 @pytest.mark.parametrize("how", ["writable by others", "another user's", "in a folder others may write"])
 def test_an_index_someone_else_could_write_is_not_used(warm, mount_store, how):
     root, cache, true = warm
-    _tamper(cache, "UPDATE views_v4 SET model_size = model_size - 4096")
+    _tamper(cache, "UPDATE views_v5 SET model_size = model_size - 4096")
     index = cache / "index.sqlite3"
     if how == "writable by others":
         index.chmod(0o666)

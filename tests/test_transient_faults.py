@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from compatfs.fuse import current, libfuse, throttle
-from compatfs.view import catalog as views_module
+from compatfs.view import catalog as views_module, claims, summaries
 from compatfs.files.access import Caller
 from compatfs.files.lookup import Transient
 from compatfs.fuse.operations import CompatFS
@@ -83,11 +83,11 @@ def _fault(monkeypatch, how: str) -> Once:
         once = Once(os.preadv, OSError(errno.EIO, os.strerror(errno.EIO)))
         monkeypatch.setattr(os, "preadv", once)
     elif how == "MemoryError in a handler":
-        once = Once(views_module.first_claim, MemoryError("a handler's array"))
-        monkeypatch.setattr(views_module, "first_claim", once)
+        once = Once(claims.first_claim, MemoryError("a handler's array"))
+        monkeypatch.setattr(claims, "first_claim", once)
     elif how == "ENFILE in a handler":
-        once = Once(views_module.first_claim, OSError(errno.ENFILE, os.strerror(errno.ENFILE)))
-        monkeypatch.setattr(views_module, "first_claim", once)
+        once = Once(claims.first_claim, OSError(errno.ENFILE, os.strerror(errno.ENFILE)))
+        monkeypatch.setattr(claims, "first_claim", once)
     else:
         raise AssertionError(how)
     once.armed = True
@@ -119,8 +119,8 @@ def test_a_handler_crash_is_still_remembered(mounted, monkeypatch):
     """A verdict on the blob (a contained handler crash) stays EIO without
     building the view again."""
     fs = mounted.fs
-    once = Once(views_module.first_claim, KeyError("general.name"))
-    monkeypatch.setattr(views_module, "first_claim", once)
+    once = Once(claims.first_claim, KeyError("general.name"))
+    monkeypatch.setattr(claims, "first_claim", once)
     once.armed = True
     for _ in range(2):
         with pytest.raises(OSError) as e:
@@ -161,12 +161,12 @@ def test_classify_raises_a_fault_of_the_system(tmp_path, monkeypatch):
     from compatfs.format.header import SourceGGUF
     from compatfs.testing import gemma3
     source = SourceGGUF(gemma3.legacy_gemma3_text(tmp_path / "g.gguf"))
-    once = Once(views_module.first_claim, MemoryError())
-    monkeypatch.setattr(views_module, "first_claim", once)
+    once = Once(claims.first_claim, MemoryError())
+    monkeypatch.setattr(claims, "first_claim", once)
     once.armed = True
     with pytest.raises(Transient, match="claiming model.gguf: MemoryError"):
-        views_module.classify(source)
-    info = views_module.classify(source)
+        claims.classify(source)
+    info = claims.classify(source)
     assert info.text is not None and info.text_error is None
 
 
@@ -243,14 +243,14 @@ def test_a_fault_while_sizing_is_neither_indexed_nor_remembered_by_stat(tmp_path
     views = BlobViews()
     fs = CompatFS(Tree(OllamaStore(store), views, rescan_seconds=3600), str(tmp_path / "mnt"))
     views.index = Index(None, True)     # its first scan summarized the blob (models.ini): known no more
-    once = Once(views_module.SourceGGUF, fault)
-    monkeypatch.setattr(views_module, "SourceGGUF", once)
+    once = Once(summaries.SourceGGUF, fault)
+    monkeypatch.setattr(summaries, "SourceGGUF", once)
     once.armed = True
     with pytest.raises(OSError) as failed:
         fs.getattr(MODEL)
     assert failed.value.errno == errno.EIO and once.fired == 1
     blob = fs.tree.lookup(MODEL[1:]).blob
-    assert views.index.get(blob, views_module._stamp(blob)) is None    # nothing indexed for the fault
+    assert views.index.get(blob, summaries.stamp_of(blob)) is None    # nothing indexed for the fault
     assert fs.getattr(MODEL)["st_size"] == len(expected(blob))
 
 

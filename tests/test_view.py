@@ -137,7 +137,7 @@ def test_translated_size_is_the_laid_out_size(tmp_path):
     """What `stat` shows (counted, header not rendered) is the size of the
     view served, for every legacy writer's model and projector."""
     from compatfs.testing import LEGACY
-    from compatfs.view.catalog import classify, view_spec
+    from compatfs.view.claims import classify, view_spec
     from compatfs.names import MMPROJ_FILE, MODEL_FILE
     seen = 0
     for name, entry in LEGACY.items():

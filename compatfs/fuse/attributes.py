@@ -1,7 +1,8 @@
 """What getattr and readdir answer for a path of the mount.
 
 A folder mirrors the owner and mode (minus write bits) of the store folder it
-comes from; a file shows its blob's owner, mode (minus write bits) and times,
+comes from; a file shows its blob's owner, mode (minus write bits) and times
+(its status as the last scan of the store found it, `BlobViews.saw`),
 the size of the view it serves (the one its open files read while they
 are open), one inode number per (path, blob identity).  A file whose blob
 cannot be served is shown empty and unreadable, so that opening it
@@ -69,11 +70,12 @@ class Attributes:
             return file_attrs(path, held.stamp, held.size, kept[1])
         st: os.stat_result | None = None
         size: int | None = None
+        seen = self.tree.views.seen(node.blob)    # as the last scan found it (no path resolved again)
         for _attempt in range(3):
             # Size and identity of one blob (the path may name another by the
-            # time its summary is looked up).
+            # time its summary is looked up: then as it is now).
             try:
-                st = self._current.blob_stat(node)
+                st, seen = seen or self._current.blob_stat(node), None
                 size = self._current.size(node, st)
                 break
             except Unavailable:
@@ -116,6 +118,9 @@ class Attributes:
     def _file_ino(self, path: str, ref: FileRef) -> int:
         """The inode number `getattr` gives `path`: one per (path, view)."""
         stamp = self._paths.open_stamp(path)
+        seen = self.tree.views.seen(ref.blob)
+        if stamp is None and seen is not None:
+            stamp = identity(seen)
         if stamp is None:
             try:
                 stamp = identity(status(ref.blob))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..errors import GGUFError
 from ..format.params import OPTIONS, Limits, Option
+from ..view.summaries import Trained, trained
 
 # Options whose meaning llama-server has, but only in combination: use_mmap
 # and use_mlock become one --load-mode.
@@ -72,26 +73,24 @@ def machine_cpus() -> int:
 _BY_MODEL = {k for k, o in OPTIONS.items() if o.bound in ("context", "layers")}
 
 
-def model_limits(model: Path | None, params: dict) -> Limits:
-    """The `Limits` of the model GGUF at `model` on this machine: its trained
-    context (`<arch>.context_length`, a positive int32) and its layers (the
-    blocks it holds tensors of, never a count read from a KV, and its output
-    layer), read from its header only when `params` has an option they
-    bound; `Limits`' ceilings where they cannot be read."""
+def model_limits(model: Path | Trained | None, params: dict) -> Limits:
+    """The `Limits` of a model on this machine: its trained context and its
+    layers (the blocks it holds tensors of, and its output layer), as `model`
+    says (a `Trained`: a summary's, no header parsed), or as the header of
+    the model GGUF at `model` says (read only when `params` has an option
+    they bound); `Limits`' ceilings where they cannot be read."""
     from ..format.header import SourceGGUF
     limits = Limits(machine_cpus())
     if model is None or not _BY_MODEL & set(params):
         return limits
     try:
-        src = SourceGGUF(model)
-        ctx = src.get(f"{src.architecture}.context_length") if src.architecture else None
-        blocks = len(src.block_ids())
+        shape = model if isinstance(model, Trained) else trained(SourceGGUF(model))
     except (GGUFError, OSError, ValueError):
         return limits
-    if isinstance(ctx, int) and not isinstance(ctx, bool) and 0 < ctx < 1 << 31:
-        limits = replace(limits, context=ctx, context_is="the model's trained context")
-    if blocks:
-        limits = replace(limits, layers=blocks + 1, layers_is="the model's layers and its output layer")
+    if shape.context_length is not None:
+        limits = replace(limits, context=shape.context_length, context_is="the model's trained context")
+    if shape.block_count:
+        limits = replace(limits, layers=shape.block_count + 1, layers_is="the model's layers and its output layer")
     return limits
 
 

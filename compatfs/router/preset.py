@@ -51,6 +51,7 @@ from ..errors import GGUFError
 from ..names import LAYER_FILE, MMPROJ_FILE, MODEL_FILE, PRESET_FILE
 from ..sources.base import adapter_files
 from ..tree import FileRef, Snapshot, Tree
+from ..view.summaries import Trained
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +74,12 @@ class Entry:
     mmproj: bool
     params: Path | None        # its params.json
     embedding: bool = False    # an embedding model (llama-server serves it with --embeddings)
-    model: Path | None = None  # the GGUF whose header tells the model's limits (`router.params.model_limits`)
+    model: Path | None = None  # its model GGUF (whose header tells its limits where `trained` does not)
     readers: Path | None = None  # the folder whose readers read the preset (its params must be theirs to read)
     adapters: tuple[tuple[str, Path], ...] = ()   # (file name in `folder`, the GGUF it shows) of its adapters
     arch: str | None = None    # model.gguf's architecture (None: read from `model` where it has adapters)
     translated: bool = False   # whether model.gguf is a handler's view of `model` (tensors renamed, say)
+    trained: Trained | None = None   # the model's trained context and blocks, as its summary says (no header parsed)
 
 
 # Of the mount's files `scan_mount` last found: path -> (identity, is an embedding model).
@@ -239,7 +241,7 @@ def section(entry: Entry) -> Section:
         return s
     try:
         params = read_params(entry.params, entry.readers)
-        args = translate_params(params, model_limits(entry.model, params))
+        args = translate_params(params, model_limits(entry.trained or entry.model, params))
     except ValueError as e:
         s.notes.append(str(e))
         return s
@@ -397,4 +399,4 @@ class RootPreset:
         except GGUFError:
             embedding, arch, translated = False, None, False
         return Entry(name, self.mountpoint / name, MMPROJ_FILE in (tree.files(snap, name) or {}), f.params, embedding,
-                     f.model, readers, adapter_files(f.adapters), arch, translated)
+                     f.model, readers, adapter_files(f.adapters), arch, translated, tree.views.trained(f.model))

@@ -1,243 +1,38 @@
-"""The views of each blob: a small summary of every blob for `stat` and
-`readdir` (see `index`), whole views built when a file is read and kept in an
-LRU bounded in bytes.
-
-For a blob, `model.gguf` is the text view: the first text translation that
-claims it, else the blob unchanged.  `mmproj.gguf` exists for a projector
-blob (architecture `clip`: the first clip translation that claims it, else
-unchanged) and for a monolithic blob that a clip translation claims.  With
-translation off every view is the blob unchanged.
-
-A handler that fails while claiming, planning or rendering a view (whatever
-it raises) refuses that one view: GGUFError naming the blob, the handler and
-the reason; the blob's other view is made as if it had not been asked.  A
-fault of the system met meanwhile (memory running out, a blob read failing:
-`blobfile.transient`) refuses nothing: it is raised as a `Transient`, so
-that nothing remembers it as the blob's.
-"""
+"""What the mount knows of each blob (`BlobViews`): a small summary of every
+blob for `stat`, `readdir` and `models.ini` (made by `summaries`, kept by
+`index`), whole views built when a file is read (`claims`) and kept in an
+LRU bounded in bytes."""
 from __future__ import annotations
 
 import dataclasses
 import functools
 import logging
+import multiprocessing
 import os
 import stat
 import threading
-import time
-from dataclasses import dataclass
-from pathlib import Path
-
-import multiprocessing
+from collections.abc import Mapping
 from concurrent.futures import Future, ProcessPoolExecutor, TimeoutError as FutureTimeout
+from pathlib import Path
 from typing import Callable, overload
 
 from cachetools import LRUCache
 
-from gguf import Keys
-
-from .. import handlers  # type: ignore[attr-defined]  # handlers/, by package-dir: mypy cannot see it
-from ..files.blobfile import Transient, identity, status, transient
-from ..format.header import SourceGGUF
 from ..errors import GGUFError
-from ..format.values import VT
-from .index import Index, Stamp, Summary
-from ..files.libc import tune_malloc
-from .opcache import OpCache
-from .sampling import Layers, kvs_key, of_layer, with_sampling
-from ..translate import Translation, ViewSpec, first_claim, plan
-from .layout import View
+from ..files.blobfile import identity
+from ..format.header import SourceGGUF
 from ..names import LAYER_FILE, MMPROJ_FILE, MODEL_FILE
+from .claims import build_view, classify, is_embedding, sampled_spec
+from .index import Index, Stamp, Summary
+from .layout import View
+from .opcache import OpCache
+from .sampling import Layers, kvs_key, of_layer
+from .summaries import Trained, die_with, stamp_of, summarize, trained
+
+# Also named here, where the CLI and the fuzzer import them from.
+from .claims import HandlerFailure, translation_enabled  # noqa: F401
 
 log = logging.getLogger(__name__)
-
-
-def translation_enabled(no_translate: bool = False) -> bool:
-    """Off with --no-translate or OLLAMA_LLAMA_CPP_COMPAT=0 (as in Ollama)."""
-    return not no_translate and os.environ.get("OLLAMA_LLAMA_CPP_COMPAT") != "0"
-
-
-@dataclass(frozen=True)
-class BlobInfo:
-    """A parsed blob, the translations that claim it, and why a claim
-    failed (then that view is refused: a verdict on the blob's bytes, never
-    a fault of the system, which `classify` raises)."""
-
-    source: SourceGGUF
-    text: Translation | None
-    clip: Translation | None
-    text_error: GGUFError | None = None
-    clip_error: GGUFError | None = None
-
-    @property
-    def has_mmproj(self) -> bool:
-        return _is_projector(self.source) or self.clip is not None or self.clip_error is not None
-
-
-def _architecture(kvs) -> str | None:
-    """general.architecture of `kvs` where it is a string (else None)."""
-    v = kvs.get(Keys.General.ARCHITECTURE)
-    if v is None or v.vtype != VT.STRING:
-        return None
-    try:
-        return v.decode()
-    except (GGUFError, UnicodeDecodeError):
-        return None
-
-
-def _embedding(kvs) -> bool:
-    """Whether a view of KVs `kvs` is an embedding model: it names a pooling
-    type for its architecture."""
-    arch = _architecture(kvs)
-    return arch is not None and f"{arch}.pooling_type" in kvs
-
-
-def _is_projector(source: SourceGGUF) -> bool:
-    return _architecture(source.kvs) == "clip"
-
-
-class HandlerFailure(GGUFError):
-    """A handler raised something other than GGUFError (it is not total) and
-    other than a fault of the system: its view is refused as for any
-    GGUFError; `__cause__` is what it raised (for the fuzzer, which reports
-    these as findings)."""
-
-
-def _contained(what: str, fn, *args):
-    """`fn(*args)`; whatever it raises as GGUFError naming `what` (a handler
-    that is not total must take down no more than the view it makes): a
-    GGUFError as its own kind, a fault of the system (`blobfile.transient`)
-    as Transient, anything else as HandlerFailure."""
-    try:
-        return fn(*args)
-    except HandlerFailure as e:
-        raise HandlerFailure(f"{what}: {e}") from e.__cause__
-    except GGUFError as e:
-        raise type(e)(f"{what}: {e}") from None
-    except Exception as e:
-        kind = Transient if transient(e) else HandlerFailure
-        raise kind(f"{what}: {type(e).__name__}: {e}") from e
-
-
-def _claim(translations, source: SourceGGUF, kind: str) -> tuple[Translation | None, GGUFError | None]:
-    """The first claiming translation, or why claiming failed; a fault of
-    the system is raised (it says nothing of the blob)."""
-    try:
-        return _contained(f"claiming {kind}", first_claim, translations, source), None
-    except GGUFError as e:
-        if transient(e):
-            raise
-        return None, e
-
-
-def classify(source: SourceGGUF, translate: bool = True) -> BlobInfo:
-    """Which translations claim `source` (none when translation is off).  A
-    clip translation is asked only of a projector or a blob with `v.*`
-    tensors (the vision part of a monolithic blob).  Transient when a fault
-    of the system stopped a claim."""
-    if not translate:
-        return BlobInfo(source, None, None)
-    text, text_error = _claim(handlers.TEXT, source, MODEL_FILE)
-    clip = clip_error = None
-    if _is_projector(source) or source.has_tensor_prefix("v."):
-        clip, clip_error = _claim(handlers.CLIP, source, MMPROJ_FILE)
-    return BlobInfo(source, text, clip, text_error, clip_error)
-
-
-def view_spec(info: BlobInfo, kind: str) -> ViewSpec | None:
-    """What the `kind` (MODEL_FILE or MMPROJ_FILE) view of a classified blob
-    holds; None: the blob itself.  GGUFError when that view is refused."""
-    if kind == MMPROJ_FILE and not info.has_mmproj:
-        raise FileNotFoundError(f"{info.source.path} has no projector view")
-    error = info.text_error if kind == MODEL_FILE else info.clip_error
-    if error is not None:
-        raise type(error)(str(error)) from error.__cause__
-    tr = info.text if kind == MODEL_FILE else info.clip
-    return _contained(f"{tr.name}: planning {kind}", plan, tr, info.source) if tr is not None else None
-
-
-def sampled_spec(info: BlobInfo, kind: str, sampling_kvs: tuple = ()) -> ViewSpec | None:
-    """`view_spec`, with `sampling_kvs` (see `sampling`) set where there are any."""
-    spec = view_spec(info, kind)
-    if sampling_kvs:
-        try:
-            spec = with_sampling(spec, info.source, sampling_kvs)
-        except GGUFError as e:   # a blob only served as it is (duplicate keys, say)
-            log.warning("%s: model.gguf without its params layer's sampling defaults (%s)", info.source.path, e)
-    return spec
-
-
-def build_view(info: BlobInfo, kind: str, cache: OpCache, sampling_kvs: tuple = ()) -> View:
-    """The `kind` (MODEL_FILE or MMPROJ_FILE) view of a classified blob; with
-    `sampling_kvs`, the text view with those KVs set."""
-    spec = sampled_spec(info, kind, sampling_kvs)
-    if spec is None:
-        return View.identity(info.source.identity)
-    return _contained(f"rendering {kind}", View.translated, info.source, spec, cache, (info.source.identity, kind))
-
-
-def _stamp(path: Path) -> Stamp:
-    """The identity of the regular file `path` resolves to (resolved as
-    `blobfile` resolves it, nothing opened); GGUFError for anything else."""
-    try:
-        st = status(path)
-    except OSError as e:
-        raise GGUFError(f"{path}: {e.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise GGUFError(f"{path}: not a regular file")
-    return identity(st)
-
-
-def _watch_parent(parent: int) -> None:
-    """End this process within a quarter second of the daemon's end, however
-    it ends.  (Not the parent-death signal: that follows the thread that
-    started the worker, which ends long before the daemon does.)"""
-    while os.getppid() == parent:
-        time.sleep(0.25)
-    os._exit(0)
-
-
-def _die_with(parent: int) -> None:
-    """Set up an indexing worker: it ends when the daemon ends, however it
-    ends (a worker holds its own task queue open, so it would otherwise wait
-    forever for work from a daemon killed with SIGKILL); and, as it lives for
-    one batch only, it keeps freed memory for the next header rather than
-    mapping fresh pages (and faulting them in) for each one."""
-    threading.Thread(target=_watch_parent, args=(parent,), name="compatfs-parent", daemon=True).start()
-    tune_malloc(mmap_threshold=256 << 20, trim_threshold=512 << 20)
-    if os.getppid() != parent:    # the daemon ended before that took effect
-        os._exit(0)
-
-
-def summarize(path: Path, translate: bool) -> tuple[Stamp, Summary]:
-    """The blob's identity and its views' summary, made from scratch (also in
-    a worker process: every argument and result is plain data).  A refused
-    view has size 0 and its reason; a blob that cannot be parsed, `error`.
-    The identity is the parsed file's own (the path may name another by then)."""
-    stamp = _stamp(path)
-    try:
-        info = classify(SourceGGUF(path), translate)
-    except GGUFError as e:
-        if transient(e):
-            raise        # a fault of the system is no verdict on the blob: nothing to index
-        return stamp, Summary(0, None, error=str(e))
-    stamp = info.source.identity
-
-    def made(kind: str) -> tuple[int, str | None, ViewSpec | None]:
-        try:
-            spec = view_spec(info, kind)
-            return (_contained(f"sizing {kind}", View.translated_size, spec) if spec is not None
-                    else info.source.size), None, spec
-        except GGUFError as e:
-            if transient(e):
-                raise
-            return 0, f"{path}: {e}", None
-
-    model_size, model_error, model = made(MODEL_FILE)
-    mmproj_size, mmproj_error, _ = made(MMPROJ_FILE) if info.has_mmproj else (None, None, None)
-    kvs = dict(model.kvs) if model else info.source.kvs
-    return stamp, Summary(model_size, mmproj_size, info.text.name if info.text else None,
-                          info.clip.name if info.clip else None, arch=_architecture(kvs),
-                          model_error=model_error, mmproj_error=mmproj_error, embedding=_embedding(kvs))
 
 
 class BlobViews:
@@ -262,6 +57,32 @@ class BlobViews:
         self._pending: dict[str, Future] = {}
         self.on_belied: Callable[[Path], None] | None = None
         self._checked: dict[str, Stamp] = {}   # blob path -> identity whose summary was made by this daemon
+        self._seen: dict[str, os.stat_result] = {}   # blob path -> its status as the last scan found it
+
+    # -- statuses --------------------------------------------------------------
+    def saw(self, statuses: Mapping[Path, os.stat_result | OSError]) -> None:
+        """The statuses of blobs as a scan of the store just found them
+        (`blobfile.statuses`): what `stat` and `readdir` answer from until
+        the next scan (the scan that finds a blob changed tells the kernel
+        and the FUSE layer's memo to forget it), so that answering them
+        resolves no path again.  Views are built from the blob as it is
+        when they are read, whatever was seen."""
+        with self._lock:
+            for path, st in statuses.items():
+                if isinstance(st, os.stat_result) and stat.S_ISREG(st.st_mode):
+                    self._seen[str(path)] = st
+                else:
+                    self._seen.pop(str(path), None)
+
+    def seen(self, path: Path) -> os.stat_result | None:
+        """The status of the regular file `path` as the last scan found it (None: not seen)."""
+        with self._lock:
+            return self._seen.get(str(path))
+
+    def _stamp(self, path: Path) -> Stamp:
+        """The identity of the blob at `path` as the last scan found it, else as it is now."""
+        st = self.seen(path)
+        return identity(st) if st is not None else stamp_of(path)
 
     # -- summaries -------------------------------------------------------------
     @overload
@@ -274,7 +95,7 @@ class BlobViews:
         """The blob's summary; GGUFError when the blob cannot be read at all.
         With `stamp`: the summary of the blob of that identity, None when the
         file at `path` turns out to be another."""
-        expect, stamp = stamp, stamp or _stamp(path)
+        expect, stamp = stamp, stamp or self._stamp(path)
         hit = self.index.get(path, stamp)
         if hit is not None:
             return hit
@@ -333,7 +154,7 @@ class BlobViews:
         todo = []
         for path in paths:
             try:
-                if self.index.get(path, _stamp(path)) is None and str(path) not in self._pending:
+                if self.index.get(path, self._stamp(path)) is None and str(path) not in self._pending:
                     todo.append(path)
             except GGUFError:
                 continue
@@ -348,7 +169,7 @@ class BlobViews:
             if self._pool is None:
                 ctx = multiprocessing.get_context("spawn")
                 self._pool = ProcessPoolExecutor(max_workers=self._workers, mp_context=ctx,
-                                                 initializer=_die_with, initargs=(os.getpid(),))
+                                                 initializer=die_with, initargs=(os.getpid(),))
             futures = []
             for path in todo:
                 if str(path) not in self._pending:
@@ -362,7 +183,7 @@ class BlobViews:
         try:
             stamp, summary = future.result()
             self._parsing(path, "its summary, in a worker")
-            if stamp == _stamp(path):
+            if stamp == self._stamp(path):
                 self._indexed(path, stamp, summary)
         except Exception as e:
             log.debug("background summary of %s failed: %s", path, e)
@@ -399,7 +220,7 @@ class BlobViews:
         kvs = self.sampling_kvs(MODEL_FILE, params)
         if not kvs:
             return size
-        stamp, key = _stamp(path), kvs_key(kvs)
+        stamp, key = self._stamp(path), kvs_key(kvs)
         hit = self.index.sampled(path, stamp, key)
         if hit is None:
             self._parsing(path, "its size with sampling defaults")
@@ -418,7 +239,7 @@ class BlobViews:
         """The view (of a model folder's file: with its params layer's KVs);
         GGUFError (naming the blob) when it cannot be built.  What the index
         says of it is checked against it before it is returned: see `_verify`."""
-        stamp = _stamp(path)
+        stamp = stamp_of(path)
         if kind == LAYER_FILE or (not self.translate and kind == MODEL_FILE):
             return View.identity(stamp)
         kvs = self.sampling_kvs(kind, params)
@@ -438,19 +259,20 @@ class BlobViews:
                 self._verify(path, stamp, kind, None)
             raise GGUFError(f"{path}: {e}") from None
         if view.stamp == stamp:
-            embedding = _embedding(dict(view.spec.kvs) if view.spec is not None else info.source.kvs)
-            self._verify(path, stamp, kind, view.size, kvs, embedding)
+            embedding = is_embedding(dict(view.spec.kvs) if view.spec is not None else info.source.kvs)
+            self._verify(path, stamp, kind, view.size, kvs, embedding, trained(info.source))
             with self._lock:
                 if view.nbytes_held <= self._views.maxsize:
                     self._views[key] = view
         return view
 
     def _verify(self, path: Path, stamp: Stamp, kind: str, size: int | None, kvs: tuple = (),
-                embedding: bool | None = None) -> None:
+                embedding: bool | None = None, made: Trained | None = None) -> None:
         """Index entries are hints: where the entry of `path` belies the view
         just built (its size, or with sampling KVs `kvs` the size recorded
         with them; None: no view; for model.gguf, whether it is an embedding
-        model), the entry is made again from the blob, logged, and
+        model, and the blob's `Trained` values, `made`), the entry is made
+        again from the blob, logged, and
         `on_belied(path)` is told (the FUSE layer drops what the kernel keeps
         of the blob's files, and models.ini is made again)."""
         known = self.index.get(path, stamp)
@@ -466,6 +288,8 @@ class BlobViews:
                 wrong.append(f"{shown} bytes for {kind}, the view has {size if size is not None else 'none'}")
         if known is not None and kind == MODEL_FILE and embedding is not None and known.embedding != embedding:
             wrong.append(f"embedding model: {known.embedding}, the view's header: {embedding}")
+        if known is not None and kind == MODEL_FILE and made is not None and _trained_of(known) != made:
+            wrong.append(f"{_trained_of(known)}, the blob's header: {made}")
         if not wrong:
             return
         if known is not None:
@@ -483,14 +307,35 @@ class BlobViews:
         checked against the blob once per blob identity (a header parsed,
         unless this daemon made the entry itself), and replaced, logged,
         where it is wrong; False for a blob that cannot be read."""
+        summary = self._for_preset(path)
+        return summary is not None and summary.embedding
+
+    def trained(self, path: Path) -> Trained | None:
+        """What the blob's header says of the model as trained (its context
+        length and blocks: what bounds the params layer's options in
+        models.ini), from its summary (the index's word where it has one: of
+        its kinds, and checked against the header when model.gguf's view is
+        built, and with the embedding flag); None for a blob that cannot be read."""
         try:
-            stamp = _stamp(path)
+            return _trained_of(self.summary(path))
+        except GGUFError as e:
+            log.debug("%s: %s", path, e)
+            return None
+
+    def _for_preset(self, path: Path) -> Summary | None:
+        """The blob's summary with what models.ini takes of it (the embedding
+        flag, `Trained`) checked against its header once per blob identity
+        (a header parsed, unless this daemon made the entry itself), and
+        replaced, logged, where it is wrong; None for a blob that cannot be
+        read (or that turned into another meanwhile: the next scan asks again)."""
+        try:
+            stamp = stamp_of(path)
             summary = self.summary(path, stamp)
         except GGUFError as e:
             log.debug("%s: %s", path, e)
-            return False
-        if summary is None:           # another blob by now: the next scan asks again
-            return False
+            return None
+        if summary is None:
+            return None
         with self._lock:
             checked = self._checked.get(str(path)) == stamp
         if not checked:
@@ -498,19 +343,21 @@ class BlobViews:
                 got_stamp, made = self._summarize(path, "a check of its embedding flag")
             except GGUFError as e:
                 log.debug("%s: %s", path, e)
-                return False
+                return None
             if got_stamp != stamp:
-                return False
-            if made.embedding != summary.embedding:
-                # Only the flag: a size it got wrong too is found (and the
+                return None
+            fixed = dataclasses.replace(summary, embedding=made.embedding, context_length=made.context_length,
+                                        block_count=made.block_count)
+            if fixed != summary:
+                # Only these: a size it got wrong too is found (and the
                 # kernel told) when the view is built (`_verify`).
-                log.error("index entry of %s said embedding model: %s, its header: %s: flag replaced", path,
-                          summary.embedding, made.embedding)
-                summary = dataclasses.replace(summary, embedding=made.embedding)
+                log.error("index entry of %s said embedding model: %s, %s; its header: %s, %s: replaced", path,
+                          summary.embedding, _trained_of(summary), made.embedding, _trained_of(made))
+                summary = fixed
                 self.index.put(path, stamp, summary)
             with self._lock:
                 self._checked[str(path)] = stamp
-        return summary.embedding
+        return summary
 
     def retain(self, paths: set[Path]) -> None:
         """Forget every view and summary whose blob is not one of `paths` (blobs
@@ -521,4 +368,10 @@ class BlobViews:
                 del self._views[key]
             for gone in [p for p in self._checked if p not in keep]:
                 del self._checked[gone]
+            for gone in [p for p in self._seen if p not in keep]:
+                del self._seen[gone]
         self.index.retain(keep)
+
+
+def _trained_of(summary: Summary) -> Trained:
+    return Trained(summary.context_length, summary.block_count)

@@ -9,14 +9,14 @@ modification and change time), by the index's version (`INDEX_VERSION`
 and gguf-py's version: `translation_version`) and by whether translation
 is on; an entry whose identity differs is ignored and replaced.  Beside
 each blob's summary (its views' sizes, handlers, whether model.gguf is an
-embedding model) the index keeps the size of its model.gguf with each set
+embedding model, the model's trained context and block count) the index keeps the size of its model.gguf with each set
 of params-layer sampling KVs a model folder gave it (`sampled`), keyed
 alike and by those KVs' encoding.  An entry is a hint, never the truth for
 serving: one whose values are not of their kinds is ignored, one that
 records an error is made again once per mount, and every value is checked
 against the view when it is built (`BlobViews.view`) before its bytes are
-served, and the embedding flag before it reaches `models.ini`
-(`BlobViews.embedding`).
+served (the trained context and block count against the blob's header),
+and with the embedding flag where that is asked (`BlobViews.embedding`).
 
 The file is used only where nobody but the daemon's user could have
 written it: the file (and SQLite's `-wal`, `-shm` and `-journal` beside it)
@@ -82,6 +82,8 @@ class Summary:
     model_error: str | None = None    # why model.gguf is refused (its size then 0)
     mmproj_error: str | None = None   # why mmproj.gguf is refused (its size then 0)
     embedding: bool = False           # model.gguf names a pooling type for its architecture
+    context_length: int | None = None  # the blob's trained context (`summaries.Trained`)
+    block_count: int = 0              # the blocks the blob holds tensors of (`summaries.Trained`)
 
     def sound(self) -> bool:
         """Whether every value is of its kind (an entry read from disk may be anything)."""
@@ -93,11 +95,22 @@ class Summary:
 
         return size(self.model_size) and (self.mmproj_size is None or size(self.mmproj_size)) and all(
             map(text, (self.text, self.clip, self.error, self.arch, self.model_error, self.mmproj_error))) \
-            and type(self.embedding) is bool
+            and type(self.embedding) is bool and (self.context_length is None or sound_context_length(self.context_length)) \
+            and sound_block_count(self.block_count)
 
     @property
     def failed(self) -> bool:
         return any((self.error, self.model_error, self.mmproj_error))
+
+
+def sound_context_length(v) -> bool:
+    """Whether `v` can be a model's trained context length: a positive int32."""
+    return type(v) is int and 0 < v < 1 << 31
+
+
+def sound_block_count(v) -> bool:
+    """Whether `v` can be a count of a model's blocks."""
+    return type(v) is int and 0 <= v < 1 << 31
 
 
 # The version of what an entry holds: raised whenever a change to compatfs
@@ -105,7 +118,7 @@ class Summary:
 # its claims, its handlers, the sampling keys' encoding).  gguf-py's own
 # version is part of the index's version too (`translation_version`): its
 # quantization sizes and names decide views as well.
-INDEX_VERSION = 5
+INDEX_VERSION = 6
 
 
 def _gguf_version() -> str:
@@ -131,11 +144,11 @@ def default_path() -> Path:
 
 
 _SCHEMA = ("""
-CREATE TABLE IF NOT EXISTS views_v4 (
+CREATE TABLE IF NOT EXISTS views_v5 (
     path TEXT NOT NULL, version TEXT NOT NULL, translate INTEGER NOT NULL,
     dev INTEGER NOT NULL, ino INTEGER NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
     model_size INTEGER NOT NULL, mmproj_size INTEGER, text TEXT, clip TEXT, error TEXT, arch TEXT,
-    model_error TEXT, mmproj_error TEXT, embedding INTEGER NOT NULL,
+    model_error TEXT, mmproj_error TEXT, embedding INTEGER NOT NULL, context_length INTEGER, block_count INTEGER NOT NULL,
     PRIMARY KEY (path, version, translate))
 """, """
 CREATE TABLE IF NOT EXISTS sampled_v1 (
@@ -145,13 +158,13 @@ CREATE TABLE IF NOT EXISTS sampled_v1 (
     PRIMARY KEY (path, version, translate, kvs))
 """,
     # What the start-up queries ask: one version's entries.
-    "CREATE INDEX IF NOT EXISTS views_v4_by_version ON views_v4 (version, translate)",
+    "CREATE INDEX IF NOT EXISTS views_v5_by_version ON views_v5 (version, translate)",
     "CREATE INDEX IF NOT EXISTS sampled_v1_by_version ON sampled_v1 (version, translate)")
-_OLD_TABLES = ("views", "views_v2", "views_v3")   # earlier layouts, dropped
-_TABLES = ("views_v4", "sampled_v1")
+_OLD_TABLES = ("views", "views_v2", "views_v3", "views_v4")   # earlier layouts, dropped
+_TABLES = ("views_v5", "sampled_v1")
 
 STARTUP_VIEWS = ("SELECT path, dev, ino, size, mtime_ns, ctime_ns, model_size, mmproj_size, text, clip, error, arch, "
-                 "model_error, mmproj_error, embedding FROM views_v4 WHERE version = ? AND translate = ?")
+                 "model_error, mmproj_error, embedding, context_length, block_count FROM views_v5 WHERE version = ? AND translate = ?")
 STARTUP_SAMPLED = ("SELECT path, dev, ino, size, mtime_ns, ctime_ns, kvs, model_size FROM sampled_v1 "
                    "WHERE version = ? AND translate = ?")
 _BUSY = {5, 6}   # SQLITE_BUSY, SQLITE_LOCKED: another connection holds the file; written later
@@ -273,9 +286,10 @@ class Index:
             raise
         ignored = 0
         for path, *stamp_summary in rows:
-            stamp, values, embedding = tuple(stamp_summary[:5]), stamp_summary[5:-1], stamp_summary[-1]
+            stamp, values, embedding = tuple(stamp_summary[:5]), stamp_summary[5:-3], stamp_summary[-3]
             summary = dataclasses.replace(Summary(*values),   # SQLite gives 0 or 1; anything else is unsound
-                                          embedding=embedding == 1 if embedding in (0, 1) else embedding)
+                                          embedding=embedding == 1 if embedding in (0, 1) else embedding,
+                                          context_length=stamp_summary[-2], block_count=stamp_summary[-1])
             if type(path) is str and all(type(v) is int for v in stamp) and summary.sound() and not summary.failed:
                 self._mem[path] = (stamp, summary)
             else:
@@ -304,10 +318,10 @@ class Index:
     def put(self, path: Path, stamp: Stamp, summary: Summary) -> None:
         with self._lock:
             self._mem[str(path)] = (stamp, summary)
-            self._queue("INSERT OR REPLACE INTO views_v4 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            self._queue("INSERT OR REPLACE INTO views_v5 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         str(path), (str(path), self.version, self.translate, *stamp, summary.model_size, summary.mmproj_size,
                          summary.text, summary.clip, summary.error, summary.arch, summary.model_error,
-                         summary.mmproj_error, int(summary.embedding)))
+                         summary.mmproj_error, int(summary.embedding), summary.context_length, summary.block_count))
 
     def sampled(self, path: Path, stamp: Stamp, kvs: str) -> int | None:
         """The size of the blob's model.gguf with the sampling KVs encoded as
