@@ -544,7 +544,7 @@ def mxfp4_bench(binary: Path, work: Path) -> None:
                                 env={"COMPATFS_AHEAD_WORKERS": workers, "COMPATFS_NO_ACCEL": no_accel})
             try:
                 (d.mnt / "gptoss:latest" / "model.gguf").stat()
-                mounted[label].append(with_cpu(d, lambda: read_all(d.mnt / "gptoss:latest" / "model.gguf")))
+                mounted[label].append(with_cpu(d, lambda d=d: read_all(d.mnt / "gptoss:latest" / "model.gguf")))
             finally:
                 d.close()
     local.unlink()
@@ -555,7 +555,7 @@ def mxfp4_bench(binary: Path, work: Path) -> None:
     print(f"  {'C passthrough of the file':<34}{mb / median(passed):7.0f}")
     for label, runs in mounted.items():
         seconds = [s for s, _ in runs]
-        print(f"  {label:<34}{mb / median(seconds):7.0f}   {spread([p / s for p, s in zip(passed, seconds)])}"
+        print(f"  {label:<34}{mb / median(seconds):7.0f}   {spread([p / s for p, s in zip(passed, seconds, strict=False)])}"
               f"       {median([c for _, c in runs]):4.2f}")
 
 
@@ -665,10 +665,8 @@ def wait_read_ahead(mnt: Path, kb: int) -> str:
 
 
 def set_bdi(mnt: Path, kb: int) -> str:
-    try:
+    with contextlib.suppress(OSError):
         bdi_knob(mnt).write_text(f"{kb}\n")
-    except OSError:
-        pass
     try:
         return bdi_knob(mnt).read_text().strip()
     except OSError:
@@ -738,7 +736,7 @@ def big_model() -> Path:
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     block = (np.random.default_rng(0).standard_normal(1 << 20) * 0.02).astype(np.float16)
-    for name, (shape, dt) in shapes.items():      # one tensor in memory at a time
+    for shape, dt in shapes.values():      # one tensor in memory at a time
         if dt == DT.F32:
             w.write_tensor_data(np.ones(shape, np.float32))
         else:
@@ -876,12 +874,12 @@ def big_starts(binary: Path, work: Path, server: Path, store: Path, local: Path,
     print(f"  {'local copy of the translated file':<58}{median(times['local']):7.2f}   "
           f"({', '.join(f'{x:.2f}' for x in times['local'])})")
     print(f"  {'that file through the C passthrough':<58}{median(times['passthrough']):7.2f}   "
-          f"{spread([c / x for c, x in zip(times['passthrough'], times['local'])])}")
+          f"{spread([c / x for c, x in zip(times['passthrough'], times['local'], strict=False)])}")
     for view in views:
         mine = times[view]
-        to_local = [m / x for m, x in zip(mine, times["local"])]
+        to_local = [m / x for m, x in zip(mine, times["local"], strict=False)]
         print(f"  {f'through the mount, {view}':<58}{median(mine):7.2f}   {spread(to_local)}    "
-              f"{spread([m / c for m, c in zip(mine, times['passthrough'])])}      "
+              f"{spread([m / c for m, c in zip(mine, times['passthrough'], strict=False)])}      "
               f"{median(cpu[view]):4.2f}x its time   goal <= 1.25x of local{_verdict(median(to_local) <= 1.25)}")
     print("  (time ratios, 1.00x = as fast; daemon CPU: its user + system seconds during the start per second of it)")
 
@@ -1495,8 +1493,8 @@ def widths_bench(binary: Path, server: Path, work: Path, timeout: float, forms: 
         finally:
             d.close()
         for f, mb, local, passed, mounted, cpu, c_cpu, cached in rows:
-            ratios = [x / y for x, y in zip(local, mounted)] if mounted and None not in local else []
-            versus_c = [p / m for p, m in zip(passed, mounted)] if mounted and None not in passed else []
+            ratios = [x / y for x, y in zip(local, mounted, strict=False)] if mounted and None not in local else []
+            versus_c = [p / m for p, m in zip(passed, mounted, strict=False)] if mounted and None not in passed else []
             print(f"  {'':<48}{f:<12} {_speed(mb, median(local), timeout) if exported else '      -'}  "
                   f"{_speed(mb, median(mounted) if mounted else None, timeout)}"
                   + (f"   {spread(ratios)}" if ratios else "   " + " " * 18)

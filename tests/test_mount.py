@@ -147,7 +147,7 @@ def test_bad_input_keeps_the_mount_up(store, mount_store, tmp_path):
         with pytest.raises(OSError) as e:
             (m / name / "model.gguf").read_bytes()
         assert e.value.errno == errno.EIO, name
-    # The unparseable blob is not claimed by any handler for the mmproj side.
+    # The unparsable blob is not claimed by any handler for the mmproj side.
     assert os.listdir(m / "cut:latest") == ["model.gguf"]
     assert m.alive
     assert (m / "gemma3x:4b/model.gguf").read_bytes() == render(blob_of(store, "registry.ollama.ai/library/gemma3x/4b"), "model.gguf")

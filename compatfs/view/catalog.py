@@ -14,7 +14,8 @@ import threading
 from collections.abc import Mapping
 from concurrent.futures import Future, ProcessPoolExecutor, TimeoutError as FutureTimeout
 from pathlib import Path
-from typing import Callable, overload
+from typing import overload
+from collections.abc import Callable
 
 from cachetools import LRUCache
 

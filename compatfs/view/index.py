@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import contextlib
 import functools
 import importlib.metadata
 import logging
@@ -128,7 +129,7 @@ def _gguf_version() -> str:
         return "unknown"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def translation_version() -> str:
     """The version entries are made and kept under: `INDEX_VERSION` and
     gguf-py's version (an entry of any other version is pruned)."""
@@ -266,10 +267,8 @@ class Index:
         os.replace(path, aside)
 
     def _connect(self, path: Path) -> sqlite3.Connection:
-        try:   # made by us, readable by us only, whatever the umask
+        with contextlib.suppress(FileExistsError):   # made by us, readable by us only, whatever the umask
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
-        except FileExistsError:
-            pass
         db = sqlite3.connect(path, timeout=10, check_same_thread=False, isolation_level=None)
         try:
             db.execute("PRAGMA journal_mode = WAL")
