@@ -15,13 +15,19 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from .. import PROG
 from ..files import mounttable
 from ..files.lookup import KEEP_OUT_ENV
-from ..sources.base import SourceError
+from ..sources.base import Source, SourceError
 from ..sources.choose import open_source
+
+if TYPE_CHECKING:
+    from ..tree import Tree
 
 FSTYPE = "fuse.compatfs"
 # Where scripts/mount.sh writes the demo store: .cache/ of the checkout.
@@ -118,3 +124,21 @@ def _keep_out(point: Path) -> None:
     kept = json.loads(os.environ.get(KEEP_OUT_ENV) or "[]")
     kept = kept if isinstance(kept, list) else []
     os.environ[KEEP_OUT_ENV] = json.dumps(list(dict.fromkeys([*kept, str(point)])))
+
+
+def open_named(given: str | None) -> Source:
+    """The source a command reads in-process (`find_source`), read as its
+    mounts read it (never through them); says on stderr which source it chose
+    when none was named."""
+    found = find_source(given)
+    if found.why:
+        print(f"{PROG}: source {found.path} ({found.why})", file=sys.stderr)
+    keep_out_of_mounts(found.path)
+    return open_source(found.path)
+
+
+def model_tree(source: str | None, no_translate: bool = False) -> Tree:
+    """A Tree over the source (views built in-process, as the mount builds them)."""
+    from ..tree import Tree
+    from ..view.catalog import BlobViews, translation_enabled
+    return Tree(open_named(source), BlobViews(translate=translation_enabled(no_translate)))

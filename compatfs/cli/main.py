@@ -16,23 +16,10 @@ from ..view.opcache import DEFAULT_MB
 from ..sources.base import Source, SourceError
 from ..sources.choose import open_source
 from ..files.statedir import StateDirError, mount_file
-from .locate import find_source, keep_out_of_mounts, mount_of
+from . import CliError
+from .listing import cmd_inspect, cmd_ls
+from .locate import find_source, model_tree, mount_of
 from ..files.lookup import KEEP_OUT_ENV
-
-
-class CliError(Exception):
-    """One clear line for the user; exit status 1."""
-
-
-def _open(given: str | None) -> Source:
-    """The source a command reads in-process (`locate.find_source`), read as
-    its mounts read it (never through them); says on stderr which source it
-    chose when none was named."""
-    found = find_source(given)
-    if found.why:
-        print(f"{PROG}: source {found.path} ({found.why})", file=sys.stderr)
-    keep_out_of_mounts(found.path)
-    return open_source(found.path)
 
 
 # -- mount / umount -----------------------------------------------------------
@@ -64,106 +51,7 @@ def cmd_umount(args) -> int:
     return 0
 
 
-# -- ls / inspect ---------------------------------------------------------------
-
-def cmd_ls(args) -> int:
-    from ..errors import GGUFError
-    from ..router.layers import account
-    from ..tree import Tree
-    from ..view.catalog import BlobViews, translation_enabled
-    store = _open(args.source)
-    views = BlobViews(translate=translation_enabled(args.no_translate))
-    tree = Tree(store, views)
-    snap = tree.snapshot()
-    rows = []
-    models = snap.models
-    for name in sorted(models):
-        listing = tree.lookup(name)
-        if not isinstance(listing, list):      # removed from the store since the snapshot
-            continue
-        d = models[name]
-        try:
-            summary = views.summary(d.model)
-            clip_summary = views.summary(d.projector) if d.projector else summary
-            # A refused view (its handler failed) is the row's error, as an unreadable blob is.
-            error = summary.error or clip_summary.error or summary.model_error or (
-                clip_summary.mmproj_error if "mmproj.gguf" in listing else None)
-            if error:
-                raise GGUFError(error)
-            clip = clip_summary.clip or ("-" if "mmproj.gguf" not in listing else "unchanged")
-            rows.append({"name": name, "files": listing, "text": summary.text or "-", "clip": clip,
-                         **_llama_cpp_verdict(tree, name), "params": _params(tree, name),
-                         "layers": account(tree, snap, name).as_dict()})
-        except GGUFError as e:
-            rows.append({"name": name, "files": listing, "error": str(e)})
-    left_out = [{"name": n, "reason": r} for n, r in sorted(snap.listing.skipped.items())]
-    if args.json:
-        print(json.dumps({"source": str(store.root), "models": rows, "left_out": left_out}, indent=2))
-        return 0
-    table = [["NAME", "FILES", "TEXT", "CLIP", "LAYERS", "LLAMA.CPP"]]
-    for r in rows:
-        files = " ".join(r["files"])
-        if "error" in r:
-            table.append([r["name"], files, f"error: {r['error']}"])
-        else:
-            applied = r["layers"]["applied"]
-            names = ",".join(dict.fromkeys(a["layer"] for a in applied)) or "-"
-            table.append([r["name"], files, r["text"], r["clip"], names, r["llama_cpp"]])
-            # What is not applied first (one line each, saying why), then how each layer is.
-            table += [["", f"  {note}"] for note in r["layers"]["not_applied"]]
-            table += [["", f"  {a['layer']}: {a['how']}"] for a in applied]
-    table += [[r["name"], f"left out: {r['reason']}"] for r in left_out]
-    print("\n".join(_aligned(table)))
-    return 0
-
-
-def _aligned(table: list[list[str]]) -> list[str]:
-    """Rows of cells in columns as wide as their widest cell (a row's last
-    cell runs on, whatever its length; a short row's last cell too)."""
-    widths: dict[int, int] = {}
-    for row in table:
-        for i, cell in enumerate(row[:-1]):
-            widths[i] = max(widths.get(i, 0), len(cell))
-    return ["  ".join([*(c.ljust(widths[i]) for i, c in enumerate(row[:-1])), row[-1]]).rstrip() for row in table]
-
-
-def _params(tree, name: str) -> dict:
-    """`ls`'s account of the model's params layer: the general.sampling.* keys
-    its model.gguf carries, and what was left out and why."""
-    from ..view.sampling import of_layer
-    ref = tree.lookup(f"{name}/model.gguf")
-    if getattr(ref, "params", None) is None:
-        return {"in_model_gguf": [], "notes": []}
-    s = of_layer(ref.params)
-    return {"in_model_gguf": [k for k, _ in s.kvs] if tree.views.translate else [], "notes": list(s.notes)}
-
-
-def _llama_cpp_verdict(tree, name: str) -> dict:
-    """`ls`'s verdict: whether stock llama.cpp loads the model's files, and how."""
-    from ..router.models import model_files
-    from .verdict import model_verdict, summary
-    verdicts = model_verdict(tree.views, model_files(tree, name)[1])
-    return {"llama_cpp": summary(verdicts), "loads": {f: v.as_dict() for f, v in verdicts.items()}}
-
-
-def cmd_inspect(args) -> int:
-    from .report import describe, format_report, resolve_target
-    try:
-        report = describe(resolve_target(args.target, lambda: _model_tree(args.source), args.clip))
-    except FileNotFoundError as e:      # --clip of a blob without a projector view
-        raise CliError(str(e)) from None
-    print(json.dumps(report, indent=2) if args.json else format_report(report))
-    return 0
-
-
 # -- llama-args / run / export ------------------------------------------------------
-
-def _model_tree(source: str | None, no_translate: bool = False):
-    """A Tree over the source (views built in-process, as the mount builds them)."""
-    from ..tree import Tree
-    from ..view.catalog import BlobViews, translation_enabled
-    return Tree(_open(source), BlobViews(translate=translation_enabled(no_translate)))
-
 
 def _server_args(args):
     from ..router.llama_args import find_model_dir, server_args
@@ -172,7 +60,7 @@ def _server_args(args):
     # --mount names the source too when it is a compatfs mount here (not a
     # path only llama-server sees, in a container say).
     mounted = args.mount and mount_of(Path(args.mount))
-    tree = _model_tree(args.source or (args.mount if mounted else None))
+    tree = model_tree(args.source or (args.mount if mounted else None))
     name, files = model_files(tree, args.model)
     try:
         model_dir = find_model_dir(name, args.mount)
@@ -257,7 +145,7 @@ def cmd_serve(args) -> int:
 def cmd_export(args) -> int:
     from .export import export_model
     from ..router.models import model_files
-    tree = _model_tree(args.source, args.no_translate)
+    tree = model_tree(args.source, args.no_translate)
     name, files = model_files(tree, args.model)
     export_model(tree.views, name, files, Path(args.directory), reflink=args.reflink,
                  checksum=not args.no_checksum, quiet=args.quiet)
