@@ -112,50 +112,69 @@ class HiddenNames:
     (other than root) granted reading that folder is not granted reading
     every store file they are read from (`Folder.told_by`: folders listed,
     manifests read; `access.everyone_who_may`).
+
     Decided for everyone at once, so every caller sees the same listings (as
-    the kernel caches them), and again only when a folder involved changes
-    (its identity, owner, mode or change time, which an ACL change moves)."""
+    the kernel caches them).  A path is walked again (the permissions met on
+    the way to it recorded) only when its status changed, and every path
+    below it too when what it grants changed; a name is decided again only
+    when the permissions met on the way to its paths changed, never for their
+    times alone (a pull moves the shared folders' times, not what they grant)."""
 
     def __init__(self) -> None:
-        self._known: dict[tuple, bool] = {}    # the folders' statuses -> whether the name is shown
+        self._paths: dict[Path, tuple[tuple, tuple | None]] = {}   # path -> (its mark, the steps a walk to it met)
+        self._known: dict[tuple, bool] = {}     # the steps met on the way to a name's paths -> whether it is shown
+        self._steps: dict[tuple, tuple] = {}    # a step (uid, gid, mode, ACL, bit) -> (status, ACL, bit) met so
+
+    def _walk(self, p: Path) -> tuple | None:
+        """The steps the walk to `p` met (None where it cannot be walked)."""
+        rec = Recorder()
+        try:
+            status(p, rec, READ)
+        except OSError:
+            return None
+        steps = []
+        for st, acl, bit in rec.chain:
+            step = (st.st_uid, st.st_gid, st.st_mode, acl, bit)
+            self._steps.setdefault(step, (st, acl, bit))
+            steps.append(step)
+        return tuple(steps)
+
+    def _chain(self, steps: tuple) -> Chain:
+        return [self._steps[step] for step in steps]
 
     def hide(self, source: Source, listing: Listing) -> None:
         named = {name: f for name, f in listing.folders.items() if f.told_by}
-        if not named:
-            self._known = {}
-            return
         owners = {name: source.owner(name.rpartition("/")[0], listing) for name in named}
-        st = statuses({p for f in named.values() for p in f.told_by} | set(owners.values()))
-
-        def key(p: Path) -> tuple:
+        wanted = {p for f in named.values() for p in f.told_by} | set(owners.values())
+        st = statuses(wanted)
+        paths: dict[Path, tuple[tuple, tuple | None]] = {}
+        granting: list[Path] = []      # paths whose steps changed: those below them are walked again
+        for p in sorted(wanted, key=lambda p: len(p.parts)):
             s = st[p]
-            return (str(p), s.strerror) if isinstance(s, OSError) else \
-                (str(p), *identity(s), s.st_uid, s.st_gid, s.st_mode)
-        chains: dict[Path, Chain | None] = {}
-
-        def chain(p: Path) -> Chain | None:
-            if p not in chains:
-                rec = Recorder()
-                try:
-                    status(p, rec, READ)
-                    chains[p] = rec.chain
-                except OSError:
-                    chains[p] = None
-            return chains[p]
+            mark = (s.strerror,) if isinstance(s, OSError) else (*identity(s), s.st_uid, s.st_gid, s.st_mode)
+            old = self._paths.get(p)
+            if old is not None and old[0] == mark and not any(g in p.parents for g in granting):
+                paths[p] = old
+                continue
+            paths[p] = (mark, self._walk(p))
+            if old is not None and old[1] != paths[p][1]:
+                granting.append(p)
         known: dict[tuple, bool] = {}
         for name, f in named.items():
-            k = (key(owners[name]), *(key(p) for p in f.told_by))
+            gate, *then = (paths[p][1] for p in (owners[name], *f.told_by))
+            k = (gate, *then)
             shown = self._known.get(k)
             if shown is None:
-                gate, then = chain(owners[name]), [chain(p) for p in f.told_by]
                 shown = gate is not None and all(c is not None for c in then) and \
-                    everyone_who_may(gate, [d for c in then if c is not None for d in c])
+                    everyone_who_may(self._chain(gate), [d for c in then if c is not None for d in self._chain(c)])
             known[k] = shown
             if not shown:
                 del listing.folders[name]
                 listing.skipped[name] = f"its name or manifest is not readable in the store by everyone who may " \
                                         f"list {owners[name]}"
-        self._known = known
+        used = {step for steps in (v[1] for v in paths.values()) if steps for step in steps}
+        self._paths, self._known = paths, known
+        self._steps = {step: self._steps[step] for step in used}
 
 
 class Tree:

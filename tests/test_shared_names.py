@@ -52,3 +52,40 @@ def test_a_private_models_name_is_in_no_listing(open_tmp):
         assert m.alive
     finally:
         m.close()
+
+
+def test_a_pull_decides_only_the_new_name_and_a_shared_folder_opened_again_shows_all(open_tmp, monkeypatch):
+    """A pull moves the shared folders' times, never what they grant: the
+    names already decided are not walked or decided again.  A shared folder
+    closed hides every name below it; opened again, shows them all again."""
+    import compatfs.tree
+    from compatfs.sources.choose import open_source
+    from compatfs.tree import HiddenNames, Tree
+    from compatfs.view.catalog import BlobViews
+    root = open_tmp / "store"
+    blob = llama.plain_llama_text(open_tmp / "t.gguf")
+    for i in range(5):
+        add_model(root, f"m{i}", blob, tag="1b")
+    for p in [root, *root.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    walks: list = []
+    decisions: list = []
+    real_walk, real_decide = HiddenNames._walk, compatfs.tree.everyone_who_may
+    monkeypatch.setattr(HiddenNames, "_walk", lambda self, p: walks.append(p) or real_walk(self, p))
+    monkeypatch.setattr(compatfs.tree, "everyone_who_may", lambda *a: decisions.append(1) or real_decide(*a))
+    tree = Tree(open_source(root), BlobViews(index=None))
+    assert len(tree.rescan().models) == 5
+    walks.clear(), decisions.clear()
+    umask = os.umask(0o022)                          # a pull's files and folders are readable by all
+    try:
+        add_model(root, "pulled", blob, tag="1b")    # library/ and its new folder: new times
+    finally:
+        os.umask(umask)
+    assert len(tree.rescan().models) == 6
+    library = root / "manifests" / "registry.ollama.ai" / "library"
+    assert len(decisions) <= 1, decisions          # (none: its permissions are those of a name decided)
+    assert set(walks) <= {library, library / "pulled", library / "pulled" / "1b"}, walks
+    library.chmod(0o700)                            # closed: no one else may list the names below it
+    assert tree.rescan().models == {}
+    library.chmod(0o755)                            # opened again: every name below it shown again
+    assert len(tree.rescan().models) == 6
