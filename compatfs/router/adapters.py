@@ -24,7 +24,7 @@ from gguf import GGUFValueType
 
 from ..errors import GGUFError
 from ..files.lookup import identity, status
-from ..files.shared import NotShared, read_shared
+from ..files.shared import is_shared
 from ..format.header import SourceGGUF
 from ..sources.base import adapter_order
 
@@ -52,14 +52,9 @@ def shared(adapter: Path, readers_of: Path) -> bool:
     read the adapter, as `files.shared` decides it for a layer (deciding
     reads none of the adapter's bytes)."""
     try:
-        read_shared(adapter, 0, "adapter", readers_of)
-    except NotShared:
-        return False
-    except GGUFError:      # larger than the 0 bytes asked for (decided), or no regular file (`refusal` refuses it)
+        return is_shared(adapter, readers_of)
+    except GGUFError:      # no regular file: `refusal` refuses it, saying why
         return True
-    except OSError:
-        return False
-    return True
 
 
 def refusal(adapter: Path, model: Path, arch: str | None, translated: bool) -> str | None:
