@@ -199,3 +199,17 @@ def open_tmp():
         if os.path.ismount(p):
             subprocess.run(["fusermount3", "-u", "-z", str(p)], capture_output=True)
     shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def gotmpl(tmp_path_factory):
+    """The tests' reference renderer of Ollama's templates (Go's own
+    text/template, tests/gotmpl), built once per module; skips without go."""
+    from gotmpl_ref import go_binary
+    return go_binary(tmp_path_factory.mktemp("gotmpl"))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny plain llama GGUF, written once per module."""
+    return llama.plain_llama_text(tmp_path_factory.mktemp("tiny") / "tiny.gguf")

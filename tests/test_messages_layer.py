@@ -24,20 +24,10 @@ from compatfs.view.sampling import Layers, of_layer
 from gguf import GGUFReader, Keys
 
 from conftest import needs_fuse
-from gotmpl_ref import CHATS, CORPUS, Server, go_binary, go_render
+from gotmpl_ref import CHATS, CORPUS, Server, go_render
 
 LAYER = [{"role": "user", "content": "Ping {{ .System }}"}, {"role": "assistant", "content": "Pong"}]
 SYSTEM = "You are a pirate."
-
-
-@pytest.fixture(scope="module")
-def gotmpl(tmp_path_factory):
-    return go_binary(tmp_path_factory.mktemp("gotmpl"))
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return llama.plain_llama_text(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
 
 
 def as_ollama_joins(chat: dict, system: str, layer: list[dict]) -> dict:

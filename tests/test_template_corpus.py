@@ -9,19 +9,8 @@ from pathlib import Path
 import pytest
 
 from compatfs.template import translate
-from compatfs.testing import llama
 
-from gotmpl_ref import CHATS, CORPUS, REFUSED, Server, go_binary, go_render
-
-
-@pytest.fixture(scope="module")
-def gotmpl(tmp_path_factory):
-    return go_binary(tmp_path_factory.mktemp("gotmpl"))
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return llama.plain_llama_text(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
+from gotmpl_ref import CHATS, CORPUS, REFUSED, Server, go_render
 
 
 @pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
