@@ -2,4 +2,4 @@
 
 __version__ = "0.1.0"
 
-PROG = "compatfs"   # the command's name in its messages
+PROG = "compatfs"  # the command's name in its messages

@@ -2,5 +2,5 @@ import sys
 
 from .cli.main import main
 
-if __name__ == "__main__":   # not when a worker process imports it
+if __name__ == "__main__":  # not when a worker process imports it
     sys.exit(main())

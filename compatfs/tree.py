@@ -19,6 +19,7 @@ the FUSE layer hands it (`publish`) is asked for them at each scan, given the
 new snapshot and its folders' marks (the mount's `models.ini`, made from the
 scan, never by looking into the mount).
 """
+
 from __future__ import annotations
 
 import logging
@@ -38,6 +39,7 @@ from .view.catalog import BlobViews
 from .names import LAYER_FILE, MMPROJ_FILE, MODEL_FILE
 
 log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class FileRef:
@@ -79,8 +81,11 @@ class Snapshot:
         self.files: dict[str, dict[str, FileRef]] = {}
         for name, folder in listing.folders.items():
             self._add_dir(name)
-            files = {MODEL_FILE: FileRef(folder.model, MODEL_FILE,
-                                         layers_of(folder.params, folder.template, folder.system, folder.messages))}
+            files = {
+                MODEL_FILE: FileRef(
+                    folder.model, MODEL_FILE, layers_of(folder.params, folder.template, folder.system, folder.messages)
+                )
+            }
             if folder.projector is not None:
                 files[MMPROJ_FILE] = FileRef(folder.projector, MMPROJ_FILE)
             files.update((n, FileRef(path, LAYER_FILE)) for n, path in folder.passed)
@@ -103,7 +108,7 @@ class Snapshot:
         for i in range(len(parts)):
             parent, child = "/".join(parts[:i]), parts[i]
             self.dirs.setdefault(parent, set()).add(child)
-            self.dirs.setdefault("/".join(parts[:i + 1]), set())
+            self.dirs.setdefault("/".join(parts[: i + 1]), set())
 
 
 class HiddenNames:
@@ -121,9 +126,9 @@ class HiddenNames:
     times alone (a pull moves the shared folders' times, not what they grant)."""
 
     def __init__(self) -> None:
-        self._paths: dict[Path, tuple[tuple, tuple | None]] = {}   # path -> (its mark, the steps a walk to it met)
-        self._known: dict[tuple, bool] = {}     # the steps met on the way to a name's paths -> whether it is shown
-        self._steps: dict[tuple, tuple] = {}    # a step (uid, gid, mode, ACL, bit) -> (status, ACL, bit) met so
+        self._paths: dict[Path, tuple[tuple, tuple | None]] = {}  # path -> (its mark, the steps a walk to it met)
+        self._known: dict[tuple, bool] = {}  # the steps met on the way to a name's paths -> whether it is shown
+        self._steps: dict[tuple, tuple] = {}  # a step (uid, gid, mode, ACL, bit) -> (status, ACL, bit) met so
 
     def _walk(self, p: Path) -> tuple | None:
         """The steps the walk to `p` met (None where it cannot be walked)."""
@@ -148,7 +153,7 @@ class HiddenNames:
         wanted = {p for f in named.values() for p in f.told_by} | set(owners.values())
         st = statuses(wanted)
         paths: dict[Path, tuple[tuple, tuple | None]] = {}
-        granting: list[Path] = []      # paths whose steps changed: those below them are walked again
+        granting: list[Path] = []  # paths whose steps changed: those below them are walked again
         for p in sorted(wanted, key=lambda p: len(p.parts)):
             s = st[p]
             mark = (s.strerror,) if isinstance(s, OSError) else (*identity(s), s.st_uid, s.st_gid, s.st_mode)
@@ -165,13 +170,17 @@ class HiddenNames:
             k = (gate, *then)
             shown = self._known.get(k)
             if shown is None:
-                shown = gate is not None and all(c is not None for c in then) and \
-                    everyone_who_may(self._chain(gate), [d for c in then if c is not None for d in self._chain(c)])
+                shown = (
+                    gate is not None
+                    and all(c is not None for c in then)
+                    and everyone_who_may(self._chain(gate), [d for c in then if c is not None for d in self._chain(c)])
+                )
             known[k] = shown
             if not shown:
                 del listing.folders[name]
-                listing.skipped[name] = f"its name or manifest is not readable in the store by everyone who may " \
-                                        f"list {owners[name]}"
+                listing.skipped[name] = (
+                    f"its name or manifest is not readable in the store by everyone who may list {owners[name]}"
+                )
         used = {step for steps in (v[1] for v in paths.values()) if steps for step in steps}
         self._paths, self._known = paths, known
         self._steps = {step: self._steps[step] for step in used}
@@ -185,9 +194,9 @@ class Tree:
         self._snap: Snapshot | None = None
         self._stamp = 0.0
         self._followed = False
-        self._lock = threading.Lock()      # held only to swap a snapshot in
+        self._lock = threading.Lock()  # held only to swap a snapshot in
         self._building = threading.Lock()  # one rescan at a time
-        self._root_files: RootFiles | None = None   # what else the root shows (the FUSE layer's)
+        self._root_files: RootFiles | None = None  # what else the root shows (the FUSE layer's)
         self._names = HiddenNames()
 
     def publish(self, root_files: RootFiles) -> None:
@@ -230,20 +239,21 @@ class Tree:
         return None if folder is None else self._marks_of({name: folder})[name]
 
     def _marks_of(self, folders: dict[str, Folder]) -> dict[str, tuple | None]:
-        st = statuses({p for f in folders.values() for p in (f.model, f.projector, *(p for _, p in f.passed))
-                       if p is not None})
-        self.views.saw(st)    # (listing: stat and readdir answer from these until the next scan)
+        st = statuses(
+            {p for f in folders.values() for p in (f.model, f.projector, *(p for _, p in f.passed)) if p is not None}
+        )
+        self.views.saw(st)  # (listing: stat and readdir answer from these until the next scan)
         mark = self._file_mark
 
         def of(p: Path | None) -> tuple | None:
             return None if p is None else mark(p, st[p])
-        return {name: (of(f.model), of(f.projector), *((n, of(p)) for n, p in f.passed))
-                for name, f in folders.items()}
+
+        return {name: (of(f.model), of(f.projector), *((n, of(p)) for n, p in f.passed)) for name, f in folders.items()}
 
     def _root_marks(self, snap: Snapshot) -> dict[str, tuple | None]:
         """`marks` of the root's own files and of the folders on disk mounted folders mirror."""
         out: dict[str, tuple | None] = {}
-        root = [ref.blob for ref in snap.files.get("", {}).values()]     # a RootFiles' (models.ini)
+        root = [ref.blob for ref in snap.files.get("", {}).values()]  # a RootFiles' (models.ini)
         out[""] = tuple(self._file_mark(p, st) for p, st in statuses(set(root)).items())
         owners = {self.source.owner(d, snap.listing) for d in snap.dirs}
         for owner in sorted(owners):
@@ -290,12 +300,15 @@ class Tree:
         snap = self._snap
         if snap is None:
             self._building.acquire()
-        elif self._followed or time.monotonic() - self._stamp < self.rescan_seconds \
-                or not self._building.acquire(blocking=False):
+        elif (
+            self._followed
+            or time.monotonic() - self._stamp < self.rescan_seconds
+            or not self._building.acquire(blocking=False)
+        ):
             return snap
         try:
             current = self._snap
-            if current is not None and current is not snap:   # made while this thread waited for the first one
+            if current is not None and current is not snap:  # made while this thread waited for the first one
                 return current
             return self._rescan()
         finally:
@@ -331,8 +344,9 @@ class Tree:
             if extra:
                 snap.files[""] = extra
         snap.marks = {**folders, **self._root_marks(snap)}
-        retain_layers({p for f in snap.listing.folders.values()
-                       for p in (f.params, f.template, f.system, f.messages) if p})
+        retain_layers(
+            {p for f in snap.listing.folders.values() for p in (f.params, f.template, f.system, f.messages) if p}
+        )
         with self._lock:
             self._snap, self._stamp = snap, time.monotonic()
         if previous is None or previous.ggufs != snap.ggufs:

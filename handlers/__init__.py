@@ -15,9 +15,29 @@ misses made for the purpose, that no blob is claimed by two translations of
 a table except as listed there, and that each listed overlap goes to the
 translation named first.
 """
+
 from . import (
-    bert, deepseekocr, embeddinggemma, gemma3, gemma3n, gemma4, glm4moelite, glmocr, gptoss, laguna, lfm2,
-    llama, llama4, llava, mistral3, nemotron, olmo3, qwen25vl, qwen35, qwen3next, qwen3vl,
+    bert,
+    deepseekocr,
+    embeddinggemma,
+    gemma3,
+    gemma3n,
+    gemma4,
+    glm4moelite,
+    glmocr,
+    gptoss,
+    laguna,
+    lfm2,
+    llama,
+    llama4,
+    llava,
+    mistral3,
+    nemotron,
+    olmo3,
+    qwen25vl,
+    qwen35,
+    qwen3next,
+    qwen3vl,
 )
 
 TEXT = (
@@ -65,10 +85,13 @@ CLIP = (
 # Blobs two translations of one table both claim, on purpose: (the one that
 # is tried first and takes them, the other, which blobs, why).
 OVERLAPS = (
-    ("qwen35moe", "qwen3next",
-     "a qwen35moe blob with Qwen3-Next's fused `ssm_ba` that also carries "
-     "`image_token_id` or `ssm.v_head_reordered` true, and none of Qwen3.5's other markers",
-     "both keys are Qwen3.5's: its vision's token, and V heads reordered into Qwen3.5's layout, which "
-     "llama.cpp's qwen3next loader does not expect (Qwen3-Next checkpoints converted as qwen35moe carry "
-     "neither); as Qwen3-Next the heads would be read in the wrong order"),
+    (
+        "qwen35moe",
+        "qwen3next",
+        "a qwen35moe blob with Qwen3-Next's fused `ssm_ba` that also carries "
+        "`image_token_id` or `ssm.v_head_reordered` true, and none of Qwen3.5's other markers",
+        "both keys are Qwen3.5's: its vision's token, and V heads reordered into Qwen3.5's layout, which "
+        "llama.cpp's qwen3next loader does not expect (Qwen3-Next checkpoints converted as qwen35moe carry "
+        "neither); as Qwen3-Next the heads would be read in the wrong order",
+    ),
 )

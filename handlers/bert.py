@@ -10,6 +10,7 @@ loader accepts only an (u)int8 array there and refuses the model.  The one
 change is to decode it back to the bytes.  The edit is particular to these
 files: `CharsmapFromBase64` is defined here.
 """
+
 from __future__ import annotations
 
 import base64
@@ -32,7 +33,7 @@ def base64_chars(value: Value | None) -> str | None:
         return None
     n = value.count
     items = np.frombuffer(value.payload, dtype=np.uint8, offset=12)
-    if n == 0 or items.size != 9 * n:      # each element: u64 length 1, then its byte
+    if n == 0 or items.size != 9 * n:  # each element: u64 length 1, then its byte
         return None
     items = items.reshape(n, 9)
     if (items[:, :8].view("<u8")[:, 0] != 1).any():
@@ -45,6 +46,7 @@ class CharsmapFromBase64(KVEdit):
     """`key`, an array of single-character strings spelling base64 text,
     becomes the bytes that text encodes (UINT8 array); anything else, or
     text that is not base64, is left as it is."""
+
     key: str
 
     def apply(self, kv: dict[str, Value], src: SourceGGUF) -> None:
@@ -61,8 +63,7 @@ class CharsmapFromBase64(KVEdit):
 
 
 def charsmap_is_strings() -> Pred:
-    return Pred(f"{CHARSMAP} is a string array",
-                lambda s: base64_chars(s.kvs.get(CHARSMAP)) is not None)
+    return Pred(f"{CHARSMAP} is a string array", lambda s: base64_chars(s.kvs.get(CHARSMAP)) is not None)
 
 
 TEXT = Translation(

@@ -9,6 +9,7 @@ experts' width nor the shared-expert count; both are read off the first MoE
 block's tensors.  Neither converter permutes attention Q/K, so the text
 tensors are served as stored.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,18 +21,41 @@ from gguf import Keys
 from compatfs.format.header import SourceGGUF
 from compatfs.format.values import f32, string, u32
 from compatfs.translate import (
-    ArchKeys, CopyEachIfAbsent, CopyIfAbsent, CopyPrefixIfAbsent, Count, Default, DropPrefix, FromFirstBlock, Hide,
-    KVEdit, KVs, Rename, Scaled, Set, ToF32, Translation, arch, arch_is, base, blocks, clip_projector, leaf, tensor,
+    ArchKeys,
+    CopyEachIfAbsent,
+    CopyIfAbsent,
+    CopyPrefixIfAbsent,
+    Count,
+    Default,
+    DropPrefix,
+    FromFirstBlock,
+    Hide,
+    KVEdit,
+    KVs,
+    Rename,
+    Scaled,
+    Set,
+    ToF32,
+    Translation,
+    arch,
+    arch_is,
+    base,
+    blocks,
+    clip_projector,
+    leaf,
+    tensor,
     whole,
 )
 
 
 # -- DeepSeek-OCR's own KV edit ----------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class SharedExpertCount(KVEdit):
     """`key` (u32) = the shared experts' stacked width (axis 0 of the first
     `<prefix><i>.<suffix>`) over `per_expert` (an integer KV), when `key` is absent."""
+
     key: str
     prefix: str
     suffix: str
@@ -69,8 +93,9 @@ TEXT = Translation(
         # ffn_down_exps is [expert width, n_embd, experts]; the shared experts'
         # down projection [shared count x expert width, n_embd].
         FromFirstBlock(K.LLM.EXPERT_FEED_FORWARD_LENGTH, "blk.", "ffn_down_exps.weight", axis=0),
-        SharedExpertCount(K.LLM.EXPERT_SHARED_COUNT, "blk.", "ffn_down_shexp.weight",
-                          per_expert=K.LLM.EXPERT_FEED_FORWARD_LENGTH),
+        SharedExpertCount(
+            K.LLM.EXPERT_SHARED_COUNT, "blk.", "ffn_down_shexp.weight", per_expert=K.LLM.EXPERT_FEED_FORWARD_LENGTH
+        ),
         Default(Keys.Tokenizer.CHAT_TEMPLATE, string(CHAT_TEMPLATE)),
     ),
     tensors=(Hide(("s.", "v.", "mm.")),),
@@ -79,7 +104,10 @@ TEXT = Translation(
 V, SAM = f"{OLD}.vision.", f"{OLD}.sam."
 
 CLIP = clip_projector(
-    "deepseekocr-clip", DETECT, OLD, "deepseekocr",
+    "deepseekocr-clip",
+    DETECT,
+    OLD,
+    "deepseekocr",
     counts=(Count(V + "block_count", "v.blk."), Count(SAM + "block_count", "s.blk.")),
     copy=("block_count", "embedding_length", "image_size", "patch_size"),
     head=(
@@ -97,7 +125,8 @@ CLIP = clip_projector(
         Default(Keys.ClipVision.PREPROC_MAX_TILES, u32(9)),
         Default(Keys.ClipVision.Attention.LAYERNORM_EPS, f32(1e-6)),
     ),
-    mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5),
+    mean=(0.5, 0.5, 0.5),
+    std=(0.5, 0.5, 0.5),
     keep=("s.", "v.", "mm."),
     tensors=(
         # SAM, moved under llama.cpp's `v.sam.`, its inner names renamed as it moves.
@@ -105,15 +134,17 @@ CLIP = clip_projector(
         Rename("s.patch_embd", base(T.V_SAM_PATCH_EMBD)),
         Rename(".attn.qkv", leaf(T.V_SAM_ATTN_QKV), under="s.blk.", into=blocks(T.V_SAM_ATTN_QKV)),
         Rename(".attn.proj", leaf(T.V_SAM_ATTN_OUT), under="s.blk.", into=blocks(T.V_SAM_ATTN_OUT)),
-        Rename(".attn.rel_pos_h", leaf(T.V_SAM_ATTN_POS_H) + ".weight", under="s.blk.",
-               into=blocks(T.V_SAM_ATTN_POS_H)),
-        Rename(".attn.rel_pos_w", leaf(T.V_SAM_ATTN_POS_W) + ".weight", under="s.blk.",
-               into=blocks(T.V_SAM_ATTN_POS_W)),
+        Rename(
+            ".attn.rel_pos_h", leaf(T.V_SAM_ATTN_POS_H) + ".weight", under="s.blk.", into=blocks(T.V_SAM_ATTN_POS_H)
+        ),
+        Rename(
+            ".attn.rel_pos_w", leaf(T.V_SAM_ATTN_POS_W) + ".weight", under="s.blk.", into=blocks(T.V_SAM_ATTN_POS_W)
+        ),
         Rename(".norm1", leaf(T.V_SAM_PRE_NORM), under="s.blk.", into=blocks(T.V_SAM_PRE_NORM)),
         Rename(".norm2", leaf(T.V_SAM_POST_NORM), under="s.blk.", into=blocks(T.V_SAM_POST_NORM)),
         Rename(".mlp.lin1", leaf(T.V_SAM_MLP_LIN_1), under="s.blk.", into=blocks(T.V_SAM_MLP_LIN_1)),
         Rename(".mlp.lin2", leaf(T.V_SAM_MLP_LIN_2), under="s.blk.", into=blocks(T.V_SAM_MLP_LIN_2)),
-        *(Rename(f"s.neck.{i}", base(T.V_SAM_NECK, i)) for i in range(4)),     # conv, norm, conv, norm
+        *(Rename(f"s.neck.{i}", base(T.V_SAM_NECK, i)) for i in range(4)),  # conv, norm, conv, norm
         Rename("s.net_2", base(T.V_SAM_NET_2)),
         Rename("s.net_3", base(T.V_SAM_NET_3)),
         # CLIP.
@@ -129,7 +160,15 @@ CLIP = clip_projector(
         Rename("mm.image_newline", base(T.V_ENC_EMBD_IMGNL)),
         Rename("mm.view_seperator", base(T.V_ENC_EMBD_VSEP)),
         # Convolution kernels and embeddings in F32, as llama.cpp's converter keeps them.
-        ToF32((tensor(T.V_ENC_EMBD_PATCH), tensor(T.V_SAM_PATCH_EMBD), tensor(T.V_SAM_NECK, 0),
-               tensor(T.V_SAM_NECK, 2), tensor(T.V_SAM_NET_2), tensor(T.V_SAM_NET_3))),
+        ToF32(
+            (
+                tensor(T.V_ENC_EMBD_PATCH),
+                tensor(T.V_SAM_PATCH_EMBD),
+                tensor(T.V_SAM_NECK, 0),
+                tensor(T.V_SAM_NECK, 2),
+                tensor(T.V_SAM_NET_2),
+                tensor(T.V_SAM_NET_3),
+            )
+        ),
     ),
 )

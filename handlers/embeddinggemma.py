@@ -23,6 +23,7 @@ dropped.  Ollama's handler also renames a
 (`model/models/gemma3`) loads only `output_norm`, so no blob it ran has
 that name, and the rename is left out.
 """
+
 from gguf import MODEL_ARCH as A
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
@@ -30,8 +31,22 @@ from gguf import TokenType as TT
 
 from compatfs.format.values import boolean, f32, string
 from compatfs.translate import (
-    ArchKeys, CopyIfAbsent, CopyPrefixIfAbsent, Default, Drop, DropPrefix, FromShape, Rename, Set, TokenType,
-    Translation, arch, arch_is, base, has_key, has_tensor,
+    ArchKeys,
+    CopyIfAbsent,
+    CopyPrefixIfAbsent,
+    Default,
+    Drop,
+    DropPrefix,
+    FromShape,
+    Rename,
+    Set,
+    TokenType,
+    Translation,
+    arch,
+    arch_is,
+    base,
+    has_key,
+    has_tensor,
 )
 
 ARCH = arch(A.GEMMA_EMBEDDING)
@@ -39,8 +54,7 @@ K = ArchKeys(ARCH)
 
 TEXT = Translation(
     name="embeddinggemma",
-    detect=(arch_is("gemma3") & has_tensor("dense.0.weight"))
-    | (arch_is(ARCH) & ~has_key(Keys.Tokenizer.ADD_PREFIX)),
+    detect=(arch_is("gemma3") & has_tensor("dense.0.weight")) | (arch_is(ARCH) & ~has_key(Keys.Tokenizer.ADD_PREFIX)),
     kv=(
         Set(Keys.General.ARCHITECTURE, string(ARCH)),
         # llama.cpp reads the hyperparameters under the architecture's name.
@@ -55,19 +69,20 @@ TEXT = Translation(
         # Attention is bidirectional and the sliding-window layout fixed for
         # this architecture: keys from the causal model's file would override them.
         DropPrefix(("gemma3.", f"{ARCH}.rope.local.")),
-        Drop((
-            K.Attention.CAUSAL, K.Attention.SLIDING_WINDOW_PATTERN,
-            "tokenizer.ggml.add_padding_token", "tokenizer.ggml.add_unknown_token",
-            # BPE merges: a SentencePiece vocabulary has none.
-            Keys.Tokenizer.MERGES,
-        )),
+        Drop(
+            (
+                K.Attention.CAUSAL,
+                K.Attention.SLIDING_WINDOW_PATTERN,
+                "tokenizer.ggml.add_padding_token",
+                "tokenizer.ggml.add_unknown_token",
+                # BPE merges: a SentencePiece vocabulary has none.
+                Keys.Tokenizer.MERGES,
+            )
+        ),
         # Gemma's SentencePiece model adds no dummy prefix.
         Default(Keys.Tokenizer.ADD_PREFIX, boolean(False)),
         Default(Keys.Tokenizer.ADD_SEP, boolean(False)),
         TokenType(("<start_of_image>", "<end_of_image>"), TT.CONTROL),
     ),
-    tensors=(
-        Rename("dense.0", base(T.DENSE_2_OUT)),
-        Rename("dense.1", base(T.DENSE_3_OUT)),
-    ),
+    tensors=(Rename("dense.0", base(T.DENSE_2_OUT)), Rename("dense.1", base(T.DENSE_3_OUT))),
 )

@@ -6,14 +6,33 @@ and rope scaling, kept multimodal tokens past the embedding rows, and stored
 the SigLIP tower and projector (`v.*`, `mm.*`) in the same file under their
 own names.
 """
+
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 from gguf import TokenType as TT
 
 from compatfs.format.values import boolean, f32, string
 from compatfs.translate import (
-    ArchKeys, CopyIfAbsent, Default, Hide, Rename, ToF32, TokenType, Translation, TruncateToRows, When, any_of,
-    arch_is, base, clip_projector, has_key, has_tensor, has_tensor_prefix, leaf, tensor, value_at_least,
+    ArchKeys,
+    CopyIfAbsent,
+    Default,
+    Hide,
+    Rename,
+    ToF32,
+    TokenType,
+    Translation,
+    TruncateToRows,
+    When,
+    any_of,
+    arch_is,
+    base,
+    clip_projector,
+    has_key,
+    has_tensor,
+    has_tensor_prefix,
+    leaf,
+    tensor,
+    value_at_least,
 )
 
 # Google's published Gemma 3 chat template (Ollama files carry none).
@@ -30,15 +49,19 @@ K = ArchKeys("gemma3")
 
 # Any one of these marks a gemma3 blob as Ollama-written.  Blobs with
 # `dense.0.weight` are EmbeddingGemma, which is a different translation.
-DETECT = arch_is("gemma3") & ~has_tensor("dense.0.weight") & any_of(
-    has_key("gemma3.mm.tokens_per_image"),
-    has_tensor_prefix("v."),
-    has_tensor_prefix("mm."),
-    has_key("gemma3.rope.global.freq_base"),
-    has_key("gemma3.rope.local.freq_base"),
-    has_key("tokenizer.ggml.add_padding_token"),
-    has_key("tokenizer.ggml.add_unknown_token"),
-    ~has_key(K.Attention.LAYERNORM_RMS_EPS),
+DETECT = (
+    arch_is("gemma3")
+    & ~has_tensor("dense.0.weight")
+    & any_of(
+        has_key("gemma3.mm.tokens_per_image"),
+        has_tensor_prefix("v."),
+        has_tensor_prefix("mm."),
+        has_key("gemma3.rope.global.freq_base"),
+        has_key("gemma3.rope.local.freq_base"),
+        has_key("tokenizer.ggml.add_padding_token"),
+        has_key("tokenizer.ggml.add_unknown_token"),
+        ~has_key(K.Attention.LAYERNORM_RMS_EPS),
+    )
 )
 
 TEXT = Translation(
@@ -52,14 +75,12 @@ TEXT = Translation(
         Default(K.Rope.FREQ_BASE_SWA, f32(10_000.0)),
         Default(Keys.Tokenizer.CHAT_TEMPLATE, string(CHAT_TEMPLATE)),
         # 4B/12B/27B extend a 16k training context 8x by linear rope scaling.
-        When(value_at_least(K.LLM.CONTEXT_LENGTH, 131072), (
-            Default(K.Rope.SCALING_TYPE, string("linear")),
-            Default(K.Rope.SCALING_FACTOR, f32(8.0)),
-        )),
+        When(
+            value_at_least(K.LLM.CONTEXT_LENGTH, 131072),
+            (Default(K.Rope.SCALING_TYPE, string("linear")), Default(K.Rope.SCALING_FACTOR, f32(8.0))),
+        ),
         # Extra multimodal tokens past the embedding rows fail the vocab check.
-        TruncateToRows("token_embd.weight", (
-            Keys.Tokenizer.LIST, Keys.Tokenizer.SCORES, Keys.Tokenizer.TOKEN_TYPE,
-        )),
+        TruncateToRows("token_embd.weight", (Keys.Tokenizer.LIST, Keys.Tokenizer.SCORES, Keys.Tokenizer.TOKEN_TYPE)),
         # Gemma's SentencePiece model adds no dummy prefix; without the key
         # llama.cpp prepends a space and tokenizes differently.
         Default(Keys.Tokenizer.ADD_PREFIX, boolean(False)),
@@ -71,10 +92,22 @@ TEXT = Translation(
 )
 
 CLIP = clip_projector(
-    "gemma3-clip", DETECT & has_tensor_prefix("v."), "gemma3", "gemma3",
-    copy=("block_count", "embedding_length", "feed_forward_length", "image_size", "patch_size",
-          "attention.head_count", "attention.layer_norm_epsilon"),
-    mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), keep_present=True,
+    "gemma3-clip",
+    DETECT & has_tensor_prefix("v."),
+    "gemma3",
+    "gemma3",
+    copy=(
+        "block_count",
+        "embedding_length",
+        "feed_forward_length",
+        "image_size",
+        "patch_size",
+        "attention.head_count",
+        "attention.layer_norm_epsilon",
+    ),
+    mean=(0.5, 0.5, 0.5),
+    std=(0.5, 0.5, 0.5),
+    keep_present=True,
     tensors=(
         Rename("v.patch_embedding", base(T.V_ENC_EMBD_PATCH)),
         Rename("v.position_embedding", base(T.V_ENC_EMBD_POS)),

@@ -28,6 +28,7 @@ Departures from Ollama's handler, each toward llama.cpp's conversion:
   altup extras, `add_padding/unknown_token`, the SentencePiece vocabulary's
   BPE merges) are dropped, as its conversion has none of them.
 """
+
 from __future__ import annotations
 
 from gguf import MODEL_TENSOR as T
@@ -38,8 +39,22 @@ from compatfs.format.header import SourceGGUF
 from compatfs.format.values import boolean, f32, string
 from compatfs.translate import Op, PadRows
 from compatfs.translate import (
-    ArchKeys, BYTE_TOKENS, CopyIfAbsent, Default, Drop, Hide, PadTokensUnused, Produce, Set, TokenType, Translation,
-    any_of, arch_is, has_key, rows_differ, tensor,
+    ArchKeys,
+    BYTE_TOKENS,
+    CopyIfAbsent,
+    Default,
+    Drop,
+    Hide,
+    PadTokensUnused,
+    Produce,
+    Set,
+    TokenType,
+    Translation,
+    any_of,
+    arch_is,
+    has_key,
+    rows_differ,
+    tensor,
 )
 
 K = ArchKeys("gemma3n")
@@ -50,15 +65,21 @@ def padded_per_layer_embd(src: SourceGGUF) -> Op | None:
     """The per-layer embedding with zero rows up to `token_embd`'s rows
     (llama.cpp's converter pads the image/audio slots so); None when they agree."""
     tok, per_layer = src.tensors.get(TOKEN_EMBD), src.tensors.get(PER_LAYER_EMBD)
-    if (tok is None or per_layer is None or len(tok.shape) != 2 or not per_layer.shape
-            or tok.shape[1] == per_layer.shape[-1]):
+    if (
+        tok is None
+        or per_layer is None
+        or len(tok.shape) != 2
+        or not per_layer.shape
+        or tok.shape[1] == per_layer.shape[-1]
+    ):
         return None
     return PadRows.of(per_layer, tok.shape[1])
 
 
 TEXT = Translation(
     name="gemma3n",
-    detect=arch_is("gemma3n") & any_of(
+    detect=arch_is("gemma3n")
+    & any_of(
         rows_differ(TOKEN_EMBD, PER_LAYER_EMBD),
         has_key("gemma3n.rope.freq_base_local"),
         ~has_key(Keys.Tokenizer.ADD_PREFIX),
@@ -70,13 +91,19 @@ TEXT = Translation(
         # Gemma 3n's published value; llama.cpp applies 30 whatever the key says.
         Default(K.LLM.FINAL_LOGIT_SOFTCAPPING, f32(30.0)),
         # Ollama's names and keys llama.cpp reads nowhere.
-        Drop((
-            "gemma3n.rope.freq_base_local", "gemma3n.head_dim", "gemma3n.altup.correct_scale",
-            "gemma3n.altup.lr_multiplier", "tokenizer.ggml.add_padding_token", "tokenizer.ggml.add_unknown_token",
-            "tokenizer.ggml.eos_token_ids",
-            # BPE merges: a SentencePiece vocabulary has none.
-            Keys.Tokenizer.MERGES,
-        )),
+        Drop(
+            (
+                "gemma3n.rope.freq_base_local",
+                "gemma3n.head_dim",
+                "gemma3n.altup.correct_scale",
+                "gemma3n.altup.lr_multiplier",
+                "tokenizer.ggml.add_padding_token",
+                "tokenizer.ggml.add_unknown_token",
+                "tokenizer.ggml.eos_token_ids",
+                # BPE merges: a SentencePiece vocabulary has none.
+                Keys.Tokenizer.MERGES,
+            )
+        ),
         # Gemma's SentencePiece model: no dummy prefix, byte fallback.
         Set(Keys.Tokenizer.MODEL, string("llama")),
         Default(Keys.Tokenizer.ADD_PREFIX, boolean(False)),

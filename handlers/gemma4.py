@@ -22,6 +22,7 @@ files from older converters the MoE layout and the packed vision clamps:
 
 The clamp layout is Gemma 4's own: the tensor edit `UnpackClamps` is defined here.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,9 +36,36 @@ from compatfs.format.header import SourceGGUF
 from compatfs.format.values import VT, array, boolean, string, u32
 from compatfs.translate import ConcatRows, Op
 from compatfs.translate import (
-    ArchKeys, BYTE_TOKENS, CopyEachIfAbsent, CopyIfAbsent, Count, Default, Drop, DropPrefix, FillArray, Hide, KeepOnly,
-    ProducePerBlock, Rename, Set, TensorEdit, Tensors, ToF32, TokenType, Translation, ViewTensor, When, any_of,
-    arch_is, as_projector, base, has_tensor_prefix, leaf, tensor, value_is, whole,
+    ArchKeys,
+    BYTE_TOKENS,
+    CopyEachIfAbsent,
+    CopyIfAbsent,
+    Count,
+    Default,
+    Drop,
+    DropPrefix,
+    FillArray,
+    Hide,
+    KeepOnly,
+    ProducePerBlock,
+    Rename,
+    Set,
+    TensorEdit,
+    Tensors,
+    ToF32,
+    TokenType,
+    Translation,
+    ViewTensor,
+    When,
+    any_of,
+    arch_is,
+    as_projector,
+    base,
+    has_tensor_prefix,
+    leaf,
+    tensor,
+    value_is,
+    whole,
 )
 
 
@@ -54,9 +82,10 @@ class UnpackClamps(TensorEdit):
     becomes a 1-element F32 tensor `<linear>.<clamp>` (served from its 4 bytes
     of the blob), and `packed` goes.  A `packed` of another size, or a block
     count other than the blocks the blob holds, leaves it alone."""
+
     packed: str
     blocks: str
-    block: str                   # e.g. "v.blk.{}"
+    block: str  # e.g. "v.blk.{}"
     per_block: tuple[str, ...]
     after: tuple[str, ...]
 
@@ -82,9 +111,15 @@ def gate_up_experts(src: SourceGGUF, i: int) -> Op | None:
     the split pair as it is)."""
     gate, up = src.tensors.get(f"blk.{i}.ffn_gate_exps.weight"), src.tensors.get(f"blk.{i}.ffn_up_exps.weight")
     sidecars = (f"blk.{i}.ffn_{p}_exps.{s}" for p in ("gate", "up") for s in ("scale", "input_scale"))
-    if (gate is None or up is None or f"blk.{i}.ffn_gate_up_exps.weight" in src.tensors
-            or any(s in src.tensors for s in sidecars)
-            or gate.dtype != up.dtype or gate.shape != up.shape or len(gate.shape) != 3):
+    if (
+        gate is None
+        or up is None
+        or f"blk.{i}.ffn_gate_up_exps.weight" in src.tensors
+        or any(s in src.tensors for s in sidecars)
+        or gate.dtype != up.dtype
+        or gate.shape != up.shape
+        or len(gate.shape) != 3
+    ):
         return None
     return ConcatRows.of(gate, up)
 
@@ -128,8 +163,12 @@ TEXT = Translation(
     ),
     tensors=(
         Hide(("v.", "a.", "mm.", "model.vision_tower.")),
-        ProducePerBlock(K.LLM.BLOCK_COUNT, tensor(T.FFN_GATE_UP_EXP, "{}"), gate_up_experts,
-                        consumes=("blk.{}.ffn_gate_exps.weight", "blk.{}.ffn_up_exps.weight")),
+        ProducePerBlock(
+            K.LLM.BLOCK_COUNT,
+            tensor(T.FFN_GATE_UP_EXP, "{}"),
+            gate_up_experts,
+            consumes=("blk.{}.ffn_gate_exps.weight", "blk.{}.ffn_up_exps.weight"),
+        ),
         Rename(".ffn_gate_inp.per_expert_scale", leaf(T.FFN_DOWN_EXP) + ".scale"),
     ),
 )
@@ -141,39 +180,64 @@ CLIP = Translation(
     detect=DETECT & (HAS_VISION | HAS_AUDIO),
     counts=(Count("gemma4.vision.block_count", "v.blk."), Count("gemma4.audio.block_count", "a.blk.")),
     kv=(
-        When(HAS_VISION, (
-            CopyEachIfAbsent("gemma4.vision.", "clip.vision.", (
-                "block_count", "embedding_length", "feed_forward_length", "attention.head_count",
-                "attention.layer_norm_epsilon", "patch_size",
-            )),
-            # Unused by clip.cpp (images are resized to a token budget);
-            # llama.cpp's converter writes 224.
-            Default(Keys.ClipVision.IMAGE_SIZE, u32(224)),
-            # The projector's output feeds the language model's embedding.
-            CopyIfAbsent(K.LLM.EMBEDDING_LENGTH, Keys.ClipVision.PROJECTION_DIM),
-            # The tower normalises pixels itself (`v.std_bias`, `v.std_scale`).
-            Default(Keys.ClipVision.IMAGE_MEAN, array(VT.FLOAT32, [0.0, 0.0, 0.0])),
-            Default(Keys.ClipVision.IMAGE_STD, array(VT.FLOAT32, [1.0, 1.0, 1.0])),
-            Set(Keys.Clip.HAS_VISION_ENCODER, boolean(True)),
-            Set(Keys.ClipVision.PROJECTOR_TYPE, string("gemma4v")),
-        )),
-        When(HAS_AUDIO, (
-            CopyEachIfAbsent("gemma4.audio.", "clip.audio.", (
-                "block_count", "embedding_length", "feed_forward_length", "attention.head_count",
-                "attention.layer_norm_epsilon",
-            )),
-            Default(Keys.ClipAudio.NUM_MEL_BINS, u32(128)),
-            CopyIfAbsent(K.LLM.EMBEDDING_LENGTH, Keys.ClipAudio.PROJECTION_DIM),
-            Set(Keys.Clip.HAS_AUDIO_ENCODER, boolean(True)),
-            Set(Keys.ClipAudio.PROJECTOR_TYPE, string("gemma4a")),
-        )),
+        When(
+            HAS_VISION,
+            (
+                CopyEachIfAbsent(
+                    "gemma4.vision.",
+                    "clip.vision.",
+                    (
+                        "block_count",
+                        "embedding_length",
+                        "feed_forward_length",
+                        "attention.head_count",
+                        "attention.layer_norm_epsilon",
+                        "patch_size",
+                    ),
+                ),
+                # Unused by clip.cpp (images are resized to a token budget);
+                # llama.cpp's converter writes 224.
+                Default(Keys.ClipVision.IMAGE_SIZE, u32(224)),
+                # The projector's output feeds the language model's embedding.
+                CopyIfAbsent(K.LLM.EMBEDDING_LENGTH, Keys.ClipVision.PROJECTION_DIM),
+                # The tower normalises pixels itself (`v.std_bias`, `v.std_scale`).
+                Default(Keys.ClipVision.IMAGE_MEAN, array(VT.FLOAT32, [0.0, 0.0, 0.0])),
+                Default(Keys.ClipVision.IMAGE_STD, array(VT.FLOAT32, [1.0, 1.0, 1.0])),
+                Set(Keys.Clip.HAS_VISION_ENCODER, boolean(True)),
+                Set(Keys.ClipVision.PROJECTOR_TYPE, string("gemma4v")),
+            ),
+        ),
+        When(
+            HAS_AUDIO,
+            (
+                CopyEachIfAbsent(
+                    "gemma4.audio.",
+                    "clip.audio.",
+                    (
+                        "block_count",
+                        "embedding_length",
+                        "feed_forward_length",
+                        "attention.head_count",
+                        "attention.layer_norm_epsilon",
+                    ),
+                ),
+                Default(Keys.ClipAudio.NUM_MEL_BINS, u32(128)),
+                CopyIfAbsent(K.LLM.EMBEDDING_LENGTH, Keys.ClipAudio.PROJECTION_DIM),
+                Set(Keys.Clip.HAS_AUDIO_ENCODER, boolean(True)),
+                Set(Keys.ClipAudio.PROJECTOR_TYPE, string("gemma4a")),
+            ),
+        ),
         *as_projector("gemma4"),
     ),
     tensors=(
         KeepOnly(("v.", "a.", "mm.")),
-        UnpackClamps("v.clamp_data", "gemma4.vision.block_count", "v.blk.{}",
-                     per_block=("attn_q", "attn_k", "attn_v", "attn_out", "ffn_gate", "ffn_up", "ffn_down"),
-                     after=("mm.input_projection",)),
+        UnpackClamps(
+            "v.clamp_data",
+            "gemma4.vision.block_count",
+            "v.blk.{}",
+            per_block=("attn_q", "attn_k", "attn_v", "attn_out", "ffn_gate", "ffn_up", "ffn_down"),
+            after=("mm.input_projection",),
+        ),
         # llama.cpp's converter keeps the position table in F32.
         ToF32((tensor(T.V_ENC_EMBD_POS),)),
         # Audio: Ollama's names for the conformer's input and output projections ...

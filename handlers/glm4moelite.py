@@ -21,12 +21,22 @@ special tokens are found by their text, as llama.cpp's converter finds them
 (Ollama's handler takes the 2nd and 3rd entries of `eos_token_ids`).
 Ollama's converter drops the MTP layer, so the view has none.
 """
+
 from gguf import MODEL_ARCH as A
 from gguf import Keys
 
 from compatfs.format.values import boolean, string, u32
 from compatfs.translate import (
-    ArchKeys, CopyIfAbsent, CopyPrefixIfAbsent, Default, DefaultTokenId, DropPrefix, Set, Translation, arch, arch_is,
+    ArchKeys,
+    CopyIfAbsent,
+    CopyPrefixIfAbsent,
+    Default,
+    DefaultTokenId,
+    DropPrefix,
+    Set,
+    Translation,
+    arch,
+    arch_is,
     has_key,
 )
 

@@ -16,6 +16,7 @@ What cannot be recovered: llama.cpp's conversion keeps GLM-OCR's MTP layer
 (one more block, `nextn_predict_layers`); Ollama's converter dropped it, so
 the view has the main layers only, which is what llama.cpp runs anyway.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,19 +31,44 @@ from compatfs.errors import GGUFError
 from compatfs.format.values import string, u32
 from compatfs.translate import Concat, Op
 from compatfs.translate import (
-    ArchKeys, CopyIfAbsent, CopyPrefixIfAbsent, Count, DefaultTokenId, Drop, DropPrefix, Hide, KVEdit, KVs,
-    OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PadArray, PadTokensUnused, ProducePerBlock, Rename, Set, Translation, arch,
-    arch_is, clip_projector, finite, has_tensor_prefix, leaf, tensor, whole,
+    ArchKeys,
+    CopyIfAbsent,
+    CopyPrefixIfAbsent,
+    Count,
+    DefaultTokenId,
+    Drop,
+    DropPrefix,
+    Hide,
+    KVEdit,
+    KVs,
+    OPENAI_CLIP_MEAN,
+    OPENAI_CLIP_STD,
+    PadArray,
+    PadTokensUnused,
+    ProducePerBlock,
+    Rename,
+    Set,
+    Translation,
+    arch,
+    arch_is,
+    clip_projector,
+    finite,
+    has_tensor_prefix,
+    leaf,
+    tensor,
+    whole,
 )
 
 
 # -- GLM-OCR's own KV edit and tensor maker -------------------------------------------------
+
 
 @dataclass(frozen=True)
 class RotaryWidth(KVEdit):
     """`key` (u32) = the head width `head` times the rotary fraction `factor`
     (1.0 when absent; one that is no number in (0, 1] leaves `key` out),
     when `key` is absent: the dimensions rope turns."""
+
     head: str
     factor: str
     key: str
@@ -99,8 +125,12 @@ TEXT = Translation(
     ),
     tensors=(
         Hide(("v.", "mm.")),
-        ProducePerBlock("glmocr.block_count", tensor(T.FFN_UP, "{}"), gate_up,
-                        consumes=("blk.{}.ffn_gate.weight", "blk.{}.ffn_up.weight")),
+        ProducePerBlock(
+            "glmocr.block_count",
+            tensor(T.FFN_UP, "{}"),
+            gate_up,
+            consumes=("blk.{}.ffn_gate.weight", "blk.{}.ffn_up.weight"),
+        ),
         Rename(".attn_out", leaf(T.ATTN_OUT), under="blk."),
         Rename(".post_attn_norm", leaf(T.ATTN_POST_NORM), under="blk."),
         Rename(".post_ffn_norm", leaf(T.FFN_POST_NORM), under="blk."),
@@ -108,15 +138,27 @@ TEXT = Translation(
 )
 
 CLIP = clip_projector(
-    "glmocr-clip", DETECT & has_tensor_prefix("v."), "glmocr", "glm4v",
-    copy=("block_count", "embedding_length", "attention.head_count", "image_size", "patch_size", "image_mean",
-          "image_std"),
+    "glmocr-clip",
+    DETECT & has_tensor_prefix("v."),
+    "glmocr",
+    "glm4v",
+    copy=(
+        "block_count",
+        "embedding_length",
+        "attention.head_count",
+        "image_size",
+        "patch_size",
+        "image_mean",
+        "image_std",
+    ),
     head=(
         CopyIfAbsent("glmocr.vision.intermediate_size", Keys.ClipVision.FEED_FORWARD_LENGTH),
         CopyIfAbsent("glmocr.vision.attention.layer_norm_rms_epsilon", Keys.ClipVision.Attention.LAYERNORM_EPS),
     ),
     # GLM-OCR's preprocessor (OpenAI CLIP's statistics), for files without them.
-    mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD, activation=Keys.ClipVision.USE_SILU,
+    mean=OPENAI_CLIP_MEAN,
+    std=OPENAI_CLIP_STD,
+    activation=Keys.ClipVision.USE_SILU,
     # Not carried, as llama.cpp's converter writes none of them: spatial
     # merge (clip.cpp's glm4v default is GLM's 2), temporal patch, pixel
     # limits, the merger's output width (the text width).

@@ -27,6 +27,7 @@ the tokenizer config) where Ollama's converter wrote fixed ids of the full
 o200k vocabulary (EOS `<|endoftext|>`); the YaRN betas are written with
 gpt-oss's config values (llama.cpp's defaults, so unchanged in effect).
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -46,12 +47,30 @@ from compatfs.translate import accel
 from compatfs.translate import Op, Strided
 from compatfs.files.scratch import scratch
 from compatfs.translate import (
-    ArchKeys, CopyPrefixIfAbsent, Count, Default, DefaultTokenId, Drop, DropPrefix, FromShape, ProducePerBlock, Rename,
-    Set, StoredType, Translation, When, arch, arch_is, has_key, has_token, leaf, tensor,
+    ArchKeys,
+    CopyPrefixIfAbsent,
+    Count,
+    Default,
+    DefaultTokenId,
+    Drop,
+    DropPrefix,
+    FromShape,
+    ProducePerBlock,
+    Rename,
+    Set,
+    StoredType,
+    Translation,
+    When,
+    arch,
+    arch_is,
+    has_key,
+    has_token,
+    leaf,
+    tensor,
 )
 
-OLLAMA_MXFP4 = 4            # the ggml type number Ollama's converter gave MXFP4 before 59412fbb4
-QK, BLOCK = 32, 17          # MXFP4: elements and bytes per block (both layouts)
+OLLAMA_MXFP4 = 4  # the ggml type number Ollama's converter gave MXFP4 before 59412fbb4
+QK, BLOCK = 32, 17  # MXFP4: elements and bytes per block (both layouts)
 
 
 @dataclass(frozen=True)
@@ -64,7 +83,7 @@ class OllamaMXFP4(Op):
     from other tensors), as a flat I8 tensor (a view reads an op's inputs
     by their size, which type 4 does not have)."""
 
-    stored: tuple[int, ...] = ()      # the tensor's ggml shape as the blob declares it
+    stored: tuple[int, ...] = ()  # the tensor's ggml shape as the blob declares it
     start: int = 0
     step: int = 1
 
@@ -81,7 +100,7 @@ class OllamaMXFP4(Op):
     def description(self) -> str:
         return f"OllamaMXFP4({self.inputs[0].name}, rows {self.start}::{self.step})"
 
-    ranged = True   # a read computes just the blocks it covers
+    ranged = True  # a read computes just the blocks it covers
     CHUNK_BLOCKS = 1 << 13  # blocks converted at a time (~140 KB: a 128 KiB read in one; four times that
     #                         in scratch, kept in the CPU's cache)
 
@@ -99,7 +118,7 @@ class OllamaMXFP4(Op):
         return accel.native is None
 
     def _compute(self, data):
-        return bytes(self.compute_range(lambda t, start, size: data[0][start:start + size], 0, self.nbytes))
+        return bytes(self.compute_range(lambda t, start, size: data[0][start : start + size], 0, self.nbytes))
 
     def compute_range_into(self, read, lo, hi, out):
         """Output row r (of every slab: `step` divides a slab's rows) is
@@ -114,22 +133,22 @@ class OllamaMXFP4(Op):
         per_row = self.stored[0] // QK if self.step > 1 else self.nbytes // BLOCK
         chunk = self.CHUNK_BLOCKS
         dst = np.frombuffer(out, np.uint8)
-        b, end = lo // BLOCK, -(-hi // BLOCK)            # output blocks covered
+        b, end = lo // BLOCK, -(-hi // BLOCK)  # output blocks covered
         row = per_row * BLOCK
         native = accel.native
         with nullcontext(None) if native else scratch(scratch_bytes(min(chunk, end - b + 2 * per_row))) as raw:
             while b < end:
                 r, c = divmod(b, per_row)
-                if per_row <= chunk:                       # whole rows
+                if per_row <= chunk:  # whole rows
                     c, rows, width = 0, min(chunk // per_row, -(-end // per_row) - r), per_row
-                else:                                      # blocks of one row
+                else:  # blocks of one row
                     rows, width = 1, min(chunk, per_row - c, end - b)
                 first = ((self.start + r * self.step) * per_row + c) * BLOCK
                 size = (rows - 1) * self.step * row + width * BLOCK
                 span = np.frombuffer(read(self.inputs[0], first, size), np.uint8)
                 if len(span) != size:
                     raise GGUFError(f"{self.description}: {len(span)} bytes read at {first}, expected {size}")
-                k = r * per_row + c                        # the chunk's first output block
+                k = r * per_row + c  # the chunk's first output block
                 if native is not None:
                     _native_out(native, span, width, self.step * row, k, rows * width, dst, lo, hi)
                 else:
@@ -139,21 +158,22 @@ class OllamaMXFP4(Op):
                 b = k + rows * width
 
 
-def _native_out(native, span: np.ndarray, width: int, stride: int, k: int, count: int, dst: np.ndarray,
-                lo: int, hi: int) -> None:
+def _native_out(
+    native, span: np.ndarray, width: int, stride: int, k: int, count: int, dst: np.ndarray, lo: int, hi: int
+) -> None:
     """As `_copy_out` of `_to_ggml` of the chunk's `count` blocks (rows of
     `width` blocks, `stride` bytes apart in `span`), by the compiled kernel:
     the blocks wholly inside the range straight into `dst`, a block cut by an
     end of the range through 17 bytes of its own."""
-    a, e = max(k, -(-lo // BLOCK)), min(k + count, hi // BLOCK)     # the blocks wholly inside
+    a, e = max(k, -(-lo // BLOCK)), min(k + count, hi // BLOCK)  # the blocks wholly inside
     if a < e:
-        native.mxfp4_repack(dst[a * BLOCK - lo:e * BLOCK - lo], span, width, stride, a - k, e - a)
+        native.mxfp4_repack(dst[a * BLOCK - lo : e * BLOCK - lo], span, width, stride, a - k, e - a)
     for j in {lo // BLOCK, (hi - 1) // BLOCK}:
         s, t = max(j * BLOCK, lo), min(j * BLOCK + BLOCK, hi)
         if k <= j < k + count and t - s < BLOCK:
             one = np.empty(BLOCK, np.uint8)
             native.mxfp4_repack(one, span, width, stride, j - k, 1)
-            dst[s - lo:t - lo] = one[s - j * BLOCK:t - j * BLOCK]
+            dst[s - lo : t - lo] = one[s - j * BLOCK : t - j * BLOCK]
 
 
 def _to_ggml(blocks: np.ndarray, pairs: np.ndarray) -> np.ndarray:
@@ -171,18 +191,18 @@ def _to_ggml(blocks: np.ndarray, pairs: np.ndarray) -> np.ndarray:
     vectorises those, not 16-bit shifts): no bit crosses into the next
     uint16, as every value shifted is below 2^12."""
     n = blocks.size
-    m = -(-n // 4) * 4                                     # whole 64-bit words
-    p, q = pairs[:m], pairs[m:2 * m]
-    np.copyto(p[:n].reshape(blocks.shape), blocks)         # widened, gathered from strided rows
+    m = -(-n // 4) * 4  # whole 64-bit words
+    p, q = pairs[:m], pairs[m : 2 * m]
+    np.copyto(p[:n].reshape(blocks.shape), blocks)  # widened, gathered from strided rows
     p[n:] = 0
     p64, q64 = p.view(np.uint64), q.view(np.uint64)
     np.left_shift(p64, 4, out=q64)
     p64 |= q64
-    p64 &= _LOW_NIBBLES                                    # the low nibble in the low byte, the high one above
+    p64 &= _LOW_NIBBLES  # the low nibble in the low byte, the high one above
     np.left_shift(p64, 4, out=q64)
-    p64[:-2] |= q64[2:]                                    # the uint16 8 on (two words), a nibble up
+    p64[:-2] |= q64[2:]  # the uint16 8 on (two words), a nibble up
     wide = p.view(np.uint8)
-    np.copyto(wide[1:2 * n:2 * BLOCK].reshape(blocks.shape[:-1]), blocks[..., 0])
+    np.copyto(wide[1 : 2 * n : 2 * BLOCK].reshape(blocks.shape[:-1]), blocks[..., 0])
     return wide
 
 
@@ -191,18 +211,20 @@ def _copy_out(wide: np.ndarray, k: int, count: int, dst: np.ndarray, lo: int, hi
     `dst`, which holds output bytes [lo, hi): the blocks inside the range
     copied 17 bytes at a time, a block cut by an end of the range its bytes
     in it."""
-    a, e = max(k, -(-lo // BLOCK)), min(k + count, hi // BLOCK)     # the blocks wholly inside
+    a, e = max(k, -(-lo // BLOCK)), min(k + count, hi // BLOCK)  # the blocks wholly inside
     if a < e:
-        np.copyto(np.ndarray((e - a,), _RECORD, dst, a * BLOCK - lo, (BLOCK,)),
-                  np.ndarray((e - a,), _RECORD, wide, 2 * BLOCK * (a - k) + 1, (2 * BLOCK,)))
+        np.copyto(
+            np.ndarray((e - a,), _RECORD, dst, a * BLOCK - lo, (BLOCK,)),
+            np.ndarray((e - a,), _RECORD, wide, 2 * BLOCK * (a - k) + 1, (2 * BLOCK,)),
+        )
     for j in {lo // BLOCK, (hi - 1) // BLOCK}:
         s, t = max(j * BLOCK, lo), min(j * BLOCK + BLOCK, hi)
         if k <= j < k + count and t - s < BLOCK:
-            at = 2 * BLOCK * (j - k) + 1 - j * BLOCK    # output byte x of block j is wide[at + x]
-            dst[s - lo:t - lo] = wide[at + s:at + t]
+            at = 2 * BLOCK * (j - k) + 1 - j * BLOCK  # output byte x of block j is wide[at + x]
+            dst[s - lo : t - lo] = wide[at + s : at + t]
 
 
-_RECORD = np.dtype(f"V{BLOCK}")                  # one block, copied as a whole
+_RECORD = np.dtype(f"V{BLOCK}")  # one block, copied as a whole
 _LOW_NIBBLES = np.uint64(0x0F0F0F0F0F0F0F0F)
 
 
@@ -214,6 +236,7 @@ def scratch_bytes(blocks: int) -> int:
 def from_fused(kind: str, half: int):
     """make(src, i): block i's gate (`half` 0) or up (1) `kind` (weight or
     bias) from its fused, interleaved `ffn_gate_up_exps.<kind>`."""
+
     def make(src: SourceGGUF, i: int) -> Op | None:
         fused = src.tensors.get(f"blk.{i}.ffn_gate_up_exps.{kind}")
         if fused is None:
@@ -221,15 +244,18 @@ def from_fused(kind: str, half: int):
         if fused.dtype == OLLAMA_MXFP4:
             return OllamaMXFP4.of(fused, half, 2)
         return Strided.of(fused, 1 if kind == "weight" else 0, half, 2)
+
     return make
 
 
 def repacked(part: str):
     """make(src, i): block i's `ffn_<part>_exps.weight` in ggml's MXFP4 layout
     when the blob stores it as Ollama's type 4."""
+
     def make(src: SourceGGUF, i: int) -> Op | None:
         t = src.tensors.get(f"blk.{i}.ffn_{part}_exps.weight")
         return OllamaMXFP4.of(t) if t is not None and t.dtype == OLLAMA_MXFP4 else None
+
     return make
 
 
@@ -250,9 +276,10 @@ TEXT = Translation(
         DropPrefix(("gptoss.",)),
         # llama.cpp requires the experts' width: the row length of a down
         # stack (Ollama's handler reads a gate stack, which older blobs lack).
-        When(~has_key("gptoss.expert_feed_forward_length"), (
-            FromShape(K.LLM.EXPERT_FEED_FORWARD_LENGTH, "blk.0.ffn_down_exps.weight", axis=0),
-        )),
+        When(
+            ~has_key("gptoss.expert_feed_forward_length"),
+            (FromShape(K.LLM.EXPERT_FEED_FORWARD_LENGTH, "blk.0.ffn_down_exps.weight", axis=0),),
+        ),
         Default(K.Rope.SCALING_TYPE, string("yarn")),
         Default(K.Rope.SCALING_YARN_BETA_FAST, f32(32.0)),
         Default(K.Rope.SCALING_YARN_BETA_SLOW, f32(1.0)),
@@ -265,10 +292,15 @@ TEXT = Translation(
     ),
     tensors=(
         # Fused gate/up stacks (before c00fa9cc2) split; type-4 stacks repacked.
-        *(ProducePerBlock(BLOCKS, tensor(stack, "{}", kind), from_fused(kind, half), consumes=(FUSED + kind,))
-          for kind in ("weight", "bias") for half, stack in enumerate((T.FFN_GATE_EXP, T.FFN_UP_EXP))),
-        *(ProducePerBlock(BLOCKS, tensor(stack, "{}"), repacked(part), consumes=(f"blk.{{}}.ffn_{part}_exps.weight",))
-          for part, stack in (("gate", T.FFN_GATE_EXP), ("up", T.FFN_UP_EXP), ("down", T.FFN_DOWN_EXP))),
+        *(
+            ProducePerBlock(BLOCKS, tensor(stack, "{}", kind), from_fused(kind, half), consumes=(FUSED + kind,))
+            for kind in ("weight", "bias")
+            for half, stack in enumerate((T.FFN_GATE_EXP, T.FFN_UP_EXP))
+        ),
+        *(
+            ProducePerBlock(BLOCKS, tensor(stack, "{}"), repacked(part), consumes=(f"blk.{{}}.ffn_{part}_exps.weight",))
+            for part, stack in (("gate", T.FFN_GATE_EXP), ("up", T.FFN_UP_EXP), ("down", T.FFN_DOWN_EXP))
+        ),
         Rename(".attn_out", leaf(T.ATTN_OUT)),
         Rename(".attn_sinks", leaf(T.ATTN_SINKS) + ".weight"),
         Rename(".ffn_norm", leaf(T.ATTN_POST_NORM)),

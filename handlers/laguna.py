@@ -14,31 +14,43 @@ Departure from Ollama's handler (which copies the two SWA keys and renames
 the gate): the YaRN keys are moved as well, as llama.cpp's conversion has
 them, so that full-attention layers are not scaled twice.
 """
+
 from gguf import MODEL_TENSOR as T
 
 from compatfs.translate import (
-    ArchKeys, CopyIfAbsent, Drop, DropPrefix, Rename, Translation, When, any_of, arch_is, has_key, has_tensor, leaf,
+    ArchKeys,
+    CopyIfAbsent,
+    Drop,
+    DropPrefix,
+    Rename,
+    Translation,
+    When,
+    any_of,
+    arch_is,
+    has_key,
+    has_tensor,
+    leaf,
     value_is,
 )
 
 P = "laguna."
-K = ArchKeys("laguna")      # (an architecture the pinned gguf-py does not name)
+K = ArchKeys("laguna")  # (an architecture the pinned gguf-py does not name)
 
 TEXT = Translation(
     name="laguna",
-    detect=arch_is("laguna") & any_of(
-        has_key(P + "rope.swa.dimension_count"),
-        has_key(P + "rope.swa.freq_base"),
-        has_tensor("blk.0.attn_g.weight"),
+    detect=arch_is("laguna")
+    & any_of(
+        has_key(P + "rope.swa.dimension_count"), has_key(P + "rope.swa.freq_base"), has_tensor("blk.0.attn_g.weight")
     ),
     kv=(
         CopyIfAbsent(P + "rope.swa.dimension_count", K.Rope.DIMENSION_COUNT_SWA),
         CopyIfAbsent(P + "rope.swa.freq_base", K.Rope.FREQ_BASE_SWA),
         CopyIfAbsent(P + "rope.scaling.beta_fast", K.Rope.SCALING_YARN_BETA_FAST),
         CopyIfAbsent(P + "rope.scaling.beta_slow", K.Rope.SCALING_YARN_BETA_SLOW),
-        When(value_is(K.Rope.SCALING_TYPE, "yarn"), (
-            CopyIfAbsent(P + "rope.scaling.attn_factor", K.Rope.SCALING_YARN_ATTN_FACTOR),
-        )),
+        When(
+            value_is(K.Rope.SCALING_TYPE, "yarn"),
+            (CopyIfAbsent(P + "rope.scaling.attn_factor", K.Rope.SCALING_YARN_ATTN_FACTOR),),
+        ),
         DropPrefix((P + "rope.swa.",)),
         Drop((P + "rope.scaling.beta_fast", P + "rope.scaling.beta_slow", P + "rope.scaling.attn_factor")),
     ),

@@ -6,12 +6,22 @@ does not match the tensors.  The current converter, from the LFM2 release
 config layout (`full_attn_idxs`), gives every layer KV heads, so llama.cpp
 looks for attention tensors in the short-convolution layers.
 """
+
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
 from compatfs.format.values import string
 from compatfs.translate import (
-    ArchKeys, FromShape, Rename, Set, Translation, ZeroPerLayer, any_of, arch_is, has_tensor, per_layer_mismatch,
+    ArchKeys,
+    FromShape,
+    Rename,
+    Set,
+    Translation,
+    ZeroPerLayer,
+    any_of,
+    arch_is,
+    has_tensor,
+    per_layer_mismatch,
     tensor,
 )
 
@@ -19,7 +29,8 @@ K = ArchKeys("lfm2")
 
 TEXT = Translation(
     name="lfm2",
-    detect=arch_is("lfm2") & any_of(
+    detect=arch_is("lfm2")
+    & any_of(
         has_tensor("output_norm.weight") & ~has_tensor("token_embd_norm.weight"),
         per_layer_mismatch(K.Attention.HEAD_COUNT_KV, "blk.{}.attn_q.weight"),
     ),

@@ -17,13 +17,28 @@ to `v.blk.N.attn_post_norm` (a name gemma4 later claimed), which clip.cpp
 applies after attention instead of before the MLP; here it is `ln2`, as
 clip.cpp's Llama 4 graph needs it and as earlier llama.cpp conversions wrote.
 """
+
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
 from compatfs.format.values import boolean, string
 from compatfs.translate import (
-    CopyIfAbsent, DropPrefix, Hide, PadTokensUnused, Reciprocal, Rename, Set, Translation, any_of, arch_is,
-    base, clip_projector, has_tensor_prefix, leaf, missing_or_default, tensor,
+    CopyIfAbsent,
+    DropPrefix,
+    Hide,
+    PadTokensUnused,
+    Reciprocal,
+    Rename,
+    Set,
+    Translation,
+    any_of,
+    arch_is,
+    base,
+    clip_projector,
+    has_tensor_prefix,
+    leaf,
+    missing_or_default,
+    tensor,
 )
 
 
@@ -31,9 +46,7 @@ from compatfs.translate import (
 
 # llama.cpp's conversion keeps the tower in the mmproj and names the pre-tokenizer.
 DETECT = arch_is("llama4") & any_of(
-    has_tensor_prefix("v."),
-    has_tensor_prefix("mm."),
-    missing_or_default(Keys.Tokenizer.PRE),
+    has_tensor_prefix("v."), has_tensor_prefix("mm."), missing_or_default(Keys.Tokenizer.PRE)
 )
 
 TEXT = Translation(
@@ -51,14 +64,17 @@ TEXT = Translation(
 )
 
 CLIP = clip_projector(
-    "llama4-clip", DETECT & has_tensor_prefix("v."), "llama4", "llama4",
-    copy=("block_count", "embedding_length", "feed_forward_length", "attention.head_count", "image_size",
-          "patch_size"),
+    "llama4-clip",
+    DETECT & has_tensor_prefix("v."),
+    "llama4",
+    "llama4",
+    copy=("block_count", "embedding_length", "feed_forward_length", "attention.head_count", "image_size", "patch_size"),
     head=(CopyIfAbsent("llama4.vision.layer_norm_epsilon", Keys.ClipVision.Attention.LAYERNORM_EPS),),
     # The pixel-shuffle ratio 0.5 shuffles 2x2 patches into one: scale factor 2.
     edits=(Reciprocal("llama4.vision.pixel_shuffle_ratio", Keys.ClipVision.Projector.SCALE_FACTOR),),
     # Llama 4's preprocessor normalises with mean = std = 0.5.
-    mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5),
+    mean=(0.5, 0.5, 0.5),
+    std=(0.5, 0.5, 0.5),
     # Not carried, as llama.cpp's converter writes neither: the vision rope
     # base (clip.cpp fixes 10000) and the pixel-shuffle ratio itself.
     tensors=(

@@ -15,6 +15,7 @@ left vision Q/K in HF order, kept HF-ish tensor names, and wrote no
 `[IMG_BREAK]` embedding tensor (llama.cpp's converter copies that row of the
 text embedding into the projector as `v.token_embd.img_break`).
 """
+
 from __future__ import annotations
 
 from gguf import MODEL_TENSOR as T
@@ -22,8 +23,27 @@ from gguf import Keys
 
 from compatfs.format.values import f32, string
 from compatfs.translate import (
-    ArchKeys, CopyIfAbsent, Default, DropPrefix, Hide, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Produce, Rename, RopePermute,
-    Set, Translation, When, any_of, arch_is, base, clip_projector, embedding_row, has_key, has_tensor_prefix, leaf,
+    ArchKeys,
+    CopyIfAbsent,
+    Default,
+    DropPrefix,
+    Hide,
+    OPENAI_CLIP_MEAN,
+    OPENAI_CLIP_STD,
+    Produce,
+    Rename,
+    RopePermute,
+    Set,
+    Translation,
+    When,
+    any_of,
+    arch_is,
+    base,
+    clip_projector,
+    embedding_row,
+    has_key,
+    has_tensor_prefix,
+    leaf,
     missing_or_default,
 )
 
@@ -64,14 +84,19 @@ TEXT = Translation(
 )
 
 CLIP = clip_projector(
-    "mistral3-clip", DETECT & has_tensor_prefix("v."), "mistral3", "pixtral",
-    copy=("block_count", "embedding_length", "feed_forward_length", "attention.head_count", "image_size",
-          "patch_size"),
+    "mistral3-clip",
+    DETECT & has_tensor_prefix("v."),
+    "mistral3",
+    "pixtral",
+    copy=("block_count", "embedding_length", "feed_forward_length", "attention.head_count", "image_size", "patch_size"),
     head=(CopyIfAbsent("mistral3.spatial_merge_size", Keys.ClipVision.SPATIAL_MERGE_SIZE),),
     # Hard-coded in HF's modeling_pixtral; the vision MLP is gated SiLU.
     edits=(Default(Keys.ClipVision.Attention.LAYERNORM_EPS, f32(1e-5)),),
     # Pixtral's preprocessing constants (OpenAI CLIP's image statistics).
-    mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD, activation=Keys.ClipVision.USE_SILU, keep_present=True,
+    mean=OPENAI_CLIP_MEAN,
+    std=OPENAI_CLIP_STD,
+    activation=Keys.ClipVision.USE_SILU,
+    keep_present=True,
     tensors=(
         # Pixtral's 2D rope expects llama.cpp's row order in vision Q/K.
         RopePermute("v.blk.", (".attn_q.weight", ".attn_k.weight"), heads="mistral3.vision.attention.head_count"),

@@ -22,6 +22,7 @@ rope, and Q and K rows permuted alike within each head give the same q·k, so
 the text tensors are served as stored (a departure from llama.cpp's bytes,
 not from its results).
 """
+
 from __future__ import annotations
 
 import math
@@ -38,9 +39,36 @@ from compatfs.errors import GGUFError
 from compatfs.format.values import f32, string, u32
 from compatfs.translate import Elementwise, Op, to_f32
 from compatfs.translate import (
-    ArchKeys, CopyPrefixIfAbsent, Count, Default, DropPrefix, FromFirstBlock, Hide, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD,
-    Produce, ProducePerBlock, Rename, Set, ToF32, Translation, When, any_of, arch, arch_is, base, clip_projector,
-    concatenated, describe, has_block_tensor, has_tensor_prefix, leaf, split_qkv, tensor, value_at_least, whole,
+    ArchKeys,
+    CopyPrefixIfAbsent,
+    Count,
+    Default,
+    DropPrefix,
+    FromFirstBlock,
+    Hide,
+    OPENAI_CLIP_MEAN,
+    OPENAI_CLIP_STD,
+    Produce,
+    ProducePerBlock,
+    Rename,
+    Set,
+    ToF32,
+    Translation,
+    When,
+    any_of,
+    arch,
+    arch_is,
+    base,
+    clip_projector,
+    concatenated,
+    describe,
+    has_block_tensor,
+    has_tensor_prefix,
+    leaf,
+    split_qkv,
+    tensor,
+    value_at_least,
+    whole,
 )
 
 
@@ -117,10 +145,7 @@ def _text_arch(text_arch: str) -> tuple:
 TEXT_OMNI = Translation(
     name="nemotron_h_omni",
     detect=DETECT_OMNI,
-    kv=(
-        When(OMNI_HAS_EXPERTS, _text_arch(MOE)),
-        When(~OMNI_HAS_EXPERTS, _text_arch(arch(A.NEMOTRON_H))),
-    ),
+    kv=(When(OMNI_HAS_EXPERTS, _text_arch(MOE)), When(~OMNI_HAS_EXPERTS, _text_arch(arch(A.NEMOTRON_H)))),
     # Ollama's handler would go on to the latent-FFN and MTP fixes above for
     # a future omni variant that had them; no omni checkpoint does.
     tensors=(Hide(("a.", "v.", "mm.")),),
@@ -171,28 +196,48 @@ def patch_kernel(src: SourceGGUF) -> Op | None:
 
 
 CLIP = clip_projector(
-    "nemotron_h_omni-clip", DETECT_OMNI & has_tensor_prefix("v."), OMNI, "nemotron_v2_vl",
+    "nemotron_h_omni-clip",
+    DETECT_OMNI & has_tensor_prefix("v."),
+    OMNI,
+    "nemotron_v2_vl",
     counts=(Count(V + "block_count", "v.blk."),),
-    copy=("block_count", "embedding_length", "feed_forward_length", "attention.head_count",
-          "attention.layer_norm_epsilon", "patch_size", "image_size", "projector.scale_factor", "image_mean",
-          "image_std"),
+    copy=(
+        "block_count",
+        "embedding_length",
+        "feed_forward_length",
+        "attention.head_count",
+        "attention.layer_norm_epsilon",
+        "patch_size",
+        "image_size",
+        "projector.scale_factor",
+        "image_mean",
+        "image_std",
+    ),
     edits=(
         Default(Keys.ClipVision.Attention.LAYERNORM_EPS, f32(1e-6)),
         Default(Keys.ClipVision.Projector.SCALE_FACTOR, u32(2)),
     ),
     # The converter's defaults: OpenAI CLIP's statistics.
-    mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD,
+    mean=OPENAI_CLIP_MEAN,
+    std=OPENAI_CLIP_STD,
     # Not carried, as llama.cpp's converter writes none of them: channels,
     # tiling (clip.cpp resizes to the fixed size), media token ids.
     tensors=(
-        Hide(("mm.a.",)),                     # the audio projector
+        Hide(("mm.a.",)),  # the audio projector
         Rename("v.cls_embd", base(T.V_ENC_EMBD_CLS)),
-        ToF32((base(T.V_ENC_EMBD_CLS),)),            # concatenated with the F32 patch rows
+        ToF32((base(T.V_ENC_EMBD_CLS),)),  # concatenated with the F32 patch rows
         Produce(tensor(T.V_ENC_EMBD_POS), position_table, consumes=("v.position_embd",)),
         Produce(tensor(T.V_ENC_EMBD_PATCH), patch_kernel, consumes=("v.patch_embd.weight",)),
         # Ollama's converter split RADIO's fused QKV; llama.cpp's keeps it fused.
-        *(ProducePerBlock(V + "block_count", tensor(T.V_ENC_ATTN_QKV, "{}", kind), concatenated(*split_qkv(kind)),
-                          consumes=split_qkv(kind)) for kind in ("weight", "bias")),
+        *(
+            ProducePerBlock(
+                V + "block_count",
+                tensor(T.V_ENC_ATTN_QKV, "{}", kind),
+                concatenated(*split_qkv(kind)),
+                consumes=split_qkv(kind),
+            )
+            for kind in ("weight", "bias")
+        ),
         Rename("mm.norm", base(T.V_MMPROJ_MLP, 0)),
         Rename("mm.1", base(T.V_MMPROJ_MLP, 1)),
         Rename("mm.2", base(T.V_MMPROJ_MLP, 3)),

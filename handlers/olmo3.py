@@ -20,13 +20,26 @@ Departure from Ollama's handler (which only renames the architecture): the
 attention factor is moved and the BOS default stated, as llama.cpp's
 conversion has them.
 """
+
 from gguf import MODEL_ARCH as A
 from gguf import Keys
 
 from compatfs.format.values import boolean, string
 from compatfs.translate import (
-    ArchKeys, CopyIfAbsent, CopyPrefixIfAbsent, Default, Drop, DropPrefix, Set, Translation, When, any_of, arch,
-    arch_is, has_key, value_is,
+    ArchKeys,
+    CopyIfAbsent,
+    CopyPrefixIfAbsent,
+    Default,
+    Drop,
+    DropPrefix,
+    Set,
+    Translation,
+    When,
+    any_of,
+    arch,
+    arch_is,
+    has_key,
+    value_is,
 )
 
 NEW = arch(A.OLMO2)
@@ -36,19 +49,23 @@ ATTN_FACTOR = "olmo2.rope.scaling.attn_factor"
 
 TEXT = Translation(
     name="olmo3",
-    detect=arch_is("olmo3") | (arch_is("olmo2") & any_of(
-        # Neither key is ever written by llama.cpp's converter.
-        has_key("tokenizer.ggml.eos_token_ids"),
-        has_key(ATTN_FACTOR),
-    )),
+    detect=arch_is("olmo3")
+    | (
+        arch_is("olmo2")
+        & any_of(
+            # Neither key is ever written by llama.cpp's converter.
+            has_key("tokenizer.ggml.eos_token_ids"),
+            has_key(ATTN_FACTOR),
+        )
+    ),
     kv=(
         Set(Keys.General.ARCHITECTURE, string(NEW)),
         CopyPrefixIfAbsent("olmo3.", f"{NEW}."),
         DropPrefix(("olmo3.",)),
-        When(value_is("olmo3.rope.scaling.type", "yarn") | value_is(K.Rope.SCALING_TYPE, "yarn"), (
-            CopyIfAbsent(ATTN_FACTOR, K.Rope.SCALING_YARN_ATTN_FACTOR),
-            Drop((ATTN_FACTOR,)),
-        )),
+        When(
+            value_is("olmo3.rope.scaling.type", "yarn") | value_is(K.Rope.SCALING_TYPE, "yarn"),
+            (CopyIfAbsent(ATTN_FACTOR, K.Rope.SCALING_YARN_ATTN_FACTOR), Drop((ATTN_FACTOR,))),
+        ),
         Default(Keys.Tokenizer.ADD_BOS, boolean(False)),
         Default(Keys.Tokenizer.ADD_EOS, boolean(False)),
     ),

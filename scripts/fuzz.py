@@ -13,6 +13,7 @@ case that is not (a finding) is written to DIR (default
 .cache/fuzz-findings) as a .gguf file to turn into a regression test.
 Exit status 1 when there are findings.
 """
+
 from __future__ import annotations
 
 import argparse

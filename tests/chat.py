@@ -1,5 +1,6 @@
 """What a model served through the mount must do in llama.cpp, and what its
 untranslated blob must not."""
+
 from xlc_client import run_job
 
 DESCRIBE = {"op": "chat", "messages": [{"role": "user", "content": "Describe."}], "n_predict": 4}
@@ -9,10 +10,14 @@ def assert_completes_and_sees(model: str, mmproj: str, describe: dict = DESCRIBE
     """A completion generates; a chat (`describe`) with a small image answers,
     and its prompt is longer than the same chat's without the image (the
     projector ran)."""
-    res = run_job({"model": model, "mmproj": mmproj, "actions": [
-        {"op": "complete", "prompt": "hello", "n_predict": 4},
-        {**describe, "image_png": True},
-    ]}, timeout=timeout)
+    res = run_job(
+        {
+            "model": model,
+            "mmproj": mmproj,
+            "actions": [{"op": "complete", "prompt": "hello", "n_predict": 4}, {**describe, "image_png": True}],
+        },
+        timeout=timeout,
+    )
     assert res["ok"], res.get("error")
     complete, chat = res["results"]
     assert complete["tokens_predicted"] > 0

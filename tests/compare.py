@@ -1,4 +1,5 @@
 """Comparing a mounted view with llama.cpp's own conversion of the same weights."""
+
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as DT
@@ -14,9 +15,9 @@ def as_f32(t) -> np.ndarray:
 def tolerance(a: DT, b: DT) -> float:
     """Relative rounding of the narrower of two dtypes."""
     if DT.BF16 in (a, b):
-        return 2.0 ** -8
+        return 2.0**-8
     if DT.F16 in (a, b):
-        return 2.0 ** -11
+        return 2.0**-11
     return 1e-7
 
 
@@ -29,7 +30,7 @@ def assert_same_tensors(mounted, upstream) -> None:
         assert list(m.shape) == list(r.shape), name
         a, b = as_f32(m), as_f32(r)
         rtol = tolerance(m.tensor_type, r.tensor_type) * 1.01
-        np.testing.assert_allclose(a, b, rtol=rtol, atol=2.0 ** -24 * 4, err_msg=name)
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=2.0**-24 * 4, err_msg=name)
 
 
 def assert_same_gguf(mounted, upstream) -> None:

@@ -1,5 +1,6 @@
 """Shared test fixtures: stores built from GGUF files, and real mounts served
 by a compatfs daemon in its own process."""
+
 from __future__ import annotations
 
 import contextlib
@@ -97,8 +98,9 @@ class Mount:
         self._log = open(self.log, "wb")
         # Each mount has its own index unless the test shares one.
         env = {"COMPATFS_CACHE_DIR": str(path.parent / (path.name + ".cache")), **(env or {})}
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **env}, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **env}, stdin=subprocess.DEVNULL
+        )
         deadline = time.monotonic() + 20
         while not os.path.ismount(path):
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -129,7 +131,7 @@ class Mount:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):   # a thread stuck in the kernel: fail, never hang
+            with contextlib.suppress(subprocess.TimeoutExpired):  # a thread stuck in the kernel: fail, never hang
                 self.proc.wait(timeout=20)
         self._log.close()
 
@@ -161,11 +163,13 @@ def one_model_store(model: str, tag: str = "latest", blob: Path | None = None):
             add_model(root, model, made, tag=tag)
             return root
     else:
+
         @pytest.fixture(scope="module")
         def store(blob):
             root = blob.parent / "store"
             add_model(root, model, blob, tag=tag)
             return root
+
     return store
 
 
@@ -206,6 +210,7 @@ def gotmpl(tmp_path_factory):
     """The tests' reference renderer of Ollama's templates (Go's own
     text/template, tests/gotmpl), built once per module; skips without go."""
     from gotmpl_ref import go_binary
+
     return go_binary(tmp_path_factory.mktemp("gotmpl"))
 
 

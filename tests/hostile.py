@@ -2,6 +2,7 @@
 for one of the wrong type, refusals told apart from handlers that crashed,
 and mounts whose hangs are detected by bounded waits and cleaned up through
 fusectl."""
+
 from __future__ import annotations
 
 import os
@@ -44,9 +45,9 @@ def with_value(path: Path, key: str, value: Value) -> bytes:
     for k, v in kvs.items():
         name = k.encode()
         out += _U64.pack(len(name)) + name + struct.pack("<I", v.vtype) + bytes(v.payload)
-    out += data[_kvs_end(data, len(src.kvs)):src.header_size]    # the tensor infos as they were
+    out += data[_kvs_end(data, len(src.kvs)) : src.header_size]  # the tensor infos as they were
     out += bytes(-len(out) % src.alignment)
-    return bytes(out) + data[src.data_offset:]
+    return bytes(out) + data[src.data_offset :]
 
 
 def _not_a_crash(e: GGUFError) -> None:
@@ -126,13 +127,19 @@ def abort_fuse(mountpoint: Path) -> bool:
     return True
 
 
-def bounded(argv: list[str], seconds: float, mountpoint: Path | None = None,
-            stdout_null: bool = False) -> subprocess.CompletedProcess:
+def bounded(
+    argv: list[str], seconds: float, mountpoint: Path | None = None, stdout_null: bool = False
+) -> subprocess.CompletedProcess:
     """Run `argv` (its output as text; with `stdout_null`, none kept);
     AssertionError when it has not ended within `seconds` (a hang: the
     mount's connection is aborted first, so nothing stays stuck)."""
-    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL if stdout_null else subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, errors="replace")
+    p = subprocess.Popen(
+        argv,
+        stdout=subprocess.DEVNULL if stdout_null else subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+    )
     try:
         out, err = p.communicate(timeout=seconds)
     except subprocess.TimeoutExpired:
@@ -148,12 +155,13 @@ def ends_within(fn, seconds: float, *args):
     """`fn(*args)` in a thread: its result, or AssertionError when it has not
     returned within `seconds` (a hang; the thread is left to its fate)."""
     import threading
+
     box = {}
 
     def run():
         try:
             box["value"] = fn(*args)
-        except BaseException as e:     # handed to the caller
+        except BaseException as e:  # handed to the caller
             box["error"] = e
 
     t = threading.Thread(target=run, daemon=True)

@@ -1,6 +1,7 @@
 """A FUSE filesystem whose lookups hang: its root lists `file`, and looking
 `file` up (getattr) sleeps for an hour.  Run in its own process:
 `python hungfs.py MOUNTPOINT` (foreground; abort its connection to end it)."""
+
 import errno
 import os
 import stat

@@ -1,6 +1,7 @@
 """Where the tests find stock llama.cpp b11434: the folder `scripts/e2e`
 builds it into (its --cache: `src/` the source, `build/bin/` the tools),
 named by $LLAMA_CPP_DIR, else e2e's default cache `.cache/llama.cpp-b11434`."""
+
 from __future__ import annotations
 
 import os

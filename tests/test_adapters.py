@@ -3,6 +3,7 @@ writes them) are shown in its folder and passed as llama-server's --lora
 (llama-args, run, models.ini), those llama.cpp's loader would refuse left out
 with why; a messages layer is said to be not applied.  Pt 6: `ls` tells
 which Modelfile layers are applied and how."""
+
 import hashlib
 import json
 import os
@@ -27,8 +28,13 @@ MESSAGES_LAYER = b'[{"role":"user","content":"Hi"},{"role":"assistant","content"
 
 
 def compatfs(*args, check=True):
-    res = subprocess.run([sys.executable, "-m", "compatfs", *map(str, args)], capture_output=True, text=True,
-                         stdin=subprocess.DEVNULL, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "compatfs", *map(str, args)],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=120,
+    )
     if check:
         assert res.returncode == 0, res.stderr
     return res
@@ -54,8 +60,10 @@ def test_llama_args_passes_the_adapters_llama_cpp_loads(store):
     doc = json.loads(compatfs("llama-args", "tuned:1b", "--source", store, "--mount", "/m", "--json").stdout)
     args = doc["args"]
     assert args[args.index("--lora") + 1] == "/m/tuned:1b/adapter.gguf,/m/tuned:1b/adapter-2.gguf"
-    assert any(n.startswith("adapters: adapter-3.gguf not passed (it adapts architecture 'gemma2', the model is "
-                            "'llama')") for n in doc["not_passed"]), doc
+    assert any(
+        n.startswith("adapters: adapter-3.gguf not passed (it adapts architecture 'gemma2', the model is 'llama')")
+        for n in doc["not_passed"]
+    ), doc
     # Bounded by the model's own context (4096), as models.ini is.
     assert args[args.index("--ctx-size") + 1] == str(PLAIN_LLAMA["context_length"])
     assert any("num_ctx=100000: bounded to 4096" in n for n in doc["not_passed"])
@@ -66,13 +74,21 @@ def test_llama_args_passes_the_adapters_llama_cpp_loads(store):
 def test_ls_says_which_layers_are_applied_and_how(store):
     doc = json.loads(compatfs("ls", store, "--json").stdout)
     row = next(r for r in doc["models"] if r["name"] == "tuned:1b")
-    assert row["files"] == ["adapter-2.gguf", "adapter-3.gguf", "adapter.gguf", "messages.json", "model.gguf",
-                            "params.json"]
+    assert row["files"] == [
+        "adapter-2.gguf",
+        "adapter-3.gguf",
+        "adapter.gguf",
+        "messages.json",
+        "model.gguf",
+        "params.json",
+    ]
     applied = {(a["layer"], a["how"]) for a in row["layers"]["applied"]}
     assert ("params", "sampling defaults in model.gguf: general.sampling.temp") in applied
     assert ("params", "models.ini and llama-args flags: ctx-size 4096") in applied
-    assert ("adapters", "llama-server's --lora (models.ini lora, llama-args, run): adapter.gguf, "
-                        "adapter-2.gguf") in applied
+    assert (
+        "adapters",
+        "llama-server's --lora (models.ini lora, llama-args, run): adapter.gguf, adapter-2.gguf",
+    ) in applied
     notes = row["layers"]["not_applied"]
     assert any(n.startswith("adapters: adapter-3.gguf not passed") for n in notes)
     assert any(n.startswith("messages: not applied") for n in notes)
@@ -81,27 +97,29 @@ def test_ls_says_which_layers_are_applied_and_how(store):
     assert text[0].split() == ["NAME", "FILES", "TEXT", "CLIP", "LAYERS", "LLAMA.CPP"]
     line = next(x for x in text if x.startswith("tuned:1b"))
     assert "params,adapters" in line.split()
-    below = text[text.index(line) + 1:]
+    below = text[text.index(line) + 1 :]
     assert any(x.strip().startswith("messages: not applied") for x in below)
-    assert next(x for x in text if x.startswith("plain:1b")).split()[-3] == "-"   # no layers
+    assert next(x for x in text if x.startswith("plain:1b")).split()[-3] == "-"  # no layers
 
 
 def test_ls_names_a_model_models_ini_leaves_out(tmp_path):
     root = tmp_path / "store"
     add_model(root, "a@b", plain_llama_text(tmp_path / "m.gguf"))
     row = json.loads(compatfs("ls", root, "--json").stdout)["models"][0]
-    assert any(n.startswith("models.ini: left out of models.ini (its name cannot be a section name")
-               for n in row["layers"]["not_applied"]), row
+    assert any(
+        n.startswith("models.ini: left out of models.ini (its name cannot be a section name")
+        for n in row["layers"]["not_applied"]
+    ), row
 
 
 def test_what_llama_cpp_would_refuse_is_named(tmp_path):
     model = plain_llama_text(tmp_path / "m.gguf")
     assert refusal(llama_adapter(tmp_path / "ok.gguf"), model, "llama", False) is None
     wider = dict(PLAIN_LLAMA, n_embd=128, n_ff=256)
-    assert "does not fit the model's" in refusal(llama_adapter(tmp_path / "w.gguf", base=wider), model, "llama",
-                                                 False)
+    assert "does not fit the model's" in refusal(llama_adapter(tmp_path / "w.gguf", base=wider), model, "llama", False)
     rng_a, rng_b = [[0.1] * 64] * 4, [[0.1] * 4] * 64
     import numpy as np
+
     a, b = (np.array(rng_a), T.F16), (np.array(rng_b), T.F16)
     base = {"general.type": "adapter", "adapter.type": "lora", "adapter.lora.alpha": 8.0}
     cases = {
@@ -109,8 +127,10 @@ def test_what_llama_cpp_would_refuse_is_named(tmp_path):
         "its adapter.lora.alpha is not an f32": ({**base, "adapter.lora.alpha": 8}, {}),
         "its tensor blk.0.attn_q.weight is neither .lora_a, .lora_b nor a norm": (base, {"blk.0.attn_q.weight": a}),
         "its blk.0.attn_v.weight has only lora_a": (base, {"blk.0.attn_v.weight.lora_a": a}),
-        "the model has no tensor blk.9.attn_q.weight": (base, {"blk.9.attn_q.weight.lora_a": a,
-                                                               "blk.9.attn_q.weight.lora_b": b}),
+        "the model has no tensor blk.9.attn_q.weight": (
+            base,
+            {"blk.9.attn_q.weight.lora_a": a, "blk.9.attn_q.weight.lora_b": b},
+        ),
     }
     for i, (why, (kvs, tensors)) in enumerate(cases.items()):
         t = tensors or {"blk.0.attn_q.weight.lora_a": a, "blk.0.attn_q.weight.lora_b": b}
@@ -129,8 +149,14 @@ def test_stock_llama_server_loads_the_adapters_through_the_mount(store, mount_st
     server = llamacpp.tool("llama-server")
     m = mount_store(store)
     d = m / "tuned:1b"
-    assert sorted(os.listdir(d)) == ["adapter-2.gguf", "adapter-3.gguf", "adapter.gguf", "messages.json", "model.gguf",
-                                     "params.json"]
+    assert sorted(os.listdir(d)) == [
+        "adapter-2.gguf",
+        "adapter-3.gguf",
+        "adapter.gguf",
+        "messages.json",
+        "model.gguf",
+        "params.json",
+    ]
     assert (d / "messages.json").read_bytes() == MESSAGES_LAYER
     assert (d / "adapter.gguf").read_bytes() == llama_adapter(tmp_path / "again.gguf").read_bytes()
     ini = (m / "models.ini").read_text()
@@ -140,15 +166,42 @@ def test_stock_llama_server_loads_the_adapters_through_the_mount(store, mount_st
     assert "requested by its Ollama name" in ini
     port = free_port()
     log = open(tmp_path / "run.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "compatfs", "run", "tuned:1b", "--mount", str(m.path),
-                             "--llama-server", str(server), "--", "--port", str(port), "-t", "1", "-c", "256",
-                             "--no-webui"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "compatfs",
+            "run",
+            "tuned:1b",
+            "--mount",
+            str(m.path),
+            "--llama-server",
+            str(server),
+            "--",
+            "--port",
+            str(port),
+            "-t",
+            "1",
+            "-c",
+            "256",
+            "--no-webui",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
     try:
-        wait_until(lambda: ask(port, "/health", timeout=2)["status"] == "ok", 60,
-                   what="llama-server answering /health", tolerate=SERVING)
+        wait_until(
+            lambda: ask(port, "/health", timeout=2)["status"] == "ok",
+            60,
+            what="llama-server answering /health",
+            tolerate=SERVING,
+        )
         loaded = ask(port, "/lora-adapters")
-        assert [(a["path"], a["scale"]) for a in loaded] == [(str(d / "adapter.gguf"), 1.0),
-                                                             (str(d / "adapter-2.gguf"), 1.0)]
+        assert [(a["path"], a["scale"]) for a in loaded] == [
+            (str(d / "adapter.gguf"), 1.0),
+            (str(d / "adapter-2.gguf"), 1.0),
+        ]
         req = {"prompt": "Hello world", "n_predict": 12, "temperature": 0, "cache_prompt": False}
         with_them = ask(port, "/completion", req)
         without = ask(port, "/completion", {**req, "lora": [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.0}]})
@@ -163,8 +216,12 @@ def test_models_ini_names_no_adapter_its_readers_may_not_read(open_tmp):
     root = open_tmp / "store"
     m = add_model(root, "private", plain_llama_text(open_tmp / "m.gguf"), tag="1b")
     set_layer(root, m, ADAPTER, llama_adapter(open_tmp / "a.gguf", seed=7))
-    set_layer(root, add_model(root, "open", plain_llama_text(open_tmp / "m.gguf"), tag="1b"), ADAPTER,
-              llama_adapter(open_tmp / "b.gguf", seed=8))
+    set_layer(
+        root,
+        add_model(root, "open", plain_llama_text(open_tmp / "m.gguf"), tag="1b"),
+        ADAPTER,
+        llama_adapter(open_tmp / "b.gguf", seed=8),
+    )
     for d in (root, root / "blobs", root / "manifests"):
         d.chmod(0o755)
     for d in (root / "manifests").rglob("*"):
@@ -176,8 +233,11 @@ def test_models_ini_names_no_adapter_its_readers_may_not_read(open_tmp):
         ini = (mnt / "models.ini").read_text()
     finally:
         mnt.close()
-    section = ini[ini.index("[private@1b]"):ini.index("[open@1b]") if ini.index("[open@1b]") > ini.index(
-        "[private@1b]") else len(ini)]
+    section = ini[
+        ini.index("[private@1b]") : ini.index("[open@1b]")
+        if ini.index("[open@1b]") > ini.index("[private@1b]")
+        else len(ini)
+    ]
     assert "lora =" not in section
     assert "; adapters: adapter.gguf not passed (not readable by everyone who may read models.ini)" in section, ini
     assert f"lora = {mnt / 'open:1b'}/adapter.gguf\n" in ini

@@ -5,6 +5,7 @@ the chunks of a reader that jumps dropped, those not started never
 computed; the bounds per file and over all files held; a chunk that fails
 gives its error to the read that needs it and to no other file's; the
 workers' descriptor closed with the file."""
+
 from __future__ import annotations
 
 import os
@@ -79,6 +80,7 @@ def worker_bytes(monkeypatch):
     def counting(blob, op, lo, out):
         counted["workers" if threading.current_thread().name.startswith("compatfs-ahead") else "reads"] += len(out)
         compute(blob, op, lo, out)
+
     monkeypatch.setattr(assemble, "_compute", counting)
     return counted
 
@@ -89,7 +91,7 @@ def test_a_sequential_reader_gets_the_same_bytes_computed_ahead(blob, reference,
     assert any(isinstance(t.op, OllamaMXFP4) for t in view.spec.tensors)
     assert read_through(view, step) == reference
     ops = sum(t.op.nbytes for t in view.spec.tensors if isinstance(t.op, OllamaMXFP4))
-    assert worker_bytes["workers"] > ops // 4           # much of the repack was computed ahead
+    assert worker_bytes["workers"] > ops // 4  # much of the repack was computed ahead
     assert worker_bytes["workers"] + worker_bytes["reads"] >= ops
 
 
@@ -121,6 +123,7 @@ def test_the_mount_serves_the_same_bytes_computed_ahead(blob, reference, tmp_pat
 
 
 # -- the bookkeeping, with a stand-in op and blob ---------------------------------------------
+
 
 class Blob:
     """A stand-in for an open BlobFile: what Ahead asks of one."""
@@ -167,8 +170,8 @@ def upcoming(op: Op):
 
 def read(state: ahead.Ahead, blob: Blob, op: Op, at: int, size: int) -> bytes:
     out = bytearray(size)
-    state.fill(Computed(at, size, at, op), memoryview(out), compute, blob)   # type: ignore[arg-type]
-    state.advance(blob, at, size, upcoming(op), compute)                          # type: ignore[arg-type]
+    state.fill(Computed(at, size, at, op), memoryview(out), compute, blob)  # type: ignore[arg-type]
+    state.advance(blob, at, size, upcoming(op), compute)  # type: ignore[arg-type]
     return bytes(out)
 
 
@@ -187,20 +190,20 @@ def test_a_reader_that_jumps_drops_its_chunks_and_those_not_started_are_never_co
     op, blob = Op(256 * MiB), Blob()
     state = ahead.Ahead()
     read(state, blob, op, 0, MiB)
-    op.gate.clear()                                  # workers hold on to what they start
-    out = bytearray(MiB)                             # the next read computes its own range without the gate
+    op.gate.clear()  # workers hold on to what they start
+    out = bytearray(MiB)  # the next read computes its own range without the gate
     state.fill(Computed(MiB, MiB, MiB, op), memoryview(out), lambda b, o, lo, m: None, blob)  # type: ignore[arg-type]
-    state.advance(blob, MiB, MiB, upcoming(op), compute)   # type: ignore[arg-type]
+    state.advance(blob, MiB, MiB, upcoming(op), compute)  # type: ignore[arg-type]
     planned = len(state)
     assert planned == ahead.PER_FILE
     wait_until(lambda: len(op.computed) >= min(ahead.WORKERS, planned), 10, what="the workers to start")
     started = len(op.computed)
     far = 200 * MiB
-    state.advance(blob, far, MiB, upcoming(op), compute)   # type: ignore[arg-type]  (a jump)
+    state.advance(blob, far, MiB, upcoming(op), compute)  # type: ignore[arg-type]  (a jump)
     assert len(state) == 0
     op.gate.set()
     wait_until(lambda: ahead.held() == 0, 10, what="the dropped chunks to be freed")
-    assert len(op.computed) == started                  # the chunks not started never were
+    assert len(op.computed) == started  # the chunks not started never were
     assert read(state, blob, op, far, MiB) == op.bytes(far, far + MiB)
     state.close()
 
@@ -222,9 +225,10 @@ def test_the_bounds_per_file_and_over_all_files_hold(monkeypatch):
         for at in range(0, 24 * MiB, 512 << 10):
             out = bytearray(512 << 10)
             states[i].fill(Computed(at, len(out), at, ops[i]), memoryview(out), sampling, blob)  # type: ignore[arg-type]
-            states[i].advance(blob, at, len(out), upcoming(ops[i]), sampling)                      # type: ignore[arg-type]
+            states[i].advance(blob, at, len(out), upcoming(ops[i]), sampling)  # type: ignore[arg-type]
             assert bytes(out) == ops[i].bytes(at, at + len(out))
             assert ahead.held() <= 10
+
     threads = [threading.Thread(target=reader, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
@@ -245,7 +249,7 @@ def test_a_chunk_a_read_copies_out_of_is_freed_only_after_it():
     chunk.future.set_result(None)
     chunk.pin()
     chunk.drop()
-    assert ahead.held() == 1                              # not given back under the read
+    assert ahead.held() == 1  # not given back under the read
     chunk.unpin()
     assert ahead.held() == 0
 
@@ -257,13 +261,19 @@ def test_a_failing_chunk_fails_the_read_that_needs_it_and_no_other_file():
     for at in range(0, 4 * MiB, MiB):
         read(a, blob, bad, at, MiB)
         read(b, blob, good, at, MiB)
-    wait_until(lambda: any(who.startswith("compatfs-ahead") and lo <= bad.bad < lo + n  # type: ignore[operator]
-                           for lo, n, who in bad.computed), 10, what="the bad chunk to be computed ahead")
+    wait_until(
+        lambda: any(
+            who.startswith("compatfs-ahead") and lo <= bad.bad < lo + n  # type: ignore[operator]
+            for lo, n, who in bad.computed
+        ),
+        10,
+        what="the bad chunk to be computed ahead",
+    )
     with pytest.raises(GGUFError, match="bad data"):
         read(a, blob, bad, 5 * MiB, MiB)
     for at in range(4 * MiB, 12 * MiB, MiB):
         assert read(b, blob, good, at, MiB) == good.bytes(at, at + MiB)
-    assert read(a, blob, bad, 4 * MiB, MiB) == bad.bytes(4 * MiB, 5 * MiB)   # the rest of the file reads on
+    assert read(a, blob, bad, 4 * MiB, MiB) == bad.bytes(4 * MiB, 5 * MiB)  # the rest of the file reads on
     a.close()
     b.close()
 
@@ -279,14 +289,15 @@ def test_op_cache_chunks_are_computed_ahead_a_few_at_a_time_and_dropped_on_a_jum
         def run(blob) -> None:
             ran.append(at)
             assert gate.wait(10)
+
         return ahead.Later(("op", at // MiB), at, run)
 
     upcoming_chunks = lambda at, size: [later(a) for a in range(at - at % MiB, at + size, MiB)]  # noqa: E731
     state, blob = ahead.Ahead(), Blob()
-    state.advance(blob, 0, MiB, upcoming_chunks, compute)   # type: ignore[arg-type]
+    state.advance(blob, 0, MiB, upcoming_chunks, compute)  # type: ignore[arg-type]
     state.advance(blob, MiB, MiB, upcoming_chunks, compute)  # type: ignore[arg-type]
     wait_until(lambda: len(ran) == min(ahead.LATER, ahead.WORKERS), 10, what="the workers to start")
-    assert len(state._later) == ahead.LATER            # given to the workers: the window holds 8 chunks
+    assert len(state._later) == ahead.LATER  # given to the workers: the window holds 8 chunks
     started = list(ran)
     state.advance(blob, 100 * MiB, MiB, upcoming_chunks, compute)  # type: ignore[arg-type]  (a jump)
     gate.set()
@@ -310,14 +321,16 @@ def test_the_workers_descriptor_is_closed_with_the_file(blob, numpy_kernel):
     """Closing the file closes everything it opened (its workers' duplicate
     included), while the file object itself is still referenced: no garbage
     collection is waited for."""
+
     def open_on_blob() -> int:
         return fds_of(blob)
+
     wait_until(lambda: open_on_blob() == 0, 10, what="earlier tests' descriptors to close")
     view = BlobViews().view(blob, MODEL_FILE)
     f = view.open()
     for at in range(0, view.size, MiB):
         view.read(at, MiB, f)
-    assert open_on_blob() >= 2                            # the file and the workers' duplicate
+    assert open_on_blob() >= 2  # the file and the workers' duplicate
     f.close()
     wait_until(lambda: open_on_blob() == 0, 10, what="the workers' descriptor to close")
     assert f.fd == -1
@@ -336,6 +349,7 @@ def test_a_release_closes_everything_the_open_file_opened(blob, numpy_kernel, tm
     from compatfs.fuse.operations import CompatFS
     from compatfs.sources.ollama import OllamaStore
     from compatfs.tree import Tree
+
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setattr(libfuse, "caller", lambda: Caller(os.getuid(), os.getgid(), os.getpid()))
     store = tmp_path / "store"
@@ -347,10 +361,10 @@ def test_a_release_closes_everything_the_open_file_opened(blob, numpy_kernel, tm
     assert fs.open(path, fi) == 0
     opened = fs._files.reading(fi.fh)
     stored = opened.file.path
-    for at in range(0, opened.view.size, MiB):          # as read_buf fills its replies
+    for at in range(0, opened.view.size, MiB):  # as read_buf fills its replies
         n = min(MiB, opened.view.size - at)
         assemble.fill(opened.view.segments, opened.file, at, memoryview(bytearray(n)))
-    assert fds_of(stored) >= 2                           # the file and the workers' duplicate
+    assert fds_of(stored) >= 2  # the file and the workers' duplicate
     fs.release(path, fi)
     wait_until(lambda: fds_of(stored) == 0, 10, what="every descriptor the open file opened to close")
     wait_until(lambda: ahead.held() == 0, 10, what="every chunk to be freed")

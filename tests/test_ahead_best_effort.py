@@ -5,6 +5,7 @@ without when the system cannot give it, the read keeps its bytes and no
 place among the chunks held is lost; a chunk whose computation failed for a
 fault of the system is computed again by the read; and the chunks of a file
 that stays open but stopped reading are reclaimed for a file that reads."""
+
 from __future__ import annotations
 
 import errno
@@ -77,6 +78,7 @@ def settled() -> None:
 def test_no_descriptor_for_the_workers_fails_no_read(blob, reference, numpy_kernel, monkeypatch):
     def emfile(self):
         raise Transient(f"{self.path}: cannot open: {errno.errorcode[errno.EMFILE]}")
+
     monkeypatch.setattr(BlobFile, "duplicate", emfile)
     assert read_through(blob) == reference
     settled()
@@ -85,6 +87,7 @@ def test_no_descriptor_for_the_workers_fails_no_read(blob, reference, numpy_kern
 def test_no_memory_for_a_chunk_fails_no_read(blob, reference, numpy_kernel, monkeypatch):
     def no_memory(nbytes):
         raise MemoryError(f"no {nbytes} bytes")
+
     monkeypatch.setattr(ahead, "take", no_memory)
     assert read_through(blob) == reference
     assert ahead.held() == 0
@@ -93,6 +96,7 @@ def test_no_memory_for_a_chunk_fails_no_read(blob, reference, numpy_kernel, monk
 def test_no_worker_thread_fails_no_read(blob, reference, numpy_kernel, monkeypatch):
     def cannot_start(self):
         raise RuntimeError("can't start new thread")
+
     monkeypatch.setattr(threading.Thread, "start", cannot_start)
     assert read_through(blob) == reference
     settled()
@@ -110,8 +114,9 @@ def test_a_chunk_that_failed_for_the_system_is_computed_again_by_the_read():
     def read_with(at: int) -> bytes:
         out = bytearray(MiB)
         state.fill(Computed(at, MiB, at, op), memoryview(out), failing_on_workers, blob)  # type: ignore[arg-type]
-        state.advance(blob, at, MiB, upcoming(op), failing_on_workers)                    # type: ignore[arg-type]
+        state.advance(blob, at, MiB, upcoming(op), failing_on_workers)  # type: ignore[arg-type]
         return bytes(out)
+
     read_with(0)
     read_with(MiB)
     wait_until(lambda: state.running == 0, 10, what="the chunks computed ahead to fail")
@@ -122,7 +127,7 @@ def test_a_chunk_that_failed_for_the_system_is_computed_again_by_the_read():
 
 
 def test_the_chunks_of_a_file_that_stopped_reading_are_reclaimed(monkeypatch):
-    settled()                                     # (no other test's chunks held)
+    settled()  # (no other test's chunks held)
     now = [1000.0]
     monkeypatch.setattr(ahead, "_clock", lambda: now[0], raising=False)
     monkeypatch.setattr(ahead, "HELD", ahead.PER_FILE)
@@ -130,13 +135,13 @@ def test_the_chunks_of_a_file_that_stopped_reading_are_reclaimed(monkeypatch):
     idle_op, busy_op = Op(64 * MiB), Op(64 * MiB, seed=5)
     idle, busy = ahead.Ahead(), ahead.Ahead()
     for at in range(0, 2 * MiB, MiB):
-        read(idle, blob, idle_op, at, MiB)        # every place taken by the file that then stops
+        read(idle, blob, idle_op, at, MiB)  # every place taken by the file that then stops
     assert len(idle) == ahead.PER_FILE
     wait_until(lambda: idle.running == 0, 10, what="the idle file's chunks to be computed")
     now[0] += ahead.IDLE / 2
     for at in range(0, 2 * MiB, MiB):
         read(busy, blob, busy_op, at, MiB)
-    assert len(busy) == 0                         # not idle long enough: its chunks are kept
+    assert len(busy) == 0  # not idle long enough: its chunks are kept
     now[0] += ahead.IDLE
     for at in range(2 * MiB, 4 * MiB, MiB):
         read(busy, blob, busy_op, at, MiB)
@@ -146,7 +151,7 @@ def test_the_chunks_of_a_file_that_stopped_reading_are_reclaimed(monkeypatch):
         assert read(busy, blob, busy_op, at, MiB) == busy_op.bytes(at, at + MiB)
     on_workers = [lo for lo, _, who in busy_op.computed if who.startswith("compatfs-ahead")]
     assert len(on_workers) > len(before)
-    assert read(idle, blob, idle_op, 2 * MiB, MiB) == idle_op.bytes(2 * MiB, 3 * MiB)   # it reads on
+    assert read(idle, blob, idle_op, 2 * MiB, MiB) == idle_op.bytes(2 * MiB, 3 * MiB)  # it reads on
     idle.close()
     busy.close()
     settled()

@@ -1,5 +1,6 @@
 """A failed open of a blob already known to be broken does not rescan the
 store: opening it in a loop costs no scan, until something changes."""
+
 from __future__ import annotations
 
 import errno

@@ -1,4 +1,5 @@
 """The command line: mount/umount in the background, ls, inspect, clear errors."""
+
 import json
 import os
 import signal
@@ -15,8 +16,14 @@ from ggufs import plain_model, synthetic_gemma3
 
 
 def compatfs(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "compatfs", *map(str, args)], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "compatfs", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        stdin=subprocess.DEVNULL,
+        timeout=120,
+    )
 
 
 @pytest.fixture
@@ -26,8 +33,15 @@ def store(tmp_path):
     add_model(root, "plain", plain_model(tmp_path / "p.gguf"))
     empty = root / "manifests/registry.ollama.ai/library/configonly/latest"
     empty.parent.mkdir(parents=True)
-    empty.write_text(json.dumps({"layers": [{"mediaType": "application/vnd.ollama.image.license",
-                                             "digest": "sha256:" + "ab" * 32, "size": 3}]}))
+    empty.write_text(
+        json.dumps(
+            {
+                "layers": [
+                    {"mediaType": "application/vnd.ollama.image.license", "digest": "sha256:" + "ab" * 32, "size": 3}
+                ]
+            }
+        )
+    )
     return root
 
 
@@ -35,7 +49,7 @@ def test_errors_are_one_clear_line(store, tmp_path):
     (tmp_path / "empty").mkdir()
     cases = [
         (("mount", store, tmp_path / "nowhere"), "mountpoint"),
-        (("mount", tmp_path / "empty", tmp_path), "not an Ollama model store"),   # tmp_path itself holds .gguf files
+        (("mount", tmp_path / "empty", tmp_path), "not an Ollama model store"),  # tmp_path itself holds .gguf files
         (("mount", tmp_path / "missing", tmp_path), "no such directory"),
         (("ls", tmp_path / "missing"), "no such directory"),
         (("umount", tmp_path), "is not mounted"),
@@ -80,8 +94,9 @@ def test_ls_reports_handlers_and_what_is_left_out(store):
     assert rows["gemma3x:4b"]["text"] == "gemma3" and rows["gemma3x:4b"]["clip"] == "gemma3-clip"
     assert rows["gemma3x:4b"]["files"] == ["mmproj.gguf", "model.gguf"]
     assert rows["plain:latest"]["text"] == "-" and rows["plain:latest"]["files"] == ["model.gguf"]
-    assert doc["left_out"] == [{"name": "configonly:latest",
-                                "reason": "no GGUF model layer (application/vnd.ollama.image.license)"}]
+    assert doc["left_out"] == [
+        {"name": "configonly:latest", "reason": "no GGUF model layer (application/vnd.ollama.image.license)"}
+    ]
     text = compatfs("ls", store).stdout
     assert "configonly:latest  left out: no GGUF model layer" in text
 
@@ -120,8 +135,13 @@ def test_background_mount_and_umount(store, tmp_path):
 def _bounded(*args, seconds: float = 30):
     """compatfs ARGS, failing (not hanging) when it has not ended within `seconds`."""
     try:
-        return subprocess.run([sys.executable, "-m", "compatfs", *map(str, args)], capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, timeout=seconds)
+        return subprocess.run(
+            [sys.executable, "-m", "compatfs", *map(str, args)],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=seconds,
+        )
     except subprocess.TimeoutExpired:
         raise AssertionError(f"compatfs {' '.join(map(str, args))} hung") from None
 
@@ -142,6 +162,7 @@ def test_a_fifo_blob_is_one_line_for_ls_inspect_and_export(store, tmp_path):
     """Measured on the landed code: `compatfs ls`, `inspect` and `export`
     hung opening a FIFO put in place of a blob."""
     from hostile import fifo_writer_release
+
     blob = _layer_blob(store, "plain")
     blob.unlink()
     os.mkfifo(blob)
@@ -150,8 +171,11 @@ def test_a_fifo_blob_is_one_line_for_ls_inspect_and_export(store, tmp_path):
         assert res.returncode == 0, res.stderr
         row = next(line for line in res.stdout.splitlines() if line.startswith("plain:latest"))
         assert "not a regular file" in row and "gemma3x:4b" in res.stdout
-        for args in (("inspect", "plain", "--source", store), ("inspect", blob.name, "--source", store),
-                     ("export", "plain", tmp_path / "out", "--source", store)):
+        for args in (
+            ("inspect", "plain", "--source", store),
+            ("inspect", blob.name, "--source", store),
+            ("export", "plain", tmp_path / "out", "--source", store),
+        ):
             res = _bounded(*args)
             assert res.returncode == 1, args
             _one_line_or_ok(res, args)
@@ -170,6 +194,7 @@ def test_a_failing_handler_is_one_line_everywhere(store, tmp_path):
     from compatfs.format.values import VT, array
     from compatfs.testing import gemma3
     from hostile import with_value
+
     good = gemma3.legacy_gemma3_vision(tmp_path / "gv.gguf")
     n = SourceGGUF(good).kvs["tokenizer.ggml.token_type"].count
     bad = tmp_path / "bad.gguf"
@@ -181,10 +206,13 @@ def test_a_failing_handler_is_one_line_everywhere(store, tmp_path):
     assert {"bad:4b", "gemma3x:4b", "plain:latest", "configonly:latest"} <= set(names), res.stdout
     res = _bounded("ls", store, "--json")
     assert res.returncode == 0 and {r["name"] for r in json.loads(res.stdout)["models"]} >= {"bad:4b", "plain:latest"}
-    for args in (("inspect", "bad:4b", "--source", store), ("inspect", "bad:4b", "--clip", "--source", store),
-                 ("inspect", "plain", "--clip", "--source", store),
-                 ("export", "bad:4b", tmp_path / "out", "--source", store, "-q"),
-                 ("llama-args", "bad:4b", "--source", store, "--mount", tmp_path)):
+    for args in (
+        ("inspect", "bad:4b", "--source", store),
+        ("inspect", "bad:4b", "--clip", "--source", store),
+        ("inspect", "plain", "--clip", "--source", store),
+        ("export", "bad:4b", tmp_path / "out", "--source", store, "-q"),
+        ("llama-args", "bad:4b", "--source", store, "--mount", tmp_path),
+    ):
         _one_line_or_ok(_bounded(*args), args)
     res = _bounded("inspect", "plain", "--clip", "--source", store)
     assert res.returncode == 1 and "no projector view" in res.stderr
@@ -192,17 +220,25 @@ def test_a_failing_handler_is_one_line_everywhere(store, tmp_path):
 
 def test_ls_columns_stay_aligned_for_any_name_length(tmp_path):
     from compatfs.testing import LEGACY
+
     root = tmp_path / "store"
-    nem = LEGACY["nemotron3"]     # handlers nemotron_h_omni and nemotron_h_omni-clip: the longest names
+    nem = LEGACY["nemotron3"]  # handlers nemotron_h_omni and nemotron_h_omni-clip: the longest names
     add_model(root, "nemotron3", nem.model(tmp_path / "n.gguf"), tag=nem.tag)
     add_model(root, "p", plain_model(tmp_path / "p.gguf"), tag="1")
-    add_model(root, "a-very-long-model-name-indeed", plain_model(tmp_path / "p.gguf"),
-              host="hf.co", namespace="someone-with-a-long-name", tag="Q4_K_M")
+    add_model(
+        root,
+        "a-very-long-model-name-indeed",
+        plain_model(tmp_path / "p.gguf"),
+        host="hf.co",
+        namespace="someone-with-a-long-name",
+        tag="Q4_K_M",
+    )
     manifest = root / "manifests/registry.ollama.ai/library/p/1"
     doc = json.loads(manifest.read_text())
     (root / "blobs" / ("sha256-" + "cd" * 32)).write_bytes(b"{not json")
-    doc["layers"].append({"mediaType": "application/vnd.ollama.image.params", "digest": "sha256:" + "cd" * 32,
-                          "size": 9})
+    doc["layers"].append(
+        {"mediaType": "application/vnd.ollama.image.params", "digest": "sha256:" + "cd" * 32, "size": 9}
+    )
     manifest.write_text(json.dumps(doc))
     lines = compatfs("ls", root).stdout.splitlines()
     header = lines[0]
@@ -210,8 +246,8 @@ def test_ls_columns_stay_aligned_for_any_name_length(tmp_path):
     rows = [x for x in lines[1:] if not x.startswith(" ")]
     assert len(rows) == 3
     for row in rows:
-        for start in starts:      # every column begins where its heading does, after a gap
-            assert row[start - 2:start] == "  " and row[start] != " ", (row, start)
+        for start in starts:  # every column begins where its heading does, after a gap
+            assert row[start - 2 : start] == "  " and row[start] != " ", (row, start)
     assert any("nemotron_h_omni-clip" in r for r in rows)
     # The hostile params layer: one line under its model, saying why; the model is still listed.
     note = lines[lines.index(next(r for r in rows if r.startswith("p:1"))) + 1]

@@ -1,6 +1,7 @@
 """What an open file serves is one snapshot of the store: its size, bytes and
 identity from the blob it opened; the daemon never asks its own mount for
 anything; a store folder that disappears reads as gone."""
+
 import errno
 import os
 import signal
@@ -71,12 +72,18 @@ def test_a_blob_that_points_into_the_mount_is_refused(store, tmp_path):
     looped.symlink_to(mnt / "blobs" / blob.name / "model.gguf")
     manifest = store / "manifests/registry.ollama.ai/library/loop/latest"
     manifest.parent.mkdir(parents=True)
-    manifest.write_text('{"layers": [{"mediaType": "application/vnd.ollama.image.model", '
-                        f'"digest": "sha256:{"ab" * 32}", "size": 0}}]}}')
+    manifest.write_text(
+        '{"layers": [{"mediaType": "application/vnd.ollama.image.model", '
+        f'"digest": "sha256:{"ab" * 32}", "size": 0}}]}}'
+    )
     log = open(tmp_path / "mnt.log", "wb")
-    daemon = subprocess.Popen([sys.executable, "-m", "compatfs", "mount", "-f", "-v", str(store), str(mnt)],
-                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                              env={**os.environ, "COMPATFS_CACHE_DIR": str(tmp_path / "cache")})
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "compatfs", "mount", "-f", "-v", str(store), str(mnt)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "COMPATFS_CACHE_DIR": str(tmp_path / "cache")},
+    )
     device = None
     try:
         deadline = time.monotonic() + 20
@@ -123,7 +130,7 @@ def test_a_blob_rewritten_in_place_with_its_mtime_restored(store, mount_store, t
     before = blob.stat()
     with open(path, "rb", buffering=0) as f:
         assert f.read(4096) == old[:4096]
-        time.sleep(0.05)   # a ctime the rewrite must move
+        time.sleep(0.05)  # a ctime the rewrite must move
         with open(blob, "r+b") as w:
             w.write(data)
         os.utime(blob, ns=(before.st_atime_ns, before.st_mtime_ns))
@@ -151,8 +158,8 @@ def test_a_removed_store_folder_reads_as_gone(store, mount_store):
     assert "text:1b" in os.listdir(m.path)
     (store / "manifests").rename(store.parent / "manifests.away")
     wait_until(lambda: os.listdir(m.path) == [], seconds=4, what="an empty listing")
-    time.sleep(1.5)     # on purpose: the listing stays empty through a rescan or more
-    assert os.listdir(m.path) == []     # never PermissionError
+    time.sleep(1.5)  # on purpose: the listing stays empty through a rescan or more
+    assert os.listdir(m.path) == []  # never PermissionError
     assert m.alive
 
 
@@ -163,8 +170,11 @@ def test_reads_during_re_pulls_are_one_view_each(store, mount_store, tmp_path):
     size and another blob's bytes, short reads, and opens failing with an
     errno though the path always named a model.  Every read is now exactly
     one of the views, as long as the size its open showed, and no open fails."""
-    sources = [gemma3.legacy_gemma3_text(tmp_path / "a.gguf", seed=1), llama.plain_llama_text(tmp_path / "b.gguf"),
-               gemma3.legacy_gemma3_vision(tmp_path / "c.gguf", seed=2)]
+    sources = [
+        gemma3.legacy_gemma3_text(tmp_path / "a.gguf", seed=1),
+        llama.plain_llama_text(tmp_path / "b.gguf"),
+        gemma3.legacy_gemma3_vision(tmp_path / "c.gguf", seed=2),
+    ]
     views = {}
     for src in sources:
         add_model(store, "churn", src, tag="1b")
@@ -204,19 +214,19 @@ def test_reads_during_re_pulls_are_one_view_each(store, mount_store, tmp_path):
         while not stop.is_set():
             old, i = names[i], (i + 1) % len(names)
             new = names[i]
-            (store / "blobs" / new).write_bytes(contents[new])    # pulled anew
+            (store / "blobs" / new).write_bytes(contents[new])  # pulled anew
             tmp = manifest.with_name(".1b.tmp")
             tmp.write_text(layout.replace(current_digest(layout), new.replace("-", ":")))
             os.replace(tmp, manifest)
-            gone = store / "blobs" / names[(i + 1) % len(names)]   # neither the new nor the one before
+            gone = store / "blobs" / names[(i + 1) % len(names)]  # neither the new nor the one before
             gone.unlink(missing_ok=True)
             del old
-            time.sleep(0.05)    # on purpose: a re-pull every 50 ms
+            time.sleep(0.05)  # on purpose: a re-pull every 50 ms
 
     threads = [threading.Thread(target=reader) for _ in range(3)] + [threading.Thread(target=repull)]
     for t in threads:
         t.start()
-    time.sleep(10)      # on purpose: readers and re-pulls race for 10 s
+    time.sleep(10)  # on purpose: readers and re-pulls race for 10 s
     stop.set()
     for t in threads:
         t.join(timeout=30)
@@ -227,4 +237,5 @@ def test_reads_during_re_pulls_are_one_view_each(store, mount_store, tmp_path):
 
 def current_digest(layout: str) -> str:
     import json
+
     return json.loads(layout)["layers"][0]["digest"]

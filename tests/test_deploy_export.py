@@ -1,6 +1,7 @@
 """`compatfs export`: real files byte-identical to the mounted views, a sha256
 per file, nothing under the final name when interrupted, and extents shared
 with the blob on a filesystem that can (XFS on a loop device, as root)."""
+
 import hashlib
 import json
 import os
@@ -24,8 +25,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def export(*args, check=True, **kw):
-    res = subprocess.run([sys.executable, "-m", "compatfs", "export", *map(str, args)], capture_output=True,
-                         text=True, stdin=subprocess.DEVNULL, timeout=300, **kw)
+    res = subprocess.run(
+        [sys.executable, "-m", "compatfs", "export", *map(str, args)],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+        **kw,
+    )
     if check:
         assert res.returncode == 0, res.stderr
     return res
@@ -49,11 +56,13 @@ def store(tmp_path_factory):
 @needs_fuse
 def test_export_is_byte_identical_to_the_mount(store, mount_store, tmp_path):
     m = mount_store(store)
-    for model, files in (("gemma3:4b", ["license", "mmproj.gguf", "model.gguf", "params.json"]),
-                         ("tiny", ["model.gguf"])):
+    for model, files in (
+        ("gemma3:4b", ["license", "mmproj.gguf", "model.gguf", "params.json"]),
+        ("tiny", ["model.gguf"]),
+    ):
         out = tmp_path / model.replace(":", "_")
         res = export(model, out, "--source", store)
-        assert sorted(os.listdir(out)) == files           # no temporary file left
+        assert sorted(os.listdir(out)) == files  # no temporary file left
         sums = sha256sums(res.stdout)
         assert sorted(sums) == files
         for f in files:
@@ -98,22 +107,34 @@ def _big_store(root: Path, mib: int) -> Path:
     hash blobs)."""
     (root / "blobs").mkdir(parents=True)
     blob = root / "blobs" / ("sha256-" + "7" * 64)
-    n = mib << 18                                       # float32 values
+    n = mib << 18  # float32 values
     w = gguf.GGUFWriter(str(blob), "llama")
     w.add_block_count(0)
-    w.add_tensor_info("token_embd.weight", (n // 1024, 1024), gguf.np.dtype("float32"), n * 4,
-                      raw_dtype=gguf.GGMLQuantizationType.F32)
+    w.add_tensor_info(
+        "token_embd.weight", (n // 1024, 1024), gguf.np.dtype("float32"), n * 4, raw_dtype=gguf.GGMLQuantizationType.F32
+    )
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     w.close()
-    data_start = -(-blob.stat().st_size // 32) * 32     # GGUF's default alignment
+    data_start = -(-blob.stat().st_size // 32) * 32  # GGUF's default alignment
     with open(blob, "r+b") as f:
         f.truncate(data_start + n * 4)
     manifest = root / "manifests/registry.ollama.ai/library/big/latest"
     manifest.parent.mkdir(parents=True)
-    manifest.write_text(json.dumps({"layers": [{"mediaType": "application/vnd.ollama.image.model",
-                                                "digest": "sha256:" + "7" * 64, "size": blob.stat().st_size}]}))
+    manifest.write_text(
+        json.dumps(
+            {
+                "layers": [
+                    {
+                        "mediaType": "application/vnd.ollama.image.model",
+                        "digest": "sha256:" + "7" * 64,
+                        "size": blob.stat().st_size,
+                    }
+                ]
+            }
+        )
+    )
     return root
 
 
@@ -122,8 +143,12 @@ def test_interrupted_export_leaves_no_file_under_the_final_name(tmp_path, sig):
     store = _big_store(tmp_path / "store", 256)
     out = tmp_path / "out"
     out.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "compatfs", "export", "big", str(out), "--source", str(store),
-                             "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "compatfs", "export", "big", str(out), "--source", str(store), "-q"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 60
     partial = []
     while time.monotonic() < deadline and proc.poll() is None:
@@ -139,15 +164,20 @@ def test_interrupted_export_leaves_no_file_under_the_final_name(tmp_path, sig):
     assert not (out / "model.gguf").exists()
     left = os.listdir(out)
     if sig == signal.SIGTERM:
-        assert left == []                                # cleaned up
+        assert left == []  # cleaned up
         assert proc.stderr.read().decode().strip() == ""
     else:
         assert all(n.startswith(".model.gguf.") and n.endswith(".partial") for n in left)
 
 
 def _xfs_ok() -> bool:
-    return os.geteuid() == 0 and bool(shutil.which("mkfs.xfs")) and bool(shutil.which("filefrag")) \
-        and bool(shutil.which("unshare")) and os.path.exists("/dev/loop-control")
+    return (
+        os.geteuid() == 0
+        and bool(shutil.which("mkfs.xfs"))
+        and bool(shutil.which("filefrag"))
+        and bool(shutil.which("unshare"))
+        and os.path.exists("/dev/loop-control")
+    )
 
 
 @pytest.mark.skipif(not _xfs_ok(), reason="needs root, mkfs.xfs (xfsprogs), filefrag and loop devices")
@@ -172,14 +202,19 @@ echo ===
 echo ===
 filefrag -v {fs}/a/model.gguf
 """
-    res = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
-                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    res = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     if res.returncode == 77:
         pytest.skip("cannot mount a loop device here")
     assert res.returncode == 0, res.stderr
     a, _b, frag = res.stdout.split("===\n")
     assert "shared with the blob (reflink)" in res.stderr.splitlines()[0]
-    assert "shared" in frag.split("ext:", 1)[1]          # filefrag's extent flags
-    assert "not at the blob's offsets" in res.stderr     # the translated gemma3 view
+    assert "shared" in frag.split("ext:", 1)[1]  # filefrag's extent flags
+    assert "not at the blob's offsets" in res.stderr  # the translated gemma3 view
     plain = export("tiny", tmp_path / "plain", "--source", store, "--no-reflink")
     assert sha256sums(a)["model.gguf"] == sha256sums(plain.stdout)["model.gguf"]

@@ -2,6 +2,7 @@
 of the three fstab forms and of `mount -t fuse.compatfs|compatfs` through mount(8), in a private mount namespace whose
 /usr/local/bin and /usr/sbin show this checkout's compatfs and mount.compatfs
 (as root with unshare; skipped otherwise)."""
+
 import os
 import shutil
 import subprocess
@@ -21,9 +22,12 @@ BIN = Path(sys.executable).parent
 
 def test_options_go_where_they_belong():
     fuse, own, warnings = fstab.split_options(
-        ["ro,allow_other,_netdev,noauto,user,nofail,defaults,x-systemd.automount,comment=x",
-         "uid=1000,gid=1000,umask=0022,attr_timeout=600,nodev,nosuid,rw",
-         "op_cache_mb=512,no_translate,log=/var/log/compatfs.log"])
+        [
+            "ro,allow_other,_netdev,noauto,user,nofail,defaults,x-systemd.automount,comment=x",
+            "uid=1000,gid=1000,umask=0022,attr_timeout=600,nodev,nosuid,rw",
+            "op_cache_mb=512,no_translate,log=/var/log/compatfs.log",
+        ]
+    )
     assert fuse == ["ro", "allow_other", "uid=1000", "gid=1000", "umask=0022", "attr_timeout=600", "nodev", "nosuid"]
     assert own == ["--op-cache-mb", "512", "--no-translate", "--log", "/var/log/compatfs.log"]
     assert warnings == []
@@ -42,7 +46,7 @@ def test_helper_arguments_as_mount_and_mount_fuse3_pass_them():
     cmd, _ = fstab.mount_argv(["compatfs#/srv/ollama", "/mnt/compat", "-o", "rw,dev,suid", "-t", "compatfs"])
     assert cmd == ["mount", "/srv/ollama", "/mnt/compat", "-o", "dev,suid"]
     cmd, _ = fstab.mount_argv(["/srv/ollama", "/mnt/compat", "-sf", "-o", "whatever"])
-    assert cmd is None                                   # -f: mount(8)'s fake mount
+    assert cmd is None  # -f: mount(8)'s fake mount
     with pytest.raises(fstab.OptionError, match="usage"):
         fstab.mount_argv(["/srv/ollama"])
     # mount.fuse3 runs `compatfs SOURCE DIR -o ...`; subcommands are never taken for that.
@@ -52,12 +56,14 @@ def test_helper_arguments_as_mount_and_mount_fuse3_pass_them():
 
 
 def test_unknown_option_from_the_command_line(tmp_path):
-    res = subprocess.run([BIN / "mount.compatfs", tmp_path, tmp_path, "-o", "ro,frobnicate"],
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [BIN / "mount.compatfs", tmp_path, tmp_path, "-o", "ro,frobnicate"], capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 1
     assert res.stderr.strip() == "mount.compatfs: error: unknown mount option: frobnicate"
-    res = subprocess.run([BIN / "compatfs", f"{tmp_path}/", tmp_path, "-o", "ro,frobnicate"],
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [BIN / "compatfs", f"{tmp_path}/", tmp_path, "-o", "ro,frobnicate"], capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 1 and "frobnicate" in res.stderr
 
 
@@ -76,7 +82,8 @@ def test_the_three_fstab_forms_through_mount8(tmp_path):
         f"{store} {t}/m1 fuse.compatfs ro,allow_other,_netdev,noauto,uid=1234,gid=99 0 0\n"
         f"compatfs#{store} {t}/m2 fuse ro,noauto,nofail,x-systemd.automount 0 0\n"
         f"{store} {t}/m3 compatfs ro,noauto,user,op_cache_mb=64 0 0\n"
-        f"{store} {t}/m4 compatfs ro,noauto,cache=always 0 0\n")
+        f"{store} {t}/m4 compatfs ro,noauto,cache=always 0 0\n"
+    )
     script = f"""
 set -u
 mkdir -p {t}/m1 {t}/m2 {t}/m3 {t}/m4 {t}/m5 {t}/m6 {t}/bin {t}/sbin {t}/orig
@@ -98,8 +105,13 @@ echo ===
 stat -c '%u %g' {t}/m1/gemma3:1b/model.gguf
 for m in m1 m2 m3 m5 m6; do sha256sum {t}/$m/gemma3:1b/model.gguf; done
 """
-    res = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
-                         capture_output=True, text=True, timeout=180, cwd="/")
+    res = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd="/",
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     failed, m4, mounts, files = res.stdout.split("===\n")
     assert "FAILED" not in failed and failed.count("compatfs: mounted") == 5, res.stdout + res.stderr
@@ -107,7 +119,7 @@ for m in m1 m2 m3 m5 m6; do sha256sum {t}/$m/gemma3:1b/model.gguf; done
     types = {line.split()[1]: line.split()[2:4] for line in mounts.splitlines()}
     assert {m: t_[0] for m, t_ in types.items()} == {f"{t}/m{i}": "fuse.compatfs" for i in (1, 2, 3, 5, 6)}
     assert all(o[1].startswith("ro,") for o in types.values())
-    assert "nosuid" in types[f"{t}/m3"][1] and "nodev" in types[f"{t}/m3"][1]    # `user` implies them
+    assert "nosuid" in types[f"{t}/m3"][1] and "nodev" in types[f"{t}/m3"][1]  # `user` implies them
     owner, *sums = files.strip().splitlines()
     assert owner == "1234 99"
     digests = {line.split()[0] for line in sums}

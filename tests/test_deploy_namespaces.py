@@ -4,6 +4,7 @@ shared`), and a process in another namespace (the llama-server container's,
 receiving mounts as a slave, as HostToContainer/rslave do) reads the files.
 Both hang off a private "host" namespace holding the shared directory, so
 nothing reaches the namespace the tests run in.  As root only."""
+
 import hashlib
 import os
 import shutil
@@ -31,7 +32,7 @@ def _can_unshare() -> bool:
 def test_sidecar_mount_is_read_from_another_namespace(tmp_path, mount_store):
     store = tmp_path / "store"
     add_model(store, "gemma3", gemma3.legacy_gemma3_vision(tmp_path / "g.gguf"), tag="4b")
-    shared = tmp_path / "shared"          # the directory both "containers" bind
+    shared = tmp_path / "shared"  # the directory both "containers" bind
     shared.mkdir()
     out = tmp_path / "consumer.sha256"
     model = "gemma3:4b/mmproj.gguf"
@@ -57,8 +58,13 @@ fusermount3 -u {shared}/compat 2>/dev/null || umount -l {shared}/compat
 wait $sidecar
 exit $status
 """
-    res = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c", host],
-                         capture_output=True, text=True, timeout=120, cwd="/")
+    res = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "bash", "-c", host],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "host sees the mount" in res.stdout
     digest, path, count = out.read_text().split()

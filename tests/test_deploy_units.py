@@ -1,6 +1,7 @@
 """The files under contrib/: systemd units (checked by systemd-analyze where
 present, and for what they must name), sd_notify readiness of `compatfs mount
 -f`, the Dockerfile, the compose file and the Kubernetes manifests."""
+
 import json
 import os
 import shlex
@@ -47,7 +48,7 @@ def test_compatfs_unit_mounts_and_is_ready_only_when_mounted():
     start = shlex.split(svc["ExecStart"][0])
     assert Path(start[0]).name == "compatfs" and start[1:3] == ["mount", "-f"]
     assert start[3:5] == [STORE, MNT] and "allow_other" in start
-    assert any(MNT in s and "fusermount3 -u -z" in s for s in svc["ExecStartPre"])   # stale mount cleared
+    assert any(MNT in s and "fusermount3 -u -z" in s for s in svc["ExecStartPre"])  # stale mount cleared
     assert "llama-server.service" in u["Unit"]["Before"][0].split()
     assert STORE in u["Unit"]["RequiresMountsFor"][0]
     # Nothing that would give the service a mount namespace of its own.
@@ -84,15 +85,20 @@ def test_systemd_analyze_verify(tmp_path):
     for name in names:
         text = (CONTRIB / "systemd" / name).read_text().replace("/usr/local/bin/", f"{bin_dir}/")
         (tmp_path / name).write_text(text)
-    res = subprocess.run(["systemd-analyze", "verify", "--man=no", *names], capture_output=True, text=True,
-                         cwd=tmp_path, timeout=60)
+    res = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", *names], capture_output=True, text=True, cwd=tmp_path, timeout=60
+    )
     assert res.returncode == 0 and res.stderr.strip() == "", res.stderr
 
 
 def test_fstab_example_lines_parse_as_the_helper_takes_them():
     from compatfs.cli import fstab
-    lines = [line.lstrip("#").split() for line in (CONTRIB / "systemd" / "fstab.example").read_text().splitlines()
-             if line.lstrip("#").startswith(("/", "compatfs#"))]
+
+    lines = [
+        line.lstrip("#").split()
+        for line in (CONTRIB / "systemd" / "fstab.example").read_text().splitlines()
+        if line.lstrip("#").startswith(("/", "compatfs#"))
+    ]
     assert {f[2] for f in lines} == {"fuse.compatfs", "compatfs", "fuse"}
     for source, target, _type, opts, *_ in lines:
         cmd, warnings = fstab.mount_argv([source, target, "-o", opts])
@@ -109,12 +115,17 @@ def test_mount_f_notifies_systemd_once_mounted(tmp_path):
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(sock_path))
     sock.settimeout(30)
-    proc = subprocess.Popen([sys.executable, "-m", "compatfs", "mount", "-f", str(store), str(mnt)],
-                            env={**os.environ, "NOTIFY_SOCKET": str(sock_path)}, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "compatfs", "mount", "-f", str(store), str(mnt)],
+        env={**os.environ, "NOTIFY_SOCKET": str(sock_path)},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
     try:
         msg = sock.recv(4096).decode()
-        assert os.path.ismount(mnt)                      # READY=1 only once mounted
+        assert os.path.ismount(mnt)  # READY=1 only once mounted
         assert "READY=1" in msg.splitlines() and f"MAINPID={proc.pid}" in msg.splitlines()
         assert (mnt / "gemma3:1b" / "model.gguf").read_bytes()[:4] == b"GGUF"
     finally:
@@ -124,6 +135,7 @@ def test_mount_f_notifies_systemd_once_mounted(tmp_path):
 
 
 # -- containers -------------------------------------------------------------------
+
 
 def test_dockerfile():
     lines = [line.strip() for line in (CONTRIB / "docker" / "Dockerfile").read_text().splitlines()]
@@ -153,9 +165,11 @@ def test_compose_sidecar_and_llama_server():
     seen = next(v for v in server["volumes"] if v["source"] == shared["source"])
     assert seen["bind"]["propagation"] in ("rslave", "rshared") and seen["read_only"]
     args = server["command"]
-    assert args[args.index("-m") + 1].startswith(seen["target"] + "/") and args[args.index("-m") + 1].endswith("/model.gguf")
+    assert args[args.index("-m") + 1].startswith(seen["target"] + "/") and args[args.index("-m") + 1].endswith(
+        "/model.gguf"
+    )
     assert server["depends_on"]["compatfs"]["condition"] == "service_healthy"
-    assert side["pid"] == "host"     # its callers' pids (and so their groups) are known to it
+    assert side["pid"] == "host"  # its callers' pids (and so their groups) are known to it
 
 
 def _containers(pod_spec: dict) -> dict:
@@ -179,8 +193,8 @@ def test_kubernetes_pod_with_a_sidecar():
     assert side["args"][:2] == [_mount(side, "ollama")["mountPath"] + "/models", _mount(side, "compat")["mountPath"]]
     model = server["args"][server["args"].index("-m") + 1]
     assert model.startswith(_mount(server, "compat")["mountPath"] + "/") and model.endswith("/model.gguf")
-    assert side.get("restartPolicy") == "Always" and "startupProbe" in side   # native sidecar, ready once mounted
-    assert pod["spec"]["shareProcessNamespace"] is True     # llama-server's pid (and so its groups) known to it
+    assert side.get("restartPolicy") == "Always" and "startupProbe" in side  # native sidecar, ready once mounted
+    assert pod["spec"]["shareProcessNamespace"] is True  # llama-server's pid (and so its groups) known to it
 
 
 def test_kubernetes_daemonset_mounts_on_the_node():

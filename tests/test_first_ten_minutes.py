@@ -4,6 +4,7 @@ describe the files a user opens, an embedding model is served with
 --embeddings, llama-server is found without flags, and the command line
 answers plainly (no traceback on a closed pipe, -q is quiet, helps that say
 what exists)."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,15 @@ from conftest import needs_fuse
 
 
 def compatfs(*args, env=None, **kw):
-    return subprocess.run([sys.executable, "-m", "compatfs", *map(str, args)], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL, timeout=120, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "compatfs", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        stdin=subprocess.DEVNULL,
+        timeout=120,
+        **kw,
+    )
 
 
 @pytest.fixture
@@ -40,6 +48,7 @@ def store(tmp_path):
 
 
 # -- commands find their source -------------------------------------------------------
+
 
 @needs_fuse
 def test_a_mountpoint_or_a_path_under_it_names_its_source(store, mount_store):
@@ -67,10 +76,12 @@ def test_without_a_source_the_mount_then_ollamas_stores_then_the_demo(tmp_path, 
     """No SOURCE: the compatfs mount there is, else $OLLAMA_MODELS, else
     ~/.ollama/models, else the demo store; the error names each place tried."""
     from compatfs.cli import locate
+
     def store_at(path: Path) -> Path:
         (path / "manifests").mkdir(parents=True)
         (path / "blobs").mkdir()
         return path
+
     table: list[mounttable.Mount] = []
     monkeypatch.setattr(mounttable, "mounts", lambda path=None: table)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
@@ -79,8 +90,12 @@ def test_without_a_source_the_mount_then_ollamas_stores_then_the_demo(tmp_path, 
 
     with pytest.raises(SourceError) as e:
         locate.find_source(None)
-    for tried in ("a compatfs mount (none)", f"{tmp_path / 'env-store'} ($OLLAMA_MODELS: not there)",
-                  str(tmp_path / "home/.ollama/models"), f"{tmp_path / 'demo'} (the demo store"):
+    for tried in (
+        "a compatfs mount (none)",
+        f"{tmp_path / 'env-store'} ($OLLAMA_MODELS: not there)",
+        str(tmp_path / "home/.ollama/models"),
+        f"{tmp_path / 'demo'} (the demo store",
+    ):
         assert tried in str(e.value), str(e.value)
     assert "scripts/mount.sh" in str(e.value)
 
@@ -92,7 +107,7 @@ def test_without_a_source_the_mount_then_ollamas_stores_then_the_demo(tmp_path, 
     assert locate.find_source(None).path == tmp_path / "env-store"
     table[:] = _table(("/mnt/a", "/srv/store"))
     assert locate.find_source(None) == locate.Found(Path("/srv/store"), "mounted at /mnt/a")
-    assert locate.find_source(None, mounts=False).path == tmp_path / "env-store"   # what `mount` takes
+    assert locate.find_source(None, mounts=False).path == tmp_path / "env-store"  # what `mount` takes
     table[:] = _table(("/mnt/a", "/srv/store"), ("/mnt/b", "/srv/other"))
     with pytest.raises(SourceError, match="several compatfs mounts"):
         locate.find_source(None)
@@ -105,6 +120,7 @@ def test_without_a_source_the_mount_then_ollamas_stores_then_the_demo(tmp_path, 
 
 
 # -- inspect and ls describe the files a user opens ----------------------------------
+
 
 @needs_fuse
 def test_inspect_and_ls_describe_the_model_folders_model_gguf(store, mount_store):
@@ -136,6 +152,7 @@ def test_ls_says_a_blob_linked_into_the_mount_is_refused(store, mount_store):
     doc["layers"][0]["digest"] = "sha256:" + "ab" * 32
     manifest.write_text(json.dumps(doc))
     from conftest import wait_until
+
     wait_until(lambda: "plain:linked" in os.listdir(mnt.path), what="the linked model listed")
     with pytest.raises(OSError):
         (mnt / "plain:linked" / "model.gguf").read_bytes()
@@ -150,18 +167,27 @@ def test_ls_says_a_blob_linked_into_the_mount_is_refused(store, mount_store):
 
 # -- embedding models, and llama-server found without flags --------------------------
 
+
 def test_llama_args_and_run_pass_embeddings_for_an_embedding_model(store, tmp_path):
     """Issue 32 pt 4, measured on 0c32945: `llama-args` and `run` left out
     --embeddings (llama-server then answers /v1/embeddings with 501)."""
-    argv = compatfs("llama-args", "embed:" + LEGACY["embeddinggemma"].tag, "--source", store, "--mount", "/m",
-                    "--lines").stdout.splitlines()
+    argv = compatfs(
+        "llama-args", "embed:" + LEGACY["embeddinggemma"].tag, "--source", store, "--mount", "/m", "--lines"
+    ).stdout.splitlines()
     assert "--embeddings" in argv
     assert "--embeddings" not in compatfs("llama-args", "plain", "--source", store, "--mount", "/m").stdout
     fake = tmp_path / "llama-server"
-    fake.write_text("#!/bin/sh\nfor a in \"$@\"; do echo \"$a\"; done\n")
+    fake.write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
     fake.chmod(0o755)
-    res = compatfs("run", "embed:" + LEGACY["embeddinggemma"].tag, "--source", store, "--mount", "/m",
-                   env={"PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    res = compatfs(
+        "run",
+        "embed:" + LEGACY["embeddinggemma"].tag,
+        "--source",
+        store,
+        "--mount",
+        "/m",
+        env={"PATH": f"{tmp_path}:{os.environ['PATH']}"},
+    )
     assert res.returncode == 0 and "--embeddings" in res.stdout.splitlines(), res.stderr
 
 
@@ -177,6 +203,7 @@ def test_llama_server_is_found_without_flags(tmp_path, monkeypatch):
     package bin/), then $LLAMA_CPP_DIR/build/bin, then scripts/e2e's build;
     the error says where it looked and how to get one."""
     from compatfs.router import llama_server
+
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.delenv("LLAMA_CPP_DIR", raising=False)
     monkeypatch.setattr(llama_server, "E2E_BUILD", tmp_path / "e2e")
@@ -207,9 +234,18 @@ def test_llama_server_is_found_without_flags(tmp_path, monkeypatch):
 
 # -- plain answers ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("args", [("ls", "{store}"), ("ls", "{store}", "--json"), ("--help",), ("ls", "--help"),
-                                  ("inspect", "tuned:1b", "--source", "{store}"),
-                                  ("llama-args", "tuned:1b", "--source", "{store}", "--mount", "/m")])
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("ls", "{store}"),
+        ("ls", "{store}", "--json"),
+        ("--help",),
+        ("ls", "--help"),
+        ("inspect", "tuned:1b", "--source", "{store}"),
+        ("llama-args", "tuned:1b", "--source", "{store}", "--mount", "/m"),
+    ],
+)
 def test_a_closed_pipe_is_no_traceback(store, args):
     """Measured on 0c32945: `compatfs ls | head -1` could end in a
     BrokenPipeError traceback.  Here the reader is gone before a byte is
@@ -217,8 +253,14 @@ def test_a_closed_pipe_is_no_traceback(store, args):
     r, w = os.pipe()
     os.close(r)
     try:
-        res = subprocess.run([sys.executable, "-m", "compatfs", *(a.format(store=store) for a in args)],
-                             stdout=w, stderr=subprocess.PIPE, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        res = subprocess.run(
+            [sys.executable, "-m", "compatfs", *(a.format(store=store) for a in args)],
+            stdout=w,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
     finally:
         os.close(w)
     assert "Traceback" not in res.stderr and "BrokenPipe" not in res.stderr, res.stderr
@@ -229,17 +271,27 @@ def test_export_quiet_says_nothing_on_stderr(store, tmp_path):
     """Measured on 0c32945: `export -q` still printed a line per file."""
     res = compatfs("export", "tuned:1b", tmp_path / "out", "--source", store, "-q")
     assert res.returncode == 0 and res.stderr == "", res.stderr
-    assert [line.split()[1] for line in res.stdout.splitlines()] == [str(tmp_path / "out" / f)
-                                                                     for f in ("model.gguf", "params.json")]
+    assert [line.split()[1] for line in res.stdout.splitlines()] == [
+        str(tmp_path / "out" / f) for f in ("model.gguf", "params.json")
+    ]
     loud = compatfs("export", "tuned:1b", tmp_path / "out2", "--source", store)
-    assert "compatfs: wrote" in loud.stderr and "\r" not in loud.stderr    # no bar off a terminal
+    assert "compatfs: wrote" in loud.stderr and "\r" not in loud.stderr  # no bar off a terminal
 
 
 def test_mount_helper_help_is_a_usage():
     """Measured on 0c32945: `mount.compatfs --help` printed a module docstring."""
     from compatfs.cli import fstab
-    res = subprocess.run([sys.executable, "-c", "import sys; from compatfs.cli.main import mount_helper; "
-                          "sys.exit(mount_helper(['--help']))"], capture_output=True, text=True, timeout=60)
+
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from compatfs.cli.main import mount_helper; sys.exit(mount_helper(['--help']))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0 and res.stdout.startswith(f"usage: {fstab.PROG} SOURCE DIR [-sfnv] [-o OPTIONS]\n")
     for own in fstab.OWN_VALUES:
         assert f"{own}=" in res.stdout
@@ -260,8 +312,9 @@ def test_serve_says_what_it_runs(store, mount_store, tmp_path):
     assert res.returncode == 0, res.stderr
     lines = res.stderr.splitlines()
     assert lines[0].startswith(f"compatfs: serving 1 model of {mnt.path} at http://127.0.0.1:8080 "), lines
-    assert lines[1].startswith(f"compatfs: running llama-server's router (stopped with compatfs serve): {fake} "
-                               "--models-preset "), lines
+    assert lines[1].startswith(
+        f"compatfs: running llama-server's router (stopped with compatfs serve): {fake} --models-preset "
+    ), lines
     assert "exec" not in res.stderr
 
 
@@ -274,6 +327,7 @@ def test_the_readmes_commands_are_the_parsers():
     import re
     from conftest import ROOT
     from compatfs.cli.main import build_parser
+
     readme = (ROOT / "README.md").read_text()
     block = re.search(r"## Commands\n\n```\n(.*?)\n```", readme, re.S)
     assert block is not None
@@ -300,6 +354,7 @@ def test_a_mount_only_llama_server_sees_is_not_the_source(store, monkeypatch, ca
     mount (a container's path), not a mount here: the source is the default
     (in-process, with no compatfs mount in the mount table)."""
     from compatfs.cli.main import main
+
     monkeypatch.setattr(mounttable, "mounts", lambda path=None: [])
     monkeypatch.setenv("OLLAMA_MODELS", str(store))
     assert main(["llama-args", "plain", "--mount", "/models", "--lines"]) == 0
@@ -316,26 +371,54 @@ def test_run_serves_embeddings_with_stock_llama_server(store, mount_store, tmp_p
     import time
     import urllib.request
     import llamacpp
+
     server = llamacpp.tool("llama-server")
     mnt = mount_store(store)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log = open(tmp_path / "run.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "compatfs", "run", "embed:" + LEGACY["embeddinggemma"].tag,
-                             "--source", store, "--mount", mnt.path, "--llama-server", server, "--",
-                             "--host", "127.0.0.1", "--port", str(port), "-c", "512", "-t", "2", "--no-warmup"],
-                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "compatfs",
+            "run",
+            "embed:" + LEGACY["embeddinggemma"].tag,
+            "--source",
+            store,
+            "--mount",
+            mnt.path,
+            "--llama-server",
+            server,
+            "--",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "-c",
+            "512",
+            "-t",
+            "2",
+            "--no-warmup",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
     try:
         deadline, answer = time.monotonic() + 120, None
         while time.monotonic() < deadline and proc.poll() is None and answer is None:
-            req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/embeddings", json.dumps(
-                {"input": "Hello world"}).encode(), {"Content-Type": "application/json"})
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/embeddings",
+                json.dumps({"input": "Hello world"}).encode(),
+                {"Content-Type": "application/json"},
+            )
             try:
                 with urllib.request.urlopen(req, timeout=10) as r:
                     answer = json.load(r)
             except urllib.error.HTTPError as e:
-                if e.code != 503:        # loading
+                if e.code != 503:  # loading
                     raise AssertionError(f"/v1/embeddings: HTTP {e.code}") from None
                 time.sleep(0.5)
             except OSError:
@@ -353,8 +436,9 @@ def _on_a_terminal(argv: list[str], env: dict, cwd: Path) -> str:
     import select
     import struct
     import termios
+
     main, side = pty.openpty()
-    fcntl.ioctl(side, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))    # 24 rows, 100 columns
+    fcntl.ioctl(side, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 24 rows, 100 columns
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=side, stderr=side, env=env, cwd=cwd)
     os.close(side)
     out = b""
@@ -365,7 +449,7 @@ def _on_a_terminal(argv: list[str], env: dict, cwd: Path) -> str:
             break
         try:
             chunk = os.read(main, 65536)
-        except OSError:       # EIO: the writer side is closed
+        except OSError:  # EIO: the writer side is closed
             break
         if not chunk:
             break
@@ -381,6 +465,7 @@ def test_e2e_shows_the_builds_progress_on_a_terminal(tmp_path):
     terminal, none with -q, and none off a terminal (measured on 0c32945:
     the build printed nothing for minutes)."""
     from conftest import ROOT
+
     fakes = tmp_path / "bin"
     fakes.mkdir()
     cache = tmp_path / "cache"
@@ -413,6 +498,7 @@ def test_export_shows_bytes_rate_and_time_left_on_a_terminal(store, tmp_path):
     -q nothing but the sha256 lines (measured on 0c32945: -q still printed a
     line per file written)."""
     from conftest import ROOT
+
     argv = [sys.executable, "-m", "compatfs", "export", "tuned:1b", str(tmp_path / "out"), "--source", str(store)]
     shown = _on_a_terminal(argv, dict(os.environ), ROOT)
     assert "tuned:1b: 100%|" in shown and "B/s]" in shown and "compatfs: wrote" in shown, shown

@@ -4,6 +4,7 @@ model stays listed and readable, a fresh mount still takes the source, the
 folder is logged and shown left out, with why, in `compatfs ls` (measured
 on 0c32945: the mount listed nothing within 4 s, every model.gguf ENOENT, a
 fresh mount refused the source as holding no GGUF, nothing logged)."""
+
 import json
 import os
 import subprocess
@@ -38,7 +39,7 @@ def shared(tmp_path) -> Path:
 
 def test_a_crowded_folder_costs_only_its_own_tree(shared):
     _crowd(shared / "crowd")
-    (shared / "crowd" / "00001" / "hidden.gguf").write_bytes(b"")   # below the cap: never scanned
+    (shared / "crowd" / "00001" / "hidden.gguf").write_bytes(b"")  # below the cap: never scanned
     listing = GGUFFolder(shared).scan()
     assert set(listing.folders) == {"alice", "zed"}
     assert "more than" in listing.skipped[str(shared / "crowd")]
@@ -59,11 +60,12 @@ def test_a_crowded_folder_leaves_the_mount_serving(shared, mount_store):
 
 @needs_fuse
 def test_a_fresh_mount_and_ls_take_the_source(shared, mount_store):
-    _crowd(shared / "aaa")       # walked first
+    _crowd(shared / "aaa")  # walked first
     m = mount_store(shared)
     assert {"alice", "zed"} <= set(os.listdir(m.path))
-    res = subprocess.run([sys.executable, "-m", "compatfs", "ls", str(shared), "--json"],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "compatfs", "ls", str(shared), "--json"], capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     assert {r["name"] for r in doc["models"]} == {"alice", "zed"}

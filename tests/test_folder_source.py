@@ -2,6 +2,7 @@
 it leaves out, and (mounted with the same command as an Ollama store) the
 same bytes the Ollama store's mount serves for the same files; stock
 llama-server loads a monolithic vision blob's model.gguf and mmproj.gguf."""
+
 from __future__ import annotations
 
 import ast
@@ -28,7 +29,6 @@ import llamacpp
 from conftest import ROOT, needs_fuse, wait_until
 
 
-
 @pytest.fixture(scope="module")
 def lms(legacy, tmp_path_factory):
     """An LM Studio-like tree of the legacy writers' files (copies: the Ollama
@@ -37,7 +37,7 @@ def lms(legacy, tmp_path_factory):
     files = legacy[1]
     layout = {
         "google/gemma3-1b/gemma-3-1b-Q8_0.gguf": files["gemma3"],
-        "google/gemma3-4b/gemma-3-4b-it.gguf": files["gemma3v"],      # Ollama's monolithic vision blob
+        "google/gemma3-4b/gemma-3-4b-it.gguf": files["gemma3v"],  # Ollama's monolithic vision blob
         "liuhaotian/llava/llava-7b.gguf": files["llava"],
         "liuhaotian/llava/mmproj-llava-f16.gguf": files["llava-proj"],
         "meta/llama3/llama3-8b-Q4.gguf": files["llama3"],
@@ -64,16 +64,25 @@ def test_folders_models_and_projectors(lms):
     tree = Tree(open_source(lms), BlobViews())
     assert isinstance(tree.source, GGUFFolder)
     snap = tree.snapshot()
-    assert sorted(snap.models) == ["google/gemma3-1b", "google/gemma3-4b", "liuhaotian/llava", "loose",
-                                   "meta/llama3/llama3-8b-Q4", "meta/llama3/llama3-8b-Q8", "twoproj"]
+    assert sorted(snap.models) == [
+        "google/gemma3-1b",
+        "google/gemma3-4b",
+        "liuhaotian/llava",
+        "loose",
+        "meta/llama3/llama3-8b-Q4",
+        "meta/llama3/llama3-8b-Q8",
+        "twoproj",
+    ]
     assert tree.lookup("") == ["google", "liuhaotian", "loose", "meta", "twoproj"]
     assert tree.lookup("google/gemma3-1b") == ["model.gguf"]
-    assert tree.lookup("google/gemma3-4b") == ["mmproj.gguf", "model.gguf"]   # from the blob's own contents
-    assert tree.lookup("google/gemma3-4b/mmproj.gguf") == FileRef(lms / "google/gemma3-4b/gemma-3-4b-it.gguf",
-                                                                   "mmproj.gguf")
-    assert tree.lookup("liuhaotian/llava/mmproj.gguf") == FileRef(lms / "liuhaotian/llava/mmproj-llava-f16.gguf",
-                                                                   "mmproj.gguf")
-    assert tree.lookup("meta/llama3") == ["llama3-8b-Q4", "llama3-8b-Q8"]      # README.md left out
+    assert tree.lookup("google/gemma3-4b") == ["mmproj.gguf", "model.gguf"]  # from the blob's own contents
+    assert tree.lookup("google/gemma3-4b/mmproj.gguf") == FileRef(
+        lms / "google/gemma3-4b/gemma-3-4b-it.gguf", "mmproj.gguf"
+    )
+    assert tree.lookup("liuhaotian/llava/mmproj.gguf") == FileRef(
+        lms / "liuhaotian/llava/mmproj-llava-f16.gguf", "mmproj.gguf"
+    )
+    assert tree.lookup("meta/llama3") == ["llama3-8b-Q4", "llama3-8b-Q8"]  # README.md left out
     assert tree.lookup("twoproj") == ["model.gguf"]
     skipped = snap.listing.skipped
     assert "split GGUF" in skipped["split/big-00001-of-00002.gguf"]
@@ -92,7 +101,7 @@ def test_a_folder_mirrors_its_folder_on_disk(lms):
             assert attrs["st_mode"] & 0o777 == 0o550 and attrs["st_mtime"] == disk.stat().st_mtime_ns
         before = tree.marks(tree.snapshot())
         os.chmod(disk, 0o755)
-        assert tree.marks(tree.rescan()) != before          # a rescan sees the mode change
+        assert tree.marks(tree.rescan()) != before  # a rescan sees the mode change
     finally:
         os.chmod(disk, 0o755)
 
@@ -120,6 +129,7 @@ def test_a_folder_that_cannot_be_listed_is_left_out_with_why(tmp_path, monkeypat
         if Path(path) == root / "locked":
             raise PermissionError(13, "Permission denied", str(path))
         return real(path)
+
     monkeypatch.setattr(os, "scandir", scandir)
     listing = GGUFFolder(root).scan()
     assert list(listing.folders) == ["ok"]
@@ -142,8 +152,12 @@ def test_only_the_ollama_store_knows_its_layout():
     importers = set()
     for path in pkg.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("ollama") and node.level <= 2 \
-                    and "testing" not in path.parts:
+            if (
+                isinstance(node, ast.ImportFrom)
+                and (node.module or "").endswith("ollama")
+                and node.level <= 2
+                and "testing" not in path.parts
+            ):
                 importers.add(path.relative_to(pkg).as_posix())
     assert importers <= {"sources/choose.py"}, importers
     for name in ("tree.py", "fuse/operations.py", "router/models.py", "cli/report.py", "cli/main.py", "cli/listing.py"):
@@ -152,8 +166,9 @@ def test_only_the_ollama_store_knows_its_layout():
 
 
 def test_ls_and_inspect_take_a_folder(lms):
-    res = subprocess.run([os.sys.executable, "-m", "compatfs", "ls", str(lms), "--json"],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [os.sys.executable, "-m", "compatfs", "ls", str(lms), "--json"], capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     rows = {r["name"]: r for r in doc["models"]}
@@ -161,23 +176,30 @@ def test_ls_and_inspect_take_a_folder(lms):
     assert rows["google/gemma3-4b"]["text"] == "gemma3" and rows["google/gemma3-4b"]["clip"] == "gemma3-clip"
     assert rows["liuhaotian/llava"]["files"] == ["mmproj.gguf", "model.gguf"]
     assert {r["name"] for r in doc["left_out"]} >= {"twoproj/mmproj-a.gguf", "split/big-00001-of-00002.gguf"}
-    res = subprocess.run([os.sys.executable, "-m", "compatfs", "inspect", "google/gemma3-4b", "--clip",
-                          "--source", str(lms), "--json"], capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [os.sys.executable, "-m", "compatfs", "inspect", "google/gemma3-4b", "--clip", "--source", str(lms), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["handler"] == "gemma3-clip"
 
 
 # -- mounted -------------------------------------------------------------------
 
+
 @needs_fuse
 def test_mounted_folder_serves_what_the_ollama_mount_serves(legacy, lms, mount_store):
     folder, store = mount_store(lms), mount_store(legacy[0])
     assert sorted(os.listdir(folder / "google/gemma3-4b")) == ["mmproj.gguf", "model.gguf"]
     assert sorted(os.listdir(folder / "liuhaotian/llava")) == ["mmproj.gguf", "model.gguf"]
-    for mine, theirs in [("google/gemma3-4b/model.gguf", "gemma3:4b/model.gguf"),
-                         ("google/gemma3-4b/mmproj.gguf", "gemma3:4b/mmproj.gguf"),
-                         ("google/gemma3-1b/model.gguf", "gemma3:1b/model.gguf"),
-                         ("liuhaotian/llava/mmproj.gguf", "llava:7b/mmproj.gguf")]:
+    for mine, theirs in [
+        ("google/gemma3-4b/model.gguf", "gemma3:4b/model.gguf"),
+        ("google/gemma3-4b/mmproj.gguf", "gemma3:4b/mmproj.gguf"),
+        ("google/gemma3-1b/model.gguf", "gemma3:1b/model.gguf"),
+        ("liuhaotian/llava/mmproj.gguf", "llava:7b/mmproj.gguf"),
+    ]:
         assert (folder / mine).read_bytes() == (store / theirs).read_bytes(), mine
     st = os.stat(folder / "google")
     assert st.st_mode & 0o777 == (lms / "google").stat().st_mode & 0o555
@@ -201,8 +223,12 @@ def test_models_added_and_removed_while_mounted(legacy, tmp_path, mount_store):
 
 @needs_fuse
 def test_a_mountpoint_inside_the_folder_is_refused(lms):
-    res = subprocess.run([os.sys.executable, "-m", "compatfs", "mount", str(lms), str(lms / "google")],
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [os.sys.executable, "-m", "compatfs", "mount", str(lms), str(lms / "google")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 1 and "inside" in res.stderr and len(res.stderr.strip().splitlines()) == 1
 
 
@@ -230,9 +256,26 @@ def test_stock_llama_server_loads_the_folders_models(lms, mount_store, tmp_path,
     mmproj = ["--mmproj", str(d / "mmproj.gguf")] if (d / "mmproj.gguf").exists() else []
     assert bool(mmproj) == (folder != "google/gemma3-1b")
     log = open(tmp_path / "llama-server.log", "wb")
-    server = subprocess.Popen([str(llama_server), "-m", str(d / "model.gguf"), *mmproj,
-                               "--port", str(port), "--host", "127.0.0.1", "-c", "512", "-t", "2",
-                               "--no-warmup"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            str(llama_server),
+            "-m",
+            str(d / "model.gguf"),
+            *mmproj,
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "-c",
+            "512",
+            "-t",
+            "2",
+            "--no-warmup",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
     try:
         deadline, healthy = time.monotonic() + 120, False
         while time.monotonic() < deadline and server.poll() is None and not healthy:
@@ -243,12 +286,15 @@ def test_stock_llama_server_loads_the_folders_models(lms, mount_store, tmp_path,
                 time.sleep(0.5)
         out = (tmp_path / "llama-server.log").read_text(errors="replace")
         assert healthy, out[-3000:]
-        res = _post(f"http://127.0.0.1:{port}/completion",
-                    {"prompt": "hello", "n_predict": 3, "ignore_eos": True, "temperature": 0}, timeout=60)
+        res = _post(
+            f"http://127.0.0.1:{port}/completion",
+            {"prompt": "hello", "n_predict": 3, "ignore_eos": True, "temperature": 0},
+            timeout=60,
+        )
         assert res["tokens_predicted"] == 3, res
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/props", timeout=10) as r:
             props = json.load(r)
-        assert props["modalities"]["vision"] == bool(mmproj), props.get("modalities")   # the projector loaded
+        assert props["modalities"]["vision"] == bool(mmproj), props.get("modalities")  # the projector loaded
     finally:
         llamacpp.stop(server, log)
 

@@ -1,6 +1,7 @@
 """Hostile headers: every mutated blob is served or refused with GGUFError
 (never a handler's crash that the views refuse for it), in bounded time and memory; numbers a handler would loop over are checked
 against the tensors the blob holds."""
+
 import math
 import struct
 import time
@@ -37,10 +38,12 @@ def test_a_handler_crash_is_a_finding_not_a_refusal(tmp_path, monkeypatch):
     message matches (pytest.raises(GGUFError, match=...) passes it)."""
     import compatfs.view.claims as views_module
     from compatfs.testing import LEGACY
+
     blob = LEGACY["gemma3"].model(tmp_path / "g.gguf")
 
     def plan(tr, src):
         raise KeyError("gemma3.block_count")
+
     monkeypatch.setattr(views_module, "plan", plan)
     summary = fuzz.run({"gemma3": blob.read_bytes()}, cases=20, seed=1, workdir=tmp_path)
     # (Mutations that break the header are refused before any handler plans.)
@@ -55,11 +58,10 @@ def test_a_handler_crash_is_a_finding_not_a_refusal(tmp_path, monkeypatch):
 
 
 @needs_shared
-@pytest.mark.parametrize("key, value", [
-    ("gemma4.block_count", 2**32 - 1),
-    ("gemma4.vision.block_count", 2**22),
-    ("gemma4.vision.block_count", 2**31 - 1),
-])
+@pytest.mark.parametrize(
+    "key, value",
+    [("gemma4.block_count", 2**32 - 1), ("gemma4.vision.block_count", 2**22), ("gemma4.vision.block_count", 2**31 - 1)],
+)
 def test_block_count_bombs_are_refused_quickly(tmp_path, key, value):
     """Measured on the landed code: `ls -l` hung for hours (2^32-1) or took
     23 s and 5.5 GB (2^31-1)."""
@@ -99,6 +101,7 @@ def test_finding_a_derived_value_out_of_range(tmp_path):
     count): values a handler computes from a blob's numbers are range-checked
     like the numbers themselves, and the error names the edit."""
     from compatfs.testing import LEGACY
+
     blob = LEGACY["deepseek-ocr"].model(tmp_path / "ds.gguf").read_bytes()
     path = tmp_path / "heads.gguf"
     path.write_bytes(fuzz.with_u32(blob, "deepseekocr.vision.head_count", 2**32 - 1))
@@ -108,12 +111,14 @@ def test_finding_a_derived_value_out_of_range(tmp_path):
 
 # -- structure-aware: edited headers, aimed at what the handlers read --------------------
 
+
 def test_edited_headers_are_served_or_refused(seeds, tmp_path):
     """Duplicates, retyped values, NaN and huge numbers, nested and empty
     arrays, unknown ggml types, odd shapes, overlaps and reordering, at the
     keys and tensors the handlers' tables name."""
-    summary = fuzz.run(seeds, cases=150, seed=20261201, workdir=tmp_path, max_seconds=5.0,
-                       max_bytes=128 << 20, mode="structure")
+    summary = fuzz.run(
+        seeds, cases=150, seed=20261201, workdir=tmp_path, max_seconds=5.0, max_bytes=128 << 20, mode="structure"
+    )
     assert [(o.seed_blob, o.mutation, o.result, o.message[:200]) for o in summary.findings] == []
     assert summary.by_result["served"] > 20 and summary.by_result["refused"] > 20
     kinds = {part.split(":")[0] for o in summary.outcomes for part in o.mutation.split("; ")}
@@ -122,11 +127,18 @@ def test_edited_headers_are_served_or_refused(seeds, tmp_path):
 
 def test_the_handlers_tables_are_the_targets():
     from compatfs import handlers
+
     targets = fuzz_structure.handler_targets((*handlers.TEXT, *handlers.CLIP))
     # Read by an edit, a count, a detector's closure and a tensor maker's.
-    for name in ("qwen25vl.vision.fullatt_block_indexes", "gemma4.vision.block_count",
-                 "lfm2.attention.head_count_kv", "tokenizer.ggml.token_type", "blk.{}.ffn_gate_exps.weight",
-                 "v.patch_embed.bias", "per_layer_token_embd.weight"):
+    for name in (
+        "qwen25vl.vision.fullatt_block_indexes",
+        "gemma4.vision.block_count",
+        "lfm2.attention.head_count_kv",
+        "tokenizer.ggml.token_type",
+        "blk.{}.ffn_gate_exps.weight",
+        "v.patch_embed.bias",
+        "per_layer_token_embd.weight",
+    ):
         assert name in targets, name
 
 
@@ -138,6 +150,7 @@ def test_edited_headers_through_a_mount(seeds, tmp_path, mount_store):
     import random
     from compatfs import handlers
     from compatfs.testing.store import add_model
+
     mutate = fuzz_structure.structure_mutator((*handlers.TEXT, *handlers.CLIP), tmp_path)
     rng = random.Random(20261202)
     store, cases = tmp_path / "store", {}
@@ -149,6 +162,7 @@ def test_edited_headers_through_a_mount(seeds, tmp_path, mount_store):
         add_model(store, f"case{i}", path)
         cases[f"case{i}"] = (path, what)
     from compatfs.testing import LEGACY
+
     good = LEGACY["gemma3-vision"].model(tmp_path / "good.gguf")
     add_model(store, "good", good)
     cases["good"] = (good, "none")
@@ -172,6 +186,7 @@ def test_a_refused_projector_leaves_the_text_view(tmp_path, mount_store):
     from compatfs.testing.gguf_edit import Blob, payload
     from compatfs.testing.store import add_model
     from gguf import GGUFValueType as VT
+
     blob = Blob.parse(LEGACY["deepseek-ocr"].model(tmp_path / "ds.gguf").read_bytes())
     kv = blob.kv("deepseekocr.vision.block_count")
     kv.vtype, kv.payload = VT.BOOL, payload(VT.BOOL, True)
@@ -186,8 +201,10 @@ def test_a_refused_projector_leaves_the_text_view(tmp_path, mount_store):
 
 # -- values of the wrong type where a handler reads a key (issue 17) ---------------------
 
+
 def _edited(path, tmp_path, change) -> Path:
     from compatfs.testing.gguf_edit import Blob
+
     blob = Blob.parse(Path(path).read_bytes())
     change(blob)
     out = tmp_path / f"edited-{Path(path).stem}.gguf"
@@ -197,6 +214,7 @@ def _edited(path, tmp_path, change) -> Path:
 
 def _same_length_strings(blob, key):
     from compatfs.testing.gguf_edit import payload
+
     kv = blob.kv(key)
     count = struct.unpack_from("<Q", kv.payload, 4)[0]
     kv.vtype, kv.payload = VT.ARRAY, payload(VT.ARRAY, (VT.STRING, [str(i % 5) for i in range(count)]))
@@ -206,8 +224,9 @@ def _same_length_strings(blob, key):
 @pytest.mark.parametrize("fixture", ["gemma3", "gemma3n", "gemma4_vision", "qwen2_5_vl", "qwen3_vl_legacy"])
 def test_token_types_as_strings_are_refused_naming_the_key(tmp_path, fixture):
     """Was a TypeError (list indices must be integers) on every stat."""
-    path = _edited(SHARED / f"ollama/{fixture}.gguf", tmp_path,
-                   lambda b: _same_length_strings(b, "tokenizer.ggml.token_type"))
+    path = _edited(
+        SHARED / f"ollama/{fixture}.gguf", tmp_path, lambda b: _same_length_strings(b, "tokenizer.ggml.token_type")
+    )
     with refused(r"tokenizer\.ggml\.token_type is an array of \d+ STRING"):
         fuzz.exercise(path)
 
@@ -219,8 +238,10 @@ def test_lfm2_kv_heads_as_strings_are_no_match(tmp_path):
     into a string array), so it is served as stored."""
     from compatfs.format.header import SourceGGUF
     from compatfs.view.claims import classify
-    path = _edited(SHARED / "ollama/lfm2.gguf", tmp_path,
-                   lambda b: _same_length_strings(b, "lfm2.attention.head_count_kv"))
+
+    path = _edited(
+        SHARED / "ollama/lfm2.gguf", tmp_path, lambda b: _same_length_strings(b, "lfm2.attention.head_count_kv")
+    )
     assert classify(SourceGGUF(path)).text is None
     assert fuzz.exercise(path) == []
 
@@ -236,23 +257,28 @@ def test_vision_block_indexes_of_another_type_are_refused(tmp_path, items):
         kv = b.kv("qwen25vl.vision.fullatt_block_indexes")
         etype = VT.STRING if isinstance(items[0], str) else VT.FLOAT32
         kv.vtype, kv.payload = VT.ARRAY, payload(VT.ARRAY, (etype, items))
+
     path = _edited(SHARED / "ollama/qwen2_5_vl.gguf", tmp_path, change)
     with refused(r"fullatt_block_indexes is an array of 2"):
         fuzz.exercise(path)
 
 
-@pytest.mark.parametrize("writer, tensor, dims", [
-    ("gemma3n", "per_layer_token_embd.weight", ()),
-    ("mistral3", "token_embd.weight", (64,)),
-    ("nemotron3", "v.position_embd", (0,)),
-    ("qwen3-vl", "v.patch_embed.bias", ()),
-    ("mistral3", "v.blk.0.attn_q.weight", ()),
-    ("nemotron3", "v.blk.1.attn_q.bias", ()),      # a structure-fuzz finding: IndexError merging Q, K, V
-])
+@pytest.mark.parametrize(
+    "writer, tensor, dims",
+    [
+        ("gemma3n", "per_layer_token_embd.weight", ()),
+        ("mistral3", "token_embd.weight", (64,)),
+        ("nemotron3", "v.position_embd", (0,)),
+        ("qwen3-vl", "v.patch_embed.bias", ()),
+        ("mistral3", "v.blk.0.attn_q.weight", ()),
+        ("nemotron3", "v.blk.1.attn_q.bias", ()),  # a structure-fuzz finding: IndexError merging Q, K, V
+    ],
+)
 def test_a_shape_of_too_few_axes_is_refused_or_served(tmp_path, writer, tensor, dims):
     """0-d, 1-d and zero-length tensors where a handler reads a shape: were
     IndexErrors."""
     from compatfs.testing import LEGACY
+
     if writer in LEGACY:
         path = LEGACY[writer].model(tmp_path / f"{writer}.gguf")
     else:
@@ -263,6 +289,7 @@ def test_a_shape_of_too_few_axes_is_refused_or_served(tmp_path, writer, tensor, 
     def change(b):
         t = b.tensor(tensor)
         t.dims = dims
+
     edited = _edited(path, tmp_path, change)
     with served_or_refused():
         fuzz.exercise(edited)
@@ -274,6 +301,7 @@ def test_deeply_nested_arrays_and_an_architecture_that_is_an_array(tmp_path):
     (the truth value of an array) on every stat."""
     from compatfs.testing import LEGACY
     from compatfs.testing.gguf_edit import KV, payload
+
     path = LEGACY["gemma4-moe"].model(tmp_path / "g4.gguf")
 
     def nested_count(depth: int):
@@ -284,7 +312,9 @@ def test_deeply_nested_arrays_and_an_architecture_that_is_an_array(tmp_path):
         def edit(b):
             kv = b.kv("gemma4.block_count")
             kv.vtype, kv.payload = VT.ARRAY, payload(VT.ARRAY, nested)
+
         return edit
+
     # Nested within what the parser reads, the count refuses it; 64 deep, the parser does.
     with refused(r"gemma4\.block_count is a nested array"):
         fuzz.exercise(_edited(path, tmp_path, nested_count(4)))
@@ -293,4 +323,5 @@ def test_deeply_nested_arrays_and_an_architecture_that_is_an_array(tmp_path):
 
     def twice(b):
         b.kvs.append(KV("general.architecture", VT.ARRAY, payload(VT.ARRAY, (VT.UINT8, [1, 2, 3]))))
-    fuzz.exercise(_edited(path, tmp_path, twice))   # no translation claims it: served as it is
+
+    fuzz.exercise(_edited(path, tmp_path, twice))  # no translation claims it: served as it is

@@ -6,6 +6,7 @@ rounds and every range cut out of them; a blob that ends first or cannot be
 read is an error naming it; bad numbers are refused.  And a view whose op
 tensors are strided halves (gpt-oss's fused gate and up stacks) gives the
 same bytes with and without the compiled kernels (COMPATFS_NO_ACCEL=1)."""
+
 from __future__ import annotations
 
 import errno
@@ -48,17 +49,17 @@ def by_hand(data: bytes, r: Rounds) -> bytes:
     out = bytearray(r.period * r.count)
     for k in range(r.count):
         for at, offset, unit, stride in r.parts:
-            out[k * r.period + at:k * r.period + at + unit] = data[offset + k * stride:offset + k * stride + unit]
+            out[k * r.period + at : k * r.period + at + unit] = data[offset + k * stride : offset + k * stride + unit]
     return bytes(out)
 
 
 LAYOUTS = [
-    Rounds(1530, ((0, 100, 1530, 3060),), 1200),                            # a strided half (gpt-oss fused)
-    Rounds(1530, ((0, 1630, 1530, 3060),), 1200),                           # the other half
-    Rounds(3000, ((0, 7, 1000, 1000), (1000, 3 * MiB, 2000, 2600)), 900),   # rows of two tensors interleaved
-    Rounds(512, ((0, 1, 512, 4096),), 700),                                 # sparse: one in eight
-    Rounds(600, ((0, 0, 600, 600),), 5000),                                 # runs that touch
-    Rounds(8, ((0, 3, 4, 8), (4, 5 * MiB, 4, 12)), 40_000),                 # too short to scatter: numpy's
+    Rounds(1530, ((0, 100, 1530, 3060),), 1200),  # a strided half (gpt-oss fused)
+    Rounds(1530, ((0, 1630, 1530, 3060),), 1200),  # the other half
+    Rounds(3000, ((0, 7, 1000, 1000), (1000, 3 * MiB, 2000, 2600)), 900),  # rows of two tensors interleaved
+    Rounds(512, ((0, 1, 512, 4096),), 700),  # sparse: one in eight
+    Rounds(600, ((0, 0, 600, 600),), 5000),  # runs that touch
+    Rounds(8, ((0, 3, 4, 8), (4, 5 * MiB, 4, 12)), 40_000),  # too short to scatter: numpy's
 ]
 
 
@@ -69,8 +70,9 @@ def test_every_range_of_every_layout_is_the_same_bytes_as_numpys(raw, r, monkeyp
     want = by_hand(data, r)
     segments = Segments([InRounds(0, size, 0, r)], size)
     rng = np.random.default_rng(r.count)
-    ranges = [(0, size), (1, size - 2), (r.period - 1, r.period + 2), (size - 5, 5)] + \
-             [(int(a), int(rng.integers(1, size - a + 1))) for a in rng.integers(0, size, 12)]
+    ranges = [(0, size), (1, size - 2), (r.period - 1, r.period + 2), (size - 5, 5)] + [
+        (int(a), int(rng.integers(1, size - a + 1))) for a in rng.integers(0, size, 12)
+    ]
     with BlobFile(path) as f:
         for offset, n in ranges:
             compiled = bytearray(n)
@@ -79,7 +81,7 @@ def test_every_range_of_every_layout_is_the_same_bytes_as_numpys(raw, r, monkeyp
                 m.setattr(accel, "native", None)
                 numpys = bytearray(n)
                 viewbytes.fill(segments, f, offset, memoryview(numpys))
-            assert compiled == numpys == want[offset:offset + n], (offset, n)
+            assert compiled == numpys == want[offset : offset + n], (offset, n)
 
 
 def test_the_compiled_gather_reads_each_span_once(raw, monkeypatch):
@@ -97,6 +99,7 @@ def test_the_compiled_gather_reads_each_span_once(raw, monkeypatch):
         def gather_read(*args):
             calls.append(args[2:])
             return real(*args)
+
     monkeypatch.setattr(accel, "native", Spy())
     size = r.period * r.count
     with BlobFile(path) as f:
@@ -108,8 +111,8 @@ def test_the_compiled_gather_reads_each_span_once(raw, monkeypatch):
 
 def test_a_blob_that_ends_first_is_an_error_naming_it(tmp_path):
     path = tmp_path / "short-blob"
-    path.write_bytes(bytes(range(256)) * 40)              # 10,240 bytes
-    r = Rounds(1000, ((0, 0, 1000, 2000),), 10)            # runs up to byte 19,000
+    path.write_bytes(bytes(range(256)) * 40)  # 10,240 bytes
+    r = Rounds(1000, ((0, 0, 1000, 2000),), 10)  # runs up to byte 19,000
     with BlobFile(path) as f, pytest.raises(GGUFError, match="short-blob.*ends at 10240"):
         viewbytes.fill(Segments([InRounds(0, 10_000, 0, r)], 10_000), f, 0, memoryview(bytearray(10_000)))
 
@@ -123,6 +126,7 @@ def test_a_read_that_fails_is_an_error_naming_the_blob_kept_transient(raw, monke
         @staticmethod
         def gather_read(*args):
             raise OSError(errno.EIO, os.strerror(errno.EIO))
+
     monkeypatch.setattr(accel, "native", Failing())
     with BlobFile(path) as f, pytest.raises(GGUFError, match="blob: cannot read") as e:
         viewbytes.fill(Segments([InRounds(0, size, 0, r)], size), f, 0, memoryview(bytearray(size)))
@@ -148,7 +152,7 @@ def test_bad_numbers_are_refused(raw):
             accel.native.gather_read(fd, b"read-only", 0, 1, 1, 1, 1)
         folder = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
         try:
-            with pytest.raises(IsADirectoryError):                  # preadv's EISDIR
+            with pytest.raises(IsADirectoryError):  # preadv's EISDIR
                 accel.native.gather_read(folder, out, 0, 10, 20, 2, 10)
         finally:
             os.close(folder)
@@ -158,17 +162,21 @@ def test_bad_numbers_are_refused(raw):
 
 def test_a_fused_view_is_the_same_bytes_without_the_compiled_kernels(tmp_path):
     blob = widths.write_blob(widths.gptoss_blob(ollama_mxfp4=False, n_expert=2), tmp_path / "gptoss-fused.gguf")
-    code = ("import hashlib, sys; from compatfs.view.catalog import BlobViews; from compatfs.names import MODEL_FILE;"
-            "v = BlobViews().view(sys.argv[1], MODEL_FILE); f = v.open();"
-            "print(hashlib.sha256(b''.join(v.read(a, 1 << 20, f) for a in range(0, v.size, 1 << 20))).hexdigest())")
+    code = (
+        "import hashlib, sys; from compatfs.view.catalog import BlobViews; from compatfs.names import MODEL_FILE;"
+        "v = BlobViews().view(sys.argv[1], MODEL_FILE); f = v.open();"
+        "print(hashlib.sha256(b''.join(v.read(a, 1 << 20, f) for a in range(0, v.size, 1 << 20))).hexdigest())"
+    )
     digests = {}
     for value in ("1", ""):
         env = {**os.environ, "COMPATFS_NO_ACCEL": value}
-        digests[value] = subprocess.run([sys.executable, "-c", code, str(blob)], env=env, capture_output=True,
-                                        text=True, check=True).stdout.strip()
+        digests[value] = subprocess.run(
+            [sys.executable, "-c", code, str(blob)], env=env, capture_output=True, text=True, check=True
+        ).stdout.strip()
     assert digests["1"] == digests[""]
     from compatfs.view.catalog import BlobViews
     from compatfs.names import MODEL_FILE
+
     view = BlobViews().view(blob, MODEL_FILE)
     halves = [s for s in view.segments if isinstance(s, InRounds)]
     assert halves, "strided halves in the view"

@@ -13,6 +13,7 @@ And the handlers write what llama.cpp reads through gguf-py: run against a
 gguf-py whose every name a handler makes (a name the view has and its blob
 does not) has moved, the views move with it (`test_made_names_follow_gguf_py`).
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,10 @@ ARCHS = {MODEL_ARCH_NAMES[a]: a for a in MODEL_ARCH}
 SUFFIXES = ("", ".weight", ".bias", ".scale")
 # Names with another suffix: tensor -> (suffix, where llama.cpp reads it).
 OTHER_SUFFIXES = {
-    T.V_ENC_EMBD_PATCH: (".weight.1", "b11434 tools/mtmd/clip-impl.h TN_PATCH_EMBD_1: the second temporal "
-                                      "frame of a Conv3D patch embedding"),
+    T.V_ENC_EMBD_PATCH: (
+        ".weight.1",
+        "b11434 tools/mtmd/clip-impl.h TN_PATCH_EMBD_1: the second temporal frame of a Conv3D patch embedding",
+    )
 }
 
 
@@ -53,35 +56,79 @@ class Departure:
     arch: str | None
     tensors: tuple[MODEL_TENSOR, ...] = ()
     keys: tuple[str, ...] = ()
-    build: str | None = None     # the llama.cpp build that reads them; None: none does
+    build: str | None = None  # the llama.cpp build that reads them; None: none does
     why: str = ""
 
 
-LAGUNA = (T.TOKEN_EMBD, T.OUTPUT_NORM, T.OUTPUT, T.ATTN_NORM, T.ATTN_Q, T.ATTN_K, T.ATTN_V, T.ATTN_OUT,
-          T.ATTN_Q_NORM, T.ATTN_K_NORM, T.ATTN_GATE, T.FFN_NORM, T.FFN_GATE, T.FFN_DOWN, T.FFN_UP, T.FFN_GATE_INP,
-          T.FFN_EXP_PROBS_B, T.FFN_GATE_EXP, T.FFN_DOWN_EXP, T.FFN_UP_EXP, T.FFN_GATE_SHEXP, T.FFN_UP_SHEXP,
-          T.FFN_DOWN_SHEXP)
+LAGUNA = (
+    T.TOKEN_EMBD,
+    T.OUTPUT_NORM,
+    T.OUTPUT,
+    T.ATTN_NORM,
+    T.ATTN_Q,
+    T.ATTN_K,
+    T.ATTN_V,
+    T.ATTN_OUT,
+    T.ATTN_Q_NORM,
+    T.ATTN_K_NORM,
+    T.ATTN_GATE,
+    T.FFN_NORM,
+    T.FFN_GATE,
+    T.FFN_DOWN,
+    T.FFN_UP,
+    T.FFN_GATE_INP,
+    T.FFN_EXP_PROBS_B,
+    T.FFN_GATE_EXP,
+    T.FFN_DOWN_EXP,
+    T.FFN_UP_EXP,
+    T.FFN_GATE_SHEXP,
+    T.FFN_UP_SHEXP,
+    T.FFN_DOWN_SHEXP,
+)
 MTP = (T.NEXTN_EH_PROJ, T.NEXTN_ENORM, T.NEXTN_HNORM, T.NEXTN_SHARED_HEAD_NORM)
 
 DEPARTURES = (
-    Departure("laguna", tensors=LAGUNA, build="b11434",
-              why="LLM_ARCH_LAGUNA (src/llama-arch.cpp, tensors in src/models/laguna.cpp); the gguf-py release "
-                  "compatfs pins has no laguna architecture"),
-    *(Departure(a, tensors=MTP, build="b11434",
-                why="the multi-token-prediction head, blk.%d.nextn.* (src/models/qwen35.cpp, qwen35moe.cpp); "
-                    "the pinned gguf-py lists no nextn tensors for Qwen3.5")
-      for a in ("qwen35", "qwen35moe")),
-    Departure(None, keys=("tokenizer.ggml.cls_token_id",), build="b11434",
-              why="LLM_KV_TOKENIZER_CLS_ID (src/llama-arch.cpp, no longer read: the BOS stands for it); gguf-py "
-                  "dropped the key; Ollama's BERT blobs carry it"),
-    Departure(None, keys=("tokenizer.ggml.eos_token_ids",),
-              why="Ollama's list of end-of-generation tokens, which its runner reads; its converters write it and "
-                  "the llama3 handler sets it with the EOS it changes; llama.cpp reads tokenizer.ggml.eos_token_id"),
-    Departure(None, keys=("tokenizer.ggml.add_padding_token", "tokenizer.ggml.add_unknown_token"),
-              why="written by Ollama's converters, passed through, read by llama.cpp never"),
-    Departure("clip", keys=("clip.has_text_encoder",),
-              why="written by llama.cpp's own legacy LLaVA converter (tools/mtmd/legacy-models), which Ollama's "
-                  "LLaVA projectors come from; clip.cpp reads no text encoder"),
+    Departure(
+        "laguna",
+        tensors=LAGUNA,
+        build="b11434",
+        why="LLM_ARCH_LAGUNA (src/llama-arch.cpp, tensors in src/models/laguna.cpp); the gguf-py release "
+        "compatfs pins has no laguna architecture",
+    ),
+    *(
+        Departure(
+            a,
+            tensors=MTP,
+            build="b11434",
+            why="the multi-token-prediction head, blk.%d.nextn.* (src/models/qwen35.cpp, qwen35moe.cpp); "
+            "the pinned gguf-py lists no nextn tensors for Qwen3.5",
+        )
+        for a in ("qwen35", "qwen35moe")
+    ),
+    Departure(
+        None,
+        keys=("tokenizer.ggml.cls_token_id",),
+        build="b11434",
+        why="LLM_KV_TOKENIZER_CLS_ID (src/llama-arch.cpp, no longer read: the BOS stands for it); gguf-py "
+        "dropped the key; Ollama's BERT blobs carry it",
+    ),
+    Departure(
+        None,
+        keys=("tokenizer.ggml.eos_token_ids",),
+        why="Ollama's list of end-of-generation tokens, which its runner reads; its converters write it and "
+        "the llama3 handler sets it with the EOS it changes; llama.cpp reads tokenizer.ggml.eos_token_id",
+    ),
+    Departure(
+        None,
+        keys=("tokenizer.ggml.add_padding_token", "tokenizer.ggml.add_unknown_token"),
+        why="written by Ollama's converters, passed through, read by llama.cpp never",
+    ),
+    Departure(
+        "clip",
+        keys=("clip.has_text_encoder",),
+        why="written by llama.cpp's own legacy LLaVA converter (tools/mtmd/legacy-models), which Ollama's "
+        "LLaVA projectors come from; clip.cpp reads no text encoder",
+    ),
 )
 
 
@@ -123,8 +170,9 @@ def departures_of(arch: str, tensor_names: list[str], keys: list[str]) -> dict:
     tensors, key_patterns = vocabulary(arch)
     return {
         "tensors": sorted(n for n in tensor_names if not any(p.fullmatch(n) for p in tensors)),
-        "keys": sorted(k for k in keys
-                       if not k.startswith(arch + ".") and not any(p.fullmatch(k) for p in key_patterns)),
+        "keys": sorted(
+            k for k in keys if not k.startswith(arch + ".") and not any(p.fullmatch(k) for p in key_patterns)
+        ),
     }
 
 
@@ -164,8 +212,11 @@ def views(blobs: dict[str, Path]) -> dict[str, dict]:
                 spec = plan(tr, info.source)
                 kvs = dict(spec.kvs)
                 out[f"{label}#{tr.name}"] = {
-                    "arch": kvs["general.architecture"].decode(), "tensors": [t.name for t in spec.tensors],
-                    "keys": list(kvs), "made": made(spec, info.source)}
+                    "arch": kvs["general.architecture"].decode(),
+                    "tensors": [t.name for t in spec.tensors],
+                    "keys": list(kvs),
+                    "made": made(spec, info.source),
+                }
     return out
 
 
@@ -176,16 +227,23 @@ def all_views(tmp_path_factory) -> dict[str, dict]:
 
 def test_every_view_speaks_gguf_pys_vocabulary(all_views):
     assert len(all_views) >= 30
-    unknown = {label: v["arch"] for label, v in all_views.items()
-               if v["arch"] not in ARCHS and not any(d.arch == v["arch"] for d in DEPARTURES)}
+    unknown = {
+        label: v["arch"]
+        for label, v in all_views.items()
+        if v["arch"] not in ARCHS and not any(d.arch == v["arch"] for d in DEPARTURES)
+    }
     assert unknown == {}
-    outside = {label: found for label, v in all_views.items()
-               if any((found := departures_of(v["arch"], v["tensors"], v["keys"])).values())}
+    outside = {
+        label: found
+        for label, v in all_views.items()
+        if any((found := departures_of(v["arch"], v["tensors"], v["keys"])).values())
+    }
     assert outside == {}
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/fixtures is not present: the writers alone do not "
-                                                 "hold every departure")
+@pytest.mark.skipif(
+    not SHARED.is_dir(), reason="../shared/fixtures is not present: the writers alone do not hold every departure"
+)
 def test_every_departure_is_needed(all_views):
     """A departure no view has any more (gguf-py caught up, a handler
     changed) is taken off the list."""
@@ -209,11 +267,15 @@ def test_a_departure_says_which_build_reads_it():
         assert d.why and (d.build is None or re.fullmatch(r"b\d+", d.build)), d
         assert d.tensors or d.keys, d
     # The vocabulary is gguf-py's: a made-up name is outside it.
-    assert departures_of("gemma3", ["blk.0.attn_q.weight", "blk.0.attn_qq.weight", "v.blk.0.ln1.weight"],
-                         ["gemma3.anything", "general.name", "clip.vision.imagesize", "gemma3n.x"]) == {
-        "tensors": ["blk.0.attn_qq.weight", "v.blk.0.ln1.weight"], "keys": ["clip.vision.imagesize", "gemma3n.x"]}
+    assert departures_of(
+        "gemma3",
+        ["blk.0.attn_q.weight", "blk.0.attn_qq.weight", "v.blk.0.ln1.weight"],
+        ["gemma3.anything", "general.name", "clip.vision.imagesize", "gemma3n.x"],
+    ) == {"tensors": ["blk.0.attn_qq.weight", "v.blk.0.ln1.weight"], "keys": ["clip.vision.imagesize", "gemma3n.x"]}
     assert departures_of("clip", ["v.patch_embd.weight.1", "v.post_ln.weight.1"], []) == {
-        "tensors": ["v.post_ln.weight.1"], "keys": []}
+        "tensors": ["v.post_ln.weight.1"],
+        "keys": [],
+    }
 
 
 # -- the handlers take the names they make from gguf-py ------------------------------
@@ -235,8 +297,9 @@ print(json.dumps(test_gguf_names.views(test_gguf_names.corpus(Path(sys.argv[2]))
 
 def made_tensors(all_views: dict[str, dict]) -> set[MODEL_TENSOR]:
     """The gguf-py tensors whose names the handlers make."""
-    patterns = {t: re.compile(re.escape(TENSOR_NAMES[t]).replace(r"\{bid\}", r"\d+") + r"(\..+)?")
-                for t in MODEL_TENSOR}
+    patterns = {
+        t: re.compile(re.escape(TENSOR_NAMES[t]).replace(r"\{bid\}", r"\d+") + r"(\..+)?") for t in MODEL_TENSOR
+    }
     out = set()
     for v in all_views.values():
         for n in v["made"]:
@@ -250,13 +313,23 @@ def test_made_names_follow_gguf_py(all_views, tmp_path):
     held the old ones, and nothing else changes."""
     made = made_tensors(all_views)
     assert len(made) > 40
-    run = subprocess.run([sys.executable, "-c", _MOVED_VIEWS.replace("{moved}", MOVED),
-                          json.dumps(sorted(t.name for t in made)), str(tmp_path), str(ROOT / "tests")],
-                         capture_output=True, text=True, cwd=ROOT / "tests", check=True)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _MOVED_VIEWS.replace("{moved}", MOVED),
+            json.dumps(sorted(t.name for t in made)),
+            str(tmp_path),
+            str(ROOT / "tests"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT / "tests",
+        check=True,
+    )
     moved = json.loads(run.stdout)
     assert set(moved) == set(all_views)
-    patterns = [(re.compile("(" + re.escape(TENSOR_NAMES[t]).replace(r"\{bid\}", r"\d+") + r")(\..+)?"))
-                for t in made]
+    patterns = [(re.compile("(" + re.escape(TENSOR_NAMES[t]).replace(r"\{bid\}", r"\d+") + r")(\..+)?")) for t in made]
     not_moved = {}
     for label, v in all_views.items():
         want = []
@@ -270,10 +343,12 @@ def test_made_names_follow_gguf_py(all_views, tmp_path):
 
 # -- the helpers handlers write names with (compatfs.translate.gguf_names) -----------------------
 
+
 def test_tensor_names_in_the_forms_a_handler_writes():
     from compatfs.translate import ArchKeys, arch, base, blocks, leaf, tensor
+
     assert tensor(T.ATTN_Q, 3) == "blk.3.attn_q.weight"
-    assert tensor(T.ATTN_Q, "{}", "bias") == "blk.{}.attn_q.bias"           # a template for ProducePerBlock
+    assert tensor(T.ATTN_Q, "{}", "bias") == "blk.{}.attn_q.bias"  # a template for ProducePerBlock
     assert tensor(T.V_ENC_EMBD_PATCH, suffix="weight.1") == "v.patch_embd.weight.1"
     assert base(T.V_POST_NORM) == "v.post_ln" and base(T.V_MMPROJ, 2) == "mm.2"
     assert leaf(T.V_ENC_ATTN_O) == ".attn_out" and leaf(T.V_SAM_ATTN_OUT) == ".attn.out"
@@ -288,7 +363,7 @@ def test_tensor_names_in_the_forms_a_handler_writes():
     assert arch(MODEL_ARCH.QWEN2VL) == "qwen2vl" and arch(MODEL_ARCH.GPT_OSS) == "gpt-oss"
     k = ArchKeys("gemma3")
     assert k.Rope.FREQ_BASE == "gemma3.rope.freq_base" and k.LLM.CONTEXT_LENGTH == "gemma3.context_length"
-    assert k.Tokenizer.PRE == Keys.Tokenizer.PRE                            # no architecture in it
+    assert k.Tokenizer.PRE == Keys.Tokenizer.PRE  # no architecture in it
     with pytest.raises(AttributeError):
         _ = k.Rope.NO_SUCH_KEY
 
@@ -296,7 +371,8 @@ def test_tensor_names_in_the_forms_a_handler_writes():
 def test_rename_end_replaces_only_the_end():
     from gguf import GGMLQuantizationType as DT
     from compatfs.translate import Rename, RenameEnd, ViewTensor
+
     ts = [ViewTensor(n, (4,), DT.F32) for n in ("blk.0.ssm_dt", "blk.0.ssm_dt.weight", "blk.1.x_ssm_dt", "a.ssm_dt")]
-    ts = Rename("a", "b").apply(ts, None)                      # renamed once already: left alone
+    ts = Rename("a", "b").apply(ts, None)  # renamed once already: left alone
     ts = RenameEnd(".ssm_dt", ".ssm_dt.bias").apply(ts, None)
     assert [t.name for t in ts] == ["blk.0.ssm_dt.bias", "blk.0.ssm_dt.weight", "blk.1.x_ssm_dt", "b.ssm_dt"]

@@ -1,4 +1,5 @@
 """Header parsing: values carried as bytes, and clear errors for bad files."""
+
 import os
 import struct
 
@@ -15,10 +16,18 @@ from ggufs import write_gguf
 
 @pytest.fixture
 def small(tmp_path):
-    return write_gguf(tmp_path / "s.gguf", "llama", kvs={
-        "llama.block_count": 2, "llama.rope.freq_base": 10000.0, "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.tokens": ["a", "bb", "ccc", "dddd"], "tokenizer.ggml.scores": [0.5, 1.5, 2.5, 3.5],
-    }, tensors={"token_embd.weight": np.ones((4, 8), np.float32), "w": np.zeros((3, 8), np.float16)})
+    return write_gguf(
+        tmp_path / "s.gguf",
+        "llama",
+        kvs={
+            "llama.block_count": 2,
+            "llama.rope.freq_base": 10000.0,
+            "tokenizer.ggml.model": "gpt2",
+            "tokenizer.ggml.tokens": ["a", "bb", "ccc", "dddd"],
+            "tokenizer.ggml.scores": [0.5, 1.5, 2.5, 3.5],
+        },
+        tensors={"token_embd.weight": np.ones((4, 8), np.float32), "w": np.zeros((3, 8), np.float16)},
+    )
 
 
 def test_parse_matches_gguf_py(small):
@@ -44,13 +53,16 @@ def test_values_truncate_and_index(small):
     assert array(VT.INT32, [1, 2]).decode().tolist() == [1, 2]
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda b: b[: len(b) // 2], "past the end"),
-    (lambda b: os.urandom(len(b)), "bad magic"),
-    (lambda b: b[:4] + struct.pack(">I", 3) + b[8:], "big-endian"),
-    (lambda b: b[:4] + struct.pack("<I", 1) + b[8:], "unsupported GGUF version 1"),
-    (lambda b: b[:10], "too short"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda b: b[: len(b) // 2], "past the end"),
+        (lambda b: os.urandom(len(b)), "bad magic"),
+        (lambda b: b[:4] + struct.pack(">I", 3) + b[8:], "big-endian"),
+        (lambda b: b[:4] + struct.pack("<I", 1) + b[8:], "unsupported GGUF version 1"),
+        (lambda b: b[:10], "too short"),
+    ],
+)
 def test_bad_files_name_themselves(small, tmp_path, damage, message):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(damage(small.read_bytes()))
@@ -82,12 +94,17 @@ def test_a_header_is_read_short_first_then_whole(tmp_path, monkeypatch, tokens):
     no large vocabulary waits for); one past it (a 300k-token vocabulary,
     ~3 MiB) one more of `SECOND_READ`, and parses the same."""
     from compatfs.files import blobfile
+
     reads = []
     real = blobfile.BlobFile.read
     monkeypatch.setattr(blobfile.BlobFile, "read", lambda self, off, n: reads.append(n) or real(self, off, n))
     words = [f"t{i}" for i in range(tokens)]
-    path = write_gguf(tmp_path / "v.gguf", "llama", kvs={"tokenizer.ggml.tokens": words},
-                      tensors={"w": np.ones((256, 1024), np.float32)})     # 1 MiB of data after it
+    path = write_gguf(
+        tmp_path / "v.gguf",
+        "llama",
+        kvs={"tokenizer.ggml.tokens": words},
+        tensors={"w": np.ones((256, 1024), np.float32)},
+    )  # 1 MiB of data after it
     src = SourceGGUF(path)
     assert src.get("tokenizer.ggml.tokens") == words
     second = min(path.stat().st_size, SourceGGUF.SECOND_READ)

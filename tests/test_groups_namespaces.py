@@ -5,6 +5,7 @@ without it is served; with the daemon in a pid namespace of its own (as in a
 container without the host's pids), a caller's pid is 0 to it and its groups
 cannot be known: where they would decide, refused (the landed code took them
 for none, and served the reader holding 4242); where they would not, served."""
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,13 @@ from compatfs.testing.store import add_model
 from conftest import needs_fuse, wait_until
 from test_hostile_mount import blob_of
 
-pytestmark = [needs_fuse, pytest.mark.skipif(os.getuid() != 0 or not (shutil.which("unshare") and shutil.which("setpriv")),
-                                             reason="needs root (allow_other, another user, namespaces), unshare, setpriv")]
+pytestmark = [
+    needs_fuse,
+    pytest.mark.skipif(
+        os.getuid() != 0 or not (shutil.which("unshare") and shutil.which("setpriv")),
+        reason="needs root (allow_other, another user, namespaces), unshare, setpriv",
+    ),
+]
 
 _NONE = 0xFFFFFFFF
 USER_OBJ, GROUP_OBJ, GROUP, MASK, OTHER = 0x01, 0x04, 0x08, 0x10, 0x20
@@ -37,8 +43,9 @@ def _acl(*entries: tuple[int, int, int]) -> bytes:
 def reads(path: Path, groups: list[int]) -> bool:
     """Whether uid/gid 65534 holding `groups` reads `path` whole."""
     flag = ["--groups", ",".join(map(str, groups))] if groups else ["--clear-groups"]
-    res = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", *flag, "cat", str(path)],
-                         capture_output=True, timeout=30)
+    res = subprocess.run(
+        ["setpriv", "--reuid", "65534", "--regid", "65534", *flag, "cat", str(path)], capture_output=True, timeout=30
+    )
     assert res.returncode == 0 or b"Permission denied" in res.stderr, res.stderr
     return res.returncode == 0
 
@@ -57,13 +64,24 @@ def daemon(store: Path, mnt: Path, own_pid_namespace: bool):
         prefix = ["unshare", "--pid", "--fork", "--mount-proc", "--propagation", "unchanged"]
     mnt.mkdir()
     log = open(share.parent / "daemon.log", "wb")
-    proc = subprocess.Popen([*prefix, sys.executable, "-m", "compatfs", "mount", "-f", "-v", str(store), str(mnt)],
-                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env={**os.environ, "COMPATFS_CACHE_DIR": str(share.parent / "cache"),
-                                 "XDG_STATE_HOME": str(share.parent / "state")})
+    proc = subprocess.Popen(
+        [*prefix, sys.executable, "-m", "compatfs", "mount", "-f", "-v", str(store), str(mnt)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env={
+            **os.environ,
+            "COMPATFS_CACHE_DIR": str(share.parent / "cache"),
+            "XDG_STATE_HOME": str(share.parent / "state"),
+        },
+    )
     try:
-        wait_until(lambda: os.path.ismount(mnt) and (mnt / "plain:1b").exists(), 20, what="the mount coming up",
-                   tolerate=(OSError,))
+        wait_until(
+            lambda: os.path.ismount(mnt) and (mnt / "plain:1b").exists(),
+            20,
+            what="the mount coming up",
+            tolerate=(OSError,),
+        )
         yield (share.parent / "daemon.log")
     finally:
         subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True)
@@ -87,9 +105,11 @@ def test_groups_decide_or_refuse_in_every_pid_namespace(open_tmp, own_pid_namesp
     for d in [store, *store.rglob("*")]:
         d.chmod(0o755 if d.is_dir() else 0o644)
     try:
-        os.setxattr(blob_of(store, "acl", "1b"), "system.posix_acl_access",
-                    _acl((USER_OBJ, 6, _NONE), (GROUP_OBJ, 4, _NONE), (GROUP, 0, 4242), (MASK, 4, _NONE),
-                         (OTHER, 4, _NONE)))
+        os.setxattr(
+            blob_of(store, "acl", "1b"),
+            "system.posix_acl_access",
+            _acl((USER_OBJ, 6, _NONE), (GROUP_OBJ, 4, _NONE), (GROUP, 0, 4242), (MASK, 4, _NONE), (OTHER, 4, _NONE)),
+        )
     except OSError as e:
         pytest.skip(f"the store's filesystem takes no POSIX ACLs: {e.strerror}")
     # What the kernel itself decides, outside the mount.
@@ -98,8 +118,8 @@ def test_groups_decide_or_refuse_in_every_pid_namespace(open_tmp, own_pid_namesp
     share.mkdir(mode=0o755)
     with daemon(store, share / "mnt", own_pid_namespace) as log:
         acl, plain = share / "mnt" / "acl:1b" / "model.gguf", share / "mnt" / "plain:1b" / "model.gguf"
-        assert not reads(acl, [4242])                     # never fails open
-        assert reads(acl, []) == (not own_pid_namespace)   # groups unknown, and they would decide: refused
+        assert not reads(acl, [4242])  # never fails open
+        assert reads(acl, []) == (not own_pid_namespace)  # groups unknown, and they would decide: refused
         assert reads(plain, [4242]) and reads(plain, [])  # they would not decide: served
         if own_pid_namespace:
             assert "supplementary groups cannot be read" in log.read_text()

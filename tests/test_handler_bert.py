@@ -2,6 +2,7 @@
 the normalization table as base64 characters; no genuine fixture, the
 legacy writer's model): through the mount the table is bytes again, and the
 model loads, normalizes and embeds; untranslated llama.cpp refuses it."""
+
 import base64
 
 import numpy as np
@@ -38,8 +39,12 @@ def test_loads_normalizes_and_embeds_through_the_mount(blob, tmp_path, mount_sto
     assert bytes(got[bert.CHARSMAP]) == table
     assert {k: v for k, v in got.items() if k != bert.CHARSMAP} == {k: v for k, v in raw.items() if k != bert.CHARSMAP}
 
-    jobs = [{"op": "tokenize", "text": ASCII}, {"op": "tokenize", "text": FULLWIDTH},
-            {"op": "embed", "input": ASCII, "full": True}, {"op": "embed", "input": FULLWIDTH, "full": True}]
+    jobs = [
+        {"op": "tokenize", "text": ASCII},
+        {"op": "tokenize", "text": FULLWIDTH},
+        {"op": "embed", "input": ASCII, "full": True},
+        {"op": "embed", "input": FULLWIDTH, "full": True},
+    ]
     res = run_job({"model": str(mounted), "actions": jobs})
     assert res["ok"], res.get("error")
     ascii_ids, wide_ids, ascii_vec, wide_vec = res["results"]

@@ -2,6 +2,7 @@
 text, SAM and CLIP encoders, projector).  Untranslated llama.cpp loads
 neither view; through the mount the text loads as `deepseek2-ocr` and
 generates, and the projector view (SAM under `v.sam.*`) reads an image."""
+
 from __future__ import annotations
 
 import gguf
@@ -25,11 +26,21 @@ OCR = {"op": "chat", "messages": [{"role": "user", "content": "Free OCR."}], "n_
 # `s.` becomes `v.sam.`, then these substrings are replaced in order.
 OLLAMA_CLIP_RENAMES = [
     ("v.sam.position_embd", "v.sam.pos_embd.weight"),
-    (".self_attn.out_proj", ".attn_out"), (".self_attn.qkv_proj", ".attn_qkv"),
-    (".layer_norm1", ".ln1"), (".layer_norm2", ".ln2"), (".mlp.fc1", ".ffn_up"), (".mlp.fc2", ".ffn_down"),
-    ("v.pre_layrnorm", "v.pre_ln"), (".attn.proj", ".attn.out"), (".attn.rel_pos_h", ".attn.pos_h.weight"),
-    (".attn.rel_pos_w", ".attn.pos_w.weight"), (".norm1", ".pre_ln"), (".norm2", ".post_ln"),
-    ("mm.layers", "mm.model.fc"), ("mm.image_newline", "v.image_newline"), ("mm.view_seperator", "v.view_seperator"),
+    (".self_attn.out_proj", ".attn_out"),
+    (".self_attn.qkv_proj", ".attn_qkv"),
+    (".layer_norm1", ".ln1"),
+    (".layer_norm2", ".ln2"),
+    (".mlp.fc1", ".ffn_up"),
+    (".mlp.fc2", ".ffn_down"),
+    ("v.pre_layrnorm", "v.pre_ln"),
+    (".attn.proj", ".attn.out"),
+    (".attn.rel_pos_h", ".attn.pos_h.weight"),
+    (".attn.rel_pos_w", ".attn.pos_w.weight"),
+    (".norm1", ".pre_ln"),
+    (".norm2", ".post_ln"),
+    ("mm.layers", "mm.model.fc"),
+    ("mm.image_newline", "v.image_newline"),
+    ("mm.view_seperator", "v.view_seperator"),
 ]
 
 
@@ -59,8 +70,11 @@ def test_text_view(blob, mount_store):
     assert gguf.GGUFReader(mounted).fields["general.architecture"].contents() == "deepseek2-ocr"
     assert not any(k.startswith("deepseekocr.") or ".vision." in k or ".sam." in k for k in got)
     # Every text key moved; the three the converter never wrote, from the tensors.
-    moved = {k.replace("deepseekocr.", "deepseek2-ocr.", 1): v for k, v in before.items()
-             if not k.startswith(("deepseekocr.vision.", "deepseekocr.sam."))}
+    moved = {
+        k.replace("deepseekocr.", "deepseek2-ocr.", 1): v
+        for k, v in before.items()
+        if not k.startswith(("deepseekocr.vision.", "deepseekocr.sam."))
+    }
     assert {k: got[k] for k in moved} == moved
     assert got["deepseek2-ocr.expert_feed_forward_length"] == p["moe_ff"]
     assert got["deepseek2-ocr.expert_shared_count"] == p["n_shared"]
@@ -78,11 +92,16 @@ def test_projector_view(blob, mount_store):
     got, p = kvs(mmproj), writer.DEEPSEEK_OCR
     assert got["clip.projector_type"] == "deepseekocr"
     want = {
-        "clip.vision.block_count": p["v_n_layer"], "clip.vision.embedding_length": p["v_n_embd"],
-        "clip.vision.attention.head_count": p["v_n_head"], "clip.vision.image_size": p["image_size"],
-        "clip.vision.patch_size": p["patch_size"], "clip.vision.sam.block_count": p["sam_n_layer"],
-        "clip.vision.sam.embedding_length": p["sam_n_embd"], "clip.vision.sam.head_count": p["sam_n_head"],
-        "clip.vision.projection_dim": p["n_embd"], "clip.vision.window_size": 14,
+        "clip.vision.block_count": p["v_n_layer"],
+        "clip.vision.embedding_length": p["v_n_embd"],
+        "clip.vision.attention.head_count": p["v_n_head"],
+        "clip.vision.image_size": p["image_size"],
+        "clip.vision.patch_size": p["patch_size"],
+        "clip.vision.sam.block_count": p["sam_n_layer"],
+        "clip.vision.sam.embedding_length": p["sam_n_embd"],
+        "clip.vision.sam.head_count": p["sam_n_head"],
+        "clip.vision.projection_dim": p["n_embd"],
+        "clip.vision.window_size": 14,
         "clip.vision.feed_forward_length": 4 * p["v_n_head"],
     }
     assert {k: got.get(k) for k in want} == want
@@ -91,8 +110,14 @@ def test_projector_view(blob, mount_store):
     mine, theirs = tensors(mmproj), tensors(raw)
     vision = {ollama_clip_name(n): n for n in theirs if n.startswith(("s.", "v.", "mm."))}
     assert sorted(mine) == sorted(vision)
-    promoted = {"v.patch_embd.weight", "v.sam.patch_embd.weight", "v.sam.neck.0.weight", "v.sam.neck.2.weight",
-                "v.sam.net_2.weight", "v.sam.net_3.weight"}
+    promoted = {
+        "v.patch_embd.weight",
+        "v.sam.patch_embd.weight",
+        "v.sam.neck.0.weight",
+        "v.sam.neck.2.weight",
+        "v.sam.net_2.weight",
+        "v.sam.net_3.weight",
+    }
     for name, t in mine.items():
         src = theirs[vision[name]]
         if name in promoted:

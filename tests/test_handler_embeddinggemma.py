@@ -3,6 +3,7 @@ with `dense.0`/`dense.1`, written here from the fixture's weights) and the
 current converter's (`gemma-embedding` without `add_space_prefix`).  Through
 the mount both equal llama.cpp's conversion of the same checkpoint and embed
 as it does."""
+
 import numpy as np
 import pytest
 
@@ -69,7 +70,11 @@ def test_view_equals_llama_cpp_conversion(files, mount_store, tag):
     # tokenizer_config, which the blob does not carry.
     loose = {"tokenizer.ggml.scores", "tokenizer.ggml.token_type"}
     assert {k: v for k, v in got.items() if k not in loose} == {k: v for k, v in want.items() if k not in loose}
-    tokens, got_t, want_t = want["tokenizer.ggml.tokens"], got["tokenizer.ggml.token_type"], want["tokenizer.ggml.token_type"]
+    tokens, got_t, want_t = (
+        want["tokenizer.ggml.tokens"],
+        got["tokenizer.ggml.token_type"],
+        want["tokenizer.ggml.token_type"],
+    )
     kept = {tokens[i] for i in range(len(tokens)) if got_t[i] != want_t[i]}
     assert kept == {"<unk>", "<mask>", "[multimodal]"} | {t for t in tokens if t.startswith("<unused")}
     assert_same_tensors(mounted, UPSTREAM)
@@ -93,6 +98,8 @@ def test_embeds_as_llama_cpp_conversion(files, mount_store):
     # differ far beyond rounding.
     assert not run_job({"model": str(legacy), "actions": [EMBED]})["ok"]
     assert np.abs(vector(CURRENT) - reference).max() > 2e-2
-    hello = [run_job({"model": str(p), "actions": [{"op": "tokenize", "text": "hello"}]})["results"][0]["ids"]
-             for p in (m / "embeddinggemma:current/model.gguf", UPSTREAM, CURRENT)]
+    hello = [
+        run_job({"model": str(p), "actions": [{"op": "tokenize", "text": "hello"}]})["results"][0]["ids"]
+        for p in (m / "embeddinggemma:current/model.gguf", UPSTREAM, CURRENT)
+    ]
     assert hello[0] == hello[1] != hello[2]

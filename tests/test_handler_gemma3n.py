@@ -4,6 +4,7 @@ embedding padded to the full vocabulary), tokenizes as it does and
 generates; untranslated llama.cpp refuses the per-layer embedding.  Then,
 in-process, what the fixture lacks: embedded towers, a quantized per-layer
 embedding.  Then the legacy writer's blob, which needs no ../shared."""
+
 import gguf
 import numpy as np
 import pytest
@@ -55,8 +56,9 @@ def test_text_view_equals_llama_cpp_conversion(store, mount_store):
         "tokenizer.ggml.token_type",
     }
     assert {k: v for k, v in got.items() if k not in loose} == {k: v for k, v in want.items() if k not in loose}
-    np.testing.assert_allclose(got["gemma3n.activation_sparsity_scale"], want["gemma3n.activation_sparsity_scale"],
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        got["gemma3n.activation_sparsity_scale"], want["gemma3n.activation_sparsity_scale"], rtol=1e-6
+    )
     assert [got["gemma3n.feed_forward_length"]] * got["gemma3n.block_count"] == want["gemma3n.feed_forward_length"]
 
     # Token types: the image markers and the padding slots are typed as
@@ -65,7 +67,11 @@ def test_text_view_equals_llama_cpp_conversion(store, mount_store):
     # llama.cpp's converter makes control from the checkpoint's
     # tokenizer_config, which the blob does not carry.
     tokens = want["tokenizer.ggml.tokens"]
-    got_t, want_t, raw_t = got["tokenizer.ggml.token_type"], want["tokenizer.ggml.token_type"], raw["tokenizer.ggml.token_type"]
+    got_t, want_t, raw_t = (
+        got["tokenizer.ggml.token_type"],
+        want["tokenizer.ggml.token_type"],
+        raw["tokenizer.ggml.token_type"],
+    )
     fixed = {tokens[i] for i in range(len(tokens)) if got_t[i] != raw_t[i]}
     assert {"<start_of_image>", "<end_of_image>", "[PAD512]", "[PAD639]"} <= fixed
     kept = {tokens[i] for i in range(len(tokens)) if got_t[i] != want_t[i]}
@@ -82,12 +88,19 @@ def test_text_view_equals_llama_cpp_conversion(store, mount_store):
 def test_tokenizes_and_generates_as_llama_cpp_conversion(store, mount_store):
     m = mount_store(store)
     mounted = m / "gemma3n:e2b/model.gguf"
-    jobs = [{"op": "tokenize", "text": TEXT}, {"op": "tokenize", "text": "hello"},
-            {"op": "props"}, {"op": "complete", "prompt": "hello", "n_predict": 6}]
+    jobs = [
+        {"op": "tokenize", "text": TEXT},
+        {"op": "tokenize", "text": "hello"},
+        {"op": "props"},
+        {"op": "complete", "prompt": "hello", "n_predict": 6},
+    ]
     through, reference = (run_job({"model": str(p), "actions": jobs}) for p in (mounted, UPSTREAM))
     assert through["ok"], through.get("error")
     assert reference["ok"], reference.get("error")
-    (text, hello, props, complete), (ref_text, ref_hello, ref_props, ref_complete) = through["results"], reference["results"]
+    (text, hello, props, complete), (ref_text, ref_hello, ref_props, ref_complete) = (
+        through["results"],
+        reference["results"],
+    )
     assert text["ids"] == ref_text["ids"] and hello["ids"] == ref_hello["ids"]
     assert complete["tokens_predicted"] > 0 and complete["tokens"] == ref_complete["tokens"]
     # <end_of_turn> ends generation (llama.cpp finds it by its text).
@@ -111,22 +124,30 @@ def test_claims_ollama_files_only():
 
 # -- what the fixture lacks, in-process ---------------------------------------------------
 
+
 def q8(a: np.ndarray):
     return gguf.quants.quantize(a.astype(np.float32), DT.Q8_0), DT.Q8_0
 
 
 def synthetic(path, per_layer_rows: int):
     rng = np.random.default_rng(3)
-    return write_gguf(path, "gemma3n", kvs={
-        "gemma3n.block_count": 1, "gemma3n.rope.freq_base_local": 10000.0, "gemma3n.head_dim": 16,
-        "tokenizer.ggml.model": "llama",
-    }, tensors={
-        "token_embd.weight": rng.standard_normal((12, 32)).astype(np.float16),
-        "per_layer_token_embd.weight": q8(rng.standard_normal((per_layer_rows, 64))),
-        "v.blk.0.attn_q.weight": rng.standard_normal((8, 8)).astype(np.float16),
-        "a.blk.0.attn_q.weight": rng.standard_normal((8, 8)).astype(np.float16),
-        "mm.input_projection.weight": rng.standard_normal((8, 8)).astype(np.float16),
-    })
+    return write_gguf(
+        path,
+        "gemma3n",
+        kvs={
+            "gemma3n.block_count": 1,
+            "gemma3n.rope.freq_base_local": 10000.0,
+            "gemma3n.head_dim": 16,
+            "tokenizer.ggml.model": "llama",
+        },
+        tensors={
+            "token_embd.weight": rng.standard_normal((12, 32)).astype(np.float16),
+            "per_layer_token_embd.weight": q8(rng.standard_normal((per_layer_rows, 64))),
+            "v.blk.0.attn_q.weight": rng.standard_normal((8, 8)).astype(np.float16),
+            "a.blk.0.attn_q.weight": rng.standard_normal((8, 8)).astype(np.float16),
+            "mm.input_projection.weight": rng.standard_normal((8, 8)).astype(np.float16),
+        },
+    )
 
 
 def test_towers_hidden_and_quantized_per_layer_embedding_padded(tmp_path):
@@ -155,6 +176,7 @@ def test_per_layer_embedding_longer_than_the_vocabulary_is_refused(tmp_path):
 
 # -- the legacy writer (f63eea3's form): no ../shared needed -------------------------------
 
+
 @pytest.fixture(scope="module")
 def blob(tmp_path_factory):
     return writer.legacy_gemma3n(tmp_path_factory.mktemp("gemma3n-writer") / "gemma3n.gguf")
@@ -178,12 +200,23 @@ def test_legacy_writer_translates_and_generates(blob, written, mount_store):
     assert got["gemma3n.attention.key_length"] == got["gemma3n.attention.value_length"] == p["head_dim"]
     assert got["gemma3n.final_logit_softcapping"] == 30.0
     assert got["tokenizer.ggml.add_space_prefix"] is False
-    dropped = {"gemma3n.rope.freq_base_local", "gemma3n.head_dim", "gemma3n.altup.correct_scale",
-               "gemma3n.altup.lr_multiplier", "tokenizer.ggml.merges", "tokenizer.ggml.eos_token_ids",
-               "tokenizer.ggml.add_padding_token", "tokenizer.ggml.add_unknown_token"}
+    dropped = {
+        "gemma3n.rope.freq_base_local",
+        "gemma3n.head_dim",
+        "gemma3n.altup.correct_scale",
+        "gemma3n.altup.lr_multiplier",
+        "tokenizer.ggml.merges",
+        "tokenizer.ggml.eos_token_ids",
+        "tokenizer.ggml.add_padding_token",
+        "tokenizer.ggml.add_unknown_token",
+    }
     assert dropped <= set(raw) and not dropped & set(got)
     # The image markers control, the image/audio slots named by id and unused.
-    tokens, types, raw_types = got["tokenizer.ggml.tokens"], got["tokenizer.ggml.token_type"], raw["tokenizer.ggml.token_type"]
+    tokens, types, raw_types = (
+        got["tokenizer.ggml.tokens"],
+        got["tokenizer.ggml.token_type"],
+        raw["tokenizer.ggml.token_type"],
+    )
     assert [types[tokens.index(t)] for t in ("<start_of_image>", "<end_of_image>")] == [TT.CONTROL] * 2
     n_text = writer.gemma3n_tokens()[4]
     assert tokens[n_text:] == [f"[PAD{i}]" for i in range(n_text, p["n_vocab"])]
@@ -192,15 +225,22 @@ def test_legacy_writer_translates_and_generates(blob, written, mount_store):
     # The per-layer embedding: the blob's rows, then zero rows up to the vocabulary.
     mine, theirs = tensors(mounted), tensors(blob)
     assert sorted(mine) == sorted(theirs)
-    padded, stored = np.asarray(mine["per_layer_token_embd.weight"].data), np.asarray(theirs["per_layer_token_embd.weight"].data)
+    padded, stored = (
+        np.asarray(mine["per_layer_token_embd.weight"].data),
+        np.asarray(theirs["per_layer_token_embd.weight"].data),
+    )
     assert padded.shape == (p["n_vocab"], stored.shape[1]) and stored.shape[0] == n_text
     np.testing.assert_array_equal(padded[:n_text], stored)
     assert not padded[n_text:].any()
     assert all(bytes(mine[n].data) == bytes(theirs[n].data) for n in theirs if n != "per_layer_token_embd.weight")
 
     hello = {"op": "tokenize", "text": "hello"}
-    r = run_job({"model": str(mounted), "actions": [
-        {"op": "props"}, hello, {"op": "complete", "prompt": "hello", "n_predict": 4}]})
+    r = run_job(
+        {
+            "model": str(mounted),
+            "actions": [{"op": "props"}, hello, {"op": "complete", "prompt": "hello", "n_predict": 4}],
+        }
+    )
     assert r["ok"], r
     props, ids, complete = r["results"]
     assert tokens.index("<end_of_turn>") in props["eog_ids"]

@@ -3,6 +3,7 @@ tower, projector): through the mount, `model.gguf` and `mmproj.gguf` equal
 llama.cpp's own conversion of the same weights and load in llama.cpp.  Then,
 in-process, the two layouts of older converters the fixture lacks: split MoE
 gate/up stacks and packed vision clamps."""
+
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as DT
@@ -20,7 +21,7 @@ from xlc_client import run_job
 
 BLOB = SHARED / "ollama/gemma4_vision.gguf"
 UPSTREAM = SHARED / "upstream/gemma4_vision"
-NORMAL, USER_DEFINED = 1, 4   # tokenizer.ggml.token_type values
+NORMAL, USER_DEFINED = 1, 4  # tokenizer.ggml.token_type values
 
 
 store = one_model_store("gemma4", "vision", BLOB)
@@ -47,7 +48,11 @@ def test_text_view_equals_llama_cpp_conversion(store, mount_store):
     # `<|turn>` of the chat template in text, unlike the model's own
     # tokenizer, which matches added tokens whole.
     tokens = want["tokenizer.ggml.tokens"]
-    got_t, want_t, raw_t = got["tokenizer.ggml.token_type"], want["tokenizer.ggml.token_type"], raw["tokenizer.ggml.token_type"]
+    got_t, want_t, raw_t = (
+        got["tokenizer.ggml.token_type"],
+        want["tokenizer.ggml.token_type"],
+        raw["tokenizer.ggml.token_type"],
+    )
     fixed = {tokens[i] for i in range(len(tokens)) if got_t[i] != raw_t[i]}
     assert fixed == set(gemma4.BYTE_TOKENS) | set(gemma4.MEDIA_MARKERS)
     kept = [i for i in range(len(tokens)) if got_t[i] != want_t[i]]
@@ -75,8 +80,10 @@ def test_mmproj_view_equals_llama_cpp_conversion(store, mount_store):
     assert kvs(mounted) == kvs(upstream)
     arch = {p: gguf.GGUFReader(p).fields["general.architecture"].contents() for p in (mounted, upstream)}
     assert arch[mounted] == arch[upstream] == "clip"
-    dtypes = [{t.name: (t.tensor_type, [int(x) for x in t.shape]) for t in gguf.GGUFReader(p).tensors}
-              for p in (mounted, upstream)]
+    dtypes = [
+        {t.name: (t.tensor_type, [int(x) for x in t.shape]) for t in gguf.GGUFReader(p).tensors}
+        for p in (mounted, upstream)
+    ]
     assert dtypes[0] == dtypes[1]
     assert_same_tensors(mounted, upstream)
 
@@ -86,17 +93,24 @@ def test_mmproj_view_equals_llama_cpp_conversion(store, mount_store):
 def test_loads_in_llama_cpp_through_the_mount(store, mount_store):
     m = mount_store(store)
     model, mmproj = m / "gemma4:vision/model.gguf", m / "gemma4:vision/mmproj.gguf"
-    job = {"actions": [{"op": "complete", "prompt": "hello", "n_predict": 4},
-                       {"op": "chat", "messages": [{"role": "user", "content": "Describe."}],
-                        "image_png": True, "n_predict": 4}]}
+    job = {
+        "actions": [
+            {"op": "complete", "prompt": "hello", "n_predict": 4},
+            {"op": "chat", "messages": [{"role": "user", "content": "Describe."}], "image_png": True, "n_predict": 4},
+        ]
+    }
     res = run_job({"model": str(model), "mmproj": str(mmproj), **job})
     assert res["ok"], res.get("error")
     complete, chat = res["results"]
     assert complete["ok"] and complete["tokens_predicted"] > 0
     assert chat["ok"] and chat["completion_tokens"] > 0
     # With an image the prompt is longer than without: the projector ran.
-    text_only = run_job({"model": str(model), "actions": [
-        {"op": "chat", "messages": [{"role": "user", "content": "Describe."}], "n_predict": 1}]})
+    text_only = run_job(
+        {
+            "model": str(model),
+            "actions": [{"op": "chat", "messages": [{"role": "user", "content": "Describe."}], "n_predict": 1}],
+        }
+    )
     assert text_only["ok"], text_only.get("error")
     assert chat["prompt_tokens"] > text_only["results"][0]["prompt_tokens"]
     # Untranslated, the blob loads neither as a model nor as a projector.
@@ -137,28 +151,45 @@ def test_older_layouts_split_experts_and_packed_clamps(tmp_path):
     gate0, up0 = rng.standard_normal((2, N_EXPERT, N_FF, N_EMBD)).astype(np.float32)
     gate1, up1 = rng.standard_normal((2, N_EXPERT, N_FF, N_EMBD)).astype(np.float16)
     clamps = rng.standard_normal((1 * len(LINEARS) + 1) * 4).astype(np.float32)
-    path = write_gguf(tmp_path / "moe.gguf", "gemma4", kvs={
-        "gemma4.block_count": 2, "gemma4.embedding_length": N_EMBD, "gemma4.vision.block_count": 1,
-        "tokenizer.ggml.model": "llama",
-    }, tensors={
-        "blk.0.ffn_gate_exps.weight": q8(gate0),
-        "blk.0.ffn_up_exps.weight": q8(up0),
-        "blk.0.ffn_gate_inp.per_expert_scale": np.arange(N_EXPERT, dtype=np.float32),
-        "blk.1.ffn_gate_exps.weight": gate1,
-        "blk.1.ffn_up_exps.weight": up1,
-        "blk.1.ffn_gate_exps.scale": np.ones(N_EXPERT, dtype=np.float32),
-        "v.blk.0.attn_q.weight": rng.standard_normal((N_EMBD, N_EMBD)).astype(np.float16),
-        "v.clamp_data": clamps,
-        "mm.input_projection.weight": rng.standard_normal((N_EMBD, N_EMBD)).astype(np.float16),
-    })
+    path = write_gguf(
+        tmp_path / "moe.gguf",
+        "gemma4",
+        kvs={
+            "gemma4.block_count": 2,
+            "gemma4.embedding_length": N_EMBD,
+            "gemma4.vision.block_count": 1,
+            "tokenizer.ggml.model": "llama",
+        },
+        tensors={
+            "blk.0.ffn_gate_exps.weight": q8(gate0),
+            "blk.0.ffn_up_exps.weight": q8(up0),
+            "blk.0.ffn_gate_inp.per_expert_scale": np.arange(N_EXPERT, dtype=np.float32),
+            "blk.1.ffn_gate_exps.weight": gate1,
+            "blk.1.ffn_up_exps.weight": up1,
+            "blk.1.ffn_gate_exps.scale": np.ones(N_EXPERT, dtype=np.float32),
+            "v.blk.0.attn_q.weight": rng.standard_normal((N_EMBD, N_EMBD)).astype(np.float16),
+            "v.clamp_data": clamps,
+            "mm.input_projection.weight": rng.standard_normal((N_EMBD, N_EMBD)).astype(np.float16),
+        },
+    )
 
     text = render(path, gemma4.TEXT)
-    assert sorted(text) == ["blk.0.ffn_down_exps.scale", "blk.0.ffn_gate_up_exps.weight",
-                            "blk.1.ffn_gate_exps.scale", "blk.1.ffn_gate_exps.weight", "blk.1.ffn_up_exps.weight"]
+    assert sorted(text) == [
+        "blk.0.ffn_down_exps.scale",
+        "blk.0.ffn_gate_up_exps.weight",
+        "blk.1.ffn_gate_exps.scale",
+        "blk.1.ffn_gate_exps.weight",
+        "blk.1.ffn_up_exps.weight",
+    ]
     dtype, shape, fused = text["blk.0.ffn_gate_up_exps.weight"]
     assert dtype == DT.Q8_0 and shape == (N_EMBD, 2 * N_FF, N_EXPERT)
-    want = np.concatenate([gguf.quants.dequantize(q8(gate0)[0], DT.Q8_0).reshape(gate0.shape),
-                           gguf.quants.dequantize(q8(up0)[0], DT.Q8_0).reshape(up0.shape)], axis=1)
+    want = np.concatenate(
+        [
+            gguf.quants.dequantize(q8(gate0)[0], DT.Q8_0).reshape(gate0.shape),
+            gguf.quants.dequantize(q8(up0)[0], DT.Q8_0).reshape(up0.shape),
+        ],
+        axis=1,
+    )
     np.testing.assert_array_equal(fused, want)
     np.testing.assert_array_equal(text["blk.0.ffn_down_exps.scale"][2], np.arange(N_EXPERT))
     np.testing.assert_array_equal(text["blk.1.ffn_up_exps.weight"][2], up1)

@@ -4,6 +4,7 @@ written by `compatfs.testing.gemma4`: untranslated llama.cpp refuses it;
 through a real mount the text view has llama.cpp's per-expert fused
 `ffn_gate_up_exps` and `ffn_down_exps.scale`, and the model and its
 projector load and generate."""
+
 import numpy as np
 import pytest
 
@@ -54,18 +55,24 @@ def test_experts_fused_per_expert(blob, store, mount_store):
         assert fused.tensor_type == raw[b + "ffn_gate_exps.weight"].tensor_type
         assert [int(d) for d in fused.shape] == [GEMMA4_MOE["n_embd"], 2 * n_ff, n_expert]
         gate, up = (np.asarray(raw[b + f"ffn_{p}_exps.weight"].data) for p in ("gate", "up"))
-        want = np.concatenate([gate, up], axis=1)          # numpy [expert, row, col]
+        want = np.concatenate([gate, up], axis=1)  # numpy [expert, row, col]
         np.testing.assert_array_equal(np.asarray(fused.data).reshape(want.shape), want)
-        np.testing.assert_array_equal(np.asarray(got[b + "ffn_down_exps.scale"].data),
-                                      np.asarray(raw[b + "ffn_gate_inp.per_expert_scale"].data))
+        np.testing.assert_array_equal(
+            np.asarray(got[b + "ffn_down_exps.scale"].data), np.asarray(raw[b + "ffn_gate_inp.per_expert_scale"].data)
+        )
 
 
 @needs_fuse
 def test_loads_and_generates_through_the_mount(store, mount_store):
     m = mount_store(store)
     model, mmproj = m / "gemma4:26b/model.gguf", m / "gemma4:26b/mmproj.gguf"
-    res = run_job({"model": str(model), "mmproj": str(mmproj), "actions": [
-        {"op": "complete", "prompt": "hello", "n_predict": 4}, {**CHAT, "image_png": True}]})
+    res = run_job(
+        {
+            "model": str(model),
+            "mmproj": str(mmproj),
+            "actions": [{"op": "complete", "prompt": "hello", "n_predict": 4}, {**CHAT, "image_png": True}],
+        }
+    )
     assert res["ok"], res.get("error")
     complete, chat = res["results"]
     assert complete["tokens_predicted"] > 0 and chat["completion_tokens"] > 0

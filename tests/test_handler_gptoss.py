@@ -4,6 +4,7 @@ interleaved gate/up stacks; MXFP4 as Ollama's type 4), through a real mount:
 each fails in llama.cpp untranslated, and translated equals llama.cpp's own
 conversion of the same weights and generates as it does.  Then the tiny
 legacy writers' models, and the handler's checks of the type-4 bytes."""
+
 import gguf
 import numpy as np
 import pytest
@@ -23,12 +24,16 @@ from xlc_client import run_job
 
 BLOB = SHARED / "ollama/gpt_oss.gguf"
 UPSTREAM = SHARED / "upstream/gpt_oss/model.gguf"
-FORMS = ("20b", "fused", "type4")          # tags: the genuine blob, then the older layouts
+FORMS = ("20b", "fused", "type4")  # tags: the genuine blob, then the older layouts
 # Keys Ollama's converter writes and llama.cpp's does not; llama.cpp reads
 # them with the same effect as their absence (add-BOS/EOS false is the
 # default for the gpt-4o pre-tokenizer; BPE reads no scores).
-OLLAMA_ONLY = {"tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token",
-               "tokenizer.ggml.add_padding_token", "tokenizer.ggml.scores"}
+OLLAMA_ONLY = {
+    "tokenizer.ggml.add_bos_token",
+    "tokenizer.ggml.add_eos_token",
+    "tokenizer.ggml.add_padding_token",
+    "tokenizer.ggml.scores",
+}
 PROMPT = {"op": "complete", "prompt": "The quick brown fox", "n_predict": 8}
 
 
@@ -43,9 +48,11 @@ def refusal(path) -> str:
 def blobs(tmp_path_factory) -> dict:
     """tag -> blob: the genuine one and its weights in the older layouts."""
     d = tmp_path_factory.mktemp("gptoss")
-    return {"20b": BLOB,
-            "fused": writers.relayout(BLOB, d / "fused.gguf", ollama_mxfp4=False),
-            "type4": writers.relayout(BLOB, d / "type4.gguf", ollama_mxfp4=True)}
+    return {
+        "20b": BLOB,
+        "fused": writers.relayout(BLOB, d / "fused.gguf", ollama_mxfp4=False),
+        "type4": writers.relayout(BLOB, d / "type4.gguf", ollama_mxfp4=True),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -77,12 +84,13 @@ def test_older_layouts_hold_the_same_weights(blobs):
     assert t.dtype == gptoss.OLLAMA_MXFP4 and not isinstance(t.dtype, DT)
     n_blocks = int(np.prod(t.shape)) // 32
     blocks = np.frombuffer(src.read(t.offset, n_blocks * 17), dtype=np.uint8).reshape(n_blocks, 17)
-    fp4 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float32)
+    fp4 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float32)
     values = np.empty((n_blocks, 32), dtype=np.float32)
     values[:, 0::2], values[:, 1::2] = fp4[blocks[:, 1:] & 0x0F], fp4[blocks[:, 1:] >> 4]
     values *= np.exp2(blocks[:, :1].astype(np.float32) - 127)
-    np.testing.assert_array_equal(values.reshape(dq["blk.1.ffn_down_exps.weight"].shape),
-                                  dq["blk.1.ffn_down_exps.weight"])
+    np.testing.assert_array_equal(
+        values.reshape(dq["blk.1.ffn_down_exps.weight"].shape), dq["blk.1.ffn_down_exps.weight"]
+    )
 
 
 @needs_shared
@@ -154,18 +162,24 @@ def test_type4_bytes_are_checked_against_the_blob(tmp_path):
         (tmp_path / "bad.gguf").write_bytes(blob.serialize())
         return SourceGGUF(tmp_path / "bad.gguf")
 
-    fused = lambda b, i: b.tensor(f"blk.{i}.ffn_gate_up_exps.weight")   # noqa: E731
+    fused = lambda b, i: b.tensor(f"blk.{i}.ffn_gate_up_exps.weight")  # noqa: E731
     type4 = [t for t in Blob.parse(path.read_bytes()).tensors if t.ggml_type == gptoss.OLLAMA_MXFP4]
     assert len(type4) >= 2
 
     def same_offset(b):  # noqa: E306
         fused(b, 1).offset = fused(b, 0).offset
+
     def past_the_end(b):
         fused(b, 0).offset = -(-len(b.data) // 32) * 32
+
     def into_a_known_type(b):
         fused(b, 0).offset = b.tensor("blk.0.ffn_gate_up_exps.bias").offset
-    for change, match in ((same_offset, "overlaps"), (past_the_end, "overlaps the end of the file"),
-                          (into_a_known_type, "overlaps")):
+
+    for change, match in (
+        (same_offset, "overlaps"),
+        (past_the_end, "overlaps the end of the file"),
+        (into_a_known_type, "overlaps"),
+    ):
         with pytest.raises(GGUFError, match=match):
             plan(gptoss.TEXT, edited(change))
     with pytest.raises(GGUFError, match="not an MXFP4 stack"):
@@ -175,6 +189,7 @@ def test_type4_bytes_are_checked_against_the_blob(tmp_path):
 def test_strided_refuses_what_it_cannot_take_apart():
     from compatfs.format.header import TensorInfo
     from compatfs.translate.byte_ops import Strided
+
     with pytest.raises(GGUFError, match="cannot take elements 0::2"):
         Strided.of(TensorInfo("odd", (64, 5, 4), DT.F32, 0), 1, 0, 2)
     with pytest.raises(GGUFError, match="cannot be taken apart"):
@@ -182,8 +197,9 @@ def test_strided_refuses_what_it_cannot_take_apart():
     t = Strided.of(TensorInfo("bias", (8, 3), DT.F32, 0), 0, 1, 2)
     data = np.arange(24, dtype="<f4")
     assert t.shape == (4, 3)
-    np.testing.assert_array_equal(np.frombuffer(t.compute(lambda _: memoryview(data.tobytes())), "<f4"),
-                                  data.reshape(3, 8)[:, 1::2].reshape(-1))
+    np.testing.assert_array_equal(
+        np.frombuffer(t.compute(lambda _: memoryview(data.tobytes())), "<f4"), data.reshape(3, 8)[:, 1::2].reshape(-1)
+    )
 
 
 def test_strided_rows_are_served_as_blob_ranges():
@@ -191,12 +207,17 @@ def test_strided_rows_are_served_as_blob_ranges():
     blob's byte ranges, the same bytes as computing it."""
     from compatfs.format.header import TensorInfo
     from compatfs.translate.byte_ops import Strided
+
     src = TensorInfo("fused", (64, 6, 3), DT.Q8_0, 0)
     data = np.random.default_rng(0).integers(0, 256, src.nbytes, dtype=np.uint8).tobytes()
     for start in (0, 1):
         op = Strided.of(src, 1, start, 2)
-        served = b"".join(data[r.start + k * r.stride:r.start + k * r.stride + r.unit]
-                          for p in op.pieces() for k in range(p.count) for r in p.parts)
+        served = b"".join(
+            data[r.start + k * r.stride : r.start + k * r.stride + r.unit]
+            for p in op.pieces()
+            for k in range(p.count)
+            for r in p.parts
+        )
         assert served == op.compute(lambda _: memoryview(data)) and len(served) == op.nbytes
     assert len(Strided.of(src, 1, 0, 1).pieces()) == 1
 
@@ -212,6 +233,7 @@ def test_type4_repack_by_range_equals_the_whole(tmp_path):
     def read(t, start, size):
         reads.append(size)
         return src.read(t.offset + start, size)
+
     for half in (0, 1):
         op = gptoss.OllamaMXFP4.of(fused, half, 2)
         whole = op.compute(lambda t: src.read(t.offset, t.nbytes))

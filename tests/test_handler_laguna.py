@@ -2,6 +2,7 @@
 (no `attn_gate`); through the mount it has llama.cpp's tensor and rope key
 names (the YaRN attention factor as `yarn_attn_factor`, which llama.cpp does
 not multiply in a second time), the same tensor values, and generates."""
+
 import math
 
 import gguf
@@ -42,7 +43,7 @@ def test_laguna_loads_with_llama_cpp_names(blob, tmp_path, mount_store):
     got = kvs(mounted)
     # llama.cpp's key names (gguf-py's), with the values of the checkpoint's config.
     rope = {k: getattr(gguf.Keys.Rope, k).format(arch="laguna") for k in dir(gguf.Keys.Rope) if k.isupper()}
-    assert got[rope["DIMENSION_COUNT_SWA"]] == laguna.LAGUNA["head_dim"]           # sliding layers: whole heads
+    assert got[rope["DIMENSION_COUNT_SWA"]] == laguna.LAGUNA["head_dim"]  # sliding layers: whole heads
     assert got[rope["FREQ_BASE_SWA"]] == pytest.approx(laguna.LAGUNA["swa_rope_theta"])
     assert got[rope["SCALING_YARN_ATTN_FACTOR"]] == pytest.approx(0.1 * math.log(laguna.LAGUNA["rope_factor"]) + 1)
     assert (got[rope["SCALING_YARN_BETA_FAST"]], got[rope["SCALING_YARN_BETA_SLOW"]]) == (32.0, 1.0)

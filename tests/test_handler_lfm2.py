@@ -2,6 +2,7 @@
 conversion of the same weights and loads.  Then the first LFM2 converter's
 form (01cf7445f), written here without ../shared: its norm and feed-forward
 length become llama.cpp's and it generates."""
+
 import numpy as np
 import pytest
 
@@ -21,10 +22,18 @@ def test_lfm2_matches_llama_cpp_conversion(tmp_path, mount_store):
     store = tmp_path / "store"
     add_model(store, "lfm2", SHARED / "ollama/lfm2.gguf", tag="1.2b")
     m = mount_store(store)
-    mounted, upstream, raw = m / "lfm2:1.2b/model.gguf", SHARED / "upstream/lfm2/model.gguf", SHARED / "ollama/lfm2.gguf"
+    mounted, upstream, raw = (
+        m / "lfm2:1.2b/model.gguf",
+        SHARED / "upstream/lfm2/model.gguf",
+        SHARED / "ollama/lfm2.gguf",
+    )
     got, want = kvs(mounted), kvs(upstream)
-    assert got["lfm2.attention.head_count_kv"] == want["lfm2.attention.head_count_kv"] != kvs(raw)["lfm2.attention.head_count_kv"]
-    loose = {"tokenizer.ggml.add_sep_token"}   # not written by Ollama; llama.cpp defaults it to false
+    assert (
+        got["lfm2.attention.head_count_kv"]
+        == want["lfm2.attention.head_count_kv"]
+        != kvs(raw)["lfm2.attention.head_count_kv"]
+    )
+    loose = {"tokenizer.ggml.add_sep_token"}  # not written by Ollama; llama.cpp defaults it to false
     assert {k: got.get(k) for k in want if k not in loose} == {k: v for k, v in want.items() if k not in loose}
     assert_same_tensors(mounted, upstream)
     job = {"actions": [{"op": "complete", "prompt": "hello", "n_predict": 4}]}
@@ -33,6 +42,7 @@ def test_lfm2_matches_llama_cpp_conversion(tmp_path, mount_store):
 
 
 # -- the legacy writer (01cf7445f's form): no ../shared needed ----------------------------
+
 
 @pytest.fixture(scope="module")
 def blob(tmp_path_factory):

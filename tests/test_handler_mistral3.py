@@ -3,6 +3,7 @@ Ollama's converter writes it: through the mount, model.gguf equals llama.cpp's
 conversion of the same weights and mmproj.gguf equals its projector (with the
 `[IMG_BREAK]` row its converter forgets), and both load and run.  Then the
 legacy writer's blobs (f63eea3's rope key names), which need no ../shared."""
+
 import gguf
 import numpy as np
 import pytest
@@ -38,9 +39,11 @@ def test_mistral3_text_matches_llama_cpp_conversion(store, mount_store):
     assert not [k for k in got if k.startswith("mistral3.rope.scaling.")]
     # What remains beyond upstream is Ollama's multimodal metadata (and BPE
     # scores), which llama.cpp's text loader does not read.
-    assert all(k.startswith(("mistral3.vision.", "mistral3.mm.")) or k in {
-        "mistral3.image_token_index", "mistral3.spatial_merge_size", "tokenizer.ggml.scores",
-    } for k in set(got) - set(want))
+    assert all(
+        k.startswith(("mistral3.vision.", "mistral3.mm."))
+        or k in {"mistral3.image_token_index", "mistral3.spatial_merge_size", "tokenizer.ggml.scores"}
+        for k in set(got) - set(want)
+    )
     assert_same_tensors(mounted, UP / "model.gguf")
     # The pre-tokenizer is what llama.cpp's conversion says: same ids.
     tok = {"actions": [{"op": "tokenize", "text": "Hello world, 12345 tokens!\n  ok"}]}
@@ -66,17 +69,24 @@ def test_mistral3_mmproj_matches_llama_cpp_projector(store, mount_store):
 def test_mistral3_loads_in_llama_cpp_through_the_mount(store, mount_store):
     m = mount_store(store)
     model, mmproj = str(m / "mistral3:24b/model.gguf"), str(m / "mistral3:24b/mmproj.gguf")
-    job = {"actions": [{"op": "complete", "prompt": "hello", "n_predict": 4},
-                       {"op": "chat", "messages": [{"role": "user", "content": "Describe."}],
-                        "image_png": True, "n_predict": 4}]}
+    job = {
+        "actions": [
+            {"op": "complete", "prompt": "hello", "n_predict": 4},
+            {"op": "chat", "messages": [{"role": "user", "content": "Describe."}], "image_png": True, "n_predict": 4},
+        ]
+    }
     res = run_job({"model": model, "mmproj": mmproj, **job})
     assert res["ok"], res.get("error")
     complete, chat = res["results"]
     assert complete["ok"] and complete["tokens_predicted"] > 0
     assert chat["ok"] and chat["completion_tokens"] > 0
     # With an image the prompt is longer than without: the projector ran.
-    text_only = run_job({"model": model, "actions": [
-        {"op": "chat", "messages": [{"role": "user", "content": "Describe."}], "n_predict": 1}]})
+    text_only = run_job(
+        {
+            "model": model,
+            "actions": [{"op": "chat", "messages": [{"role": "user", "content": "Describe."}], "n_predict": 1}],
+        }
+    )
     assert text_only["ok"], text_only.get("error")
     assert chat["prompt_tokens"] > text_only["results"][0]["prompt_tokens"]
     # Untranslated, the blob loads neither as a model (rope scaling assert) nor as a projector.
@@ -87,12 +97,15 @@ def test_mistral3_loads_in_llama_cpp_through_the_mount(store, mount_store):
 
 # -- the legacy writer (f63eea3's form): no ../shared needed -------------------------------
 
+
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
     """A store of Mistral Small 3.1 (no rope scaling) and Ministral 3 (YaRN), and their blobs."""
     d = tmp_path_factory.mktemp("mistral3-writer")
-    blobs = {"small": writer.legacy_mistral3(d / "small.gguf"),
-             "ministral": writer.legacy_mistral3(d / "ministral.gguf", rope_scaling=True)}
+    blobs = {
+        "small": writer.legacy_mistral3(d / "small.gguf"),
+        "ministral": writer.legacy_mistral3(d / "ministral.gguf", rope_scaling=True),
+    }
     for tag, path in blobs.items():
         add_model(d / "store", "mistral3", path, tag=tag)
     return d / "store", blobs
@@ -123,8 +136,10 @@ def test_legacy_writer_translates_loads_and_sees(written, mount_store):
     got = kvs(small / "model.gguf")
     # The empty rope scaling (type "", zeros) is gone; the pre-tokenizer is Tekken's.
     assert raw["mistral3.rope.scaling.type"] == "" and raw["mistral3.rope.scaling.beta_fast"] == 0
-    assert got == {**{k: v for k, v in raw.items() if not k.startswith("mistral3.rope.scaling.")},
-                   "tokenizer.ggml.pre": "tekken"}
+    assert got == {
+        **{k: v for k, v in raw.items() if not k.startswith("mistral3.rope.scaling.")},
+        "tokenizer.ggml.pre": "tekken",
+    }
     text, blob = tensors(small / "model.gguf"), tensors(blobs["small"])
     assert sorted(text) == sorted(n for n in blob if not n.startswith(("v.", "mm.")))
 
@@ -134,11 +149,17 @@ def test_legacy_writer_translates_loads_and_sees(written, mount_store):
     assert proj.fields["clip.projector_type"].contents() == "pixtral"
     assert proj.fields["clip.vision.spatial_merge_size"].contents() == writer.MISTRAL3["merge"]
     vision = tensors(small / "mmproj.gguf")
-    renamed = {"v.patch_conv.weight": "v.patch_embd.weight", "v.encoder_norm.weight": "v.pre_ln.weight",
-               "mm.linear_1.weight": "mm.1.weight", "mm.linear_2.weight": "mm.2.weight",
-               "mm.patch_merger.merging_layer.weight": "mm.patch_merger.weight", "mm.norm.weight": "mm.input_norm.weight",
-               "v.blk.0.attn_output.weight": "v.blk.0.attn_out.weight", "v.blk.0.attn_norm.weight": "v.blk.0.ln1.weight",
-               "v.blk.0.ffn_norm.weight": "v.blk.0.ln2.weight"}
+    renamed = {
+        "v.patch_conv.weight": "v.patch_embd.weight",
+        "v.encoder_norm.weight": "v.pre_ln.weight",
+        "mm.linear_1.weight": "mm.1.weight",
+        "mm.linear_2.weight": "mm.2.weight",
+        "mm.patch_merger.merging_layer.weight": "mm.patch_merger.weight",
+        "mm.norm.weight": "mm.input_norm.weight",
+        "v.blk.0.attn_output.weight": "v.blk.0.attn_out.weight",
+        "v.blk.0.attn_norm.weight": "v.blk.0.ln1.weight",
+        "v.blk.0.ffn_norm.weight": "v.blk.0.ln2.weight",
+    }
     for old, new in renamed.items():
         assert bytes(vision[new].data) == bytes(blob[old].data), new
     heads = writer.MISTRAL3["v_n_head"]
@@ -154,11 +175,22 @@ def test_legacy_writer_translates_loads_and_sees(written, mount_store):
     yarn = kvs(m / "mistral3:ministral/model.gguf")
     r = writer.MINISTRAL3_ROPE
     assert yarn["mistral3.rope.scaling.type"] == "yarn"
-    assert {k: yarn[f"mistral3.{k}"] for k in ("rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow",
-                                                 "rope.scaling.yarn_log_multiplier", "attention.temperature_scale")} \
-        == pytest.approx({"rope.scaling.yarn_beta_fast": r["beta_fast"], "rope.scaling.yarn_beta_slow": r["beta_slow"],
-                          "rope.scaling.yarn_log_multiplier": r["mscale_all_dim"],
-                          "attention.temperature_scale": r["llama_4_scaling_beta"]})
+    assert {
+        k: yarn[f"mistral3.{k}"]
+        for k in (
+            "rope.scaling.yarn_beta_fast",
+            "rope.scaling.yarn_beta_slow",
+            "rope.scaling.yarn_log_multiplier",
+            "attention.temperature_scale",
+        )
+    } == pytest.approx(
+        {
+            "rope.scaling.yarn_beta_fast": r["beta_fast"],
+            "rope.scaling.yarn_beta_slow": r["beta_slow"],
+            "rope.scaling.yarn_log_multiplier": r["mscale_all_dim"],
+            "attention.temperature_scale": r["llama_4_scaling_beta"],
+        }
+    )
 
     assert_completes_and_sees(str(small / "model.gguf"), str(small / "mmproj.gguf"))
     assert "rope_scaling_type_train" in load_failure(blobs["small"])

@@ -7,6 +7,7 @@
   blob (text + RADIO vision + audio) fail in llama.cpp as written, and load and
   generate through the mount (the omni blob with its projector, on an image).
 """
+
 from __future__ import annotations
 
 import filecmp
@@ -43,6 +44,7 @@ def llama_rope_order(rows: np.ndarray, n_head: int) -> np.ndarray:
 
 # -- the genuine fixture ------------------------------------------------------------------
 
+
 @needs_fuse
 @needs_shared
 def test_fixture_is_served_unchanged_and_equals_llama_cpp_conversion(tmp_path, mount_store):
@@ -65,18 +67,20 @@ def test_fixture_is_served_unchanged_and_equals_llama_cpp_conversion(tmp_path, m
 
     mine, ref = tensors(mounted), tensors(UPSTREAM)
     assert sorted(mine) == sorted(ref)
-    heads = {"attn_q": kvs(BLOB)["nemotron_h_moe.attention.head_count"],
-             "attn_k": max(kvs(BLOB)["nemotron_h_moe.attention.head_count_kv"])}
+    heads = {
+        "attn_q": kvs(BLOB)["nemotron_h_moe.attention.head_count"],
+        "attn_k": max(kvs(BLOB)["nemotron_h_moe.attention.head_count_kv"]),
+    }
     permuted = []
     for name, r in ref.items():
         a, b = as_f32(mine[name]).reshape(tuple(reversed(r.shape))), as_f32(r).reshape(tuple(reversed(r.shape)))
         assert list(mine[name].shape) == list(r.shape), name
         kind = name.split(".")[2] if name.startswith("blk.") else None
         if kind in heads:
-            assert not np.allclose(a, b, rtol=2 ** -8)        # really another order ...
-            a = llama_rope_order(a, heads[kind])               # ... and the same rows in it
+            assert not np.allclose(a, b, rtol=2**-8)  # really another order ...
+            a = llama_rope_order(a, heads[kind])  # ... and the same rows in it
             permuted.append(name)
-        np.testing.assert_allclose(a, b, rtol=2 ** -8 * 1.01, atol=2 ** -22, err_msg=name)
+        np.testing.assert_allclose(a, b, rtol=2**-8 * 1.01, atol=2**-22, err_msg=name)
     assert sorted(permuted) == ["blk.2.attn_k.weight", "blk.2.attn_q.weight"]
 
     through, direct = (run_job({"model": str(p), "actions": [COMPLETE]}) for p in (mounted, BLOB))
@@ -87,12 +91,15 @@ def test_fixture_is_served_unchanged_and_equals_llama_cpp_conversion(tmp_path, m
 
 # -- the latent-FFN and MTP form ---------------------------------------------------------------
 
+
 @needs_fuse
 @pytest.mark.parametrize("latent, mtp", [(True, True), (False, True)])
 def test_latent_and_mtp_form_loads_through_the_mount(tmp_path, mount_store, latent, mtp):
     raw = writers.legacy_nemotron_h_moe(tmp_path / "super.gguf", latent=latent, mtp=mtp)
-    assert_refused(run_job({"model": str(raw), "actions": [COMPLETE]}),
-                   "ffn_down_exps.weight' has wrong shape" if latent else "wrong number of tensors")
+    assert_refused(
+        run_job({"model": str(raw), "actions": [COMPLETE]}),
+        "ffn_down_exps.weight' has wrong shape" if latent else "wrong number of tensors",
+    )
 
     store = tmp_path / "store"
     add_model(store, "nemotron-3-super", raw, tag="120b")
@@ -104,8 +111,11 @@ def test_latent_and_mtp_form_loads_through_the_mount(tmp_path, mount_store, late
 
     # The MTP head is gone, the latent projections renamed, every other tensor as stored.
     mine, theirs = tensors(mounted), tensors(raw)
-    renamed = {n.replace(".ffn_latent_in.", ".ffn_latent_down.").replace(".ffn_latent_out.", ".ffn_latent_up."): n
-               for n in theirs if not n.startswith("mtp.")}
+    renamed = {
+        n.replace(".ffn_latent_in.", ".ffn_latent_down.").replace(".ffn_latent_out.", ".ffn_latent_up."): n
+        for n in theirs
+        if not n.startswith("mtp.")
+    }
     assert sorted(mine) == sorted(renamed)
     assert any(".ffn_latent_down." in n for n in mine) == latent
     for name, t in mine.items():
@@ -117,6 +127,7 @@ def test_latent_and_mtp_form_loads_through_the_mount(tmp_path, mount_store, late
 
 
 # -- the unified omni blob -----------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def omni(tmp_path_factory):
@@ -135,7 +146,7 @@ def test_omni_text_view_is_the_moe_text_model(omni, mount_store):
     mounted = m / "nemotron3:33b/model.gguf"
     got = kvs(mounted)
     assert gguf.GGUFReader(mounted).fields["general.architecture"].contents() == "nemotron_h_moe"
-    assert got == kvs(text)             # text keys moved, vision and audio keys gone
+    assert got == kvs(text)  # text keys moved, vision and audio keys gone
     assert_same_tensors(mounted, text)  # audio, vision and projector tensors hidden
     # The writer's text layout is the one llama.cpp's loader reads: without
     # latent experts or MTP head, Ollama's form loads as it is.
@@ -172,7 +183,7 @@ def test_omni_projector_view(omni, mount_store):
     assert list(pos.shape) == [E, side * side] and pos.tensor_type == DT.F32
     src = as_f32(theirs["v.position_embd"]).reshape(v["source_side"], v["source_side"], E)
     out = as_f32(pos).reshape(side, side, E)
-    for y, x in ((0, 0), (0, side - 1), (side - 1, 0), (side - 1, side - 1)):    # corners aligned
+    for y, x in ((0, 0), (0, side - 1), (side - 1, 0), (side - 1, side - 1)):  # corners aligned
         np.testing.assert_allclose(out[y, x], src[y and -1, x and -1], rtol=1e-6)
 
 
@@ -188,6 +199,7 @@ def test_omni_loads_and_sees_images_through_the_mount(omni, mount_store):
 
 
 # -- the ops, in-process ---------------------------------------------------------------------
+
 
 def _f32_tensor(name: str, values: np.ndarray) -> tuple[TensorInfo, memoryview]:
     arr = np.ascontiguousarray(values, dtype="<f4")
@@ -241,11 +253,21 @@ def test_omni_without_experts_is_read_as_nemotron_h(tmp_path):
     """Ollama's text architecture for an omni blob: `nemotron_h_moe` with
     experts, `nemotron_h` without; the text keys follow it, the vision and
     audio keys stay out."""
-    path = write_gguf(tmp_path / "dense-omni.gguf", "nemotron_h_omni", kvs={
-        "nemotron_h_omni.block_count": 1, "nemotron_h_omni.expert_count": 0,
-        "nemotron_h_omni.vision.block_count": 1, "nemotron_h_omni.audio.block_count": 1,
-    }, tensors={"blk.0.attn_norm.weight": np.ones(4, dtype=np.float32), "v.blk.0.ln1.weight": np.ones(4, dtype=np.float32),
-                "a.blk.0.attn_q.weight": np.ones(4, dtype=np.float32)})
+    path = write_gguf(
+        tmp_path / "dense-omni.gguf",
+        "nemotron_h_omni",
+        kvs={
+            "nemotron_h_omni.block_count": 1,
+            "nemotron_h_omni.expert_count": 0,
+            "nemotron_h_omni.vision.block_count": 1,
+            "nemotron_h_omni.audio.block_count": 1,
+        },
+        tensors={
+            "blk.0.attn_norm.weight": np.ones(4, dtype=np.float32),
+            "v.blk.0.ln1.weight": np.ones(4, dtype=np.float32),
+            "a.blk.0.attn_q.weight": np.ones(4, dtype=np.float32),
+        },
+    )
     spec = plan(nemotron.TEXT_OMNI, SourceGGUF(path))
     keys = {k: v.decode() for k, v in spec.kvs if not k.startswith("GGUF.")}
     assert keys == {"general.architecture": "nemotron_h", "nemotron_h.block_count": 1, "nemotron_h.expert_count": 0}

@@ -3,6 +3,7 @@
 weights, tokenize and generate as it does.  Then the legacy writer's blob,
 which needs no ../shared: it is the genuine blob's form, and through the
 mount it is `olmo2` with the attention factor llama.cpp reads, and generates."""
+
 import gguf
 import pytest
 
@@ -20,12 +21,16 @@ from xlc_client import run_job
 LOOSE = {
     # Ollama-only tokenizer keys llama.cpp does not read (scores of a BPE
     # vocabulary, the HF end-of-sequence list, add flags it has no use for).
-    "tokenizer.ggml.scores", "tokenizer.ggml.eos_token_ids",
-    "tokenizer.ggml.add_padding_token", "tokenizer.ggml.add_unknown_token",
+    "tokenizer.ggml.scores",
+    "tokenizer.ggml.eos_token_ids",
+    "tokenizer.ggml.add_padding_token",
+    "tokenizer.ggml.add_unknown_token",
     # Written by llama.cpp's converter from the HF config, which the blob does
     # not carry; the OLMo 2 loader reads none of them (its SWA layers use
     # rope.freq_base, llama.cpp's defaults for the YaRN betas are these).
-    "olmo2.rope.freq_base_swa", "olmo2.rope.scaling.yarn_beta_fast", "olmo2.rope.scaling.yarn_beta_slow",
+    "olmo2.rope.freq_base_swa",
+    "olmo2.rope.scaling.yarn_beta_fast",
+    "olmo2.rope.scaling.yarn_beta_slow",
     # The current upstream conversion names the pre-tokenizer `dbrx`: the same
     # split expression as `llama-bpe` (tokenization compared below).
     "tokenizer.ggml.pre",
@@ -35,8 +40,10 @@ PROMPTS = [line.strip() for line in CORPUS.splitlines() if line.strip()]
 
 
 def tokenize_all(model) -> list:
-    job = {"model": str(model), "actions": [
-        {"op": "tokenize", "text": text, "add_special": True} for text in PROMPTS + [CORPUS]]}
+    job = {
+        "model": str(model),
+        "actions": [{"op": "tokenize", "text": text, "add_special": True} for text in PROMPTS + [CORPUS]],
+    }
     r = run_job(job)
     assert r["ok"], r
     return [a["ids"] for a in r["results"]]
@@ -99,11 +106,12 @@ def test_olmo3_current_untranslated_adds_a_bos_and_scales_attention_twice(tmp_pa
     add_model(store, "olmo3", raw, tag="7b")
     mounted = mount_store(store) / "olmo3:7b/model.gguf"
     ids = tokenize_all(upstream)[0]
-    assert ids[0] != 480   # no BOS
+    assert ids[0] != 480  # no BOS
     assert logprobs(complete(raw, ids, 1)["top"]) != logprobs(complete(mounted, ids, 1)["top"])
 
 
 # -- the legacy writer (f63eea3's form): no ../shared needed -------------------------------
+
 
 @pytest.fixture(scope="module")
 def blob(tmp_path_factory):
@@ -131,11 +139,17 @@ def test_legacy_writer_is_olmo2_through_the_mount_and_generates(blob, written, m
     # The tensors are the blob's.
     assert_same_tensors(mounted, blob)
 
-    r = run_job({"model": str(mounted), "actions": [
-        {"op": "tokenize", "text": "hello world", "add_special": True},
-        {"op": "complete", "prompt": "The capital of France is", "n_predict": 4}]})
+    r = run_job(
+        {
+            "model": str(mounted),
+            "actions": [
+                {"op": "tokenize", "text": "hello world", "add_special": True},
+                {"op": "complete", "prompt": "The capital of France is", "n_predict": 4},
+            ],
+        }
+    )
     assert r["ok"], r
     tokenized, complete = r["results"]
-    assert tokenized["ids"][0] != raw["tokenizer.ggml.bos_token_id"]       # OLMo adds no BOS
+    assert tokenized["ids"][0] != raw["tokenizer.ggml.bos_token_id"]  # OLMo adds no BOS
     assert complete["tokens_predicted"] == 4
     assert "olmo3" in load_failure(blob)

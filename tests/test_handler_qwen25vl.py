@@ -2,6 +2,7 @@
 vision): through the mount, `model.gguf` and `mmproj.gguf` equal llama.cpp's
 own conversion of the same weights, and load in llama.cpp.  Then the legacy
 writer's blob, which needs no ../shared."""
+
 import gguf
 import pytest
 from gguf import GGUFValueType as VT
@@ -42,7 +43,7 @@ def test_text_view_equals_llama_cpp_conversion(store, mount_store):
     # Beyond them only two Ollama keys llama.cpp does not read for a BPE
     # vocabulary: per-token scores and the EOS id list.
     assert set(got) - set(want) == {"tokenizer.ggml.scores", "tokenizer.ggml.eos_token_ids"}
-    assert raw["tokenizer.ggml.tokens"] != want["tokenizer.ggml.tokens"]      # the fixture needs the fix
+    assert raw["tokenizer.ggml.tokens"] != want["tokenizer.ggml.tokens"]  # the fixture needs the fix
     assert raw["tokenizer.ggml.token_type"] != want["tokenizer.ggml.token_type"]
     assert gguf.GGUFReader(mounted).fields["general.architecture"].contents() == "qwen2vl"
     assert_same_tensors(mounted, UPSTREAM / "model.gguf")
@@ -53,7 +54,7 @@ def test_text_view_equals_llama_cpp_conversion(store, mount_store):
 def test_projector_view_equals_llama_cpp_conversion(store, mount_store):
     m = mount_store(store)
     mounted, upstream = m / MODEL / "mmproj.gguf", UPSTREAM / "mmproj.gguf"
-    assert_same_gguf(mounted, upstream)     # types too: patch embeddings stay F16, as llama.cpp's converter keeps them
+    assert_same_gguf(mounted, upstream)  # types too: patch embeddings stay F16, as llama.cpp's converter keeps them
     fields = gguf.GGUFReader(mounted).fields
     assert fields["general.architecture"].contents() == "clip"
 
@@ -67,7 +68,10 @@ def test_loads_in_llama_cpp_through_the_mount(store, mount_store):
     assert_only_the_views_load(m / MODEL, BLOB, "qwen25vl")
     # Text with markers and filler names tokenizes as with llama.cpp's conversion.
     tok = {"actions": [{"op": "tokenize", "text": "<|fim_prefix|>a [PAD3] b<|im_end|>", "special": False}]}
-    through, reference = run_job({"model": str(m / MODEL / "model.gguf"), **tok}), run_job({"model": str(UPSTREAM / "model.gguf"), **tok})
+    through, reference = (
+        run_job({"model": str(m / MODEL / "model.gguf"), **tok}),
+        run_job({"model": str(UPSTREAM / "model.gguf"), **tok}),
+    )
     assert through["ok"] and reference["ok"]
     assert through["results"][0]["ids"] == reference["results"][0]["ids"]
 
@@ -82,9 +86,8 @@ def test_window_pattern_from_full_attention_blocks():
         assert kv.get("n_wa") == (None if want is None else u32(want)), blocks
 
 
-
-
 # -- the legacy writer (f63eea3's form): no ../shared needed -------------------------------
+
 
 @pytest.fixture(scope="module")
 def blob(tmp_path_factory):
@@ -108,9 +111,11 @@ def test_legacy_writer_translates_loads_and_sees(blob, written, mount_store):
     # The text keys under qwen2vl, M-RoPE with llama.cpp's fourth section.
     sections = raw["qwen25vl.rope.mrope_section"]
     assert got["qwen2vl.rope.dimension_sections"] == sections + [0]
-    assert {k: v for k, v in got.items() if k.startswith("qwen2vl.") and k != "qwen2vl.rope.dimension_sections"} \
-        == {k.replace("qwen25vl.", "qwen2vl.", 1): v for k, v in raw.items()
-            if k.startswith("qwen25vl.") and not k.startswith("qwen25vl.vision.") and "mrope" not in k}
+    assert {k: v for k, v in got.items() if k.startswith("qwen2vl.") and k != "qwen2vl.rope.dimension_sections"} == {
+        k.replace("qwen25vl.", "qwen2vl.", 1): v
+        for k, v in raw.items()
+        if k.startswith("qwen25vl.") and not k.startswith("qwen25vl.vision.") and "mrope" not in k
+    }
     assert not [k for k in got if k.startswith("qwen25vl.")]
     # BOS stated, FIM markers control, the padding rows named by id and unused.
     tokens, types = got["tokenizer.ggml.tokens"], got["tokenizer.ggml.token_type"]
@@ -125,16 +130,31 @@ def test_legacy_writer_translates_loads_and_sees(blob, written, mount_store):
 
     # The projector: clip keys from the vision keys and the tensors, llama.cpp's names.
     proj = gguf.GGUFReader(folder / "mmproj.gguf")
-    fields = {k: proj.fields[k].contents() for k in ("clip.projector_type", "clip.vision.n_wa_pattern",
-                                                      "clip.vision.feed_forward_length", "clip.vision.block_count")}
+    fields = {
+        k: proj.fields[k].contents()
+        for k in (
+            "clip.projector_type",
+            "clip.vision.n_wa_pattern",
+            "clip.vision.feed_forward_length",
+            "clip.vision.block_count",
+        )
+    }
     p = writer.QWEN25VL
-    assert fields == {"clip.projector_type": "qwen2.5vl_merger", "clip.vision.n_wa_pattern": 2,
-                      "clip.vision.feed_forward_length": p["v_n_ff"], "clip.vision.block_count": p["v_n_layer"]}
+    assert fields == {
+        "clip.projector_type": "qwen2.5vl_merger",
+        "clip.vision.n_wa_pattern": 2,
+        "clip.vision.feed_forward_length": p["v_n_ff"],
+        "clip.vision.block_count": p["v_n_layer"],
+    }
     vision = tensors(folder / "mmproj.gguf")
-    for old, new in {"v.merger.ln_q.weight": "v.post_ln.weight", "v.merger.mlp.0.weight": "mm.0.weight",
-                     "v.merger.mlp.2.bias": "mm.2.bias", "v.patch_embd_0.weight": "v.patch_embd.weight",
-                     "v.patch_embd_1.weight": "v.patch_embd.weight.1", "v.blk.3.attn_out.weight": "v.blk.3.attn_out.weight"
-                     }.items():
+    for old, new in {
+        "v.merger.ln_q.weight": "v.post_ln.weight",
+        "v.merger.mlp.0.weight": "mm.0.weight",
+        "v.merger.mlp.2.bias": "mm.2.bias",
+        "v.patch_embd_0.weight": "v.patch_embd.weight",
+        "v.patch_embd_1.weight": "v.patch_embd.weight.1",
+        "v.blk.3.attn_out.weight": "v.blk.3.attn_out.weight",
+    }.items():
         assert bytes(vision[new].data) == bytes(theirs[old].data), new
 
     assert_only_the_views_load(folder, blob, "qwen25vl")

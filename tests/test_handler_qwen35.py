@@ -2,6 +2,7 @@
 blob: hybrid text model, MTP head, vision tower): through the mount,
 `model.gguf` and `mmproj.gguf` equal llama.cpp's own conversion of the same
 weights, and load in llama.cpp."""
+
 import re
 
 import gguf
@@ -38,8 +39,11 @@ def test_text_view_equals_llama_cpp_conversion(store, mount_store):
     # filler rows unused.
     assert {k: got.get(k) for k in want} == want
     # Beyond them only Ollama keys llama.cpp does not read for a BPE vocabulary.
-    assert set(got) - set(want) == {"tokenizer.ggml.scores", "tokenizer.ggml.eos_token_ids",
-                                    "tokenizer.ggml.add_padding_token"}
+    assert set(got) - set(want) == {
+        "tokenizer.ggml.scores",
+        "tokenizer.ggml.eos_token_ids",
+        "tokenizer.ggml.add_padding_token",
+    }
     # Every tensor: the MTP layer as block 4 with its shared tensors as
     # `nextn.*` (shared norms shifted by one), `ssm_dt` as a bias.
     assert_same_tensors(mounted, UPSTREAM / "model.gguf")
@@ -66,6 +70,7 @@ def test_loads_in_llama_cpp_through_the_mount(store, mount_store):
 
 # -- Qwen3.5-MoE with vision: no genuine fixture; the writer follows f63eea3's converter --
 
+
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory):
     d = tmp_path_factory.mktemp("qwen35moe")
@@ -89,8 +94,12 @@ def test_moe_writer_writes_what_the_dense_converter_wrote(moe):
     want_keys, want_names = layout(BLOB, "qwen35")
     # The empty deepstack list aside, which the shared writer core cannot type.
     assert want_keys - keys == {"A.vision.deepstack_visual_indexes"}
-    assert keys - want_keys == {"A.expert_count", "A.expert_used_count", "A.expert_feed_forward_length",
-                                "A.expert_shared_feed_forward_length"}
+    assert keys - want_keys == {
+        "A.expert_count",
+        "A.expert_used_count",
+        "A.expert_feed_forward_length",
+        "A.expert_shared_feed_forward_length",
+    }
     dense_ffn = {n for n in want_names if re.search(r"\.ffn_(gate|up|down)\.weight$", n)}
     moe_ffn = names - want_names
     assert want_names - names == dense_ffn
@@ -103,10 +112,13 @@ def test_moe_loads_in_llama_cpp_through_the_mount(moe, mount_store):
     m = mount_store(store)
     model, mmproj = m / "qwen3.5:35b-a3b/model.gguf", m / "qwen3.5:35b-a3b/mmproj.gguf"
     describe = {"op": "chat", "messages": [{"role": "user", "content": "Describe."}], "n_predict": 4}
-    res = run_job({"model": str(model), "mmproj": str(mmproj), "actions": [
-        {"op": "complete", "prompt": "hello", "n_predict": 4},
-        {**describe, "image_png": True},
-    ]})
+    res = run_job(
+        {
+            "model": str(model),
+            "mmproj": str(mmproj),
+            "actions": [{"op": "complete", "prompt": "hello", "n_predict": 4}, {**describe, "image_png": True}],
+        }
+    )
     assert res["ok"], res.get("error")
     assert res["results"][0]["tokens_predicted"] > 0
     text_only = run_job({"model": str(model), "actions": [describe]})
@@ -119,8 +131,10 @@ def test_moe_loads_in_llama_cpp_through_the_mount(moe, mount_store):
     experts = sorted(n for n in raw if n.startswith("mtp.layers.0.mlp.experts.") and n.endswith("up_proj.weight"))
     stacked = got["blk.4.ffn_up_exps.weight"]
     assert list(stacked.shape) == [64, 32, len(experts)] and len(experts) == 4
-    np.testing.assert_array_equal(as_f32(stacked), np.concatenate(
-        [raw[f"mtp.layers.0.mlp.experts.{e}.up_proj.weight"] for e in range(len(experts))]))
+    np.testing.assert_array_equal(
+        as_f32(stacked),
+        np.concatenate([raw[f"mtp.layers.0.mlp.experts.{e}.up_proj.weight"] for e in range(len(experts))]),
+    )
     np.testing.assert_array_equal(as_f32(got["blk.4.nextn.enorm.weight"]), raw["mtp.pre_fc_norm_embedding.weight"] + 1)
     np.testing.assert_array_equal(as_f32(got["blk.4.attn_norm.weight"]), raw["mtp.layers.0.attn_norm.weight"])
     assert not any(n.startswith(("mtp.", "v.")) for n in got)

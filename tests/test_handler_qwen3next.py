@@ -2,6 +2,7 @@
 `qwen35moe` without M-RoPE sections): untranslated llama.cpp refuses them;
 through the mount both are `qwen3next` files that load, and the two forms of
 one checkpoint are the same model (tensor values, tokens, generation)."""
+
 import gguf
 import numpy as np
 import pytest
@@ -31,8 +32,9 @@ def blobs(tmp_path_factory):
     return {name: write(d / f"{name}.gguf") for name, write in FORMS.items()}
 
 
-@pytest.mark.parametrize("name, error", [
-    ("qwen3next", "ssm_dt.bias"), ("qwen35moe", "qwen35moe.rope.dimension_sections")])
+@pytest.mark.parametrize(
+    "name, error", [("qwen3next", "ssm_dt.bias"), ("qwen35moe", "qwen35moe.rope.dimension_sections")]
+)
 def test_untranslated_fails(blobs, name, error):
     r = run_job({"model": str(blobs[name]), "actions": []})
     assert not r["ok"] and error in r["error"], r["error"]
@@ -69,7 +71,7 @@ def test_both_forms_load_as_the_same_qwen3next_model(blobs, tmp_path, mount_stor
 
     ra, rb = ({t.name: t for t in gguf.GGUFReader(v).tensors} for v in views.values())
     assert sorted(ra) == sorted(rb) and "blk.0.ssm_dt.bias" in ra
-    for name in ra:   # the shared-expert gate is [64] in one form, [64, 1] in the other
+    for name in ra:  # the shared-expert gate is [64] in one form, [64, 1] in the other
         np.testing.assert_array_equal(as_f32(ra[name]), as_f32(rb[name]), err_msg=name)
 
     results = []

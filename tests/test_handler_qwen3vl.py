@@ -1,6 +1,7 @@
 """Qwen3-VL as Ollama's converter wrote it before 9db4bdbad (one `qwen3vl`
 blob, text and vision): through the mount, `model.gguf` and `mmproj.gguf`
 equal llama.cpp's own conversion of the same weights, and load in llama.cpp."""
+
 import re
 
 import gguf
@@ -46,8 +47,11 @@ def test_text_view_equals_llama_cpp_conversion(store, mount_store):
     # layer count, BOS and add-BOS, FIM markers control, filler rows unused.
     assert {k: got.get(k) for k in want if k != SECTIONS} == {k: v for k, v in want.items() if k != SECTIONS}
     # Beyond them only Ollama keys llama.cpp does not read for a BPE vocabulary.
-    assert set(got) - set(want) == {"tokenizer.ggml.scores", "tokenizer.ggml.eos_token_ids",
-                                    "tokenizer.ggml.add_padding_token"}
+    assert set(got) - set(want) == {
+        "tokenizer.ggml.scores",
+        "tokenizer.ggml.eos_token_ids",
+        "tokenizer.ggml.add_padding_token",
+    }
     assert not any(k.startswith("qwen3vl.vision.") for k in got)
     assert_same_tensors(mounted, UPSTREAM / "model.gguf")
 
@@ -105,6 +109,7 @@ def test_patch_embedding_frame_shape_is_checked():
 
 # -- Qwen3-VL-MoE: no genuine fixture; the writer follows f63eea3's converter ----------
 
+
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory):
     d = tmp_path_factory.mktemp("qwen3vlmoe")
@@ -130,8 +135,9 @@ def test_moe_writer_writes_what_the_dense_converter_wrote(moe):
     assert keys - want_keys == {"A.expert_count", "A.expert_used_count", "A.norm_top_k_prob"}
     assert want_keys <= keys
     moe_only = {n for n in names if "exps" in n or "gate_inp" in n}
-    assert {n: r for n, r in names.items() if n not in moe_only} == \
-        {n: r for n, r in want_names.items() if "ffn_gate." not in n and "ffn_up." not in n and "ffn_down." not in n}
+    assert {n: r for n, r in names.items() if n not in moe_only} == {
+        n: r for n, r in want_names.items() if "ffn_gate." not in n and "ffn_up." not in n and "ffn_down." not in n
+    }
 
 
 @needs_fuse
@@ -140,10 +146,13 @@ def test_moe_loads_in_llama_cpp_through_the_mount(moe, mount_store):
     m = mount_store(store)
     model, mmproj = str(m / "qwen3-vl:30b-a3b/model.gguf"), str(m / "qwen3-vl:30b-a3b/mmproj.gguf")
     describe = {"op": "chat", "messages": [{"role": "user", "content": "Describe."}], "n_predict": 4}
-    res = run_job({"model": model, "mmproj": mmproj, "actions": [
-        {"op": "complete", "prompt": "hello", "n_predict": 4},
-        {**describe, "image_png": True},
-    ]})
+    res = run_job(
+        {
+            "model": model,
+            "mmproj": mmproj,
+            "actions": [{"op": "complete", "prompt": "hello", "n_predict": 4}, {**describe, "image_png": True}],
+        }
+    )
     assert res["ok"], res.get("error")
     assert res["results"][0]["tokens_predicted"] > 0
     text_only = run_job({"model": model, "actions": [describe]})
@@ -168,7 +177,7 @@ class Blob:
         return self.kvs[key].decode() if key in self.kvs else default
 
     def block_ids(self, prefix):
-        return frozenset(int(n[len(prefix):].split(".")[0]) for n in self.tensors if n.startswith(prefix))
+        return frozenset(int(n[len(prefix) :].split(".")[0]) for n in self.tensors if n.startswith(prefix))
 
 
 def test_deepstack_indexes_must_place_every_merger():

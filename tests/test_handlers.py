@@ -1,5 +1,6 @@
 """gguf-py reading the mounted files of legacy blobs (written as Ollama's
 converters wrote them) finds exactly the KVs and tensors each handler promises."""
+
 import re
 
 import gguf
@@ -26,9 +27,9 @@ def kvs(path) -> dict:
 
 
 def tensors(path) -> dict:
-    return {t.name: (t.tensor_type, [int(x) for x in t.shape], np.asarray(t.data)) for t in gguf.GGUFReader(path).tensors}
-
-
+    return {
+        t.name: (t.tensor_type, [int(x) for x in t.shape], np.asarray(t.data)) for t in gguf.GGUFReader(path).tensors
+    }
 
 
 def assert_passthrough(mounted: dict, blob: dict, names) -> None:
@@ -43,23 +44,25 @@ def test_gemma3_text(legacy, mount_store):
     blob_kv, got = kvs(files["gemma3"]), kvs(m / "gemma3:1b/model.gguf")
     rows = tensors(files["gemma3"])["token_embd.weight"][1][1]
     tokens, types = blob_kv["tokenizer.ggml.tokens"][:rows], blob_kv["tokenizer.ggml.token_type"][:rows]
-    for marker in ("<start_of_image>", "<end_of_image>"):    # typed as text by Ollama
+    for marker in ("<start_of_image>", "<end_of_image>"):  # typed as text by Ollama
         assert types[tokens.index(marker)] == 1
         types[tokens.index(marker)] = 3
     expect = dict(blob_kv)
-    expect.update({
-        "gemma3.attention.layer_norm_rms_epsilon": 1e-6,
-        "gemma3.rope.freq_base": blob_kv["gemma3.rope.global.freq_base"],
-        "gemma3.rope.freq_base_swa": blob_kv["gemma3.rope.local.freq_base"],
-        "tokenizer.chat_template": CHAT_TEMPLATE,
-        "tokenizer.ggml.add_space_prefix": False,
-        "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.scores": blob_kv["tokenizer.ggml.scores"][:rows],
-        "tokenizer.ggml.token_type": types,
-    })
-    assert len(blob_kv["tokenizer.ggml.tokens"]) > rows     # the fixture is really legacy
+    expect.update(
+        {
+            "gemma3.attention.layer_norm_rms_epsilon": 1e-6,
+            "gemma3.rope.freq_base": blob_kv["gemma3.rope.global.freq_base"],
+            "gemma3.rope.freq_base_swa": blob_kv["gemma3.rope.local.freq_base"],
+            "tokenizer.chat_template": CHAT_TEMPLATE,
+            "tokenizer.ggml.add_space_prefix": False,
+            "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.scores": blob_kv["tokenizer.ggml.scores"][:rows],
+            "tokenizer.ggml.token_type": types,
+        }
+    )
+    assert len(blob_kv["tokenizer.ggml.tokens"]) > rows  # the fixture is really legacy
     assert got == expect
-    assert "gemma3.rope.scaling.type" not in got            # a 32k model is not rope-scaled
+    assert "gemma3.rope.scaling.type" not in got  # a 32k model is not rope-scaled
     blob_t, got_t = tensors(files["gemma3"]), tensors(m / "gemma3:1b/model.gguf")
     assert sorted(got_t) == sorted(blob_t)
     assert_passthrough(got_t, blob_t, blob_t)
@@ -102,7 +105,7 @@ def test_gemma3_vision_text_and_clip(legacy, mount_store):
     # The tensor names are llama.cpp's: those of its own conversion of a Gemma 3
     # vision tower (block numbers aside: its tower is deeper than the writer's).
     clip_t = tensors(m / "gemma3:4b/mmproj.gguf")
-    blocks = lambda names: {re.sub(r"\.\d+\.", ".N.", n) for n in names}   # noqa: E731
+    blocks = lambda names: {re.sub(r"\.\d+\.", ".N.", n) for n in names}  # noqa: E731
     if SHARED.is_dir():
         assert blocks(clip_t) == blocks(tensors(SHARED / "upstream/gemma3_vision/mmproj.gguf"))
     # Each tensor is one of the blob's vision tensors, bytes kept, the patch
@@ -124,8 +127,13 @@ def test_llama3_tokenizer_metadata(legacy, mount_store):
     m = mount_store(store)
     blob_kv = kvs(files["llama3"])
     assert "tokenizer.ggml.pre" not in blob_kv and blob_kv["tokenizer.ggml.eos_token_id"] == 128001
-    expect = {**blob_kv, "tokenizer.ggml.pre": "llama-bpe", "tokenizer.ggml.eos_token_id": 128009,
-              "tokenizer.ggml.eot_token_id": 128009, "tokenizer.ggml.eos_token_ids": [128009]}
+    expect = {
+        **blob_kv,
+        "tokenizer.ggml.pre": "llama-bpe",
+        "tokenizer.ggml.eos_token_id": 128009,
+        "tokenizer.ggml.eot_token_id": 128009,
+        "tokenizer.ggml.eos_token_ids": [128009],
+    }
     assert kvs(m / "llama3:8b/model.gguf") == expect
     blob_t = tensors(files["llama3"])
     assert_passthrough(tensors(m / "llama3:8b/model.gguf"), blob_t, blob_t)

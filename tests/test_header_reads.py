@@ -2,6 +2,7 @@
 prefix only when the header runs past the bytes read so far (`PastTheEnd`),
 never because an error's text says so (a key or tensor name a hostile blob
 chose can say anything)."""
+
 import struct
 
 import pytest
@@ -37,6 +38,7 @@ def reads(monkeypatch):
     def counted(self, offset, size):
         sizes.append(size)
         return real(self, offset, size)
+
     monkeypatch.setattr(header.BlobFile, "read", counted)
     return sizes
 
@@ -46,10 +48,8 @@ def reads(monkeypatch):
 BIG = SourceGGUF.MAX_HEADER + (1 << 20)
 
 CASES = {
-    "a key of an unknown value type": (
-        _str(f"k {MIMIC}") + struct.pack("<I", 99), 1, 0, "unknown value type"),
-    "a tensor of too many dimensions": (
-        _str(f"t {MIMIC}") + struct.pack("<I", 9), 0, 1, "9 dimensions"),
+    "a key of an unknown value type": (_str(f"k {MIMIC}") + struct.pack("<I", 99), 1, 0, "unknown value type"),
+    "a tensor of too many dimensions": (_str(f"t {MIMIC}") + struct.pack("<I", 9), 0, 1, "9 dimensions"),
 }
 
 
@@ -65,8 +65,14 @@ def test_an_error_that_mentions_the_end_is_not_read_further(tmp_path, reads, cas
 def test_a_header_past_the_first_read_is_read_further(tmp_path, reads):
     """A string longer than the first read: one more, longer read, then parsed."""
     long = "x" * (SourceGGUF.FIRST_READ + 10)
-    body = _str("general.architecture") + struct.pack("<I", 8) + _str("llama") \
-        + _str("long") + struct.pack("<I", 8) + _str(long)
+    body = (
+        _str("general.architecture")
+        + struct.pack("<I", 8)
+        + _str("llama")
+        + _str("long")
+        + struct.pack("<I", 8)
+        + _str(long)
+    )
     path = write_blob(tmp_path / "b.gguf", body, 2, 0, 4 * SourceGGUF.FIRST_READ)
     src = SourceGGUF(path)
     assert src.get("long") == long and len(reads) == 2 and reads[1] > SourceGGUF.FIRST_READ

@@ -1,6 +1,7 @@
 """Headers that lie about their lengths: every length is checked against the
 bytes the blob has before anything is read for it, and a header takes at
 most `SourceGGUF.MAX_HEADER` bytes of memory however it lies."""
+
 import struct
 import time
 import tracemalloc
@@ -11,7 +12,7 @@ from compatfs.format.header import SourceGGUF
 from compatfs.errors import GGUFError
 from compatfs.format.values import VT
 
-BLOB = 512 << 20     # sparse: costs no disk
+BLOB = 512 << 20  # sparse: costs no disk
 
 
 def _header(*kvs: bytes) -> bytes:
@@ -27,8 +28,12 @@ LIARS = {
     "a 2^62-element array": _header(_key(b"a") + struct.pack("<IIQ", VT.ARRAY, VT.UINT8, 1 << 62)),
     "a 2^62-string array": _header(_key(b"a") + struct.pack("<IIQ", VT.ARRAY, VT.STRING, 1 << 62)),
     "a key that is not UTF-8": _header(_key(b"\xff\xfe\xfd") + struct.pack("<IB", VT.UINT8, 1)),
-    "arrays nested 10,000 deep": _header(_key(b"a") + struct.pack("<I", VT.ARRAY)
-                                         + struct.pack("<IQ", VT.ARRAY, 1) * 10_000 + struct.pack("<IQ", VT.UINT8, 0)),
+    "arrays nested 10,000 deep": _header(
+        _key(b"a")
+        + struct.pack("<I", VT.ARRAY)
+        + struct.pack("<IQ", VT.ARRAY, 1) * 10_000
+        + struct.pack("<IQ", VT.UINT8, 0)
+    ),
     "a 100 MiB string inside the blob": _header(_key(b"a") + struct.pack("<IQ", VT.STRING, 100 << 20)),
 }
 
@@ -57,6 +62,7 @@ def test_a_lying_header_is_refused_in_bounded_memory(tmp_path, what):
 def test_lengths_past_the_blob_are_refused_before_reading(tmp_path, monkeypatch):
     """A length beyond the blob is an error at once: nothing past the first read."""
     from compatfs.files import blobfile
+
     reads = []
     real = blobfile.BlobFile.read
     monkeypatch.setattr(blobfile.BlobFile, "read", lambda self, off, n: reads.append(n) or real(self, off, n))

@@ -2,6 +2,7 @@
 or rewritten in place, manifests re-pointed under open readers, blobs that are
 not regular files, headers that cannot be parsed; and what `ls -l`, `du` and
 `df` show."""
+
 import errno
 import json
 import os
@@ -28,8 +29,9 @@ def expected(blob: Path, kind: str = "model.gguf") -> bytes:
     """The view's bytes built in-process (blob ranges read from the file)."""
     view = BlobViews().view(blob, kind)
     data = blob.read_bytes()
-    return b"".join(data[p.offset:p.offset + p.size] if isinstance(p, FileRange) else bytes(p)
-                    for p in view.pieces(0, view.size))
+    return b"".join(
+        data[p.offset : p.offset + p.size] if isinstance(p, FileRange) else bytes(p) for p in view.pieces(0, view.size)
+    )
 
 
 def blob_of(store: Path, name: str, tag: str, media: str = "model") -> Path:
@@ -59,7 +61,7 @@ def test_truncated_blob_is_eio_not_eof(store, mount_store):
                 assert chunk, f"silent end of file at {len(got)} of {len(want)}"
                 got += chunk
         assert e.value.errno == errno.EIO
-        assert len(got) < len(want) and got == want[:len(got)]
+        assert len(got) < len(want) and got == want[: len(got)]
         # The open file keeps its size (its reads fail) rather than ending early, after the rescan too.
         wait_until(lambda: m.changes_seen() > seen, what="a rescan seeing the truncated blob")
         assert os.fstat(f.fileno()).st_size == len(want)
@@ -77,7 +79,7 @@ def test_blob_rewritten_in_place(store, mount_store, tmp_path):
     other = llama.plain_llama_text(tmp_path / "other.gguf")
     with open(path, "rb", buffering=0) as f:
         assert f.read(4096) == old[:4096]
-        with open(blob, "r+b") as w:    # same inode, new bytes and size
+        with open(blob, "r+b") as w:  # same inode, new bytes and size
             w.truncate(0)
             w.write(other.read_bytes())
         f.seek(len(old) - 10000)
@@ -87,7 +89,7 @@ def test_blob_rewritten_in_place(store, mount_store, tmp_path):
         new = expected(blob)
         assert len(new) != len(old)
         wait_until(lambda: path.stat().st_size == len(new), what="stat shows the rewritten blob")
-        assert path.read_bytes() == new     # a new open sees the new blob
+        assert path.read_bytes() == new  # a new open sees the new blob
     assert blob.name in m.log_text()
 
 
@@ -100,7 +102,7 @@ def test_repointed_manifest_under_an_open_reader(store, mount_store, tmp_path):
     with open(path, "rb", buffering=0) as a:
         got = a.read(len(before) // 2)
         seen = m.changes_seen()
-        add_model(store, "text", llama.plain_llama_text(tmp_path / "p.gguf"), tag="1b")   # `ollama pull` again
+        add_model(store, "text", llama.plain_llama_text(tmp_path / "p.gguf"), tag="1b")  # `ollama pull` again
         second = blob_of(store, "text", "1b")
         after = expected(second)
         assert second != first and len(after) != len(before)
@@ -144,7 +146,7 @@ def test_ls_of_hostile_blobs_is_prompt_and_logged(store, mount_store, tmp_path):
     bad = {}
     good = gemma3.legacy_gemma3_vision(tmp_path / "gv2.gguf", seed=3).read_bytes()
     variants = {
-        "cut": good[:200_000],                                             # tensors past the end
+        "cut": good[:200_000],  # tensors past the end
         "noise": os.urandom(300_000),
         "counts": b"GGUF" + (3).to_bytes(4, "little") + (2**62).to_bytes(8, "little") * 2 + bytes(64),
         "empty": b"",
@@ -192,7 +194,9 @@ def test_du_df_and_folder_times(store, mount_store):
     # Folder link counts are 2 + subfolders; find sees every file.
     assert m.path.stat().st_nlink == 2 + 3 and (m / "blobs").stat().st_nlink == 2 + 2
     found = subprocess.run(["find", str(m.path), "-type", "f"], capture_output=True, text=True, check=True)
-    assert len(found.stdout.split()) == 3 + 3 + 1   # vision: model + mmproj, text: model; the same under blobs/; models.ini
+    assert (
+        len(found.stdout.split()) == 3 + 3 + 1
+    )  # vision: model + mmproj, text: model; the same under blobs/; models.ini
 
 
 def test_truncation_under_an_op_tensor_read(store, mount_store):
@@ -216,7 +220,7 @@ def test_truncation_under_an_op_tensor_read(store, mount_store):
 
 # -- round 2: never a hang, a refused view stays one view, index rows are hints -------------
 
-from hostile import bounded, fifo_writer_release, with_value   # noqa: E402
+from hostile import bounded, fifo_writer_release, with_value  # noqa: E402
 
 
 def test_a_fifo_manifest_appearing_while_mounted_blocks_nothing(store, mount_store):
@@ -249,6 +253,7 @@ def test_a_blob_flipping_between_file_and_fifo_never_hangs_a_request(store, moun
     The blob is swapped (rename) between a regular file and a FIFO while
     the mount is asked for its files; then it is left a FIFO."""
     import threading
+
     m = mount_store(store)
     blob = blob_of(store, "vision", "4b")
     kept = blob.read_bytes()
@@ -267,7 +272,7 @@ def test_a_blob_flipping_between_file_and_fifo_never_hangs_a_request(store, moun
         while not stop.is_set():
             swap(fifo=bool(i % 2))
             i += 1
-            time.sleep(0.005)   # on purpose: a swap every 5 ms
+            time.sleep(0.005)  # on purpose: a swap every 5 ms
 
     t = threading.Thread(target=flip, daemon=True)
     t.start()
@@ -275,9 +280,18 @@ def test_a_blob_flipping_between_file_and_fifo_never_hangs_a_request(store, moun
         deadline = time.monotonic() + 6
         while time.monotonic() < deadline:
             folder = m / "vision:4b"
-            res = bounded(["sh", "-c", f"stat {folder}/model.gguf {folder}/mmproj.gguf; head -c 100000 {folder}/model.gguf; "
-                           f"head -c 100000 {folder}/mmproj.gguf; head -c 1000 {m / 'blobs' / blob.name}/model.gguf; "
-                           "true"], 10, m.path, stdout_null=True)
+            res = bounded(
+                [
+                    "sh",
+                    "-c",
+                    f"stat {folder}/model.gguf {folder}/mmproj.gguf; head -c 100000 {folder}/model.gguf; "
+                    f"head -c 100000 {folder}/mmproj.gguf; head -c 1000 {m / 'blobs' / blob.name}/model.gguf; "
+                    "true",
+                ],
+                10,
+                m.path,
+                stdout_null=True,
+            )
             assert res.returncode == 0
     finally:
         stop.set()
@@ -303,6 +317,7 @@ def _wrong_types(tmp_path: Path) -> dict[str, bytes]:
     view does not), and a vision block index that is text."""
     from compatfs.format.header import SourceGGUF
     from compatfs.format.values import VT, array, string
+
     good = gemma3.legacy_gemma3_vision(tmp_path / "wt.gguf", seed=5)
     n = SourceGGUF(good).kvs["tokenizer.ggml.token_type"].count
     return {
@@ -330,7 +345,7 @@ def test_values_of_the_wrong_type_refuse_one_view_at_most(store, mount_store, tm
         assert res.returncode == 0 and "?" not in res.stdout, res.stdout + res.stderr
     refused = 0
     for name, blob in blobs.items():
-        fuzz.views_of(blob)   # raises HandlerFailure where a refusal is a handler's crash (the mount's EIO hides it)
+        fuzz.views_of(blob)  # raises HandlerFailure where a refusal is a handler's crash (the mount's EIO hides it)
         for folder in (m / f"{name}:latest", m / "blobs" / blob.name):
             files = sorted(p.name for p in folder.iterdir())
             assert "model.gguf" in files, (folder, files)
@@ -362,6 +377,7 @@ def test_index_rows_that_lie_are_hints(store, mount_store, tmp_path):
     and the kernel's attributes dropped."""
     import sqlite3
     from contextlib import closing
+
     cache = tmp_path / "cache"
     env = {"COMPATFS_CACHE_DIR": str(cache)}
     extra = tmp_path / "other.gguf"
@@ -379,6 +395,7 @@ def test_index_rows_that_lie_are_hints(store, mount_store, tmp_path):
     def rows() -> int:
         with closing(sqlite3.connect(cache / "index.sqlite3")) as db:
             return db.execute(f"SELECT COUNT(*) FROM {table_of(db)}").fetchone()[0]
+
     wait_until(lambda: rows() >= 4, what="the four models' rows in the index", tolerate=(sqlite3.Error, TypeError))
     first.close()
     text, vision = blob_of(store, "text", "1b"), blob_of(store, "vision", "4b")
@@ -395,7 +412,7 @@ def test_index_rows_that_lie_are_hints(store, mount_store, tmp_path):
     m = mount_store(store, env=env)
     want = expected(text)
     path = m / "text:1b/model.gguf"
-    path.stat()                                     # the kernel may keep the lying size: until the open
+    path.stat()  # the kernel may keep the lying size: until the open
     assert path.read_bytes() == want
     assert path.stat().st_size == len(want)
     assert (m / "blobs" / text.name / "model.gguf").stat().st_size == len(want)

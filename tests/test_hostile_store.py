@@ -2,6 +2,7 @@
 devices) never block a reader, manifests are read with a size cap and in
 time linear in their layers, names that collide are left out with a reason,
 and a handler that fails (whatever it raises) refuses only its own view."""
+
 import errno
 import json
 import os
@@ -53,7 +54,7 @@ def fifo(tmp_path):
         return path
 
     yield make
-    for path in made:      # release whatever the code under test left blocked on it
+    for path in made:  # release whatever the code under test left blocked on it
         fifo_writer_release(path)
 
 
@@ -64,8 +65,12 @@ def test_no_reader_of_store_contents_blocks_on_a_fifo(store, fifo):
     blob = _blob(store, "text", "1b")
     parsed = SourceGGUF(blob)
     fifo(blob)
-    for _what, call in [("parse", lambda: SourceGGUF(blob)), ("read", lambda: parsed.read(0, 16)),
-                       ("summary", lambda: BlobViews().summary(blob)), ("view", lambda: BlobViews().view(blob, MODEL_FILE))]:
+    for _what, call in [
+        ("parse", lambda: SourceGGUF(blob)),
+        ("read", lambda: parsed.read(0, 16)),
+        ("summary", lambda: BlobViews().summary(blob)),
+        ("view", lambda: BlobViews().view(blob, MODEL_FILE)),
+    ]:
         with pytest.raises(GGUFError, match="not a regular file"):
             ends_within(call, 5)
     fifo(store / LIB / "text" / "1b")
@@ -83,9 +88,11 @@ def test_a_manifest_that_is_a_device_or_too_large_is_left_out(store, tmp_path):
     big = store / LIB / "big" / "latest"
     big.parent.mkdir()
     big.write_bytes(b" " * (5 << 20))
-    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30));"
-            "from compatfs.sources.ollama import OllamaStore; s = OllamaStore(sys.argv[1]).manifests();"
-            "print(sorted(s.models)); print(s.skipped['zero:latest']); print(s.skipped['big:latest'])")
+    code = (
+        "import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30));"
+        "from compatfs.sources.ollama import OllamaStore; s = OllamaStore(sys.argv[1]).manifests();"
+        "print(sorted(s.models)); print(s.skipped['zero:latest']); print(s.skipped['big:latest'])"
+    )
     res = subprocess.run([sys.executable, "-c", code, str(store)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr[-2000:]
     models, zero, big_reason = res.stdout.splitlines()
@@ -127,9 +134,12 @@ def test_names_that_collide_are_left_out_with_the_reason(store, tmp_path):
     add_model(store, "hidden", odd, namespace="blobs")
     tree = Tree(OllamaStore(store), BlobViews())
     snap = tree.snapshot()
-    assert snap.models["text:1b"].model == _blob(store, "text", "1b")   # the usual spelling wins
+    assert snap.models["text:1b"].model == _blob(store, "text", "1b")  # the usual spelling wins
     other = str(store / "manifests/Registry.Ollama.AI/library/text/1b")
-    assert "already that of" in snap.listing.skipped[other] and str(store / LIB / "text" / "1b") in snap.listing.skipped[other]
+    assert (
+        "already that of" in snap.listing.skipped[other]
+        and str(store / LIB / "text" / "1b") in snap.listing.skipped[other]
+    )
     assert "blobs/" in snap.listing.skipped["blobs/hidden:latest"]
     assert tree.lookup("blobs/hidden:latest") is None and tree.lookup("blobs/hidden:latest/model.gguf") is None
     assert "hidden:latest" not in tree.lookup("blobs")
@@ -142,12 +152,14 @@ class Boom(Exception):
 def _failing_plan(monkeypatch, kinds: str):
     """Make planning with the handlers of `kinds` (TEXT or CLIP) raise Boom."""
     import compatfs.view.claims as views_module
+
     real_plan = views_module.plan
 
     def plan(tr, src):
         if tr in getattr(handlers, kinds):
             raise Boom("plan")
         return real_plan(tr, src)
+
     monkeypatch.setattr(views_module, "plan", plan)
 
 
@@ -170,6 +182,7 @@ def test_a_failing_plan_refuses_only_its_view(store, monkeypatch, kinds, refused
 
 def test_a_failing_claim_refuses_only_its_view(store, monkeypatch):
     import compatfs.view.claims as views_module
+
     blob = _blob(store, "vision", "4b")
     want = BlobViews().view(blob, MMPROJ_FILE).size
     real = views_module.first_claim
@@ -178,6 +191,7 @@ def test_a_failing_claim_refuses_only_its_view(store, monkeypatch):
         if translations is handlers.TEXT:
             raise Boom("claim")
         return real(translations, src)
+
     monkeypatch.setattr(views_module, "first_claim", first_claim)
     info = views_module.classify(SourceGGUF(blob))
     # Told apart from a refusal the handler meant (the fuzzer reports these as findings).
@@ -197,13 +211,18 @@ def test_indexing_workers_outlive_the_thread_that_started_them(store, tmp_path):
     from concurrent.futures import ProcessPoolExecutor
     import multiprocessing
     import compatfs.view.summaries as views_module
+
     blob = _blob(store, "text", "1b")
     box = {}
 
     def start():
-        pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=views_module.die_with, initargs=(os.getpid(),))
-        box["first"] = pool.submit(summarize, blob, True).result(timeout=60)   # the worker is set up
+        pool = ProcessPoolExecutor(
+            max_workers=1,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=views_module.die_with,
+            initargs=(os.getpid(),),
+        )
+        box["first"] = pool.submit(summarize, blob, True).result(timeout=60)  # the worker is set up
         box["pool"] = pool
 
     t = threading.Thread(target=start)
@@ -223,19 +242,23 @@ def test_an_architecture_of_the_wrong_type_is_an_answer(store, tmp_path, value):
     UTF-8: a summary or one GGUFError, never another exception."""
     from compatfs.format.values import VT, Value, array, u32
     from hostile import with_value
+
     bad = tmp_path / "arch.gguf"
-    new = {"array": array(VT.UINT32, [1, 2, 3]), "number": u32(7),
-           "not utf-8": Value(VT.STRING, (3).to_bytes(8, "little") + b"\xff\xfe\xfd")}[value]
+    new = {
+        "array": array(VT.UINT32, [1, 2, 3]),
+        "number": u32(7),
+        "not utf-8": Value(VT.STRING, (3).to_bytes(8, "little") + b"\xff\xfe\xfd"),
+    }[value]
     bad.write_bytes(with_value(_blob(store, "vision", "4b"), "general.architecture", new))
     _stamp, s = summarize(bad, True)
-    assert s.arch is None if value != "not utf-8" else isinstance(s.arch, str)   # decoded with replacements
+    assert s.arch is None if value != "not utf-8" else isinstance(s.arch, str)  # decoded with replacements
     views = BlobViews()
     for kind in (MODEL_FILE, MMPROJ_FILE):
         try:
             views.view(bad, kind)
         except GGUFError as e:
             assert str(bad) in str(e)
-    fuzz.views_of(bad)   # raises HandlerFailure where a refusal is a handler's crash (BlobViews' GGUFError hides it)
+    fuzz.views_of(bad)  # raises HandlerFailure where a refusal is a handler's crash (BlobViews' GGUFError hides it)
 
 
 def test_a_model_removed_between_two_scans_is_no_model(store, monkeypatch):
@@ -251,6 +274,7 @@ def test_a_model_removed_between_two_scans_is_no_model(store, monkeypatch):
         listing = scan()
         (store / LIB / "text" / "1b").unlink(missing_ok=True)
         return listing
+
     monkeypatch.setattr(source, "scan", scan_then_remove)
     with pytest.raises(SourceError, match="no model text:1b"):
         model_files(tree, "text:1b")
@@ -262,6 +286,7 @@ def test_ls_leaves_out_a_model_removed_while_it_lists(store, monkeypatch, capsys
     (measured on the landed code: a TypeError on the None the lookup gave)."""
     from functools import partialmethod
     from compatfs.cli import main as cli
+
     monkeypatch.setattr(tree_module.Tree, "__init__", partialmethod(tree_module.Tree.__init__, rescan_seconds=0))
     scan = OllamaStore.scan
 
@@ -269,6 +294,7 @@ def test_ls_leaves_out_a_model_removed_while_it_lists(store, monkeypatch, capsys
         listing = scan(self)
         (store / LIB / "text" / "1b").unlink(missing_ok=True)
         return listing
+
     monkeypatch.setattr(OllamaStore, "scan", scan_then_remove)
     assert cli.main(["ls", str(store), "--json"]) == 0
     assert [r["name"] for r in json.loads(capsys.readouterr().out)["models"]] == ["vision:4b"]
@@ -282,6 +308,7 @@ def test_an_unopenable_blob_is_not_rescanned_for(store, tmp_path, monkeypatch):
     from compatfs.fuse import libfuse
     from compatfs.files.access import Caller
     from compatfs.fuse.operations import CompatFS
+
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setattr(libfuse, "caller", lambda: Caller(os.getuid(), os.getgid(), os.getpid()))
     blob = _blob(store, "text", "1b")
@@ -290,7 +317,7 @@ def test_an_unopenable_blob_is_not_rescanned_for(store, tmp_path, monkeypatch):
     source = OllamaStore(store)
     (tmp_path / "mnt").mkdir()
     fs = CompatFS(Tree(source, BlobViews(), rescan_seconds=3600), str(tmp_path / "mnt"))
-    fs.tree.snapshot()          # the mount's first scan
+    fs.tree.snapshot()  # the mount's first scan
     scans = []
     scan = source.scan
     monkeypatch.setattr(source, "scan", lambda: scans.append(1) or scan())
@@ -307,6 +334,7 @@ def test_a_lookup_never_waits_for_a_rescan(store, monkeypatch):
     rescan hung).  A rescan that takes seconds leaves lookups answering
     from the last snapshot."""
     import time
+
     tree = Tree(OllamaStore(store), BlobViews(), rescan_seconds=0.1)
     assert tree.lookup("text:1b/model.gguf") is not None
     real = tree.source.scan
@@ -314,11 +342,12 @@ def test_a_lookup_never_waits_for_a_rescan(store, monkeypatch):
 
     def slow_scan():
         entered.set()
-        time.sleep(3)       # on purpose: a scan that takes seconds
+        time.sleep(3)  # on purpose: a scan that takes seconds
         return real()
+
     monkeypatch.setattr(tree.source, "scan", slow_scan)
-    time.sleep(0.2)     # on purpose: the snapshot grows older than rescan_seconds
-    rescan = threading.Thread(target=tree.snapshot)   # stale: this thread rescans
+    time.sleep(0.2)  # on purpose: the snapshot grows older than rescan_seconds
+    rescan = threading.Thread(target=tree.snapshot)  # stale: this thread rescans
     rescan.start()
     assert entered.wait(5)
     t = time.monotonic()

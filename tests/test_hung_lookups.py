@@ -4,6 +4,7 @@ sleeps for an hour): the rescan goes on (a model pulled meanwhile shows),
 the other models are served, and `compatfs ls` of the store ends, naming the
 path that hung (measured on 0c32945: the rescan thread, and `ls`, stuck for
 as long as the mount hangs; `timeout -s KILL` did not end `ls`)."""
+
 import hashlib
 import json
 import os
@@ -41,8 +42,9 @@ def hung(tmp_path):
 def _hanging_mount(point: Path):
     """`hungfs.py` mounted at `point` (made); its process."""
     point.mkdir(parents=True)
-    proc = subprocess.Popen([sys.executable, str(HUNGFS), str(point)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, str(HUNGFS), str(point)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     wait_until(lambda: os.path.ismount(point), seconds=20, what="the hanging mount up")
     return proc
 
@@ -56,8 +58,16 @@ def store(tmp_path, hung):
     (root / "blobs" / f"sha256-{digest}").symlink_to(hung / "file")
     manifest = root / "manifests/registry.ollama.ai/library/away/1b"
     manifest.parent.mkdir(parents=True)
-    manifest.write_text(json.dumps({"schemaVersion": 2, "layers": [
-        {"mediaType": "application/vnd.ollama.image.model", "digest": f"sha256:{digest}", "size": 4}]}))
+    manifest.write_text(
+        json.dumps(
+            {
+                "schemaVersion": 2,
+                "layers": [
+                    {"mediaType": "application/vnd.ollama.image.model", "digest": f"sha256:{digest}", "size": 4}
+                ],
+            }
+        )
+    )
     return root
 
 
@@ -88,6 +98,7 @@ def test_only_a_symlink_off_the_mount_is_looked_up_first(tmp_path, monkeypatch):
     this: no helper is asked (a relative symlink inside the store is
     resolved as before); one leading onto another mount is."""
     from compatfs.files import lookup, probe
+
     asked: list[str] = []
     monkeypatch.setattr(lookup, "reach", lambda path, mount: asked.append(path))
     root = tmp_path / "store"

@@ -3,6 +3,7 @@ scanned again at every look, a scan that finds nothing changed reads no
 params layer and renders no models.ini, and a changed params layer is read
 again alone, its section made again alone; a model pulled while idle is
 still seen."""
+
 from __future__ import annotations
 
 import threading
@@ -58,8 +59,7 @@ def published_tree(store: Path, tmp_path: Path, monkeypatch) -> Tree:
     return tree
 
 
-def test_a_scan_that_finds_nothing_changed_reads_no_params_and_renders_nothing(store, tmp_path, monkeypatch,
-                                                                              counted):
+def test_a_scan_that_finds_nothing_changed_reads_no_params_and_renders_nothing(store, tmp_path, monkeypatch, counted):
     tree = published_tree(store, tmp_path, monkeypatch)
     tree.rescan()
     assert len(counted["read_params"]) == 3 and len(counted["render"]) == 1
@@ -80,7 +80,7 @@ def test_a_scan_that_finds_nothing_changed_reads_no_params_and_renders_nothing(s
 def test_an_idle_store_is_not_scanned_at_every_look(store, tmp_path, monkeypatch):
     tree = published_tree(store, tmp_path, monkeypatch)
     monkeypatch.setattr(Rescan, "RESCAN_SECONDS", 0.02)
-    monkeypatch.setattr(Rescan, "IDLE_SHARE", 1e-9, raising=False)     # the timer's scans: far apart (minutes)
+    monkeypatch.setattr(Rescan, "IDLE_SHARE", 1e-9, raising=False)  # the timer's scans: far apart (minutes)
     rescan = Rescan(tree, Paths())
     looks: list[float] = []
     scans: list[float] = []
@@ -98,7 +98,7 @@ def test_an_idle_store_is_not_scanned_at_every_look(store, tmp_path, monkeypatch
         return scan()
 
     monkeypatch.setattr(tree, "rescan", scanning)
-    rescan.start(0)                # no FUSE session: nothing to tell a kernel
+    rescan.start(0)  # no FUSE session: nothing to tell a kernel
     try:
         deadline = time.monotonic() + 30
         while len(looks) < 25 and time.monotonic() < deadline:

@@ -2,6 +2,7 @@
 stale entries (blob replaced, translation changed) are not trusted, an
 unreadable index is rebuilt, and listing a store of many models keeps the
 daemon's memory bounded."""
+
 import logging
 import os
 import time
@@ -10,7 +11,8 @@ from pathlib import Path
 
 from compatfs.format.header import SourceGGUF
 from compatfs.format.values import string
-from compatfs.view.index import Index, Summary
+from compatfs.view.index import Index
+from compatfs.view.summary import Summary
 from compatfs.view.opcache import OpCache
 from compatfs.testing.gemma3 import legacy_gemma3_text
 from compatfs.testing.llama import legacy_llama3_instruct
@@ -23,15 +25,21 @@ from conftest import needs_fuse, wait_until
 
 def test_entries_survive_reopening_and_stale_ones_are_ignored(tmp_path):
     path = tmp_path / "index.sqlite3"
-    blob, stamp, summary = tmp_path / "sha256-1", (1, 2, 3, 4, 5), Summary(100, 50, "gemma3", "gemma3-clip", arch="gemma3")
-    blob.touch()     # a blob that is gone is pruned
+    blob, stamp, summary = (
+        tmp_path / "sha256-1",
+        (1, 2, 3, 4, 5),
+        Summary(100, 50, "gemma3", "gemma3-clip", arch="gemma3"),
+    )
+    blob.touch()  # a blob that is gone is pruned
     index = Index(path, translate=True, version="v1")
     index.put(blob, stamp, summary)
     index.close()
     assert Index(path, translate=True, version="v1").get(blob, stamp) == summary
-    assert Index(path, translate=True, version="v1").get(blob, (1, 2, 3, 4, 6)) is None  # blob rewritten in place (ctime moved)
-    assert Index(path, translate=True, version="v2").get(blob, stamp) is None           # handlers changed
-    assert Index(path, translate=False, version="v1").get(blob, stamp) is None          # translation off
+    assert (
+        Index(path, translate=True, version="v1").get(blob, (1, 2, 3, 4, 6)) is None
+    )  # blob rewritten in place (ctime moved)
+    assert Index(path, translate=True, version="v2").get(blob, stamp) is None  # handlers changed
+    assert Index(path, translate=False, version="v1").get(blob, stamp) is None  # translation off
 
 
 def test_an_unreadable_index_is_moved_aside_and_rebuilt(tmp_path, caplog):
@@ -67,7 +75,7 @@ def test_a_remount_lists_without_parsing(tmp_path, mount_store):
     assert _indexed(second.log_text()) == 0
     # A blob replaced under the same name is indexed again, with its own size.
     second.close()
-    add_model(store, "g0", legacy_gemma3_text(tmp_path / "other.gguf", seed=9, ), tag="1b")
+    add_model(store, "g0", legacy_gemma3_text(tmp_path / "other.gguf", seed=9), tag="1b")
     third = mount_store(store, "-v", "-v", env=cache)
     os.stat(third / "g0:1b/model.gguf")
     assert _indexed(third.log_text()) == 1
@@ -82,8 +90,9 @@ def _rss_mib(pid: int) -> float:
 
 def _variant(src: SourceGGUF, out: Path, name: str) -> Path:
     """The blob at `src` with another general.name: a distinct blob, same layout."""
-    view = View.translated(src, plan(Translation("rename", ALWAYS, kv=(Set("general.name", string(name)),)), src),
-                           OpCache(0), key=name)
+    view = View.translated(
+        src, plan(Translation("rename", ALWAYS, kv=(Set("general.name", string(name)),)), src), OpCache(0), key=name
+    )
     out.write_bytes(view.read(0, view.size))
     return out
 
@@ -151,10 +160,15 @@ def test_indexing_workers_end_with_the_daemon(tmp_path):
     SIGKILL while they index, no worker outlives it."""
     import subprocess
     import sys
+
     blobs = [str(legacy_gemma3_text(tmp_path / f"g{i}.gguf")) for i in range(6)]
     for how in ("close", "kill"):
-        proc = subprocess.Popen([sys.executable, "-c", WORKERS_THEN_DIE, *blobs], stdout=subprocess.PIPE, text=True,
-                                env={**os.environ, "HOW": how})
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WORKERS_THEN_DIE, *blobs],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "HOW": how},
+        )
         pids = [int(p) for p in proc.stdout.readline().split()]
         assert pids, how
         if how == "close":
@@ -171,10 +185,11 @@ def test_a_stat_never_waits_on_a_worker_that_has_not_answered(tmp_path):
     from concurrent.futures import Future
     from compatfs.view.catalog import BlobViews
     from compatfs.view.summaries import summarize
+
     blob = legacy_gemma3_text(tmp_path / "g.gguf")
     views = BlobViews(index=Index(None, True), workers=2)
     taken = Future()
-    assert taken.set_running_or_notify_cancel()      # running: it cannot be cancelled
+    assert taken.set_running_or_notify_cancel()  # running: it cannot be cancelled
     views._pending[str(blob)] = taken
     assert views.summary(blob) == summarize(blob, True)[1]
     assert not taken.done()
@@ -187,6 +202,7 @@ def test_a_folder_named_as_the_index_is_refused_and_never_renamed(tmp_path):
     import sys
     from compatfs.view.index import IndexPathError
     import pytest
+
     folder = tmp_path / "precious"
     folder.mkdir()
     (folder / "keep").write_text("mine")
@@ -197,9 +213,13 @@ def test_a_folder_named_as_the_index_is_refused_and_never_renamed(tmp_path):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     try:
-        res = subprocess.run([sys.executable, "-m", "compatfs", "mount", "-f", str(store), str(mnt),
-                              "--index", str(folder)], capture_output=True, text=True, timeout=30)
-    finally:   # a mount that came up (and was killed by the timeout) is taken down
+        res = subprocess.run(
+            [sys.executable, "-m", "compatfs", "mount", "-f", str(store), str(mnt), "--index", str(folder)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    finally:  # a mount that came up (and was killed by the timeout) is taken down
         subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
     assert res.returncode == 1 and res.stderr.count("\n") == 1 and "is a folder" in res.stderr, res.stderr
     assert (folder / "keep").read_text() == "mine" and not (tmp_path / "precious.corrupt").exists()
@@ -212,6 +232,7 @@ def test_an_index_that_cannot_be_used_leaves_only_a_log_line(tmp_path, caplog):
     landed code: OSError from os.replace (the mount failed with a traceback
     fragment)."""
     import subprocess
+
     path = tmp_path / "index.sqlite3"
     path.write_bytes(b"garbage" * 100)
     aside = tmp_path / "index.sqlite3.corrupt"
@@ -220,7 +241,7 @@ def test_an_index_that_cannot_be_used_leaves_only_a_log_line(tmp_path, caplog):
     ro = tmp_path / "ro"
     ro.mkdir()
     if os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(ro)]).returncode == 0:
-        cases.append(ro / "index.sqlite3")     # the cache folder exists, read-only
+        cases.append(ro / "index.sqlite3")  # the cache folder exists, read-only
     try:
         for where in cases:
             caplog.clear()
@@ -239,6 +260,7 @@ def test_entries_of_the_wrong_kind_or_with_errors_are_made_again(tmp_path):
     """Entries on disk are hints: one with a value that is no size (text, a
     negative number) or that records an error is not taken."""
     import sqlite3
+
     path = tmp_path / "index.sqlite3"
     index = Index(path, translate=True, version="v1")
     good = Summary(100, None, "gemma3", arch="gemma3")
@@ -267,13 +289,16 @@ def test_a_view_that_belies_its_entry_rebuilds_it(tmp_path):
     from compatfs.files.lookup import identity
     import pytest
     from compatfs.errors import GGUFError
+
     blob = legacy_gemma3_text(tmp_path / "g.gguf")
     stamp, true = summarize(blob, True)
     index = Index(None, translate=True, version="v1")
     told = []
     views = BlobViews(index=index)
     views.on_belied = told.append
-    index.put(blob, stamp, Summary(true.model_size - 1000, 1234, true.text, arch=true.arch))   # too small, phantom mmproj
+    index.put(
+        blob, stamp, Summary(true.model_size - 1000, 1234, true.text, arch=true.arch)
+    )  # too small, phantom mmproj
     assert views.view(blob, MODEL_FILE).size == true.model_size
     assert index.get(blob, stamp) == true and told == [blob]
     index.put(blob, stamp, Summary(true.model_size, 1234, true.text, arch=true.arch))
@@ -290,6 +315,7 @@ def test_a_mount_comes_up_without_an_index_it_cannot_write(tmp_path, mount_store
     30] Read-only file system, from os.replace)."""
     import subprocess
     import pytest
+
     if os.geteuid() != 0:
         pytest.skip("needs root (a read-only tmpfs)")
     ro = tmp_path / "ro"
@@ -298,7 +324,7 @@ def test_a_mount_comes_up_without_an_index_it_cannot_write(tmp_path, mount_store
     try:
         store = tmp_path / "store"
         add_model(store, "g", legacy_gemma3_text(tmp_path / "g.gguf"), tag="1b")
-        m = mount_store(store, env={"COMPATFS_CACHE_DIR": str(ro)})   # the folder exists, read-only
+        m = mount_store(store, env={"COMPATFS_CACHE_DIR": str(ro)})  # the folder exists, read-only
         assert os.stat(m / "g:1b/model.gguf").st_size > 0
         log = m.log_text()
         assert log.count("without the persistent index") == 1 and "Traceback" not in log, log
@@ -314,6 +340,7 @@ def test_the_version_is_declared_and_follows_gguf_py(tmp_path, monkeypatch):
     before: a digest of the source files, blind to gguf-py."""
     import importlib.metadata
     import compatfs.view.index as index_module
+
     real = importlib.metadata.version("gguf")
     assert index_module.translation_version() == f"{index_module.INDEX_VERSION}+gguf-{real}"
     path, blob = tmp_path / "index.sqlite3", tmp_path / "b"

@@ -5,6 +5,7 @@ delays nothing but its own writing).  Measured before: the start-up query
 scanned the whole table, the journal was a rollback one, rows were never
 deleted, and a `stat` waited up to 10 s on a locked file (then the mount
 gave the index up)."""
+
 from __future__ import annotations
 
 import os
@@ -13,20 +14,26 @@ from pathlib import Path
 
 from compatfs.testing.gemma3 import legacy_gemma3_text
 from compatfs.testing.store import add_model
-from compatfs.view.index import Index, Summary
+from compatfs.view.index import Index
+from compatfs.view.summary import Summary
 
 from conftest import needs_fuse, wait_until
 
 # The start-up query (as the base commit had it too).
-STARTUP = ("SELECT path, dev, ino, size, mtime_ns, ctime_ns, model_size, mmproj_size, text, clip, error, arch, "
-           "model_error, mmproj_error, embedding FROM views_v5 WHERE version = ? AND translate = ?")
+STARTUP = (
+    "SELECT path, dev, ino, size, mtime_ns, ctime_ns, model_size, mmproj_size, text, clip, error, arch, "
+    "model_error, mmproj_error, embedding FROM views_v5 WHERE version = ? AND translate = ?"
+)
 
 
 def _paths(path: Path, version: str | None = None) -> set[str]:
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        sql, args = ("SELECT path FROM views_v5", ()) if version is None else \
-            ("SELECT path FROM views_v5 WHERE version = ?", (version,))
+        sql, args = (
+            ("SELECT path FROM views_v5", ())
+            if version is None
+            else ("SELECT path FROM views_v5 WHERE version = ?", (version,))
+        )
         return {p for (p,) in db.execute(sql, args)}
     finally:
         db.close()
@@ -57,12 +64,12 @@ def test_rows_of_other_versions_and_of_gone_blobs_are_pruned(tmp_path):
         index.put(b, (i, 1, 1, 1, 1), Summary(1, None))
     index.close()
     assert _paths(path, "v1") == {str(b) for b in blobs}
-    assert _paths(path, "v0") == set()               # another version's rows: gone
-    blobs[1].unlink()                                  # removed while no mount ran
+    assert _paths(path, "v0") == set()  # another version's rows: gone
+    blobs[1].unlink()  # removed while no mount ran
     index = Index(path, translate=True, version="v1")
     assert index.flush(30)
     assert _paths(path) == {str(b) for b in blobs} - {str(blobs[1])}
-    blobs[2].unlink()                                  # removed while mounted: left the store
+    blobs[2].unlink()  # removed while mounted: left the store
     index.retain({str(blobs[0]), str(blobs[3])})
     assert index.flush(30)
     assert _paths(path) == {str(blobs[0]), str(blobs[3])}
@@ -77,7 +84,7 @@ def test_a_stat_never_waits_on_an_index_file_another_process_holds(tmp_path, mou
     store = tmp_path / "store"
     add_model(store, "first", legacy_gemma3_text(tmp_path / "f.gguf", seed=7), tag="1b")
     cache = {"COMPATFS_CACHE_DIR": str(tmp_path / "cache")}
-    warm = mount_store(store, env=cache)                    # makes the file
+    warm = mount_store(store, env=cache)  # makes the file
     assert os.stat(warm / "first:1b/model.gguf").st_size > 0
     warm.close()
     index = tmp_path / "cache" / "index.sqlite3"
@@ -94,4 +101,3 @@ def test_a_stat_never_waits_on_an_index_file_another_process_holds(tmp_path, mou
         holder.close()
     wait_until(lambda: len(_paths(index)) >= 4, 30, what="the held file written once free")
     assert "cannot write" not in m.log_text() and "without the persistent index" not in m.log_text(), m.log_text()
-

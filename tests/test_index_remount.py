@@ -4,6 +4,7 @@ checked against the header before it is published): what the mount's
 start (which models show an mmproj.gguf) and `ls -l` of every model folder
 (sizes, with the params layer's sampling keys too) need of each blob is in
 the index."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -36,8 +37,12 @@ def store(tmp_path: Path) -> Path:
     set_params(root, add_model(root, "chat", text, tag="1b"), b'{"temperature": 0.3, "top_k": 9, "num_ctx": 2048}')
     add_model(root, "plain", text, tag="1b")
     add_model(root, "vision", synthetic_gemma3(tmp_path / "g.gguf"), tag="4b")
-    embed = write_gguf(tmp_path / "e.gguf", "qwen2", kvs={"qwen2.block_count": 1, "qwen2.pooling_type": 1},
-                       tensors={"token_embd.weight": np.zeros((4, 16), dtype=np.float32)})
+    embed = write_gguf(
+        tmp_path / "e.gguf",
+        "qwen2",
+        kvs={"qwen2.block_count": 1, "qwen2.pooling_type": 1},
+        tensors={"token_embd.weight": np.zeros((4, 16), dtype=np.float32)},
+    )
     add_model(root, "embed", embed, tag="1b")
     return root
 
@@ -61,7 +66,7 @@ def mount_and_list(store: Path, index: Path, mountpoint: Path) -> tuple[str, dic
             sizes[f"{name}/{file}"] = size
     ref = tree.lookup("models.ini")
     assert isinstance(ref, FileRef)
-    tree.views.close()     # as the daemon does at unmount: what the index learnt is written
+    tree.views.close()  # as the daemon does at unmount: what the index learnt is written
     return ref.blob.read_text(), sizes
 
 
@@ -69,8 +74,8 @@ def test_a_remount_over_a_warm_index_parses_no_header(store, tmp_path, monkeypat
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     index = tmp_path / "index.sqlite3"
     first = mount_and_list(store, index, tmp_path / "mnt")
-    compatfs.router.preset._embedding_memo.clear()     # a remount is a new daemon: nothing kept in memory
-    compatfs.view.sampling.retain_layers(set())    # (every layer's reading forgotten)
+    compatfs.router.preset._embedding_memo.clear()  # a remount is a new daemon: nothing kept in memory
+    compatfs.view.sampling.retain_layers(set())  # (every layer's reading forgotten)
     parsed = []
     real = compatfs.format.header.SourceGGUF
 
@@ -78,7 +83,7 @@ def test_a_remount_over_a_warm_index_parses_no_header(store, tmp_path, monkeypat
         parsed.append(path)
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(compatfs.format.header, "SourceGGUF", counted)   # as the preset imports it
+    monkeypatch.setattr(compatfs.format.header, "SourceGGUF", counted)  # as the preset imports it
     monkeypatch.setattr(compatfs.view.catalog, "SourceGGUF", counted)
     monkeypatch.setattr(compatfs.view.summaries, "SourceGGUF", counted)
     # The one parse a remount may make: a model blob's header, once, where
@@ -94,8 +99,9 @@ def test_a_remount_over_a_warm_index_parses_no_header(store, tmp_path, monkeypat
 
     monkeypatch.setattr(BlobViews, "_parsing", parsing)
     again = mount_and_list(store, index, tmp_path / "mnt")
-    assert len(checks) == len(set(checks)) and sorted(parsed) == sorted(checks), \
+    assert len(checks) == len(set(checks)) and sorted(parsed) == sorted(checks), (
         f"headers parsed on the remount: {parsed} (of which checks of the embedding flag: {checks})"
+    )
     assert again == first
     text, sizes = again
     embed = text.split("[embed@1b]", 1)[1].split("\n\n", 1)[0]

@@ -6,6 +6,7 @@ Measured before: a lowered size of a model.gguf with sampling keys gave a
 silently short file, a flipped embedding flag gave a chat model
 `embeddings = true` in models.ini, and an index file writable by anyone or
 owned by another user was used as it was."""
+
 from __future__ import annotations
 
 import logging
@@ -46,6 +47,7 @@ def warm(tmp_path, mount_store):
 def _blob(root: Path, name: str) -> str:
     """The model blob of `name` (its GGUF layer's path, as the index keys it)."""
     import json
+
     doc = json.loads((root / "manifests/registry.ollama.ai/library" / name / "1b").read_text())
     digest = next(x["digest"] for x in doc["layers"] if x["mediaType"].endswith(".model"))
     return str(root / "blobs" / digest.replace(":", "-"))
@@ -80,7 +82,7 @@ def test_a_flipped_embedding_flag_is_found(warm, mount_store, tmp_path):
     _tamper(cache, "UPDATE views_v5 SET embedding = 1 WHERE path = ?", _blob(root, "plain"))
     # Asked before a view is built, the flag comes from the blob's header.
     index = Index(cache / "index.sqlite3", translate=True)
-    assert index.get(Path(_blob(root, "plain")), _stamp(_blob(root, "plain"))).embedding   # as tampered
+    assert index.get(Path(_blob(root, "plain")), _stamp(_blob(root, "plain"))).embedding  # as tampered
     views = BlobViews(index=index)
     assert views.embedding(Path(_blob(root, "plain"))) is False
     views.close()
@@ -88,13 +90,17 @@ def test_a_flipped_embedding_flag_is_found(warm, mount_store, tmp_path):
     # Through a mount: once model.gguf's view is built, models.ini says the truth.
     m = mount_store(root, env={"COMPATFS_CACHE_DIR": str(cache)})
     assert (m / PLAIN).read_bytes() == true[PLAIN]
-    wait_until(lambda: "embeddings" not in _section((m / "models.ini").read_text(), "plain@1b"), 10,
-               what="the flag checked against the header reaching models.ini")
+    wait_until(
+        lambda: "embeddings" not in _section((m / "models.ini").read_text(), "plain@1b"),
+        10,
+        what="the flag checked against the header reaching models.ini",
+    )
     assert "entry replaced" in m.log_text()
 
 
 def _stamp(path: str):
     from compatfs.files.lookup import identity, status
+
     return identity(status(Path(path)))
 
 
@@ -120,8 +126,11 @@ def test_an_index_someone_else_could_write_is_not_used(warm, mount_store, how):
     log = m.log.read_text()
     assert log.count("is not used") == 1 and "without the persistent index" in log, log
     after = os.stat(index)
-    assert index.read_bytes() == before[0] and (after.st_mode, after.st_uid, after.st_mtime_ns) == \
-        (before[1].st_mode, before[1].st_uid, before[1].st_mtime_ns)
+    assert index.read_bytes() == before[0] and (after.st_mode, after.st_uid, after.st_mtime_ns) == (
+        before[1].st_mode,
+        before[1].st_uid,
+        before[1].st_mtime_ns,
+    )
 
 
 def test_an_index_someone_else_could_write_is_not_opened(tmp_path, caplog):

@@ -2,6 +2,7 @@
 layer's options in models.ini) are in its summary and the index: a remount
 answers them with no header parsed; a wrong entry is found and replaced
 when model.gguf's view is built, and where the embedding flag is checked."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,7 +21,7 @@ from ggufs import write_gguf
 
 
 def _model(path: Path, context: int | None = 4096, blocks: int = 3) -> Path:
-    kvs = {"qwen2.block_count": 99}    # a count read from a KV is never the block count
+    kvs = {"qwen2.block_count": 99}  # a count read from a KV is never the block count
     if context is not None:
         kvs["qwen2.context_length"] = context
     tensors = {"token_embd.weight": np.zeros((4, 16), dtype=np.float32)}
@@ -56,7 +57,7 @@ def test_a_wrong_entry_is_replaced_when_the_view_is_built(tmp_path, caplog):
     told: list[Path] = []
     views.on_belied = told.append
     index.put(blob, stamp, dataclasses.replace(true, context_length=1 << 30, block_count=500))
-    assert views.trained(blob) == Trained(1 << 30, 500)     # a hint until checked
+    assert views.trained(blob) == Trained(1 << 30, 500)  # a hint until checked
     with caplog.at_level(logging.ERROR):
         views.view(blob, MODEL_FILE)
     assert views.trained(blob) == Trained(4096, 3) and told == [blob]

@@ -1,6 +1,7 @@
 """The package's layers as docs/architecture.md's Layers section lists them: each of compatfs'
 subpackages and top modules imports only those listed before it (and the
 handlers, installed as compatfs.handlers)."""
+
 from __future__ import annotations
 
 import ast
@@ -31,7 +32,7 @@ def arrows() -> set[tuple[str, str, str]]:
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.ImportFrom) or not node.level:
                 continue
-            base = here[:len(here) - node.level + 1]
+            base = here[: len(here) - node.level + 1]
             targets = [base + node.module.split(".")] if node.module else [base + [a.name] for a in node.names]
             for target in targets:
                 if target and target[0] != unit(path):
@@ -43,8 +44,7 @@ def test_every_unit_imports_only_those_listed_before_it():
     order = listed_order()
     assert order[:3] == ["errors", "names", "files"] and "tree" in order and order[-1] == "cli", order
     rank = {name: i for i, name in enumerate(order)}
-    upward = sorted(f"{f}: {a} -> {b}" for a, b, f in arrows()
-                    if a in rank and b in rank and rank[b] > rank[a])
+    upward = sorted(f"{f}: {a} -> {b}" for a, b, f in arrows() if a in rank and b in rank and rank[b] > rank[a])
     assert not upward, upward
 
 

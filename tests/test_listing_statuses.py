@@ -2,6 +2,7 @@
 the last scan of the store took (`BlobViews.saw`): no blob path is resolved
 again per request, and what they answer is what the blob was at that scan
 (an index entry of another identity is not taken for it)."""
+
 from __future__ import annotations
 
 import os
@@ -56,8 +57,8 @@ def test_listing_resolves_no_model_blob_path_again(fs, monkeypatch):
         walked.append(os.fspath(path))
         return real(path, caller)
 
-    first = _ls_l(fs)     # (sizes with the params layer's sampling keys: counted from the header once)
-    fs._paths.forget()     # what the FUSE layer remembered of its answers: asked again
+    first = _ls_l(fs)  # (sizes with the params layer's sampling keys: counted from the header once)
+    fs._paths.forget()  # what the FUSE layer remembered of its answers: asked again
     monkeypatch.setattr(lookup, "_walk", counted)
     sizes = _ls_l(fs)
     assert sizes == first
@@ -88,6 +89,7 @@ def test_a_blob_that_left_is_seen_no_more(fs):
 
 def test_a_summary_resolves_its_blob_path_once(tmp_path, monkeypatch):
     from compatfs.view.summaries import summarize
+
     blob = llama.plain_llama_text(tmp_path / "t.gguf")
     walked: list[str] = []
     real = lookup._walk

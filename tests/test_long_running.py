@@ -1,6 +1,7 @@
 """A mount that runs for months: signals, a daemon killed under its mount, the
 store changing while many readers read, removed models leaving nothing held,
 logs, libfuse selection and options."""
+
 import errno
 import os
 import random
@@ -27,8 +28,14 @@ pytestmark = needs_fuse
 
 
 def compatfs(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "compatfs", *map(str, args)], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "compatfs", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+    )
 
 
 @pytest.fixture
@@ -36,8 +43,13 @@ def store(tmp_path):
     root = tmp_path / "store"
     add_model(root, "vision", gemma3.legacy_gemma3_vision(tmp_path / "gv.gguf"), tag="4b")
     add_model(root, "text", gemma3.legacy_gemma3_text(tmp_path / "g.gguf"), tag="1b")
-    add_model(root, "llava", llama.plain_llama_text(tmp_path / "p.gguf"),
-              llava.legacy_llava_projector(tmp_path / "lp.gguf"), tag="7b")
+    add_model(
+        root,
+        "llava",
+        llama.plain_llama_text(tmp_path / "p.gguf"),
+        llava.legacy_llava_projector(tmp_path / "lp.gguf"),
+        tag="7b",
+    )
     return root
 
 
@@ -48,7 +60,7 @@ def clean_log(text: str) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signals_unmount_cleanly(store, mount_store, sig):
     m = mount_store(store)
-    f = open(m / "vision:4b/model.gguf", "rb")   # an open file does not hold the exit up
+    f = open(m / "vision:4b/model.gguf", "rb")  # an open file does not hold the exit up
     f.read(1000)
     m.proc.send_signal(sig)
     assert m.proc.wait(timeout=15) == 0
@@ -56,7 +68,7 @@ def test_signals_unmount_cleanly(store, mount_store, sig):
     log = m.log_text()
     assert f"{sig.name}: unmounting {m.path}" in log and f"unmounted {m.path}" in log
     clean_log(log)
-    with pytest.raises(OSError) as e:   # its reader learns the mount is gone
+    with pytest.raises(OSError) as e:  # its reader learns the mount is gone
         f.read(1 << 20)
     assert e.value.errno == errno.ENOTCONN
     with pytest.raises(OSError):
@@ -107,7 +119,7 @@ def test_reads_across_pieces_are_exact(store, mount_store):
                 off = r.randrange(0, len(want))
                 size = r.choice([1, 100, 4096, 65536, 300000])
                 f.seek(off)
-                assert f.read(size) == want[off:off + size], (kind, off, size)
+                assert f.read(size) == want[off : off + size], (kind, off, size)
 
 
 def test_options_the_fuse_layer_sets_are_refused(store, tmp_path):
@@ -135,7 +147,7 @@ def test_logs_go_to_a_private_folder(store, tmp_path):
     finally:
         compatfs("umount", mnt)
     folder = state / "compatfs"
-    logs = [p for p in folder.iterdir() if p.suffix == ".log"]    # beside it: the mount's published models.ini
+    logs = [p for p in folder.iterdir() if p.suffix == ".log"]  # beside it: the mount's published models.ini
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700 and len(logs) == 1
     assert stat.S_IMODE(logs[0].stat().st_mode) == 0o600 and str(logs[0]) in res.stdout
     assert "serving" in logs[0].read_text()
@@ -149,10 +161,15 @@ def test_logs_go_to_a_private_folder(store, tmp_path):
     # Under systemd the daemon logs to the journal (its stderr): no file.
     logs[0].unlink()
     journal = tmp_path / "journal"
-    with open(journal, "w") as out:   # the daemon keeps its stderr: a file, not a pipe to wait on
-        rc = subprocess.run([sys.executable, "-m", "compatfs", "mount", store, mnt], stdout=out,
-                            stderr=subprocess.STDOUT, env={**os.environ, **env, "JOURNAL_STREAM": "8:1234"},
-                            stdin=subprocess.DEVNULL, timeout=60).returncode
+    with open(journal, "w") as out:  # the daemon keeps its stderr: a file, not a pipe to wait on
+        rc = subprocess.run(
+            [sys.executable, "-m", "compatfs", "mount", store, mnt],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env, "JOURNAL_STREAM": "8:1234"},
+            stdin=subprocess.DEVNULL,
+            timeout=60,
+        ).returncode
     try:
         assert rc == 0 and "logging to the journal" in journal.read_text()
     finally:
@@ -179,12 +196,12 @@ def test_removed_model_leaves_nothing_held(store, mount_store):
     want = expected(blob)
     with open(m / "vision:4b/model.gguf", "rb") as f:
         got = f.read(len(want) // 3)
-        assert _held(m.proc.pid, blob)   # the open file holds its blob
+        assert _held(m.proc.pid, blob)  # the open file holds its blob
         shutil.rmtree(store / "manifests/registry.ollama.ai/library/vision")
         blob.unlink()
         wait_until(lambda: "vision:4b" not in os.listdir(m.path), what="the removed model leaving the listing")
         got += f.read()
-    assert got == want   # the reader read on to its end
+    assert got == want  # the reader read on to its end
     wait_until(lambda: not _held(m.proc.pid, blob), what="the daemon letting go of the removed blob")
     assert "vision:4b" not in os.listdir(m.path)
 
@@ -202,7 +219,7 @@ def test_removed_model_keeps_serving_its_op_tensors(tmp_path, mount_store):
     op_at = next(s.at for s in view.segments if isinstance(s, Cached))
     m = mount_store(store)
     with open(m / "omni:latest/mmproj.gguf", "rb", buffering=0) as f:
-        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)   # no read-ahead: the op is not read yet
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)  # no read-ahead: the op is not read yet
         head = f.read(4096)
         assert len(head) == 4096 < op_at
         shutil.rmtree(store / "manifests/registry.ollama.ai/library/omni")
@@ -223,7 +240,7 @@ def test_stat_follows_the_store_within_seconds(store, mount_store, tmp_path, opt
     m = mount_store(store, *options)
     text = m / "text:1b/model.gguf"
     vision = m / "vision:4b/model.gguf"
-    assert text.stat().st_size and vision.stat().st_size   # now in the kernel's caches
+    assert text.stat().st_size and vision.stat().st_size  # now in the kernel's caches
     shutil.rmtree(store / "manifests/registry.ollama.ai/library/text")
 
     def gone():
@@ -232,6 +249,7 @@ def test_stat_follows_the_store_within_seconds(store, mount_store, tmp_path, opt
             return False
         except FileNotFoundError:
             return True
+
     wait_until(gone, seconds=2.5, what="stat of a removed model failing")
     add_model(store, "vision", llama.plain_llama_text(tmp_path / "new.gguf"), tag="4b")
     new = expected(blob_of(store, "vision", "4b"))
@@ -264,11 +282,13 @@ def test_readers_during_store_churn(store, mount_store, tmp_path):
                         off = r.randrange(0, len(want))
                         size = r.choice([4096, 65536, 1 << 20])
                         f.seek(off)
-                        got, exp = f.read(size), want[off:off + size]
+                        got, exp = f.read(size), want[off : off + size]
                         if got != exp:
-                            mismatched[0] += sum(a != b for a, b in zip(got, exp, strict=False)) + abs(len(got) - len(exp))
+                            mismatched[0] += sum(a != b for a, b in zip(got, exp, strict=False)) + abs(
+                                len(got) - len(exp)
+                            )
                         reads[0] += 1
-        except Exception as e:   # noqa: BLE001 (reported below)
+        except Exception as e:  # noqa: BLE001 (reported below)
             errors.append(repr(e))
 
     def churn():
@@ -281,12 +301,12 @@ def test_readers_during_store_churn(store, mount_store, tmp_path):
             gone = store / "manifests/registry.ollama.ai/library" / f"churn{(i + 2) % 5}"
             shutil.rmtree(gone, ignore_errors=True)
             os.listdir(m.path)
-            time.sleep(0.05)    # on purpose: a pull and a removal every 50 ms
+            time.sleep(0.05)  # on purpose: a pull and a removal every 50 ms
 
     threads = [threading.Thread(target=reader, args=(s,)) for s in range(8)] + [threading.Thread(target=churn)]
     for t in threads:
         t.start()
-    time.sleep(8)       # on purpose: readers and churn race for 8 s
+    time.sleep(8)  # on purpose: readers and churn race for 8 s
     stop.set()
     for t in threads:
         t.join(timeout=60)
@@ -309,5 +329,6 @@ def test_permission_changes_reach_stat_within_seconds(store, mount_store, option
     os.chmod(blob, 0o640)
     wait_until(lambda: stat.S_IMODE(model.stat().st_mode) == 0o440, seconds=3, what="stat showing a blob's new mode")
     os.chmod(store / "manifests", 0o750)
-    wait_until(lambda: stat.S_IMODE(folder.stat().st_mode) == 0o550, seconds=3,
-               what="a folder showing the store's mode")
+    wait_until(
+        lambda: stat.S_IMODE(folder.stat().st_mode) == 0o550, seconds=3, what="a folder showing the store's mode"
+    )

@@ -1,6 +1,7 @@
 """The attribute memo holds every path the mount shows, however many models
 the store has (a store of thousands of models is answered from memory, not
 recomputed past some count), and a bounded number of paths that do not exist."""
+
 from __future__ import annotations
 
 
@@ -15,7 +16,7 @@ def test_every_existing_path_is_remembered_and_misses_are_bounded():
         computed.append(path)
         return None if path.startswith("/missing") else {"st_size": len(path)}
 
-    paths = [f"/model{i:05d}:latest/model.gguf" for i in range(40_000)]   # ~10,000 models' files
+    paths = [f"/model{i:05d}:latest/model.gguf" for i in range(40_000)]  # ~10,000 models' files
     for p in paths:
         memo.attrs(p, attrs)
     computed.clear()

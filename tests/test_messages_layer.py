@@ -5,6 +5,7 @@ messages, then the chat's own), through the translated chat template in
 stock llama-server (`/apply-template`) exactly as Go's text/template renders
 it; a messages layer that cannot be used leaves the template without it, and
 says why."""
+
 import json
 import subprocess
 import sys
@@ -64,9 +65,12 @@ def test_model_gguf_carries_them_and_says_so(tiny, tmp_path):
     jinja = GGUFReader(tmp_path / "m.gguf").fields[Keys.Tokenizer.CHAT_TEMPLATE].contents()
     assert '"content": "Ping {{ .System }}"' in jinja
     # A layer that cannot be used: the template without it, and why.
-    for bad, why in ((b"not json", "is not JSON"), (b'[{"role": "tool", "content": "x"}]', "not a role"),
-                     (b'[{"role": "user", "content": "x", "images": ["aGk="]}]', "more than a role and a text"),
-                     (b"[" + b'{"role": "user", "content": "x"},' * 20000 + b"{}]", "more than the")):
+    for bad, why in (
+        (b"not json", "is not JSON"),
+        (b'[{"role": "tool", "content": "x"}]', "not a role"),
+        (b'[{"role": "user", "content": "x", "images": ["aGk="]}]', "more than a role and a text"),
+        (b"[" + b'{"role": "user", "content": "x"},' * 20000 + b"{}]", "more than the"),
+    ):
         messages.write_bytes(bad)
         made = of_layer(layers)
         assert [layer for layer, _ in made.applied] == ["template"], bad[:40]
@@ -85,21 +89,31 @@ def test_through_the_mount_and_ls(tmp_path, mount_store):
     set_layer(root, m, TEMPLATE, b"{{ range .Messages }}[{{ .Role }}]{{ .Content }}{{ end }}")
     set_layer(root, m, SYSTEM_LAYER, b"Be brief.")
     set_layer(root, m, MESSAGES, json.dumps(LAYER).encode())
-    res = subprocess.run([sys.executable, "-m", "compatfs", "ls", str(root), "--json"], capture_output=True,
-                         text=True, timeout=120, check=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "compatfs", "ls", str(root), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     layers = json.loads(res.stdout)["models"][0]["layers"]
     handed = Tree(OllamaStore(root), BlobViews()).lookup("chat:1b/model.gguf").params.messages is not None
     if not handed:
         assert any(n.startswith("messages: not applied") for n in layers["not_applied"]), layers
-        pytest.skip("the tree does not hand model.gguf its messages layer yet (tree.py: layers_of(..., "
-                    "folder.messages))")
+        pytest.skip(
+            "the tree does not hand model.gguf its messages layer yet (tree.py: layers_of(..., folder.messages))"
+        )
     assert "messages" in [a["layer"] for a in layers["applied"]] and layers["not_applied"] == []
     mnt = mount_store(root)
     server = Server(mnt / "chat:1b/model.gguf", tmp_path / "server.log")
     try:
-        assert server.apply({"messages": [{"role": "user", "content": "Hi"}]}) == \
-            "[system]Be brief.[user]Ping {{ .System }}[assistant]Pong[user]Hi"
-        assert server.apply({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"}]}) \
+        assert (
+            server.apply({"messages": [{"role": "user", "content": "Hi"}]})
+            == "[system]Be brief.[user]Ping {{ .System }}[assistant]Pong[user]Hi"
+        )
+        assert (
+            server.apply({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"}]})
             == "[user]Ping {{ .System }}[assistant]Pong[system]S[user]Hi"
+        )
     finally:
         server.close()

@@ -4,6 +4,7 @@ disturbs a file open on it, even one a process maps and reads again after
 its pages were dropped; any write of its bytes does, whatever is done to its
 times and links around it (measured on 0c32945: the first gave EIO and
 SIGBUS, the second served the new bytes after the old)."""
+
 import errno
 import hashlib
 import os
@@ -32,8 +33,9 @@ def _acl(*entries: tuple[int, int, int]) -> bytes:
 
 def _set_acl(path: Path) -> None:
     """user:65534:r-- on `path` (as `setfacl -m u:65534:r` does)."""
-    os.setxattr(path, ACL_XATTR, _acl((0x01, 6, _NONE), (0x02, 4, 65534), (0x04, 4, _NONE), (0x10, 4, _NONE),
-                                      (0x20, 4, _NONE)))
+    os.setxattr(
+        path, ACL_XATTR, _acl((0x01, 6, _NONE), (0x02, 4, 65534), (0x04, 4, _NONE), (0x10, 4, _NONE), (0x20, 4, _NONE))
+    )
 
 
 # A reader in its own process that maps the file, reads all of it through the
@@ -50,8 +52,9 @@ _MAPPER = textwrap.dedent("""
 
 class Mapper:
     def __init__(self, path: Path):
-        self.proc = subprocess.Popen([sys.executable, "-c", _MAPPER, str(path)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _MAPPER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
 
     def digest(self) -> str:
         """The digest of all of the mapping, read now; AssertionError naming the signal when the reader died."""
@@ -95,12 +98,14 @@ def _changes(store: Path, tmp_path: Path):
     """(what, change) of every change of metadata an administrator makes."""
     blob = blob_of(store, "text", "1b")
     copy = tmp_path / "backup" / blob.name
-    return [("chmod", lambda: os.chmod(blob, 0o600)),
-            ("chown", lambda: os.chown(blob, 65534, 65534)),
-            ("setfacl", lambda: _set_acl(blob)),
-            ("a hard link (cp -al)", lambda: os.link(blob, copy)),
-            ("the hard link removed", lambda: copy.unlink()),
-            ("chmod back", lambda: os.chmod(blob, 0o644))]
+    return [
+        ("chmod", lambda: os.chmod(blob, 0o600)),
+        ("chown", lambda: os.chown(blob, 65534, 65534)),
+        ("setfacl", lambda: _set_acl(blob)),
+        ("a hard link (cp -al)", lambda: os.link(blob, copy)),
+        ("the hard link removed", lambda: copy.unlink()),
+        ("chmod back", lambda: os.chmod(blob, 0o644)),
+    ]
 
 
 @needs_fuse
@@ -110,7 +115,7 @@ def test_metadata_changes_leave_open_and_mapped_files_reading(store, tmp_path, m
     m = mount_store(store, *([mode] if mode != "translated" else []))
     path = m / "text:1b/model.gguf"
     want = blob.read_bytes() if mode != "translated" else expected(blob)
-    assert (want != blob.read_bytes()) == (mode == "translated")     # (each view is the one meant)
+    assert (want != blob.read_bytes()) == (mode == "translated")  # (each view is the one meant)
     digest = hashlib.sha256(want).hexdigest()
     mapper = Mapper(path)
     try:
@@ -124,7 +129,7 @@ def test_metadata_changes_leave_open_and_mapped_files_reading(store, tmp_path, m
                 assert mapper.digest() == digest, what
                 f.seek(0)
                 assert f.read() == want, what
-            with open(path, "rb") as again:     # a file opened now reads the same
+            with open(path, "rb") as again:  # a file opened now reads the same
                 assert again.read() == want
     finally:
         mapper.close()
@@ -171,10 +176,14 @@ def test_an_open_followed_file_tells_metadata_from_content(tmp_path):
     path.write_bytes(os.urandom(1 << 16))
     (tmp_path / "backup").mkdir()
     with BlobFile(path, follow=True) as f:
-        for what, change in [("chmod", lambda: os.chmod(path, 0o600)), ("chown", lambda: os.chown(path, 1, 1)),
-                             ("acl", lambda: _set_acl(path)), ("xattr", lambda: os.setxattr(path, "user.a", b"1")),
-                             ("link", lambda: os.link(path, tmp_path / "backup/x")),
-                             ("unlink", lambda: (tmp_path / "backup/x").unlink())]:
+        for what, change in [
+            ("chmod", lambda: os.chmod(path, 0o600)),
+            ("chown", lambda: os.chown(path, 1, 1)),
+            ("acl", lambda: _set_acl(path)),
+            ("xattr", lambda: os.setxattr(path, "user.a", b"1")),
+            ("link", lambda: os.link(path, tmp_path / "backup/x")),
+            ("unlink", lambda: (tmp_path / "backup/x").unlink()),
+        ]:
             ctime = path.stat().st_ctime_ns
             change()
             assert path.stat().st_ctime_ns != ctime or what == "chown"
@@ -185,6 +194,7 @@ def test_an_open_followed_file_tells_metadata_from_content(tmp_path):
         finally:
             again.close()
     import mmap
+
     with open(path, "r+b") as w:
         mapped = mmap.mmap(w.fileno(), 4096)
         with BlobFile(path, follow=True) as f:

@@ -1,5 +1,6 @@
 """No module of the package is over 450 lines: a module that grows past that
 holds more than one thing, and is split by what it holds."""
+
 from __future__ import annotations
 
 from conftest import ROOT

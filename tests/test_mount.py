@@ -1,5 +1,6 @@
 """Real mounts, served by a daemon process: tree, byte-exactness, read-only,
 store changes, bad input."""
+
 import errno
 import hashlib
 import json
@@ -20,6 +21,7 @@ from ggufs import plain_model, synthetic_gemma3, write_gguf
 
 pytestmark = needs_fuse
 
+
 @pytest.fixture
 def store(tmp_path):
     root = tmp_path / "store"
@@ -33,8 +35,9 @@ def render(blob: Path, kind: str) -> bytes:
     """The view rendered in-process, without FUSE."""
     view = BlobViews().view(blob, kind)
     data = blob.read_bytes()
-    return b"".join(data[p.offset:p.offset + p.size] if isinstance(p, FileRange) else bytes(p)
-                    for p in view.pieces(0, view.size))
+    return b"".join(
+        data[p.offset : p.offset + p.size] if isinstance(p, FileRange) else bytes(p) for p in view.pieces(0, view.size)
+    )
 
 
 def blob_of(store: Path, manifest_rel: str, media="model") -> Path:
@@ -54,7 +57,7 @@ def test_tree_names_like_ollama_list(store, mount_store, tmp_path):
     assert sorted(os.listdir(m.path)) == ["blobs", "gemma3x:4b", "hf.co", "models.ini", "plain:latest"]
     assert os.listdir(m / "hf.co/org") == ["repo:Q4"]
     assert sorted(os.listdir(m / "gemma3x:4b")) == ["mmproj.gguf", "model.gguf"]
-    assert sorted(os.listdir(m / "plain:latest")) == ["adapter.gguf", "model.gguf"]    # the adapter byte for byte
+    assert sorted(os.listdir(m / "plain:latest")) == ["adapter.gguf", "model.gguf"]  # the adapter byte for byte
     assert (m / "plain:latest/adapter.gguf").read_bytes() == adapter.read_bytes()
     blobs = os.listdir(m / "blobs")
     assert len(blobs) == 3 and all(b.startswith("sha256-") for b in blobs)
@@ -79,7 +82,7 @@ def test_views_are_byte_exact(store, mount_store):
                 off = r.randrange(0, len(expect) + 64)
                 size = r.choice([1, 7, 100, 4096, 65536, 300000])
                 f.seek(off)
-                assert f.read(size) == expect[off:off + size], (kind, off, size)
+                assert f.read(size) == expect[off : off + size], (kind, off, size)
 
 
 def test_unclaimed_blob_reads_back_identical(store, mount_store):
@@ -93,10 +96,15 @@ def test_everything_is_read_only(store, mount_store):
     m = mount_store(store)
     before = {p: p.stat().st_mtime_ns for p in store.rglob("*")}
     target = m / "plain:latest/model.gguf"
-    for attempt in (lambda: open(target, "r+b"), lambda: open(m / "new.gguf", "wb"),
-                    lambda: os.mkdir(m / "d"), lambda: os.chmod(target, 0o777),
-                    lambda: os.truncate(target, 0), lambda: os.unlink(target),
-                    lambda: os.rename(target, m / "x")):
+    for attempt in (
+        lambda: open(target, "r+b"),
+        lambda: open(m / "new.gguf", "wb"),
+        lambda: os.mkdir(m / "d"),
+        lambda: os.chmod(target, 0o777),
+        lambda: os.truncate(target, 0),
+        lambda: os.unlink(target),
+        lambda: os.rename(target, m / "x"),
+    ):
         with pytest.raises(OSError) as e:
             attempt()
         assert e.value.errno == errno.EROFS
@@ -135,8 +143,11 @@ def test_bad_input_keeps_the_mount_up(store, mount_store, tmp_path):
     garbage.write_text("{not json")
     baddigest = store / "manifests/registry.ollama.ai/library/baddigest/latest"
     baddigest.parent.mkdir(parents=True)
-    baddigest.write_text(json.dumps({"layers": [{"mediaType": "application/vnd.ollama.image.model",
-                                                 "digest": "sha256:1234", "size": 1}]}))
+    baddigest.write_text(
+        json.dumps(
+            {"layers": [{"mediaType": "application/vnd.ollama.image.model", "digest": "sha256:1234", "size": 1}]}
+        )
+    )
     snapshot = {p: p.read_bytes() for p in store.rglob("*") if p.is_file()}
 
     m = mount_store(store)
@@ -150,7 +161,9 @@ def test_bad_input_keeps_the_mount_up(store, mount_store, tmp_path):
     # The unparsable blob is not claimed by any handler for the mmproj side.
     assert os.listdir(m / "cut:latest") == ["model.gguf"]
     assert m.alive
-    assert (m / "gemma3x:4b/model.gguf").read_bytes() == render(blob_of(store, "registry.ollama.ai/library/gemma3x/4b"), "model.gguf")
+    assert (m / "gemma3x:4b/model.gguf").read_bytes() == render(
+        blob_of(store, "registry.ollama.ai/library/gemma3x/4b"), "model.gguf"
+    )
     log = m.log_text()
     assert cut_blob.name in log and "runs past the end" in log
     assert snapshot == {p: p.read_bytes() for p in store.rglob("*") if p.is_file()}

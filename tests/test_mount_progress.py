@@ -1,6 +1,7 @@
 """`compatfs mount` on a terminal shows a bar of the store's GGUF blobs the
 index holds while the mount comes up; `-q`, or stderr that is not a
 terminal, shows none."""
+
 import fcntl
 import os
 import pty
@@ -22,13 +23,18 @@ def mount(store, mnt, index, *extra, tty: bool) -> str:
     mnt.mkdir()
     if tty:
         main, sub = pty.openpty()
-        fcntl.ioctl(sub, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))   # a terminal 100 columns wide
+        fcntl.ioctl(sub, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a terminal 100 columns wide
         err = sub
     else:
         err = subprocess.PIPE
     try:
-        res = subprocess.run([sys.executable, "-m", "compatfs", "mount", str(store), str(mnt), "--index", str(index),
-                              *extra], stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, timeout=60)
+        res = subprocess.run(
+            [sys.executable, "-m", "compatfs", "mount", str(store), str(mnt), "--index", str(index), *extra],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            timeout=60,
+        )
         assert res.returncode == 0
         if not tty:
             return res.stderr.decode()
@@ -37,7 +43,7 @@ def mount(store, mnt, index, *extra, tty: bool) -> str:
         while True:
             try:
                 chunk = os.read(main, 1 << 16)
-            except OSError:      # the terminal's other end is closed: all is read
+            except OSError:  # the terminal's other end is closed: all is read
                 break
             if not chunk:
                 break

@@ -3,6 +3,7 @@
 data stays small): every range computed chunk by chunk equals the repack
 as it was first written, a block at a time with numpy fancy indexing; each
 test runs with the compiled kernel (where it is built) and with numpy."""
+
 from __future__ import annotations
 
 import threading
@@ -16,7 +17,7 @@ from compatfs.format.header import TensorInfo
 from compatfs.errors import GGUFError
 from compatfs.handlers.gptoss import BLOCK, QK, OllamaMXFP4
 
-COLS, FF = 2880, 2880            # gpt-oss-120b: n_embd, expert feed-forward width
+COLS, FF = 2880, 2880  # gpt-oss-120b: n_embd, expert feed-forward width
 EXPERTS = 3
 
 
@@ -27,7 +28,7 @@ def _reference(data: np.ndarray, stored: tuple[int, ...], start: int, step: int)
     blocks = data.reshape(*reversed(slow), rows, cols // QK, BLOCK)[..., start::step, :, :]
     scale, packed = blocks[..., :1], blocks[..., 1:]
     values = np.stack((packed & 0x0F, packed >> 4), axis=-1).reshape(*packed.shape[:-1], QK)
-    return np.concatenate((scale, values[..., :QK // 2] | (values[..., QK // 2:] << 4)), axis=-1).tobytes()
+    return np.concatenate((scale, values[..., : QK // 2] | (values[..., QK // 2 :] << 4)), axis=-1).tobytes()
 
 
 @pytest.fixture(autouse=True, params=["numpy", "compiled"])
@@ -79,7 +80,8 @@ def test_repack_by_range_equals_the_reference_at_real_width(fused, start, step):
 
     def read(t, at, size):
         reads.append((at, size))
-        return memoryview(data[at:at + size].copy())
+        return memoryview(data[at : at + size].copy())
+
     assert op.compute(lambda t: memoryview(data)) == want
     for lo, hi in _ranges(op, np.random.default_rng(start + 2 * step)):
         reads.clear()
@@ -95,19 +97,19 @@ def test_repack_by_range_equals_the_reference_at_real_width(fused, start, step):
 def test_rows_wider_than_a_chunk(fused, monkeypatch):
     """A chunk smaller than a row still takes whole rows, one at a time."""
     stored, data = fused
-    monkeypatch.setattr(OllamaMXFP4, "CHUNK_BLOCKS", 50)      # a row is 90 blocks
+    monkeypatch.setattr(OllamaMXFP4, "CHUNK_BLOCKS", 50)  # a row is 90 blocks
     for start, step in ((1, 2), (0, 1)):
         op = _op(stored, start, step)
         want = _reference(data, stored, start, step)
         for lo, hi in ((0, 1 << 20), (12345, 12345 + 300_000), (op.nbytes - 100_001, op.nbytes)):
-            assert op.compute_range(lambda t, at, size: memoryview(data[at:at + size].copy()), lo, hi) == want[lo:hi]
+            assert op.compute_range(lambda t, at, size: memoryview(data[at : at + size].copy()), lo, hi) == want[lo:hi]
 
 
 def test_a_short_read_is_an_error_naming_the_tensor(fused):
     stored, data = fused
     op = _op(stored, 1, 2)
     with pytest.raises(GGUFError, match="ffn_gate_up_exps.*bytes read at"):
-        op.compute_range(lambda t, at, size: memoryview(data[at:at + size - 1].copy()), 0, 1 << 20)
+        op.compute_range(lambda t, at, size: memoryview(data[at : at + size - 1].copy()), 0, 1 << 20)
 
 
 def test_reads_at_once_each_get_their_own_scratch(fused):
@@ -122,13 +124,14 @@ def test_reads_at_once_each_get_their_own_scratch(fused):
 
     def convert(i):
         lo, size = ranges[i]
-        got[i] = bytes(op.compute_range(lambda t, at, n: memoryview(data[at:at + n].copy()), lo, lo + size))
+        got[i] = bytes(op.compute_range(lambda t, at, n: memoryview(data[at : at + n].copy()), lo, lo + size))
+
     threads = [threading.Thread(target=lambda k=k: [convert(i) for i in range(k, len(ranges), 4)]) for k in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert all(got[i] == want[lo:lo + size] for i, (lo, size) in enumerate(ranges))
+    assert all(got[i] == want[lo : lo + size] for i, (lo, size) in enumerate(ranges))
 
 
 def test_only_a_whole_stack_reads_its_inputs_once(fused):

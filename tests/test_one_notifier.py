@@ -3,6 +3,7 @@ needs its path invalidated, a release of a path that kept its view, and a
 wrong index entry found while a view is built queue it, and the rescan thread
 sends it (an open returns once it is sent).  What the mount keeps per path
 has one owner, whose methods take its own lock: no lock is handed around."""
+
 from __future__ import annotations
 
 import inspect
@@ -32,14 +33,15 @@ def fs(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setattr(libfuse, "caller", lambda: Caller(os.getuid(), os.getgid(), os.getpid()))
     sent: list[tuple[str, str]] = []
-    monkeypatch.setattr(libfuse, "invalidate_path",
-                        lambda session, path: sent.append((threading.current_thread().name, path)) or 0)
+    monkeypatch.setattr(
+        libfuse, "invalidate_path", lambda session, path: sent.append((threading.current_thread().name, path)) or 0
+    )
     store = tmp_path / "store"
     add_model(store, "text", llama.plain_llama_text(tmp_path / "t.gguf"), tag="1b")
     (tmp_path / "mnt").mkdir()
     fs = CompatFS(Tree(OllamaStore(store), BlobViews(), rescan_seconds=3600), str(tmp_path / "mnt"))
     fs.tree.snapshot()
-    fs._rescan.start(1)        # a session that is never dereferenced: invalidate_path is the recorder
+    fs._rescan.start(1)  # a session that is never dereferenced: invalidate_path is the recorder
     yield SimpleNamespace(fs=fs, sent=sent, store=store)
     fs._rescan.stop()
 
@@ -52,10 +54,10 @@ def _open(fs: CompatFS, path: str = PATH) -> int:
 
 def test_an_open_that_needs_its_path_invalidated_waits_for_the_rescan_thread_to_send_it(fs):
     fs.fs.getattr(PATH)
-    fs.fs._paths.gave_size(PATH, ("another", "view"))   # getattr gave the kernel another view's size
+    fs.fs._paths.gave_size(PATH, ("another", "view"))  # getattr gave the kernel another view's size
     fs.sent.clear()
     fh = _open(fs.fs)
-    assert ("compatfs-rescan", PATH) in fs.sent, fs.sent      # sent before the open returned
+    assert ("compatfs-rescan", PATH) in fs.sent, fs.sent  # sent before the open returned
     assert {thread for thread, _ in fs.sent} == {"compatfs-rescan"}, fs.sent
     fs.fs.release(PATH, SimpleNamespace(fh=fh))
 
@@ -63,7 +65,7 @@ def test_an_open_that_needs_its_path_invalidated_waits_for_the_rescan_thread_to_
 def test_a_wrong_index_entry_is_told_to_the_kernel_by_the_rescan_thread(fs):
     blob = blob_of(fs.store, "text", "1b")
     fs.sent.clear()
-    fs.fs.tree.views.on_belied(blob)         # as BlobViews calls it, from the thread that built a view
+    fs.fs.tree.views.on_belied(blob)  # as BlobViews calls it, from the thread that built a view
     fs.fs._rescan.invalidate(set(), wait=5)  # queued after it: sent once this returns
     assert ("compatfs-rescan", PATH) in fs.sent and ("compatfs-rescan", "/text:1b") in fs.sent, fs.sent
     assert {thread for thread, _ in fs.sent} == {"compatfs-rescan"}, fs.sent
@@ -77,6 +79,10 @@ def test_no_lock_is_handed_between_the_fuse_layers_objects():
 def test_only_the_rescan_module_sends_notifications():
     """No other module of the FUSE layer calls libfuse's notification."""
     from conftest import ROOT
-    callers = {p.name for p in (ROOT / "compatfs" / "fuse").glob("*.py")
-               if p.name != "libfuse.py" and "invalidate_path(" in p.read_text()}
+
+    callers = {
+        p.name
+        for p in (ROOT / "compatfs" / "fuse").glob("*.py")
+        if p.name != "libfuse.py" and "invalidate_path(" in p.read_text()
+    }
     assert callers == {"rescan.py"}, callers

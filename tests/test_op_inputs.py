@@ -3,6 +3,7 @@ one range of its output: an op that reads its input in pieces (gpt-oss's
 type-4 MXFP4 repack reads ~140 KB at a time) gets them from one read of the
 blob for the range, not one per piece, and the same bytes as the op computed
 whole; an op that reads its input at once is read exactly that once."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -32,7 +33,7 @@ def nothing_ahead(monkeypatch):
 def reads(monkeypatch) -> list[tuple[int, int]]:
     """Every read of a blob asked of a `BlobFile` (offset, size), through the page cache or not."""
     seen: list[tuple[int, int]] = []
-    inside = [False]             # (read_once_into may read through read_into)
+    inside = [False]  # (read_once_into may read through read_into)
     once, into = BlobFile.read_once_into, BlobFile.read_into
 
     def read_once_into(self, out, offset):
@@ -47,6 +48,7 @@ def reads(monkeypatch) -> list[tuple[int, int]]:
         if not inside[0]:
             seen.append((offset, len(out)))
         return into(self, out, offset)
+
     monkeypatch.setattr(BlobFile, "read_once_into", read_once_into)
     monkeypatch.setattr(BlobFile, "read_into", read_into)
     return seen
@@ -69,13 +71,13 @@ def test_an_op_reading_its_input_in_pieces_reads_the_blob_once_per_range(mxfp4_b
             reads.clear()
             got = bytearray(size)
             viewbytes.fill(view.segments, f, seg.at + lo, memoryview(got))
-            assert bytes(got) == expected[lo:lo + size], lo
+            assert bytes(got) == expected[lo : lo + size], lo
             assert len(reads) <= 2, reads
-            assert sum(n for _, n in reads) <= size + 3 * 4096, reads      # (blocks cut at both ends)
+            assert sum(n for _, n in reads) <= size + 3 * 4096, reads  # (blocks cut at both ends)
 
 
 def test_an_op_reading_its_input_at_once_reads_just_that(tmp_path, reads):
-    weights = np.random.default_rng(5).standard_normal(1 << 20).astype(np.float16)    # 2 MiB
+    weights = np.random.default_rng(5).standard_normal(1 << 20).astype(np.float16)  # 2 MiB
     path = write_gguf(tmp_path / "f16.gguf", "llama", {}, {"w": weights})
     op = Promote.of(SourceGGUF(path).tensors["w"])
     one_op = Segments([Computed(0, op.nbytes, 0, op)], op.nbytes)
@@ -84,5 +86,5 @@ def test_an_op_reading_its_input_at_once_reads_just_that(tmp_path, reads):
             reads.clear()
             out = bytearray(size)
             viewbytes.fill(one_op, f, lo, memoryview(out))
-            assert bytes(out) == weights.astype(np.float32).tobytes()[lo:lo + size]
+            assert bytes(out) == weights.astype(np.float32).tobytes()[lo : lo + size]
             assert len(reads) == 1 and reads[0][1] <= size // 2 + 4, reads

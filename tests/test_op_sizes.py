@@ -2,6 +2,7 @@
 arithmetic past the old 65,536-piece limit, permutations in chunks, a
 tensor larger than the op cache computed a bounded number of times, memory
 bounded under concurrent computations, listings answered while they run."""
+
 import os
 import random
 import threading
@@ -33,8 +34,11 @@ MIB = 1 << 20
 
 def _view(src: SourceGGUF, ops: dict, cache: OpCache) -> View:
     """A view of `src` whose tensors are `ops` (name -> Op), in that order, and nothing else."""
-    tr = Translation("t", ALWAYS, tensors=tuple(
-        Produce(name, lambda s, op=op: op, consumes=tuple(src.tensors)) for name, op in ops.items()))
+    tr = Translation(
+        "t",
+        ALWAYS,
+        tensors=tuple(Produce(name, lambda s, op=op: op, consumes=tuple(src.tensors)) for name, op in ops.items()),
+    )
     return View.translated(src, plan(tr, src), cache, key="k")
 
 
@@ -50,7 +54,7 @@ def _placed(view: View) -> dict[str, tuple[int, int]]:
 def _whole(op, src: SourceGGUF) -> bytes:
     with open(src.path, "rb") as f:
         data = f.read()
-    return op.compute(lambda t: memoryview(data)[t.offset:t.offset + t.nbytes])
+    return op.compute(lambda t: memoryview(data)[t.offset : t.offset + t.nbytes])
 
 
 @pytest.fixture(scope="module")
@@ -60,18 +64,23 @@ def wide_src(tmp_path_factory):
     rng = np.random.default_rng(7)
     rows, experts = 2 * wide.GPTOSS_20B["n_ff"], wide.GPTOSS_20B["n_expert"]
 
-    def q8(shape):   # random Q8_0 blocks of ggml `shape`
+    def q8(shape):  # random Q8_0 blocks of ggml `shape`
         return rng.integers(0, 256, (*reversed(shape[1:]), shape[0] // 32 * 34), dtype=np.uint8), DT.Q8_0
-    path = write_gguf(tmp_path_factory.mktemp("wide") / "wide.gguf", "test", tensors={
-        "fused": (wide.mxfp4_blocks(rng, rows * experts).reshape(experts, rows, 17), DT.MXFP4),
-        "bias": rng.standard_normal((experts, rows)).astype(np.float32),
-        "cols": rng.standard_normal((70000, 48)).astype(np.float16),
-        "g": q8((32, 4, 70000)),
-        "u": q8((32, 2, 70000)),
-        "big_g": rng.standard_normal((6, 40, 1024)).astype(np.float16),   # 80 KiB rows of a slab: read in place
-        "big_u": rng.standard_normal((6, 24, 1024)).astype(np.float16),   # 48 KiB: gathered
-        "long_rows": rng.standard_normal((300, 1024)).astype(np.float16),
-    })
+
+    path = write_gguf(
+        tmp_path_factory.mktemp("wide") / "wide.gguf",
+        "test",
+        tensors={
+            "fused": (wide.mxfp4_blocks(rng, rows * experts).reshape(experts, rows, 17), DT.MXFP4),
+            "bias": rng.standard_normal((experts, rows)).astype(np.float32),
+            "cols": rng.standard_normal((70000, 48)).astype(np.float16),
+            "g": q8((32, 4, 70000)),
+            "u": q8((32, 2, 70000)),
+            "big_g": rng.standard_normal((6, 40, 1024)).astype(np.float16),  # 80 KiB rows of a slab: read in place
+            "big_u": rng.standard_normal((6, 24, 1024)).astype(np.float16),  # 48 KiB: gathered
+            "long_rows": rng.standard_normal((300, 1024)).astype(np.float16),
+        },
+    )
     return SourceGGUF(path)
 
 
@@ -82,17 +91,20 @@ def test_runs_equal_the_computation_past_the_old_piece_limit(wide_src):
     give the bytes the numpy computation gives."""
     s = wide_src
     ops = {
-        "gate": Strided.of(s.tensors["fused"], 1, 0, 2), "up": Strided.of(s.tensors["fused"], 1, 1, 2),
-        "gate_bias": Strided.of(s.tensors["bias"], 0, 0, 2), "up_bias": Strided.of(s.tensors["bias"], 0, 1, 2),
-        "col_split": Split.of(s.tensors["cols"], 0, 16, 16), "row_split": Split.of(s.tensors["cols"], 1, 3, 69990),
+        "gate": Strided.of(s.tensors["fused"], 1, 0, 2),
+        "up": Strided.of(s.tensors["fused"], 1, 1, 2),
+        "gate_bias": Strided.of(s.tensors["bias"], 0, 0, 2),
+        "up_bias": Strided.of(s.tensors["bias"], 0, 1, 2),
+        "col_split": Split.of(s.tensors["cols"], 0, 16, 16),
+        "row_split": Split.of(s.tensors["cols"], 1, 3, 69990),
         "experts": ConcatRows.of(s.tensors["g"], s.tensors["u"]),
         "slab_split": Split.of(s.tensors["g"], 2, 1, 69998),
         "big_experts": ConcatRows.of(s.tensors["big_g"], s.tensors["big_u"]),
-        "sparse_cols": Split.of(s.tensors["long_rows"], 0, 16, 16),    # 32 of each 2048 bytes
+        "sparse_cols": Split.of(s.tensors["long_rows"], 0, 16, 16),  # 32 of each 2048 bytes
     }
     assert ops["gate"].shape[1] * ops["gate"].shape[2] == 92160 > 65536
     view = _view(s, ops, OpCache(0))
-    assert len(list(view.segments)) <= 2 * len(ops) + 1   # header, one segment per op, padding
+    assert len(list(view.segments)) <= 2 * len(ops) + 1  # header, one segment per op, padding
     assert not any(isinstance(seg, (Cached, Computed)) for seg in view.segments)
     placed = _placed(view)
     r = random.Random(3)
@@ -100,15 +112,14 @@ def test_runs_equal_the_computation_past_the_old_piece_limit(wide_src):
         for name, op in ops.items():
             at, size = placed[name]
             assert size == op.nbytes
-            if name == "slab_split":   # numpy cannot shape Q8_0: slabs 1..69998 are bytes of the blob
+            if name == "slab_split":  # numpy cannot shape Q8_0: slabs 1..69998 are bytes of the blob
                 g = s.tensors["g"]
                 slab = g.nbytes // 70000
                 want = bytes(s.read(g.offset + slab, 69998 * slab))
             else:
                 want = _whole(op, s)
             assert view.read(at, size, blob) == want, name
-            rounds = next((seg.rounds for seg in view.segments if isinstance(seg, InRounds) and seg.at == at),
-                          None)
+            rounds = next((seg.rounds for seg in view.segments if isinstance(seg, InRounds) and seg.at == at), None)
             unit = min(p[2] for p in rounds.parts) if rounds else 4096
             edges = [k * unit for k in range(0, size // unit, max(1, size // unit // 50))] + [size - unit, size]
             for e in edges:
@@ -165,7 +176,8 @@ def test_a_sequential_reader_has_op_cache_chunks_computed_ahead(heads_src, monke
     the same bytes, each chunk still computed once; with a cache of one
     chunk, nothing is computed ahead (it would push out the chunk being read)."""
     from compatfs.view import ahead, pool, assemble
-    monkeypatch.setattr(ahead, "_pool", pool.Pool(2))     # two workers, whatever the machine's default
+
+    monkeypatch.setattr(ahead, "_pool", pool.Pool(2))  # two workers, whatever the machine's default
     monkeypatch.setattr(ahead, "enabled", True)
     on_workers = []
     chunk = assemble._chunk
@@ -173,9 +185,10 @@ def test_a_sequential_reader_has_op_cache_chunks_computed_ahead(heads_src, monke
     def counting(op, read, k, n):
         on_workers.append(threading.current_thread().name.startswith("compatfs-ahead"))
         return chunk(op, read, k, n)
+
     monkeypatch.setattr(assemble, "_chunk", counting)
     s = heads_src
-    ops = {f"r{i}": _rope(s.tensors[f"m{i}"]) for i in range(6)}      # 96 MiB of op tensors, one after another
+    ops = {f"r{i}": _rope(s.tensors[f"m{i}"]) for i in range(6)}  # 96 MiB of op tensors, one after another
     for mib, expect_ahead in ((64, True), (4, False)):
         on_workers.clear()
         cache = OpCache(mib * MIB)
@@ -187,12 +200,12 @@ def test_a_sequential_reader_has_op_cache_chunks_computed_ahead(heads_src, monke
             for o in range(at, end, MIB):
                 got.append(view.read(o, MIB, blob))
                 state = ahead.of(blob)
-                deadline = time.monotonic() + 10       # the workers done before the reader reads on
+                deadline = time.monotonic() + 10  # the workers done before the reader reads on
                 while state is not None and state.running and time.monotonic() < deadline:
                     time.sleep(0.001)
         for name, op in ops.items():
             lo, size = placed[name]
-            assert b"".join(got)[lo - at:lo - at + size] == _whole(op, s), name
+            assert b"".join(got)[lo - at : lo - at + size] == _whole(op, s), name
         assert cache.computations == sum(size for _, size in placed.values()) // CHUNK_BYTES
         assert any(on_workers) == expect_ahead, mib
 
@@ -217,9 +230,9 @@ def test_concurrent_computations_stay_under_the_memory_bound(heads_src):
             want = memoryview(wants[name])
             with view.open() as blob:
                 for o in range(0, size, MIB):
-                    if view.read(at + o, MIB, blob) != want[o:o + MIB]:
+                    if view.read(at + o, MIB, blob) != want[o : o + MIB]:
                         errors.append(f"{name} differs at {o}")
-        except Exception as e:   # noqa: BLE001 (reported below)
+        except Exception as e:  # noqa: BLE001 (reported below)
             errors.append(repr(e))
 
     tracemalloc.start()
@@ -239,19 +252,23 @@ def test_concurrent_computations_stay_under_the_memory_bound(heads_src):
 
 # -- Qwen3-VL's patch frames -----------------------------------------------------------------------
 
+
 def test_patch_frames_are_strided_runs_of_the_blob(tmp_path):
     """Each temporal frame of a Conv3D patch embedding (2 and 3 frames; F16,
     BF16, F32) is one strided run of the blob, and the view's bytes are the
     frame as numpy takes it."""
     rng = np.random.default_rng(9)
-    convs = {   # numpy [out*in, frames, h, w]
+    convs = {  # numpy [out*in, frames, h, w]
         "f16": rng.standard_normal((3 * 40, 2, 16, 16)).astype(np.float16),
         "f32": rng.standard_normal((3 * 6, 3, 14, 14)).astype(np.float32),
         "bf16": bf16(rng.standard_normal((3 * 8, 2, 16, 16))),
     }
     src = SourceGGUF(write_gguf(tmp_path / "conv.gguf", "test", tensors=convs))
-    ops = {f"{name}.{frame}": FrameOfPatchEmbedding.of(src.tensors[name], src.tensors[name].shape[3] // 3, frame)
-           for name in convs for frame in range(src.tensors[name].shape[2])}
+    ops = {
+        f"{name}.{frame}": FrameOfPatchEmbedding.of(src.tensors[name], src.tensors[name].shape[3] // 3, frame)
+        for name in convs
+        for frame in range(src.tensors[name].shape[2])
+    }
     view = _view(src, ops, OpCache(MIB))
     placed = _placed(view)
     with view.open() as blob:
@@ -266,7 +283,7 @@ def test_patch_frames_are_strided_runs_of_the_blob(tmp_path):
 
 # -- through a mount -------------------------------------------------------------------------------
 
-CHANNELS = 21760        # a patch embedding of 2 x 32 MiB frames (Qwen3-VL's is 1152 channels, 3.5 MB)
+CHANNELS = 21760  # a patch embedding of 2 x 32 MiB frames (Qwen3-VL's is 1152 channels, 3.5 MB)
 
 
 def _read_while_listing(m, path, readers: int = 2) -> tuple[list[bytes], float]:
@@ -292,7 +309,7 @@ def _read_while_listing(m, path, readers: int = 2) -> tuple[list[bytes], float]:
         os.listdir(m / "other:latest")
         os.stat(m / "other:latest/model.gguf")
         slowest = max(slowest, time.monotonic() - t0)
-        time.sleep(0.02)    # on purpose: a listing and a stat every 20 ms while the readers run
+        time.sleep(0.02)  # on purpose: a listing and a stat every 20 ms while the readers run
     for t in threads:
         t.join(timeout=60)
     assert not any(t.is_alive() for t in threads), "a reader did not finish within two minutes"
@@ -308,10 +325,14 @@ def big_frame_store(tmp_path_factory):
     tiny = qwen3vl.legacy_qwen3vl_moe(d / "tiny.gguf")
     rng = np.random.default_rng(5)
     shape = (16, 16, 2, 3 * CHANNELS)
-    blob = wide.rewritten(tiny, d / "big.gguf", {
-        "v.patch_embed.weight": (shape, DT.F16, rng.integers(0, 256, 2 * int(np.prod(shape)), dtype=np.uint8)),
-        "v.patch_embed.bias": ((CHANNELS,), DT.F32, rng.standard_normal(CHANNELS, dtype=np.float32).view(np.uint8)),
-    })
+    blob = wide.rewritten(
+        tiny,
+        d / "big.gguf",
+        {
+            "v.patch_embed.weight": (shape, DT.F16, rng.integers(0, 256, 2 * int(np.prod(shape)), dtype=np.uint8)),
+            "v.patch_embed.bias": ((CHANNELS,), DT.F32, rng.standard_normal(CHANNELS, dtype=np.float32).view(np.uint8)),
+        },
+    )
     store = d / "store"
     add_model(store, "big", blob)
     add_model(store, "other", tiny)
@@ -326,6 +347,7 @@ def test_frames_over_the_cache_are_served_from_the_blob_through_the_mount(big_fr
     of another folder answered within a second all the while."""
     from compatfs.view.catalog import BlobViews
     from compatfs.names import MMPROJ_FILE
+
     store, blob = big_frame_store
     want = BlobViews().view(blob, MMPROJ_FILE).read(0, 1 << 40)
     m = mount_store(store, "-v", "--op-cache-mb", "8")
@@ -336,7 +358,7 @@ def test_frames_over_the_cache_are_served_from_the_blob_through_the_mount(big_fr
     assert computed == [], computed
 
 
-SIDE = 200              # a 200 x 200 position grid of width 64, resampled whole: 10 MB of F32
+SIDE = 200  # a 200 x 200 position grid of width 64, resampled whole: 10 MB of F32
 
 
 @pytest.fixture(scope="module")
@@ -344,13 +366,17 @@ def big_grid_store(tmp_path_factory):
     """A Nemotron omni projector whose position table is resampled (an op
     computed whole) into a 10 MB tensor, and a second model to list."""
     from compatfs.testing import nemotron
+
     d = tmp_path_factory.mktemp("grid")
     tiny = nemotron.legacy_nemotron_h_omni(d / "tiny.gguf")
     width, patch = nemotron.RADIO["v_n_embd"], nemotron.RADIO["patch_size"]
     table = np.random.default_rng(6).standard_normal(SIDE * SIDE * width, dtype=np.float32)
-    blob = wide.rewritten(tiny, d / "big.gguf", {
-        "v.position_embd": ((width, SIDE * SIDE), DT.BF16, bf16(table)[0].view(np.uint8)),
-    }, kvs={"nemotron_h_omni.vision.image_size": (SIDE * patch, GGUFValueType.UINT32, None)})
+    blob = wide.rewritten(
+        tiny,
+        d / "big.gguf",
+        {"v.position_embd": ((width, SIDE * SIDE), DT.BF16, bf16(table)[0].view(np.uint8))},
+        kvs={"nemotron_h_omni.vision.image_size": (SIDE * patch, GGUFValueType.UINT32, None)},
+    )
     store = d / "store"
     add_model(store, "big", blob)
     add_model(store, "other", tiny)
@@ -365,10 +391,12 @@ def test_a_whole_op_over_the_cache_through_the_mount(big_grid_store, mount_store
     of another folder answered within a second all the while."""
     from compatfs.view.catalog import BlobViews
     from compatfs.names import MMPROJ_FILE
+
     store, blob = big_grid_store
     view = BlobViews().view(blob, MMPROJ_FILE)
-    assert any(t.op is not None and t.op.nbytes > 8 * MIB and type(t.op).__name__ == "ResampleGrid"
-               for t in view.spec.tensors)
+    assert any(
+        t.op is not None and t.op.nbytes > 8 * MIB and type(t.op).__name__ == "ResampleGrid" for t in view.spec.tensors
+    )
     want = view.read(0, 1 << 40)
     m = mount_store(store, "-v", "--op-cache-mb", "8")
     results, slowest = _read_while_listing(m, m / "big:latest/mmproj.gguf")

@@ -13,7 +13,7 @@ def test_byte_budget_keeps_several_and_evicts_least_recent():
     for k in "abab":
         get(k)
     assert calls == ["a", "b"]
-    get("c")            # 30 bytes would exceed 25: "a" goes
+    get("c")  # 30 bytes would exceed 25: "a" goes
     get("b")
     get("a")
     assert calls == ["a", "b", "c", "a"]
@@ -25,17 +25,18 @@ def test_results_over_the_budget_are_kept_in_their_own_slot():
     """Results larger than the whole budget are computed once while read,
     the last `LARGE_KEPT` of them kept (two read side by side: once each)."""
     from compatfs.view.opcache import LARGE_KEPT
+
     cache, calls = OpCache(max_bytes=5), []
     big = lambda k: cache.get(k, lambda: calls.append(k) or bytes(10))  # noqa: E731
     for _ in range(3):
         assert big("a") == bytes(10)
         assert big("b") == bytes(10)
     assert calls == ["a", "b"] and cache.bytes_held == 20 and LARGE_KEPT == 2
-    big("c")           # "a" goes
+    big("c")  # "a" goes
     big("b")
     big("a")
     assert calls == ["a", "b", "c", "a"] and cache.bytes_held == 20
-    cache.get("small", lambda: bytes(4))     # the LRU beside the slot
+    cache.get("small", lambda: bytes(4))  # the LRU beside the slot
     assert cache.bytes_held == 24 and cache.computations == 5
 
 
@@ -54,7 +55,7 @@ def test_concurrent_readers_wait_for_one_computation():
     def slow():
         calls.append(1)
         started.set()
-        time.sleep(0.2)     # on purpose: a computation slow enough for the others to arrive during it
+        time.sleep(0.2)  # on purpose: a computation slow enough for the others to arrive during it
         return b"x" * 100
 
     results = []
@@ -68,8 +69,10 @@ def test_concurrent_readers_wait_for_one_computation():
 
 def test_a_failed_computation_is_not_cached():
     cache = OpCache()
+
     def boom():
         raise ValueError("bad tensor")
+
     for _ in range(2):
         with contextlib.suppress(ValueError):
             cache.get("k", boom)
@@ -87,7 +90,7 @@ def test_at_most_computing_run_at_once_and_others_are_not_held():
         with lock:
             running[0] += 1
             peak[0] = max(peak[0], running[0])
-        time.sleep(0.2)     # on purpose: computations that overlap
+        time.sleep(0.2)  # on purpose: computations that overlap
         with lock:
             running[0] -= 1
         return b"x"

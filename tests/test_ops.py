@@ -1,4 +1,5 @@
 """Each op against a numpy reference, on tensors of a real GGUF file."""
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as DT
@@ -11,18 +12,28 @@ from compatfs.translate.ops import AddScalar, Concat, Permute, Promote, to_f32
 from ggufs import bf16, write_gguf
 
 rng = np.random.default_rng(0)
-A = rng.standard_normal((6, 32)).astype(np.float32)      # numpy shape: 6 rows of 32
+A = rng.standard_normal((6, 32)).astype(np.float32)  # numpy shape: 6 rows of 32
 B = rng.standard_normal((4, 32)).astype(np.float32)
-Q = rng.standard_normal((24, 32)).astype(np.float32)     # 24 rows: 4 heads of 3 pairs
+Q = rng.standard_normal((24, 32)).astype(np.float32)  # 24 rows: 4 heads of 3 pairs
 
 
 @pytest.fixture(scope="module")
 def src(tmp_path_factory):
     q8 = quants.quantize(B, DT.Q8_0)
-    path = write_gguf(tmp_path_factory.mktemp("ops") / "ops.gguf", "test", tensors={
-        "a32": A, "a16": A.astype(np.float16), "abf": bf16(A), "b32": B, "b16": B.astype(np.float16),
-        "bq8": (q8, DT.Q8_0), "q16": Q.astype(np.float16), "qbf": bf16(Q),
-    })
+    path = write_gguf(
+        tmp_path_factory.mktemp("ops") / "ops.gguf",
+        "test",
+        tensors={
+            "a32": A,
+            "a16": A.astype(np.float16),
+            "abf": bf16(A),
+            "b32": B,
+            "b16": B.astype(np.float16),
+            "bq8": (q8, DT.Q8_0),
+            "q16": Q.astype(np.float16),
+            "qbf": bf16(Q),
+        },
+    )
     return SourceGGUF(path)
 
 
@@ -60,14 +71,16 @@ def test_concat_mixed_dtypes_dequantizes(src):
     out = arr(op, run(op, src))
     np.testing.assert_array_equal(out[:6], A.astype(np.float16).astype(np.float32))
     np.testing.assert_allclose(out[6:], B, atol=0.05)
-    np.testing.assert_array_equal(out[6:], to_f32(src.tensors["bq8"], src.read(src.tensors["bq8"].offset, src.tensors["bq8"].nbytes)))
+    np.testing.assert_array_equal(
+        out[6:], to_f32(src.tensors["bq8"], src.read(src.tensors["bq8"].offset, src.tensors["bq8"].nbytes))
+    )
 
 
 def test_split_along_each_axis(src):
     t = src.tensors["a32"]
-    op = Split.of(t, axis=1, start=2, length=3)            # rows
+    op = Split.of(t, axis=1, start=2, length=3)  # rows
     np.testing.assert_array_equal(arr(op, run(op, src)), A[2:5])
-    op = Split.of(t, axis=0, start=8, length=16)           # columns
+    op = Split.of(t, axis=0, start=8, length=16)  # columns
     np.testing.assert_array_equal(arr(op, run(op, src)), A[:, 8:24])
 
 
@@ -103,9 +116,15 @@ def test_permute_chunks_equal_the_whole(src, monkeypatch):
     that moves the slowest axis is one chunk.  Chunk sizes that divide the
     tensor and that do not, BF16 and F16."""
     import compatfs.translate.ops as ops
+
     read = lambda t, start, size: src.read(t.offset + start, size)  # noqa: E731
-    cases = [((4, 2, 3, 32), (0, 2, 1, 3)), ((4, 2, 3, 32), (0, 1, 3, 2)), ((2, 2, 6, 32), (0, 1, 3, 2)),
-             ((4, 6, 32), (1, 0, 2)), ((4, 2, 3, 32), (0, 1, 2, 3))]
+    cases = [
+        ((4, 2, 3, 32), (0, 2, 1, 3)),
+        ((4, 2, 3, 32), (0, 1, 3, 2)),
+        ((2, 2, 6, 32), (0, 1, 3, 2)),
+        ((4, 6, 32), (1, 0, 2)),
+        ((4, 2, 3, 32), (0, 1, 2, 3)),
+    ]
     for name in ("q16", "qbf"):
         for view, axes in cases:
             op = Permute.of(src.tensors[name], view, axes)
@@ -138,6 +157,7 @@ def from_pieces(op, src) -> bytes:
     """The op's output as its pieces say, run by run (what `Runs` means,
     apart from the view's arithmetic)."""
     from compatfs.translate.ops import Runs
+
     out = []
     for p in op.pieces():
         if not isinstance(p, Runs):
@@ -151,9 +171,13 @@ def from_pieces(op, src) -> bytes:
 
 def test_ops_that_move_bytes_are_served_as_pieces_equal_to_the_computation(src):
     from compatfs.translate.byte_ops import ConcatRows, PadRows, Strided
+
     e = rng.standard_normal((3, 4, 32)).astype(np.float32)
-    path = write_gguf(src.path.with_name("experts.gguf"), "test", tensors={
-        "g": e, "u": e[:, :2] + 1, "gq": (quants.quantize(e, DT.Q8_0), DT.Q8_0)})
+    path = write_gguf(
+        src.path.with_name("experts.gguf"),
+        "test",
+        tensors={"g": e, "u": e[:, :2] + 1, "gq": (quants.quantize(e, DT.Q8_0), DT.Q8_0)},
+    )
     exp = SourceGGUF(path)
     cases = [
         (src, Concat.of(src.tensors["a16"], src.tensors["b16"])),
@@ -170,14 +194,15 @@ def test_ops_that_move_bytes_are_served_as_pieces_equal_to_the_computation(src):
     for s, op in cases:
         assert op.pieces() is not None, op.description
         assert from_pieces(op, s) == run(op, s), op.description
-        assert len(op.pieces()) <= len(op.inputs) + 1, op.description   # laid out by arithmetic
+        assert len(op.pieces()) <= len(op.inputs) + 1, op.description  # laid out by arithmetic
     # Quantized rows are whole blocks: a split of rows or slabs is their bytes.
     gq = exp.tensors["gq"]
     raw = bytes(exp.read(gq.offset, gq.nbytes))
     slab = gq.nbytes // 3
     assert from_pieces(Split.of(gq, axis=2, start=1, length=2), exp) == raw[slab:]
     assert from_pieces(Split.of(gq, axis=1, start=1, length=2), exp) == b"".join(
-        raw[k * slab + slab // 4:k * slab + 3 * slab // 4] for k in range(3))
+        raw[k * slab + slab // 4 : k * slab + 3 * slab // 4] for k in range(3)
+    )
     # Not whole quantization blocks: computed, not pieced.
     assert Permute.of(src.tensors["a32"], (3, 2, 1, 32), (0, 2, 1, 3)).pieces() is None
 
@@ -191,7 +216,8 @@ def test_elementwise_ops_compute_any_range_from_the_blocks_it_needs(src):
         assert op.ranged, op.description
         whole = run(op, src)
         for lo, hi in [(0, op.nbytes), (1, 3), (100, 300), (op.nbytes - 5, op.nbytes)] + [
-                tuple(sorted(r.integers(0, op.nbytes + 1, 2))) for _ in range(20)]:
+            tuple(sorted(r.integers(0, op.nbytes + 1, 2))) for _ in range(20)
+        ]:
             assert op.compute_range(read, int(lo), int(hi)) == whole[lo:hi], (op.description, lo, hi)
     # An op that needs its whole input is neither.
     perm = Permute.of(src.tensors["a32"], (3, 2, 1, 32), (0, 2, 1, 3))
@@ -203,9 +229,11 @@ def test_f16_and_bf16_promotion_is_bit_exact_for_every_value(tmp_path):
     out as numpy's astype makes it, across chunk boundaries and into a caller's
     buffer without touching a byte around the range."""
     from compatfs.translate.ops import CHUNK
+
     bits = np.tile(np.arange(65536, dtype=np.uint16), (2 * CHUNK) // 65536 + 1)
-    path = write_gguf(tmp_path / "all.gguf", "test", tensors={
-        "h": bits.view(np.float16), "b": (bits.view(np.uint16), DT.BF16)})
+    path = write_gguf(
+        tmp_path / "all.gguf", "test", tensors={"h": bits.view(np.float16), "b": (bits.view(np.uint16), DT.BF16)}
+    )
     s = SourceGGUF(path)
     read = lambda t, start, size: s.read(t.offset + start, size)  # noqa: E731
     expect = {"h": bits.view(np.float16).astype(np.float32), "b": (bits.astype(np.uint32) << 16).view(np.float32)}
@@ -214,7 +242,7 @@ def test_f16_and_bf16_promotion_is_bit_exact_for_every_value(tmp_path):
         assert bytes(op.compute_range(read, 0, op.nbytes)) == want.tobytes()
         for lo, hi in [(4 * CHUNK - 8, 4 * CHUNK + 12), (6, 4 * CHUNK + 2), (op.nbytes - 4 * CHUNK - 3, op.nbytes)]:
             out = bytearray(b"\xaa" * (hi - lo + 8))
-            op.compute_range_into(read, lo, hi, memoryview(out)[4:4 + hi - lo])
+            op.compute_range_into(read, lo, hi, memoryview(out)[4 : 4 + hi - lo])
             assert out[4:-4] == want.tobytes()[lo:hi] and out[:4] == out[-4:] == b"\xaa" * 4, (name, lo, hi)
 
 
@@ -230,17 +258,21 @@ def test_the_op_contract_is_checked_when_an_op_class_is_made(src):
     with pytest.raises(TypeError, match="abstract"):
         Whole((), (4,), DT.F32)
     with pytest.raises(TypeError, match="compute_range_into"):
+
         class Ranged(Op):
             ranged = True
 
             def _compute(self, data):
                 return b""
+
     with pytest.raises(TypeError, match="compute_range"):
+
         class Overriding(Op):
             def _compute(self, data):
                 return b""
 
             def compute_range(self, read, lo, hi):
                 return b""
+
     with pytest.raises(Exception, match="not computed by range"):
         Permute.of(src.tensors["a32"], (3, 2, 1, 32), (0, 2, 1, 3)).compute_range(lambda t, a, n: b"", 0, 4)

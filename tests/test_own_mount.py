@@ -1,6 +1,7 @@
 """The daemon never looks into its own mount: systemd's readiness is told
 from the mount table, and a folder source's scan follows no symlink (one
 into the mount would be a request to this very daemon)."""
+
 from __future__ import annotations
 
 import os
@@ -28,12 +29,13 @@ def test_readiness_is_told_from_the_mount_table_without_looking_at_the_mountpoin
             if os.fspath(path).startswith(os.fspath(mnt)):
                 looked.append(os.fspath(path))
             return real(path, *args, **kwargs)
+
         monkeypatch.setattr(os, name, spy)
     table = [Mount(mnt / "other", "fuse.compatfs", "store", "0:1")]
     try:
         thread = sdnotify.notify_when_mounted(mnt, timeout=10, table=lambda: list(table))
         assert thread is not None
-        table.append(Mount(mnt, "fuse.compatfs", "store", "0:2"))    # the mount is made
+        table.append(Mount(mnt, "fuse.compatfs", "store", "0:2"))  # the mount is made
         msg = sock.recv(4096).decode().splitlines()
         thread.join(5)
     finally:
@@ -48,7 +50,7 @@ def test_an_earlier_mount_at_the_mountpoint_is_not_this_one(tmp_path, monkeypatc
     sock.bind(str(sock_path))
     monkeypatch.setenv("NOTIFY_SOCKET", str(sock_path))
     mnt = tmp_path / "mnt"
-    table = [Mount(mnt, "fuse.compatfs", "store", "0:1")]     # lazily detached, still listed
+    table = [Mount(mnt, "fuse.compatfs", "store", "0:1")]  # lazily detached, still listed
     try:
         thread = sdnotify.notify_when_mounted(mnt, timeout=0.3, table=lambda: list(table))
         assert thread is not None
@@ -110,6 +112,7 @@ def test_a_folder_scan_follows_no_symlink_into_the_mount(tmp_path, monkeypatch):
     from compatfs.files import blobfile
     from compatfs.sources.folder import GGUFFolder
     from compatfs.testing import llama
+
     root = tmp_path / "models"
     (root / "pub" / "repo").mkdir(parents=True)
     llama.plain_llama_text(root / "pub" / "repo" / "x.gguf")

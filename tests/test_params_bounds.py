@@ -4,6 +4,7 @@ model's trained context, batches by that context, GPU layers by the model's
 layers, a sampler's memory by a ceiling), each with a note: stock
 llama-server's router then starts the model's child instead of failing to
 allocate."""
+
 from __future__ import annotations
 
 import json
@@ -22,21 +23,43 @@ from test_router import SERVING, ask, router
 from test_sampling import set_params
 
 HUGE = (1 << 31) - 1
-PARAMS = {"num_thread": HUGE, "num_ctx": HUGE, "num_batch": HUGE, "num_gpu": HUGE, "num_keep": HUGE,
-          "num_predict": HUGE, "repeat_last_n": HUGE, "temperature": 0.5}
+PARAMS = {
+    "num_thread": HUGE,
+    "num_ctx": HUGE,
+    "num_batch": HUGE,
+    "num_gpu": HUGE,
+    "num_keep": HUGE,
+    "num_predict": HUGE,
+    "repeat_last_n": HUGE,
+    "temperature": 0.5,
+}
 
 
 def test_options_that_size_allocations_are_bounded_with_a_note():
     out = translate_params(PARAMS, Limits(cpus=2, context=4096, layers=3))
     pairs = dict(zip(out.argv[::2], out.argv[1::2], strict=True))
-    assert pairs == {"--threads": "2", "--ctx-size": "4096", "--batch-size": "4096", "--n-gpu-layers": "3",
-                     "--keep": "4096", "--n-predict": "4096", "--repeat-last-n": "4096", "--temp": "0.5"}
+    assert pairs == {
+        "--threads": "2",
+        "--ctx-size": "4096",
+        "--batch-size": "4096",
+        "--n-gpu-layers": "3",
+        "--keep": "4096",
+        "--n-predict": "4096",
+        "--repeat-last-n": "4096",
+        "--temp": "0.5",
+    }
     assert len(out.notes) == 7 and all(": bounded to " in n for n in out.notes), out.notes
     # A batch follows the context the params ask for; llama.cpp's own defaults pass as they are.
-    out = translate_params({"num_ctx": 1024, "num_batch": 2048, "num_thread": -1, "num_predict": -2},
-                           Limits(cpus=2, context=4096, layers=3))
-    assert dict(zip(out.argv[::2], out.argv[1::2], strict=True)) == {"--ctx-size": "1024", "--batch-size": "1024",
-                                                        "--threads": "-1", "--n-predict": "-2"}
+    out = translate_params(
+        {"num_ctx": 1024, "num_batch": 2048, "num_thread": -1, "num_predict": -2},
+        Limits(cpus=2, context=4096, layers=3),
+    )
+    assert dict(zip(out.argv[::2], out.argv[1::2], strict=True)) == {
+        "--ctx-size": "1024",
+        "--batch-size": "1024",
+        "--threads": "-1",
+        "--n-predict": "-2",
+    }
     # The model's limits not at hand: ceilings stand in for them.
     out = translate_params({"num_ctx": HUGE, "num_thread": 1})
     assert out.argv == ["--ctx-size", str(1 << 20), "--threads", "1"] and "not at hand" in out.notes[0]
@@ -54,7 +77,7 @@ def test_the_models_limits_come_from_its_header(tmp_path):
 
 @needs_fuse
 def test_huge_params_reach_the_router_bounded(tmp_path, mount_store):
-    llamacpp.tool("llama-server")     # (skips without one, before anything is mounted)
+    llamacpp.tool("llama-server")  # (skips without one, before anything is mounted)
     root = tmp_path / "store"
     blob = llama.plain_llama_text(tmp_path / "t.gguf")
     trained = SourceGGUF(blob).get("llama.context_length")
@@ -67,8 +90,7 @@ def test_huge_params_reach_the_router_bounded(tmp_path, mount_store):
     assert f"batch-size = {trained}\n" in text and f"; params num_thread={HUGE}: bounded to" in text, text
     header = SourceGGUF(mnt / "tiny:1b" / "model.gguf")
     assert header.get("general.sampling.penalty_last_n") == 1 << 20
-    ls = subprocess.run([sys.executable, "-m", "compatfs", "ls", str(root)], capture_output=True, text=True,
-                        timeout=60)
+    ls = subprocess.run([sys.executable, "-m", "compatfs", "ls", str(root)], capture_output=True, text=True, timeout=60)
     assert f"params repeat_last_n={HUGE}: bounded to {1 << 20}" in ls.stdout, ls.stdout + ls.stderr
     with router(mnt / "models.ini", tmp_path / "server.log") as port:
         r = ask(port, "/completion", {"model": "tiny:1b", "prompt": "Hello", "n_predict": 2})

@@ -2,6 +2,7 @@
 parser goes) costs only its own model's params: the layer is refused with a
 one-line reason, `models.ini` keeps every section, and `compatfs ls` says why
 under the model."""
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,7 @@ from compatfs.tree import Tree
 from compatfs.view.catalog import BlobViews
 from test_sampling import set_params
 
-NESTED = b"[" * 200_000 + b"]" * 200_000     # well under the layer's 1 MiB limit
+NESTED = b"[" * 200_000 + b"]" * 200_000  # well under the layer's 1 MiB limit
 
 
 @pytest.fixture
@@ -52,8 +53,9 @@ def test_a_nested_layer_leaves_every_other_section_in_models_ini(store, tmp_path
 
 
 def test_ls_says_why_under_the_model(store):
-    res = subprocess.run([sys.executable, "-m", "compatfs", "ls", str(store), "--json"], capture_output=True,
-                         text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "compatfs", "ls", str(store), "--json"], capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0, res.stderr
     assert "Traceback" not in res.stderr
     rows = {m["name"]: m for m in json.loads(res.stdout)["models"]}

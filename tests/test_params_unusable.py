@@ -3,6 +3,7 @@ says: the model is served, its model.gguf without sampling keys (as a model
 without a params layer), its models.ini section without the layer's options
 and with a comment saying why, the other sections untouched; the layer
 itself is still shown as params.json, byte for byte."""
+
 from __future__ import annotations
 
 

@@ -1,6 +1,7 @@
 """As root the mount is shared (allow_other): nobody reads through it what they
 could not read from the store itself.  A throwaway unprivileged user reads
 through the mount; skipped unless the tests run as root."""
+
 import hashlib
 import json
 import os
@@ -21,8 +22,12 @@ from compatfs.testing.store import add_model
 from conftest import Mount, needs_fuse
 from test_hostile_mount import blob_of, expected
 
-pytestmark = [needs_fuse, pytest.mark.skipif(os.getuid() != 0 or not shutil.which("runuser"),
-                                             reason="needs root (a throwaway user, allow_other) and runuser")]
+pytestmark = [
+    needs_fuse,
+    pytest.mark.skipif(
+        os.getuid() != 0 or not shutil.which("runuser"), reason="needs root (a throwaway user, allow_other) and runuser"
+    ),
+]
 
 
 @pytest.fixture(scope="module")
@@ -90,10 +95,13 @@ def test_nobody_reads_more_than_the_store_lets_them(user, open_tmp, mode):
         assert reads("open:1b") and reads("group:1b") and reads("linked:latest")
         assert not reads("private:1b") and not reads("linkedsecret:latest") and not reads("shadow:latest")
         # Owner and mode come from the blob (through its symlink), minus write bits.
-        for name, blob in (("private:1b", blob_of(store, "private", "1b")), ("shadow:latest", Path("/etc/shadow")),
-                           ("group:1b", blob_of(store, "group", "1b"))):
+        for name, blob in (
+            ("private:1b", blob_of(store, "private", "1b")),
+            ("shadow:latest", Path("/etc/shadow")),
+            ("group:1b", blob_of(store, "group", "1b")),
+        ):
             st, want = (m / f"{name}/model.gguf").stat(), os.stat(blob)
-            if name == "shadow:latest" and mode == "translated":   # not GGUF: shown empty, unreadable
+            if name == "shadow:latest" and mode == "translated":  # not GGUF: shown empty, unreadable
                 assert stat.S_IMODE(st.st_mode) == 0 and st.st_size == 0
                 continue
             assert (st.st_uid, st.st_gid) == (want.st_uid, want.st_gid), name
@@ -107,7 +115,7 @@ def test_nobody_reads_more_than_the_store_lets_them(user, open_tmp, mode):
         assert not reads("open:1b")
         res = as_user(user, "ls", m.path)
         assert res.returncode != 0 and b"Permission denied" in res.stderr
-        assert (m / "open:1b/model.gguf").read_bytes()[:4] == b"GGUF"   # root still can
+        assert (m / "open:1b/model.gguf").read_bytes()[:4] == b"GGUF"  # root still can
         assert m.alive
     finally:
         m.close()
@@ -119,8 +127,12 @@ _READER = 'end=$(($(date +%s) + $2)); while [ "$(date +%s)" -lt "$end" ]; do sha
 
 
 def read_repeatedly(user: str, path: Path, seconds: int) -> list[str]:
-    res = subprocess.run(["runuser", "-u", user, "--", "/bin/sh", "-c", _READER, "reader", str(path), str(seconds)],
-                         capture_output=True, text=True, timeout=seconds + 30)
+    res = subprocess.run(
+        ["runuser", "-u", user, "--", "/bin/sh", "-c", _READER, "reader", str(path), str(seconds)],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 30,
+    )
     assert res.returncode == 0, res.stderr
     return [line.split()[0] if line[64:65] == " " else line for line in res.stdout.splitlines()]
 
@@ -129,8 +141,7 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-@pytest.mark.parametrize("mode,denial", [("translated", "file"), ("translated", "folder"),
-                                         ("--no-translate", "file")])
+@pytest.mark.parametrize("mode,denial", [("translated", "file"), ("translated", "folder"), ("--no-translate", "file")])
 def test_a_flipped_symlink_never_serves_what_the_caller_may_not_read(user, open_tmp, mode, denial):
     """The store's owner flips its blob's symlink between its own GGUF and a
     file it may not read (0600 root's, or 0644 in a 0700 folder), while it
@@ -159,10 +170,7 @@ def test_a_flipped_symlink_never_serves_what_the_caller_may_not_read(user, open_
         path = m / "flip:latest/model.gguf"
         own_view = path.read_bytes()
         assert sha(own_view) in read_repeatedly(user, path, 1)
-        if mode == "translated":
-            secret_views = {sha(expected(secret))}
-        else:
-            secret_views = {sha(secret.read_bytes())}
+        secret_views = {sha(expected(secret))} if mode == "translated" else {sha(secret.read_bytes())}
         stop = threading.Event()
 
         def flip():
@@ -171,6 +179,7 @@ def test_a_flipped_symlink_never_serves_what_the_caller_may_not_read(user, open_
                 for target in (secret, own):
                     tmp.symlink_to(target)
                     os.replace(tmp, blob)
+
         flipper = threading.Thread(target=flip)
         flipper.start()
         try:
@@ -212,24 +221,30 @@ def test_acls_that_deny_are_honoured(user, open_tmp, mode):
             d.chmod(0o755)
     uid, gid = pwd.getpwnam(user).pw_uid, pwd.getpwnam(user).pw_gid
     try:
-        os.setxattr(blob_of(store, "named", "1b"), "system.posix_acl_access",
-                    _acl((USER_OBJ, 6, _NONE), (USER, 0, uid), (GROUP_OBJ, 4, _NONE), (MASK, 4, _NONE),
-                         (OTHER, 4, _NONE)))
+        os.setxattr(
+            blob_of(store, "named", "1b"),
+            "system.posix_acl_access",
+            _acl((USER_OBJ, 6, _NONE), (USER, 0, uid), (GROUP_OBJ, 4, _NONE), (MASK, 4, _NONE), (OTHER, 4, _NONE)),
+        )
     except OSError as e:
         pytest.skip(f"the store's filesystem takes no POSIX ACLs: {e.strerror}")
-    os.setxattr(blob_of(store, "group", "1b"), "system.posix_acl_access",
-                _acl((USER_OBJ, 6, _NONE), (GROUP_OBJ, 4, _NONE), (GROUP, 0, gid), (MASK, 4, _NONE),
-                     (OTHER, 4, _NONE)))
+    os.setxattr(
+        blob_of(store, "group", "1b"),
+        "system.posix_acl_access",
+        _acl((USER_OBJ, 6, _NONE), (GROUP_OBJ, 4, _NONE), (GROUP, 0, gid), (MASK, 4, _NONE), (OTHER, 4, _NONE)),
+    )
     # The "folder" model's blob is reached through a folder the user may not search.
     hidden = open_tmp / "hidden"
     hidden.mkdir(mode=0o755)
-    os.setxattr(hidden, "system.posix_acl_access",
-                _acl((USER_OBJ, 7, _NONE), (USER, 4, uid), (GROUP_OBJ, 5, _NONE), (MASK, 5, _NONE),
-                     (OTHER, 5, _NONE)))
+    os.setxattr(
+        hidden,
+        "system.posix_acl_access",
+        _acl((USER_OBJ, 7, _NONE), (USER, 4, uid), (GROUP_OBJ, 5, _NONE), (MASK, 5, _NONE), (OTHER, 5, _NONE)),
+    )
     blob = blob_of(store, "folder", "1b")
     shutil.move(blob, hidden / blob.name)
     blob.symlink_to(hidden / blob.name)
-    for name in names:   # what the kernel itself decides, outside the mount
+    for name in names:  # what the kernel itself decides, outside the mount
         res = as_user(user, "cat", blob_of(store, name, "1b"))
         assert (res.returncode == 0) == (name == "plain"), (name, res.stderr)
 

@@ -2,6 +2,7 @@
 llama-server's router, whatever a folder or model is named: a folder named
 `*` (llama.cpp's preset reader takes `[*]` as every model's options) is left
 out with why, and never changes another model's child's arguments."""
+
 from __future__ import annotations
 
 import shutil
@@ -30,7 +31,7 @@ def test_a_section_name_or_alias_is_never_written_twice():
 
 @needs_fuse
 def test_a_folder_named_star_never_steers_another_model(tmp_path, mount_store):
-    llamacpp.tool("llama-server")     # (skips without one, before anything is mounted)
+    llamacpp.tool("llama-server")  # (skips without one, before anything is mounted)
     root = tmp_path / "models"
     (root / "*").mkdir(parents=True)
     (root / "tiny").mkdir()

@@ -2,6 +2,7 @@
 store by its Ollama name with its files and params, made from the mounted
 tree, following the store within the rescan, readable as the root is, and
 what stock `llama-server --models-preset MNT/models.ini` serves."""
+
 import os
 import shutil
 import subprocess
@@ -47,15 +48,23 @@ def test_models_ini_lists_every_model_with_its_files_and_alias(tmp_path, mount_s
     add_model(root, "withproj", blob, projector=proj, tag="2b")
     mnt = mounted(tmp_path, root, mount_store)
     text = preset(mnt)
-    assert f"[hf.co/some-org/Some-Repo-GGUF@Q4_K_M]\nalias = {NESTED}\nmodel = {mnt.path}/{NESTED}/model.gguf\n" \
-           "ctx-size = 2048\nreverse-prompt = </s>\n" in text
+    assert (
+        f"[hf.co/some-org/Some-Repo-GGUF@Q4_K_M]\nalias = {NESTED}\nmodel = {mnt.path}/{NESTED}/model.gguf\n"
+        "ctx-size = 2048\nreverse-prompt = </s>\n" in text
+    )
     assert f"[tiny@1b]\nalias = tiny:1b\nmodel = {mnt.path}/tiny:1b/model.gguf\n\n" in text
-    assert f"[withproj@2b]\nalias = withproj:2b\nmodel = {mnt.path}/withproj:2b/model.gguf\n" \
-           f"mmproj = {mnt.path}/withproj:2b/mmproj.gguf\n" in text
+    assert (
+        f"[withproj@2b]\nalias = withproj:2b\nmodel = {mnt.path}/withproj:2b/model.gguf\n"
+        f"mmproj = {mnt.path}/withproj:2b/mmproj.gguf\n" in text
+    )
     assert "blobs" not in text and "temp" not in text
     # What `serve --print-preset` prints is the mount's own; every path it names is there.
-    res = subprocess.run([sys.executable, "-m", "compatfs", "serve", "--mount", str(mnt.path), "--print-preset"],
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "compatfs", "serve", "--mount", str(mnt.path), "--print-preset"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0 and res.stdout == text, res.stderr
     for line in text.splitlines():
         if line.startswith(("model = ", "mmproj = ")):
@@ -76,7 +85,7 @@ def test_a_source_without_models_shows_no_models_ini(tmp_path, mount_store):
     (root / "blobs").mkdir(parents=True)
     (root / "manifests").mkdir()
     mnt = mount_store(root, env={"XDG_STATE_HOME": str(tmp_path / "state")})
-    time.sleep(2.5)   # on purpose: no models.ini appears through two rescans (they log no change to wait for)
+    time.sleep(2.5)  # on purpose: no models.ini appears through two rescans (they log no change to wait for)
     assert "models.ini" not in os.listdir(mnt.path)
     with pytest.raises(FileNotFoundError):
         (mnt / "models.ini").read_bytes()
@@ -89,8 +98,9 @@ def test_models_ini_follows_the_store(tmp_path, mount_store):
     old_size = os.stat(path).st_size
     # A params layer changed: stat alone (no open) sees the new size: the kernel's attributes were dropped.
     set_params(root, nested, b'{"num_ctx":4096,"num_predict":77}')
-    wait_until(lambda: os.stat(path).st_size != old_size, 5,
-               what="stat showing models.ini's new size", tolerate=SERVING)
+    wait_until(
+        lambda: os.stat(path).st_size != old_size, 5, what="stat showing models.ini's new size", tolerate=SERVING
+    )
     text = preset(mnt)
     assert "ctx-size = 4096\nn-predict = 77\n" in text and "ctx-size = 2048" not in text
     assert os.stat(path).st_size == len(text.encode())
@@ -102,18 +112,34 @@ def test_models_ini_follows_the_store(tmp_path, mount_store):
         wait_until(lambda: mnt.changes_seen() > seen, what="a rescan seeing the params layer changed")
         held.seek(0)
         assert held.read() == before and os.fstat(held.fileno()).st_size == len(before)
-    wait_until(lambda: "ctx-size = 3072" in preset(mnt), 5,
-               what="models.ini showing num_ctx 3072 once the held file closed", tolerate=SERVING)
+    wait_until(
+        lambda: "ctx-size = 3072" in preset(mnt),
+        5,
+        what="models.ini showing num_ctx 3072 once the held file closed",
+        tolerate=SERVING,
+    )
     # Removed, added again, a model added and one removed.
     set_params(root, nested, None)
-    wait_until(lambda: "ctx-size" not in preset(mnt), 5,
-               what="models.ini without the removed params layer's ctx-size", tolerate=SERVING)
+    wait_until(
+        lambda: "ctx-size" not in preset(mnt),
+        5,
+        what="models.ini without the removed params layer's ctx-size",
+        tolerate=SERVING,
+    )
     set_params(root, nested, b'{"num_ctx":1024}')
-    wait_until(lambda: "ctx-size = 1024" in preset(mnt), 5,
-               what="models.ini showing the params layer added again", tolerate=SERVING)
+    wait_until(
+        lambda: "ctx-size = 1024" in preset(mnt),
+        5,
+        what="models.ini showing the params layer added again",
+        tolerate=SERVING,
+    )
     add_model(root, "late", blob, tag="3b")
-    wait_until(lambda: f"[late@3b]\nalias = late:3b\nmodel = {mnt.path}/late:3b/model.gguf\n" in preset(mnt), 5,
-               what="models.ini listing the added late:3b", tolerate=SERVING)
+    wait_until(
+        lambda: f"[late@3b]\nalias = late:3b\nmodel = {mnt.path}/late:3b/model.gguf\n" in preset(mnt),
+        5,
+        what="models.ini listing the added late:3b",
+        tolerate=SERVING,
+    )
     shutil.rmtree(root / "manifests/registry.ollama.ai/library/tiny")
     wait_until(lambda: "tiny:1b" not in preset(mnt), 5, what="models.ini without the removed tiny:1b", tolerate=SERVING)
     assert os.stat(path).st_size == len(path.read_bytes())
@@ -130,14 +156,18 @@ def test_models_ini_goes_with_its_mount(tmp_path, mount_store):
     first = mounted(tmp_path, root, mount_store)
     (published,) = state.glob("*.models.ini")
     held = open(first / "tiny:1b" / "model.gguf", "rb")
-    subprocess.run(["fusermount3", "-uz", str(first.path)], check=True)     # detached, still serving `held`
+    subprocess.run(["fusermount3", "-uz", str(first.path)], check=True)  # detached, still serving `held`
     second = Mount(root, first.path, env={"XDG_STATE_HOME": str(tmp_path / "state")})
     try:
-        wait_until(lambda: (second / "models.ini").exists(), 10,
-                   what="the second mount's models.ini published", tolerate=SERVING)
+        wait_until(
+            lambda: (second / "models.ini").exists(),
+            10,
+            what="the second mount's models.ini published",
+            tolerate=SERVING,
+        )
         renewed = os.stat(published).st_ino
         held.close()
-        first.proc.wait(timeout=20)          # the first daemon ends with its last file
+        first.proc.wait(timeout=20)  # the first daemon ends with its last file
         assert published.exists() and os.stat(published).st_ino == renewed
         assert "[tiny@1b]" in (second / "models.ini").read_text()
     finally:
@@ -145,14 +175,26 @@ def test_models_ini_goes_with_its_mount(tmp_path, mount_store):
     assert not published.exists() and not list(state.glob("*.models.ini"))
 
 
-@pytest.mark.parametrize("layer", [b"not json {", b'{"num_ctx":"many","temperature":"hot"}',
-                                   b'{"num_ctx":-5,"stop":[1,{"a":2}]}', b"[1,2]", b"\xff\xfe" * 40])
+@pytest.mark.parametrize(
+    "layer",
+    [
+        b"not json {",
+        b'{"num_ctx":"many","temperature":"hot"}',
+        b'{"num_ctx":-5,"stop":[1,{"a":2}]}',
+        b"[1,2]",
+        b"\xff\xfe" * 40,
+    ],
+)
 def test_a_hostile_params_layer_never_breaks_models_ini(tmp_path, mount_store, layer):
     root, blob, nested = store_with_models(tmp_path)
     mnt = mounted(tmp_path, root, mount_store)
     set_params(root, nested, layer)
-    wait_until(lambda: "ctx-size = 2048" not in preset(mnt), 5,
-               what="models.ini without the hostile params layer's old ctx-size", tolerate=SERVING)
+    wait_until(
+        lambda: "ctx-size = 2048" not in preset(mnt),
+        5,
+        what="models.ini without the hostile params layer's old ctx-size",
+        tolerate=SERVING,
+    )
     text = preset(mnt)
     # The model stays, with its files, and the section says why its params are not there.
     assert f"alias = {NESTED}\nmodel = {mnt.path}/{NESTED}/model.gguf\n" in text
@@ -162,8 +204,7 @@ def test_a_hostile_params_layer_never_breaks_models_ini(tmp_path, mount_store, l
 
 def read_as_nobody(path: Path) -> str:
     """What uid/gid 65534 gets reading `path` with cat: "ok", or cat's error."""
-    res = subprocess.run(["cat", str(path)], user=65534, group=65534, extra_groups=[], capture_output=True,
-                         timeout=30)
+    res = subprocess.run(["cat", str(path)], user=65534, group=65534, extra_groups=[], capture_output=True, timeout=30)
     return "ok" if res.returncode == 0 and res.stdout == path.read_bytes() else res.stderr.decode()
 
 
@@ -177,28 +218,44 @@ def test_models_ini_is_readable_as_the_mount_root_is(open_tmp):
         # The daemon's state folder is its own (0700): the file is readable as the store's root is.
         assert stat_mode(os.stat(open_tmp / "state" / "compatfs")) == 0o700
         assert read_as_nobody(mnt / "models.ini") == "ok"
-        (root / "manifests").chmod(0o711)   # what the mount root mirrors: others may not list it now
-        wait_until(lambda: stat_mode(os.stat(mnt.path)) == 0o511, 5,
-                   what="the mount root showing the manifests folder's mode 0711", tolerate=SERVING)
-        wait_until(lambda: stat_mode(os.stat(mnt / "models.ini")) == 0o400, 5,
-                   what="models.ini showing mode 0400", tolerate=SERVING)
+        (root / "manifests").chmod(0o711)  # what the mount root mirrors: others may not list it now
+        wait_until(
+            lambda: stat_mode(os.stat(mnt.path)) == 0o511,
+            5,
+            what="the mount root showing the manifests folder's mode 0711",
+            tolerate=SERVING,
+        )
+        wait_until(
+            lambda: stat_mode(os.stat(mnt / "models.ini")) == 0o400,
+            5,
+            what="models.ini showing mode 0400",
+            tolerate=SERVING,
+        )
         assert "Permission denied" in read_as_nobody(mnt / "models.ini")
         # An access ACL the mode bits do not show refuses it too, as it refuses listing the root.
         if shutil.which("setfacl"):
             (root / "manifests").chmod(0o755)
             subprocess.run(["setfacl", "-m", "u:65534:---", str(root / "manifests")], check=True)
-            wait_until(lambda: stat_mode(os.stat(mnt / "models.ini")) == 0o444, 5,
-                       what="models.ini showing mode 0444 again", tolerate=SERVING)
+            wait_until(
+                lambda: stat_mode(os.stat(mnt / "models.ini")) == 0o444,
+                5,
+                what="models.ini showing mode 0444 again",
+                tolerate=SERVING,
+            )
             assert "Permission denied" in read_as_nobody(mnt / "models.ini")
             subprocess.run(["setfacl", "-b", str(root / "manifests")], check=True)
-            wait_until(lambda: read_as_nobody(mnt / "models.ini") == "ok", 5,
-                       what="models.ini readable by others once the ACL is gone", tolerate=SERVING)
+            wait_until(
+                lambda: read_as_nobody(mnt / "models.ini") == "ok",
+                5,
+                what="models.ini readable by others once the ACL is gone",
+                tolerate=SERVING,
+            )
     finally:
         mnt.close()
 
 
 def test_stock_llama_server_serves_the_mounts_models_ini(tmp_path, mount_store):
-    llamacpp.tool("llama-server")     # (skips without one, before anything is mounted)
+    llamacpp.tool("llama-server")  # (skips without one, before anything is mounted)
     root, _, nested = store_with_models(tmp_path)
     set_params(root, nested, b'{"temperature":0.25,"top_k":5,"num_ctx":256}')
     mnt = mounted(tmp_path, root, mount_store)
@@ -209,5 +266,6 @@ def test_stock_llama_server_serves_the_mounts_models_ini(tmp_path, mount_store):
         r = ask(port, "/completion", {"model": NESTED, "prompt": "Hello", "n_predict": 4})
         assert r["tokens_predicted"] > 0, r
         from urllib.parse import quote
+
         gen = ask(port, f"/props?model={quote(NESTED)}")["default_generation_settings"]
         assert gen["n_ctx"] == 256 and gen["params"]["top_k"] == 5

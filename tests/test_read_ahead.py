@@ -2,6 +2,7 @@
 kernel has taken libfuse's INIT reply (which lowered it to the reply's
 max_readahead, 128 KiB, when the daemon's write landed first: about one
 mount in two)."""
+
 from __future__ import annotations
 
 import os
@@ -20,7 +21,7 @@ from conftest import needs_fuse, wait_until
 def test_every_mount_keeps_its_read_ahead(tmp_path, mount_store):
     store = tmp_path / "store"
     add_model(store, "llama3", llama.legacy_llama3_instruct(tmp_path / "l3.gguf"))
-    for _i in range(4):     # the race with the INIT reply went either way, about one mount in two
+    for _i in range(4):  # the race with the INIT reply went either way, about one mount in two
         m = mount_store(store, "--read-ahead-kb", "4096")
         st = os.stat(m.path)
         knob = Path(f"/sys/class/bdi/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/read_ahead_kb")

@@ -2,6 +2,7 @@
 (`BlobFile.read_once_into`): with O_DIRECT where the blob is cold, so that a
 model read through the mount is cached once, not twice; through the page
 cache where the blob is mostly cached already; the same bytes either way."""
+
 from __future__ import annotations
 
 import errno
@@ -59,7 +60,7 @@ def data(tmp_path) -> tuple[Path, bytes]:
 
 def direct(path: Path) -> BlobFile:
     f = BlobFile(evicted(path))
-    cached(path)                    # skips where the kernel cannot tell
+    cached(path)  # skips where the kernel cannot tell
     if not f.reads_directly:
         f.close()
         pytest.skip(f"{path.parent}'s filesystem gives no O_DIRECT descriptor")
@@ -69,10 +70,10 @@ def direct(path: Path) -> BlobFile:
 RANGES = [
     (0, DIRECT_MIN),
     (1, DIRECT_MIN + 1),
-    (ALIGN - 1, MiB + 5),            # crosses a block boundary at both ends
-    (3 * ALIGN, 2 * MiB + 17),       # longer than the aligned buffer: read in turns
+    (ALIGN - 1, MiB + 5),  # crosses a block boundary at both ends
+    (3 * ALIGN, 2 * MiB + 17),  # longer than the aligned buffer: read in turns
     (5 * MiB + 123 - 70_000, 70_000),  # up to the file's last byte, which ends mid-block
-    (5, 100),                        # under DIRECT_MIN: through the page cache
+    (5, 100),  # under DIRECT_MIN: through the page cache
 ]
 
 
@@ -82,7 +83,7 @@ def test_read_once_gives_the_same_bytes_as_read_into(data):
         for offset, size in RANGES:
             out = bytearray(size)
             f.read_once_into(memoryview(out), offset)
-            assert out == raw[offset:offset + size], (offset, size)
+            assert out == raw[offset : offset + size], (offset, size)
 
 
 def test_a_cold_file_read_once_stays_out_of_the_page_cache(data):
@@ -96,14 +97,14 @@ def test_a_cold_file_read_once_stays_out_of_the_page_cache(data):
 
 def test_a_mostly_cached_file_is_read_through_the_page_cache(data):
     path, raw = data
-    assert path.read_bytes() == raw          # now in the page cache
+    assert path.read_bytes() == raw  # now in the page cache
     if cached(path) * 2 < pages(0, len(raw)):
         pytest.skip("the page cache did not keep the file just read")
     with BlobFile(path) as f:
         assert not f.reads_directly
         out = bytearray(2 * MiB)
         f.read_once_into(memoryview(out), 12345)
-        assert out == raw[12345:12345 + 2 * MiB]
+        assert out == raw[12345 : 12345 + 2 * MiB]
 
 
 def test_a_read_past_the_end_names_the_file(data):
@@ -119,7 +120,7 @@ def test_a_duplicate_decides_for_itself_and_reads_the_same_bytes(data):
         f.close()
         out = bytearray(MiB)
         again.read_once_into(memoryview(out), 777)
-        assert out == raw[777:777 + MiB]
+        assert out == raw[777 : 777 + MiB]
         again.close()
 
 
@@ -157,17 +158,17 @@ def test_a_filesystem_that_refuses_direct_reads_is_read_through_the_page_cache(d
         for offset, size in RANGES[:3]:
             out = bytearray(size)
             f.read_once_into(memoryview(out), offset)
-            assert out == raw[offset:offset + size]
+            assert out == raw[offset : offset + size]
         assert not f.reads_directly
 
 
 def test_an_op_that_reads_its_inputs_once_leaves_them_out_of_the_page_cache(tmp_path):
-    weights = np.random.default_rng(5).standard_normal(1 << 20).astype(np.float16)    # 2 MiB
+    weights = np.random.default_rng(5).standard_normal(1 << 20).astype(np.float16)  # 2 MiB
     path = write_gguf(tmp_path / "f16.gguf", "llama", {}, {"w": weights})
     op = Promote.of(SourceGGUF(path).tensors["w"])
     assert op.reads_inputs_once
 
-    one_op = Segments([Computed(0, op.nbytes, 0, op)], op.nbytes)     # a view of the op's bytes alone
+    one_op = Segments([Computed(0, op.nbytes, 0, op)], op.nbytes)  # a view of the op's bytes alone
     with direct(path) as f:
         out = bytearray(op.nbytes)
         assemble.fill(one_op, f, 0, memoryview(out))

@@ -7,6 +7,7 @@ namespace of their own (the tour mounts at /mnt/compat, and `compatfs ls`
 without SOURCE takes the compatfs mount there is: other compatfs mounts on
 the machine are detached inside that namespace, and only there), with HOME
 a temporary folder (the mount's log and index, the export's `~`)."""
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,9 @@ from conftest import ROOT, needs_fuse
 README = ROOT / "README.md"
 DEMO_MANIFEST = ROOT / ".cache/demo-store/manifests/hf.co/demo/tiny-llama/Q8_0"
 
-needs_root_namespaces = pytest.mark.skipif(os.getuid() != 0 or not shutil.which("unshare"),
-                                           reason="needs root and unshare(1) for a mount namespace of its own")
+needs_root_namespaces = pytest.mark.skipif(
+    os.getuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare(1) for a mount namespace of its own"
+)
 
 
 def tour_commands(text: str) -> list[str]:
@@ -68,15 +70,30 @@ def test_the_readme_tour_runs_as_written(tmp_path):
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("OLLAMA_MODELS", "VIRTUAL_ENV")}
     env.update(HOME=str(home), PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-    res = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-e", "-x", str(script)],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    res = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "bash", "-e", "-x", str(script)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        stdin=subprocess.DEVNULL,
+    )
     assert res.returncode == 0, f"the tour stopped:\n{res.stderr[-3000:]}"
     out = res.stdout
     assert "Traceback" not in res.stderr, res.stderr
-    for shown in ("models.ini", "gemma3-vision:4b", "GGUF", "hf.co/demo/tiny-llama:Q8_0",
-                  "as is + sampling defaults", "general.sampling.temp", "--embeddings", "alias = ",
-                  "--lora /mnt/compat/hf.co/demo/tiny-llama:Q8_0/adapter.gguf",
-                  str(home / "gemma3-1b" / "model.gguf")):
+    for shown in (
+        "models.ini",
+        "gemma3-vision:4b",
+        "GGUF",
+        "hf.co/demo/tiny-llama:Q8_0",
+        "as is + sampling defaults",
+        "general.sampling.temp",
+        "--embeddings",
+        "alias = ",
+        "--lora /mnt/compat/hf.co/demo/tiny-llama:Q8_0/adapter.gguf",
+        str(home / "gemma3-1b" / "model.gguf"),
+    ):
         assert shown in out, (shown, out[-3000:])
     assert "AGAIN: mount: /mnt/compat is already a compatfs mount of" in out and "nothing changed" in out
     assert "DEMO STORE UNCHANGED" in out

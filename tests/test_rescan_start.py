@@ -1,6 +1,7 @@
 """The rescan thread's first look at the store: a change made after the
 mount's first lookups and before the thread starts is still a change (its
 baseline is the snapshot those lookups answered from, not a new scan)."""
+
 from __future__ import annotations
 
 import os
@@ -31,12 +32,12 @@ def test_a_change_before_the_thread_starts_is_seen(tmp_path):
     add_model(store, "llama3", llama.legacy_llama3_instruct(tmp_path / "l3.gguf"))
     tree = Tree(open_source(store), BlobViews(), rescan_seconds=0.2)
     memo = Paths()
-    rescan = Rescan(tree, memo, None)    # as the daemon makes it, before mounting
-    tree.snapshot()                                   # the mount's first lookups answer from it
+    rescan = Rescan(tree, memo, None)  # as the daemon makes it, before mounting
+    tree.snapshot()  # the mount's first lookups answer from it
     blob = next((store / "blobs").iterdir())
     os.chmod(blob, 0o640)
-    time.sleep(0.3)                                   # the thread starts later than one rescan interval
-    rescan.start(0)                                   # no FUSE session: nothing to tell a kernel
+    time.sleep(0.3)  # the thread starts later than one rescan interval
+    rescan.start(0)  # no FUSE session: nothing to tell a kernel
     try:
         assert memo.forgotten.wait(5), "the mode changed before the rescan thread started was never seen"
     finally:

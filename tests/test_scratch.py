@@ -1,4 +1,5 @@
 """compatfs.files.scratch: buffers for one read, page-aligned, reused, never shared."""
+
 from __future__ import annotations
 
 import mmap
@@ -19,7 +20,7 @@ def test_a_buffer_is_page_aligned_and_large_enough():
         with scratch(n) as buf:
             assert len(buf) >= n
             assert buf.ctypes.data % mmap.PAGESIZE == 0
-            buf[n - 1] = 7                       # writable to its last byte
+            buf[n - 1] = 7  # writable to its last byte
 
 
 def test_a_buffer_given_back_serves_the_next_read():
@@ -28,7 +29,7 @@ def test_a_buffer_given_back_serves_the_next_read():
     with scratch(200_000) as again:
         assert again.ctypes.data == at
     with scratch(600_000) as larger:
-        assert larger.ctypes.data != at           # too small to serve it
+        assert larger.ctypes.data != at  # too small to serve it
 
 
 def test_buffers_in_use_at_once_are_distinct():

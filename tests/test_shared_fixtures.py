@@ -1,5 +1,6 @@
 """Blobs written by Ollama's own converter (../shared/fixtures/ollama), against
 llama.cpp's own conversion of the same weights (../shared/fixtures/upstream)."""
+
 import pytest
 
 from compatfs.testing.store import add_model
@@ -28,17 +29,24 @@ def test_gemma3_vision_views_equal_llama_cpp_conversion(gemma3_vision, mount_sto
 def test_gemma3_vision_loads_in_llama_cpp_through_the_mount(gemma3_vision, mount_store):
     m = mount_store(gemma3_vision)
     blob = SHARED / "ollama/gemma3_vision.gguf"
-    job = {"actions": [{"op": "complete", "prompt": "hello", "n_predict": 4},
-                       {"op": "chat", "messages": [{"role": "user", "content": "Describe."}],
-                        "image_png": True, "n_predict": 4}]}
+    job = {
+        "actions": [
+            {"op": "complete", "prompt": "hello", "n_predict": 4},
+            {"op": "chat", "messages": [{"role": "user", "content": "Describe."}], "image_png": True, "n_predict": 4},
+        ]
+    }
     res = run_job({"model": str(m / "gemma3v:4b/model.gguf"), "mmproj": str(m / "gemma3v:4b/mmproj.gguf"), **job})
     assert res["ok"], res.get("error")
     complete, chat = res["results"]
     assert complete["ok"] and complete["tokens_predicted"] > 0
     assert chat["ok"] and chat["completion_tokens"] > 0
     # With an image the prompt is longer than without: the projector ran.
-    text_only = run_job({"model": str(m / "gemma3v:4b/model.gguf"), "actions": [
-        {"op": "chat", "messages": [{"role": "user", "content": "Describe."}], "n_predict": 1}]})
+    text_only = run_job(
+        {
+            "model": str(m / "gemma3v:4b/model.gguf"),
+            "actions": [{"op": "chat", "messages": [{"role": "user", "content": "Describe."}], "n_predict": 1}],
+        }
+    )
     assert chat["prompt_tokens"] > text_only["results"][0]["prompt_tokens"]
     # Untranslated, the same blob loads neither as a model nor as a projector.
     assert not run_job({"model": str(blob)})["ok"]
@@ -54,7 +62,11 @@ def test_gemma3_text_matches_llama_cpp_conversion(tmp_path, mount_store):
     store = tmp_path / "store"
     add_model(store, "gemma3", SHARED / "ollama/gemma3.gguf", tag="1b")
     m = mount_store(store)
-    mounted, upstream, raw = m / "gemma3:1b/model.gguf", SHARED / "upstream/gemma3/model.gguf", SHARED / "ollama/gemma3.gguf"
+    mounted, upstream, raw = (
+        m / "gemma3:1b/model.gguf",
+        SHARED / "upstream/gemma3/model.gguf",
+        SHARED / "ollama/gemma3.gguf",
+    )
     got, want = kvs(mounted), kvs(upstream)
     loose = {"tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.ggml.add_sep_token"}
     assert {k: got.get(k) for k in want if k not in loose} == {k: v for k, v in want.items() if k not in loose}
@@ -63,7 +75,9 @@ def test_gemma3_text_matches_llama_cpp_conversion(tmp_path, mount_store):
         i = tokens.index(marker)
         assert got["tokenizer.ggml.token_type"][i] == want["tokenizer.ggml.token_type"][i] != raw_types[i]
     assert_same_tensors(mounted, upstream)
-    tok = {"actions": [{"op": "tokenize", "text": "hello world"}, {"op": "complete", "prompt": "hello", "n_predict": 4}]}
+    tok = {
+        "actions": [{"op": "tokenize", "text": "hello world"}, {"op": "complete", "prompt": "hello", "n_predict": 4}]
+    }
     through, reference, untranslated = (run_job({"model": str(p), **tok}) for p in (mounted, upstream, raw))
     assert through["ok"] and reference["ok"] and untranslated["ok"]
     assert through["results"][0]["ids"] == reference["results"][0]["ids"] != untranslated["results"][0]["ids"]

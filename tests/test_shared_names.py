@@ -4,6 +4,7 @@ name is read from in the store: a model whose manifest folder is 0700 is
 left out for everyone (every caller sees the same listings, as the kernel
 caches them), and shown again once its folder is opened.  Through a real
 root mount (allow_other), uid 65534 as the attacker."""
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,9 @@ pytestmark = [needs_fuse, pytest.mark.skipif(os.getuid() != 0, reason="needs roo
 
 
 def ls_as_nobody(path) -> list[str]:
-    res = subprocess.run(["ls", "-a", str(path)], user=65534, group=65534, extra_groups=[], capture_output=True,
-                         text=True, timeout=30)
+    res = subprocess.run(
+        ["ls", "-a", str(path)], user=65534, group=65534, extra_groups=[], capture_output=True, text=True, timeout=30
+    )
     assert res.returncode == 0, res.stderr
     return res.stdout.split()
 
@@ -36,8 +38,8 @@ def test_a_private_models_name_is_in_no_listing(open_tmp):
     for p in [root, *root.rglob("*")]:
         p.chmod(0o755 if p.is_dir() else 0o644)
     secret.parent.chmod(0o700)
-    unread.chmod(0o600)                                          # its folder listed, its layers not readable
-    (root / "manifests" / "hf.co" / "someone").chmod(0o711)     # may be passed, not listed
+    unread.chmod(0o600)  # its folder listed, its layers not readable
+    (root / "manifests" / "hf.co" / "someone").chmod(0o711)  # may be passed, not listed
     m = Mount(root, open_tmp / "mnt", env={"XDG_STATE_HOME": str(open_tmp / "state")})
     try:
         wait_until(lambda: (m / "models.ini").exists(), 10, what="models.ini published", tolerate=SERVING)
@@ -62,6 +64,7 @@ def test_a_pull_decides_only_the_new_name_and_a_shared_folder_opened_again_shows
     from compatfs.sources.choose import open_source
     from compatfs.tree import HiddenNames, Tree
     from compatfs.view.catalog import BlobViews
+
     root = open_tmp / "store"
     blob = llama.plain_llama_text(open_tmp / "t.gguf")
     for i in range(5):
@@ -76,16 +79,16 @@ def test_a_pull_decides_only_the_new_name_and_a_shared_folder_opened_again_shows
     tree = Tree(open_source(root), BlobViews(index=None))
     assert len(tree.rescan().models) == 5
     walks.clear(), decisions.clear()
-    umask = os.umask(0o022)                          # a pull's files and folders are readable by all
+    umask = os.umask(0o022)  # a pull's files and folders are readable by all
     try:
-        add_model(root, "pulled", blob, tag="1b")    # library/ and its new folder: new times
+        add_model(root, "pulled", blob, tag="1b")  # library/ and its new folder: new times
     finally:
         os.umask(umask)
     assert len(tree.rescan().models) == 6
     library = root / "manifests" / "registry.ollama.ai" / "library"
-    assert len(decisions) <= 1, decisions          # (none: its permissions are those of a name decided)
+    assert len(decisions) <= 1, decisions  # (none: its permissions are those of a name decided)
     assert set(walks) <= {library, library / "pulled", library / "pulled" / "1b"}, walks
-    library.chmod(0o700)                            # closed: no one else may list the names below it
+    library.chmod(0o700)  # closed: no one else may list the names below it
     assert tree.rescan().models == {}
-    library.chmod(0o755)                            # opened again: every name below it shown again
+    library.chmod(0o755)  # opened again: every name below it shown again
     assert len(tree.rescan().models) == 6

@@ -4,6 +4,7 @@ read those could read the layer in the store itself, through every folder on
 the way and whatever a symlink resolves to; the daemon never reads it on
 their behalf with its own rights.  Through a real root mount (allow_other),
 uid 65534 as the attacker."""
+
 from __future__ import annotations
 
 import hashlib
@@ -32,8 +33,7 @@ PUBLIC = b'{"num_ctx":1024,"temperature":0.75,"stop":["OPENSTOP"]}'
 
 def as_nobody(path: Path) -> bytes | None:
     """What uid/gid 65534 (no other groups) reads at `path`; None when refused."""
-    res = subprocess.run(["cat", str(path)], user=65534, group=65534, extra_groups=[], capture_output=True,
-                         timeout=30)
+    res = subprocess.run(["cat", str(path)], user=65534, group=65534, extra_groups=[], capture_output=True, timeout=30)
     assert res.returncode == 0 or b"Permission denied" in res.stderr, res.stderr
     return res.stdout if res.returncode == 0 else None
 
@@ -62,13 +62,14 @@ def test_everyone_who_may_tries_every_caller_the_permissions_name(open_tmp):
         r = Recorder()
         status(path, r, bit)
         return r.chain
+
     f.chmod(0o644)
     assert everyone_who_may(chain(d, 1), chain(f, 4))
-    f.chmod(0o640)      # others may reach d, not read f
+    f.chmod(0o640)  # others may reach d, not read f
     assert not everyone_who_may(chain(d, 1), chain(f, 4))
-    d.chmod(0o750)      # only d's owner and group reach it: f's group bits are theirs
+    d.chmod(0o750)  # only d's owner and group reach it: f's group bits are theirs
     assert everyone_who_may(chain(d, 1), chain(f, 4))
-    os.chown(f, 0, 4242)    # a group d does not name: d's group members need not hold it
+    os.chown(f, 0, 4242)  # a group d does not name: d's group members need not hold it
     assert not everyone_who_may(chain(d, 1), chain(f, 4))
 
 
@@ -107,8 +108,8 @@ def test_private_and_symlinked_params_never_reach_the_shared_files(open_tmp):
                 assert word not in ini, (store.name, word, ini.decode())
             assert b"not readable by everyone" in ini, ini.decode()
             model = as_nobody(m / secret_model / "model.gguf")
-            assert model is not None and b"general.sampling" not in model[:1 << 16]
-            if store is root:    # the open model keeps its params, in both files
+            assert model is not None and b"general.sampling" not in model[: 1 << 16]
+            if store is root:  # the open model keeps its params, in both files
                 assert b"reverse-prompt = OPENSTOP" in ini
                 assert b"general.sampling.temp" in (as_nobody(m / "open:1b" / "model.gguf") or b"")
             assert m.alive
@@ -143,6 +144,7 @@ def test_private_template_and_system_layers_never_reach_a_shared_model_gguf(open
     from compatfs.view import sampling
     from compatfs.view.sampling import Layers
     from test_template_layer import SYSTEM, TEMPLATE, set_layer
+
     blob = llama.plain_llama_text(open_tmp / "t.gguf")
     root = open_tmp / "store"
     templates = {"private": b"{{ .System }}SECRETTURN{{ .Prompt }}", "open": b"{{ .System }}OPENTURN{{ .Prompt }}"}
@@ -153,8 +155,9 @@ def test_private_template_and_system_layers_never_reach_a_shared_model_gguf(open
         set_layer(root, manifests[name], SYSTEM, f"{name.upper()}SYSTEM".encode())
     _chmod_all(root)
     for layer in (TEMPLATE, SYSTEM):
-        digest = next(x["digest"] for x in json.loads(manifests["private"].read_text())["layers"]
-                      if x["mediaType"] == layer)
+        digest = next(
+            x["digest"] for x in json.loads(manifests["private"].read_text())["layers"] if x["mediaType"] == layer
+        )
         (root / "blobs" / digest.replace(":", "-")).chmod(0o600)
     m = Mount(root, open_tmp / "mnt", env={"XDG_STATE_HOME": str(open_tmp / "state")})
     try:
@@ -166,7 +169,9 @@ def test_private_template_and_system_layers_never_reach_a_shared_model_gguf(open
         assert m.alive
     finally:
         m.close()
-    blobs = {x["mediaType"]: root / "blobs" / x["digest"].replace(":", "-")
-             for x in json.loads(manifests["private"].read_text())["layers"]}
+    blobs = {
+        x["mediaType"]: root / "blobs" / x["digest"].replace(":", "-")
+        for x in json.loads(manifests["private"].read_text())["layers"]
+    }
     notes = sampling.of_layer(Layers(None, blobs[TEMPLATE], blobs[SYSTEM])).notes
     assert any("not readable by everyone" in n for n in notes), notes

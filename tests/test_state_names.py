@@ -3,6 +3,7 @@ have state files of their own (their `models.ini` and log), and a first
 mount starts a bounded number of indexing processes, whatever the number
 of CPUs.  Measured before: both mountpoints were `mnt_a_b`, and one process
 per CPU was started."""
+
 from __future__ import annotations
 
 import time
@@ -18,8 +19,21 @@ from conftest import Mount, needs_fuse
 
 def test_mountpoints_have_names_of_their_own():
     from compatfs.files.statedir import mount_name
-    points = ["/mnt/a_b", "/mnt/a/b", "/mnt/a%5Fb", "/mnt/a%2Fb", "/", "/root", "/_", "/mnt/a b", "/mnt/a~b",
-              "/" + "x" * 300, "/" + "x" * 299 + "y", "/mnt/ü"]
+
+    points = [
+        "/mnt/a_b",
+        "/mnt/a/b",
+        "/mnt/a%5Fb",
+        "/mnt/a%2Fb",
+        "/",
+        "/root",
+        "/_",
+        "/mnt/a b",
+        "/mnt/a~b",
+        "/" + "x" * 300,
+        "/" + "x" * 299 + "y",
+        "/mnt/ü",
+    ]
     names = [mount_name(p) for p in points]
     assert len(set(names)) == len(points), names
     assert mount_name("/mnt/compat") == "mnt_compat" and mount_name("/mnt/compat/") == "mnt_compat"
@@ -49,8 +63,11 @@ def _children() -> set[int]:
     out: set[int] = set()
     for task in Path("/proc/self/task").iterdir():
         try:
-            out |= {int(p) for p in (task / "children").read_text().split()
-                    if b"resource_tracker" not in Path(f"/proc/{p}/cmdline").read_bytes()}
+            out |= {
+                int(p)
+                for p in (task / "children").read_text().split()
+                if b"resource_tracker" not in Path(f"/proc/{p}/cmdline").read_bytes()
+            }
         except OSError:
             continue
     return out
@@ -59,7 +76,7 @@ def _children() -> set[int]:
 def test_indexing_starts_a_bounded_number_of_processes(tmp_path):
     blobs = [legacy_gemma3_text(tmp_path / f"g{i}.gguf", seed=i) for i in range(3 * BlobViews.MAX_WORKERS)]
     before = _children()
-    views = BlobViews(index=Index(None, True), workers=64)    # as on a 64-core host
+    views = BlobViews(index=Index(None, True), workers=64)  # as on a 64-core host
     try:
         views.prefetch(blobs)
         most, deadline = 0, time.monotonic() + 120

@@ -4,6 +4,7 @@ path is (never through a symlink into the mount), and the rescan's watches
 are added without following a symlink into it (on 0c32945 the mount was
 made under `manifests/`, `mtime` stat-ed through the symlink and inotify
 followed it)."""
+
 import os
 import subprocess
 import sys
@@ -30,8 +31,12 @@ def test_a_mountpoint_inside_the_store_is_refused(tmp_path):
     for inside in (store / "manifests" / "mnt", store / "blobs" / "mnt", store):
         inside.mkdir(exist_ok=True)
         try:
-            res = subprocess.run([sys.executable, "-m", "compatfs", "mount", str(store), str(inside)],
-                                 capture_output=True, text=True, timeout=60)
+            res = subprocess.run(
+                [sys.executable, "-m", "compatfs", "mount", str(store), str(inside)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert res.returncode != 0 and "inside the store" in res.stderr, (inside, res.stderr)
             assert not os.path.ismount(inside)
         finally:
@@ -49,7 +54,7 @@ def test_a_blob_folders_time_is_not_read_through_the_mount(tmp_path, monkeypatch
     folder = next(d for d, f in listing.folders.items() if not f.is_model)
     blob = listing.folders[folder].model
     (mnt / "inside" / "blob").write_bytes(blob.read_bytes())
-    os.utime(mnt / "inside" / "blob", ns=(1, 10 ** 18))
+    os.utime(mnt / "inside" / "blob", ns=(1, 10**18))
     blob.unlink()
     blob.symlink_to(mnt / "inside" / "blob")
     assert src.mtime(folder, listing, 7) == 7

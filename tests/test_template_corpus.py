@@ -4,6 +4,7 @@ thinking), translated to Jinja, renders each chat in stock llama-server
 (`/apply-template`) exactly as Go's text/template renders it on Ollama's data,
 with and without a system layer; what cannot be translated exactly is
 refused with a one-line reason."""
+
 from pathlib import Path
 
 import pytest
@@ -54,14 +55,17 @@ def test_what_cannot_be_translated_exactly_is_refused_in_one_line(path: Path):
     assert REASONS[path.stem] in result.reason and "\n" not in result.reason
 
 
-@pytest.mark.parametrize("data, reason", [
-    (b"{{ .Prompt }}" * 10000, "more than the"),
-    (b"\xff{{ .Prompt }}", "not UTF-8"),
-    (b"{{ " * 40 + b"x", "does not end"),
-    (b"{{ print " + b"(print " * 100 + b".Prompt" + b")" * 100 + b" }}", "nests ( ) more than 64"),
-    (b"{{if .System}}" * 2000 + b"{{end}}" * 2000, "nests if, range and with more than 64"),
-    (b"{{ if .System }}" * 60 + b"x" + b"{{ end }}" * 60, None),
-])
+@pytest.mark.parametrize(
+    "data, reason",
+    [
+        (b"{{ .Prompt }}" * 10000, "more than the"),
+        (b"\xff{{ .Prompt }}", "not UTF-8"),
+        (b"{{ " * 40 + b"x", "does not end"),
+        (b"{{ print " + b"(print " * 100 + b".Prompt" + b")" * 100 + b" }}", "nests ( ) more than 64"),
+        (b"{{if .System}}" * 2000 + b"{{end}}" * 2000, "nests if, range and with more than 64"),
+        (b"{{ if .System }}" * 60 + b"x" + b"{{ end }}" * 60, None),
+    ],
+)
 def test_hostile_templates_are_refused_or_translated_without_failing(data, reason):
     result = translate(data)
     if reason is not None:

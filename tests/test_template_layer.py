@@ -3,6 +3,7 @@ to its model.gguf through the mount, with its system layer as the default
 system message, exactly as Ollama renders each chat; a template that cannot
 be translated leaves the model its own, and `compatfs ls` says why; per tag,
 never in blobs/, followed when a layer changes, translated once per layer."""
+
 import hashlib
 import json
 import os
@@ -83,8 +84,9 @@ def test_a_template_that_is_not_translated_leaves_the_model_its_own_and_ls_says_
     assert [k for k, _ in applied.kvs] == [Keys.General.SAMPLING_TEMP]
     assert any(n.startswith("template: not applied") and "calls json" in n for n in applied.notes)
     assert "system: not applied (only a translated template layer carries it)" in applied.notes
-    r = subprocess.run([sys.executable, "-m", "compatfs", "ls", "--json", str(store)], capture_output=True, text=True,
-                       check=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "compatfs", "ls", "--json", str(store)], capture_output=True, text=True, check=True
+    )
     row = next(r for r in json.loads(r.stdout)["models"] if r["name"] == "refused:latest")
     assert any("calls json" in n for n in row["params"]["notes"])
     assert CHAT_TEMPLATE not in row["params"]["in_model_gguf"]
@@ -159,11 +161,15 @@ def test_how_each_layer_is_applied_is_there_for_ls(store):
     assert [layer for layer, _ in refused.applied] == ["params"]
 
 
-@pytest.mark.parametrize("make, reason", [
-    (lambda p: p.write_bytes(b"{{ .Prompt }}" * 6000), "more than the 65537"),
-    (lambda p: os.mkfifo(p), "not a regular file"),
-    (lambda p: p.write_bytes(b"{{ range .Messages }}{{ range $.Messages }}x{{ end }}{{ end }}"), "without bound"),
-], ids=["huge", "fifo", "quadratic"])
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        (lambda p: p.write_bytes(b"{{ .Prompt }}" * 6000), "more than the 65537"),
+        (lambda p: os.mkfifo(p), "not a regular file"),
+        (lambda p: p.write_bytes(b"{{ range .Messages }}{{ range $.Messages }}x{{ end }}{{ end }}"), "without bound"),
+    ],
+    ids=["huge", "fifo", "quadratic"],
+)
 def test_a_hostile_template_layer_is_refused_in_one_line_and_the_model_still_served(blob, tmp_path, make, reason):
     root = tmp_path / "s"
     m = add_model(root, "m", blob)

@@ -5,6 +5,7 @@ blob every few seconds, as are failed reads); a verdict on the blob's bytes
 is still remembered.
 An open that fails leaves no descriptor behind, and the daemon raises its
 own limit on open files at start."""
+
 import errno
 import logging
 import os
@@ -57,7 +58,7 @@ def mounted(tmp_path, monkeypatch):
     (tmp_path / "mnt").mkdir()
     fs = CompatFS(Tree(source, BlobViews(), rescan_seconds=3600), str(tmp_path / "mnt"))
     fs.tree.snapshot()
-    assert fs.tree.lookup(MODEL[1:]) is not None          # the summary is made (and kept) here
+    assert fs.tree.lookup(MODEL[1:]) is not None  # the summary is made (and kept) here
     scans: list[int] = []
     scan = source.scan
     monkeypatch.setattr(source, "scan", lambda: scans.append(1) or scan())
@@ -79,7 +80,7 @@ def _fault(monkeypatch, how: str) -> Once:
     elif how == "MemoryError parsing":
         once = Once(views_module.SourceGGUF, MemoryError())
         monkeypatch.setattr(views_module, "SourceGGUF", once)
-    elif how == "EIO reading the header":     # a real read, turned into blobfile's own error
+    elif how == "EIO reading the header":  # a real read, turned into blobfile's own error
         once = Once(os.preadv, OSError(errno.EIO, os.strerror(errno.EIO)))
         monkeypatch.setattr(os, "preadv", once)
     elif how == "MemoryError in a handler":
@@ -94,8 +95,16 @@ def _fault(monkeypatch, how: str) -> Once:
     return once
 
 
-@pytest.mark.parametrize("how", ["EMFILE parsing", "MemoryError parsing", "EIO reading the header",
-                                 "MemoryError in a handler", "ENFILE in a handler"])
+@pytest.mark.parametrize(
+    "how",
+    [
+        "EMFILE parsing",
+        "MemoryError parsing",
+        "EIO reading the header",
+        "MemoryError in a handler",
+        "ENFILE in a handler",
+    ],
+)
 def test_a_transient_fault_is_not_remembered(mounted, monkeypatch, caplog, how):
     """On 5ea7fe0 the failed build was remembered for the blob's identity:
     every later open of the model was EIO until the blob changed."""
@@ -104,14 +113,15 @@ def test_a_transient_fault_is_not_remembered(mounted, monkeypatch, caplog, how):
     with caplog.at_level(logging.ERROR, logger="compatfs"), pytest.raises(OSError) as e:
         _open(fs)
     assert e.value.errno == errno.EIO and once.fired == 1
-    fh = _open(fs)                         # tried again: served
+    fh = _open(fs)  # tried again: served
     assert "just now" in caplog.text and "not remembered, tried again the next time" in caplog.text
-    assert mounted.scans == []            # no scan of the store for it
+    assert mounted.scans == []  # no scan of the store for it
     handle = fs._paths.get(fh)
     assert handle is not None
     blob = handle.file.path
-    assert handle.view.size == len(expected(blob)) and handle.view.read(0, handle.view.size, handle.file) == \
-        expected(blob)
+    assert handle.view.size == len(expected(blob)) and handle.view.read(0, handle.view.size, handle.file) == expected(
+        blob
+    )
     fs.release(MODEL, SimpleNamespace(fh=fh))
 
 
@@ -147,8 +157,9 @@ def test_an_open_tries_again_a_blob_written_anew_as_it_failed(mounted, monkeypat
             try:
                 return real(path, kind, params)
             finally:
-                blob.write_bytes(data)     # another file at that path
+                blob.write_bytes(data)  # another file at that path
         return real(path, kind, params)
+
     monkeypatch.setattr(fs.tree.views, "view", view)
     fh = _open(fs)
     assert len(calls) == 2
@@ -160,6 +171,7 @@ def test_classify_raises_a_fault_of_the_system(tmp_path, monkeypatch):
     MemoryError became a HandlerFailure, the text view's error)."""
     from compatfs.format.header import SourceGGUF
     from compatfs.testing import gemma3
+
     source = SourceGGUF(gemma3.legacy_gemma3_text(tmp_path / "g.gguf"))
     once = Once(claims.first_claim, MemoryError())
     monkeypatch.setattr(claims, "first_claim", once)
@@ -194,6 +206,7 @@ def test_a_refused_open_leaves_no_descriptor(mounted, monkeypatch, fault):
     the duplicate stayed open, and an OSError went out as it was)."""
     from compatfs.fuse import openfiles
     from compatfs.files.lookup import Denied
+
     fs = mounted.fs
     ref = fs.tree.lookup("models.ini")
     assert ref is not None and ref.readable_as is not None
@@ -205,6 +218,7 @@ def test_a_refused_open_leaves_no_descriptor(mounted, monkeypatch, fault):
         if Path(path) == ref.readable_as:
             raise Denied(f"{path}: refused") if fault == "denied" else FileNotFoundError(errno.ENOENT, "gone")
         return real(path, *args, **kwargs)
+
     monkeypatch.setattr(openfiles, "status", status)
     with pytest.raises(OSError) as e:
         _open(fs, "/models.ini")
@@ -219,7 +233,7 @@ def test_the_daemon_raises_its_open_files_limit(tmp_path, mount_store):
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard == resource.RLIM_INFINITY or hard <= 512:
         pytest.skip(f"a hard limit of {hard} leaves nothing to raise to")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))    # the daemon inherits it
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))  # the daemon inherits it
     try:
         m = mount_store(vision_and_text_store(tmp_path))
     finally:
@@ -230,8 +244,9 @@ def test_the_daemon_raises_its_open_files_limit(tmp_path, mount_store):
     assert f"open files: at most {hard} (raised from 256)" in m.log_text()
 
 
-@pytest.mark.parametrize("fault", [OSError(errno.EMFILE, os.strerror(errno.EMFILE)), MemoryError()],
-                         ids=["EMFILE", "MemoryError"])
+@pytest.mark.parametrize(
+    "fault", [OSError(errno.EMFILE, os.strerror(errno.EMFILE)), MemoryError()], ids=["EMFILE", "MemoryError"]
+)
 def test_a_fault_while_sizing_is_neither_indexed_nor_remembered_by_stat(tmp_path, monkeypatch, fault):
     """A fault of the system while a blob is summarized for `stat` is EIO for
     that stat: no summary records it in the index, and the next stat (no
@@ -242,7 +257,7 @@ def test_a_fault_while_sizing_is_neither_indexed_nor_remembered_by_stat(tmp_path
     (tmp_path / "mnt").mkdir()
     views = BlobViews()
     fs = CompatFS(Tree(OllamaStore(store), views, rescan_seconds=3600), str(tmp_path / "mnt"))
-    views.index = Index(None, True)     # its first scan summarized the blob (models.ini): known no more
+    views.index = Index(None, True)  # its first scan summarized the blob (models.ini): known no more
     once = Once(summaries.SourceGGUF, fault)
     monkeypatch.setattr(summaries, "SourceGGUF", once)
     once.armed = True
@@ -250,7 +265,7 @@ def test_a_fault_while_sizing_is_neither_indexed_nor_remembered_by_stat(tmp_path
         fs.getattr(MODEL)
     assert failed.value.errno == errno.EIO and once.fired == 1
     blob = fs.tree.lookup(MODEL[1:]).blob
-    assert views.index.get(blob, summaries.stamp_of(blob)) is None    # nothing indexed for the fault
+    assert views.index.get(blob, summaries.stamp_of(blob)) is None  # nothing indexed for the fault
     assert fs.getattr(MODEL)["st_size"] == len(expected(blob))
 
 
@@ -261,6 +276,7 @@ def test_failed_reads_are_logged_at_most_once_per_blob_a_while(monkeypatch, capl
 
     def fail(view, file, offset, out):
         raise OSError(errno.EIO, "Input/output error")
+
     monkeypatch.setattr(readpath.assemble, "fill", fail)
     monkeypatch.setattr(readpath, "_failures", throttle.Throttle(readpath.READ_LOG_SECONDS))
     clock = [1000.0]
@@ -272,6 +288,7 @@ def test_failed_reads_are_logged_at_most_once_per_blob_a_while(monkeypatch, capl
         with pytest.raises(OSError) as e:
             readpath._fill(handle, 0, out)
         assert e.value.errno == errno.EIO
+
     with caplog.at_level(logging.ERROR, logger="compatfs"):
         for _ in range(3):
             read(handles[0])

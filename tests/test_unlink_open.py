@@ -3,6 +3,7 @@
 link count, and only then: a rewrite in place is still EIO.  The blobs here
 are regular files (a symlink's removal would leave its target's change time
 alone and test nothing)."""
+
 import errno
 import os
 import shutil
@@ -37,11 +38,11 @@ def test_a_removed_name_leaves_an_open_blob_intact(tmp_path, links):
     with BlobFile(path) as f:
         ctime = os.fstat(f.fd).st_ctime_ns
         path.unlink()
-        assert os.fstat(f.fd).st_ctime_ns != ctime or links == 1   # (the test means something)
+        assert os.fstat(f.fd).st_ctime_ns != ctime or links == 1  # (the test means something)
         assert f.intact()
         f.check()
         assert f.read(0, len(data)) == data
-        again = f.duplicate()     # a duplicate judges alike
+        again = f.duplicate()  # a duplicate judges alike
         try:
             assert again.intact()
         finally:
@@ -80,8 +81,13 @@ def _store(tmp_path: Path, links: int) -> tuple[Path, list[Path]]:
     layer; with `links` 2 each blob has a second name outside the store."""
     root = tmp_path / "store"
     add_model(root, "vision", gemma3.legacy_gemma3_vision(tmp_path / "gv.gguf"), tag="4b")
-    add_model(root, "llava", llama.plain_llama_text(tmp_path / "lt.gguf"),
-              llava.legacy_llava_projector(tmp_path / "lp.gguf"), tag="7b")
+    add_model(
+        root,
+        "llava",
+        llama.plain_llama_text(tmp_path / "lt.gguf"),
+        llava.legacy_llava_projector(tmp_path / "lp.gguf"),
+        tag="7b",
+    )
     blobs = [blob_of(root, "vision", "4b"), blob_of(root, "llava", "7b"), blob_of(root, "llava", "7b", "projector")]
     if links == 2:
         (tmp_path / "kept").mkdir()
@@ -106,11 +112,15 @@ def test_ollama_rm_while_files_are_open(tmp_path, mount_store, links):
     the bytes of the views opened (measured on 5ea7fe0 with two links: EIO
     at offset 0, "changed under an open file")."""
     store, blobs = _store(tmp_path, links)
-    files = {"vision:4b/model.gguf": (blobs[0], "model.gguf"), "vision:4b/mmproj.gguf": (blobs[0], "mmproj.gguf"),
-             "llava:7b/model.gguf": (blobs[1], "model.gguf"), "llava:7b/mmproj.gguf": (blobs[2], "mmproj.gguf")}
+    files = {
+        "vision:4b/model.gguf": (blobs[0], "model.gguf"),
+        "vision:4b/mmproj.gguf": (blobs[0], "mmproj.gguf"),
+        "llava:7b/model.gguf": (blobs[1], "model.gguf"),
+        "llava:7b/mmproj.gguf": (blobs[2], "mmproj.gguf"),
+    }
     want = {rel: expected(blob, kind) for rel, (blob, kind) in files.items()}
     m = mount_store(store)
-    held = [os.open(blob, os.O_RDONLY) for blob in blobs]    # to drop their pages once they are gone
+    held = [os.open(blob, os.O_RDONLY) for blob in blobs]  # to drop their pages once they are gone
     opened = {rel: open(m / rel, "rb", buffering=0) for rel in files}
     try:
         for rel, f in opened.items():
@@ -149,7 +159,7 @@ def test_a_rewrite_in_place_after_ollama_rm_is_eio(tmp_path, mount_store):
         shutil.rmtree(store / MANIFESTS / "vision")
         blob.unlink()
         f.seek(len(want) // 2)
-        assert f.read(4096) == want[len(want) // 2:len(want) // 2 + 4096]
+        assert f.read(4096) == want[len(want) // 2 : len(want) // 2 + 4096]
         st = kept.stat()
         with open(kept, "r+b") as w:
             w.seek(st.st_size - 16)

@@ -3,6 +3,7 @@ as a user starts it (the CLI, in the background) indexes and logs into the
 folders conftest gives every test and every process a test starts.
 Measured before: `~/.cache/compatfs/index.sqlite3` held rows of
 `/tmp/pytest-of-root/...` after a run."""
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,9 @@ def _rows_under(index: Path, prefix: str) -> int:
     db = sqlite3.connect(f"file:{index}?mode=ro", uri=True)
     try:
         tables = [t for (t,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-        return sum(db.execute(f"SELECT COUNT(*) FROM {t} WHERE path LIKE ?", (prefix + "%",)).fetchone()[0]
-                   for t in tables)
+        return sum(
+            db.execute(f"SELECT COUNT(*) FROM {t} WHERE path LIKE ?", (prefix + "%",)).fetchone()[0] for t in tables
+        )
     finally:
         db.close()
 
@@ -48,7 +50,7 @@ def test_a_mount_started_by_a_test_writes_nothing_of_the_users(tmp_path):
     res = subprocess.run([*run, "mount", str(store), str(mnt)], capture_output=True, text=True, timeout=60)
     try:
         assert res.returncode == 0, res.stderr
-        assert os.stat(mnt / "g:1b/model.gguf").st_size > 0     # indexed: the index was written somewhere
+        assert os.stat(mnt / "g:1b/model.gguf").st_size > 0  # indexed: the index was written somewhere
     finally:
         subprocess.run([*run, "umount", str(mnt)], capture_output=True, timeout=60)
         subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)

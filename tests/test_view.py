@@ -1,4 +1,5 @@
 """Views in-process: layout, alignment, GGUF v2 input, stitched reads."""
+
 import itertools
 import random
 import struct
@@ -14,8 +15,9 @@ from compatfs.view.layout import View
 from compatfs.view.segments import Cached, Computed
 
 
-TR = Translation("t", ALWAYS, kv=(Set("general.architecture", string("renamed")),),
-                 tensors=(Rename("b", "bee"), ToF32(("c",))))
+TR = Translation(
+    "t", ALWAYS, kv=(Set("general.architecture", string("renamed")),), tensors=(Rename("b", "bee"), ToF32(("c",)))
+)
 
 
 def make(tmp_path, alignment=None):
@@ -23,9 +25,11 @@ def make(tmp_path, alignment=None):
     if alignment:
         w.add_custom_alignment(alignment)
     rng = np.random.default_rng(0)
-    for name, arr in (("a", rng.standard_normal(5).astype(np.float32)),
-                      ("b", rng.standard_normal((3, 7)).astype(np.float16)),
-                      ("c", rng.standard_normal((2, 9)).astype(np.float16))):
+    for name, arr in (
+        ("a", rng.standard_normal(5).astype(np.float32)),
+        ("b", rng.standard_normal((3, 7)).astype(np.float16)),
+        ("c", rng.standard_normal((2, 9)).astype(np.float16)),
+    ):
         w.add_tensor(name, arr)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -74,7 +78,7 @@ def test_stitched_reads_equal_the_whole(tmp_path):
     assert len(whole) == view.size
     for _ in range(2000):
         off, size = rnd.randrange(view.size + 8), rnd.randrange(1, 200)
-        assert view.read(off, size) == whole[off:off + size]
+        assert view.read(off, size) == whole[off : off + size]
 
 
 def test_tensor_infos_follow_data_order(tmp_path):
@@ -83,9 +87,11 @@ def test_tensor_infos_follow_data_order(tmp_path):
     running size in info order)."""
     from compatfs.translate.ops import Concat
     from compatfs.translate import Produce
+
     src = SourceGGUF(make(tmp_path))
-    tr = Translation("p", ALWAYS, tensors=(Produce("bb", lambda s: Concat.of(s.tensors["b"], s.tensors["b"]),
-                                                   consumes=("b",)),))
+    tr = Translation(
+        "p", ALWAYS, tensors=(Produce("bb", lambda s: Concat.of(s.tensors["b"], s.tensors["b"]), consumes=("b",)),)
+    )
     view = View.translated(src, plan(tr, src), OpCache(), key="k")
     out = tmp_path / "p.gguf"
     out.write_bytes(view.read(0, view.size))
@@ -120,9 +126,10 @@ def test_interleaved_readers_never_recompute_a_tensor(tmp_path):
     from compatfs.view.catalog import BlobViews
     from compatfs.names import MMPROJ_FILE
     from conftest import SHARED
+
     blobs = [legacy_gemma3_vision(tmp_path / "g.gguf")]
     if (SHARED / "ollama/mistral3.gguf").is_file():
-        blobs.append(SHARED / "ollama/mistral3.gguf")   # Q/K rope permutations: computed whole
+        blobs.append(SHARED / "ollama/mistral3.gguf")  # Q/K rope permutations: computed whole
     for blob in blobs:
         views = BlobViews()
         view = views.view(blob, MMPROJ_FILE)
@@ -139,6 +146,7 @@ def test_translated_size_is_the_laid_out_size(tmp_path):
     from compatfs.testing import LEGACY
     from compatfs.view.claims import classify, view_spec
     from compatfs.names import MMPROJ_FILE, MODEL_FILE
+
     seen = 0
     for name, entry in LEGACY.items():
         for make in filter(None, (entry.model, entry.projector)):
@@ -176,4 +184,4 @@ def test_a_range_is_covered_by_its_segments_clipped(tmp_path):
             assert type(s) is type(origin) and s.at + s.size <= origin.at + origin.size
             assert s.lo - origin.lo == s.at - origin.at
             assert all(getattr(s, f) is getattr(origin, f) for f in s.__match_args__[3:])
-        assert view.read(offset, size) == whole[offset:offset + size]
+        assert view.read(offset, size) == whole[offset : offset + size]

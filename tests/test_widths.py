@@ -1,6 +1,7 @@
 """compatfs.testing.widths, the benchmark's real-width writer: run at the tiny
 writers' own dimensions, it writes the header they write (keys, tensor names,
 shapes, types and offsets), with valid data of its own."""
+
 from __future__ import annotations
 
 import gguf
@@ -18,11 +19,15 @@ def header(path):
     return kvs, tensors
 
 
-@pytest.mark.parametrize("module, dims, writer", [
-    (gemma4, "GEMMA4_MOE", gemma4.legacy_gemma4_moe),
-    (qwen3vl, "QWEN3VL_MOE", qwen3vl.legacy_qwen3vl_moe),
-    (glmocr, "GLMOCR", glmocr.legacy_glmocr),
-], ids=["gemma4", "qwen3vl", "glmocr"])
+@pytest.mark.parametrize(
+    "module, dims, writer",
+    [
+        (gemma4, "GEMMA4_MOE", gemma4.legacy_gemma4_moe),
+        (qwen3vl, "QWEN3VL_MOE", qwen3vl.legacy_qwen3vl_moe),
+        (glmocr, "GLMOCR", glmocr.legacy_glmocr),
+    ],
+    ids=["gemma4", "qwen3vl", "glmocr"],
+)
 def test_the_tiny_dimensions_give_the_tiny_writers_header(tmp_path, module, dims, writer):
     tiny = writer(tmp_path / "tiny.gguf")
     mine = widths.write_blob(widths._capture(module, dims, {}, writer), tmp_path / "mine.gguf")
@@ -35,15 +40,24 @@ def test_the_gptoss_shapes_are_the_tiny_writers(tmp_path):
     r = gguf.GGUFReader(tiny)
     n_vocab = len(r.fields["tokenizer.ggml.tokens"].contents())
     for t in r.tensors:
-        assert tuple(reversed(widths._gptoss_shape(t.name, gptoss.GPTOSS, n_vocab))) == \
-            tuple(int(d) for d in t.shape), t.name
+        assert tuple(reversed(widths._gptoss_shape(t.name, gptoss.GPTOSS, n_vocab))) == tuple(
+            int(d) for d in t.shape
+        ), t.name
 
 
 def test_blocks_are_valid_and_type4_is_patched(tmp_path):
     def blob(first):
-        return widths.Blob("gptoss", {"general.architecture": ("gptoss", gguf.GGUFValueType.STRING, None)}, [
-            widths.Tensor("a", (4, 64), first), widths.Tensor("b", (3, 64), widths.T.MXFP4),
-            widths.Tensor("c", (5, 32), widths.T.BF16), widths.Tensor("d", (7,), widths.T.F32)])
+        return widths.Blob(
+            "gptoss",
+            {"general.architecture": ("gptoss", gguf.GGUFValueType.STRING, None)},
+            [
+                widths.Tensor("a", (4, 64), first),
+                widths.Tensor("b", (3, 64), widths.T.MXFP4),
+                widths.Tensor("c", (5, 32), widths.T.BF16),
+                widths.Tensor("d", (7,), widths.T.F32),
+            ],
+        )
+
     typed4 = widths.write_blob(blob(gptoss.OLLAMA_MXFP4), tmp_path / "typed4.gguf").read_bytes()
     path = widths.write_blob(blob(widths.T.MXFP4), tmp_path / "typed39.gguf")
     typed39 = path.read_bytes()

@@ -1,6 +1,7 @@
 """libfuse's worker threads: when they run until unmount (`workers_stay`), and
 the Python thread state such a thread keeps between callbacks
 (`keep_thread_state`), driven here from a thread C started, as libfuse's are."""
+
 from __future__ import annotations
 
 import ctypes
@@ -24,16 +25,19 @@ int twice_in_a_thread(callback cb) {
 """
 
 
-@pytest.mark.parametrize("options, stay", [
-    ({"max_threads": 64, "max_idle_threads": 64}, True),     # what the daemon sets
-    ({"max_threads": "8", "max_idle_threads": "8"}, True),   # as -o gives them
-    ({"max_threads": 64, "max_idle_threads": 10}, False),    # idle ones beyond 10 end
-    ({"max_threads": 4}, True),                              # libfuse's default: never end one
-    ({"max_idle_threads": 10}, True),                        # libfuse's 10 workers at most
-    ({"max_idle_threads": 2}, False),
-    ({"max_threads": 64, "max_idle_threads": -1}, True),     # rejected by libfuse: its default
-    ({"max_threads": 64, "max_idle_threads": "many"}, False),
-])
+@pytest.mark.parametrize(
+    "options, stay",
+    [
+        ({"max_threads": 64, "max_idle_threads": 64}, True),  # what the daemon sets
+        ({"max_threads": "8", "max_idle_threads": "8"}, True),  # as -o gives them
+        ({"max_threads": 64, "max_idle_threads": 10}, False),  # idle ones beyond 10 end
+        ({"max_threads": 4}, True),  # libfuse's default: never end one
+        ({"max_idle_threads": 10}, True),  # libfuse's 10 workers at most
+        ({"max_idle_threads": 2}, False),
+        ({"max_threads": 64, "max_idle_threads": -1}, True),  # rejected by libfuse: its default
+        ({"max_threads": 64, "max_idle_threads": "many"}, False),
+    ],
+)
 def test_workers_stay_as_libfuse_takes_the_options(monkeypatch, options, stay):
     monkeypatch.setattr(libfuse, "libfuse_tuple", lambda: (3, 14))
     assert libfuse.workers_stay(options) is stay
@@ -52,8 +56,9 @@ def twice(tmp_path_factory):
         pytest.skip("no C compiler")
     work = tmp_path_factory.mktemp("twice")
     (work / "twice.c").write_text(_TWICE)
-    subprocess.run([cc, "-shared", "-fPIC", "-o", str(work / "twice.so"), str(work / "twice.c"), "-lpthread"],
-                   check=True)
+    subprocess.run(
+        [cc, "-shared", "-fPIC", "-o", str(work / "twice.so"), str(work / "twice.c"), "-lpthread"], check=True
+    )
     fn = ctypes.CDLL(str(work / "twice.so")).twice_in_a_thread
     fn.argtypes = [ctypes.c_void_p]
     return fn

@@ -3,6 +3,7 @@ valid scales (never by quantizing gigabytes of floats): seconds to write.
 
 gpt-oss-20b: 32 experts, n_embd 2880, expert width 2880 (the fused gate/up
 stack 2 x 92,160 rows); gpt-oss-120b: 128 experts, the same widths."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,8 +25,9 @@ def mxfp4_blocks(rng: np.random.Generator, n: int) -> np.ndarray:
     return blocks.reshape(-1)
 
 
-def fused_gptoss(path: Path, n_embd: int, n_ff: int, n_expert: int, layers: int = 1, seed: int = 0,
-                 ollama_mxfp4: bool = False) -> Path:
+def fused_gptoss(
+    path: Path, n_embd: int, n_ff: int, n_expert: int, layers: int = 1, seed: int = 0, ollama_mxfp4: bool = False
+) -> Path:
     """A gpt-oss blob of the older fused form (gate and up rows interleaved in
     one `ffn_gate_up_exps` per layer), its expert stacks at the given widths,
     the rest of the tiny model's tensors as they are; with `ollama_mxfp4`, the
@@ -38,10 +40,15 @@ def fused_gptoss(path: Path, n_embd: int, n_ff: int, n_expert: int, layers: int 
     tiny = gptoss.current_gptoss(path.with_name(path.name + ".tiny"))
     try:
         r = gguf.GGUFReader(tiny)
-        kvs = {name: (f.contents(), f.types[0], f.types[1] if len(f.types) > 1 else None)
-               for name, f in r.fields.items() if not name.startswith("GGUF.")}
-        tensors = {t.name: (tuple(int(d) for d in t.shape), t.tensor_type, np.asarray(t.data).view(np.uint8))
-                   for t in r.tensors}
+        kvs = {
+            name: (f.contents(), f.types[0], f.types[1] if len(f.types) > 1 else None)
+            for name, f in r.fields.items()
+            if not name.startswith("GGUF.")
+        }
+        tensors = {
+            t.name: (tuple(int(d) for d in t.shape), t.tensor_type, np.asarray(t.data).view(np.uint8))
+            for t in r.tensors
+        }
     finally:
         tiny.unlink()
     kvs["gptoss.block_count"] = (layers, *kvs["gptoss.block_count"][1:])
@@ -53,14 +60,19 @@ def fused_gptoss(path: Path, n_embd: int, n_ff: int, n_expert: int, layers: int 
                 del tensors[f"blk.{i}.ffn_{part}_exps.{kind}"]
         rows = 2 * n_ff
         tensors[f"blk.{i}.ffn_gate_up_exps.weight"] = (
-            (n_embd, rows, n_expert), gguf.GGMLQuantizationType.MXFP4,
-            mxfp4_blocks(rng, n_embd // QK * rows * n_expert))
+            (n_embd, rows, n_expert),
+            gguf.GGMLQuantizationType.MXFP4,
+            mxfp4_blocks(rng, n_embd // QK * rows * n_expert),
+        )
         tensors[f"blk.{i}.ffn_gate_up_exps.bias"] = (
-            (rows, n_expert), gguf.GGMLQuantizationType.F32,
-            rng.standard_normal(rows * n_expert, dtype=np.float32).view(np.uint8))
+            (rows, n_expert),
+            gguf.GGMLQuantizationType.F32,
+            rng.standard_normal(rows * n_expert, dtype=np.float32).view(np.uint8),
+        )
     if ollama_mxfp4:
-        tensors = {n: gptoss.to_ollama_mxfp4(t) if t[1] == gguf.GGMLQuantizationType.MXFP4 else t
-                   for n, t in tensors.items()}
+        tensors = {
+            n: gptoss.to_ollama_mxfp4(t) if t[1] == gguf.GGMLQuantizationType.MXFP4 else t for n, t in tensors.items()
+        }
     tmp = gptoss.write_raw(path.with_name(path.name + ".partial"), kvs, tensors)
     tmp.rename(path)
     return path
@@ -72,9 +84,13 @@ def rewritten(src: Path, path: Path, replace: dict, kvs: dict | None = None) -> 
     and the keys of `kvs` (name -> (value, type, element type)) in place of
     its own."""
     r = gguf.GGUFReader(src)
-    own = {name: (f.contents(), f.types[0], f.types[1] if len(f.types) > 1 else None)
-           for name, f in r.fields.items() if not name.startswith("GGUF.")}
-    tensors = {t.name: (tuple(int(d) for d in t.shape), t.tensor_type, np.asarray(t.data).view(np.uint8))
-               for t in r.tensors}
+    own = {
+        name: (f.contents(), f.types[0], f.types[1] if len(f.types) > 1 else None)
+        for name, f in r.fields.items()
+        if not name.startswith("GGUF.")
+    }
+    tensors = {
+        t.name: (tuple(int(d) for d in t.shape), t.tensor_type, np.asarray(t.data).view(np.uint8)) for t in r.tensors
+    }
     tensors.update(replace)
     return gptoss.write_raw(path, {**own, **(kvs or {})}, tensors)

@@ -43,6 +43,7 @@ Actions (each result carries "op" and "ok"; on failure "error"):
   (every token llama.cpp treats as end-of-generation), token info (text, attr, is_eog,
   is_control) for bos/eos/eot and the requested ids, and the GGUF metadata as llama.cpp reads it.
 """
+
 from __future__ import annotations
 
 import base64
@@ -69,23 +70,26 @@ GENERATE_FLAGS = {"generate", "<generate-a-small-test-image>", "<generate>"}
 # helpers usable without xllamacpp
 # ----------------------------------------------------------------------------------------------
 
+
 def make_png(width: int = 64, height: int = 64) -> bytes:
     """A small deterministic RGB gradient PNG written with zlib + struct (no PIL needed)."""
     rows = []
     for y in range(height):
         row = bytearray(b"\x00")  # filter type 0
         for x in range(width):
-            row += bytes(((x * 255) // max(width - 1, 1), (y * 255) // max(height - 1, 1),
-                          ((x + y) * 4) & 0xFF))
+            row += bytes(((x * 255) // max(width - 1, 1), (y * 255) // max(height - 1, 1), ((x + y) * 4) & 0xFF))
         rows.append(bytes(row))
 
     def chunk(tag: bytes, data: bytes) -> bytes:
-        return (struct.pack(">I", len(data)) + tag + data
-                + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF))
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
 
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr)
-            + chunk(b"IDAT", zlib.compress(b"".join(rows), 9)) + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + chunk(b"IDAT", zlib.compress(b"".join(rows), 9))
+        + chunk(b"IEND", b"")
+    )
 
 
 def _error_lines(log: str) -> list[str]:
@@ -95,8 +99,15 @@ def _error_lines(log: str) -> list[str]:
         s = line.strip()
         if not s:
             continue
-        if (" E " in s or "GGML_ASSERT" in s or "error" in s.lower() or "failed" in s.lower()
-                or "terminate called" in s or "what():" in s or "Traceback" in s):
+        if (
+            " E " in s
+            or "GGML_ASSERT" in s
+            or "error" in s.lower()
+            or "failed" in s.lower()
+            or "terminate called" in s
+            or "what():" in s
+            or "Traceback" in s
+        ):
             out.append(s)
     return out
 
@@ -110,6 +121,7 @@ def _tail(log: str, n: int = TAIL_LINES) -> str:
 # llama.cpp C API through ctypes (vocabulary facts and tokenization)
 # ----------------------------------------------------------------------------------------------
 
+
 class _ModelParams(ctypes.Structure):
     # llama_model_params is 80 bytes in b11549; a larger buffer is harmless both as the sret
     # return of llama_model_default_params and as the (only, stack-passed) by-value argument.
@@ -122,7 +134,8 @@ _VOCAB_ONLY_OFFSET = 0x48
 _KNOWN_DEFAULT_HEAD = bytes.fromhex(
     "00000000000000000000000000000000ffffffff01000000ffffffff0100000000000000"
     "000000000000000000000000000000000000000000000000000000000000000000000000"
-    "0000010000000000")
+    "0000010000000000"
+)
 
 
 class Vocab:
@@ -148,8 +161,23 @@ class Vocab:
         lib.llama_model_get_vocab.argtypes = [vp]
         lib.llama_model_n_embd.restype = i32
         lib.llama_model_n_embd.argtypes = [vp]
-        for name in ("n_tokens", "type", "bos", "eos", "eot", "sep", "nl", "pad", "cls",
-                     "fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep"):
+        for name in (
+            "n_tokens",
+            "type",
+            "bos",
+            "eos",
+            "eot",
+            "sep",
+            "nl",
+            "pad",
+            "cls",
+            "fim_pre",
+            "fim_suf",
+            "fim_mid",
+            "fim_pad",
+            "fim_rep",
+            "fim_sep",
+        ):
             f = getattr(lib, "llama_vocab_" + name)
             f.restype, f.argtypes = i32, [vp]
         for name in ("get_add_bos", "get_add_eos"):
@@ -162,26 +190,32 @@ class Vocab:
         lib.llama_vocab_get_text.restype = ctypes.c_char_p
         lib.llama_vocab_get_text.argtypes = [vp, i32]
         lib.llama_tokenize.restype = i32
-        lib.llama_tokenize.argtypes = [vp, ctypes.c_char_p, i32, ctypes.POINTER(i32), i32,
-                                       ctypes.c_bool, ctypes.c_bool]
+        lib.llama_tokenize.argtypes = [vp, ctypes.c_char_p, i32, ctypes.POINTER(i32), i32, ctypes.c_bool, ctypes.c_bool]
         lib.llama_detokenize.restype = i32
-        lib.llama_detokenize.argtypes = [vp, ctypes.POINTER(i32), i32, ctypes.c_char_p, i32,
-                                         ctypes.c_bool, ctypes.c_bool]
+        lib.llama_detokenize.argtypes = [
+            vp,
+            ctypes.POINTER(i32),
+            i32,
+            ctypes.c_char_p,
+            i32,
+            ctypes.c_bool,
+            ctypes.c_bool,
+        ]
         lib.llama_token_to_piece.restype = i32
         lib.llama_token_to_piece.argtypes = [vp, i32, ctypes.c_char_p, i32, i32, ctypes.c_bool]
         lib.llama_model_meta_count.restype, lib.llama_model_meta_count.argtypes = i32, [vp]
         lib.llama_model_meta_key_by_index.restype = i32
         lib.llama_model_meta_key_by_index.argtypes = [vp, i32, ctypes.c_char_p, ctypes.c_size_t]
         lib.llama_model_meta_val_str_by_index.restype = i32
-        lib.llama_model_meta_val_str_by_index.argtypes = [vp, i32, ctypes.c_char_p,
-                                                          ctypes.c_size_t]
+        lib.llama_model_meta_val_str_by_index.argtypes = [vp, i32, ctypes.c_char_p, ctypes.c_size_t]
 
         lib.llama_backend_init()
         params = lib.llama_model_default_params()
-        raw = bytes(params.raw[:len(_KNOWN_DEFAULT_HEAD)])
+        raw = bytes(params.raw[: len(_KNOWN_DEFAULT_HEAD)])
         # 0x24..0x28 and 0x4e..0x50 are struct padding (uninitialised)
-        self.vocab_only = all(raw[i] == _KNOWN_DEFAULT_HEAD[i] for i in range(len(raw))
-                              if not (0x24 <= i < 0x28 or i >= 0x4e))
+        self.vocab_only = all(
+            raw[i] == _KNOWN_DEFAULT_HEAD[i] for i in range(len(raw)) if not (0x24 <= i < 0x28 or i >= 0x4E)
+        )
         if self.vocab_only:
             params.raw[_VOCAB_ONLY_OFFSET] = 1
         self.model = lib.llama_model_load_from_file(path.encode(), params)
@@ -203,10 +237,13 @@ class Vocab:
     def token_info(self, tid: int) -> dict:
         if tid < 0 or tid >= self.n_vocab:
             return {"id": tid, "valid": False}
-        return {"id": tid, "text": self.text(tid),
-                "attr": self.lib.llama_vocab_get_attr(self.vocab, tid),
-                "is_eog": bool(self.lib.llama_vocab_is_eog(self.vocab, tid)),
-                "is_control": bool(self.lib.llama_vocab_is_control(self.vocab, tid))}
+        return {
+            "id": tid,
+            "text": self.text(tid),
+            "attr": self.lib.llama_vocab_get_attr(self.vocab, tid),
+            "is_eog": bool(self.lib.llama_vocab_is_eog(self.vocab, tid)),
+            "is_control": bool(self.lib.llama_vocab_is_control(self.vocab, tid)),
+        }
 
     def piece(self, tid: int, special: bool = True) -> str:
         buf = ctypes.create_string_buffer(256)
@@ -214,19 +251,17 @@ class Vocab:
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
             n = self.lib.llama_token_to_piece(self.vocab, tid, buf, -n, 0, special)
-        return buf.raw[:max(n, 0)].decode("utf-8", "replace")
+        return buf.raw[: max(n, 0)].decode("utf-8", "replace")
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
         data = text.encode("utf-8")
         n_max = len(data) + 16
         arr = (ctypes.c_int32 * n_max)()
-        n = self.lib.llama_tokenize(self.vocab, data, len(data), arr, n_max, add_special,
-                                    parse_special)
+        n = self.lib.llama_tokenize(self.vocab, data, len(data), arr, n_max, add_special, parse_special)
         if n < 0:
             n_max = -n
             arr = (ctypes.c_int32 * n_max)()
-            n = self.lib.llama_tokenize(self.vocab, data, len(data), arr, n_max, add_special,
-                                        parse_special)
+            n = self.lib.llama_tokenize(self.vocab, data, len(data), arr, n_max, add_special, parse_special)
         if n < 0:
             raise RuntimeError(f"llama_tokenize failed ({n})")
         return list(arr[:n])
@@ -235,14 +270,12 @@ class Vocab:
         arr = (ctypes.c_int32 * max(len(ids), 1))(*ids)
         cap = 64 + 64 * len(ids)
         buf = ctypes.create_string_buffer(cap)
-        n = self.lib.llama_detokenize(self.vocab, arr, len(ids), buf, cap, remove_special,
-                                      unparse_special)
+        n = self.lib.llama_detokenize(self.vocab, arr, len(ids), buf, cap, remove_special, unparse_special)
         if n < 0:
             cap = -n
             buf = ctypes.create_string_buffer(cap)
-            n = self.lib.llama_detokenize(self.vocab, arr, len(ids), buf, cap, remove_special,
-                                          unparse_special)
-        return buf.raw[:max(n, 0)].decode("utf-8", "replace")
+            n = self.lib.llama_detokenize(self.vocab, arr, len(ids), buf, cap, remove_special, unparse_special)
+        return buf.raw[: max(n, 0)].decode("utf-8", "replace")
 
     def metadata(self, max_len: int = 300) -> dict:
         out = {}
@@ -261,13 +294,29 @@ class Vocab:
     def props(self, ids=()) -> dict:
         lib, v = self.lib, self.vocab
         n = self.n_vocab
-        special = {name: getattr(lib, "llama_vocab_" + name)(v)
-                   for name in ("bos", "eos", "eot", "sep", "nl", "pad", "cls", "fim_pre",
-                                "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep")}
+        special = {
+            name: getattr(lib, "llama_vocab_" + name)(v)
+            for name in (
+                "bos",
+                "eos",
+                "eot",
+                "sep",
+                "nl",
+                "pad",
+                "cls",
+                "fim_pre",
+                "fim_suf",
+                "fim_mid",
+                "fim_pad",
+                "fim_rep",
+                "fim_sep",
+            )
+        }
         eog = [i for i in range(n) if lib.llama_vocab_is_eog(v, i)]
         control = sum(1 for i in range(n) if lib.llama_vocab_is_control(v, i))
-        info_ids = sorted({t for t in list(special.values()) + list(eog[:32]) + list(ids)
-                           if isinstance(t, int) and t >= 0})
+        info_ids = sorted(
+            {t for t in list(special.values()) + list(eog[:32]) + list(ids) if isinstance(t, int) and t >= 0}
+        )
         return {
             "n_vocab": n,
             "vocab_type": lib.llama_vocab_type(v),
@@ -275,7 +324,9 @@ class Vocab:
             **{k + "_id": val for k, val in special.items()},
             "add_bos": bool(lib.llama_vocab_get_add_bos(v)),
             "add_eos": bool(lib.llama_vocab_get_add_eos(v)),
-            "eog_ids": eog[:64], "n_eog": len(eog), "n_control": control,
+            "eog_ids": eog[:64],
+            "n_eog": len(eog),
+            "n_control": control,
             "tokens": {str(t): self.token_info(t) for t in info_ids},
             "metadata": self.metadata(),
         }
@@ -285,9 +336,16 @@ class Vocab:
 # the in-process job runner
 # ----------------------------------------------------------------------------------------------
 
+
 def _greedy(job: dict) -> dict:
-    return {"temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0,
-            "seed": int(job.get("seed", 42)), "repeat_penalty": 1.0}
+    return {
+        "temperature": 0.0,
+        "top_k": 1,
+        "top_p": 1.0,
+        "min_p": 0.0,
+        "seed": int(job.get("seed", 42)),
+        "repeat_penalty": 1.0,
+    }
 
 
 def _resp_error(r) -> str | None:
@@ -306,8 +364,13 @@ def _top_from_logprobs(choice: dict):
     content = lp.get("content") if isinstance(lp, dict) else None
     if not content:
         return None
-    return [[{"id": c.get("id"), "token": c.get("token"), "logprob": c.get("logprob")}
-             for c in (entry.get("top_logprobs") or [])] for entry in content]
+    return [
+        [
+            {"id": c.get("id"), "token": c.get("token"), "logprob": c.get("logprob")}
+            for c in (entry.get("top_logprobs") or [])
+        ]
+        for entry in content
+    ]
 
 
 def _with_extras(out: dict, choice: dict, action: dict, response: dict) -> dict:
@@ -361,15 +424,17 @@ class JobRunner:
         if lm:
             p.load_mode = getattr(xlc.llama_load_mode, "LLAMA_LOAD_MODE_" + str(lm).upper())
         else:
-            p.load_mode = (xlc.llama_load_mode.LLAMA_LOAD_MODE_MMAP if job.get("mmap", True)
-                           else xlc.llama_load_mode.LLAMA_LOAD_MODE_NONE)
+            p.load_mode = (
+                xlc.llama_load_mode.LLAMA_LOAD_MODE_MMAP
+                if job.get("mmap", True)
+                else xlc.llama_load_mode.LLAMA_LOAD_MODE_NONE
+            )
         emb = job.get("embedding")
         if emb is None:
             emb = any(a.get("op") == "embed" for a in job.get("actions", []))
         p.embedding = bool(emb)
         if job.get("pooling"):
-            p.pooling_type = getattr(xlc.llama_pooling_type,
-                                     "LLAMA_POOLING_TYPE_" + str(job["pooling"]).upper())
+            p.pooling_type = getattr(xlc.llama_pooling_type, "LLAMA_POOLING_TYPE_" + str(job["pooling"]).upper())
         p.sampling.temp = 0.0
         p.sampling.top_k = 1
         p.sampling.seed = int(job.get("seed", 42))
@@ -391,8 +456,14 @@ class JobRunner:
 
     def op_complete(self, a):
         srv = self.get_server()
-        req = {"prompt": a["prompt"], "n_predict": int(a.get("n_predict", 16)),
-               "return_tokens": True, "verbose": True, "cache_prompt": False, **_greedy(self.job)}
+        req = {
+            "prompt": a["prompt"],
+            "n_predict": int(a.get("n_predict", 16)),
+            "return_tokens": True,
+            "verbose": True,
+            "cache_prompt": False,
+            **_greedy(self.job),
+        }
         if a.get("n_probs"):
             req["n_probs"] = int(a["n_probs"])
         req.update(a.get("extra") or {})
@@ -402,12 +473,17 @@ class JobRunner:
             return {"ok": False, "error": err}
         ch = (r.get("choices") or [{}])[0]
         vb = r.get("__verbose") or {}
-        out = {"text": ch.get("text", vb.get("content")), "finish_reason": ch.get("finish_reason"),
-               "tokens": vb.get("tokens"), "stop_type": vb.get("stop_type"),
-               "stopping_word": vb.get("stopping_word"),
-               "tokens_predicted": vb.get("tokens_predicted"),
-               "tokens_evaluated": vb.get("tokens_evaluated"), "prompt": vb.get("prompt"),
-               "usage": r.get("usage")}
+        out = {
+            "text": ch.get("text", vb.get("content")),
+            "finish_reason": ch.get("finish_reason"),
+            "tokens": vb.get("tokens"),
+            "stop_type": vb.get("stop_type"),
+            "stopping_word": vb.get("stopping_word"),
+            "tokens_predicted": vb.get("tokens_predicted"),
+            "tokens_evaluated": vb.get("tokens_evaluated"),
+            "prompt": vb.get("prompt"),
+            "usage": r.get("usage"),
+        }
         return _with_extras(out, ch, a, r)
 
     def op_chat(self, a):
@@ -429,8 +505,14 @@ class JobRunner:
             if isinstance(m.get("content"), str):
                 m["content"] = [{"type": "text", "text": m["content"]}]
             m.setdefault("content", []).append(part)
-        req = {"messages": messages, "max_tokens": int(a.get("n_predict", 16)),
-               "return_tokens": True, "verbose": True, "cache_prompt": False, **_greedy(self.job)}
+        req = {
+            "messages": messages,
+            "max_tokens": int(a.get("n_predict", 16)),
+            "return_tokens": True,
+            "verbose": True,
+            "cache_prompt": False,
+            **_greedy(self.job),
+        }
         if a.get("n_probs"):
             req["logprobs"] = True
             req["top_logprobs"] = int(a["n_probs"])
@@ -443,11 +525,16 @@ class JobRunner:
         msg = ch.get("message") or {}
         vb = r.get("__verbose") or {}
         usage = r.get("usage") or {}
-        out = {"content": msg.get("content"), "finish_reason": ch.get("finish_reason"),
-               "completion_tokens": usage.get("completion_tokens"),
-               "prompt_tokens": usage.get("prompt_tokens"),
-               "tokens": vb.get("tokens"), "stop_type": vb.get("stop_type"),
-               "stopping_word": vb.get("stopping_word"), "prompt": vb.get("prompt")}
+        out = {
+            "content": msg.get("content"),
+            "finish_reason": ch.get("finish_reason"),
+            "completion_tokens": usage.get("completion_tokens"),
+            "prompt_tokens": usage.get("prompt_tokens"),
+            "tokens": vb.get("tokens"),
+            "stop_type": vb.get("stop_type"),
+            "stopping_word": vb.get("stopping_word"),
+            "prompt": vb.get("prompt"),
+        }
         if msg.get("reasoning_content"):
             out["reasoning_content"] = msg["reasoning_content"]
         return _with_extras(out, ch, a, r)
@@ -464,21 +551,26 @@ class JobRunner:
         if vec and isinstance(vec[0], list):  # pooling none: one vector per token
             vec = vec[-1]
         n = int(a.get("n_first", 8))
-        return {"dim": len(vec), "first": vec[:n], "norm": math.sqrt(sum(x * x for x in vec)),
-                "prompt_tokens": (r.get("usage") or {}).get("prompt_tokens"),
-                **({"vector": vec} if a.get("full") else {})}
+        return {
+            "dim": len(vec),
+            "first": vec[:n],
+            "norm": math.sqrt(sum(x * x for x in vec)),
+            "prompt_tokens": (r.get("usage") or {}).get("prompt_tokens"),
+            **({"vector": vec} if a.get("full") else {}),
+        }
 
     def op_tokenize(self, a):
         v = self.get_vocab()
-        ids = v.tokenize(a["text"], bool(a.get("add_special", False)),
-                         bool(a.get("special", True)))
+        ids = v.tokenize(a["text"], bool(a.get("add_special", False)), bool(a.get("special", True)))
         return {"ids": ids, "pieces": [v.piece(i, True) for i in ids]}
 
     def op_detokenize(self, a):
         v = self.get_vocab()
-        return {"text": v.detokenize([int(i) for i in a["ids"]],
-                                     bool(a.get("remove_special", False)),
-                                     bool(a.get("special", True)))}
+        return {
+            "text": v.detokenize(
+                [int(i) for i in a["ids"]], bool(a.get("remove_special", False)), bool(a.get("special", True))
+            )
+        }
 
     def op_props(self, a):
         return self.get_vocab().props(a.get("ids") or ())
@@ -570,8 +662,11 @@ def main(argv: list[str]) -> int:
         out["log_errors"] = errs[-20:]
         # make the top-level error self-explanatory (e.g. "unknown model architecture: 'x'")
         if errs and "Failed to init server" in str(out.get("error", "")):
-            specific = [l for l in errs if "error loading model" in l or "GGML_ASSERT" in l
-                        or "Failed to load CLIP" in l or "error:" in l]
+            specific = [
+                l
+                for l in errs
+                if "error loading model" in l or "GGML_ASSERT" in l or "Failed to load CLIP" in l or "error:" in l
+            ]
             out["error"] = "{} | {}".format(out["error"], " | ".join((specific or errs)[-3:]))
     if own_log:
         os.write(orig_err, log.encode("utf-8", "replace"))
@@ -586,6 +681,7 @@ def main(argv: list[str]) -> int:
 # the subprocess wrapper
 # ----------------------------------------------------------------------------------------------
 
+
 def run_job(job: dict, timeout: float = 300) -> dict:
     """Run one job in a child process; never raises for a failing model."""
     tmpdir = tempfile.mkdtemp(prefix="xlc_job.")
@@ -597,9 +693,15 @@ def run_job(job: dict, timeout: float = 300) -> dict:
             f.write(job_arg)
         job_arg = "@" + jp
     env = dict(os.environ, GGML_NO_BACKTRACE="1", **{LOG_ENV: log_path})
-    proc = subprocess.Popen([sys.executable, HERE, job_arg], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmpdir, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, HERE, job_arg],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmpdir,
+        env=env,
+        start_new_session=True,
+    )
     timed_out = False
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
@@ -637,10 +739,7 @@ def run_job(job: dict, timeout: float = 300) -> dict:
         result.setdefault("returncode", rc)
         return result
     tail = _tail(log)
-    if timed_out:
-        err = f"timeout after {timeout}s\n{tail}"
-    else:
-        err = tail or f"no output (returncode {rc})"
+    err = f"timeout after {timeout}s\n{tail}" if timed_out else tail or f"no output (returncode {rc})"
     out = {"ok": False, "error": err, "returncode": rc, "log_errors": _error_lines(log)[-20:]}
     if rc is not None and rc < 0:
         try:

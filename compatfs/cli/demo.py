@@ -3,6 +3,7 @@ published blobs, so a mount shows every translation without a real store.
 One model is nested under another host and namespace, with a params layer
 (its sampling defaults show in its model.gguf, its options in models.ini)
 and a LoRA adapter layer (its adapter.gguf, passed as llama-server's --lora)."""
+
 from __future__ import annotations
 
 import tempfile
@@ -30,4 +31,3 @@ def write_demo_store(root: Path) -> Path:
         add_params(root, manifest, NESTED_PARAMS)
         add_adapter(root, manifest, llama_adapter(tmp / "adapter.gguf"))
     return root
-

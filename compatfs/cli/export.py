@@ -10,6 +10,7 @@ everything else is copied.  A file is written under a temporary name in the
 target directory, fsynced, and renamed: an interrupted export leaves nothing
 under the final name.
 """
+
 from __future__ import annotations
 
 import errno
@@ -30,9 +31,9 @@ from ..view.assemble import FileRange
 from ..view.catalog import BlobViews
 from ..names import MMPROJ_FILE, MODEL_FILE
 
-FICLONERANGE = 0x4020940D          # _IOW(0x94, 13, struct file_clone_range)
-WINDOW = 64 << 20                  # bytes of the view planned at a time
-CHUNK = 8 << 20                    # bytes copied per read
+FICLONERANGE = 0x4020940D  # _IOW(0x94, 13, struct file_clone_range)
+WINDOW = 64 << 20  # bytes of the view planned at a time
+CHUNK = 8 << 20  # bytes copied per read
 _NO_CLONE = {errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EPERM}
 
 
@@ -82,7 +83,7 @@ class _Writer:
         done = 0
         while done < r.size:
             n = min(CHUNK, r.size - done)
-            if self.hash is None and self.kernel_copy:   # no need to see the bytes: the kernel copies
+            if self.hash is None and self.kernel_copy:  # no need to see the bytes: the kernel copies
                 try:
                     copied = os.copy_file_range(self.blob.fd, self.out, n, r.offset + done, at + done)
                 except OSError as e:
@@ -104,8 +105,10 @@ class _Writer:
             return self.copy(r, at)
         shift = (at - r.offset) % self.block
         if shift:
-            self._cannot(f"tensor data is not at the blob's offsets modulo the {self.block}-byte block size "
-                         "(the translated header or hidden tensors shift it)")
+            self._cannot(
+                f"tensor data is not at the blob's offsets modulo the {self.block}-byte block size "
+                "(the translated header or hidden tensors shift it)"
+            )
             return self.copy(r, at)
         head = min(-at % self.block, r.size)
         body = (r.size - head) // self.block * self.block
@@ -135,14 +138,13 @@ class _Writer:
         self.copied_because.add(why)
 
 
-def write_view(view: View, blob: Path, dest: Path, reflink: str = "auto", checksum: bool = True,
-               bar=None) -> Exported:
+def write_view(view: View, blob: Path, dest: Path, reflink: str = "auto", checksum: bool = True, bar=None) -> Exported:
     """Write `view` (of `blob`) to `dest` through a temporary file in its directory."""
     bar = bar or _NoBar()
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.partial")
     out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
-        with BlobFile(blob, expect=view.stamp) as src:   # GGUFError: the blob changed since the view was built
+        with BlobFile(blob, expect=view.stamp) as src:  # GGUFError: the blob changed since the view was built
             w = _Writer(out, src, reflink, checksum, bar)
             for start in range(0, view.size, WINDOW):
                 at = start
@@ -184,8 +186,10 @@ class _NoBar:
 @contextmanager
 def _terminate_as_interrupt():
     """SIGTERM and SIGHUP end the export as Ctrl-C does (temporary file removed)."""
+
     def stop(signum, frame):
         raise KeyboardInterrupt
+
     old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
@@ -209,19 +213,36 @@ def _size(n: int) -> str:
     return f"{x:.1f} GiB"
 
 
-def export_model(views: BlobViews, name: str, files: dict, outdir: Path, reflink: str = "auto",
-                 checksum: bool = True, quiet: bool = False) -> list[Exported]:
+def export_model(
+    views: BlobViews,
+    name: str,
+    files: dict,
+    outdir: Path,
+    reflink: str = "auto",
+    checksum: bool = True,
+    quiet: bool = False,
+) -> list[Exported]:
     """Write the files of model `name` (FileRefs by file name, as `models.model_files`
     gives them) into `outdir`; prints a sha256sum line per file (stdout) and,
     unless `quiet`, a progress bar while writing (on a terminal: bytes, rate,
     time left) and a line per file written (stderr)."""
     from tqdm import tqdm
+
     outdir.mkdir(parents=True, exist_ok=True)
-    jobs = [(fname, files[fname], views.view(files[fname].blob, files[fname].kind, files[fname].params))
-            for fname in sorted(files, key=_order)]
+    jobs = [
+        (fname, files[fname], views.view(files[fname].blob, files[fname].kind, files[fname].params))
+        for fname in sorted(files, key=_order)
+    ]
     done: list[Exported] = []
-    bar = tqdm(total=sum(v.size for _, _, v in jobs), unit="B", unit_scale=True, unit_divisor=1024,
-               desc=name, disable=True if quiet else None, file=sys.stderr)
+    bar = tqdm(
+        total=sum(v.size for _, _, v in jobs),
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc=name,
+        disable=True if quiet else None,
+        file=sys.stderr,
+    )
     try:
         with _terminate_as_interrupt():
             for fname, ref, view in jobs:

@@ -21,6 +21,7 @@ mount flags and FUSE options (`allow_other`, `uid=`, `gid=`, `umask=`,
 it (with `-s`, sloppy, a warning).  The mount is always read-only: `rw` is
 ignored.
 """
+
 from __future__ import annotations
 
 from typing import TypedDict
@@ -29,19 +30,80 @@ PROG = "mount.compatfs"
 
 # Acted on by mount(8), mount.fuse3 or systemd before a helper runs (or
 # meaningless for a read-only FUSE mount): accepted and ignored.
-IGNORED = {"defaults", "auto", "noauto", "user", "nouser", "users", "owner", "group", "_netdev",
-           "nofail", "rw", "sw", "nosymfollow", "loud", "silent", "mand", "nomand", "iversion",
-           "noiversion"}
-IGNORED_PREFIXES = ("x-", "comment=", "setuid=", "drop_privileges", "context=", "fscontext=",
-                    "defcontext=", "rootcontext=")
+IGNORED = {
+    "defaults",
+    "auto",
+    "noauto",
+    "user",
+    "nouser",
+    "users",
+    "owner",
+    "group",
+    "_netdev",
+    "nofail",
+    "rw",
+    "sw",
+    "nosymfollow",
+    "loud",
+    "silent",
+    "mand",
+    "nomand",
+    "iversion",
+    "noiversion",
+}
+IGNORED_PREFIXES = (
+    "x-",
+    "comment=",
+    "setuid=",
+    "drop_privileges",
+    "context=",
+    "fscontext=",
+    "defcontext=",
+    "rootcontext=",
+)
 
 # Passed to FUSE: kernel mount flags, and libfuse 3's mount and high-level options.
-FUSE_FLAGS = {"ro", "dev", "nodev", "suid", "nosuid", "exec", "noexec", "atime", "noatime",
-              "diratime", "nodiratime", "relatime", "norelatime", "strictatime", "nostrictatime",
-              "lazytime", "nolazytime", "sync", "async", "dirsync", "allow_other", "allow_root",
-              "auto_unmount", "default_permissions", "kernel_cache", "auto_cache", "noauto_cache"}
-FUSE_VALUES = {"uid", "gid", "umask", "attr_timeout", "entry_timeout", "negative_timeout",
-               "ac_attr_timeout", "max_read", "fsname", "subtype"}
+FUSE_FLAGS = {
+    "ro",
+    "dev",
+    "nodev",
+    "suid",
+    "nosuid",
+    "exec",
+    "noexec",
+    "atime",
+    "noatime",
+    "diratime",
+    "nodiratime",
+    "relatime",
+    "norelatime",
+    "strictatime",
+    "nostrictatime",
+    "lazytime",
+    "nolazytime",
+    "sync",
+    "async",
+    "dirsync",
+    "allow_other",
+    "allow_root",
+    "auto_unmount",
+    "default_permissions",
+    "kernel_cache",
+    "auto_cache",
+    "noauto_cache",
+}
+FUSE_VALUES = {
+    "uid",
+    "gid",
+    "umask",
+    "attr_timeout",
+    "entry_timeout",
+    "negative_timeout",
+    "ac_attr_timeout",
+    "max_read",
+    "fsname",
+    "subtype",
+}
 
 # compatfs's own, as `compatfs mount` flags.
 OWN_VALUES = {"op_cache_mb": "--op-cache-mb", "log": "--log", "read_ahead_kb": "--read-ahead-kb", "index": "--index"}
@@ -77,11 +139,11 @@ def split_options(values: list[str], sloppy: bool = False) -> tuple[list[str], l
 class HelperArgs(TypedDict):
     """mount(8)'s helper arguments, as `parse_argv` reads them."""
 
-    positional: list[str]       # SOURCE DIR
-    options: list[str]          # each -o value
-    sloppy: bool                # -s
-    fake: bool                  # -f
-    verbose: bool               # -v
+    positional: list[str]  # SOURCE DIR
+    options: list[str]  # each -o value
+    sloppy: bool  # -s
+    fake: bool  # -f
+    verbose: bool  # -v
 
 
 def parse_argv(argv: list[str]) -> HelperArgs:
@@ -116,7 +178,7 @@ def mount_argv(argv: list[str]) -> tuple[list[str] | None, list[str]]:
     and warnings to print."""
     a = parse_argv(argv)
     source, mountpoint = a["positional"]
-    if "#" in source:                       # compatfs#/path, the old fuse fstab form
+    if "#" in source:  # compatfs#/path, the old fuse fstab form
         source = source.split("#", 1)[1]
     fuse, own, warnings = split_options(a["options"], a["sloppy"])
     if a["fake"]:

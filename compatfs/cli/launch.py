@@ -3,6 +3,7 @@ FUSE checked first (a dead compatfs mount there cleaned up), the daemon run
 attached (`-f`) or started in the background with its log until the mount
 is up, and unmounting through fusermount3, fusermount or umount, bounded in
 time whatever state the daemon is in (see `umount`)."""
+
 from __future__ import annotations
 
 import errno
@@ -21,8 +22,8 @@ from ..files import mounttable
 from ..sources.base import Source
 from ..files.statedir import StateDirError, mount_file
 
-UP_WITHIN = 30      # seconds a background daemon has to bring the mount up
-ANSWER_WITHIN = 5   # seconds `umount` waits on a mount's daemon before it aborts the connection
+UP_WITHIN = 30  # seconds a background daemon has to bring the mount up
+ANSWER_WITHIN = 5  # seconds `umount` waits on a mount's daemon before it aborts the connection
 FUSE_CONNECTIONS = Path("/sys/fs/fuse/connections")
 
 
@@ -34,7 +35,7 @@ class LaunchError(Exception):
 class MountRequest:
     """What `compatfs mount` asks for, as its flags give it."""
 
-    options: tuple[str, ...]      # -o values, each opt[,opt]
+    options: tuple[str, ...]  # -o values, each opt[,opt]
     translate: bool
     op_cache_mb: int
     read_ahead_kb: int
@@ -42,17 +43,29 @@ class MountRequest:
     no_index: bool
     log: str | None
     verbose: int
-    quiet: bool = False           # -q: no progress bar
+    quiet: bool = False  # -q: no progress bar
 
     def index_path(self) -> Path | None:
         """The index file the daemon keeps (None: in memory only)."""
         from ..view.index import default_path
+
         return None if self.no_index else Path(self.index).absolute() if self.index else default_path()
 
     def daemon_argv(self, store: Source, mnt: Path) -> list[str]:
         """The attached `compatfs mount -f` the background start runs."""
-        cmd = [sys.executable, "-m", "compatfs", "mount", "-f", str(store.root), str(mnt),
-               "--op-cache-mb", str(self.op_cache_mb), "--read-ahead-kb", str(self.read_ahead_kb)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "compatfs",
+            "mount",
+            "-f",
+            str(store.root),
+            str(mnt),
+            "--op-cache-mb",
+            str(self.op_cache_mb),
+            "--read-ahead-kb",
+            str(self.read_ahead_kb),
+        ]
         cmd += ["--index", str(Path(self.index).absolute())] if self.index else []
         cmd += ["--no-index"] if self.no_index else []
         cmd += ["-v"] * self.verbose
@@ -91,7 +104,7 @@ def umount(mnt: Path) -> None:
     its FUSE connection aborted and is detached lazily.  Whether `mnt` is a
     mount, and of what, is read from the mount table; the mount itself is
     only asked with a bounded wait."""
-    mnt = Path(os.path.realpath(mnt.parent)) / mnt.name    # resolving it would look up the mount's root
+    mnt = Path(os.path.realpath(mnt.parent)) / mnt.name  # resolving it would look up the mount's root
     entry = mounttable.last_at(mnt)
     if entry is None:
         raise LaunchError(f"{mnt} is not mounted")
@@ -108,8 +121,10 @@ def umount(mnt: Path) -> None:
     # No answer within the wait (the daemon is stopped or wedged), or the
     # unmount itself waited on it.
     if entry.fstype != "fuse.compatfs":
-        raise LaunchError(f"{mnt} does not answer and is not a compatfs mount ({entry.fstype}): "
-                          f"detach it with `fusermount3 -u -z {mnt}` or `umount -l {mnt}`")
+        raise LaunchError(
+            f"{mnt} does not answer and is not a compatfs mount ({entry.fstype}): "
+            f"detach it with `fusermount3 -u -z {mnt}` or `umount -l {mnt}`"
+        )
     how = "aborted its FUSE connection and detached it" if _abort(entry) else "detached it"
     done, errors = _unmount_tools(mnt, ["-u"]) if how.startswith("aborted") else (False, [])
     if not done:
@@ -165,7 +180,7 @@ def _abort(entry: mounttable.Mount) -> bool:
     later one, then fails at once.  Whether it was aborted."""
     major, _, minor = entry.device.partition(":")
     try:
-        conn = (int(major) << 20) | int(minor)     # the kernel's device number, as fusectl names it
+        conn = (int(major) << 20) | int(minor)  # the kernel's device number, as fusectl names it
         with open(FUSE_CONNECTIONS / str(conn) / "abort", "w") as f:
             f.write("1")
         return True
@@ -175,7 +190,9 @@ def _abort(entry: mounttable.Mount) -> bool:
 
 def _check_fuse() -> None:
     if not os.path.exists("/dev/fuse"):
-        raise LaunchError("/dev/fuse is missing: load the fuse kernel module (or run the container with --device /dev/fuse)")
+        raise LaunchError(
+            "/dev/fuse is missing: load the fuse kernel module (or run the container with --device /dev/fuse)"
+        )
     try:
         from ..fuse import libfuse  # noqa: F401  (loading it finds libfuse 3)
     except OSError as e:
@@ -186,10 +203,13 @@ def _clean_stale(path: Path) -> None:
     """Unmount the dead compatfs endpoint at `path` (lazily if it is busy)."""
     from ..fuse.daemon import lazy_unmount
     from ..files.mounttable import fstype_at
+
     fstype = fstype_at(path)
     if fstype != "fuse.compatfs":
-        raise LaunchError(f"{path}: transport endpoint is not connected (a dead {fstype or 'FUSE'} mount, "
-                          f"not compatfs's): unmount it with `fusermount3 -u {path}`")
+        raise LaunchError(
+            f"{path}: transport endpoint is not connected (a dead {fstype or 'FUSE'} mount, "
+            f"not compatfs's): unmount it with `fusermount3 -u {path}`"
+        )
     if not lazy_unmount(str(path)):
         raise LaunchError(f"{path}: cannot unmount the dead compatfs mount there")
     print(f"{PROG}: cleaned up the dead mount at {path} (its daemon had gone)", file=sys.stderr)
@@ -200,8 +220,10 @@ def _check_mountpoint(path: Path) -> None:
     if state is False:
         _clean_stale(path)
     elif state is None:
-        raise LaunchError(f"mountpoint {path} does not answer (a mount there whose daemon is stopped or wedged): "
-                          f"`{PROG} umount {path}` detaches it")
+        raise LaunchError(
+            f"mountpoint {path} does not answer (a mount there whose daemon is stopped or wedged): "
+            f"`{PROG} umount {path}` detaches it"
+        )
     if not path.exists():
         raise LaunchError(f"mountpoint {path} does not exist")
     if not path.is_dir():
@@ -212,6 +234,7 @@ def _check_mountpoint(path: Path) -> None:
 
 def _mount_options(request: MountRequest) -> dict:
     from ..fuse.daemon import MountError, check_options
+
     opts = parse_options(request.options)
     try:
         check_options(opts)
@@ -222,10 +245,20 @@ def _mount_options(request: MountRequest) -> dict:
 
 def _serve(store: Source, mnt: Path, request: MountRequest, options: dict) -> int:
     from ..fuse import daemon
+
     try:
-        return daemon.serve(store, mnt, translate=request.translate, options=options, log_file=request.log,
-                            verbose=request.verbose, index=request.index, no_index=request.no_index,
-                            op_cache_mb=request.op_cache_mb, read_ahead_kb=request.read_ahead_kb)
+        return daemon.serve(
+            store,
+            mnt,
+            translate=request.translate,
+            options=options,
+            log_file=request.log,
+            verbose=request.verbose,
+            index=request.index,
+            no_index=request.no_index,
+            op_cache_mb=request.op_cache_mb,
+            read_ahead_kb=request.read_ahead_kb,
+        )
     except daemon.MountError as e:
         raise LaunchError(str(e)) from None
 
@@ -269,8 +302,9 @@ def _start(store: Source, mnt: Path, request: MountRequest) -> int:
     log_file, out = _log_target(request, mnt)
     start = os.lseek(out, 0, os.SEEK_END) if out is not None else 0
     try:
-        proc = subprocess.Popen(request.daemon_argv(store, mnt), stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=out, start_new_session=True)
+        proc = subprocess.Popen(
+            request.daemon_argv(store, mnt), stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
+        )
     finally:
         if out is not None:
             os.close(out)
@@ -289,22 +323,25 @@ class Progress:
     those the index holds at their current identity (what a first mount of a
     big store spends its time on), read from the daemon's index file."""
 
-    EVERY = 0.5     # seconds between looks at the index
+    EVERY = 0.5  # seconds between looks at the index
 
     def __init__(self, store: Source, request: MountRequest):
         from tqdm import tqdm
+
         self.path = request.index_path()
         self.translate = request.translate
         self.blobs: dict[str, tuple] = {}
         if self.path is not None:
             from ..files.lookup import identity, status
+
             for blob in dict.fromkeys(p for f in store.scan().folders.values() for p in f.ggufs()):
                 try:
                     self.blobs[str(blob)] = identity(status(blob))
                 except OSError:
                     continue
-        self.bar = tqdm(total=len(self.blobs), desc="indexing", unit="blob", leave=False, file=sys.stderr,
-                        disable=not self.blobs)
+        self.bar = tqdm(
+            total=len(self.blobs), desc="indexing", unit="blob", leave=False, file=sys.stderr, disable=not self.blobs
+        )
         self._next = 0.0
 
     def poll(self) -> None:
@@ -321,6 +358,7 @@ class Progress:
         it cannot be read now)."""
         import sqlite3
         from ..view.index import STARTUP_VIEWS, translation_version
+
         try:
             db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=0.2)
         except sqlite3.Error:
@@ -337,8 +375,16 @@ class Progress:
         self.bar.close()
 
 
-def _wait_up(store: Source, mnt: Path, proc: subprocess.Popen, log_file: Path | None, start: int, where: str,
-             deadline: float, progress: Progress | None) -> int:
+def _wait_up(
+    store: Source,
+    mnt: Path,
+    proc: subprocess.Popen,
+    log_file: Path | None,
+    start: int,
+    where: str,
+    deadline: float,
+    progress: Progress | None,
+) -> int:
     while time.monotonic() < deadline:
         if progress is not None:
             progress.poll()

@@ -1,6 +1,7 @@
 """`compatfs ls` and `compatfs inspect`: what each model's files are, whether
 stock llama.cpp loads them, and how each Modelfile layer is applied, as a
 table or as JSON."""
+
 from __future__ import annotations
 
 import json
@@ -14,6 +15,7 @@ def cmd_ls(args) -> int:
     from ..router.layers import account
     from ..tree import Tree
     from ..view.catalog import BlobViews, translation_enabled
+
     store = open_named(args.source)
     views = BlobViews(translate=translation_enabled(args.no_translate))
     tree = Tree(store, views)
@@ -22,21 +24,33 @@ def cmd_ls(args) -> int:
     models = snap.models
     for name in sorted(models):
         listing = tree.lookup(name)
-        if not isinstance(listing, list):      # removed from the store since the snapshot
+        if not isinstance(listing, list):  # removed from the store since the snapshot
             continue
         d = models[name]
         try:
             summary = views.summary(d.model)
             clip_summary = views.summary(d.projector) if d.projector else summary
             # A refused view (its handler failed) is the row's error, as an unreadable blob is.
-            error = summary.error or clip_summary.error or summary.model_error or (
-                clip_summary.mmproj_error if "mmproj.gguf" in listing else None)
+            error = (
+                summary.error
+                or clip_summary.error
+                or summary.model_error
+                or (clip_summary.mmproj_error if "mmproj.gguf" in listing else None)
+            )
             if error:
                 raise GGUFError(error)
             clip = clip_summary.clip or ("-" if "mmproj.gguf" not in listing else "unchanged")
-            rows.append({"name": name, "files": listing, "text": summary.text or "-", "clip": clip,
-                         **_llama_cpp_verdict(tree, name), "params": _params(tree, name),
-                         "layers": account(tree, snap, name).as_dict()})
+            rows.append(
+                {
+                    "name": name,
+                    "files": listing,
+                    "text": summary.text or "-",
+                    "clip": clip,
+                    **_llama_cpp_verdict(tree, name),
+                    "params": _params(tree, name),
+                    "layers": account(tree, snap, name).as_dict(),
+                }
+            )
         except GGUFError as e:
             rows.append({"name": name, "files": listing, "error": str(e)})
     left_out = [{"name": n, "reason": r} for n, r in sorted(snap.listing.skipped.items())]
@@ -74,6 +88,7 @@ def _params(tree, name: str) -> dict:
     """`ls`'s account of the model's params layer: the general.sampling.* keys
     its model.gguf carries, and what was left out and why."""
     from ..view.sampling import of_layer
+
     ref = tree.lookup(f"{name}/model.gguf")
     if getattr(ref, "params", None) is None:
         return {"in_model_gguf": [], "notes": []}
@@ -85,15 +100,17 @@ def _llama_cpp_verdict(tree, name: str) -> dict:
     """`ls`'s verdict: whether stock llama.cpp loads the model's files, and how."""
     from ..router.models import model_files
     from .verdict import model_verdict, summary
+
     verdicts = model_verdict(tree.views, model_files(tree, name)[1])
     return {"llama_cpp": summary(verdicts), "loads": {f: v.as_dict() for f, v in verdicts.items()}}
 
 
 def cmd_inspect(args) -> int:
     from .report import describe, format_report, resolve_target
+
     try:
         report = describe(resolve_target(args.target, lambda: model_tree(args.source), args.clip))
-    except FileNotFoundError as e:      # --clip of a blob without a projector view
+    except FileNotFoundError as e:  # --clip of a blob without a projector view
         raise CliError(str(e)) from None
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0

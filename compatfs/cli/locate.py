@@ -11,6 +11,7 @@ A command that reads a source in-process reads it as its mount does: never
 through a compatfs mount of that source (`keep_out_of_mounts`), so a blob
 linked into the mount is refused here as the mount refuses it.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,11 @@ def mount_of(path: Path, table: list[mounttable.Mount] | None = None) -> mountta
     p = Path(os.path.abspath(path.expanduser()))
     best = None
     for m in mounttable.mounts() if table is None else table:
-        if m.fstype == FSTYPE and (m.point == p or m.point in p.parents) \
-                and (best is None or len(m.point.parts) >= len(best.point.parts)):
+        if (
+            m.fstype == FSTYPE
+            and (m.point == p or m.point in p.parents)
+            and (best is None or len(m.point.parts) >= len(best.point.parts))
+        ):
             best = m
     return best
 
@@ -58,8 +62,10 @@ def mounted_source(m: mounttable.Mount) -> Path:
     """The source the compatfs mount `m` serves; SourceError when the mount
     table does not say (a mount made with another `-o fsname`)."""
     if not os.path.isabs(m.source):
-        raise SourceError(f"the compatfs mount at {m.point} does not name its source in the mount table "
-                          f"(fsname {m.source!r}): name the source instead of the mountpoint")
+        raise SourceError(
+            f"the compatfs mount at {m.point} does not name its source in the mount table "
+            f"(fsname {m.source!r}): name the source instead of the mountpoint"
+        )
     return Path(m.source)
 
 
@@ -78,16 +84,21 @@ def find_source(given: str | os.PathLike | None, mounts: bool = True) -> Found:
         found = [m for m in mounttable.mounts() if m.fstype == FSTYPE]
         sources = {Path(m.source): m.point for m in found if os.path.isabs(m.source)}
         if len(sources) == 1:
-            (path, point), = sources.items()
+            ((path, point),) = sources.items()
             return Found(path, f"mounted at {point}")
         if len(sources) > 1:
-            raise SourceError("several compatfs mounts (" + ", ".join(f"{p} of {s}" for s, p in sources.items())
-                              + "): name one, or its source")
+            raise SourceError(
+                "several compatfs mounts ("
+                + ", ".join(f"{p} of {s}" for s, p in sources.items())
+                + "): name one, or its source"
+            )
         tried.append("a compatfs mount (none" + (" naming its source" if found else "") + ")")
     env = os.environ.get("OLLAMA_MODELS")
     candidates = [(Path(env).expanduser(), "$OLLAMA_MODELS")] if env else []
-    candidates += [(Path.home() / ".ollama" / "models", "Ollama's default"),
-                   (DEMO_STORE, "the demo store scripts/mount.sh writes")]
+    candidates += [
+        (Path.home() / ".ollama" / "models", "Ollama's default"),
+        (DEMO_STORE, "the demo store scripts/mount.sh writes"),
+    ]
     for path, why in candidates:
         if not path.is_dir():
             tried.append(f"{path} ({why}: not there)")
@@ -98,9 +109,12 @@ def find_source(given: str | os.PathLike | None, mounts: bool = True) -> Found:
             tried.append(f"{path} ({why}: {e})")
             continue
         return Found(path, why)
-    raise SourceError("no source found; tried " + ", ".join(tried)
-                      + ". Name one (an Ollama store or a folder of GGUF files), or run scripts/mount.sh "
-                        "for the demo store")
+    raise SourceError(
+        "no source found; tried "
+        + ", ".join(tried)
+        + ". Name one (an Ollama store or a folder of GGUF files), or run scripts/mount.sh "
+        "for the demo store"
+    )
 
 
 def keep_out_of_mounts(source: Path) -> list[Path]:
@@ -141,4 +155,5 @@ def model_tree(source: str | None, no_translate: bool = False) -> Tree:
     """A Tree over the source (views built in-process, as the mount builds them)."""
     from ..tree import Tree
     from ..view.catalog import BlobViews, translation_enabled
+
     return Tree(open_named(source), BlobViews(translate=translation_enabled(no_translate)))

@@ -1,170 +1,33 @@
 """The `compatfs` command: mount, umount, ls, inspect, llama-args, run, serve, export, demo-store."""
+
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-from pathlib import Path
 
 from .. import PROG
-from . import launch
 from ..errors import GGUFError
 from ..view.index import IndexPathError
-from .launch import LaunchError, MountRequest
+from .launch import LaunchError
 from ..view.opcache import DEFAULT_MB
-from ..sources.base import Source, SourceError
-from ..sources.choose import open_source
-from ..files.statedir import StateDirError, mount_file
+from ..sources.base import SourceError
+from ..files.statedir import StateDirError
 from . import CliError
+from .commands import cmd_demo_store, cmd_export, cmd_llama_args, cmd_mount, cmd_run, cmd_serve, cmd_umount
 from .listing import cmd_inspect, cmd_ls
-from .locate import find_source, model_tree, mount_of
 from ..files.lookup import KEEP_OUT_ENV
-
-
-# -- mount / umount -----------------------------------------------------------
-
-def cmd_mount(args) -> int:
-    from ..view.catalog import translation_enabled
-    found = find_source(args.source, mounts=False)
-    if found.why:
-        print(f"{PROG}: source {found.path} ({found.why})", file=sys.stderr)
-    source = open_source(found.path.absolute())
-    request = MountRequest(_naming(source, args.options), translation_enabled(args.no_translate), args.op_cache_mb,
-                           args.read_ahead_kb, args.index, args.no_index, args.log, args.verbose, args.quiet)
-    return launch.mount(source, Path(args.mountpoint).absolute(), request, args.foreground)
-
-
-def _naming(source: Source, options: list[str]) -> tuple[str, ...]:
-    """The -o options, with `fsname` the source's path unless given: the mount
-    table then names the source of the mount (`locate`), as `df` shows it.
-    (A path holding a comma cannot be an option's value: such a mount keeps
-    the name compatfs.)"""
-    if any(item.split("=", 1)[0] == "fsname" for o in options for item in o.split(",")):
-        return tuple(options)
-    root = str(source.root)
-    return (*options, f"fsname={root}") if "," not in root else tuple(options)
-
-
-def cmd_umount(args) -> int:
-    launch.umount(Path(args.mountpoint).absolute())
-    return 0
-
-
-# -- llama-args / run / export ------------------------------------------------------
-
-def _server_args(args):
-    from ..router.llama_args import find_model_dir, server_args
-    from ..router.models import model_files
-    from ..names import MODEL_FILE
-    # --mount names the source too when it is a compatfs mount here (not a
-    # path only llama-server sees, in a container say).
-    mounted = args.mount and mount_of(Path(args.mount))
-    tree = model_tree(args.source or (args.mount if mounted else None))
-    name, files = model_files(tree, args.model)
-    try:
-        model_dir = find_model_dir(name, args.mount)
-    except ValueError as e:
-        raise CliError(str(e)) from None
-    try:
-        summary = tree.views.summary(files[MODEL_FILE].blob)
-    except GGUFError:         # a blob that cannot be read: its mount refuses it too
-        return server_args(files, model_dir)
-    return server_args(files, model_dir, summary.embedding, summary.arch, summary.text is not None)
-
-
-def cmd_llama_args(args) -> int:
-    import shlex
-    out = _server_args(args)
-    for note in out.notes:
-        print(f"# {note}", file=sys.stderr)
-    if args.json:
-        print(json.dumps({"args": out.argv, "not_passed": out.notes}, indent=2))
-    elif args.lines:
-        print("\n".join(out.argv))
-    else:
-        print(shlex.join(out.argv))
-    return 0
-
-
-def _llama_server(named: str | None) -> str:
-    """The llama-server to run: `--llama-server`, else the one `llama_server.find` finds."""
-    from ..router.llama_server import NotFound, find
-    try:
-        return str(find(named))
-    except NotFound as e:
-        raise CliError(str(e)) from None
-
-
-def cmd_run(args) -> int:
-    import shlex
-    extra = args.extra
-    exe = _llama_server(args.llama_server)
-    out = _server_args(args)
-    for note in out.notes:
-        print(f"{PROG}: {note}", file=sys.stderr)
-    argv = [exe, *out.argv, *extra]
-    print(f"{PROG}: exec {shlex.join(argv)}", file=sys.stderr)
-    sys.stderr.flush()
-    try:
-        os.execv(exe, argv)
-    except OSError as e:
-        raise CliError(f"cannot run {exe}: {e.strerror}") from None
-
-
-def _serve_mount(mount: str | None) -> Path:
-    """The mount `serve` uses: `mount`, else the one compatfs mount there is."""
-    from ..files.mounttable import points_of
-    if mount:
-        mnt = Path(mount).absolute()
-        if not mnt.is_dir():
-            raise CliError(f"{mnt} is not a folder")
-        return mnt
-    mounts = points_of("fuse.compatfs")
-    if len(mounts) == 1:
-        return mounts[0]
-    if not mounts:
-        raise CliError("no compatfs mount: mount the store (compatfs mount), or name it with --mount")
-    raise CliError(f"several compatfs mounts ({', '.join(map(str, mounts))}): choose one with --mount")
-
-
-def cmd_serve(args) -> int:
-    from ..names import PRESET_FILE
-    from ..router.preset import render, scan_mount
-    from ..router.serve import Router
-    mnt = _serve_mount(args.mount)
-    if args.print_preset:
-        published = mnt / PRESET_FILE
-        print(published.read_text() if published.is_file() else render(scan_mount(mnt)), end="")
-        return 0
-    exe = _llama_server(args.llama_server)
-    preset = mount_file("models", mnt, ".ini")
-    return Router(mnt, exe, preset, args.host, args.port, args.extra).run()
-
-
-def cmd_export(args) -> int:
-    from .export import export_model
-    from ..router.models import model_files
-    tree = model_tree(args.source, args.no_translate)
-    name, files = model_files(tree, args.model)
-    export_model(tree.views, name, files, Path(args.directory), reflink=args.reflink,
-                 checksum=not args.no_checksum, quiet=args.quiet)
-    return 0
-
-
-def cmd_demo_store(args) -> int:
-    from .demo import write_demo_store
-    root = write_demo_store(Path(args.directory))
-    print(f"{PROG}: demo store written to {root}")
-    return 0
 
 
 # -- entry point ------------------------------------------------------------------
 
+
 def _version() -> str:
     from .. import __version__
+
     try:
         from ..fuse.libfuse import libfuse_version
+
         fuse = f"libfuse {libfuse_version()}"
     except OSError as e:
         fuse = f"libfuse 3 not found: {e}"
@@ -182,123 +45,196 @@ class _Version(argparse.Action):
         parser.exit()
 
 
-SOURCE_HELP = ("an Ollama store, a folder of GGUF files, or a compatfs mountpoint (the source mounted there); "
-               "default: the compatfs mount there is, else $OLLAMA_MODELS, ~/.ollama/models, the demo store "
-               "scripts/mount.sh writes")
-SERVER_HELP = ("the llama-server to run (default: llama-server on PATH, else the compatfs[serve] extra's, "
-               "$LLAMA_CPP_DIR/build/bin's, scripts/e2e's build)")
+SOURCE_HELP = (
+    "an Ollama store, a folder of GGUF files, or a compatfs mountpoint (the source mounted there); "
+    "default: the compatfs mount there is, else $OLLAMA_MODELS, ~/.ollama/models, the demo store "
+    "scripts/mount.sh writes"
+)
+SERVER_HELP = (
+    "the llama-server to run (default: llama-server on PATH, else the compatfs[serve] extra's, "
+    "$LLAMA_CPP_DIR/build/bin's, scripts/e2e's build)"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=(
-        "Present the models of an Ollama store, or of a folder of GGUF files, as llama.cpp-compatible GGUF files "
-        "(read-only FUSE): <model>/model.gguf and, where the model has one, <model>/mmproj.gguf."),
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description=(
+            "Present the models of an Ollama store, or of a folder of GGUF files, as llama.cpp-compatible GGUF files "
+            "(read-only FUSE): <model>/model.gguf and, where the model has one, <model>/mmproj.gguf."
+        ),
         epilog="In /etc/fstab (type compatfs or fuse.compatfs) mount(8) runs mount.compatfs, or mount.fuse3 "
-               "runs `compatfs SOURCE DIR -o OPTIONS`; see `mount.compatfs --help`.")
+        "runs `compatfs SOURCE DIR -o OPTIONS`; see `mount.compatfs --help`.",
+    )
     p.add_argument("--version", action=_Version)
     sub = p.add_subparsers(dest="command", required=True)
 
     m = sub.add_parser("mount", help="mount a store (returns once mounted; -f stays attached)")
-    m.add_argument("source", nargs="?", metavar="SOURCE",
-                   help="an Ollama store, or a folder of GGUF files (default: $OLLAMA_MODELS, else ~/.ollama/models, "
-                        "else the demo store scripts/mount.sh writes)")
+    m.add_argument(
+        "source",
+        nargs="?",
+        metavar="SOURCE",
+        help="an Ollama store, or a folder of GGUF files (default: $OLLAMA_MODELS, else ~/.ollama/models, "
+        "else the demo store scripts/mount.sh writes)",
+    )
     m.add_argument("mountpoint", metavar="MOUNTPOINT")
     m.add_argument("-f", "--foreground", action="store_true", help="stay attached (logging to stderr unless --log)")
-    m.add_argument("-o", dest="options", action="append", default=[], metavar="opt[,opt]",
-                   help="FUSE mount options, e.g. -o allow_other,attr_timeout=600")
-    m.add_argument("--op-cache-mb", type=int, default=DEFAULT_MB, metavar="N",
-                   help=f"keep up to N MiB of tensors computed whole (default {DEFAULT_MB})")
-    m.add_argument("--read-ahead-kb", type=int, default=2048, metavar="N",
-                   help="the kernel's read-ahead for the mount, as root (default 2048; 0: the kernel's 128)")
-    m.add_argument("--index", metavar="FILE",
-                   help="the persistent index of view sizes (default $XDG_CACHE_HOME/compatfs/index.sqlite3)")
+    m.add_argument(
+        "-o",
+        dest="options",
+        action="append",
+        default=[],
+        metavar="opt[,opt]",
+        help="FUSE mount options, e.g. -o allow_other,attr_timeout=600",
+    )
+    m.add_argument(
+        "--op-cache-mb",
+        type=int,
+        default=DEFAULT_MB,
+        metavar="N",
+        help=f"keep up to N MiB of tensors computed whole (default {DEFAULT_MB})",
+    )
+    m.add_argument(
+        "--read-ahead-kb",
+        type=int,
+        default=2048,
+        metavar="N",
+        help="the kernel's read-ahead for the mount, as root (default 2048; 0: the kernel's 128)",
+    )
+    m.add_argument(
+        "--index",
+        metavar="FILE",
+        help="the persistent index of view sizes (default $XDG_CACHE_HOME/compatfs/index.sqlite3)",
+    )
     m.add_argument("--no-index", action="store_true", help="keep the index in memory only")
-    m.add_argument("--no-translate", action="store_true",
-                   help="serve every blob unchanged (also: OLLAMA_LLAMA_CPP_COMPAT=0)")
-    m.add_argument("--log", metavar="FILE", help="log file (default: stderr with -f or under systemd, else "
-                                 "$XDG_STATE_HOME/compatfs/, i.e. ~/.local/state/compatfs/)")
+    m.add_argument(
+        "--no-translate", action="store_true", help="serve every blob unchanged (also: OLLAMA_LLAMA_CPP_COMPAT=0)"
+    )
+    m.add_argument(
+        "--log",
+        metavar="FILE",
+        help="log file (default: stderr with -f or under systemd, else "
+        "$XDG_STATE_HOME/compatfs/, i.e. ~/.local/state/compatfs/)",
+    )
     m.add_argument("-v", "--verbose", action="count", default=0, help="log more (-vv: debug)")
-    m.add_argument("-q", "--quiet", action="store_true",
-                   help="no progress bar while the mount comes up (shown only on a terminal: the store's GGUF "
-                        "blobs the index holds)")
+    m.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress bar while the mount comes up (shown only on a terminal: the store's GGUF "
+        "blobs the index holds)",
+    )
     m.set_defaults(func=cmd_mount)
 
     u = sub.add_parser("umount", help="unmount a compatfs mount (also cleans up after a daemon that was killed)")
     u.add_argument("mountpoint", metavar="MOUNTPOINT")
     u.set_defaults(func=cmd_umount)
 
-    ls = sub.add_parser("ls", help="list every model: the files it shows, the handlers that claim it, which of its "
-                                   "Modelfile layers are applied and how (what is not, and why), whether stock "
-                                   "llama.cpp loads it, or why it is left out")
+    ls = sub.add_parser(
+        "ls",
+        help="list every model: the files it shows, the handlers that claim it, which of its "
+        "Modelfile layers are applied and how (what is not, and why), whether stock "
+        "llama.cpp loads it, or why it is left out",
+    )
     ls.add_argument("source", nargs="?", metavar="SOURCE", help=SOURCE_HELP)
     ls.add_argument("--no-translate", action="store_true", help="as a mount with --no-translate shows it")
     ls.add_argument("--json", action="store_true", help="as JSON")
     ls.set_defaults(func=cmd_ls)
 
     i = sub.add_parser("inspect", help="show the translation of a model, blob or GGUF file")
-    i.add_argument("target", metavar="MODEL|BLOB-DIGEST|FILE.gguf", help="MODEL (as ollama names it), BLOB-DIGEST (sha256-<hex>) or FILE.gguf")
+    i.add_argument(
+        "target",
+        metavar="MODEL|BLOB-DIGEST|FILE.gguf",
+        help="MODEL (as ollama names it), BLOB-DIGEST (sha256-<hex>) or FILE.gguf",
+    )
     i.add_argument("--clip", action="store_true", help="the mmproj.gguf view instead of model.gguf")
     i.add_argument("--source", metavar="SOURCE", help=SOURCE_HELP)
     i.add_argument("--json", action="store_true", help="as JSON")
     i.set_defaults(func=cmd_inspect)
 
-    la = sub.add_parser("llama-args", help="print the llama-server arguments for a model: its files, adapters and "
-                                           "params layer",
-                        description="Print llama-server's -m, --mmproj and --lora (its adapters) for MODEL's mounted "
-                                    "files, and the manifest's params (num_ctx, temperature, stop, ...) as "
-                                    "llama-server flags. What is not passed (an option without a llama-server "
-                                    "equivalent, an adapter llama.cpp would refuse, a value bounded) is listed on "
-                                    "stderr.")
+    la = sub.add_parser(
+        "llama-args",
+        help="print the llama-server arguments for a model: its files, adapters and params layer",
+        description="Print llama-server's -m, --mmproj and --lora (its adapters) for MODEL's mounted "
+        "files, and the manifest's params (num_ctx, temperature, stop, ...) as "
+        "llama-server flags. What is not passed (an option without a llama-server "
+        "equivalent, an adapter llama.cpp would refuse, a value bounded) is listed on "
+        "stderr.",
+    )
     _model_args(la)
     la.add_argument("--json", action="store_true", help="as JSON: the arguments and what is not passed")
     la.add_argument("--lines", action="store_true", help="one argument per line (for mapfile/readarray)")
     la.set_defaults(func=cmd_llama_args)
 
-    r = sub.add_parser("run", help="exec llama-server on a model with the arguments llama-args prints",
-                       usage="compatfs run MODEL [--source SOURCE] [--mount MOUNTPOINT] [--llama-server PATH] "
-                             "[-- EXTRA ...]",
-                       description="Exec llama-server on MODEL's mounted files with the arguments `compatfs "
-                                   "llama-args` prints, then EXTRA (which override them: -- --port 8080).")
+    r = sub.add_parser(
+        "run",
+        help="exec llama-server on a model with the arguments llama-args prints",
+        usage="compatfs run MODEL [--source SOURCE] [--mount MOUNTPOINT] [--llama-server PATH] [-- EXTRA ...]",
+        description="Exec llama-server on MODEL's mounted files with the arguments `compatfs "
+        "llama-args` prints, then EXTRA (which override them: -- --port 8080).",
+    )
     _model_args(r)
     r.add_argument("--llama-server", metavar="PATH", help=SERVER_HELP)
     r.set_defaults(func=cmd_run)
 
-    sv = sub.add_parser("serve", help="run llama-server's router over a mount: every model by its Ollama name",
-                        usage="compatfs serve [--mount MOUNTPOINT] [--llama-server PATH] [--host HOST] "
-                              "[--port PORT] [--print-preset] [-- EXTRA ...]",
-                        description="Run stock llama-server in router mode with a preset of every model folder "
-                                    "of the mount (the mount's own models.ini, which follows the store; for a "
-                                    "mount without one, one written from the mount): each model is requested by "
-                                    "its Ollama name (\"model\": \"gemma3:4b\") and started on first use, with "
-                                    "its params layer's options and its adapters; its sampling defaults and chat "
-                                    "template are in its model.gguf. "
-                                    "EXTRA goes to llama-server and overrides every model's own "
-                                    "settings (-- --models-max 2 -t 8).")
+    sv = sub.add_parser(
+        "serve",
+        help="run llama-server's router over a mount: every model by its Ollama name",
+        usage="compatfs serve [--mount MOUNTPOINT] [--llama-server PATH] [--host HOST] "
+        "[--port PORT] [--print-preset] [-- EXTRA ...]",
+        description="Run stock llama-server in router mode with a preset of every model folder "
+        "of the mount (the mount's own models.ini, which follows the store; for a "
+        "mount without one, one written from the mount): each model is requested by "
+        'its Ollama name ("model": "gemma3:4b") and started on first use, with '
+        "its params layer's options and its adapters; its sampling defaults and chat "
+        "template are in its model.gguf. "
+        "EXTRA goes to llama-server and overrides every model's own "
+        "settings (-- --models-max 2 -t 8).",
+    )
     sv.add_argument("--mount", metavar="MOUNTPOINT", help="the compatfs mount (default: the one there is)")
     sv.add_argument("--llama-server", metavar="PATH", help=SERVER_HELP)
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     sv.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
-    sv.add_argument("--print-preset", action="store_true",
-                    help="print the preset (the mount's models.ini, for llama-server --models-preset FILE) "
-                         "and stop")
+    sv.add_argument(
+        "--print-preset",
+        action="store_true",
+        help="print the preset (the mount's models.ini, for llama-server --models-preset FILE) and stop",
+    )
     sv.set_defaults(func=cmd_serve)
 
-    e = sub.add_parser("export", help="write a model's files to a directory as real files (no FUSE needed)",
-                       description="Write MODEL's files (model.gguf, mmproj.gguf, adapter.gguf, params.json, template, "
-                                   "system, license) into DIRECTORY, byte-identical to the mounted ones, "
-                                   "and print each file's sha256. Each file is written under a temporary "
-                                   "name and renamed when complete.")
+    e = sub.add_parser(
+        "export",
+        help="write a model's files to a directory as real files (no FUSE needed)",
+        description="Write MODEL's files (model.gguf, mmproj.gguf, adapter.gguf, params.json, template, "
+        "system, license) into DIRECTORY, byte-identical to the mounted ones, "
+        "and print each file's sha256. Each file is written under a temporary "
+        "name and renamed when complete.",
+    )
     e.add_argument("model", metavar="MODEL", help="MODEL as ollama names it (gemma3:4b, hf.co/org/repo:tag)")
     e.add_argument("directory", metavar="DIR", help="where to write (created if missing)")
     e.add_argument("--source", metavar="SOURCE", help=SOURCE_HELP)
-    e.add_argument("--reflink", dest="reflink", action="store_const", const="always", default="auto",
-                   help="share all tensor data read from the blobs with them (btrfs, XFS), or fail; by default "
-                        "data is shared where the filesystem and the file's layout allow and copied elsewhere")
+    e.add_argument(
+        "--reflink",
+        dest="reflink",
+        action="store_const",
+        const="always",
+        default="auto",
+        help="share all tensor data read from the blobs with them (btrfs, XFS), or fail; by default "
+        "data is shared where the filesystem and the file's layout allow and copied elsewhere",
+    )
     e.add_argument("--no-reflink", dest="reflink", action="store_const", const="never", help="always copy")
-    e.add_argument("--no-checksum", action="store_true", help="skip the sha256 (data shared by reflink is then not read)")
-    e.add_argument("--no-translate", action="store_true", help="export the blobs unchanged (also: OLLAMA_LLAMA_CPP_COMPAT=0)")
-    e.add_argument("-q", "--quiet", action="store_true",
-                   help="nothing on stderr: no progress bar (shown only on a terminal) and no line per file written")
+    e.add_argument(
+        "--no-checksum", action="store_true", help="skip the sha256 (data shared by reflink is then not read)"
+    )
+    e.add_argument(
+        "--no-translate", action="store_true", help="export the blobs unchanged (also: OLLAMA_LLAMA_CPP_COMPAT=0)"
+    )
+    e.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="nothing on stderr: no progress bar (shown only on a terminal) and no line per file written",
+    )
     e.set_defaults(func=cmd_export)
 
     d = sub.add_parser("demo-store", help="write a small store of tiny legacy Ollama models")
@@ -310,9 +246,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help="MODEL as ollama names it (gemma3:4b, hf.co/org/repo:tag)")
     p.add_argument("--source", metavar="SOURCE", help=SOURCE_HELP)
-    p.add_argument("--mount", metavar="MOUNTPOINT",
-                   help="where llama-server sees the mount (default: the compatfs mount that shows MODEL; "
-                        "a mount that does not answer within 2 s is left out)")
+    p.add_argument(
+        "--mount",
+        metavar="MOUNTPOINT",
+        help="where llama-server sees the mount (default: the compatfs mount that shows MODEL; "
+        "a mount that does not answer within 2 s is left out)",
+    )
 
 
 MOUNT_HELPER_USAGE = """\
@@ -343,6 +282,7 @@ def mount_helper(argv: list[str] | None = None) -> int:
     and /etc/fstab), and of mount.fuse3's `compatfs SOURCE DIR -o OPTIONS`:
     the `compatfs mount` call they mean, run by `main`."""
     from . import fstab
+
     argv = sys.argv[1:] if argv is None else list(argv)
     if any(a in ("-h", "--help") for a in argv):
         try:
@@ -362,19 +302,20 @@ def mount_helper(argv: list[str] | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from .fstab import is_helper_call
+
     argv = sys.argv[1:] if argv is None else list(argv)
-    if is_helper_call(argv):      # mount.fuse3's `compatfs SOURCE DIR -o OPTIONS` (fstab)
+    if is_helper_call(argv):  # mount.fuse3's `compatfs SOURCE DIR -o OPTIONS` (fstab)
         return mount_helper(argv)
     extra = []
-    if argv[:1] in (["run"], ["serve"]) and "--" in argv:     # llama-server's own arguments, passed on as they are
+    if argv[:1] in (["run"], ["serve"]) and "--" in argv:  # llama-server's own arguments, passed on as they are
         cut = argv.index("--")
-        argv, extra = argv[:cut], argv[cut + 1:]
+        argv, extra = argv[:cut], argv[cut + 1 :]
     try:
-        args = build_parser().parse_args(argv)     # --help and --version print here
+        args = build_parser().parse_args(argv)  # --help and --version print here
     except BrokenPipeError:
         return _closed_pipe()
     args.extra = extra
-    kept = os.environ.get(KEEP_OUT_ENV)     # `_open` adds the mounts of the source read
+    kept = os.environ.get(KEEP_OUT_ENV)  # `_open` adds the mounts of the source read
     try:
         return args.func(args)
     except (CliError, LaunchError, SourceError, GGUFError, IndexPathError, StateDirError) as e:
@@ -384,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return _closed_pipe()
-    finally:     # as it was, for a caller that runs commands in-process (the tests)
+    finally:  # as it was, for a caller that runs commands in-process (the tests)
         if kept is None:
             os.environ.pop(KEEP_OUT_ENV, None)
         else:

@@ -2,6 +2,7 @@
 report: the translation of the blob's view and, for a model folder's
 model.gguf, what the model's own layers add (its params layer's sampling
 defaults)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -96,23 +97,36 @@ def describe(target: Target) -> dict:
         for t in view.spec.tensors:
             if t.op is not None:
                 used.update(i.name for i in t.op.inputs)
-                ops[t.name] = {"op": t.op.description, "shape": list(t.shape), "dtype": _type_name(t.dtype),
-                               "bytes": t.nbytes}
+                ops[t.name] = {
+                    "op": t.op.description,
+                    "shape": list(t.shape),
+                    "dtype": _type_name(t.dtype),
+                    "bytes": t.nbytes,
+                }
             elif t.source is not None:
                 used.add(t.source.name)
                 if t.source.name != t.name:
                     renamed[t.source.name] = t.name
                 if t.nbytes != t.source.nbytes:
-                    ops[t.name] = {"op": f"rows of {t.source.name}", "shape": list(t.shape),
-                                   "dtype": _type_name(t.dtype), "bytes": t.nbytes}
+                    ops[t.name] = {
+                        "op": f"rows of {t.source.name}",
+                        "shape": list(t.shape),
+                        "dtype": _type_name(t.dtype),
+                        "bytes": t.nbytes,
+                    }
         hidden = [n for n in src.tensors if n not in used]
-    return {"file": target.shown or str(path), "gguf": str(path), "view": kind,
-            "layers_add": [key for key, _ in target.adds], "handler": tr.name if tr else None,
-            "detected_by": tr.detect.text if tr else None,
-            "architecture": {"before": src.architecture, "after": after},
-            "size": {"blob": src.size, "view": view.size},
-            "kv": {"added": added, "changed": changed, "removed": removed},
-            "tensors": {"renamed": renamed, "hidden": hidden, "ops": ops}}
+    return {
+        "file": target.shown or str(path),
+        "gguf": str(path),
+        "view": kind,
+        "layers_add": [key for key, _ in target.adds],
+        "handler": tr.name if tr else None,
+        "detected_by": tr.detect.text if tr else None,
+        "architecture": {"before": src.architecture, "after": after},
+        "size": {"blob": src.size, "view": view.size},
+        "kv": {"added": added, "changed": changed, "removed": removed},
+        "tensors": {"renamed": renamed, "hidden": hidden, "ops": ops},
+    }
 
 
 def format_report(r: dict) -> str:
@@ -140,6 +154,9 @@ def format_report(r: dict) -> str:
     for name, op in ts["ops"].items():
         lines.append(f"  tensor {name} = {op['op']} {op['dtype']} {op['shape']} ({op['bytes']} bytes)")
     if ts["hidden"]:
-        lines.append(f"  hidden tensors ({len(ts['hidden'])}): " + ", ".join(ts["hidden"][:8])
-                     + (" ..." if len(ts["hidden"]) > 8 else ""))
+        lines.append(
+            f"  hidden tensors ({len(ts['hidden'])}): "
+            + ", ".join(ts["hidden"][:8])
+            + (" ..." if len(ts["hidden"]) > 8 else "")
+        )
     return "\n".join(lines)

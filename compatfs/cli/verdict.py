@@ -7,6 +7,7 @@ the gguf-py release compatfs pins.  A known architecture
 is necessary, not sufficient: a blob no handler claims is judged by its
 architecture alone.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,12 +21,38 @@ from ..names import MMPROJ_FILE, MODEL_FILE
 
 # Architectures llama.cpp b11434 (the release scripts/e2e checks) loads that
 # the gguf-py release compatfs pins does not name yet.
-NEWER_THAN_GGUF_PY = frozenset({
-    "bailingmoe3", "clef", "cohere2moe", "deepseek32", "deepseek4", "dflash", "dots3note", "eagle3",
-    "gemma4-assistant", "glm5-next", "granite_swa", "graniteswitch", "hrm_text", "hy_v3", "hy_v4", "kimi-k3",
-    "laguna", "maple", "mellum", "minimax-01", "minimax-m3", "muse-glimmer", "nanbeige", "pockettts", "qwen3tts",
-    "qwen4exp", "spark2_5", "talkie",
-})
+NEWER_THAN_GGUF_PY = frozenset(
+    {
+        "bailingmoe3",
+        "clef",
+        "cohere2moe",
+        "deepseek32",
+        "deepseek4",
+        "dflash",
+        "dots3note",
+        "eagle3",
+        "gemma4-assistant",
+        "glm5-next",
+        "granite_swa",
+        "graniteswitch",
+        "hrm_text",
+        "hy_v3",
+        "hy_v4",
+        "kimi-k3",
+        "laguna",
+        "maple",
+        "mellum",
+        "minimax-01",
+        "minimax-m3",
+        "muse-glimmer",
+        "nanbeige",
+        "pockettts",
+        "qwen3tts",
+        "qwen4exp",
+        "spark2_5",
+        "talkie",
+    }
+)
 KNOWN_ARCHS = frozenset(gguf.MODEL_ARCH_NAMES.values()) | NEWER_THAN_GGUF_PY
 
 AS_IS = "as-is"
@@ -34,10 +61,7 @@ NO = "no"
 
 # What a model folder's own layers add to its model.gguf, by key prefix, as
 # `ls` names it.
-ADDED_BY_LAYERS = {
-    "general.sampling.": "sampling defaults",
-    "tokenizer.chat_template": "chat template",
-}
+ADDED_BY_LAYERS = {"general.sampling.": "sampling defaults", "tokenizer.chat_template": "chat template"}
 
 
 def _added(keys: tuple[str, ...]) -> str:
@@ -54,7 +78,7 @@ class Verdict:
     loads: str
     handler: str | None = None
     reason: str | None = None
-    adds: tuple[str, ...] = ()     # keys the model's own layers add to the file (its params layer's)
+    adds: tuple[str, ...] = ()  # keys the model's own layers add to the file (its params layer's)
 
     def __str__(self) -> str:
         if self.loads == NO:
@@ -75,7 +99,7 @@ def view_verdict(views: BlobViews, blob: Path, kind: str, adds: tuple[str, ...] 
     if s.error:
         raise GGUFError(s.error)
     tr = s.text if kind == MODEL_FILE else s.clip
-    arch = s.arch if kind == MODEL_FILE else "clip"   # a projector view is a clip file
+    arch = s.arch if kind == MODEL_FILE else "clip"  # a projector view is a clip file
     if arch not in KNOWN_ARCHS:
         why = f"architecture {arch!r} is not in llama.cpp" if arch else "no general.architecture"
         if tr is not None:
@@ -87,9 +111,11 @@ def view_verdict(views: BlobViews, blob: Path, kind: str, adds: tuple[str, ...] 
 def model_verdict(views: BlobViews, files: dict) -> dict[str, Verdict]:
     """Verdicts for the GGUF files of one model directory (`Tree` FileRefs by
     name), as a user opens them: with what the model's own layers add."""
-    return {name: view_verdict(views, ref.blob, ref.kind,
-                               tuple(k for k, _ in views.sampling_kvs(ref.kind, ref.params)))
-            for name, ref in files.items() if name in (MODEL_FILE, MMPROJ_FILE)}
+    return {
+        name: view_verdict(views, ref.blob, ref.kind, tuple(k for k, _ in views.sampling_kvs(ref.kind, ref.params)))
+        for name, ref in files.items()
+        if name in (MODEL_FILE, MMPROJ_FILE)
+    }
 
 
 def summary(verdicts: dict[str, Verdict]) -> str:

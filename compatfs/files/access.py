@@ -12,6 +12,7 @@ The ACL's binary layout (Linux's, little-endian): a 4-byte version (2), then
 8-byte entries of a 2-byte tag, 2-byte permission bits (4 r, 2 w, 1 x) and a
 4-byte uid or gid (unused for the owner, owning group, mask and other).
 """
+
 from __future__ import annotations
 
 import errno
@@ -117,8 +118,10 @@ class Caller:
         if len(named) > _MAX_UNKNOWN_GROUPS:
             verdicts = {False}
         else:
-            verdicts = {_decide(self.uid, frozenset({self.gid, *(g for j, g in enumerate(named) if k >> j & 1)}),
-                                st, acl, bit) for k in range(1 << len(named))}
+            verdicts = {
+                _decide(self.uid, frozenset({self.gid, *(g for j, g in enumerate(named) if k >> j & 1)}), st, acl, bit)
+                for k in range(1 << len(named))
+            }
         if len(verdicts) > 1:
             _log_unknown(self)
         return verdicts == {True}
@@ -134,9 +137,12 @@ def _log_unknown(caller: Caller) -> None:
     key = (caller.uid, caller.pid)
     if key not in _logged_unknown and len(_logged_unknown) < 1024:
         _logged_unknown.add(key)
-        log.warning("uid %d (pid %d as this daemon sees it): its supplementary groups cannot be read from /proc "
-                    "(a caller in another pid namespace than the daemon's?): refused where they would decide",
-                    caller.uid, caller.pid)
+        log.warning(
+            "uid %d (pid %d as this daemon sees it): its supplementary groups cannot be read from /proc "
+            "(a caller in another pid namespace than the daemon's?): refused where they would decide",
+            caller.uid,
+            caller.pid,
+        )
 
 
 def _proc_groups(uid: int, gid: int, pid: int) -> frozenset[int] | None:
@@ -172,8 +178,9 @@ def _decide(uid: int, groups: frozenset[int], st: os.stat_result, acl: ACL | Non
     named = [p for t, i, p in acl.entries if t == USER and i == uid]
     if named:
         return bool(named[0] & mask & bit)
-    matching = [p for t, i, p in acl.entries
-                if (t == GROUP_OBJ and st.st_gid in groups) or (t == GROUP and i in groups)]
+    matching = [
+        p for t, i, p in acl.entries if (t == GROUP_OBJ and st.st_gid in groups) or (t == GROUP and i in groups)
+    ]
     if matching:
         return any(p & mask & bit for p in matching)
     return bool(acl.perms(OTHER) & bit)
@@ -209,10 +216,10 @@ def everyone_who_may(gate: Chain, then: Chain) -> bool:
     for st, acl, _ in (*gate, *then):
         uids.add(st.st_uid)
         gids.add(st.st_gid)
-        for tag, ident, _ in (acl.entries if acl is not None else ()):
+        for tag, ident, _ in acl.entries if acl is not None else ():
             (uids if tag == USER else gids if tag == GROUP else set()).add(ident)
     uids.discard(0)
-    uids.add(max(uids, default=0) + 1)      # a user none of them names
+    uids.add(max(uids, default=0) + 1)  # a user none of them names
     named = sorted(gids)
     if len(named) > _MAX_UNKNOWN_GROUPS:
         return False

@@ -12,6 +12,7 @@ through the mount is then cached once, not twice.  The lookups' names other
 layers import from here (`status`, `identity`, `Denied`, ...) are
 `lookup`'s.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -25,27 +26,62 @@ from collections.abc import Callable, Hashable
 from .access import READ, SEARCH, Caller
 from ..errors import GGUFError
 from .libc import cached_pages, pages, written_by_others
-from .lookup import (KEEP_OUT_ENV, OPEN_FLAGS, TRANSIENT_ERRNOS, Denied, Stamp, Transient, failure, identity,
-                     is_folder, keep_out, open_regular, proc_path, require, resolved, status, statuses,
-                     transient, unchanged)
+from .lookup import (
+    KEEP_OUT_ENV,
+    OPEN_FLAGS,
+    TRANSIENT_ERRNOS,
+    Denied,
+    Stamp,
+    Transient,
+    failure,
+    identity,
+    is_folder,
+    keep_out,
+    open_regular,
+    proc_path,
+    require,
+    resolved,
+    status,
+    statuses,
+    transient,
+    unchanged,
+)
 from .scratch import scratch
 from .watch import Followed, contents
 
-__all__ = ["ALIGN", "DIRECT_MIN", "KEEP_OUT_ENV", "TRANSIENT_ERRNOS", "BlobFile", "Denied", "Stamp", "Transient",
-           "identity", "is_folder", "keep_out", "read_small", "resolved", "status", "statuses", "transient",
-           "unchanged"]
+__all__ = [
+    "ALIGN",
+    "DIRECT_MIN",
+    "KEEP_OUT_ENV",
+    "TRANSIENT_ERRNOS",
+    "BlobFile",
+    "Denied",
+    "Stamp",
+    "Transient",
+    "identity",
+    "is_folder",
+    "keep_out",
+    "read_small",
+    "resolved",
+    "status",
+    "statuses",
+    "transient",
+    "unchanged",
+]
 
 _DIRECT_FLAGS = OPEN_FLAGS | os.O_DIRECT
+
+
 class Closable(Protocol):
     def close(self) -> None: ...
 
 
 C = TypeVar("C", bound=Closable)
 
-ALIGN = 4096                             # O_DIRECT offsets, sizes and buffers: whole 4 KiB blocks
-DIRECT_MIN = 64 << 10                    # shorter reads go through the page cache
-_BOUNCE = (1 << 20) + 2 * ALIGN          # the aligned buffer an O_DIRECT read goes through
-EXPLAINED_WITHIN = 0.05                  # seconds a followed file's moved change time waits for the event that tells why
+ALIGN = 4096  # O_DIRECT offsets, sizes and buffers: whole 4 KiB blocks
+DIRECT_MIN = 64 << 10  # shorter reads go through the page cache
+_BOUNCE = (1 << 20) + 2 * ALIGN  # the aligned buffer an O_DIRECT read goes through
+EXPLAINED_WITHIN = 0.05  # seconds a followed file's moved change time waits for the event that tells why
 
 
 def read_small(path: str | os.PathLike, limit: int) -> bytes:
@@ -70,14 +106,15 @@ class BlobFile:
     It owns what was made for it (`owned`: the reads it computes ahead),
     closed with it by `close`, as its descriptors are."""
 
-    def __init__(self, path: str | os.PathLike, expect: Stamp | None = None, caller: Caller | None = None,
-                 follow: bool = False):
+    def __init__(
+        self, path: str | os.PathLike, expect: Stamp | None = None, caller: Caller | None = None, follow: bool = False
+    ):
         self.path = Path(path)
         self.fd, st = open_regular(path, caller)
         self.stamp = identity(st)
-        self._seen = (self.stamp, st.st_nlink)   # the identity and link count it was last found intact with
-        self._direct: int | None = None      # the O_DIRECT descriptor: None not opened yet, -1 none to be had
-        self._refused = False                # its reads failed: kept open until `close`, no longer read
+        self._seen = (self.stamp, st.st_nlink)  # the identity and link count it was last found intact with
+        self._direct: int | None = None  # the O_DIRECT descriptor: None not opened yet, -1 none to be had
+        self._refused = False  # its reads failed: kept open until `close`, no longer read
         self._followed: Followed | None = None
         self._owned: dict[Hashable, Closable] = {}
         self._owned_lock = threading.Lock()
@@ -120,7 +157,7 @@ class BlobFile:
                     self._owned[key] = made
                 else:
                     made.close()
-        return cast(C, made)    # (made by `make` for this key)
+        return cast(C, made)  # (made by `make` for this key)
 
     def close(self) -> None:
         """Close what it owns (`owned`), its descriptors, and stop following it."""
@@ -204,20 +241,19 @@ class BlobFile:
             return True
         if followed.lost:
             return False
-        if not followed.touched:     # what moved it may not have been reported yet
+        if not followed.touched:  # what moved it may not have been reported yet
             watch.news(followed, EXPLAINED_WITHIN)
             if followed.written or followed.lost or not followed.touched:
                 return False
         if written_by_others(self.fd) is not False:
             return False
-        now = watch.settle(followed, self.fd)     # every change reported so far is in its change time
+        now = watch.settle(followed, self.fd)  # every change reported so far is in its change time
         return now is not None and identity(now)[:4] == identity(st)[:4]
 
     def check(self) -> None:
         """GGUFError when the file was truncated or rewritten since it was opened."""
         if not self.intact():
-            raise GGUFError(f"{self.path}: the file changed since it was opened (size, modification or "
-                            "change time)")
+            raise GGUFError(f"{self.path}: the file changed since it was opened (size, modification or change time)")
 
     def read_into(self, out: memoryview, offset: int) -> None:
         """Exactly len(out) bytes at `offset` into `out`; GGUFError when the
@@ -254,10 +290,10 @@ class BlobFile:
             address = ctypes.addressof(ctypes.c_char.from_buffer(out))
             lo, hi = -(-offset // ALIGN) * ALIGN, (offset + size) // ALIGN * ALIGN
             if (address - offset) % ALIGN == 0 and hi - lo >= DIRECT_MIN:
-                self._bounced(fd, out[:lo - offset], offset)
+                self._bounced(fd, out[: lo - offset], offset)
                 done = lo - offset
                 while done < hi - offset:
-                    got = os.preadv(fd, [out[done:hi - offset]], offset + done)
+                    got = os.preadv(fd, [out[done : hi - offset]], offset + done)
                     if got <= 0:
                         raise self._ended(offset + done, offset + size)
                     done += got
@@ -265,7 +301,7 @@ class BlobFile:
         except OSError as e:
             if e.errno != errno.EINVAL:
                 raise failure(self.path, "read", e) from None
-            self._refused = True         # the filesystem refuses these reads: the page cache from now on
+            self._refused = True  # the filesystem refuses these reads: the page cache from now on
             self.read_into(out[done:], offset + done)
 
     def _bounced(self, fd: int, out: memoryview, offset: int) -> None:
@@ -286,7 +322,7 @@ class BlobFile:
                 got = min(os.preadv(fd, [buf[:want]], start) - skip, size - done)
                 if got <= 0:
                     raise self._ended(at, offset + size)
-                ctypes.memmove(target + done, source + skip, got)    # (ctypes lets go of the GIL meanwhile)
+                ctypes.memmove(target + done, source + skip, got)  # (ctypes lets go of the GIL meanwhile)
                 done += got
 
     @property

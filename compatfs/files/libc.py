@@ -3,6 +3,7 @@ replies libfuse frees (page-aligned, so O_DIRECT reads can fill them), the alloc
 indexing workers tune them differently; a glibc call, elsewhere it does
 nothing), how much of a file range the page cache holds (`cachestat`), and
 whether a file may be written by anyone now (a lease's answer)."""
+
 from __future__ import annotations
 
 import ctypes
@@ -39,13 +40,13 @@ def tune_malloc(mmap_threshold: int, trim_threshold: int, arenas: int | None = N
             LIBC.mallopt(_M_ARENA_MAX, arenas)
         LIBC.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)
         LIBC.mallopt(_M_TRIM_THRESHOLD, trim_threshold)
-    except AttributeError:      # not glibc
+    except AttributeError:  # not glibc
         pass
 
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
-_SYS_CACHESTAT = 451     # since Linux 6.5, on every architecture of the common numbering (all but alpha)
-_no_cachestat: list[bool] = [] if platform.machine() != "alpha" else [True]   # set: the call is not to be made
+_SYS_CACHESTAT = 451  # since Linux 6.5, on every architecture of the common numbering (all but alpha)
+_no_cachestat: list[bool] = [] if platform.machine() != "alpha" else [True]  # set: the call is not to be made
 
 
 class _Range(ctypes.Structure):
@@ -53,8 +54,10 @@ class _Range(ctypes.Structure):
 
 
 class _CacheStat(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_uint64) for name in
-                ("nr_cache", "nr_dirty", "nr_writeback", "nr_evicted", "nr_recently_evicted")]
+    _fields_ = [
+        (name, ctypes.c_uint64)
+        for name in ("nr_cache", "nr_dirty", "nr_writeback", "nr_evicted", "nr_recently_evicted")
+    ]
 
 
 def cached_pages(fd: int, offset: int, size: int) -> int | None:
@@ -77,7 +80,7 @@ def pages(offset: int, size: int) -> int:
     return (offset + size - 1) // PAGE - offset // PAGE + 1 if size else 0
 
 
-_F_SETSIG = 10      # fcntl: the signal a lease break sends (Python's fcntl names F_SETLEASE only)
+_F_SETSIG = 10  # fcntl: the signal a lease break sends (Python's fcntl names F_SETLEASE only)
 
 
 def written_by_others(fd: int) -> bool | None:

@@ -17,6 +17,7 @@ bytes (`identity`, `unchanged`) and what a refusal (`Denied`) or a transient
 fault (`Transient`: out of descriptors or memory, an I/O error, saying
 nothing of the file) is are defined here too.
 """
+
 from __future__ import annotations
 
 import errno
@@ -30,12 +31,12 @@ from .access import READ, SEARCH, BadACL, Caller, read_acl
 from ..errors import GGUFError
 from .probe import leaves, reach
 
-Stamp = tuple[int, int, int, int, int]   # st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns
+Stamp = tuple[int, int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns
 
 OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
 _PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
-_MAX_LINKS = 40                          # the kernel's own limit
-KEEP_OUT_ENV = "COMPATFS_KEEP_OUT"       # mounts never looked into, a JSON list (inherited by workers)
+_MAX_LINKS = 40  # the kernel's own limit
+KEEP_OUT_ENV = "COMPATFS_KEEP_OUT"  # mounts never looked into, a JSON list (inherited by workers)
 
 
 class Denied(PermissionError):
@@ -92,8 +93,9 @@ def unchanged(stamp: Stamp, links: int | None, st: os.stat_result) -> bool:
 
 # A failed open or read with one of these says nothing of the file: the
 # system is out of descriptors or memory, or its device failed this once.
-TRANSIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EIO, errno.EAGAIN,
-                              errno.EINTR})
+TRANSIENT_ERRNOS = frozenset(
+    {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EIO, errno.EAGAIN, errno.EINTR}
+)
 
 
 class Transient(GGUFError):
@@ -152,7 +154,7 @@ def _walk(path: str | os.PathLike, caller: Caller | None) -> int:
     another mount than `path` starts on is looked up first by `probe.reach`
     (ETIMEDOUT where that lookup hangs)."""
     start = os.path.abspath(os.fspath(path))
-    todo = start.split("/")[::-1]   # components still to resolve, next last
+    todo = start.split("/")[::-1]  # components still to resolve, next last
     here, fd = "/", os.open("/", _PATH_FLAGS)
     links, kept = 0, _kept_out()
     try:
@@ -188,7 +190,7 @@ def _walk(path: str | os.PathLike, caller: Caller | None) -> int:
             rest = os.path.normpath(os.path.join("/" if target.startswith("/") else here, *todo[::-1]))
             elsewhere = leaves(start, rest)
             if elsewhere is not None and _inside_mount(rest, kept) is None:
-                reach(rest, elsewhere)       # (ETIMEDOUT where a lookup there hangs)
+                reach(rest, elsewhere)  # (ETIMEDOUT where a lookup there hangs)
             if target.startswith("/"):
                 os.close(fd)
                 fd = -1

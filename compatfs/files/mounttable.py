@@ -4,6 +4,7 @@ Each line: `ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE
 SOURCE SUPEROPTIONS`; the kernel writes space, tab, newline and backslash in
 ROOT, MOUNTPOINT and SOURCE as three-digit octal escapes (`\\040`).
 """
+
 from __future__ import annotations
 
 import os
@@ -20,7 +21,7 @@ class Mount:
     point: Path
     fstype: str
     source: str
-    device: str        # MAJ:MINOR
+    device: str  # MAJ:MINOR
 
 
 def unescape(field: bytes) -> str:
@@ -38,8 +39,14 @@ def parse(text: bytes) -> list[Mount]:
         fields, rest = head.split(b" "), tail.split(b" ")
         if not sep or len(fields) < 6 or len(rest) < 2:
             continue
-        out.append(Mount(Path(unescape(fields[4])), rest[0].decode("utf-8", "replace"), unescape(rest[1]),
-                         fields[2].decode("ascii", "replace")))
+        out.append(
+            Mount(
+                Path(unescape(fields[4])),
+                rest[0].decode("utf-8", "replace"),
+                unescape(rest[1]),
+                fields[2].decode("ascii", "replace"),
+            )
+        )
     return out
 
 

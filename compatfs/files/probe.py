@@ -14,6 +14,7 @@ lookup ends.  So is a folder a walk is about to list where a mount is made
 its mount (a store with no symlink out of it) costs a set lookup at most:
 the mount table is read at most once a second.
 """
+
 from __future__ import annotations
 
 import errno
@@ -26,8 +27,8 @@ import time
 
 from .mounttable import mounts
 
-BOUND = 1.0              # seconds a lookup on another mount may take in the helper before it counts as hung
-_TABLE_SECONDS = 1.0     # the mount table is read again after this long
+BOUND = 1.0  # seconds a lookup on another mount may take in the helper before it counts as hung
+_TABLE_SECONDS = 1.0  # the mount table is read again after this long
 
 # The helper: one request a line, `S <hex of a path's bytes>` (stat it) or
 # `L <hex>` (list the folder and lstat each entry, as a walk of it does),
@@ -51,10 +52,10 @@ for line in sys.stdin:
 """
 
 _lock = threading.Lock()
-_helper: list[subprocess.Popen] = []                 # the helper answering now (one at most)
+_helper: list[subprocess.Popen] = []  # the helper answering now (one at most)
 _stuck: dict[str, tuple[subprocess.Popen, str]] = {}  # mountpoint -> the helper stuck on it, and the path it looks up
-_table: list[tuple[float, list[str], set[str]]] = []   # (when read, mountpoints longest first, and as a set)
-_owner: list[int] = []                               # the process the helpers above are of
+_table: list[tuple[float, list[str], set[str]]] = []  # (when read, mountpoints longest first, and as a set)
+_owner: list[int] = []  # the process the helpers above are of
 
 
 def _points() -> list[str]:
@@ -91,13 +92,20 @@ def leaves(start: str, path: str) -> str | None:
 
 def _hung(path: str, mount: str, looked_up: str) -> OSError:
     still = f" ({looked_up}, looked up before, has not ended)" if looked_up != path else ""
-    return OSError(errno.ETIMEDOUT, f"{path}: a lookup on {mount} did not end within {BOUND:g} s{still} "
-                                    "(a hung mount?)")
+    return OSError(
+        errno.ETIMEDOUT, f"{path}: a lookup on {mount} did not end within {BOUND:g} s{still} (a hung mount?)"
+    )
 
 
 def _start() -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-I", "-S", "-c", _HELPER], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, close_fds=True)
+    return subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", _HELPER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        close_fds=True,
+    )
 
 
 def _ended(helper: subprocess.Popen) -> bool:
@@ -116,7 +124,7 @@ def reach(path: str, mount: str, listing: bool = False) -> None:
     same); OSError ETIMEDOUT naming both when it was not, or a lookup on
     that mount is stuck still."""
     with _lock:
-        if _owner != [os.getpid()]:      # a forked child: its parent's helpers are not its own
+        if _owner != [os.getpid()]:  # a forked child: its parent's helpers are not its own
             _helper.clear()
             _stuck.clear()
             _owner[:] = [os.getpid()]

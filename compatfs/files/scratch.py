@@ -7,6 +7,7 @@ themselves).  Buffers are page-aligned (O_DIRECT reads need that), sized in
 powers of two up to 1 MiB and in whole MiB above; at most `KEEP` wait for a
 reader, who takes the smallest large enough (or, finding none, a new one).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -16,7 +17,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-KEEP = 16                  # spare buffers kept at most (about one per read running at once)
+KEEP = 16  # spare buffers kept at most (about one per read running at once)
 SMALLEST = 64 << 10
 MiB = 1 << 20
 

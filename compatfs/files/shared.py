@@ -8,6 +8,7 @@ readers) may read the file it resolves to, through every folder on the way
 (`access.everyone_who_may`), decided on the very descriptor it is then read
 from, never with the daemon's own rights.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,8 +32,9 @@ def _decide(f: BlobFile, seen: Recorder, path: Path, what: str, readers_of: Path
     if readers_of is not None:
         status(readers_of, gate, READ)
     if not everyone_who_may(gate.chain, seen.chain):
-        who = f"everyone who may read {readers_of}" if readers_of is not None else \
-            f"everyone who may reach {path.parent}"
+        who = (
+            f"everyone who may read {readers_of}" if readers_of is not None else f"everyone who may reach {path.parent}"
+        )
         raise NotShared(f"{what} {path.name} is not readable by {who}: not used")
 
 

@@ -1,5 +1,6 @@
 """compatfs's per-user state folder: the daemon's logs and the `models.ini`
 each mount publishes, never inside a store."""
+
 from __future__ import annotations
 
 import hashlib
@@ -37,7 +38,7 @@ def state_dir() -> Path:
 # Characters a mountpoint keeps in its file name; `/` becomes `_`, and every
 # other byte (`_` and `%` too) `%XX`: one name per mountpoint, never two.
 _KEPT = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.-")
-_NAME_MAX = 200    # bytes of the encoded mountpoint kept as they are; longer ones are shortened
+_NAME_MAX = 200  # bytes of the encoded mountpoint kept as they are; longer ones are shortened
 
 
 def mount_name(mountpoint: Path | str) -> str:
@@ -48,7 +49,7 @@ def mount_name(mountpoint: Path | str) -> str:
     path = os.fsencode(os.path.abspath(mountpoint)).lstrip(b"/")
     name = "".join("_" if b == 0x2F else chr(b) if b in _KEPT else f"%{b:02X}" for b in path) or "_"
     if len(name) > _NAME_MAX:
-        name = f"{name[:_NAME_MAX - 65]}~{hashlib.sha256(path).hexdigest()}"
+        name = f"{name[: _NAME_MAX - 65]}~{hashlib.sha256(path).hexdigest()}"
     return name
 
 

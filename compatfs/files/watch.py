@@ -17,6 +17,7 @@ open to serve reads, and tells, per file, whether the kernel reported a
 write of its bytes or only a change of its metadata (`Followed`):
 `blobfile.BlobFile` judges a followed file by that.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -38,7 +39,7 @@ _IN_NONBLOCK, _IN_CLOEXEC = os.O_NONBLOCK, 0o2000000
 # modify, attrib, close-write, moved from/to, create, delete, delete-self, move-self
 _EVENTS = 0x002 | 0x004 | 0x008 | 0x040 | 0x080 | 0x100 | 0x200 | 0x400 | 0x800
 _ONLYDIR = 0x01000000
-_IGNORED = 0x8000          # the watch is gone (its folder was removed)
+_IGNORED = 0x8000  # the watch is gone (its folder was removed)
 _EVENT = struct.Struct("iIII")
 
 
@@ -59,7 +60,7 @@ class Watch:
     def __init__(self, lib, fd: int):
         self._lib = lib
         self._fd = fd
-        self._watched: dict[str, int] = {}    # folder -> watch descriptor
+        self._watched: dict[str, int] = {}  # folder -> watch descriptor
         self._only: dict[int, set[str]] = {}  # watch descriptor -> the only names whose events count in it
 
     @classmethod
@@ -90,8 +91,11 @@ class Watch:
                 self._watched[folder] = wd
                 added = True
             elif ctypes.get_errno() == errno.ENOSPC:
-                log.warning("inotify allows no more watches (fs.inotify.max_user_watches): %s and others "
-                            "are followed by the rescan's timer only", folder)
+                log.warning(
+                    "inotify allows no more watches (fs.inotify.max_user_watches): %s and others "
+                    "are followed by the rescan's timer only",
+                    folder,
+                )
                 break
         self._only = {self._watched[str(f)]: names for f, names in (only or {}).items() if str(f) in self._watched}
         return added
@@ -127,7 +131,7 @@ class Watch:
             at = 0
             while at + _EVENT.size <= len(data):
                 wd, mask, _cookie, length = _EVENT.unpack_from(data, at)
-                name = data[at + _EVENT.size:at + _EVENT.size + length].rstrip(b"\0")
+                name = data[at + _EVENT.size : at + _EVENT.size + length].rstrip(b"\0")
                 at += _EVENT.size + length
                 only = self._only.get(wd)
                 seen = seen or only is None or not name or os.fsdecode(name) in only
@@ -163,7 +167,7 @@ class Followed:
     def __init__(self, wd: int, ctime: int):
         self.wd, self.ctime = wd, ctime
         self.written = self.touched = self.lost = False
-        self.users = 1      # its holder and the duplicates of its descriptor
+        self.users = 1  # its holder and the duplicates of its descriptor
 
 
 class Contents:
@@ -183,10 +187,12 @@ class Contents:
             wd = self._lib.inotify_add_watch(self._fd, f"/proc/self/fd/{fd}".encode(), _WRITTEN | _TOUCHED)
             if wd < 0:
                 if ctypes.get_errno() == errno.ENOSPC:
-                    log.warning("inotify allows no more watches (fs.inotify.max_user_watches): an open file's "
-                                "blob changing its mode, owner or links now fails its reads")
+                    log.warning(
+                        "inotify allows no more watches (fs.inotify.max_user_watches): an open file's "
+                        "blob changing its mode, owner or links now fails its reads"
+                    )
                 return None
-            self._drain()      # what came before this follower began is not its news
+            self._drain()  # what came before this follower began is not its news
             followed = Followed(wd, ctime)
             self._by_wd.setdefault(wd, []).append(followed)
             return followed
@@ -269,7 +275,7 @@ class Contents:
                 f.lost = True
 
 
-_contents: list[tuple[int, Contents | None]] = []     # (pid, the process's Contents): made on first use
+_contents: list[tuple[int, Contents | None]] = []  # (pid, the process's Contents): made on first use
 _contents_lock = threading.Lock()
 
 
@@ -281,7 +287,9 @@ def contents() -> Contents | None:
             lib = _libc()
             fd = lib.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC) if lib is not None else -1
             if lib is not None and fd < 0:
-                log.warning("no inotify (%s): an open file's blob changing its mode, owner or links fails its "
-                            "reads", os.strerror(ctypes.get_errno()))
+                log.warning(
+                    "no inotify (%s): an open file's blob changing its mode, owner or links fails its reads",
+                    os.strerror(ctypes.get_errno()),
+                )
             _contents[:] = [(os.getpid(), Contents(lib, fd) if fd >= 0 else None)]
         return _contents[0][1]

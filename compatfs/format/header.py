@@ -5,6 +5,7 @@ header (`Value`), every tensor as name, shape, dtype and absolute offset.
 Nothing is decoded until a handler asks for it, and tensor data is read only
 when an op needs it.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,8 @@ from .values import _SCALAR as _SCALAR_FORMATS, VT, PastTheEnd, Value, skip_valu
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
-MAX_DIMS = 8            # the most dimensions a tensor info may have
-MAX_DIM = 2**63 - 1     # ggml's dimensions are int64
+MAX_DIMS = 8  # the most dimensions a tensor info may have
+MAX_DIM = 2**63 - 1  # ggml's dimensions are int64
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 
@@ -31,7 +32,7 @@ def tensor_nbytes(shape: tuple[int, ...], dtype: DT | int) -> int:
     """Bytes of a tensor of ggml `shape` (fastest axis first) and `dtype`."""
     if dtype not in GGML_QUANT_SIZES:
         raise GGUFError(f"ggml type {int(dtype)} is unknown to GGUF readers; its size cannot be told")
-    dtype = DT(dtype)     # (a plain int of a known type, too)
+    dtype = DT(dtype)  # (a plain int of a known type, too)
     block, size = GGML_QUANT_SIZES[dtype]
     n = 1
     for d in shape:
@@ -47,7 +48,7 @@ class TensorInfo:
 
     name: str
     shape: tuple[int, ...]
-    dtype: DT | int       # an int for a ggml type gguf-py does not know
+    dtype: DT | int  # an int for a ggml type gguf-py does not know
     offset: int
 
     @property
@@ -61,8 +62,9 @@ class TensorInfo:
             raise GGUFError(f"tensor {self.name} has ggml type {self.dtype}, which GGUF readers do not know")
         return self.dtype
 
-    def part(self, name: str, shape: tuple[int, ...], dtype: DT, start: int = 0, *,
-             stored: int | None = None) -> TensorInfo:
+    def part(
+        self, name: str, shape: tuple[int, ...], dtype: DT, start: int = 0, *, stored: int | None = None
+    ) -> TensorInfo:
         """A tensor `name` of `shape` and `dtype` that stands for its bytes of
         this one from byte `start` (a row of a matrix, a value of a packed
         table, the raw bytes of a type GGUF readers do not know): the one way
@@ -75,15 +77,18 @@ class TensorInfo:
         if len(shape) > MAX_DIMS or any(not 0 <= d <= MAX_DIM for d in shape):
             raise GGUFError(f"tensor {name} (part of {self.name}) has shape {shape}")
         if not isinstance(dtype, DT):
-            raise GGUFError(f"tensor {name} (part of {self.name}) has ggml type {dtype}, which GGUF readers do not know")
+            raise GGUFError(
+                f"tensor {name} (part of {self.name}) has ggml type {dtype}, which GGUF readers do not know"
+            )
         try:
             nbytes = tensor_nbytes(shape, dtype)
         except GGUFError as e:
             raise GGUFError(f"tensor {name} (part of {self.name}): {e}") from None
         whole = self.nbytes if stored is None else stored
         if start < 0 or start + nbytes > whole:
-            raise GGUFError(f"tensor {name}: bytes [{start}, {start + nbytes}) lie outside the {whole} bytes "
-                            f"of {self.name}")
+            raise GGUFError(
+                f"tensor {name}: bytes [{start}, {start + nbytes}) lie outside the {whole} bytes of {self.name}"
+            )
         return TensorInfo(name, tuple(shape), dtype, self.offset + start)
 
 
@@ -97,7 +102,7 @@ class SourceGGUF:
     blob is still the one that was parsed."""
 
     FIRST_READ = 256 << 10  # a header without a large vocabulary parses in one short read (cold: ~1 ms) ...
-    SECOND_READ = 8 << 20   # ... most others (a 262k-token vocabulary: ~6 MiB) in one more
+    SECOND_READ = 8 << 20  # ... most others (a 262k-token vocabulary: ~6 MiB) in one more
     MAX_HEADER = 64 << 20  # the most a header may take (ten times the largest real one): memory per header
 
     def __init__(self, path: str | os.PathLike):
@@ -115,12 +120,21 @@ class SourceGGUF:
                     break
                 except _Short:
                     if want >= min(self.size, self.MAX_HEADER):
-                        raise GGUFError(f"{self.path}: header larger than {self.MAX_HEADER >> 20} MiB "
-                                        "(the most compatfs reads)") from None
+                        raise GGUFError(
+                            f"{self.path}: header larger than {self.MAX_HEADER >> 20} MiB (the most compatfs reads)"
+                        ) from None
                 except GGUFError as e:
                     raise GGUFError(f"{self.path}: {e}") from None
-                except (struct.error, UnicodeDecodeError, ValueError, KeyError, IndexError, TypeError,
-                        ArithmeticError, RecursionError) as e:
+                except (
+                    struct.error,
+                    UnicodeDecodeError,
+                    ValueError,
+                    KeyError,
+                    IndexError,
+                    TypeError,
+                    ArithmeticError,
+                    RecursionError,
+                ) as e:
                     raise GGUFError(f"{self.path}: malformed GGUF header ({e})") from None
                 del buf
                 want = min(self.size, self.MAX_HEADER, max(want * 4, self.SECOND_READ))
@@ -156,7 +170,7 @@ class SourceGGUF:
         if 12 * n_kv + 24 * n_tensors > self.size:
             raise GGUFError(f"implausible counts: {n_kv} KVs and {n_tensors} tensors in {self.size} bytes")
         off = 24
-        spans = []   # (key, type, start, end, string offsets)
+        spans = []  # (key, type, start, end, string offsets)
         for _ in range(n_kv):
             key, off = _read_str(buf, off, end, self.size)
             if off + 4 > end:
@@ -168,8 +182,10 @@ class SourceGGUF:
             start, starts = off + 4, None
             claimed = _claimed(buf, start, vtype, end)
             if start + claimed > self.size:
-                raise GGUFError(f"KV {key!r} runs past the end of the blob ({claimed} bytes claimed at "
-                                f"offset {start}, the blob has {self.size})")
+                raise GGUFError(
+                    f"KV {key!r} runs past the end of the blob ({claimed} bytes claimed at "
+                    f"offset {start}, the blob has {self.size})"
+                )
             if vtype == VT.ARRAY and end >= start + 12 and _U32.unpack_from(buf, start)[0] == VT.STRING:
                 count = _U64.unpack_from(buf, start + 4)[0]
                 starts, off = string_starts(buf, start + 12, count, end, base=start)
@@ -202,8 +218,12 @@ class SourceGGUF:
         self.alignment = DEFAULT_ALIGNMENT
         if "general.alignment" in self.kvs:
             alignment = self.kvs["general.alignment"].decode()
-            if not isinstance(alignment, int) or isinstance(alignment, bool) or not 0 < alignment <= 1 << 30 \
-                    or alignment & (alignment - 1):
+            if (
+                not isinstance(alignment, int)
+                or isinstance(alignment, bool)
+                or not 0 < alignment <= 1 << 30
+                or alignment & (alignment - 1)
+            ):
                 raise GGUFError(f"general.alignment {alignment!r} is not a power of two")
             self.alignment = alignment
         self.header_size = off
@@ -240,7 +260,7 @@ class SourceGGUF:
             ids = set()
             for name in self.tensors:
                 if name.startswith(prefix):
-                    head = name[len(prefix):].partition(".")[0]
+                    head = name[len(prefix) :].partition(".")[0]
                     if head.isdigit():
                         ids.add(int(head))
             cached = self._blocks[prefix] = frozenset(ids)
@@ -278,17 +298,18 @@ def _read_str(buf: memoryview, off: int, end: int, size: int) -> tuple[str, int]
         raise PastTheEnd("header runs past the end of the file")
     n = _U64.unpack_from(buf, off)[0]
     if off + 8 + n > size:
-        raise GGUFError(f"a name at offset {off} runs past the end of the blob ({n} bytes claimed, "
-                        f"the blob has {size})")
+        raise GGUFError(
+            f"a name at offset {off} runs past the end of the blob ({n} bytes claimed, the blob has {size})"
+        )
     if off + 8 + n > end:
         raise PastTheEnd("string runs past the end of the file")
     try:
-        return bytes(buf[off + 8:off + 8 + n]).decode("utf-8"), off + 8 + n
+        return bytes(buf[off + 8 : off + 8 + n]).decode("utf-8"), off + 8 + n
     except UnicodeDecodeError:
         raise GGUFError(f"the name at offset {off} is not UTF-8") from None
 
 
-_LEAST = {VT.STRING: 8, VT.ARRAY: 12}   # the least bytes an array element of these types takes
+_LEAST = {VT.STRING: 8, VT.ARRAY: 12}  # the least bytes an array element of these types takes
 
 
 def _claimed(buf: memoryview, start: int, vtype: VT, end: int) -> int:
@@ -303,6 +324,6 @@ def _claimed(buf: memoryview, start: int, vtype: VT, end: int) -> int:
         try:
             each = _LEAST.get(VT(etype)) or struct.calcsize(_SCALAR_FORMATS[VT(etype)])
         except (ValueError, KeyError):
-            return 12     # an unknown element type: refused when it is walked
+            return 12  # an unknown element type: refused when it is walked
         return 12 + count * each
     return 0

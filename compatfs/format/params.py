@@ -13,6 +13,7 @@ sizes an allocation is bounded by what the machine and the model allow
 model's trained context, batches, tokens kept, predicted or remembered by
 that context, GPU layers by the model's blocks), with a note saying so.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,12 +57,12 @@ class Option:
     a GGUF file (when it has one: then model.gguf carries it)."""
 
     flag: str
-    kind: str = "float"             # "int", "float", "stop" (strings), "true" (a flag when true)
+    kind: str = "float"  # "int", "float", "stop" (strings), "true" (a flag when true)
     lo: float | None = None
     hi: float | None = None
     sampling: str | None = None
-    const: str | None = None        # for "true": the flag's value
-    bound: str | None = None        # the `Limits` field that bounds it from above
+    const: str | None = None  # for "true": the flag's value
+    bound: str | None = None  # the `Limits` field that bounds it from above
 
     def check(self, v):
         """The value, checked (ValueError saying what is wrong)."""
@@ -98,8 +99,9 @@ OPTIONS: dict[str, Option] = {
     "top_p": Option("--top-p", "float", 0, 1, sampling=Keys.General.SAMPLING_TOP_P),
     "min_p": Option("--min-p", "float", 0, 1, sampling=Keys.General.SAMPLING_MIN_P),
     "typical_p": Option("--typical", "float", 0, 1),
-    "repeat_last_n": Option("--repeat-last-n", "int", -1, sampling=Keys.General.SAMPLING_PENALTY_LAST_N,
-                            bound="context"),
+    "repeat_last_n": Option(
+        "--repeat-last-n", "int", -1, sampling=Keys.General.SAMPLING_PENALTY_LAST_N, bound="context"
+    ),
     "temperature": Option("--temp", "float", 0, sampling=Keys.General.SAMPLING_TEMP),
     "repeat_penalty": Option("--repeat-penalty", "float", 0, sampling=Keys.General.SAMPLING_PENALTY_REPEAT),
     "presence_penalty": Option("--presence-penalty"),
@@ -114,7 +116,6 @@ OPTIONS: dict[str, Option] = {
 }
 
 
-
 @dataclass(frozen=True)
 class Limits:
     """What the machine and the model allow an option that sizes an
@@ -122,9 +123,9 @@ class Limits:
     layer's sampling keys are read once for every model that names it;
     `llama-args` without a model), ceilings stand in for them."""
 
-    cpus: int | None = None         # None: not known (an option it bounds is not used)
-    context: int = 1 << 20          # tokens the model was trained on
-    layers: int = 1 << 16           # its blocks, plus the output layer
+    cpus: int | None = None  # None: not known (an option it bounds is not used)
+    context: int = 1 << 20  # tokens the model was trained on
+    layers: int = 1 << 16  # its blocks, plus the output layer
     context_is: str = "the most tokens compatfs passes where the model's own context is not at hand"
     layers_is: str = "the most layers compatfs passes where the model's own are not at hand"
 
@@ -132,11 +133,13 @@ class Limits:
         """`v` (checked) within its bound, and a note when it was lowered
         (ValueError when its bound is not known).  A batch is bounded by the
         context the params ask for, where that is smaller."""
-        if option.bound is None or v <= 0:      # 0 and below: llama.cpp's own defaults and "unlimited"
+        if option.bound is None or v <= 0:  # 0 and below: llama.cpp's own defaults and "unlimited"
             return v, None
-        limit, what = {"cpus": (self.cpus, "the CPUs this machine gives it"),
-                       "context": (self.context, self.context_is),
-                       "layers": (self.layers, self.layers_is)}[option.bound]
+        limit, what = {
+            "cpus": (self.cpus, "the CPUs this machine gives it"),
+            "context": (self.context, self.context_is),
+            "layers": (self.layers, self.layers_is),
+        }[option.bound]
         if limit is None:
             raise ValueError(f"{v} cannot be checked: {what} is not known")
         if key == "num_batch" and isinstance(params.get("num_ctx"), int) and 0 < params["num_ctx"] < limit:

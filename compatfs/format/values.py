@@ -5,6 +5,7 @@ its payload).  Values read from a blob are slices of the copy of its header
 that `SourceGGUF` keeps, so a KV that no handler touches is carried to the
 translated header as a byte span and never decoded.
 """
+
 from __future__ import annotations
 
 import array as _arr
@@ -31,14 +32,30 @@ class PastTheEnd(GGUFError):
 
 
 _SCALAR = {
-    VT.UINT8: "<B", VT.INT8: "<b", VT.UINT16: "<H", VT.INT16: "<h",
-    VT.UINT32: "<I", VT.INT32: "<i", VT.FLOAT32: "<f", VT.BOOL: "<?",
-    VT.UINT64: "<Q", VT.INT64: "<q", VT.FLOAT64: "<d",
+    VT.UINT8: "<B",
+    VT.INT8: "<b",
+    VT.UINT16: "<H",
+    VT.INT16: "<h",
+    VT.UINT32: "<I",
+    VT.INT32: "<i",
+    VT.FLOAT32: "<f",
+    VT.BOOL: "<?",
+    VT.UINT64: "<Q",
+    VT.INT64: "<q",
+    VT.FLOAT64: "<d",
 }
 _NUMPY = {
-    VT.UINT8: "<u1", VT.INT8: "<i1", VT.UINT16: "<u2", VT.INT16: "<i2",
-    VT.UINT32: "<u4", VT.INT32: "<i4", VT.FLOAT32: "<f4", VT.BOOL: "?",
-    VT.UINT64: "<u8", VT.INT64: "<i8", VT.FLOAT64: "<f8",
+    VT.UINT8: "<u1",
+    VT.INT8: "<i1",
+    VT.UINT16: "<u2",
+    VT.INT16: "<i2",
+    VT.UINT32: "<u4",
+    VT.INT32: "<i4",
+    VT.FLOAT32: "<f4",
+    VT.BOOL: "?",
+    VT.UINT64: "<u8",
+    VT.INT64: "<i8",
+    VT.FLOAT64: "<f8",
 }
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
@@ -51,10 +68,10 @@ def _vtype(raw: int, where: str) -> VT:
         raise GGUFError(f"unknown GGUF value type {raw} at {where}") from None
 
 
-_BULK_MIN = 256            # shorter string arrays: the plain walk beats numpy's per-call overhead
-_CHUNK = 1 << 17           # bytes scanned for guessed starts at a time (small temporaries: faster)
-_PATIENCE = 32             # strings the bulk walk must take per round, on average, to go on
-_HEAD = 64                 # bytes at the start of an array that key the remembered layouts
+_BULK_MIN = 256  # shorter string arrays: the plain walk beats numpy's per-call overhead
+_CHUNK = 1 << 17  # bytes scanned for guessed starts at a time (small temporaries: faster)
+_PATIENCE = 32  # strings the bulk walk must take per round, on average, to go on
+_HEAD = 64  # bytes at the start of an array that key the remembered layouts
 _remembered: LRUCache = LRUCache(maxsize=8 << 20, getsizeof=lambda e: len(e[0]) + 8 * len(e[2]))
 _remembered_lock = threading.Lock()
 
@@ -81,14 +98,14 @@ def string_starts(buf, off: int, count: int, end: int, base: int = 0) -> tuple[_
     if count < _BULK_MIN or not 0 <= base <= off:
         return _walk(buf, off, count, end, base)
     mem = np.frombuffer(buf, np.uint8)
-    hi = min(end, mem.size)        # an array that fits lies in mem[off:hi]
-    key = (count, mem[off:off + _HEAD].tobytes())
+    hi = min(end, mem.size)  # an array that fits lies in mem[off:hi]
+    key = (count, mem[off : off + _HEAD].tobytes())
     with _remembered_lock:
         seen = _remembered.get(key)
     if seen is not None:
         raw, delta, starts = seen
         # (startswith of a slice as long as `raw` is equality, without a copy)
-        if off + len(raw) <= hi and raw.startswith(mem.data[off:off + len(raw)]):
+        if off + len(raw) <= hi and raw.startswith(mem.data[off : off + len(raw)]):
             return _shifted(starts, off - base - delta), off + len(raw)
     starts, pos = _bulk_walk(buf, mem, off, count, end, base)
     with _remembered_lock:
@@ -130,9 +147,9 @@ def _bulk_walk(buf, mem: np.ndarray, off: int, count: int, end: int, base: int) 
             cand, brk = _candidates(mem, pos, top)
         i = int(cand.searchsorted(pos))
         if i < cand.size and cand[i] == pos:
-            j = int(brk[brk.searchsorted(i)])        # the last guess of the chain from i
+            j = int(brk[brk.searchsorted(i)])  # the last guess of the chain from i
             take = min(j + 1 - i, left)
-            parts.append(cand[i:i + take])
+            parts.append(cand[i : i + take])
             left -= take
             pos = int(cand[i + take - 1])
         else:
@@ -159,7 +176,7 @@ def _candidates(mem: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarr
     A guess is the last nonzero byte of a 4-byte word followed by a zero word
     (a short length's high bytes); how guesses are made does not matter for
     exactness, only how many of the true starts they hit."""
-    chunk = np.array(mem[lo:lo + (hi - lo) // 4 * 4])   # an aligned copy: numpy is slow on unaligned data
+    chunk = np.array(mem[lo : lo + (hi - lo) // 4 * 4])  # an aligned copy: numpy is slow on unaligned data
     if chunk.size < 16:
         none = np.zeros(0, np.int64)
         return none, np.array([-1])
@@ -189,7 +206,7 @@ def _walk(buf, off: int, count: int, end: int, base: int) -> tuple[_arr.array, i
     return starts, off
 
 
-MAX_NESTING = 8    # arrays of arrays deeper than this are refused (llama.cpp reads none at all)
+MAX_NESTING = 8  # arrays of arrays deeper than this are refused (llama.cpp reads none at all)
 
 
 def skip_value(buf: memoryview, off: int, vtype: VT, end: int, depth: int = 0) -> int:
@@ -253,9 +270,9 @@ class Value:
         """The Python value: int/float/bool/str, a list of str, or a numpy array."""
         p = self.payload
         etype = self.element_type
-        if etype is None:   # a scalar or a string
+        if etype is None:  # a scalar or a string
             if self.vtype == VT.STRING:
-                return bytes(p[8:8 + _U64.unpack_from(p, 0)[0]]).decode("utf-8", "replace")
+                return bytes(p[8 : 8 + _U64.unpack_from(p, 0)[0]]).decode("utf-8", "replace")
             return struct.unpack_from(_SCALAR[self.vtype], p, 0)[0]
         n = self.count
         if etype == VT.STRING:
@@ -269,7 +286,7 @@ class Value:
         p, off = self.payload, 12
         for _ in range(self.count):
             n = _U64.unpack_from(p, off)[0]
-            yield bytes(p[off + 8:off + 8 + n]).decode("utf-8", "replace")
+            yield bytes(p[off + 8 : off + 8 + n]).decode("utf-8", "replace")
             off += 8 + n
 
     def string_at(self, index: int) -> str | None:
@@ -278,7 +295,7 @@ class Value:
             return None
         off = self._starts()[index]
         n = _U64.unpack_from(self.payload, off)[0]
-        return bytes(self.payload[off + 8:off + 8 + n]).decode("utf-8", "replace")
+        return bytes(self.payload[off + 8 : off + 8 + n]).decode("utf-8", "replace")
 
     def indices_of(self, texts: set[str]) -> dict[str, int]:
         """Index of the first element equal to each of `texts` in a string array."""
@@ -289,7 +306,7 @@ class Value:
             raw = text.encode("utf-8")
             needle = _U64.pack(len(raw)) + raw
             pos = data.find(needle)
-            while pos >= 0:   # a match must start an element, not sit inside one
+            while pos >= 0:  # a match must start an element, not sit inside one
                 i = bisect.bisect_left(starts, pos)
                 if i < len(starts) and starts[i] == pos:
                     found[text] = i
@@ -331,10 +348,11 @@ def _element_starts(payload: bytes | memoryview) -> _arr.array:
 
 # -- constructors for handler tables -------------------------------------------
 
+
 def _scalar(vtype: VT, v: Any) -> Value:
     try:
         return Value(vtype, struct.pack(_SCALAR[vtype], v))
-    except struct.error:   # a value computed from a blob's numbers, out of range
+    except struct.error:  # a value computed from a blob's numbers, out of range
         raise GGUFError(f"{v!r} does not fit a GGUF {vtype.name.lower()}") from None
 
 

@@ -8,6 +8,7 @@ are open), one inode number per (path, blob identity).  A file whose blob
 cannot be served is shown empty and unreadable, so that opening it
 reports the error.  Listings carry every entry's inode number, as stat gives it.
 """
+
 from __future__ import annotations
 
 import errno
@@ -26,12 +27,22 @@ def file_attrs(path: str, stamp: tuple, size: int, st: os.stat_result | None) ->
     """A file's attributes: its blob's owner, mode (minus write bits) and
     times, one inode number per (path, blob identity); `st_stamp` the
     identity (getattr notes that it gave the kernel its size, and drops it)."""
-    attrs = {"st_mode": stat.S_IFREG | (st.st_mode & 0o555 if st else 0), "st_nlink": 1,
-             "st_size": size, "st_blocks": (size + 511) // 512, "st_ino": inodes.file_ino(path, stamp),
-             "st_stamp": tuple(stamp)}
+    attrs = {
+        "st_mode": stat.S_IFREG | (st.st_mode & 0o555 if st else 0),
+        "st_nlink": 1,
+        "st_size": size,
+        "st_blocks": (size + 511) // 512,
+        "st_ino": inodes.file_ino(path, stamp),
+        "st_stamp": tuple(stamp),
+    }
     if st is not None:
-        attrs.update(st_uid=st.st_uid, st_gid=st.st_gid, st_mtime=st.st_mtime_ns,
-                     st_ctime=st.st_ctime_ns, st_atime=st.st_atime_ns)
+        attrs.update(
+            st_uid=st.st_uid,
+            st_gid=st.st_gid,
+            st_mtime=st.st_mtime_ns,
+            st_ctime=st.st_ctime_ns,
+            st_atime=st.st_atime_ns,
+        )
     return attrs
 
 
@@ -65,12 +76,12 @@ class Attributes:
         if isinstance(node, list):
             return self._dir_attrs(path)
         kept = self._paths.kept(path)
-        held = kept[0].view if kept is not None else None   # the view its open files read
+        held = kept[0].view if kept is not None else None  # the view its open files read
         if kept is not None and held is not None and kept[2]:
             return file_attrs(path, held.stamp, held.size, kept[1])
         st: os.stat_result | None = None
         size: int | None = None
-        seen = self.tree.views.seen(node.blob)    # as the last scan found it (no path resolved again)
+        seen = self.tree.views.seen(node.blob)  # as the last scan found it (no path resolved again)
         for _attempt in range(3):
             # Size and identity of one blob (the path may name another by the
             # time its summary is looked up: then as it is now).
@@ -79,7 +90,7 @@ class Attributes:
                 size = self._current.size(node, st)
                 break
             except Unavailable:
-                raise    # EIO for this stat only: an answer not remembered, the next one tries again
+                raise  # EIO for this stat only: an answer not remembered, the next one tries again
             except fuse.FuseOSError:
                 st = size = None
                 break
@@ -92,8 +103,14 @@ class Attributes:
             # EIO on read), rather than an early end of file.
             return file_attrs(path, held.stamp, held.size, kept[1])
         # Shown (empty, unreadable), so that opening it reports the error.
-        return {"st_mode": stat.S_IFREG, "st_nlink": 1, "st_size": 0, "st_ino": inodes.bad_ino(path),
-                "st_uid": os.getuid(), "st_gid": os.getgid()}
+        return {
+            "st_mode": stat.S_IFREG,
+            "st_nlink": 1,
+            "st_size": 0,
+            "st_ino": inodes.bad_ino(path),
+            "st_uid": os.getuid(),
+            "st_gid": os.getgid(),
+        }
 
     def listing(self, path: str) -> list[tuple]:
         node = self.node(path)
@@ -101,8 +118,10 @@ class Attributes:
             raise fuse.FuseOSError(errno.ENOTDIR)
         rel = path.strip("/")
         # d_ino must be set (readers skip entries with inode 0) and match stat's.
-        entries = [(".", {"st_mode": stat.S_IFDIR, "st_ino": inodes.dir_ino(rel)}, 0),
-                   ("..", {"st_mode": stat.S_IFDIR, "st_ino": inodes.dir_ino(rel.rpartition("/")[0])}, 0)]
+        entries = [
+            (".", {"st_mode": stat.S_IFDIR, "st_ino": inodes.dir_ino(rel)}, 0),
+            ("..", {"st_mode": stat.S_IFDIR, "st_ino": inodes.dir_ino(rel.rpartition("/")[0])}, 0),
+        ]
         snap = self.tree.snapshot()
         for name in node:
             child = f"{path.rstrip('/')}/{name}"

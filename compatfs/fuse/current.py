@@ -9,6 +9,7 @@ remembered (`unavailable`): the next open tries again, and such failures are
 logged, at most one line per blob every `TRANSIENT_LOG_SECONDS` (a
 `throttle.Throttle`).
 """
+
 from __future__ import annotations
 
 import errno
@@ -28,7 +29,7 @@ from ..names import LAYER_FILE, MODEL_FILE
 log = logging.getLogger(__name__)
 
 
-TRANSIENT_LOG_SECONDS = 10.0    # a blob's transient faults are logged at most once this often
+TRANSIENT_LOG_SECONDS = 10.0  # a blob's transient faults are logged at most once this often
 
 
 class Changed(Exception):
@@ -51,8 +52,8 @@ class CurrentViews:
     def __init__(self, tree: Tree):
         self.tree = tree
         self._lock = threading.Lock()
-        self._failures: dict[tuple, str] = {}      # what failed (blob, kind, stamp) -> the line logged once
-        self._faults = Throttle(TRANSIENT_LOG_SECONDS)     # blob -> when its last fault was logged
+        self._failures: dict[tuple, str] = {}  # what failed (blob, kind, stamp) -> the line logged once
+        self._faults = Throttle(TRANSIENT_LOG_SECONDS)  # blob -> when its last fault was logged
 
     def blob_stat(self, ref: FileRef) -> os.stat_result:
         """The blob's status (through a symlink); EIO and a log line for anything
@@ -98,7 +99,7 @@ class CurrentViews:
         remembered); Changed when the blob at that path is another by now."""
         key = (str(ref.blob), ref.kind, identity(st))
         if ref.kind == LAYER_FILE or (not self.tree.views.translate and ref.kind == MODEL_FILE):
-            return st.st_size   # served byte for byte, GGUF or not (as `BlobViews.view` does)
+            return st.st_size  # served byte for byte, GGUF or not (as `BlobViews.view` does)
         try:
             summary = self.tree.views.summary(ref.blob, identity(st))
             if summary is None:
@@ -109,10 +110,11 @@ class CurrentViews:
                 size = self.tree.views.sampled_size(ref.blob, ref.params, size)
         except Changed:
             raise
-        except Exception as e:   # a bad blob must never take the mount down
+        except Exception as e:  # a bad blob must never take the mount down
             if transient(e):
-                raise self.unavailable(str(ref.blob), f"cannot size {ref.kind} of {ref.blob} just now: "
-                                                      f"{_reason(e)}") from None
+                raise self.unavailable(
+                    str(ref.blob), f"cannot size {ref.kind} of {ref.blob} just now: {_reason(e)}"
+                ) from None
             error, size = str(e), None
         if error or size is None:
             self._log_once(key, f"cannot present {ref.kind} of {ref.blob}: {error or 'no such view'}")
@@ -130,10 +132,11 @@ class CurrentViews:
             raise fuse.FuseOSError(errno.EIO)
         try:
             return self.tree.views.view(ref.blob, ref.kind, ref.params)
-        except Exception as e:   # a bad blob must never take the mount down
+        except Exception as e:  # a bad blob must never take the mount down
             if transient(e):
-                raise self.unavailable(str(ref.blob), f"cannot present {ref.kind} of {ref.blob} just now: "
-                                                      f"{_reason(e)}") from None
+                raise self.unavailable(
+                    str(ref.blob), f"cannot present {ref.kind} of {ref.blob} just now: {_reason(e)}"
+                ) from None
             self._fail(key, f"cannot present {ref.kind} of {ref.blob}: {e}")
 
 

@@ -4,6 +4,7 @@ kernel's read-ahead once it is up, and unmount cleanly on SIGTERM, SIGINT
 and SIGHUP (lazily when files stay open); `serve` is what `compatfs mount -f`
 runs.
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,7 +38,7 @@ def raise_open_files_limit() -> str:
     out at a few hundred open files.  Returns the line to log."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = hard
-    if hard == resource.RLIM_INFINITY:   # the kernel's ceiling for one process
+    if hard == resource.RLIM_INFINITY:  # the kernel's ceiling for one process
         try:
             want = int(Path("/proc/sys/fs/nr_open").read_text())
         except (OSError, ValueError):
@@ -51,8 +52,19 @@ def raise_open_files_limit() -> str:
     return f"open files: at most {want} (raised from {soft})"
 
 
-def serve(store: Source, mnt: Path, *, translate: bool, options: dict, log_file: str | None, verbose: int,
-          index: str | None, no_index: bool, op_cache_mb: int, read_ahead_kb: int) -> int:
+def serve(
+    store: Source,
+    mnt: Path,
+    *,
+    translate: bool,
+    options: dict,
+    log_file: str | None,
+    verbose: int,
+    index: str | None,
+    no_index: bool,
+    op_cache_mb: int,
+    read_ahead_kb: int,
+) -> int:
     """Serve `store` at `mnt` in the foreground until unmounted or signalled;
     MountError when the index would be in the store, and (logged) when the mount fails."""
     # Large allocations (parsed and rendered headers, whole op tensors) mapped
@@ -65,21 +77,35 @@ def serve(store: Source, mnt: Path, *, translate: bool, options: dict, log_file:
     tune_malloc(mmap_threshold=(1 << 20) + (64 << 10), trim_threshold=4 << 20, arenas=2)
     from ..view.opcache import OpCache
     from ..view.catalog import BlobViews
+
     handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler()
     level = logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING
     logging.basicConfig(level=level, handlers=[handler], format="%(asctime)s compatfs %(levelname)s %(message)s")
-    logging.getLogger("compatfs").setLevel(min(level, logging.INFO))   # every module logs under it
+    logging.getLogger("compatfs").setLevel(min(level, logging.INFO))  # every module logs under it
     from ..view.index import Index, default_path
+
     index_path = None if no_index else Path(index).absolute() if index else default_path()
     if index_path is not None and index_path.resolve().is_relative_to(store.root.resolve()):
         raise MountError(f"the index {index_path} would be inside the store {store.root}: compatfs never writes there")
-    views = BlobViews(translate=translate, op_cache=OpCache(op_cache_mb << 20),
-                      index=Index(index_path, translate), workers=os.cpu_count() or 1)
+    views = BlobViews(
+        translate=translate,
+        op_cache=OpCache(op_cache_mb << 20),
+        index=Index(index_path, translate),
+        workers=os.cpu_count() or 1,
+    )
     log.info("%s", raise_open_files_limit())
-    log.info("serving %s at %s (translation %s, libfuse %s, %s reads, pid %d)", store.root, mnt,
-             "on" if translate else "off", libfuse.libfuse_version(), libfuse.READ_REPLIES, os.getpid())
+    log.info(
+        "serving %s at %s (translation %s, libfuse %s, %s reads, pid %d)",
+        store.root,
+        mnt,
+        "on" if translate else "off",
+        libfuse.libfuse_version(),
+        libfuse.READ_REPLIES,
+        os.getpid(),
+    )
     from .sdnotify import notify_when_mounted
-    notify_when_mounted(mnt)            # READY=1 for a systemd Type=notify unit
+
+    notify_when_mounted(mnt)  # READY=1 for a systemd Type=notify unit
     tree = Tree(store, views)
     try:
         mount(tree, str(mnt), options=options, read_ahead_kb=read_ahead_kb)
@@ -87,7 +113,7 @@ def serve(store: Source, mnt: Path, *, translate: bool, options: dict, log_file:
         log.error("%s", e)
         raise
     finally:
-        tree.unpublish()        # the mount's models.ini goes with it
+        tree.unpublish()  # the mount's models.ini goes with it
         views.close()
     log.info("unmounted %s", mnt)
     return 0
@@ -99,13 +125,21 @@ def serve(store: Source, mnt: Path, *, translate: bool, options: dict, log_file:
 ATTR_TIMEOUT = 3600
 
 # Options this layer sets itself (or that mfusepy takes as its own arguments).
-RESERVED_OPTIONS = frozenset({"foreground", "nothreads", "raw_fi", "encoding", "errors", "operations",
-                              "mountpoint", "use_ino", "rw"})
+RESERVED_OPTIONS = frozenset(
+    {"foreground", "nothreads", "raw_fi", "encoding", "errors", "operations", "mountpoint", "use_ino", "rw"}
+)
 
 # fuse_main_real's exit codes.
-_LIBFUSE_ERRORS = {1: "invalid mount options", 2: "no mountpoint", 3: "libfuse set-up failed",
-                   4: "mounting failed", 5: "cannot daemonize", 6: "cannot set signal handlers",
-                   7: "the filesystem loop failed", 8: "the filesystem loop ended with an error"}
+_LIBFUSE_ERRORS = {
+    1: "invalid mount options",
+    2: "no mountpoint",
+    3: "libfuse set-up failed",
+    4: "mounting failed",
+    5: "cannot daemonize",
+    6: "cannot set signal handlers",
+    7: "the filesystem loop failed",
+    8: "the filesystem loop ended with an error",
+}
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 
 
@@ -145,7 +179,7 @@ def _exit_loop(fs: CompatFS, mountpoint: str) -> None:
     if ptr:
         libfuse.exit_loop(ptr)
         main = threading.main_thread().ident
-        assert main is not None      # the main thread has started
+        assert main is not None  # the main thread has started
         signal.pthread_kill(main, signal.SIGTERM)
     else:
         lazy_unmount(mountpoint)
@@ -211,8 +245,15 @@ def mount(tree: Tree, mountpoint: str, options: dict | None = None, read_ahead_k
     signalled (blocks; call from the main thread); MountError when libfuse fails."""
     options = dict(options or {})
     check_options(options)
-    opts = {"ro": True, "fsname": "compatfs", "subtype": "compatfs", "use_ino": True,
-            "attr_timeout": ATTR_TIMEOUT, "entry_timeout": ATTR_TIMEOUT, "default_permissions": True}
+    opts = {
+        "ro": True,
+        "fsname": "compatfs",
+        "subtype": "compatfs",
+        "use_ino": True,
+        "attr_timeout": ATTR_TIMEOUT,
+        "entry_timeout": ATTR_TIMEOUT,
+        "default_permissions": True,
+    }
     if os.getuid() == 0:
         opts["allow_other"] = True
     if libfuse_tuple() >= (3, 12) and "max_threads" not in options:
@@ -226,8 +267,14 @@ def mount(tree: Tree, mountpoint: str, options: dict | None = None, read_ahead_k
         opts["max_idle_threads"] = opts["max_threads"]
     opts.update(options)
     on_start = (lambda: log.info(set_read_ahead(mountpoint, read_ahead_kb))) if read_ahead_kb else None
-    fs = CompatFS(tree, mountpoint, read_ahead_kb, on_start, keep_thread_states=libfuse.workers_stay(opts),
-                  background=libfuse.background(opts))
+    fs = CompatFS(
+        tree,
+        mountpoint,
+        read_ahead_kb,
+        on_start,
+        keep_thread_states=libfuse.workers_stay(opts),
+        background=libfuse.background(opts),
+    )
     done = threading.Event()
     wake, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -235,8 +282,9 @@ def mount(tree: Tree, mountpoint: str, options: dict | None = None, read_ahead_k
     # the wakeup fd carries the signal to the thread that unmounts.
     old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     old_handlers = {s: signal.signal(s, lambda *_: None) for s in _STOP_SIGNALS}
-    watcher = threading.Thread(target=_stop_on_signal, args=(fs, mountpoint, wake, done),
-                               name="compatfs-signals", daemon=True)
+    watcher = threading.Thread(
+        target=_stop_on_signal, args=(fs, mountpoint, wake, done), name="compatfs-signals", daemon=True
+    )
     watcher.start()
     saved, fuse.signal = fuse.signal, _keep_handler
     try:

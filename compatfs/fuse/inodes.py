@@ -5,6 +5,7 @@ and the identity of the blob it serves (another blob, or the same blob
 rewritten, is another inode); a file that cannot be served has one of its
 own per path.
 """
+
 from __future__ import annotations
 
 import hashlib

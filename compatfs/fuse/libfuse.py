@@ -5,6 +5,7 @@ state its worker threads keep between callbacks.
 
 libfuse 3 is chosen explicitly: mfusepy would take libfuse 2 first.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -24,15 +25,25 @@ from ..files.libc import LIBC  # noqa: E402
 
 class _FuseBuf(ctypes.Structure):
     # libfuse 3's struct fuse_buf.
-    _fields_ = [("size", ctypes.c_size_t), ("flags", ctypes.c_int), ("mem", ctypes.c_void_p),
-                ("fd", ctypes.c_int), ("pos", ctypes.c_int64)]
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("flags", ctypes.c_int),
+        ("mem", ctypes.c_void_p),
+        ("fd", ctypes.c_int),
+        ("pos", ctypes.c_int64),
+    ]
 
 
 class _FuseBufvec(ctypes.Structure):
     # libfuse 3's struct fuse_bufvec holding one buffer (libfuse declares
     # `buf[1]` inline; mfusepy's declaration has a pointer there).
-    _fields_ = [("count", ctypes.c_size_t), ("idx", ctypes.c_size_t), ("off", ctypes.c_size_t),
-                ("buf", _FuseBuf * 1), ("_slack", ctypes.c_size_t * 2)]
+    _fields_ = [
+        ("count", ctypes.c_size_t),
+        ("idx", ctypes.c_size_t),
+        ("off", ctypes.c_size_t),
+        ("buf", _FuseBuf * 1),
+        ("_slack", ctypes.c_size_t * 2),
+    ]
 
 
 def libfuse_version() -> str:
@@ -101,7 +112,7 @@ def background(options: dict) -> tuple[int, int]:
         workers = int(options.get("max_threads", 10))
     except (TypeError, ValueError):
         workers = 10
-    most = max(_KERNEL_BACKGROUND, workers)     # libfuse caps it at 65535
+    most = max(_KERNEL_BACKGROUND, workers)  # libfuse caps it at 65535
     return most, most * 3 // 4
 
 

@@ -10,6 +10,7 @@ the view's stamp, the blob followed (`BlobFile(follow=True)`): a change of
 its metadata (mode, owner, ACL, links) leaves open files reading, a write of
 its bytes does not.
 """
+
 from __future__ import annotations
 
 import errno
@@ -64,7 +65,7 @@ class OpenFiles:
         file: BlobFile | None = None
         try:
             view, blob, file = self._choose(path, node)
-            if node.readable_as is not None:   # a file the mount makes: readable as that folder is, not as itself
+            if node.readable_as is not None:  # a file the mount makes: readable as that folder is, not as itself
                 status(node.readable_as, caller, READ)
                 caller = Caller(0, 0, caller.pid)
             if file is not None:
@@ -124,9 +125,13 @@ class OpenFiles:
         if opened is None:
             raise fuse.FuseOSError(errno.EBADF)
         if not opened.failed:
-            if opened.file.intact():      # its stamp is the view's (`open_view` serves no other)
+            if opened.file.intact():  # its stamp is the view's (`open_view` serves no other)
                 return opened
             opened.failed = True
-            log.error("blob %s changed under an open file (its bytes written, or its size or modification time "
-                      "changed): reads of %s fail until it is opened again", opened.blob, opened.path)
+            log.error(
+                "blob %s changed under an open file (its bytes written, or its size or modification time "
+                "changed): reads of %s fail until it is opened again",
+                opened.blob,
+                opened.path,
+            )
         raise fuse.FuseOSError(errno.EIO)

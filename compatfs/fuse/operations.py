@@ -32,6 +32,7 @@ signals, read-ahead, unmount) in `daemon`.  What the mount guarantees:
   attributes and pages of changed folders are invalidated at once.
 - SIGTERM, SIGINT and SIGHUP unmount cleanly (`daemon`).
 """
+
 from __future__ import annotations
 
 import errno
@@ -73,23 +74,30 @@ class CompatFS(fuse.Operations):
     """Read-only operations over a `Tree`."""
 
     use_ns = True
-    _OPEN_ATTEMPTS = 8          # an open racing re-pulls tries the path's newest blob this often
-    _INVALIDATE_WAIT = 10.0     # seconds an open waits at most for the rescan thread to invalidate its path
+    _OPEN_ATTEMPTS = 8  # an open racing re-pulls tries the path's newest blob this often
+    _INVALIDATE_WAIT = 10.0  # seconds an open waits at most for the rescan thread to invalidate its path
 
-    def __init__(self, tree: Tree, mountpoint: str, read_ahead_kb: int = 0, on_start=None,
-                 keep_thread_states: bool = False, background: tuple[int, int] | None = None):
+    def __init__(
+        self,
+        tree: Tree,
+        mountpoint: str,
+        read_ahead_kb: int = 0,
+        on_start=None,
+        keep_thread_states: bool = False,
+        background: tuple[int, int] | None = None,
+    ):
         self.tree = tree
-        self._background = background    # the INIT reply's max_background and congestion_threshold (`libfuse.background`)
-        self._keep_states = keep_thread_states   # libfuse's workers run until unmount (`libfuse.workers_stay`)
-        keep_out(mountpoint)     # nothing is ever looked up through it (a request to this very daemon)
+        self._background = background  # the INIT reply's max_background and congestion_threshold (`libfuse.background`)
+        self._keep_states = keep_thread_states  # libfuse's workers run until unmount (`libfuse.workers_stay`)
+        keep_out(mountpoint)  # nothing is ever looked up through it (a request to this very daemon)
         preset = RootPreset.at(Path(os.path.abspath(mountpoint)))
         if preset is not None:
-            tree.publish(preset)   # its root shows models.ini, paths under the mountpoint
+            tree.publish(preset)  # its root shows models.ini, paths under the mountpoint
         self._read_ahead_kb = read_ahead_kb
         self.root = tree.source.root
-        self._paths = Paths()                        # everything kept per path
-        self._current = CurrentViews(tree)           # the store's current views, failures logged once
-        self._opening = [threading.Lock() for _ in range(64)]   # opens of one path, one at a time
+        self._paths = Paths()  # everything kept per path
+        self._current = CurrentViews(tree)  # the store's current views, failures logged once
+        self._opening = [threading.Lock() for _ in range(64)]  # opens of one path, one at a time
         self._files = OpenFiles(tree, self._current, self._paths)
         self._attrs = Attributes(tree, self._current, self._paths)
         self._rescan = Rescan(tree, self._paths, on_start)
@@ -152,8 +160,20 @@ class CompatFS(fuse.Operations):
             sv = os.statvfs(self.root)
         except OSError:
             return {"f_bsize": 4096, "f_frsize": 4096, "f_namemax": 255}
-        return {k: getattr(sv, k) for k in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail",
-                                            "f_files", "f_ffree", "f_favail", "f_namemax")}
+        return {
+            k: getattr(sv, k)
+            for k in (
+                "f_bsize",
+                "f_frsize",
+                "f_blocks",
+                "f_bfree",
+                "f_bavail",
+                "f_files",
+                "f_ffree",
+                "f_favail",
+                "f_namemax",
+            )
+        }
 
     # -- files ---------------------------------------------------------------
     def open(self, path, fi):
@@ -170,7 +190,7 @@ class CompatFS(fuse.Operations):
         knowing every file opened on it before."""
         caller = libfuse.caller()
         for _attempt in range(self._OPEN_ATTEMPTS):
-            before = _blob_state(node)      # what this attempt finds (a failure is judged against it)
+            before = _blob_state(node)  # what this attempt finds (a failure is judged against it)
             try:
                 opened = self._files.open_view(path, node, caller)
             except fuse.FuseOSError as e:
@@ -180,7 +200,7 @@ class CompatFS(fuse.Operations):
             else:
                 failed = None
             if opened is not None or isinstance(failed, Unavailable):
-                break   # served, or a transient fault (logged, not remembered: no scan for it)
+                break  # served, or a transient fault (logged, not remembered: no scan for it)
             # The blob changed as it was opened, or the store moved on since
             # the last scan (a model pulled again, its old blob removed):
             # the path's current blob, from a scan made now.  A blob that
@@ -193,8 +213,12 @@ class CompatFS(fuse.Operations):
             folder = path.strip("/").rpartition("/")[0]
             snap = self.tree.snapshot()
             marked = snap.marks.get(folder)
-            if failed is not None and _blob_state(node) == before and self._attrs.node(path) == node \
-                    and self.tree.mark_now(snap, folder) == marked:
+            if (
+                failed is not None
+                and _blob_state(node) == before
+                and self._attrs.node(path) == node
+                and self.tree.mark_now(snap, folder) == marked
+            ):
                 break
             moving = self.tree.snapshot(fresh=True).marks.get(folder) != marked
             now = self._attrs.node(path)

@@ -18,6 +18,7 @@ take its own lock (no caller ever holds it).
   remembered while files are open on it (their answers follow the open
   view).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -42,10 +43,11 @@ _UNKNOWN = object()
 @dataclass
 class OpenFile:
     """One open file of the mount: what it owns, closed together by `close`."""
+
     path: str
     view: View
-    file: BlobFile           # the blob, opened once: every byte of this file is read through it
-    failed: bool = False     # its blob changed: every read is EIO (logged once)
+    file: BlobFile  # the blob, opened once: every byte of this file is read through it
+    failed: bool = False  # its blob changed: every read is EIO (logged once)
 
     @property
     def blob(self) -> str:
@@ -60,11 +62,12 @@ class KeptView:
     """The view a path served last and the open files reading it; the view
     itself is held only while files are open (the kernel's page-cache
     decision needs just its blob and stamp)."""
+
     view: View | None
     blob: str
     stamp: tuple
     fhs: set[int] = field(default_factory=set)
-    params: Layers | None = None   # the Modelfile layers a model folder's model.gguf was built with
+    params: Layers | None = None  # the Modelfile layers a model folder's model.gguf was built with
 
 
 def fstat(fd: int) -> os.stat_result | None:
@@ -77,16 +80,16 @@ def fstat(fd: int) -> os.stat_result | None:
 class Paths:
     """The open files and everything the mount keeps per path."""
 
-    MISSES_KEPT = 1 << 14    # remembered answers "no such path" (a caller may ask for any number)
+    MISSES_KEPT = 1 << 14  # remembered answers "no such path" (a caller may ask for any number)
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._open: dict[int, OpenFile] = {}
         self._fh = itertools.count(1)
-        self._kept: dict[str, KeptView] = {}        # path -> the view it served last (page-cache validity)
-        self._sizes_given: dict[str, set] = {}      # path -> blob identities getattr gave sizes of (None: a bad file's 0)
-        self._attrs: dict[str, dict | None] = {}    # getattr's answers (None: no such path)
-        self._listings: dict[str, list] = {}        # readdir's answers
+        self._kept: dict[str, KeptView] = {}  # path -> the view it served last (page-cache validity)
+        self._sizes_given: dict[str, set] = {}  # path -> blob identities getattr gave sizes of (None: a bad file's 0)
+        self._attrs: dict[str, dict | None] = {}  # getattr's answers (None: no such path)
+        self._listings: dict[str, list] = {}  # readdir's answers
         self._generation = 0
         self._misses = 0
 
@@ -122,7 +125,7 @@ class Paths:
             st = fstat(file.fd)
             if st is None:
                 return None
-            intact = file.intact(st)       # its stamp is the kept view's (an open serves no other)
+            intact = file.intact(st)  # its stamp is the kept view's (an open serves no other)
             own = file.duplicate() if duplicate and intact else None
         return kept, st, intact, own
 
@@ -139,12 +142,12 @@ class Paths:
             # make the same bytes): the kernel may keep its pages of this path
             # unless the path now shows another view than it did last time.
             params = kept.params if kept is not None and kept.view is view else node.params
-            keep_cache = kept is not None and kept.blob == blob and kept.stamp == view.stamp \
-                and kept.params == params
+            keep_cache = kept is not None and kept.blob == blob and kept.stamp == view.stamp and kept.params == params
             if kept is None or not keep_cache:
                 if kept is not None and kept.fhs:
-                    log.info("%s now serves blob %s; %d open file(s) still read the view before", path, blob,
-                             len(kept.fhs))
+                    log.info(
+                        "%s now serves blob %s; %d open file(s) still read the view before", path, blob, len(kept.fhs)
+                    )
                 kept = self._kept[path] = KeptView(view, blob, view.stamp, params=params)
             kept.view = view
             kept.fhs.add(fh)

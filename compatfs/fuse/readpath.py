@@ -11,6 +11,7 @@ EIO, never a short reply or bytes of another file.  A failed read is logged
 at most once per blob every `READ_LOG_SECONDS`, the next line counting the
 failures left out.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -27,8 +28,8 @@ from .throttle import Throttle, left_out
 
 log = logging.getLogger(__name__)
 
-READ_LOG_SECONDS = 10.0                  # a blob's failed reads are logged at most once this often
-_failures = Throttle(READ_LOG_SECONDS)   # of the process: one mount serves from it
+READ_LOG_SECONDS = 10.0  # a blob's failed reads are logged at most once this often
+_failures = Throttle(READ_LOG_SECONDS)  # of the process: one mount serves from it
 
 
 def _fill(opened: OpenFile, offset: int, out: memoryview) -> None:
@@ -37,7 +38,7 @@ def _fill(opened: OpenFile, offset: int, out: memoryview) -> None:
     blob cannot give them or an op fails on its data (throttled per blob)."""
     try:
         assemble.fill(opened.view.segments, opened.file, offset, out)
-    except Exception as e:   # a blob cut short, an op that fails on bad tensor data
+    except Exception as e:  # a blob cut short, an op that fails on bad tensor data
         quiet = _failures.due(opened.blob)
         if quiet is not None:
             log.error("read of %s at %d failed: %s%s", opened.blob, offset, e, left_out(quiet))
@@ -51,13 +52,13 @@ def reply(opened: OpenFile, bufpp, size: int, offset: int, recheck: Callable[[],
     # One memory buffer, which libfuse frees, filled here (a blob cut
     # short under a read is EIO, never a short reply, which the kernel
     # would take for the end of the file).
-    mem = malloc_aligned(max(n, 1), PAGE)     # a blob's whole blocks are read straight into it (O_DIRECT)
+    mem = malloc_aligned(max(n, 1), PAGE)  # a blob's whole blocks are read straight into it (O_DIRECT)
     if not mem:
         raise fuse.FuseOSError(errno.ENOMEM)
     try:
         if n:
             _fill(opened, offset, memoryview((ctypes.c_char * n).from_address(mem)).cast("B"))
-        recheck()   # the blob is still the one the view was built from
+        recheck()  # the blob is still the one the view was built from
         libfuse.reply_buffer(bufpp, mem, n)
     except BaseException:
         LIBC.free(mem)

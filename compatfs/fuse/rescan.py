@@ -19,6 +19,7 @@ costs at most `IDLE_SHARE` of a second of CPU, else as seldom as keeps the
 rescans to that share (a store of thousands of models, or one whose changes
 inotify does not see, is still rescanned, less often).
 """
+
 from __future__ import annotations
 
 import logging
@@ -40,32 +41,32 @@ class Rescan:
     """Follows the store for a mounted `tree` from its own thread."""
 
     RESCAN_SECONDS = 1.0
-    IDLE_SHARE = 0.005      # of one core: what the timer's rescans may cost at most
-    FOLLOW_UP = 0.1         # seconds to the next look after a scan during which a change was reported
+    IDLE_SHARE = 0.005  # of one core: what the timer's rescans may cost at most
+    FOLLOW_UP = 0.1  # seconds to the next look after a scan during which a change was reported
 
     def __init__(self, tree: Tree, paths: Paths, on_start: Callable[[], None] | None = None):
         self.tree = tree
         self.root = tree.source.root
         self._paths = paths
-        self._on_start = on_start                 # run by the thread as it starts (the mount is up)
-        self._lock = threading.Lock()              # guards what other threads queue (below)
-        self._stale_paths: set[str] = set()      # to invalidate after a rescan: they kept a view for open files
-        self._now: set[str] = set()               # to invalidate as soon as the thread wakes
-        self._sent: list[threading.Event] = []    # set once what was queued before them is sent
+        self._on_start = on_start  # run by the thread as it starts (the mount is up)
+        self._lock = threading.Lock()  # guards what other threads queue (below)
+        self._stale_paths: set[str] = set()  # to invalidate after a rescan: they kept a view for open files
+        self._now: set[str] = set()  # to invalidate as soon as the thread wakes
+        self._sent: list[threading.Event] = []  # set once what was queued before them is sent
         self._fuse_ptr: int | None = None
         self._stop = threading.Event()
-        self._kick = threading.Event()             # wake up: something is queued, or rescan now
+        self._kick = threading.Event()  # wake up: something is queued, or rescan now
         self._watcher: threading.Thread | None = None
-        tree.views.on_belied = self._wrong_index_entry   # BlobViews takes its callback as an attribute
+        tree.views.on_belied = self._wrong_index_entry  # BlobViews takes its callback as an attribute
         # What the first rescan compares against, taken before the mount
         # answers anything (marks are taken from the store as it is when they
         # are made): a change made between the mount's first answers and the
         # thread's start is then a change, and the kernel forgets those answers.
         self._inotify = Watch.open()
-        self._restale = False      # an index entry was wrong: models.ini's sections are made again
+        self._restale = False  # an index entry was wrong: models.ini's sections are made again
         self._first = tree.snapshot()
         self._follow(self._first)
-        self.rescans = 0      # scans the thread made
+        self.rescans = 0  # scans the thread made
 
     @property
     def session(self) -> int | None:
@@ -85,7 +86,7 @@ class Rescan:
         self._fuse_ptr = None
         with self._lock:
             waiting, self._sent = self._sent, []
-        for sent in waiting:        # nothing is sent any more: nobody waits for it
+        for sent in waiting:  # nothing is sent any more: nobody waits for it
             sent.set()
         if self._inotify is not None and (self._watcher is None or not self._watcher.is_alive()):
             self._inotify.close()
@@ -142,11 +143,11 @@ class Rescan:
         """Rescan the store when it may have changed; tell the kernel what changed."""
         if self._on_start is not None:
             self._on_start()
-        self.tree.follow()     # from now on only this thread rescans; lookups never wait for it
+        self.tree.follow()  # from now on only this thread rescans; lookups never wait for it
         old_snap = self._first
         before = old_snap.marks
-        del self._first         # the loop keeps it from here on, as the last rescan's
-        period, last, again = self.RESCAN_SECONDS, 0.0, True     # the first look always rescans
+        del self._first  # the loop keeps it from here on, as the last rescan's
+        period, last, again = self.RESCAN_SECONDS, 0.0, True  # the first look always rescans
         wait = self.RESCAN_SECONDS
         while not self._stop.is_set():
             self._kick.wait(wait)
@@ -163,9 +164,19 @@ class Rescan:
                     continue
                 if restale:
                     self.tree.stale_root_files()
-                why = ("a first look" if not self.rescans else "a second look" if again else "a change seen"
-                       if seen else "open files released" if stale else "a wrong index entry" if restale
-                       else "the timer")
+                why = (
+                    "a first look"
+                    if not self.rescans
+                    else "a second look"
+                    if again
+                    else "a change seen"
+                    if seen
+                    else "open files released"
+                    if stale
+                    else "a wrong index entry"
+                    if restale
+                    else "the timer"
+                )
                 cpu = time.thread_time()
                 snap = self.tree.rescan()
                 self.rescans += 1
@@ -173,8 +184,11 @@ class Rescan:
                 # A change reported while this scan ran may be one it missed:
                 # looked at again soon (once, so that a store being written to
                 # all along is still scanned at most about once a second).
-                wait = self.FOLLOW_UP if wait == self.RESCAN_SECONDS and self._inotify is not None \
-                    and self._inotify.changed() else self.RESCAN_SECONDS
+                wait = (
+                    self.FOLLOW_UP
+                    if wait == self.RESCAN_SECONDS and self._inotify is not None and self._inotify.changed()
+                    else self.RESCAN_SECONDS
+                )
                 again = again or wait == self.FOLLOW_UP
                 last, cpu = time.monotonic(), time.thread_time() - cpu
                 period = max(self.RESCAN_SECONDS, cpu / self.IDLE_SHARE)
@@ -191,7 +205,7 @@ class Rescan:
                 old_snap = snap
                 self._invalidate_paths(stale)
                 self._paths.prune(changed | {p.strip("/").rpartition("/")[0] for p in stale}, now)
-            except Exception:   # the mount outlives a failed rescan
+            except Exception:  # the mount outlives a failed rescan
                 log.exception("rescan of %s failed", self.root)
 
     @staticmethod
@@ -224,7 +238,7 @@ class Rescan:
         folders = {name for name, files in snap.files.items() if any(ref.blob == blob for ref in files.values())}
         self._paths.forget()
         with self._lock:
-            self._restale = True   # models.ini is made again from what the index says now
+            self._restale = True  # models.ini is made again from what the index says now
         self.invalidate(self._paths_of(folders, snap))
 
     def _invalidate_paths(self, paths: set[str]) -> None:

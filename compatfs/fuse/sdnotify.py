@@ -3,6 +3,7 @@ mount table shows the mount, READY=1 goes to $NOTIFY_SOCKET (the sd_notify
 protocol: one datagram on a unix socket; a name starting with @ is abstract).
 The mountpoint itself is never looked at: a request there would be one to
 this very daemon."""
+
 from __future__ import annotations
 
 import logging
@@ -38,14 +39,15 @@ def notify(message: str) -> bool:
 MOUNT_TYPE = "fuse.compatfs"
 
 
-def notify_when_mounted(mountpoint: Path, timeout: float = 120.0,
-                        table: Callable[[], list[Mount]] = mounts) -> threading.Thread | None:
+def notify_when_mounted(
+    mountpoint: Path, timeout: float = 120.0, table: Callable[[], list[Mount]] = mounts
+) -> threading.Thread | None:
     """Watch, in a daemon thread, for a compatfs mount at `mountpoint` that
     `table` (the mount table) did not hold when this was called, then send
     READY=1.  Nothing when not run by systemd."""
     if not os.environ.get("NOTIFY_SOCKET"):
         return None
-    point = Path(os.path.abspath(mountpoint))   # as the mount table writes it (no lookup)
+    point = Path(os.path.abspath(mountpoint))  # as the mount table writes it (no lookup)
 
     def ours() -> int:
         return sum(1 for m in table() if m.point == point and m.fstype == MOUNT_TYPE)

@@ -1,5 +1,6 @@
 """At most one log line per key every so often (`Throttle`): a blob whose
 every read or open fails logs a line now and then, counting those left out."""
+
 from __future__ import annotations
 
 import threading
@@ -10,12 +11,12 @@ class Throttle:
     """At most one log line per key every `seconds`: `due(key)` says whether
     one is due now, and how many were left out since the last."""
 
-    _KEPT = 1024    # keys remembered; past that all are forgotten (a line is due for each again)
+    _KEPT = 1024  # keys remembered; past that all are forgotten (a line is due for each again)
 
     def __init__(self, seconds: float):
         self.seconds = seconds
         self._lock = threading.Lock()
-        self._last: dict[object, tuple[float, int]] = {}   # key -> when its last line was, how many left out since
+        self._last: dict[object, tuple[float, int]] = {}  # key -> when its last line was, how many left out since
 
     def due(self, key: object) -> int | None:
         """None when a line for `key` came less than `seconds` ago (this one

@@ -15,6 +15,7 @@ while the adapter and the model keep their identity.  In models.ini, which
 many may read, an adapter is named only where all of them may read it, and
 why one is left out is not said (it would tell what the adapter holds).
 """
+
 from __future__ import annotations
 
 import threading
@@ -29,8 +30,8 @@ from ..format.header import SourceGGUF
 from ..sources.base import adapter_order
 
 _lock = threading.Lock()
-_checked: dict[tuple[str, str], tuple[tuple, str | None]] = {}   # (adapter, model) -> (identities, refusal)
-_KEEP = 256     # checks remembered (a store's adapters)
+_checked: dict[tuple[str, str], tuple[tuple, str | None]] = {}  # (adapter, model) -> (identities, refusal)
+_KEEP = 256  # checks remembered (a store's adapters)
 
 
 def adapter_names(files) -> list[str]:
@@ -42,8 +43,10 @@ def adapter_names(files) -> list[str]:
 def lora_value(paths: list[Path]) -> str:
     """`--lora`'s value for `paths`: comma-separated, a path holding a comma
     or a quote written in quotes (llama.cpp's `parse_csv_row`)."""
+
     def field(p: str) -> str:
         return '"' + p.replace('"', '""') + '"' if "," in p or '"' in p else p
+
     return ",".join(field(str(p)) for p in paths)
 
 
@@ -53,7 +56,7 @@ def shared(adapter: Path, readers_of: Path) -> bool:
     reads none of the adapter's bytes)."""
     try:
         return is_shared(adapter, readers_of)
-    except GGUFError:      # no regular file: `refusal` refuses it, saying why
+    except GGUFError:  # no regular file: `refusal` refuses it, saying why
         return True
 
 
@@ -118,8 +121,11 @@ def _why(adapter: Path, model: Path, arch: str | None, translated: bool) -> str 
         weight = m.tensors.get(base)
         if weight is None:
             return f"the model has no tensor {base}"
-        a_in, b_out = (ab["lora_b"][1], ab["lora_a"][1]) if base.endswith("token_embd.weight") else \
-            (ab["lora_a"][0], ab["lora_b"][1])
+        a_in, b_out = (
+            (ab["lora_b"][1], ab["lora_a"][1])
+            if base.endswith("token_embd.weight")
+            else (ab["lora_a"][0], ab["lora_b"][1])
+        )
         if len(weight.shape) < 2 or (weight.shape[0], weight.shape[1]) != (a_in, b_out):
             return f"its {base} does not fit the model's {list(weight.shape)}"
     return None

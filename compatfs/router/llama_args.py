@@ -6,6 +6,7 @@ Each Ollama option maps to at most one llama-server flag (the table is
 `format.params.OPTIONS`, passed by `params.translate_params`); an option without an equivalent is reported, never
 dropped in silence.
 """
+
 from __future__ import annotations
 
 import threading
@@ -20,8 +21,9 @@ from .params import Args, model_limits, translate_params
 from ..names import MMPROJ_FILE, MODEL_FILE
 
 
-def server_args(files: dict, model_dir: Path, embedding: bool = False, arch: str | None = None,
-                translated: bool = False) -> Args:
+def server_args(
+    files: dict, model_dir: Path, embedding: bool = False, arch: str | None = None, translated: bool = False
+) -> Args:
     """`-m`, `--mmproj` (files of `model_dir`, the model's directory where
     llama-server sees the mount), `--embeddings` for an `embedding` model (as
     its models.ini section has it: llama-server answers /v1/embeddings only
@@ -58,8 +60,11 @@ def lora_files(files: dict, model, arch: str | None, translated: bool) -> tuple[
     (`model`, its FileRef), in their order, and one line for each left out."""
     names, notes = [], []
     for name in adapter_names(files):
-        why = "the model has no model.gguf" if model is None else \
-            adapter_refusal(files[name].blob, model.blob, arch, translated)
+        why = (
+            "the model has no model.gguf"
+            if model is None
+            else adapter_refusal(files[name].blob, model.blob, arch, translated)
+        )
         if why is None:
             names.append(name)
         else:
@@ -67,7 +72,7 @@ def lora_files(files: dict, model, arch: str | None, translated: bool) -> tuple[
     return names, notes
 
 
-ANSWER_WITHIN = 2.0     # seconds a compatfs mount has to say whether it shows a model
+ANSWER_WITHIN = 2.0  # seconds a compatfs mount has to say whether it shows a model
 
 
 def _showing(paths: list[Path]) -> tuple[list[Path], list[Path]]:
@@ -104,7 +109,10 @@ def find_model_dir(name: str, mount: str | None) -> Path:
     if len(candidates) == 1:
         return candidates[0]
     if not candidates:
-        why = "".join(f"; {m} did not answer within {ANSWER_WITHIN:g} s" for m in points
-                      if m / name / MODEL_FILE in silent)
+        why = "".join(
+            f"; {m} did not answer within {ANSWER_WITHIN:g} s" for m in points if m / name / MODEL_FILE in silent
+        )
         raise ValueError(f"no compatfs mount shows {name}{why}: mount the store, or name the mountpoint with --mount")
-    raise ValueError(f"several compatfs mounts show {name} ({', '.join(map(str, candidates))}): choose one with --mount")
+    raise ValueError(
+        f"several compatfs mounts show {name} ({', '.join(map(str, candidates))}): choose one with --mount"
+    )

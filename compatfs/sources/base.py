@@ -14,6 +14,7 @@ file a folder shows, and the status of every owner; where to look for one,
 from the folders a scan listed and those holding the files it names.  Nothing outside a
 source's own module knows its layout.
 """
+
 from __future__ import annotations
 
 import re
@@ -30,16 +31,16 @@ class SourceError(ValueError):
 class Folder:
     """One mounted folder of GGUF files."""
 
-    model: Path                                # the GGUF shown as model.gguf (its text view)
-    projector: Path | None = None              # the GGUF shown as mmproj.gguf; None: `model`'s own, if any
+    model: Path  # the GGUF shown as model.gguf (its text view)
+    projector: Path | None = None  # the GGUF shown as mmproj.gguf; None: `model`'s own, if any
     passed: tuple[tuple[str, Path], ...] = ()  # (file name, file) shown byte for byte
-    is_model: bool = True                      # False: a folder that is not a model (an Ollama blob's), left out of `ls`
-    params: Path | None = None                 # Ollama's params layer: model.gguf carries its sampling options
-    template: Path | None = None               # Ollama's template layer: model.gguf's chat template, translated
-    system: Path | None = None                 # Ollama's system layer: the chat template's default system message
-    adapters: tuple[Path, ...] = ()            # Ollama's adapter layers (LoRA GGUF), in the manifest's order;
-                                               # shown as `adapter_files` among `passed`
-    messages: Path | None = None               # Ollama's messages layer (a Modelfile's MESSAGEs)
+    is_model: bool = True  # False: a folder that is not a model (an Ollama blob's), left out of `ls`
+    params: Path | None = None  # Ollama's params layer: model.gguf carries its sampling options
+    template: Path | None = None  # Ollama's template layer: model.gguf's chat template, translated
+    system: Path | None = None  # Ollama's system layer: the chat template's default system message
+    adapters: tuple[Path, ...] = ()  # Ollama's adapter layers (LoRA GGUF), in the manifest's order;
+    # shown as `adapter_files` among `passed`
+    messages: Path | None = None  # Ollama's messages layer (a Modelfile's MESSAGEs)
     # The store files whose contents tell this folder's name and files, below
     # the folder its mounted parent mirrors (`Source.owner`): an Ollama
     # model's host, namespace and model folders under manifests/ (listed) and
@@ -72,15 +73,15 @@ class Listing:
     order their GGUFs are best indexed, and what was left out, with why."""
 
     folders: dict[str, Folder] = field(default_factory=dict)
-    skipped: dict[str, str] = field(default_factory=dict)   # name or path -> reason
-    read: set[Path] = field(default_factory=set)   # the folders on disk the scan listed (a change there: scan again)
+    skipped: dict[str, str] = field(default_factory=dict)  # name or path -> reason
+    read: set[Path] = field(default_factory=set)  # the folders on disk the scan listed (a change there: scan again)
 
 
 class Source(ABC):
     """One kind of store; `root` is the folder it was opened at."""
 
     root: Path
-    model_names = "its folder's path under the mount"    # what a model's name is, as a user writes it
+    model_names = "its folder's path under the mount"  # what a model's name is, as a user writes it
 
     @abstractmethod
     def scan(self) -> Listing:

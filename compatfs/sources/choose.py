@@ -2,6 +2,7 @@
 `manifests/` or `blobs/` (or is no folder: the store's error says what it
 lacks), else a folder of GGUF files when any folder under it (hidden ones
 aside, `folder.has_gguf`) holds one."""
+
 from __future__ import annotations
 
 import os
@@ -20,10 +21,10 @@ def open_source(path: str | os.PathLike | None) -> Source:
     root = Path(path).expanduser() if path else default_source()
     try:
         ollama = is_store(root) or not is_folder(root) or is_folder(root / "manifests") or is_folder(root / "blobs")
-    except OSError as e:     # a lookup that hung
+    except OSError as e:  # a lookup that hung
         raise SourceError(str(e)) from None
     if ollama:
-        return OllamaStore(root)   # its error names what an Ollama store lacks
+        return OllamaStore(root)  # its error names what an Ollama store lacks
     if has_gguf(root):
         return GGUFFolder(root)
     raise SourceError(f"{root}: not an Ollama model store (no manifests/ or blobs/), nor a folder holding .gguf files")

@@ -26,6 +26,7 @@ apart without following them (`walk`), a symlink's target is resolved only
 by `blobfile.status`, which refuses one into compatfs's own mount, and a
 symlink to a folder is not walked into.
 """
+
 from __future__ import annotations
 
 import logging
@@ -45,7 +46,7 @@ log = logging.getLogger(__name__)
 
 SUFFIX = ".gguf"
 PROJECTOR_PREFIX = "mmproj"
-MAX_FOLDERS = 10_000    # folders below one folder a scan walks at most (one may run every second)
+MAX_FOLDERS = 10_000  # folders below one folder a scan walks at most (one may run every second)
 _SPLIT = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)
 
 
@@ -60,11 +61,12 @@ def _is_dir(entry: os.DirEntry) -> bool:
         return False
 
 
-Walked = tuple[str, list[str], list[str]]     # a folder's path, its folders, its other entries
+Walked = tuple[str, list[str], list[str]]  # a folder's path, its folders, its other entries
 
 
-def walk(root: Path, onerror: Callable[[OSError], None] | None = None,
-         cap: int = MAX_FOLDERS) -> tuple[list[Walked], dict[str, str]]:
+def walk(
+    root: Path, onerror: Callable[[OSError], None] | None = None, cap: int = MAX_FOLDERS
+) -> tuple[list[Walked], dict[str, str]]:
     """The folders under `root`, top down, as `os.walk(root)` gives them but
     without following a symlink implicitly (`_is_dir`): each folder's path,
     its folders and its other entries (a symlink to a folder is listed among
@@ -77,13 +79,13 @@ def walk(root: Path, onerror: Callable[[OSError], None] | None = None,
     count ran over is kept, and the rest left out."""
     out: list[Walked] = []
     skipped: dict[str, str] = {}
-    kept = 0                       # folders walked and kept (a tree left out counting as one)
-    stack: list[tuple[str, int, int, list[str]]] = []   # (folder, its index in out, `kept` before it, folders left)
+    kept = 0  # folders walked and kept (a tree left out counting as one)
+    stack: list[tuple[str, int, int, list[str]]] = []  # (folder, its index in out, `kept` before it, folders left)
 
     def visit(top: str) -> None:
         nonlocal kept
         try:
-            guard(top)       # a mount made there may hang: looked up first, in bounded time
+            guard(top)  # a mount made there may hang: looked up first, in bounded time
             with os.scandir(top) as it:
                 entries = list(it)
         except OSError as e:
@@ -110,7 +112,7 @@ def walk(root: Path, onerror: Callable[[OSError], None] | None = None,
         if kept - before - 1 > cap:
             stack.pop()
             if stack:
-                del out[at + 1:]
+                del out[at + 1 :]
                 kept = before + 1
                 skipped[top] = f"more than {cap} folders below it: none of them is scanned"
             else:
@@ -145,11 +147,11 @@ class GGUFFolder(Source):
         self.root = Path(root).expanduser()
         try:
             found = is_folder(self.root)
-        except OSError as e:     # a lookup that hung
+        except OSError as e:  # a lookup that hung
             raise SourceError(str(e)) from None
         if not found:
             raise SourceError(f"{self.root}: no such directory")
-        self._capped: set[str] = set()     # the folders the last scan left the folders below out of (logged once)
+        self._capped: set[str] = set()  # the folders the last scan left the folders below out of (logged once)
 
     def scan(self) -> FolderListing:
         out = FolderListing()
@@ -173,6 +175,7 @@ class GGUFFolder(Source):
 
     def _add(self, out: FolderListing, rel: str, disk: Path, ggufs: list[str], entries: set[str]) -> None:
         """The model folders of one folder on disk."""
+
         def where(name: str) -> str:
             return f"{rel}/{name}" if rel else name
 
@@ -187,13 +190,15 @@ class GGUFFolder(Source):
             return
         projector = disk / projectors[0] if len(projectors) == 1 else None
         for p in projectors if len(projectors) > 1 else ():
-            out.skipped[where(p)] = (f"one of {len(projectors)} projector files beside the models: "
-                                     "which belongs to which is not known, none is shown")
+            out.skipped[where(p)] = (
+                f"one of {len(projectors)} projector files beside the models: "
+                "which belongs to which is not known, none is shown"
+            )
         for model in models:
             if rel and len(models) == 1:
                 name = rel
             else:
-                stem = model[:-len(SUFFIX)]
+                stem = model[: -len(SUFFIX)]
                 if stem in entries:
                     out.skipped[where(model)] = f"its folder name {where(stem)} is taken by {disk / stem}"
                     continue

@@ -24,6 +24,7 @@ manifest already has, is reported and skipped, never fatal.  Parsed
 manifests are cached by identity, so rescanning a store that has not
 changed is cheap.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,10 +52,10 @@ MESSAGES = "application/vnd.ollama.image.messages"
 DEFAULT_HOST = "registry.ollama.ai"
 DEFAULT_NAMESPACE = "library"
 _DIGEST = re.compile(r"^sha256[:-]([0-9a-fA-F]{64})$")
-MANIFEST_LIMIT = 4 << 20   # bytes; Ollama's manifests take a few KB (10,000 layers: about 1.6 MB)
+MANIFEST_LIMIT = 4 << 20  # bytes; Ollama's manifests take a few KB (10,000 layers: about 1.6 MB)
 BLOBS = "blobs"
 _HEX = re.compile(r"^(?:sha256[:-])?([0-9a-fA-F]{64})$")
-MAX_PATHS_KEPT = 100_000   # blob paths remembered (more, and they are made afresh)
+MAX_PATHS_KEPT = 100_000  # blob paths remembered (more, and they are made afresh)
 
 # Manifest layers shown beside model.gguf, unchanged: media type -> file name.
 LAYER_FILES = {
@@ -90,7 +91,7 @@ def display_name(host: str, namespace: str, model: str, tag: str) -> str:
 @dataclass(frozen=True)
 class Layer:
     media_type: str
-    digest: str           # "sha256-<hex>"
+    digest: str  # "sha256-<hex>"
     size: int
 
 
@@ -98,10 +99,10 @@ class Layer:
 class Model:
     """One tagged model of the store."""
 
-    name: str                         # as `ollama list` shows it
+    name: str  # as `ollama list` shows it
     manifest: Path
     layers: tuple[Layer, ...]
-    mtime_ns: int = 0                 # of the manifest: when it was pulled or last changed
+    mtime_ns: int = 0  # of the manifest: when it was pulled or last changed
 
     def first(self, media_type: str) -> Layer | None:
         return next((layer for layer in self.layers if layer.media_type == media_type), None)
@@ -120,8 +121,8 @@ class Scan:
     """The manifests at one moment: models with a GGUF model layer, and what was left out."""
 
     models: dict[str, Model] = field(default_factory=dict)
-    skipped: dict[str, str] = field(default_factory=dict)   # name or manifest path -> reason
-    listed: set[Path] = field(default_factory=set)          # the folders of manifests/ walked
+    skipped: dict[str, str] = field(default_factory=dict)  # name or manifest path -> reason
+    listed: set[Path] = field(default_factory=set)  # the folders of manifests/ walked
 
 
 @dataclass
@@ -148,8 +149,9 @@ def parse_manifest(data: bytes) -> tuple[Layer, ...]:
         if not m:
             raise ValueError(f"layer digest {raw.get('digest')!r} is not sha256:<64 hex>")
         size = raw.get("size", 0)
-        layers.append(Layer(str(raw.get("mediaType", "")), f"sha256-{m.group(1).lower()}",
-                            size if isinstance(size, int) else 0))
+        layers.append(
+            Layer(str(raw.get("mediaType", "")), f"sha256-{m.group(1).lower()}", size if isinstance(size, int) else 0)
+        )
     return tuple(layers)
 
 
@@ -161,7 +163,7 @@ def _files_below(base: Path, listed: set[Path]) -> list[tuple[Path, os.stat_resu
     refused there, by `blobfile`); a folder that cannot be listed is passed
     over.  The folders listed are added to `listed`."""
     try:
-        status(base)          # a `manifests/` that leads into the mount is refused here
+        status(base)  # a `manifests/` that leads into the mount is refused here
     except OSError:
         return []
     out: list[tuple[Path, os.stat_result | None]] = []
@@ -169,7 +171,7 @@ def _files_below(base: Path, listed: set[Path]) -> list[tuple[Path, os.stat_resu
     while todo:
         folder = todo.pop()
         try:
-            guard(str(folder))     # a mount made there may hang: looked up first, in bounded time
+            guard(str(folder))  # a mount made there may hang: looked up first, in bounded time
             with os.scandir(folder) as entries:
                 for entry in entries:
                     if entry.is_dir(follow_symlinks=False):
@@ -205,9 +207,9 @@ class OllamaStore(Source):
         # were made of) and by blob digest: an unchanged manifest's is kept.
         self._made: dict[str, tuple[tuple[Layer, ...], Folder]] = {}
         self._blob_folders: dict[str, Folder] = {}
-        self._owners = {True: self.root / BLOBS, False: self.root / "manifests"}   # a folder under blobs/ or not
+        self._owners = {True: self.root / BLOBS, False: self.root / "manifests"}  # a folder under blobs/ or not
         self._lock = threading.Lock()
-        self._blob_paths: dict[str, Path] = {}     # digest -> its blob's path (made once: a scan asks for each)
+        self._blob_paths: dict[str, Path] = {}  # digest -> its blob's path (made once: a scan asks for each)
 
     def blob_path(self, digest: str) -> Path:
         path = self._blob_paths.get(digest)
@@ -230,21 +232,26 @@ class OllamaStore(Source):
                 continue
             layer, proj = model.model_layer, model.projector_layer
             params, template, system, messages = (model.first(t) for t in (PARAMS, TEMPLATE, SYSTEM, MESSAGES))
-            if layer is None:   # (`manifests` leaves such models out, naming why)
+            if layer is None:  # (`manifests` leaves such models out, naming why)
                 continue
             made = self._made.get(name)
-            if made is None or made[0] is not model.layers:    # (an unchanged manifest keeps its layers)
+            if made is None or made[0] is not model.layers:  # (an unchanged manifest keeps its layers)
                 # Every adapter layer, as Ollama loads each: shown as adapter.gguf, adapter-2.gguf, ...
                 adapters = tuple(self.blob_path(x.digest) for x in model.layers if x.media_type == ADAPTER)
-                made = model.layers, Folder(self.blob_path(layer.digest),
-                                            self.blob_path(proj.digest) if proj else None,
-                                            self._layer_files(model.layers) + adapter_files(adapters),
-                                            params=self.blob_path(params.digest) if params else None,
-                                            template=self.blob_path(template.digest) if template else None,
-                                            system=self.blob_path(system.digest) if system else None,
-                                            adapters=adapters,
-                                            messages=self.blob_path(messages.digest) if messages else None,
-                                            told_by=(*(model.manifest.parents[i] for i in (2, 1, 0)), model.manifest))
+                made = (
+                    model.layers,
+                    Folder(
+                        self.blob_path(layer.digest),
+                        self.blob_path(proj.digest) if proj else None,
+                        self._layer_files(model.layers) + adapter_files(adapters),
+                        params=self.blob_path(params.digest) if params else None,
+                        template=self.blob_path(template.digest) if template else None,
+                        system=self.blob_path(system.digest) if system else None,
+                        adapters=adapters,
+                        messages=self.blob_path(messages.digest) if messages else None,
+                        told_by=(*(model.manifest.parents[i] for i in (2, 1, 0)), model.manifest),
+                    ),
+                )
             made_now[name] = made
             out.folders[name] = made[1]
             parts = name.split("/")
@@ -255,7 +262,7 @@ class OllamaStore(Source):
         for digest, blob in self.blob_digests(kept).items():
             out.folders[f"{BLOBS}/{digest}"] = self._blob_folders.get(digest) or Folder(blob, is_model=False)
         self._made = made_now
-        self._blob_folders = {d[len(BLOBS) + 1:]: f for d, f in out.folders.items() if not f.is_model}
+        self._blob_folders = {d[len(BLOBS) + 1 :]: f for d, f in out.folders.items() if not f.is_model}
         return out
 
     def owner(self, folder: str, listing: Listing) -> Path:
@@ -334,8 +341,11 @@ class OllamaStore(Source):
             if isinstance(result, str):
                 out.skipped[name] = result
             elif not any(layer.media_type == MODEL for layer in result):
-                out.skipped[name] = "no GGUF model layer (" + (
-                    ", ".join(sorted({layer.media_type for layer in result})) or "no layers") + ")"
+                out.skipped[name] = (
+                    "no GGUF model layer ("
+                    + (", ".join(sorted({layer.media_type for layer in result})) or "no layers")
+                    + ")"
+                )
             else:
                 out.models[name] = Model(name, path, result, mtime_ns)
         with self._lock:
@@ -358,8 +368,9 @@ class OllamaStore(Source):
                 if hit and hit[0] == f.stamp:
                     return hit[1], f.stamp[3]
                 if f.stamp[2] > MANIFEST_LIMIT:
-                    result: tuple[Layer, ...] | str = (f"manifest has {f.stamp[2]} bytes, more than the "
-                                                       f"{MANIFEST_LIMIT} one may have")
+                    result: tuple[Layer, ...] | str = (
+                        f"manifest has {f.stamp[2]} bytes, more than the {MANIFEST_LIMIT} one may have"
+                    )
                 else:
                     try:
                         result = parse_manifest(bytes(f.read(0, f.stamp[2])))

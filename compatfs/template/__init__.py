@@ -2,6 +2,7 @@
 parses Go's text/template, `data` is Ollama's template data as Jinja builds it
 from llama.cpp's chat variables, `jinja` emits the translation, and
 `translate` is the one entry point."""
+
 from .translate import ChatTemplate, translate
 
 __all__ = ["ChatTemplate", "translate"]

@@ -9,6 +9,7 @@ more than one type: only tested for truth), `List(elem, rooted)` (rooted: a
 list of the whole chat, which a loop inside another loop may not range over)
 and a struct's name.  A struct is a dict in Jinja, its keys Go's field names.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,19 +35,39 @@ class List:
 # Struct -> field -> type.  "root" is the data of the Messages form, "legacy"
 # that of the older Prompt/Response form: Go maps, whose missing keys are nil.
 STRUCTS: dict[str, dict[str, object]] = {
-    "root": {"System": "str", "Messages": List("message", True), "Tools": List("tool", True), "Response": "str",
-             "Think": "bool", "ThinkLevel": _THINK_LEVEL, "IsThinkSet": _THINK_SET},
-    "legacy": {"System": "str", "Prompt": "str", "Response": "str", "Think": "bool", "ThinkLevel": _THINK_LEVEL,
-               "IsThinkSet": _THINK_SET},
-    "message": {"Role": "str", "Content": "str", "Thinking": "str", "Images": "any", "ToolCalls": List("toolcall"),
-                "ToolName": "str", "ToolCallID": "str"},
+    "root": {
+        "System": "str",
+        "Messages": List("message", True),
+        "Tools": List("tool", True),
+        "Response": "str",
+        "Think": "bool",
+        "ThinkLevel": _THINK_LEVEL,
+        "IsThinkSet": _THINK_SET,
+    },
+    "legacy": {
+        "System": "str",
+        "Prompt": "str",
+        "Response": "str",
+        "Think": "bool",
+        "ThinkLevel": _THINK_LEVEL,
+        "IsThinkSet": _THINK_SET,
+    },
+    "message": {
+        "Role": "str",
+        "Content": "str",
+        "Thinking": "str",
+        "Images": "any",
+        "ToolCalls": List("toolcall"),
+        "ToolName": "str",
+        "ToolCallID": "str",
+    },
     "toolcall": {"ID": "str", "Function": "callfunction"},
     "callfunction": {"Index": "any", "Name": "str", "Arguments": "any"},
     "tool": {"Type": "str", "Items": "any", "Function": "toolfunction"},
     "toolfunction": {"Name": "str", "Description": "str", "Parameters": "parameters"},
     "parameters": {"Type": "str", "Defs": "any", "Items": "any", "Required": List("str"), "Properties": "any"},
 }
-MAPS = ("root", "legacy")   # Go maps: a missing key is nil, not an error
+MAPS = ("root", "legacy")  # Go maps: a missing key is nil, not an error
 
 
 def _s(expr: str) -> str:
@@ -95,10 +116,18 @@ PROLOGUE = """\
 {%- endfor -%}
 {%- endif -%}
 """.replace("\\\n", "")
-for _name, _expr in {"CONTENT": "m.content", "THINKING": "m.reasoning_content", "TOOL_NAME": "m.name",
-                     "CALL_FOR": "m.tool_call_id", "CALL_ID": "tc.id", "CALL_NAME": "tc.function.name",
-                     "TOOL_TYPE": "t.type", "FN_NAME": "f.name", "FN_DESC": "f.description",
-                     "P_TYPE": "p.type"}.items():
+for _name, _expr in {
+    "CONTENT": "m.content",
+    "THINKING": "m.reasoning_content",
+    "TOOL_NAME": "m.name",
+    "CALL_FOR": "m.tool_call_id",
+    "CALL_ID": "tc.id",
+    "CALL_NAME": "tc.function.name",
+    "TOOL_TYPE": "t.type",
+    "FN_NAME": "f.name",
+    "FN_DESC": "f.description",
+    "P_TYPE": "p.type",
+}.items():
     PROLOGUE = PROLOGUE.replace(_name, _s(_expr))
 
 # Ollama's `think` as llama.cpp's `enable_thinking` (set by a request's

@@ -6,6 +6,7 @@ variables declared (`:=`) and assigned (`=`), comments and the trim markers
 `template`, `block`, chained fields on a parenthesised pipeline, character
 and floating-point constants) is a `Refused` naming it.
 """
+
 from __future__ import annotations
 
 import re
@@ -22,6 +23,7 @@ class Refused(ValueError):
 
 
 # -- the tree ------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Field:
@@ -43,7 +45,7 @@ class Func:
 
 @dataclass(frozen=True)
 class Const:
-    value: str | int | bool | None     # None: Go's `nil`
+    value: str | int | bool | None  # None: Go's `nil`
 
 
 @dataclass
@@ -78,13 +80,14 @@ class Branch:
 
 @dataclass
 class Jump:
-    kind: str   # "break" or "continue"
+    kind: str  # "break" or "continue"
 
 
 # -- lexing ------------------------------------------------------------------
 
 _SPACE = " \t\r\n"
-_TOKEN = re.compile(r"""
+_TOKEN = re.compile(
+    r"""
     (?P<space>[ \t\r\n]+)
   | (?P<decl>:=)
   | (?P<op>[=|(),])
@@ -96,9 +99,10 @@ _TOKEN = re.compile(r"""
   | (?P<field>(?:\.[A-Za-z_][A-Za-z_0-9]*)+)
   | (?P<dot>\.)
   | (?P<ident>[A-Za-z_][A-Za-z_0-9]*)
-""", re.VERBOSE)
-_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'", "a": "\a", "b": "\b",
-            "f": "\f", "v": "\v"}
+""",
+    re.VERBOSE,
+)
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'", "a": "\a", "b": "\b", "f": "\f", "v": "\v"}
 
 
 def _go_string(lit: str) -> str:
@@ -116,10 +120,10 @@ def _go_string(lit: str) -> str:
             i += 2
         elif e in "xuU":
             n = {"x": 2, "u": 4, "U": 8}[e]
-            digits = body[i + 2:i + 2 + n]
+            digits = body[i + 2 : i + 2 + n]
             if len(digits) != n or not all(d in "0123456789abcdefABCDEF" for d in digits):
                 raise Refused(f"the string {lit} has a bad escape")
-            if e == "x" and int(digits, 16) > 0x7f:
+            if e == "x" and int(digits, 16) > 0x7F:
                 raise Refused(f"the string {lit} holds a byte that is not UTF-8 text")
             out.append(chr(int(digits, 16)))
             i += 2 + n
@@ -133,7 +137,7 @@ def _tokens(src: str) -> list[tuple[str, str]]:
     while pos < len(src):
         m = _TOKEN.match(src, pos)
         if m is None:
-            raise Refused(f"unexpected {src[pos:pos + 10]!r} in an action")
+            raise Refused(f"unexpected {src[pos : pos + 10]!r} in an action")
         kind = m.lastgroup or ""
         if kind != "space":
             out.append((kind, m.group()))
@@ -163,8 +167,8 @@ def _actions(src: str) -> list[tuple[str, str]]:
         end, body = _action_end(src, inner)
         trim = end - 2 >= inner and src[end - 1] == "-" and src[end - 2] in _SPACE
         if trim:
-            body = src[inner:end - 1]
-        if body.startswith("/*"):          # a comment: right after the delimiter, to right before it
+            body = src[inner : end - 1]
+        if body.startswith("/*"):  # a comment: right after the delimiter, to right before it
             if not (body.endswith("*/") or trim and body[:-1].endswith("*/")) or len(body) < 4:
                 raise Refused("a comment that does not end with */ right before }}")
         elif body.lstrip(_SPACE).startswith("/*"):
@@ -215,6 +219,7 @@ def _quote_end(src: str, i: int) -> int:
 
 
 # -- parsing -------------------------------------------------------------------
+
 
 class _Parser:
     def __init__(self, items: list[tuple[str, str]]):
@@ -282,7 +287,7 @@ class _Parser:
 def _pipe(toks: list[tuple[str, str]], allow_two: bool = False) -> Pipe:
     pipe = Pipe()
     # A declaration: `$x :=`, `$x =`, or (range) `$i, $e :=`.
-    for n in ((4, 2) if allow_two else (2,)):
+    for n in (4, 2) if allow_two else (2,):
         head = toks[:n]
         if n == 4 and len(toks) > 4 and [k for k, _ in head] == ["var", "op", "var", "decl"] and head[1][1] == ",":
             pipe.decl, toks = [head[0][1], head[2][1]], toks[4:]

@@ -15,178 +15,14 @@ Bounds: a range over the chat's messages or tools inside another range, and
 a variable a loop grows from more than its own value, are refused (their
 output would grow faster than the chat).
 """
+
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from .data import MAPS, STRUCTS, List, Unknown
+from .funcs import FUNCS, MESSAGES_ONLY, Val, lit, printed, truth, type_name
 from .gotemplate import Action, Branch, Const, Dot, Field, Func, Jump, Pipe, Refused, Text
-
-_ESC = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r", "\b": "\\b", "\f": "\\f", "\v": "\\v"}
-
-
-def lit(s: str) -> str:
-    """A Jinja string literal of `s`."""
-    return '"' + "".join(_ESC.get(c, c) for c in s) + '"'
-
-
-@dataclass
-class Val:
-    expr: str
-    type: object
-    var: int | None = None      # the slot of the variable it reads, if it is one
-
-
-def _name(t) -> str:
-    return f"a list of {_name(t.elem)}" if isinstance(t, List) else {
-        "str": "a string", "int": "an integer", "bool": "a bool", "nil": "nil", "any": "a value of Ollama's",
-        "mixed": "a value of more than one type"}.get(t, f"a {t}")
-
-
-def printed(v: Val) -> str:
-    """The Jinja expression of how Go prints `v`."""
-    if v.type == "str":
-        return v.expr
-    if v.type == "int":
-        return f"({v.expr})|string"
-    if v.type == "bool":
-        return f'("true" if {v.expr} else "false")'
-    if v.type == "nil":
-        return lit("<no value>")
-    raise Refused(f"prints {_name(v.type)}, which Go formats its own way")
-
-
-def truth(v: Val) -> str:
-    """Jinja's truth of `v`, which is Go's for every type a value here has
-    (an empty string, list or zero is false; a struct, a non-empty dict, true)."""
-    if v.type == "any":
-        raise Refused("tests the truth of a value of Ollama's this translation does not type")
-    return f"({v.expr})"
-
-
-def _basic(args: list[Val], fn: str) -> None:
-    kinds = {a.type for a in args}
-    if len(kinds) != 1 or not kinds <= {"str", "int", "bool"}:
-        raise Refused(f"{fn} compares {' and '.join(sorted(_name(k) for k in kinds))}, "
-                      "which Go refuses or compares its own way")
-
-
-def _eq(args: list[Val]) -> Val:
-    if len(args) < 2:
-        raise Refused("eq takes two arguments or more")
-    _basic(args, "eq")
-    return Val("(" + " or ".join(f"{args[0].expr} == {b.expr}" for b in args[1:]) + ")", "bool")
-
-
-def _compare(op: str, fn: str):
-    def compare(args: list[Val]) -> Val:
-        if len(args) != 2:
-            raise Refused(f"{fn} takes two arguments")
-        _basic(args, fn)
-        if args[0].type == "bool" and op != "!=":
-            raise Refused(f"{fn} of bools, which Go refuses")
-        if args[0].type == "str" and op != "!=":
-            raise Refused(f"{fn} of strings, which llama.cpp's Jinja does not order")
-        return Val(f"({args[0].expr} {op} {args[1].expr})", "bool")
-    return compare
-
-
-def _logic(fn: str):
-    def logic(args: list[Val]) -> Val:
-        if not args:
-            raise Refused(f"{fn} takes arguments")
-        out = args[-1]
-        for a in reversed(args[:-1]):      # Go's and/or: the first that decides, else the last
-            cond = truth(a) if fn == "or" else f"not {truth(a)}"
-            out = Val(f"({a.expr} if {cond} else {out.expr})", a.type if a.type == out.type else "mixed")
-        return out
-    return logic
-
-
-def _not(args: list[Val]) -> Val:
-    if len(args) != 1:
-        raise Refused("not takes one argument")
-    return Val(f"(not {truth(args[0])})", "bool")
-
-
-def _len(args: list[Val]) -> Val:
-    if len(args) != 1 or not isinstance(args[0].type, List):
-        raise Refused(f"len of {_name(args[0].type) if args else 'nothing'} (only lists: Go counts a string in bytes)")
-    return Val(f"({args[0].expr}|length)", "int")
-
-
-def _slice(args: list[Val]) -> Val:
-    if not 2 <= len(args) <= 3 or not isinstance(args[0].type, List) or any(a.type != "int" for a in args[1:]):
-        raise Refused("slice of anything but a list by integers (Go slices a string in bytes)")
-    end = args[2].expr if len(args) == 3 else ""
-    return Val(f"({args[0].expr}[{args[1].expr}:{end}])", args[0].type)
-
-
-def _index(args: list[Val]) -> Val:
-    if len(args) != 2 or not isinstance(args[0].type, List) or args[1].type != "int":
-        raise Refused("index of anything but a list by an integer")
-    lst = args[0].type
-    assert isinstance(lst, List)
-    return Val(f"({args[0].expr}[{args[1].expr}])", lst.elem)
-
-
-def _print(args: list[Val]) -> Val:
-    parts: list[str] = []
-    for i, a in enumerate(args):       # Go's Sprint: a space between two operands that are not strings
-        if i and a.type != "str" and args[i - 1].type != "str":
-            parts.append(lit(" "))
-        parts.append(printed(a))
-    return Val("(" + (" ~ ".join(parts) or lit("")) + ")", "str")
-
-
-_VERB = re.compile(r"%(.)")
-
-
-def _printf(args: list[Val]) -> Val:
-    if not args or not (args[0].type == "str" and args[0].expr.startswith('"')):
-        raise Refused("printf without a constant format")
-    fmt = _unlit(args[0].expr)
-    parts, rest, pos = [], list(args[1:]), 0
-    for m in _VERB.finditer(fmt):
-        parts.append(lit(fmt[pos:m.start()]))
-        pos = m.end()
-        verb = m.group(1)
-        if verb == "%":
-            parts.append(lit("%"))
-            continue
-        if not rest:
-            raise Refused("printf with fewer arguments than verbs")
-        a = rest.pop(0)
-        ok = {"s": ("str",), "d": ("int",), "v": ("str", "int", "bool"), "t": ("bool",)}.get(verb, ())
-        if a.type not in ok:
-            raise Refused(f"printf %{verb} of {_name(a.type)}")
-        parts.append(printed(a))
-    parts.append(lit(fmt[pos:]))
-    if rest or fmt.endswith("%"):
-        raise Refused("printf with more arguments than verbs")
-    return Val("(" + " ~ ".join(parts) + ")", "str")
-
-
-def _unlit(expr: str) -> str:
-    back = {v: k for k, v in _ESC.items()}
-    return re.sub(r'\\.', lambda m: back[m.group()], expr[1:-1])
-
-
-def _current_date(args: list[Val]) -> Val:
-    return Val('strftime_now("%Y-%m-%d")', "str")
-
-
-# Go's and Ollama's template functions, as Jinja.  Ollama's `json`,
-# `yesterdayDate` and `toTypeScriptType` and Go's `html`, `js`, `urlquery`,
-# `call` are not here: a template that calls them is refused.
-FUNCS = {
-    "eq": _eq, "ne": _compare("!=", "ne"), "lt": _compare("<", "lt"), "le": _compare("<=", "le"),
-    "gt": _compare(">", "gt"), "ge": _compare(">=", "ge"), "and": _logic("and"), "or": _logic("or"), "not": _not,
-    "len": _len, "slice": _slice, "index": _index, "print": _print, "printf": _printf,
-    "currentDate": _current_date,
-}
-_MESSAGES_ONLY = {"currentDate"}    # Ollama renders the older form's last exchange without its functions
 
 
 @dataclass
@@ -213,13 +49,13 @@ class Emitter:
         self.scopes: list[_Scope] = [_Scope()]
         self.types: dict[int, object] = {}
         self.slots = 0
-        self.loops: list[int] = []           # the slot count when each enclosing range began
+        self.loops: list[int] = []  # the slot count when each enclosing range began
         self.rooted_loop = False
         self.loop_assigned: set[int] = set()  # outer variables a loop assigns
-        self.grown = grown or set()           # (from a first pass) the same
-        self.tainted: set[int] = set()        # variables a loop gives what grows with it
-        self.jumps: list[int] = []           # each enclosing range's break/continue flags (ns.bN, ns.cN)
-        self.flags: list[int] = []           # every range's flags
+        self.grown = grown or set()  # (from a first pass) the same
+        self.tainted: set[int] = set()  # variables a loop gives what grows with it
+        self.jumps: list[int] = []  # each enclosing range's break/continue flags (ns.bN, ns.cN)
+        self.flags: list[int] = []  # every range's flags
 
     # -- values --------------------------------------------------------------
     def field(self, base: Val, names: tuple[str, ...]) -> Val:
@@ -227,7 +63,7 @@ class Emitter:
         for n in names:
             t = v.type
             if not isinstance(t, str) or t not in STRUCTS:
-                raise Refused(f"the field .{n} of {_name(t)}")
+                raise Refused(f"the field .{n} of {type_name(t)}")
             fields = STRUCTS[t]
             if n not in fields:
                 if t in MAPS:
@@ -274,7 +110,7 @@ class Emitter:
 
     def call(self, name: str, args: list[Val]) -> Val:
         fn = FUNCS.get(name)
-        if fn is None or (self.legacy and name in _MESSAGES_ONLY):
+        if fn is None or (self.legacy and name in MESSAGES_ONLY):
             raise Refused(f"calls {name}, which is not translated")
         return fn(args)
 
@@ -313,8 +149,9 @@ class Emitter:
         if slot < self.loops[-1]:
             self.loop_assigned.add(slot)
             if len(hot) > 1 or any(s != slot for s in hot):
-                raise Refused("a loop assigns a variable from more than its own value: "
-                              "its output could grow without bound")
+                raise Refused(
+                    "a loop assigns a variable from more than its own value: its output could grow without bound"
+                )
         elif hot:
             self.tainted.add(slot)
 
@@ -335,7 +172,7 @@ class Emitter:
         else:
             slot = self.lookup(name)
             if self.types[slot] != v.type:
-                raise Refused(f"{name} is given {_name(v.type)} after {_name(self.types[slot])}")
+                raise Refused(f"{name} is given {type_name(v.type)} after {type_name(self.types[slot])}")
         self.carry(slot, pipe, dot)
         self.out.append(f"{{%- set ns.v{slot} = {v.expr} -%}}")
         return slot
@@ -358,7 +195,7 @@ class Emitter:
                 self.out.append(f"{{%- set ns.{'b' if n.kind == 'break' else 'c'}{flag} = true -%}}")
             elif isinstance(n, Branch):
                 self.branch(n, dot)
-            if self.loops and _jumps(n):     # what follows runs only if the loop goes on
+            if self.loops and _jumps(n):  # what follows runs only if the loop goes on
                 flag = self.jumps[-1]
                 self.out.append(f"{{%- if not (ns.b{flag} or ns.c{flag}) -%}}")
                 guards += 1
@@ -370,7 +207,7 @@ class Emitter:
         self.scopes.pop()
 
     def branch(self, b: Branch, dot: Val) -> None:
-        self.scopes.append(_Scope())     # what the pipeline declares lasts to the branch's end
+        self.scopes.append(_Scope())  # what the pipeline declares lasts to the branch's end
         if b.kind == "range":
             self.range(b, dot)
         else:
@@ -398,14 +235,14 @@ class Emitter:
         over = self.pipe(b.pipe, dot)
         t = over.type
         if not isinstance(t, List):
-            raise Refused(f"ranges over {_name(t)} (only lists are translated)")
+            raise Refused(f"ranges over {type_name(t)} (only lists are translated)")
         if t.rooted and self.loops:
             raise Refused("ranges over the chat inside another range: its output could grow without bound")
         it = f"it{self.slots}"
         self.slots += 1
         self.out.append(f"{{%- if ({over.expr})|length > 0 -%}}")
         jumps = any(_jumps(n) for n in b.body)
-        if jumps:       # (Jinja's own break and continue lose what the iteration printed in llama.cpp)
+        if jumps:  # (Jinja's own break and continue lose what the iteration printed in llama.cpp)
             self.out.append(f"{{%- set ns.b{self.slots} = false -%}}")
         self.out.append(f"{{%- for {it} in {over.expr} -%}}")
         if jumps:
@@ -442,8 +279,11 @@ def macro(name: str, nodes: list, root: str, legacy: bool) -> str:
     """The Jinja macro `name(R)` that renders `nodes` over the data `R`."""
     first = Emitter(root, legacy)
     first.nodes(nodes, Val("R", root))
-    e = Emitter(root, legacy, first.loop_assigned)     # again, knowing which variables loops grow
+    e = Emitter(root, legacy, first.loop_assigned)  # again, knowing which variables loops grow
     e.nodes(nodes, Val("R", root))
     slots = ", ".join([f"v{i}=none" for i in range(e.slots)] + [f"b{i}=false, c{i}=false" for i in e.flags]) or "v=none"
-    return (f"{{%- macro {name}(R) -%}}\n{{%- set ns = namespace({slots}) -%}}\n"
-            + "\n".join(e.out) + "\n{%- endmacro -%}\n")
+    return (
+        f"{{%- macro {name}(R) -%}}\n{{%- set ns = namespace({slots}) -%}}\n"
+        + "\n".join(e.out)
+        + "\n{%- endmacro -%}\n"
+    )

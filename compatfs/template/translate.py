@@ -16,6 +16,7 @@ that renders each chat as Ollama renders it:
 Anything else of a template, or of Go's rendering, that the translation does
 not reproduce exactly is refused, with the reason in one line.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,9 +24,10 @@ from dataclasses import dataclass
 
 from .data import PROLOGUE, THINK
 from .gotemplate import Action, Branch, Field, Pipe, Refused, parse
-from .jinja import lit, macro
+from .funcs import lit
+from .jinja import macro
 
-MAX_TEMPLATE = 64 << 10     # bytes; Ollama's templates take a few KB
+MAX_TEMPLATE = 64 << 10  # bytes; Ollama's templates take a few KB
 MAX_SYSTEM = 256 << 10
 MAX_MESSAGES = 256 << 10
 # The roles a Modelfile's MESSAGE may have.
@@ -159,21 +161,27 @@ def _jinja(template: str, system: str, messages: list[tuple[str, str]]) -> str:
     used = names(nodes)
     sys_lit = lit(system)
     head = PROLOGUE.replace("SYSTEM", sys_lit)
-    if messages:     # (each part filled on its own: no text of a layer is read as a placeholder)
+    if messages:  # (each part filled on its own: no text of a layer is read as a placeholder)
         listed = ", ".join(f'{{"role": {lit(role)}, "content": {lit(content)}}}' for role, content in messages)
         before, after = _WITH_MESSAGES.split("MESSAGES")
         with_them = before.replace("SYSTEM", sys_lit) + f"[{listed}]" + after.replace("SYSTEM", sys_lit)
         pre, _, post = PROLOGUE.partition(_SYSTEM_FIRST)
         head = pre.replace("SYSTEM", sys_lit) + with_them + post.replace("SYSTEM", sys_lit)
     if "messages" in used:
-        call = ('{%- set S = C.sys|join("\\n\\n") -%}\n'
-                f'{{{{- ollama({{"System": S, "Messages": C.done, "Tools": K.tools, "Response": "", {_think(used)}}}) -}}}}\n')
+        call = (
+            '{%- set S = C.sys|join("\\n\\n") -%}\n'
+            f'{{{{- ollama({{"System": S, "Messages": C.done, "Tools": K.tools, "Response": "", {_think(used)}}}) -}}}}\n'
+        )
         return head + macro("ollama", nodes, "root", False) + call
     if "response" not in used:
         nodes = nodes + [Action(Pipe(cmds=[[Field(("Response",))]]))]
     data = f'{{"System": L.system, "Prompt": L.prompt, "Response": L.response, {_think(used)}}}'
-    return (head + macro("exchange", nodes, "legacy", True) + macro("last", up_to_response(nodes), "legacy", True)
-            + _LEGACY.replace("DATA", data))
+    return (
+        head
+        + macro("exchange", nodes, "legacy", True)
+        + macro("last", up_to_response(nodes), "legacy", True)
+        + _LEGACY.replace("DATA", data)
+    )
 
 
 def parse_messages(layer: bytes) -> list[tuple[str, str]]:
@@ -191,8 +199,7 @@ def parse_messages(layer: bytes) -> list[tuple[str, str]]:
     out = []
     for m in doc:
         if not isinstance(m, dict) or m.get("role") not in MESSAGE_ROLES or not isinstance(m.get("content"), str):
-            raise ValueError("a message of the messages layer is not a role (system, user or assistant) "
-                             "and a text")
+            raise ValueError("a message of the messages layer is not a role (system, user or assistant) and a text")
         if any(v not in (None, "", [], {}) for k, v in m.items() if k not in ("role", "content")):
             raise ValueError("a message of the messages layer has more than a role and a text")
         out.append((m["role"], m["content"]))

@@ -11,6 +11,7 @@ fuzz cases.  Every writer of a handler's module is
 ``NAME(path, seed=0, **options) -> path`` and cites, in its module's
 docstring, the converter commit whose output it reproduces.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,8 +19,27 @@ from pathlib import Path
 from collections.abc import Callable
 
 from . import (
-    bert, deepseekocr, embeddinggemma, gemma3, gemma3n, gemma4, glm4moelite, glmocr, gptoss, laguna, lfm2, llama,
-    llama4, llava, mistral3, nemotron, olmo3, qwen25vl, qwen35, qwen3next, qwen3vl,
+    bert,
+    deepseekocr,
+    embeddinggemma,
+    gemma3,
+    gemma3n,
+    gemma4,
+    glm4moelite,
+    glmocr,
+    gptoss,
+    laguna,
+    lfm2,
+    llama,
+    llama4,
+    llava,
+    mistral3,
+    nemotron,
+    olmo3,
+    qwen25vl,
+    qwen35,
+    qwen3next,
+    qwen3vl,
 )
 
 Writer = Callable[..., Path]
@@ -69,6 +89,7 @@ def write_models(root: Path, tmp: Path, namespace: str = "library") -> list[str]
     """Add every `LEGACY` model to the store at `root` (files staged in `tmp`);
     the names the mount shows for them."""
     from .store import add_model
+
     names = []
     for name, entry in LEGACY.items():
         proj = entry.projector(tmp / f"{name}-proj.gguf") if entry.projector else None

@@ -14,6 +14,7 @@
   repacking of attn_q/attn_k's `lora_a` permutes values only: random values
   stand for it here.)
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,9 +26,17 @@ from .core import T, normal, write
 from .llama import PLAIN_LLAMA
 
 
-def llama_adapter(path: Path, seed: int = 0, *, rank: int = 4, alpha: float = 8.0, std: float = 0.5,
-                  base: dict | None = None, arch: str = "llama", targets: tuple[str, ...] = ("attn_q", "attn_v",
-                                                                                             "ffn_up")) -> Path:
+def llama_adapter(
+    path: Path,
+    seed: int = 0,
+    *,
+    rank: int = 4,
+    alpha: float = 8.0,
+    std: float = 0.5,
+    base: dict | None = None,
+    arch: str = "llama",
+    targets: tuple[str, ...] = ("attn_q", "attn_v", "ffn_up"),
+) -> Path:
     """A LoRA adapter for `testing.llama.plain_llama_text` (`base`: the widths
     of another llama; `arch`: what it names as its base's architecture), with
     `targets` of every block adapted; `std` large enough that the adapted
@@ -36,8 +45,15 @@ def llama_adapter(path: Path, seed: int = 0, *, rank: int = 4, alpha: float = 8.
     rng = np.random.default_rng(seed)
     E, F, H, HKV = p["n_embd"], p["n_ff"], p["n_head"], p["n_head_kv"]
     hd = E // H
-    out_in = {"attn_q": (H * hd, E), "attn_k": (HKV * hd, E), "attn_v": (HKV * hd, E), "attn_output": (E, H * hd),
-              "ffn_gate": (F, E), "ffn_up": (F, E), "ffn_down": (E, F)}
+    out_in = {
+        "attn_q": (H * hd, E),
+        "attn_k": (HKV * hd, E),
+        "attn_v": (HKV * hd, E),
+        "attn_output": (E, H * hd),
+        "ffn_gate": (F, E),
+        "ffn_up": (F, E),
+        "ffn_down": (E, F),
+    }
     kvs: dict[str, Any] = {
         "adapter.lora.alpha": float(alpha),
         "adapter.type": "lora",

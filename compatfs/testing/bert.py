@@ -27,6 +27,7 @@ pools the CLS token), position embeddings without XLM-R's two padding rows,
 KVs in the converter's order.  The charsmap here is a small table built in
 code: NFKC's folding of the no-break space and the fullwidth ASCII forms.
 """
+
 from __future__ import annotations
 
 import base64
@@ -41,7 +42,7 @@ from .tokenizers import spm_pieces
 
 
 SNOWFLAKE: Dims = dict(n_layer=2, n_embd=64, n_ff=128, n_head=4, context_length=128, eps=1e-5, pooling_type=2)
-CONTROL, UNKNOWN, NORMAL = 3, 2, 1   # tokenizer.ggml.token_type values
+CONTROL, UNKNOWN, NORMAL = 3, 2, 1  # tokenizer.ggml.token_type values
 
 # NFKC on a few characters: the no-break space, and U+FF01..U+FF5E (fullwidth ASCII).
 NORMALIZE = {"\u00a0": " ", **{chr(0xFF01 + i): chr(0x21 + i) for i in range(0x5E)}}
@@ -65,8 +66,8 @@ def precompiled_charsmap(mapping: dict[str, str]) -> bytes:
         node[None] = len(replacements)
         replacements += text.encode("utf-8") + b"\0"
 
-    units: list[int] = [0] * 256              # block 0: the root's children (root base 0)
-    leaves: list[int] = []                    # free value slots of the shared block(s)
+    units: list[int] = [0] * 256  # block 0: the root's children (root base 0)
+    leaves: list[int] = []  # free value slots of the shared block(s)
 
     def new_block() -> int:
         units.extend([0] * 256)

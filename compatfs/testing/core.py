@@ -2,6 +2,7 @@
 Ollama's `fs/ggml/gguf.go` WriteGGUF wrote them (KVs sorted by key, tensors
 `blk.N.*` by block number first, then the rest by name; alignment 32 and no
 `general.alignment` key), and seeded weights."""
+
 from __future__ import annotations
 
 import re
@@ -13,10 +14,11 @@ import gguf
 import numpy as np
 
 T = gguf.GGMLQuantizationType
-Dims = dict[str, Any]     # a writer's widths and settings, by name
+Dims = dict[str, Any]  # a writer's widths and settings, by name
 
 
 V = gguf.GGUFValueType
+
 
 def kv_type(value: Any) -> tuple[V, V | None]:
     """The GGUF type of a KV value (and of its entries): bool, np.uint32 and
@@ -24,8 +26,9 @@ def kv_type(value: Any) -> tuple[V, V | None]:
     numpy arrays of int32, uint32 or float32 (which may be empty) as arrays
     of that type."""
     if isinstance(value, np.ndarray):
-        return V.ARRAY, {np.dtype(np.int32): V.INT32, np.dtype(np.uint32): V.UINT32,
-                         np.dtype(np.float32): V.FLOAT32}[value.dtype]
+        return V.ARRAY, {np.dtype(np.int32): V.INT32, np.dtype(np.uint32): V.UINT32, np.dtype(np.float32): V.FLOAT32}[
+            value.dtype
+        ]
     if isinstance(value, bool):
         return V.BOOL, None
     if isinstance(value, np.uint32):
@@ -52,11 +55,13 @@ def ollama_tensor_order(names: Iterable[str]) -> list[str]:
     def key(n: str):
         m = re.match(r"blk\.(\d+)\.", n)
         return (0, int(m.group(1)), n) if m else (1, 0, n)
+
     return sorted(names, key=key)
 
 
-def write(path: Path, arch: str, kvs: dict[str, Any], tensors: dict[str, tuple[np.ndarray, T]],
-           *, ollama_order: bool) -> Path:
+def write(
+    path: Path, arch: str, kvs: dict[str, Any], tensors: dict[str, tuple[np.ndarray, T]], *, ollama_order: bool
+) -> Path:
     """kvs: key -> value (as `kv_type` types it; an empty numpy array is
     written empty, as Ollama's writer writes an empty slice);
     tensors: name -> (numpy array in HF layout, stored dtype).  With ollama_order the
@@ -93,6 +98,7 @@ def write(path: Path, arch: str, kvs: dict[str, Any], tensors: dict[str, tuple[n
     w.close()
     if empty:
         from .gguf_edit import Blob, payload
+
         blob = Blob.parse(path.read_bytes())
         for k, sub in empty.items():
             blob.kv(k).payload = payload(V.ARRAY, (sub, []))
@@ -132,29 +138,44 @@ def embeddings(rng: np.random.Generator, n_vocab: int, n_embd: int, *, tied: boo
     """`token_embd` (BF16), `output_norm` (F32) and, unless the embeddings
     are tied, `output` (BF16): a text model's ends, as Ollama kept a bf16
     checkpoint's."""
-    t = {"token_embd.weight": (normal(rng, (n_vocab, n_embd), 0.05), T.BF16),
-         "output_norm.weight": (norm(rng, n_embd), T.F32)}
+    t = {
+        "token_embd.weight": (normal(rng, (n_vocab, n_embd), 0.05), T.BF16),
+        "output_norm.weight": (norm(rng, n_embd), T.F32),
+    }
     if not tied:
         t["output.weight"] = (normal(rng, (n_vocab, n_embd), 0.05), T.BF16)
     return t
 
 
-def attention(rng: np.random.Generator, prefix: str, n_embd: int, q_rows: int, kv_rows: int,
-              dtype: T = T.BF16, names: tuple[str, ...] = ("attn_q", "attn_k", "attn_v", "attn_output")
-              ) -> dict[str, tuple[np.ndarray, T]]:
+def attention(
+    rng: np.random.Generator,
+    prefix: str,
+    n_embd: int,
+    q_rows: int,
+    kv_rows: int,
+    dtype: T = T.BF16,
+    names: tuple[str, ...] = ("attn_q", "attn_k", "attn_v", "attn_output"),
+) -> dict[str, tuple[np.ndarray, T]]:
     """Q, K, V and output projections of one attention block, named
     `prefix` + `names` (Q, K, V, output) + `.weight`."""
     q, k, v, out = (prefix + n + ".weight" for n in names)
-    return {q: linear(rng, q_rows, n_embd, dtype), k: linear(rng, kv_rows, n_embd, dtype),
-            v: linear(rng, kv_rows, n_embd, dtype), out: linear(rng, n_embd, q_rows, dtype)}
+    return {
+        q: linear(rng, q_rows, n_embd, dtype),
+        k: linear(rng, kv_rows, n_embd, dtype),
+        v: linear(rng, kv_rows, n_embd, dtype),
+        out: linear(rng, n_embd, q_rows, dtype),
+    }
 
 
-def ffn(rng: np.random.Generator, prefix: str, n_embd: int, n_ff: int, dtype: T = T.BF16
-        ) -> dict[str, tuple[np.ndarray, T]]:
+def ffn(
+    rng: np.random.Generator, prefix: str, n_embd: int, n_ff: int, dtype: T = T.BF16
+) -> dict[str, tuple[np.ndarray, T]]:
     """A gated feed-forward block: `prefix` + ffn_gate, ffn_up, ffn_down."""
-    return {prefix + "ffn_gate.weight": linear(rng, n_ff, n_embd, dtype),
-            prefix + "ffn_up.weight": linear(rng, n_ff, n_embd, dtype),
-            prefix + "ffn_down.weight": linear(rng, n_embd, n_ff, dtype)}
+    return {
+        prefix + "ffn_gate.weight": linear(rng, n_ff, n_embd, dtype),
+        prefix + "ffn_up.weight": linear(rng, n_ff, n_embd, dtype),
+        prefix + "ffn_down.weight": linear(rng, n_embd, n_ff, dtype),
+    }
 
 
 def llm_kvs(arch: str, p: Dims) -> dict[str, Any]:

@@ -21,6 +21,7 @@
   `v.position_embd.weight` and the relative position tables F32; everything else BF16
   (a BF16 checkpoint).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,13 +34,30 @@ from .nemotron import byte_bpe_tokens
 
 
 DEEPSEEK_OCR: Dims = dict(
-    n_layer=3, n_embd=64, n_ff=128, n_head=4, context_length=8192, first_dense=1,
-    n_expert=4, n_expert_used=2, n_shared=2, moe_ff=32,
+    n_layer=3,
+    n_embd=64,
+    n_ff=128,
+    n_head=4,
+    context_length=8192,
+    first_dense=1,
+    n_expert=4,
+    n_expert_used=2,
+    n_shared=2,
+    moe_ff=32,
     # SAM ViT-B (768 wide, 12 blocks, neck to 256, nets to 512 and 1024 in the real model)
-    sam_n_layer=3, sam_n_embd=32, sam_n_head=2, sam_window=14, sam_grid=64, neck=16,
+    sam_n_layer=3,
+    sam_n_embd=32,
+    sam_n_head=2,
+    sam_window=14,
+    sam_grid=64,
+    neck=16,
     sam_global=[2, 5, 8, 11],
     # CLIP-L/14 at 224 pixels (16x16 patches + CLS), fed with SAM's features
-    v_n_layer=2, v_n_embd=64, v_n_head=4, image_size=224, patch_size=14,
+    v_n_layer=2,
+    v_n_embd=64,
+    v_n_head=4,
+    image_size=224,
+    patch_size=14,
 )
 
 SPECIALS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>", "<image>")
@@ -51,7 +69,10 @@ def _layer_norm(rng, pre: str, n: int) -> dict[str, tuple[np.ndarray, T]]:
 
 
 def _linear(rng, pre: str, n_out: int, n_in: int, std: float = 0.1) -> dict[str, tuple[np.ndarray, T]]:
-    return {pre + ".weight": (normal(rng, (n_out, n_in), std), T.BF16), pre + ".bias": (normal(rng, (n_out,), 0.02), T.F32)}
+    return {
+        pre + ".weight": (normal(rng, (n_out, n_in), std), T.BF16),
+        pre + ".bias": (normal(rng, (n_out,), 0.02), T.F32),
+    }
 
 
 def _text_tensors(rng, p: Dims, n_vocab: int) -> dict[str, tuple[np.ndarray, T]]:
@@ -97,17 +118,19 @@ def _sam_tensors(rng, p: Dims) -> dict[str, tuple[np.ndarray, T]]:
     }
     for i in range(p["sam_n_layer"]):
         b = f"s.blk.{i}."
-        size = G if i in p["sam_global"] else W          # relative positions span the attended grid
-        t.update({
-            **_layer_norm(rng, b + "norm1", C),
-            **_linear(rng, b + "attn.qkv", 3 * C, C),
-            **_linear(rng, b + "attn.proj", C, C),
-            b + "attn.rel_pos_h": (normal(rng, (2 * size - 1, hd), 0.05), T.F32),
-            b + "attn.rel_pos_w": (normal(rng, (2 * size - 1, hd), 0.05), T.F32),
-            **_layer_norm(rng, b + "norm2", C),
-            **_linear(rng, b + "mlp.lin1", 4 * C, C),
-            **_linear(rng, b + "mlp.lin2", C, 4 * C),
-        })
+        size = G if i in p["sam_global"] else W  # relative positions span the attended grid
+        t.update(
+            {
+                **_layer_norm(rng, b + "norm1", C),
+                **_linear(rng, b + "attn.qkv", 3 * C, C),
+                **_linear(rng, b + "attn.proj", C, C),
+                b + "attn.rel_pos_h": (normal(rng, (2 * size - 1, hd), 0.05), T.F32),
+                b + "attn.rel_pos_w": (normal(rng, (2 * size - 1, hd), 0.05), T.F32),
+                **_layer_norm(rng, b + "norm2", C),
+                **_linear(rng, b + "mlp.lin1", 4 * C, C),
+                **_linear(rng, b + "mlp.lin2", C, 4 * C),
+            }
+        )
     return t
 
 
@@ -122,14 +145,16 @@ def _clip_tensors(rng, p: Dims) -> dict[str, tuple[np.ndarray, T]]:
     }
     for i in range(p["v_n_layer"]):
         b = f"v.blk.{i}."
-        t.update({
-            **_layer_norm(rng, b + "layer_norm1", VE),
-            **_linear(rng, b + "self_attn.qkv_proj", 3 * VE, VE),
-            **_linear(rng, b + "self_attn.out_proj", VE, VE),
-            **_layer_norm(rng, b + "layer_norm2", VE),
-            **_linear(rng, b + "mlp.fc1", 4 * VE, VE),
-            **_linear(rng, b + "mlp.fc2", VE, 4 * VE),
-        })
+        t.update(
+            {
+                **_layer_norm(rng, b + "layer_norm1", VE),
+                **_linear(rng, b + "self_attn.qkv_proj", 3 * VE, VE),
+                **_linear(rng, b + "self_attn.out_proj", VE, VE),
+                **_layer_norm(rng, b + "layer_norm2", VE),
+                **_linear(rng, b + "mlp.fc1", 4 * VE, VE),
+                **_linear(rng, b + "mlp.fc2", VE, 4 * VE),
+            }
+        )
     return t
 
 
@@ -146,27 +171,48 @@ def legacy_deepseekocr(path: Path, seed: int = 0) -> Path:
     toks, types, merges = byte_bpe_tokens(SPECIALS)
     arch = "deepseekocr"
     text = {
-        "block_count": p["n_layer"], "context_length": p["context_length"], "embedding_length": p["n_embd"],
-        "feed_forward_length": p["n_ff"], "attention.head_count": p["n_head"], "attention.head_count_kv": p["n_head"],
-        "expert_count": p["n_expert"], "expert_used_count": p["n_expert_used"],
+        "block_count": p["n_layer"],
+        "context_length": p["context_length"],
+        "embedding_length": p["n_embd"],
+        "feed_forward_length": p["n_ff"],
+        "attention.head_count": p["n_head"],
+        "attention.head_count_kv": p["n_head"],
+        "expert_count": p["n_expert"],
+        "expert_used_count": p["n_expert_used"],
         "leading_dense_block_count": p["first_dense"],
-        "vision.block_count": p["v_n_layer"], "vision.embedding_length": p["v_n_embd"],
-        "vision.head_count": p["v_n_head"], "vision.image_size": p["image_size"], "vision.patch_size": p["patch_size"],
-        "sam.block_count": p["sam_n_layer"], "sam.embedding_length": p["sam_n_embd"],
-        "sam.head_count": p["sam_n_head"], "sam.global_attention_indexes": p["sam_global"],
+        "vision.block_count": p["v_n_layer"],
+        "vision.embedding_length": p["v_n_embd"],
+        "vision.head_count": p["v_n_head"],
+        "vision.image_size": p["image_size"],
+        "vision.patch_size": p["patch_size"],
+        "sam.block_count": p["sam_n_layer"],
+        "sam.embedding_length": p["sam_n_embd"],
+        "sam.head_count": p["sam_n_head"],
+        "sam.global_attention_indexes": p["sam_global"],
     }
     kvs: dict[str, Any] = {f"{arch}.{k}": v for k, v in text.items()}
-    kvs.update({
-        "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default",
-        "tokenizer.ggml.tokens": toks, "tokenizer.ggml.token_type": types,
-        "tokenizer.ggml.scores": [0.0] * len(toks), "tokenizer.ggml.merges": merges,
-        "tokenizer.ggml.bos_token_id": BOS, "tokenizer.ggml.eos_token_id": EOS,
-        "tokenizer.ggml.padding_token_id": PAD, "tokenizer.ggml.add_bos_token": True,
-        "tokenizer.ggml.add_eos_token": False, "general.file_type": 1, "general.quantization_version": 2,
-    })
+    kvs.update(
+        {
+            "tokenizer.ggml.model": "gpt2",
+            "tokenizer.ggml.pre": "default",
+            "tokenizer.ggml.tokens": toks,
+            "tokenizer.ggml.token_type": types,
+            "tokenizer.ggml.scores": [0.0] * len(toks),
+            "tokenizer.ggml.merges": merges,
+            "tokenizer.ggml.bos_token_id": BOS,
+            "tokenizer.ggml.eos_token_id": EOS,
+            "tokenizer.ggml.padding_token_id": PAD,
+            "tokenizer.ggml.add_bos_token": True,
+            "tokenizer.ggml.add_eos_token": False,
+            "general.file_type": 1,
+            "general.quantization_version": 2,
+        }
+    )
     E = p["n_embd"]
     tensors = {
-        **_text_tensors(rng, p, len(toks)), **_sam_tensors(rng, p), **_clip_tensors(rng, p),
+        **_text_tensors(rng, p, len(toks)),
+        **_sam_tensors(rng, p),
+        **_clip_tensors(rng, p),
         **_linear(rng, "mm.layers", E, 2 * p["v_n_embd"], 0.05),
         "mm.image_newline": (normal(rng, (E,), 0.1), T.F32),
         "mm.view_seperator": (normal(rng, (E,), 0.1), T.F32),

@@ -31,6 +31,7 @@ converter after 9db4bdbad, e.g. the shared fixture), so that its translation
 is comparable with llama.cpp's conversion of the same checkpoint; without
 it the weights are seeded random in the shapes of that fixture.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -44,12 +45,26 @@ from .gemma3 import gemma3_hparams, gemma3_tokens
 
 
 EMBEDDINGGEMMA: Dims = dict(
-    n_layer=6, n_embd=96, n_ff=144, n_head=3, n_head_kv=1, head_dim=32, n_dense=384,
-    context_length=2048, sliding_window=512, rope_base=1_000_000.0, rope_local=10_000.0,
-    eps=1e-6, pooling_type=1, bos=2, eos=1, pad=0, unk=3,
+    n_layer=6,
+    n_embd=96,
+    n_ff=144,
+    n_head=3,
+    n_head_kv=1,
+    head_dim=32,
+    n_dense=384,
+    context_length=2048,
+    sliding_window=512,
+    rope_base=1_000_000.0,
+    rope_local=10_000.0,
+    eps=1e-6,
+    pooling_type=1,
+    bos=2,
+    eos=1,
+    pad=0,
+    unk=3,
 )
 CURRENT_ARCH = "gemma-embedding"
-GLOBAL_EVERY = 6   # Gemma 3's layer_types: every sixth layer attends globally
+GLOBAL_EVERY = 6  # Gemma 3's layer_types: every sixth layer attends globally
 
 
 def _from_current(blob: Path) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, T]]]:
@@ -87,17 +102,26 @@ def _seeded(seed: int) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, T]]]
     d = EMBEDDINGGEMMA
     rng = np.random.default_rng(seed)
     toks, scores, types, merges = gemma3_tokens()
-    p: dict[str, Any] = {**d, "tokenizer": {
-        "tokenizer.ggml.model": "llama", "tokenizer.ggml.pre": "default",
-        "tokenizer.ggml.tokens": toks, "tokenizer.ggml.scores": scores, "tokenizer.ggml.token_type": types,
-        "tokenizer.ggml.merges": merges,
-        "tokenizer.ggml.bos_token_id": d["bos"], "tokenizer.ggml.eos_token_id": d["eos"],
-        "tokenizer.ggml.padding_token_id": d["pad"], "tokenizer.ggml.unknown_token_id": d["unk"],
-        "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": True,
-    }}
+    p: dict[str, Any] = {
+        **d,
+        "tokenizer": {
+            "tokenizer.ggml.model": "llama",
+            "tokenizer.ggml.pre": "default",
+            "tokenizer.ggml.tokens": toks,
+            "tokenizer.ggml.scores": scores,
+            "tokenizer.ggml.token_type": types,
+            "tokenizer.ggml.merges": merges,
+            "tokenizer.ggml.bos_token_id": d["bos"],
+            "tokenizer.ggml.eos_token_id": d["eos"],
+            "tokenizer.ggml.padding_token_id": d["pad"],
+            "tokenizer.ggml.unknown_token_id": d["unk"],
+            "tokenizer.ggml.add_bos_token": True,
+            "tokenizer.ggml.add_eos_token": True,
+        },
+    }
     E, F, hd, D = d["n_embd"], d["n_ff"], d["head_dim"], d["n_dense"]
 
-    def norm(n: int) -> tuple[np.ndarray, T]:   # Gemma RMSNorm weight, +1 applied as Ollama stored it
+    def norm(n: int) -> tuple[np.ndarray, T]:  # Gemma RMSNorm weight, +1 applied as Ollama stored it
         return (1.0 + normal(rng, (n,), 0.05)).astype(np.float32), T.F32
 
     t = {"token_embd.weight": (normal(rng, (len(toks), E), 0.05), T.F16), "output_norm.weight": norm(E)}
@@ -107,13 +131,19 @@ def _seeded(seed: int) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, T]]]
         t[b + "attn_k.weight"] = (normal(rng, (d["n_head_kv"] * hd, E), 0.05), T.F16)
         t[b + "attn_v.weight"] = (normal(rng, (d["n_head_kv"] * hd, E), 0.05), T.F16)
         t[b + "attn_output.weight"] = (normal(rng, (E, d["n_head"] * hd), 0.05), T.F16)
-        for n, size in (("attn_q_norm", hd), ("attn_k_norm", hd), ("attn_norm", E), ("post_attention_norm", E),
-                        ("ffn_norm", E), ("post_ffw_norm", E)):
+        for n, size in (
+            ("attn_q_norm", hd),
+            ("attn_k_norm", hd),
+            ("attn_norm", E),
+            ("post_attention_norm", E),
+            ("ffn_norm", E),
+            ("post_ffw_norm", E),
+        ):
             t[b + n + ".weight"] = norm(size)
         t[b + "ffn_gate.weight"] = (normal(rng, (F, E), 0.05), T.F16)
         t[b + "ffn_up.weight"] = (normal(rng, (F, E), 0.05), T.F16)
         t[b + "ffn_down.weight"] = (normal(rng, (E, F), 0.05), T.F16)
-    t["dense.0.weight"] = (normal(rng, (D, E), 0.05), T.F16)   # HF Linear(E -> D): (out, in)
+    t["dense.0.weight"] = (normal(rng, (D, E), 0.05), T.F16)  # HF Linear(E -> D): (out, in)
     t["dense.1.weight"] = (normal(rng, (E, D), 0.05), T.F16)
     return p, t
 

@@ -13,6 +13,7 @@ process does.  Used by
 `tests/test_fuzz.py` (a few hundred cases, in process and through a mount)
 and `scripts/fuzz.py` (tens of thousands).
 """
+
 from __future__ import annotations
 
 import errno
@@ -41,11 +42,11 @@ class Outcome:
     case: int
     seed_blob: str
     mutation: str
-    result: str            # "served", "refused", or the unexpected exception's type
+    result: str  # "served", "refused", or the unexpected exception's type
     message: str
     seconds: float
     peak_bytes: int
-    blob: bytes | None = field(default=None, repr=False)   # kept for findings only
+    blob: bytes | None = field(default=None, repr=False)  # kept for findings only
 
 
 @dataclass
@@ -84,14 +85,23 @@ def exercise(path: Path) -> list[bytes]:
     return out
 
 
-def run(seeds: dict[str, bytes], cases: int, seed: int, workdir: Path, max_seconds: float = 5.0,
-        max_bytes: int = 256 << 20, mode: str = "bytes", translations=None) -> Summary:
+def run(
+    seeds: dict[str, bytes],
+    cases: int,
+    seed: int,
+    workdir: Path,
+    max_seconds: float = 5.0,
+    max_bytes: int = 256 << 20,
+    mode: str = "bytes",
+    translations=None,
+) -> Summary:
     """`cases` mutated copies of the `seeds` blobs (name -> bytes), each
     exercised.  `mode` "bytes" mutates bytes; "structure" edits headers at
     the names `translations` (default: every handler's) read."""
     if mode == "structure":
         if translations is None:
             from .. import handlers  # type: ignore[attr-defined]  # handlers/, by package-dir: mypy cannot see it
+
             translations = (*handlers.TEXT, *handlers.CLIP)
         mutate = structure_mutator(translations, workdir)
     elif mode == "bytes":
@@ -111,13 +121,13 @@ def run(seeds: dict[str, bytes], cases: int, seed: int, workdir: Path, max_secon
         try:
             exercise(path)
             result, message = "served", ""
-        except HandlerFailure as e:   # a finding: a handler crashed (views refused its view for it)
+        except HandlerFailure as e:  # a finding: a handler crashed (views refused its view for it)
             result, message = type(e.__cause__).__name__, str(e)
-        except Transient as e:        # a finding: out of memory or descriptors on one small header
+        except Transient as e:  # a finding: out of memory or descriptors on one small header
             result, message = f"fault of the system ({type(e.__cause__ or e.__context__ or e).__name__})", str(e)
         except GGUFError as e:
             result, message = "refused", str(e)
-        except Exception as e:   # a finding: reported, never raised
+        except Exception as e:  # a finding: reported, never raised
             result, message = type(e).__name__, f"{e}"
         seconds = time.perf_counter() - t0
         peak = tracemalloc.get_traced_memory()[1]
@@ -127,8 +137,7 @@ def run(seeds: dict[str, bytes], cases: int, seed: int, workdir: Path, max_secon
         elif peak > max_bytes:
             result, message = "too much memory", f"{peak >> 20} MiB; {message}"
         finding = result not in ("served", "refused")
-        summary.outcomes.append(Outcome(case, name, what, result, message, seconds, peak,
-                                        data if finding else None))
+        summary.outcomes.append(Outcome(case, name, what, result, message, seconds, peak, data if finding else None))
     return summary
 
 
@@ -192,6 +201,7 @@ def seed_blobs(workdir: Path, extra: Iterable[Path] = (), max_bytes: int = 2_000
     projector) under `max_bytes` (a large vocabulary would dominate the run
     time), and the `extra` GGUF files."""
     from . import LEGACY
+
     blobs = {}
     for name, entry in LEGACY.items():
         for role, writer in (("model", entry.model), ("projector", entry.projector)):

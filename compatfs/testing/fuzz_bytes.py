@@ -1,6 +1,7 @@
 """Byte mutations for the fuzzer (`compatfs.testing.fuzz`, mode "bytes"):
 bit flips, random bytes, extreme 32- and 64-bit fields, counts set to
 extremes, truncation, block digits changed, aimed at a blob's header."""
+
 from __future__ import annotations
 
 import random
@@ -22,7 +23,7 @@ def _flip(buf: bytearray, rng: random.Random, header: int) -> str:
 def _bytes(buf: bytearray, rng: random.Random, header: int) -> str:
     at = rng.randrange(header)
     n = rng.randint(1, 8)
-    buf[at:at + n] = bytes(rng.randrange(256) for _ in range(n))
+    buf[at : at + n] = bytes(rng.randrange(256) for _ in range(n))
     return f"{n} random bytes at {at}"
 
 
@@ -53,10 +54,10 @@ def _count_key(buf: bytearray, rng: random.Random, header: int) -> str:
         return _u32(buf, rng, header)
     at = rng.choice(starts)
     end = at
-    while end < header and 32 < buf[end] < 127:   # to the end of the key's name
+    while end < header and 32 < buf[end] < 127:  # to the end of the key's name
         end += 1
     vtype = struct.unpack_from("<I", buf, end)[0] if end + 4 <= header else None
-    if vtype in (4, 5):   # u32 / i32
+    if vtype in (4, 5):  # u32 / i32
         value = rng.choice((2**32 - 1, 2**31 - 1, 2**22, 0))
         struct.pack_into("<I", buf, end + 4, value)
         return f"count key at {at} = {value}"
@@ -89,8 +90,13 @@ def _duplicate_name(buf: bytearray, rng: random.Random, header: int) -> str:
 
 
 MUTATIONS: dict[str, Mutation] = {
-    "flip": _flip, "bytes": _bytes, "u64": _u64, "u32": _u32, "count_key": _count_key,
-    "truncate": _truncate, "duplicate_name": _duplicate_name,
+    "flip": _flip,
+    "bytes": _bytes,
+    "u64": _u64,
+    "u32": _u32,
+    "count_key": _count_key,
+    "truncate": _truncate,
+    "duplicate_name": _duplicate_name,
 }
 
 
@@ -106,6 +112,7 @@ def byte_mutator() -> Callable[[bytes, random.Random], tuple[bytes, str]]:
         kind = rng.choice(sorted(MUTATIONS))
         what = MUTATIONS[kind](buf, rng, headers[raw])
         return bytes(buf), f"{kind}: {what}"
+
     return mutate
 
 

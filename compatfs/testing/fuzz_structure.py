@@ -5,6 +5,7 @@ at the names the tables of the translations that claim it hold
 (most often an array of the same length with another element type), NaN,
 inf and huge numbers, empty and nested arrays, unknown ggml types, odd
 shapes, overlapping offsets, shuffled order."""
+
 from __future__ import annotations
 
 import inspect
@@ -23,12 +24,13 @@ from ..format.header import SourceGGUF
 from ..format.values import Value
 from .gguf_edit import KV, Blob, TensorEntry, payload
 
+
 def handler_targets(translations) -> frozenset[str]:
     """Every name the `translations`' tables hold: the strings of their
     edits' fields, of their counts, and those their detectors and tensor
     makers close over (keys, tensor names, prefixes, `{}` patterns)."""
     found: set[str] = set()
-    seen: dict[int, object] = {}    # the objects walked, kept alive so that no id is reused
+    seen: dict[int, object] = {}  # the objects walked, kept alive so that no id is reused
 
     def walk(obj) -> None:
         if isinstance(obj, str):
@@ -50,6 +52,7 @@ def handler_targets(translations) -> frozenset[str]:
         elif is_dataclass(obj):
             for f in fields(obj):
                 walk(getattr(obj, f.name))
+
     for tr in translations:
         walk((tr.detect, tr.kv, tr.tensors, tr.counts))
     return frozenset(found)
@@ -60,8 +63,11 @@ def _pattern_matches(pattern: str, name: str) -> bool:
     a leaf starting with `.`, or a `{}` pattern with a block number."""
     if "{}" in pattern:
         return re.fullmatch(re.escape(pattern).replace(r"\{\}", r"\d+") + r"(\..*)?", name) is not None
-    return name == pattern or (pattern.endswith(".") and name.startswith(pattern)) or \
-        (pattern.startswith(".") and pattern in name)
+    return (
+        name == pattern
+        or (pattern.endswith(".") and name.startswith(pattern))
+        or (pattern.startswith(".") and pattern in name)
+    )
 
 
 def _aimed(names: list[str], targets: frozenset[str], rng: random.Random) -> str | None:
@@ -105,10 +111,28 @@ def hostile_value(rng: random.Random, like: KV | None = None) -> tuple[int, byte
         same = _same_length(like, rng)
         if same is not None:
             return same
-    kind = rng.choice((
-        "string", "empty string", "u32 max", "u64 huge", "i32 -1", "f32 nan", "f32 inf", "f64 huge", "bool",
-        "empty array", "strings", "floats nan/inf", "u64 array", "nested", "bools", "i32 array", "u8 array",
-        "unknown value type"))
+    kind = rng.choice(
+        (
+            "string",
+            "empty string",
+            "u32 max",
+            "u64 huge",
+            "i32 -1",
+            "f32 nan",
+            "f32 inf",
+            "f64 huge",
+            "bool",
+            "empty array",
+            "strings",
+            "floats nan/inf",
+            "u64 array",
+            "nested",
+            "bools",
+            "i32 array",
+            "u8 array",
+            "unknown value type",
+        )
+    )
     if kind == "string":
         return VT.STRING, payload(VT.STRING, "x" * rng.choice((1, 7))), kind
     if kind == "empty string":
@@ -130,7 +154,7 @@ def hostile_value(rng: random.Random, like: KV | None = None) -> tuple[int, byte
     if kind == "empty array":
         return VT.ARRAY, payload(VT.ARRAY, (rng.choice((VT.INT32, VT.STRING, VT.FLOAT32)), [])), kind
     if kind == "strings":
-        return VT.ARRAY, payload(VT.ARRAY, (VT.STRING, ["7", "a", ""][:rng.randint(1, 3)])), kind
+        return VT.ARRAY, payload(VT.ARRAY, (VT.STRING, ["7", "a", ""][: rng.randint(1, 3)])), kind
     if kind == "floats nan/inf":
         return VT.ARRAY, payload(VT.ARRAY, (VT.FLOAT32, [1.0, math.nan, math.inf, -math.inf])), kind
     if kind == "u64 array":
@@ -151,8 +175,16 @@ def hostile_value(rng: random.Random, like: KV | None = None) -> tuple[int, byte
 
 
 _UNKNOWN_TYPES = (4, 5, 40, 2**31, 2**32 - 1)
-_DIMS = ("0-d", "zero-length", "1-d", "overflowing product", "zero elements, huge dims", "huge row",
-         "an extra axis", "rows doubled")
+_DIMS = (
+    "0-d",
+    "zero-length",
+    "1-d",
+    "overflowing product",
+    "zero elements, huge dims",
+    "huge row",
+    "an extra axis",
+    "rows doubled",
+)
 
 
 def _s_duplicate_key(b: Blob, rng: random.Random, aim) -> str:
@@ -188,11 +220,22 @@ def _s_retype(b: Blob, rng: random.Random, aim) -> str:
 
 
 def _s_add_key(b: Blob, rng: random.Random, aim, targets: frozenset[str]) -> str:
-    arch = next((kv.payload[8:].decode("utf-8", "replace") for kv in b.kvs
-                 if kv.key == "general.architecture" and kv.vtype == VT.STRING), "")
+    arch = next(
+        (
+            kv.payload[8:].decode("utf-8", "replace")
+            for kv in b.kvs
+            if kv.key == "general.architecture" and kv.vtype == VT.STRING
+        ),
+        "",
+    )
     have = {kv.key for kv in b.kvs}
-    keys = sorted(t for t in targets if re.fullmatch(r"[a-z0-9_.\-]+[a-z0-9_]", t) and t not in have
-                  and t.startswith((f"{arch}.", "tokenizer.", "clip.")))
+    keys = sorted(
+        t
+        for t in targets
+        if re.fullmatch(r"[a-z0-9_.\-]+[a-z0-9_]", t)
+        and t not in have
+        and t.startswith((f"{arch}.", "tokenizer.", "clip."))
+    )
     if not keys:
         return _s_retype(b, rng, aim)
     key = rng.choice(keys)
@@ -261,8 +304,14 @@ def _s_order(b: Blob, rng: random.Random, aim) -> str:
 
 
 STRUCTURE: dict[str, Callable] = {
-    "duplicate_key": _s_duplicate_key, "duplicate_tensor": _s_duplicate_tensor, "retype": _s_retype,
-    "add_key": _s_add_key, "drop": _s_drop, "ggml_type": _s_ggml_type, "dims": _s_dims, "overlap": _s_overlap,
+    "duplicate_key": _s_duplicate_key,
+    "duplicate_tensor": _s_duplicate_tensor,
+    "retype": _s_retype,
+    "add_key": _s_add_key,
+    "drop": _s_drop,
+    "ggml_type": _s_ggml_type,
+    "dims": _s_dims,
+    "overlap": _s_overlap,
     "order": _s_order,
 }
 
@@ -292,7 +341,7 @@ def structure_mutator(translations, workdir: Path):
 
     def mutate(raw: bytes, rng: random.Random) -> tuple[bytes, str]:
         blob, targets = Blob.parse(raw), targets_of(raw)
-        aim = lambda names: _aimed(names, targets, rng)   # noqa: E731
+        aim = lambda names: _aimed(names, targets, rng)  # noqa: E731
         done = []
         for _ in range(rng.choice((1, 1, 1, 2, 3))):
             kind = rng.choices(kinds, weights)[0]
@@ -300,4 +349,5 @@ def structure_mutator(translations, workdir: Path):
             what = edit(blob, rng, aim, targets) if kind == "add_key" else edit(blob, rng, aim)
             done.append(f"{kind}: {what}")
         return blob.serialize(), "; ".join(done)
+
     return mutate

@@ -14,6 +14,7 @@
   `<end_of_turn>` forced to CONTROL, added_tokens.json entries appended with score
   -1000 and type USER_DEFINED (4) -- the `<image_soft_token>` past the embedding rows.
 """
+
 from __future__ import annotations
 
 import functools
@@ -28,26 +29,64 @@ from .tokenizers import byte_tokens, spm_pieces
 
 
 GEMMA3_TEXT: Dims = dict(
-    n_layer=4, n_embd=64, n_ff=128, n_head=4, n_head_kv=1, head_dim=16,
-    context_length=32768, sliding_window=512, rope_global=1_000_000.0, rope_local=10_000.0,
+    n_layer=4,
+    n_embd=64,
+    n_ff=128,
+    n_head=4,
+    n_head_kv=1,
+    head_dim=16,
+    context_length=32768,
+    sliding_window=512,
+    rope_global=1_000_000.0,
+    rope_local=10_000.0,
     final_logit_softcapping=30.0,
-    bos=2, eos=1, pad=0, unk=3, start_of_turn=10, end_of_turn=11,
+    bos=2,
+    eos=1,
+    pad=0,
+    unk=3,
+    start_of_turn=10,
+    end_of_turn=11,
 )
 
 
 GEMMA3_VISION: Dims = dict(
     # 34 blocks: the only way Ollama's converter writes non-zero head counts for a
     # Gemma3ForConditionalGeneration checkpoint (table keyed on 34/48/62 blocks).
-    n_layer=34, n_embd=64, n_ff=128, n_head=8, n_head_kv=4, head_dim=16,
-    context_length=131072, sliding_window=1024, n_vocab=576, tokens_per_image=4,
-    v_n_layer=2, v_n_embd=64, v_n_ff=128, v_n_head=4, v_eps=1e-6,
-    image_size=112, patch_size=14, num_channels=3,
+    n_layer=34,
+    n_embd=64,
+    n_ff=128,
+    n_head=8,
+    n_head_kv=4,
+    head_dim=16,
+    context_length=131072,
+    sliding_window=1024,
+    n_vocab=576,
+    tokens_per_image=4,
+    v_n_layer=2,
+    v_n_embd=64,
+    v_n_ff=128,
+    v_n_head=4,
+    v_eps=1e-6,
+    image_size=112,
+    patch_size=14,
+    num_channels=3,
 )
 
 _GEMMA3_SPECIALS = [
-    ("<pad>", 3), ("<eos>", 3), ("<bos>", 3), ("<unk>", 2), ("<mask>", 1), ("[multimodal]", 1),
-    ("<unused0>", 1), ("<unused1>", 1), ("<unused2>", 1), ("<unused3>", 1),
-    ("<start_of_turn>", 3), ("<end_of_turn>", 3), ("<start_of_image>", 1), ("<end_of_image>", 1),
+    ("<pad>", 3),
+    ("<eos>", 3),
+    ("<bos>", 3),
+    ("<unk>", 2),
+    ("<mask>", 1),
+    ("[multimodal]", 1),
+    ("<unused0>", 1),
+    ("<unused1>", 1),
+    ("<unused2>", 1),
+    ("<unused3>", 1),
+    ("<start_of_turn>", 3),
+    ("<end_of_turn>", 3),
+    ("<start_of_image>", 1),
+    ("<end_of_image>", 1),
 ]
 
 
@@ -69,7 +108,6 @@ def gemma3_tokens() -> tuple[list[str], list[float], list[int], list[str]]:
     return toks, scores, types, list(merges)
 
 
-
 def _gemma_norm(rng: np.random.Generator, n: int) -> np.ndarray:
     """Gemma RMSNorm weight with Ollama's +1 shift already applied (HF stores w, used as 1+w)."""
     return (1.0 + normal(rng, (n,), 0.05)).astype(np.float32)
@@ -79,7 +117,7 @@ def _gemma3_text_tensors(rng: np.random.Generator, p: Dims, n_vocab: int) -> dic
     E, F, hd = p["n_embd"], p["n_ff"], p["head_dim"]
     q, kv = p["n_head"] * hd, p["n_head_kv"] * hd
     emb = normal(rng, (n_vocab, E), 0.05)
-    emb[0] = 0.0                                         # padding_idx row, as in HF init
+    emb[0] = 0.0  # padding_idx row, as in HF init
     t: dict[str, tuple[np.ndarray, T]] = {
         "token_embd.weight": (emb, T.BF16),
         "output_norm.weight": (_gemma_norm(rng, E), T.F32),
@@ -141,10 +179,13 @@ def _gemma3_tokenizer_kvs(tokens: list[str], scores: list[float], types: list[in
     }
 
 
-
-def legacy_gemma3_text(path: Path, seed: int = 0, *,
-                       extra_tokens: Sequence[str] = ("<image_soft_token>",),
-                       rms_epsilon: float | None = None) -> Path:
+def legacy_gemma3_text(
+    path: Path,
+    seed: int = 0,
+    *,
+    extra_tokens: Sequence[str] = ("<image_soft_token>",),
+    rms_epsilon: float | None = None,
+) -> Path:
     """Gemma 3 1B-style text model (Gemma3ForCausalLM) as Ollama's 2025 converter wrote it.
 
     4 layers, n_embd 64, n_ff 128, heads 4/1, head_dim 16, context 32768, sliding window
@@ -164,7 +205,7 @@ def legacy_gemma3_text(path: Path, seed: int = 0, *,
     p = GEMMA3_TEXT
     rng = np.random.default_rng(seed)
     toks, scores, types, merges = gemma3_tokens()
-    toks, scores, types = list(toks), list(scores), list(types)   # (the cached lists stay as they are)
+    toks, scores, types = list(toks), list(scores), list(types)  # (the cached lists stay as they are)
     n_rows = len(toks)
     for extra in extra_tokens:
         toks.append(extra)
@@ -180,7 +221,6 @@ def legacy_gemma3_text(path: Path, seed: int = 0, *,
     if rms_epsilon is not None:
         kvs["gemma3.attention.layer_norm_rms_epsilon"] = float(rms_epsilon)
     return write(path, "gemma3", kvs, _gemma3_text_tensors(rng, p, n_rows), ollama_order=True)
-
 
 
 def legacy_gemma3_vision(path: Path, seed: int = 0) -> Path:
@@ -204,7 +244,7 @@ def legacy_gemma3_vision(path: Path, seed: int = 0) -> Path:
     p = GEMMA3_VISION
     rng = np.random.default_rng(seed)
     toks, scores, types, merges = gemma3_tokens()
-    toks, scores, types = list(toks), list(scores), list(types)   # (the cached lists stay as they are)
+    toks, scores, types = list(toks), list(scores), list(types)  # (the cached lists stay as they are)
     toks.append("<image_soft_token>")
     scores.append(-1000.0)
     types.append(4)
@@ -251,5 +291,3 @@ def legacy_gemma3_vision(path: Path, seed: int = 0) -> Path:
     tensors["mm.mm_input_projection.weight"] = (normal(rng, (VE, p["n_embd"]), 0.1), T.F16)
     tensors["mm.mm_soft_emb_norm.weight"] = (_gemma_norm(rng, VE), T.F32)
     return write(path, "gemma3", kvs, tensors, ollama_order=True)
-
-

@@ -29,6 +29,7 @@ llama.cpp fixes what it does not read: 256-wide per-layer inputs, laurel
 rank 64, 4 altup inputs, activation sparsity in the first 10 layers, KV
 in the first 20; the widths here are those.
 """
+
 from __future__ import annotations
 
 import functools
@@ -42,10 +43,24 @@ from .core import Dims, T, attention, embeddings, ffn, linear, llm_kvs, norm, no
 from .gemma3 import GEMMA3_TEXT, _gemma3_tokenizer_kvs, gemma3_tokens
 
 GEMMA3N: Dims = dict(
-    n_layer=5, n_embd=64, n_ff=128, n_head=4, n_head_kv=2, head_dim=16, context_length=32768, rms_eps=1e-6,
-    sliding_window=512, rope_freq_base=1_000_000.0, rope_freq_base_local=10_000.0,
-    sliding=[True, True, True, True, False], sparsity=[0.95] * 5, n_kv_shared=0,
-    per_layer=256, laurel_rank=64, altup=4, n_vocab=560,
+    n_layer=5,
+    n_embd=64,
+    n_ff=128,
+    n_head=4,
+    n_head_kv=2,
+    head_dim=16,
+    context_length=32768,
+    rms_eps=1e-6,
+    sliding_window=512,
+    rope_freq_base=1_000_000.0,
+    rope_freq_base_local=10_000.0,
+    sliding=[True, True, True, True, False],
+    sparsity=[0.95] * 5,
+    n_kv_shared=0,
+    per_layer=256,
+    laurel_rank=64,
+    altup=4,
+    n_vocab=560,
 )
 
 # Gemma's chat format, without the system-prompt and image branches of Gemma 3n's own template.
@@ -64,8 +79,7 @@ def gemma3n_tokens() -> tuple[list[str], list[float], list[int], list[str], int]
     toks, scores, types, merges = gemma3_tokens()
     n_text = len(toks)
     pads = GEMMA3N["n_vocab"] - n_text
-    return (toks + [f"[PAD{i}]" for i in range(pads)], scores + [-1.0] * pads, types + [4] * pads, list(merges),
-            n_text)
+    return (toks + [f"[PAD{i}]" for i in range(pads)], scores + [-1.0] * pads, types + [4] * pads, list(merges), n_text)
 
 
 def sparsity_scale(sparsity: float) -> float:
@@ -103,13 +117,15 @@ def legacy_gemma3n(path: Path, seed: int = 0) -> Path:
         "tokenizer.chat_template": CHAT_TEMPLATE,
     }
     tensors = embeddings(rng, len(toks), E, tied=True)
-    tensors.update({
-        "per_layer_token_embd.weight": (normal(rng, (n_text, L * PL), 0.05), T.BF16),
-        "per_layer_model_proj.weight": linear(rng, L * PL, E),
-        "per_layer_proj_norm.weight": (norm(rng, PL), T.F32),
-        "altup_proj.weight": (normal(rng, (A - 1, E, E), 0.05), T.BF16),
-        "altup_unembd_proj.weight": (normal(rng, (A - 1, E, E), 0.05), T.BF16),
-    })
+    tensors.update(
+        {
+            "per_layer_token_embd.weight": (normal(rng, (n_text, L * PL), 0.05), T.BF16),
+            "per_layer_model_proj.weight": linear(rng, L * PL, E),
+            "per_layer_proj_norm.weight": (norm(rng, PL), T.F32),
+            "altup_proj.weight": (normal(rng, (A - 1, E, E), 0.05), T.BF16),
+            "altup_unembd_proj.weight": (normal(rng, (A - 1, E, E), 0.05), T.BF16),
+        }
+    )
     for i in range(L):
         b = f"blk.{i}."
         tensors[b + "attn_norm.weight"] = (norm(rng, E), T.F32)

@@ -20,6 +20,7 @@ projector.
   tensor, as `tensorBase.Kind()`), one global `rope_freqs.weight`; the vision
   tower under its mmproj names (`ln1`, `attn_out`, ...), F16, without clamps.
 """
+
 from __future__ import annotations
 
 import functools
@@ -33,17 +34,62 @@ from .tokenizers import byte_tokens, spm_pieces
 
 
 GEMMA4_MOE: Dims = dict(
-    n_layer=4, n_embd=64, n_ff=128, n_head=4, n_head_kv=2, head_dim_swa=16, head_dim=32,
-    n_expert=4, n_expert_used=2, n_ff_exp=32, context_length=131072, sliding_window=512,
-    rope_base=1_000_000.0, rope_base_swa=10_000.0, partial_rotary=0.25, softcap=30.0,
-    v_n_layer=2, v_n_embd=64, v_n_ff=128, v_n_head=4, v_head_dim=16, patch_size=16, n_positions=256,
+    n_layer=4,
+    n_embd=64,
+    n_ff=128,
+    n_head=4,
+    n_head_kv=2,
+    head_dim_swa=16,
+    head_dim=32,
+    n_expert=4,
+    n_expert_used=2,
+    n_ff_exp=32,
+    context_length=131072,
+    sliding_window=512,
+    rope_base=1_000_000.0,
+    rope_base_swa=10_000.0,
+    partial_rotary=0.25,
+    softcap=30.0,
+    v_n_layer=2,
+    v_n_embd=64,
+    v_n_ff=128,
+    v_n_head=4,
+    v_head_dim=16,
+    patch_size=16,
+    n_positions=256,
 )
 # Gemma 4's added tokens as the tokenizer lists them first: control (3) or user-defined (4).
-SPECIALS = [("<pad>", 3), ("<eos>", 3), ("<bos>", 3), ("<unk>", 3), ("<mask>", 3), ("[multimodal]", 4),
-            *((f"<unused{i}>", 4) for i in range(4)),
-            *((t, 4) for t in ("<|turn>", "<turn|>", "<|think|>", "<|channel>", "<channel|>", "<|tool_call>",
-                               "<tool_call|>", "<|tool_response>", "<tool_response|>", '<|"|>', "<|image>",
-                               "<image|>", "<|image|>", "<|audio>", "<audio|>", "<|audio|>", "<|video|>"))]
+SPECIALS = [
+    ("<pad>", 3),
+    ("<eos>", 3),
+    ("<bos>", 3),
+    ("<unk>", 3),
+    ("<mask>", 3),
+    ("[multimodal]", 4),
+    *((f"<unused{i}>", 4) for i in range(4)),
+    *(
+        (t, 4)
+        for t in (
+            "<|turn>",
+            "<turn|>",
+            "<|think|>",
+            "<|channel>",
+            "<channel|>",
+            "<|tool_call>",
+            "<tool_call|>",
+            "<|tool_response>",
+            "<tool_response|>",
+            '<|"|>',
+            "<|image>",
+            "<image|>",
+            "<|image|>",
+            "<|audio>",
+            "<audio|>",
+            "<|audio|>",
+            "<|video|>",
+        )
+    ),
+]
 PAD, EOS, BOS, UNK = 0, 1, 2, 3
 TURN_END = 11
 CHAT_TEMPLATE = (
@@ -79,31 +125,52 @@ def legacy_gemma4_moe(path: Path, seed: int = 0) -> Path:
     E, F, X, FX = p["n_embd"], p["n_ff"], p["n_expert"], p["n_ff_exp"]
     swa = [i < p["n_layer"] - 1 for i in range(p["n_layer"])]
     kvs: dict[str, Any] = {
-        "general.file_type": 1, "general.quantization_version": 2,
-        "gemma4.block_count": p["n_layer"], "gemma4.context_length": p["context_length"],
-        "gemma4.embedding_length": E, "gemma4.feed_forward_length": F,
-        "gemma4.attention.head_count": p["n_head"], "gemma4.attention.head_count_kv": p["n_head_kv"],
-        "gemma4.attention.key_length": p["head_dim"], "gemma4.attention.value_length": p["head_dim"],
-        "gemma4.attention.key_length_swa": p["head_dim_swa"], "gemma4.attention.value_length_swa": p["head_dim_swa"],
-        "gemma4.attention.layer_norm_rms_epsilon": 1e-6, "gemma4.attention.sliding_window": p["sliding_window"],
-        "gemma4.attention.sliding_window_pattern": swa, "gemma4.attention.shared_kv_layers": 0,
-        "gemma4.rope.freq_base": p["rope_base"], "gemma4.rope.dimension_count": p["head_dim"],
-        "gemma4.rope.freq_base_swa": p["rope_base_swa"], "gemma4.rope.dimension_count_swa": p["head_dim_swa"],
+        "general.file_type": 1,
+        "general.quantization_version": 2,
+        "gemma4.block_count": p["n_layer"],
+        "gemma4.context_length": p["context_length"],
+        "gemma4.embedding_length": E,
+        "gemma4.feed_forward_length": F,
+        "gemma4.attention.head_count": p["n_head"],
+        "gemma4.attention.head_count_kv": p["n_head_kv"],
+        "gemma4.attention.key_length": p["head_dim"],
+        "gemma4.attention.value_length": p["head_dim"],
+        "gemma4.attention.key_length_swa": p["head_dim_swa"],
+        "gemma4.attention.value_length_swa": p["head_dim_swa"],
+        "gemma4.attention.layer_norm_rms_epsilon": 1e-6,
+        "gemma4.attention.sliding_window": p["sliding_window"],
+        "gemma4.attention.sliding_window_pattern": swa,
+        "gemma4.attention.shared_kv_layers": 0,
+        "gemma4.rope.freq_base": p["rope_base"],
+        "gemma4.rope.dimension_count": p["head_dim"],
+        "gemma4.rope.freq_base_swa": p["rope_base_swa"],
+        "gemma4.rope.dimension_count_swa": p["head_dim_swa"],
         "gemma4.final_logit_softcapping": p["softcap"],
-        "gemma4.expert_count": X, "gemma4.expert_used_count": p["n_expert_used"],
+        "gemma4.expert_count": X,
+        "gemma4.expert_used_count": p["n_expert_used"],
         "gemma4.expert_feed_forward_length": FX,
         "gemma4.embedding_length_per_layer_input": 0,
-        "gemma4.vision.block_count": p["v_n_layer"], "gemma4.vision.embedding_length": p["v_n_embd"],
-        "gemma4.vision.attention.head_count": p["v_n_head"], "gemma4.vision.feed_forward_length": p["v_n_ff"],
-        "gemma4.vision.patch_size": p["patch_size"], "gemma4.vision.num_channels": 3,
-        "gemma4.vision.projector.scale_factor": 3, "gemma4.vision.attention.layer_norm_epsilon": 1e-6,
-        "tokenizer.ggml.model": "llama", "tokenizer.ggml.pre": "gemma4",
-        "tokenizer.ggml.tokens": toks, "tokenizer.ggml.scores": scores, "tokenizer.ggml.token_type": types,
+        "gemma4.vision.block_count": p["v_n_layer"],
+        "gemma4.vision.embedding_length": p["v_n_embd"],
+        "gemma4.vision.attention.head_count": p["v_n_head"],
+        "gemma4.vision.feed_forward_length": p["v_n_ff"],
+        "gemma4.vision.patch_size": p["patch_size"],
+        "gemma4.vision.num_channels": 3,
+        "gemma4.vision.projector.scale_factor": 3,
+        "gemma4.vision.attention.layer_norm_epsilon": 1e-6,
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.pre": "gemma4",
+        "tokenizer.ggml.tokens": toks,
+        "tokenizer.ggml.scores": scores,
+        "tokenizer.ggml.token_type": types,
         "tokenizer.ggml.merges": merges,
-        "tokenizer.ggml.bos_token_id": BOS, "tokenizer.ggml.eos_token_id": EOS,
-        "tokenizer.ggml.eos_token_ids": [EOS, TURN_END], "tokenizer.ggml.padding_token_id": PAD,
+        "tokenizer.ggml.bos_token_id": BOS,
+        "tokenizer.ggml.eos_token_id": EOS,
+        "tokenizer.ggml.eos_token_ids": [EOS, TURN_END],
+        "tokenizer.ggml.padding_token_id": PAD,
         "tokenizer.ggml.unknown_token_id": UNK,
-        "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": False,
+        "tokenizer.ggml.add_bos_token": True,
+        "tokenizer.ggml.add_eos_token": False,
         "tokenizer.chat_template": CHAT_TEMPLATE,
     }
 
@@ -121,7 +188,7 @@ def legacy_gemma4_moe(path: Path, seed: int = 0) -> Path:
     }
     for i, sliding in enumerate(swa):
         b, hd = f"blk.{i}.", p["head_dim_swa"] if sliding else p["head_dim"]
-        gate_up = normal(rng, (X, 2 * FX, E), 0.05)      # the checkpoint's experts.gate_up_proj
+        gate_up = normal(rng, (X, 2 * FX, E), 0.05)  # the checkpoint's experts.gate_up_proj
         tensors |= {
             b + "attn_norm.weight": norm(E),
             b + "attn_q.weight": matrix(p["n_head"] * hd, E),
@@ -151,12 +218,18 @@ def legacy_gemma4_moe(path: Path, seed: int = 0) -> Path:
     for i in range(p["v_n_layer"]):
         b = f"v.blk.{i}."
         tensors |= {
-            b + "ln1.weight": norm(VE), b + "ln2.weight": norm(VE),
-            b + "attn_q.weight": matrix(VE, VE, T.F16), b + "attn_k.weight": matrix(VE, VE, T.F16),
-            b + "attn_v.weight": matrix(VE, VE, T.F16), b + "attn_out.weight": matrix(VE, VE, T.F16),
-            b + "attn_q_norm.weight": norm(p["v_head_dim"]), b + "attn_k_norm.weight": norm(p["v_head_dim"]),
-            b + "attn_post_norm.weight": norm(VE), b + "ffn_post_norm.weight": norm(VE),
-            b + "ffn_gate.weight": matrix(VF, VE, T.F16), b + "ffn_up.weight": matrix(VF, VE, T.F16),
+            b + "ln1.weight": norm(VE),
+            b + "ln2.weight": norm(VE),
+            b + "attn_q.weight": matrix(VE, VE, T.F16),
+            b + "attn_k.weight": matrix(VE, VE, T.F16),
+            b + "attn_v.weight": matrix(VE, VE, T.F16),
+            b + "attn_out.weight": matrix(VE, VE, T.F16),
+            b + "attn_q_norm.weight": norm(p["v_head_dim"]),
+            b + "attn_k_norm.weight": norm(p["v_head_dim"]),
+            b + "attn_post_norm.weight": norm(VE),
+            b + "ffn_post_norm.weight": norm(VE),
+            b + "ffn_gate.weight": matrix(VF, VE, T.F16),
+            b + "ffn_up.weight": matrix(VF, VE, T.F16),
             b + "ffn_down.weight": matrix(VE, VF, T.F16),
         }
     ps = p["patch_size"]

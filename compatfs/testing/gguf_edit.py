@@ -4,6 +4,7 @@ ggml type number, offset in the data section) as lists that can be changed
 freely (duplicated, retyped, reordered), and written back with the data
 section's bytes as they were.  Nothing is validated on the way out: a
 `Blob` can say anything a hostile header can."""
+
 from __future__ import annotations
 
 import struct
@@ -15,8 +16,17 @@ from gguf import GGUFValueType as VT
 from ..format.values import skip_value
 
 _SCALAR = {
-    VT.UINT8: "<B", VT.INT8: "<b", VT.UINT16: "<H", VT.INT16: "<h", VT.UINT32: "<I", VT.INT32: "<i",
-    VT.FLOAT32: "<f", VT.BOOL: "<?", VT.UINT64: "<Q", VT.INT64: "<q", VT.FLOAT64: "<d",
+    VT.UINT8: "<B",
+    VT.INT8: "<b",
+    VT.UINT16: "<H",
+    VT.INT16: "<h",
+    VT.UINT32: "<I",
+    VT.INT32: "<i",
+    VT.FLOAT32: "<f",
+    VT.BOOL: "<?",
+    VT.UINT64: "<Q",
+    VT.INT64: "<q",
+    VT.FLOAT64: "<d",
 }
 
 
@@ -36,16 +46,16 @@ def payload(vtype: VT, value: Any) -> bytes:
 @dataclass
 class KV:
     key: str
-    vtype: int                 # a GGUF value type number (any u32, for hostile headers)
+    vtype: int  # a GGUF value type number (any u32, for hostile headers)
     payload: bytes
 
 
 @dataclass
 class TensorEntry:
     name: str
-    dims: tuple[int, ...]      # ggml order, each a u64
+    dims: tuple[int, ...]  # ggml order, each a u64
     ggml_type: int
-    offset: int                # relative to the data section
+    offset: int  # relative to the data section
 
 
 def _str(s: str | bytes) -> bytes:
@@ -69,16 +79,16 @@ class Blob:
         off, kvs = 24, []
         for _ in range(n_kv):
             n = struct.unpack_from("<Q", buf, off)[0]
-            key = bytes(buf[off + 8:off + 8 + n]).decode("utf-8")
+            key = bytes(buf[off + 8 : off + 8 + n]).decode("utf-8")
             off += 8 + n
             vtype = VT(struct.unpack_from("<I", buf, off)[0])
             end = skip_value(buf, off + 4, vtype, len(buf))
-            kvs.append(KV(key, vtype, bytes(buf[off + 4:end])))
+            kvs.append(KV(key, vtype, bytes(buf[off + 4 : end])))
             off = end
         tensors = []
         for _ in range(n_tensors):
             n = struct.unpack_from("<Q", buf, off)[0]
-            name = bytes(buf[off + 8:off + 8 + n]).decode("utf-8")
+            name = bytes(buf[off + 8 : off + 8 + n]).decode("utf-8")
             off += 8 + n
             n_dims = struct.unpack_from("<I", buf, off)[0]
             dims = struct.unpack_from(f"<{n_dims}Q", buf, off + 4)

@@ -20,6 +20,7 @@
   F32 what `convert/reader.go` always writes so: the router `ffn_gate_inp`
   and biases (`exp_probs_b.bias`).
 """
+
 from __future__ import annotations
 
 import functools
@@ -34,20 +35,68 @@ from .tokenizers import byte_level_kvs, byte_level_vocab
 # qk_nope, v_head_dim and kv_lora_rank all differ, so each length key says
 # which it is (the genuine fixture has qk_nope == v_head_dim == kv_lora_rank).
 GLM4MOELITE: Dims = dict(
-    n_layer=2, n_dense=1, n_embd=64, n_ff=128, n_head=4, n_head_kv=4, context_length=202752, rms_eps=1e-5,
-    q_lora_rank=48, kv_lora_rank=32, qk_nope=24, qk_rope=16, v_head=20, rope_freq_base=1_000_000.0,
-    n_expert=4, n_expert_used=2, n_expert_shared=1, n_ff_exp=32, expert_weights_scale=1.8,
+    n_layer=2,
+    n_dense=1,
+    n_embd=64,
+    n_ff=128,
+    n_head=4,
+    n_head_kv=4,
+    context_length=202752,
+    rms_eps=1e-5,
+    q_lora_rank=48,
+    kv_lora_rank=32,
+    qk_nope=24,
+    qk_rope=16,
+    v_head=20,
+    rope_freq_base=1_000_000.0,
+    n_expert=4,
+    n_expert_used=2,
+    n_expert_shared=1,
+    n_ff_exp=32,
+    expert_weights_scale=1.8,
 )
 
-ADDED = tuple((t, 3) for t in (
-    "<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>", "<|assistant|>",
-    "<|observation|>", "<|begin_of_image|>", "<|end_of_image|>", "<|begin_of_video|>", "<|end_of_video|>",
-    "<|begin_of_audio|>", "<|end_of_audio|>", "<|begin_of_transcription|>", "<|end_of_transcription|>",
-    "<|code_prefix|>", "<|code_middle|>", "<|code_suffix|>", "/nothink",
-)) + tuple((t, 4) for t in (
-    "<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<arg_key>",
-    "</arg_key>", "<arg_value>", "</arg_value>",
-))
+ADDED = tuple(
+    (t, 3)
+    for t in (
+        "<|endoftext|>",
+        "[MASK]",
+        "[gMASK]",
+        "[sMASK]",
+        "<sop>",
+        "<eop>",
+        "<|system|>",
+        "<|user|>",
+        "<|assistant|>",
+        "<|observation|>",
+        "<|begin_of_image|>",
+        "<|end_of_image|>",
+        "<|begin_of_video|>",
+        "<|end_of_video|>",
+        "<|begin_of_audio|>",
+        "<|end_of_audio|>",
+        "<|begin_of_transcription|>",
+        "<|end_of_transcription|>",
+        "<|code_prefix|>",
+        "<|code_middle|>",
+        "<|code_suffix|>",
+        "/nothink",
+    )
+) + tuple(
+    (t, 4)
+    for t in (
+        "<think>",
+        "</think>",
+        "<tool_call>",
+        "</tool_call>",
+        "<tool_response>",
+        "</tool_response>",
+        "<arg_key>",
+        "</arg_key>",
+        "<arg_value>",
+        "</arg_value>",
+    )
+)
 
 CHAT_TEMPLATE = (
     "[gMASK]<sop>{%- for m in messages %}{%- if m['role'] == 'system' %}<|system|>\n{{ m['content'] }}"

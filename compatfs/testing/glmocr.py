@@ -27,6 +27,7 @@
   generation_config.json; the vocabulary padded to the config's `vocab_size`
   with `[PAD<i>]` (user-defined, score -1).
 """
+
 from __future__ import annotations
 
 import functools
@@ -41,19 +42,53 @@ from .tokenizers import byte_level_merges, bytes_to_unicode
 
 GLMOCR: Dims = dict(
     # text_config (2 layers; the checkpoint's MTP layer is not written)
-    n_layer=2, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_ff=128, context_length=131072,
-    rms_eps=1e-5, rope_theta=10000.0, partial_rotary_factor=1.0, mrope_section=[2, 3, 3], n_pad=6,
+    n_layer=2,
+    n_embd=64,
+    n_head=4,
+    n_head_kv=2,
+    head_dim=16,
+    n_ff=128,
+    context_length=131072,
+    rms_eps=1e-5,
+    rope_theta=10000.0,
+    partial_rotary_factor=1.0,
+    mrope_section=[2, 3, 3],
+    n_pad=6,
     # vision_config
-    v_n_layer=2, v_n_embd=32, v_n_head=2, v_n_ff=64, v_eps=1e-5, image_size=112, patch_size=14,
-    spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64, merger_ff=96,
-    min_pixels=12544, max_pixels=9633792,
-    image_mean=[0.48145466, 0.4578275, 0.40821073], image_std=[0.26862954, 0.26130258, 0.27577711],
+    v_n_layer=2,
+    v_n_embd=32,
+    v_n_head=2,
+    v_n_ff=64,
+    v_eps=1e-5,
+    image_size=112,
+    patch_size=14,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+    out_hidden_size=64,
+    merger_ff=96,
+    min_pixels=12544,
+    max_pixels=9633792,
+    image_mean=[0.48145466, 0.4578275, 0.40821073],
+    image_std=[0.26862954, 0.26130258, 0.27577711],
 )
 
 GLM_SPECIALS = (
-    "<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>",
-    "<|assistant|>", "<|observation|>", "<|begin_of_image|>", "<|end_of_image|>", "<|begin_of_video|>",
-    "<|end_of_video|>", "<|image|>", "<|video|>",
+    "<|endoftext|>",
+    "[MASK]",
+    "[gMASK]",
+    "[sMASK]",
+    "<sop>",
+    "<eop>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|observation|>",
+    "<|begin_of_image|>",
+    "<|end_of_image|>",
+    "<|begin_of_video|>",
+    "<|end_of_video|>",
+    "<|image|>",
+    "<|video|>",
 )
 
 # GLM's chat format, shortened to what these tests render.
@@ -153,7 +188,7 @@ def legacy_glmocr(path: Path, seed: int = 0) -> Path:
     }
     for i in range(p["n_layer"]):
         b = f"blk.{i}."
-        gate_up = normal(rng, (2 * F, E), 0.05)                 # HF mlp.gate_up_proj, split on dim 0
+        gate_up = normal(rng, (2 * F, E), 0.05)  # HF mlp.gate_up_proj, split on dim 0
         ts[b + "attn_norm.weight"] = (1.0 + normal(rng, (E,), 0.05), T.F32)
         ts[b + "attn_q.weight"] = (normal(rng, (H * hd, E), 0.05), T.BF16)
         ts[b + "attn_k.weight"] = (normal(rng, (HKV * hd, E), 0.05), T.BF16)
@@ -172,7 +207,7 @@ def legacy_glmocr(path: Path, seed: int = 0) -> Path:
 def _vision_tensors(rng: np.random.Generator, p: Dims) -> dict[str, tuple[np.ndarray, T]]:
     VE, VF, P, OUT, M = p["v_n_embd"], p["v_n_ff"], p["patch_size"], p["out_hidden_size"], p["spatial_merge_size"]
     d_head = VE // p["v_n_head"]
-    patch = normal(rng, (VE, 3, p["temporal_patch_size"], P, P), 0.05)     # HF Conv3D [out, C, T, P, P]
+    patch = normal(rng, (VE, 3, p["temporal_patch_size"], P, P), 0.05)  # HF Conv3D [out, C, T, P, P]
     ts: dict[str, tuple[np.ndarray, T]] = {
         "v.patch_embd_0.weight": (patch[:, :, 0], T.F16),
         "v.patch_embd_1.weight": (patch[:, :, 1], T.F16),

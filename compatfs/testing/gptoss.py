@@ -22,6 +22,7 @@ writes it (f63eea3; `KV()` is unchanged since 4ae4f47b1): `relayout` re-lays
 a blob of the current form in an older layout, so the same weights can be
 compared; the writers re-lay a tiny seeded model of the current form.
 """
+
 from __future__ import annotations
 
 import functools
@@ -34,17 +35,37 @@ import numpy as np
 from .core import Dims, T, kv_type, normal, ollama_tensor_order
 from .tokenizers import byte_level_merges, bytes_to_unicode
 
-OLLAMA_MXFP4 = 4    # ggml type number of MXFP4 in Ollama's converter before 59412fbb4
+OLLAMA_MXFP4 = 4  # ggml type number of MXFP4 in Ollama's converter before 59412fbb4
 
 
 GPTOSS: Dims = dict(
-    n_layer=2, n_embd=64, n_ff=96, n_head=4, n_head_kv=2, head_dim=16, n_expert=4, n_expert_used=2,
-    context_length=131072, original_context=4096, sliding_window=128, rope_base=150000.0, rope_factor=32.0,
+    n_layer=2,
+    n_embd=64,
+    n_ff=96,
+    n_head=4,
+    n_head_kv=2,
+    head_dim=16,
+    n_expert=4,
+    n_expert_used=2,
+    context_length=131072,
+    original_context=4096,
+    sliding_window=128,
+    rope_base=150000.0,
+    rope_factor=32.0,
 )
 # o200k_harmony's special tokens, from <|startoftext|> (199998) on; placed
 # after the tiny vocabulary's ordinary tokens at the same relative positions.
-HARMONY = {0: "<|startoftext|>", 1: "<|endoftext|>", 4: "<|return|>", 5: "<|constrain|>", 7: "<|channel|>",
-           8: "<|start|>", 9: "<|end|>", 10: "<|message|>", 14: "<|call|>"}
+HARMONY = {
+    0: "<|startoftext|>",
+    1: "<|endoftext|>",
+    4: "<|return|>",
+    5: "<|constrain|>",
+    7: "<|channel|>",
+    8: "<|start|>",
+    9: "<|end|>",
+    10: "<|message|>",
+    14: "<|call|>",
+}
 N_SPECIAL = 32
 HARMONY_TEMPLATE = (
     "{% for message in messages %}<|start|>{{ message['role'] }}<|message|>{{ message['content'] }}<|end|>"
@@ -57,15 +78,20 @@ Raw = tuple[tuple[int, ...], Any, np.ndarray]
 
 # -- re-laying a blob of the current form -------------------------------------------------
 
+
 def relayout(current: Path, path: Path, *, ollama_mxfp4: bool) -> Path:
     """The gpt-oss blob `current` (convert_gptoss.go at f63eea3) as the
     converter at 59412fbb4 wrote it (fused, interleaved gate/up stacks) or,
     with `ollama_mxfp4`, at 4ae4f47b1 (also MXFP4 as Ollama's type 4)."""
     r = gguf.GGUFReader(current)
-    kvs = {name: (f.contents(), f.types[0], f.types[1] if len(f.types) > 1 else None)
-           for name, f in r.fields.items() if not name.startswith("GGUF.")}
-    tensors: dict[str, Raw] = {t.name: (tuple(int(d) for d in t.shape), t.tensor_type, np.asarray(t.data).view(np.uint8))
-                               for t in r.tensors}
+    kvs = {
+        name: (f.contents(), f.types[0], f.types[1] if len(f.types) > 1 else None)
+        for name, f in r.fields.items()
+        if not name.startswith("GGUF.")
+    }
+    tensors: dict[str, Raw] = {
+        t.name: (tuple(int(d) for d in t.shape), t.tensor_type, np.asarray(t.data).view(np.uint8)) for t in r.tensors
+    }
     for i in sorted({int(n.split(".")[1]) for n in tensors if n.startswith("blk.")}):
         for kind in ("weight", "bias"):
             gate, up = tensors.pop(f"blk.{i}.ffn_gate_exps.{kind}"), tensors.pop(f"blk.{i}.ffn_up_exps.{kind}")
@@ -82,7 +108,7 @@ def interleave(gate: Raw, up: Raw, axis: int) -> Raw:
     shape, dtype, _ = gate
     if up[:2] != gate[:2]:
         raise ValueError(f"gate {gate[:2]} and up {up[:2]} differ")
-    g, u = (t[2].reshape(*reversed(shape[axis + 1:]), shape[axis], -1) for t in (gate, up))
+    g, u = (t[2].reshape(*reversed(shape[axis + 1 :]), shape[axis], -1) for t in (gate, up))
     fused = np.stack((g, u), axis=-2).reshape(-1)
     return tuple(2 * d if k == axis else d for k, d in enumerate(shape)), dtype, fused
 
@@ -92,8 +118,8 @@ def to_ollama_mxfp4(t: Raw) -> Raw:
     shape, _, data = t
     blocks = data.reshape(-1, 17)
     scale, qs = blocks[:, :1], blocks[:, 1:]
-    values = np.concatenate((qs & 0x0F, qs >> 4), axis=1)          # ggml: byte j holds j and j+16
-    packed = values[:, 0::2] | (values[:, 1::2] << 4)               # checkpoint: byte k holds 2k and 2k+1
+    values = np.concatenate((qs & 0x0F, qs >> 4), axis=1)  # ggml: byte j holds j and j+16
+    packed = values[:, 0::2] | (values[:, 1::2] << 4)  # checkpoint: byte k holds 2k and 2k+1
     return shape, OLLAMA_MXFP4, np.concatenate((scale, packed), axis=1).reshape(-1)
 
 
@@ -106,7 +132,7 @@ def write_raw(path: Path, kvs: dict[str, tuple], tensors: dict[str, Raw]) -> Pat
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     w = gguf.GGUFWriter(str(path), kvs["general.architecture"][0])
-    w.kv_data[0].clear()   # (the architecture it adds: written below with the other keys, in order)
+    w.kv_data[0].clear()  # (the architecture it adds: written below with the other keys, in order)
     for key in sorted(kvs):
         value, vtype, sub = kvs[key]
         w.add_key_value(key, value, vtype, sub_type=sub)
@@ -129,6 +155,7 @@ def write_raw(path: Path, kvs: dict[str, tuple], tensors: dict[str, Raw]) -> Pat
 
 
 # -- a tiny model of the current form -----------------------------------------------------
+
 
 @functools.cache
 def harmony_tokens() -> tuple[list[str], list[int], list[str]]:
@@ -157,22 +184,36 @@ def current_gptoss(path: Path, seed: int = 0) -> Path:
     q, kv = p["n_head"] * hd, p["n_head_kv"] * hd
     pre = "gptoss."
     values: dict[str, Any] = {
-        "general.architecture": "gptoss", "general.file_type": 4, "general.quantization_version": 2,
-        pre + "block_count": p["n_layer"], pre + "context_length": p["context_length"],
-        pre + "embedding_length": E, pre + "feed_forward_length": F,
-        pre + "expert_count": X, pre + "expert_used_count": p["n_expert_used"],
-        pre + "attention.head_count": p["n_head"], pre + "attention.head_count_kv": p["n_head_kv"],
-        pre + "attention.key_length": hd, pre + "attention.value_length": hd,
-        pre + "attention.layer_norm_rms_epsilon": 1e-5, pre + "attention.sliding_window": p["sliding_window"],
-        pre + "rope.freq_base": p["rope_base"], pre + "rope.scaling.factor": p["rope_factor"],
+        "general.architecture": "gptoss",
+        "general.file_type": 4,
+        "general.quantization_version": 2,
+        pre + "block_count": p["n_layer"],
+        pre + "context_length": p["context_length"],
+        pre + "embedding_length": E,
+        pre + "feed_forward_length": F,
+        pre + "expert_count": X,
+        pre + "expert_used_count": p["n_expert_used"],
+        pre + "attention.head_count": p["n_head"],
+        pre + "attention.head_count_kv": p["n_head_kv"],
+        pre + "attention.key_length": hd,
+        pre + "attention.value_length": hd,
+        pre + "attention.layer_norm_rms_epsilon": 1e-5,
+        pre + "attention.sliding_window": p["sliding_window"],
+        pre + "rope.freq_base": p["rope_base"],
+        pre + "rope.scaling.factor": p["rope_factor"],
         pre + "rope.scaling.original_context_length": p["original_context"],
-        "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default",
-        "tokenizer.ggml.tokens": toks, "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.tokens": toks,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.merges": merges,
         "tokenizer.ggml.scores": [float(i) for i in range(len(toks))],
-        "tokenizer.ggml.bos_token_id": 199998, "tokenizer.ggml.eos_token_id": 199999,
+        "tokenizer.ggml.bos_token_id": 199998,
+        "tokenizer.ggml.eos_token_id": 199999,
         "tokenizer.ggml.eos_token_ids": [199999, 200002, 200012],
         "tokenizer.ggml.padding_token_id": toks.index("<|endoftext|>"),
-        "tokenizer.ggml.add_bos_token": False, "tokenizer.ggml.add_eos_token": False,
+        "tokenizer.ggml.add_bos_token": False,
+        "tokenizer.ggml.add_eos_token": False,
         "tokenizer.ggml.add_padding_token": False,
         "tokenizer.chat_template": HARMONY_TEMPLATE,
     }

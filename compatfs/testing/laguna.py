@@ -19,6 +19,7 @@ KVs sorted, tensors in WriteGGUF's order (core.write); matrices BF16, vectors
 F32.  The core writer stores integer lists as INT32 arrays where Ollama wrote
 UINT32; llama.cpp reads both.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,10 +33,25 @@ from .qwen3next import small_bpe_tokens
 
 
 LAGUNA: Dims = dict(
-    n_layer=4, n_embd=64, n_ff=128, heads=(4, 8, 8, 8), n_head_kv=2, head_dim=16, rms_eps=1e-6,
-    context_length=4096, sliding_window=64, layer_types=("full_attention",) + ("sliding_attention",) * 3,
-    n_expert=4, n_expert_used=2, n_ff_exp=32, n_ff_shexp=32, routed_scaling=2.5,
-    rope_theta=500_000.0, rope_factor=4.0, rope_original_context=1024, rope_partial=0.5,
+    n_layer=4,
+    n_embd=64,
+    n_ff=128,
+    heads=(4, 8, 8, 8),
+    n_head_kv=2,
+    head_dim=16,
+    rms_eps=1e-6,
+    context_length=4096,
+    sliding_window=64,
+    layer_types=("full_attention",) + ("sliding_attention",) * 3,
+    n_expert=4,
+    n_expert_used=2,
+    n_ff_exp=32,
+    n_ff_shexp=32,
+    routed_scaling=2.5,
+    rope_theta=500_000.0,
+    rope_factor=4.0,
+    rope_original_context=1024,
+    rope_partial=0.5,
     swa_rope_theta=10_000.0,
 )
 SPECIALS = ("<|endoftext|>", "<|pad|>", "<assistant>", "</assistant>")
@@ -125,7 +141,7 @@ def legacy_laguna(path: Path, seed: int = 0) -> Path:
         t[b + "attn_k.weight"] = (normal(rng, (HKV * hd, E), 0.05), T.BF16)
         t[b + "attn_v.weight"] = (normal(rng, (HKV * hd, E), 0.05), T.BF16)
         t[b + "attn_output.weight"] = (normal(rng, (E, H * hd), 0.05), T.BF16)
-        t[b + "attn_g.weight"] = (normal(rng, (H, E), 0.05), T.BF16)   # per-head gate
+        t[b + "attn_g.weight"] = (normal(rng, (H, E), 0.05), T.BF16)  # per-head gate
         t[b + "attn_q_norm.weight"] = norm(hd)
         t[b + "attn_k_norm.weight"] = norm(hd)
         t[b + "ffn_norm.weight"] = norm(E)

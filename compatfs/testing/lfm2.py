@@ -21,6 +21,7 @@ converter's form of a checkpoint of the same shape.
 * Dtypes as Ollama kept the bf16 checkpoint: matrices BF16, norms and the
   convolution F32.
 """
+
 from __future__ import annotations
 
 import functools
@@ -33,16 +34,35 @@ from .core import Dims, T, attention, embeddings, ffn, linear, llm_kvs, norm, no
 from .tokenizers import byte_level_kvs, byte_level_vocab
 
 LFM2: Dims = dict(
-    n_layer=3, attention_layers=[2], n_embd=64, n_head=4, n_head_kv=2, context_length=128000, rms_eps=1e-5,
-    rope_freq_base=1_000_000.0, l_cache=3,
+    n_layer=3,
+    attention_layers=[2],
+    n_embd=64,
+    n_head=4,
+    n_head_kv=2,
+    context_length=128000,
+    rms_eps=1e-5,
+    rope_freq_base=1_000_000.0,
+    l_cache=3,
     # LFM2's block_ff_dim with auto-adjust: 2/3 of 192 rounded up to a multiple of 64.
-    intermediate_size=192, n_ff=128,
+    intermediate_size=192,
+    n_ff=128,
 )
 
 SPECIALS = (
-    "<|pad|>", "<|startoftext|>", "<|endoftext|>", "<|fim_pre|>", "<|fim_mid|>", "<|fim_suf|>", "<|im_start|>",
-    "<|im_end|>", "<|tool_list_start|>", "<|tool_list_end|>", "<|tool_call_start|>", "<|tool_call_end|>",
-    "<|tool_response_start|>", "<|tool_response_end|>",
+    "<|pad|>",
+    "<|startoftext|>",
+    "<|endoftext|>",
+    "<|fim_pre|>",
+    "<|fim_mid|>",
+    "<|fim_suf|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|tool_list_start|>",
+    "<|tool_list_end|>",
+    "<|tool_call_start|>",
+    "<|tool_call_end|>",
+    "<|tool_response_start|>",
+    "<|tool_response_end|>",
 ) + tuple(f"<|reserved_{i}|>" for i in range(14, 32))
 
 CHAT_TEMPLATE = (
@@ -76,7 +96,8 @@ def legacy_lfm2(path: Path, seed: int = 0) -> Path:
         # the config's intermediate_size, as it stands
         f"{a}.feed_forward_length": p["intermediate_size"],
         f"{a}.attention.head_count_kv": np.array(
-            [HKV if i in p["attention_layers"] else 0 for i in range(p["n_layer"])], np.uint32),
+            [HKV if i in p["attention_layers"] else 0 for i in range(p["n_layer"])], np.uint32
+        ),
         f"{a}.attention.key_length": hd,
         f"{a}.attention.value_length": hd,
         f"{a}.shortconv.l_cache": p["l_cache"],

@@ -5,6 +5,7 @@ of `handlers/llama.py`), and a plain SentencePiece llama that no handler claims.
   no `tokenizer.ggml.pre`, eos = `<|end_of_text|>` (128001), no eot key, merges
   and no scores.
 """
+
 from __future__ import annotations
 
 import functools
@@ -18,11 +19,19 @@ from .tokenizers import byte_level_merges, bytes_to_unicode, llama_spm_tokens
 
 
 LLAMA3: Dims = dict(
-    n_layer=2, n_embd=16, n_ff=32, n_head=2, n_head_kv=1, context_length=8192,
-    rope_freq_base=500000.0, rms_eps=1e-5, n_vocab=128256, n_base=128000,
+    n_layer=2,
+    n_embd=16,
+    n_ff=32,
+    n_head=2,
+    n_head_kv=1,
+    context_length=8192,
+    rope_freq_base=500000.0,
+    rms_eps=1e-5,
+    n_vocab=128256,
+    n_base=128000,
 )
 LLAMA3_BOS_ID = 128000
-LLAMA3_EOS_ID = 128001            # <|end_of_text|>: what the legacy file calls eos
+LLAMA3_EOS_ID = 128001  # <|end_of_text|>: what the legacy file calls eos
 LLAMA3_START_HEADER_ID = 128006
 LLAMA3_END_HEADER_ID = 128007
 LLAMA3_EOT_ID = 128009
@@ -30,8 +39,17 @@ LLAMA3_N_VOCAB = 128256
 
 
 PLAIN_LLAMA: Dims = dict(
-    n_layer=2, n_embd=64, n_ff=128, n_head=4, n_head_kv=4, context_length=4096,
-    rope_freq_base=10000.0, rms_eps=1e-5, bos=1, eos=2, unk=0,
+    n_layer=2,
+    n_embd=64,
+    n_ff=128,
+    n_head=4,
+    n_head_kv=4,
+    context_length=4096,
+    rope_freq_base=10000.0,
+    rms_eps=1e-5,
+    bos=1,
+    eos=2,
+    unk=0,
 )
 
 LLAMA3_CHAT_TEMPLATE = (
@@ -43,8 +61,11 @@ LLAMA3_CHAT_TEMPLATE = (
 )
 
 _LLAMA3_SPECIAL_NAMES = {
-    0: "<|begin_of_text|>", 1: "<|end_of_text|>", 6: "<|start_header_id|>",
-    7: "<|end_header_id|>", 9: "<|eot_id|>",
+    0: "<|begin_of_text|>",
+    1: "<|end_of_text|>",
+    6: "<|start_header_id|>",
+    7: "<|end_header_id|>",
+    9: "<|eot_id|>",
 }
 
 
@@ -80,7 +101,6 @@ def llama3_tokens() -> tuple[list[str], list[int], list[str]]:
 def llama3_ordinary_token_id(text: str = "\u0120the") -> int:
     """Id of an ordinary (merged) token in the llama3 vocab, default 'Ġthe' (" the")."""
     return llama3_tokens()[0].index(text)
-
 
 
 def legacy_llama3_instruct(path: Path, seed: int = 0, *, greedy_token_id: int = LLAMA3_EOT_ID) -> Path:
@@ -154,7 +174,6 @@ def legacy_llama3_instruct(path: Path, seed: int = 0, *, greedy_token_id: int = 
     return write(path, "llama", kvs, tensors, ollama_order=True)
 
 
-
 def plain_llama_text(path: Path, seed: int = 0) -> Path:
     """Tiny llama-architecture text model with a SentencePiece (``llama``) tokenizer that
     llama.cpp loads as is and no compat handler claims (no token 128009, no Llama 3
@@ -205,5 +224,3 @@ def plain_llama_text(path: Path, seed: int = 0) -> Path:
         t[b + "ffn_up.weight"] = (normal(rng, (F, E), 0.05), T.F16)
         t[b + "ffn_down.weight"] = (normal(rng, (E, F), 0.05), T.F16)
     return write(path, "llama", kvs, t, ollama_order=True)
-
-

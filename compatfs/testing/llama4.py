@@ -29,6 +29,7 @@
   because tokenizer_config.json has no `add_bos_token` (Llama 4 adds its BOS
   through tokenizer.json's post-processor, which the converter does not read).
 """
+
 from __future__ import annotations
 
 import functools
@@ -46,21 +47,57 @@ LLAMA4: Dims = dict(
     # text_config: 4 layers, every second a MoE layer (interleave step 2, as Maverick); four,
     # because llama.cpp's Llama 4 graph feeds its attention-temperature input only to every
     # fourth layer (the ones without rope) and aborts on a model that has none
-    n_layer=4, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_ff_mlp=128, n_ff_exp=64,
-    n_expert=4, n_expert_used=1, moe_step=2, chunk=8192, context_length=131072,
-    rope_theta=500000.0, rms_eps=1e-5, n_pad=8,
+    n_layer=4,
+    n_embd=64,
+    n_head=4,
+    n_head_kv=2,
+    head_dim=16,
+    n_ff_mlp=128,
+    n_ff_exp=64,
+    n_expert=4,
+    n_expert_used=1,
+    moe_step=2,
+    chunk=8192,
+    context_length=131072,
+    rope_theta=500000.0,
+    rms_eps=1e-5,
+    n_pad=8,
     # Llama 4 Scout's rope scaling
     rope_scaling=dict(factor=16.0, low_freq_factor=1.0, high_freq_factor=1.0, original=8192),
     # vision_config: 32x32 images of 8x8 patches -> 16 patches, pixel shuffle 0.5 -> 4 tokens
-    v_n_layer=2, v_n_embd=32, v_n_ff=128, v_n_head=2, image_size=32, patch_size=8,
-    v_eps=1e-5, v_rope_theta=10000.0, pixel_shuffle_ratio=0.5, projector_dim=48,
+    v_n_layer=2,
+    v_n_embd=32,
+    v_n_ff=128,
+    v_n_head=2,
+    image_size=32,
+    patch_size=8,
+    v_eps=1e-5,
+    v_rope_theta=10000.0,
+    pixel_shuffle_ratio=0.5,
+    projector_dim=48,
 )
 
 LLAMA4_SPECIALS = (
-    "<|begin_of_text|>", "<|end_of_text|>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>",
-    "<|header_start|>", "<|header_end|>", "<|eom|>", "<|eot|>", "<|step|>", "<|python_start|>",
-    "<|python_end|>", "<|finetune_right_pad|>", "<|image_start|>", "<|image_end|>", "<|vision_reply|>",
-    "<|tile_x_separator|>", "<|tile_y_separator|>", "<|image|>", "<|patch|>",
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|header_start|>",
+    "<|header_end|>",
+    "<|eom|>",
+    "<|eot|>",
+    "<|step|>",
+    "<|python_start|>",
+    "<|python_end|>",
+    "<|finetune_right_pad|>",
+    "<|image_start|>",
+    "<|image_end|>",
+    "<|vision_reply|>",
+    "<|tile_x_separator|>",
+    "<|tile_y_separator|>",
+    "<|image|>",
+    "<|patch|>",
 )
 
 # Llama 4's chat template, shortened to what these tests render (text and image parts).
@@ -90,8 +127,9 @@ def llama4_tokens() -> tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...]]:
     return tuple(toks) + LLAMA4_SPECIALS, tuple(types), tuple(f"{a} {b}" for a, b in merges)
 
 
-def llama3_rope_factors(head_dim: int, theta: float, factor: float, low: float, high: float,
-                        original: int) -> list[float]:
+def llama3_rope_factors(
+    head_dim: int, theta: float, factor: float, low: float, high: float, original: int
+) -> list[float]:
     """`rope_freqs.weight` as Ollama's llama converter computes it (Llama 3 rope scaling)."""
     out = []
     for i in range(0, head_dim, 2):
@@ -173,8 +211,9 @@ def legacy_llama4(path: Path, seed: int = 0) -> Path:
         "llama4.vision.layer_norm_epsilon": p["v_eps"],
         "llama4.vision.pixel_shuffle_ratio": p["pixel_shuffle_ratio"],
     }
-    factors = llama3_rope_factors(hd, p["rope_theta"], rs["factor"], rs["low_freq_factor"],
-                                  rs["high_freq_factor"], rs["original"])
+    factors = llama3_rope_factors(
+        hd, p["rope_theta"], rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"], rs["original"]
+    )
     ts: dict[str, tuple[np.ndarray, T]] = {
         "token_embd.weight": (normal(rng, (V, E), 0.05), T.F16),
         "output.weight": (normal(rng, (V, E), 0.05), T.F16),
@@ -210,7 +249,7 @@ def legacy_llama4(path: Path, seed: int = 0) -> Path:
 
 def _vision_tensors(rng: np.random.Generator, p: Dims) -> dict[str, tuple[np.ndarray, T]]:
     VE, VF, P, Q = p["v_n_embd"], p["v_n_ff"], p["patch_size"], p["projector_dim"]
-    n_pos = (p["image_size"] // P) ** 2 + 1                      # patches and the class token
+    n_pos = (p["image_size"] // P) ** 2 + 1  # patches and the class token
     ts: dict[str, tuple[np.ndarray, T]] = {
         "v.patch_embedding.weight": (normal(rng, (VE, 3 * P * P), 0.05), T.F16),
         "v.class_embedding": (normal(rng, (VE,), 0.05), T.F32),

@@ -5,6 +5,7 @@
   CLIP names with the historical fc1->`ffn_down` / fc2->`ffn_up` swap, the last
   encoder layer and `post_layernorm` dropped.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,9 +19,16 @@ from .llama import PLAIN_LLAMA
 
 LLAVA: Dims = dict(
     # HF CLIP vision tower with 3 layers; the legacy script pops the last one -> 2.
-    v_n_layer=2, v_n_embd=32, v_n_ff=64, v_n_head=2, v_eps=1e-5,
-    image_size=56, patch_size=14, clip_projection_dim=24,   # CLIP's own visual projection, unused by LLaVA
-    mm_hidden=PLAIN_LLAMA["n_embd"], n_embd_out=PLAIN_LLAMA["n_embd"],
+    v_n_layer=2,
+    v_n_embd=32,
+    v_n_ff=64,
+    v_n_head=2,
+    v_eps=1e-5,
+    image_size=56,
+    patch_size=14,
+    clip_projection_dim=24,  # CLIP's own visual projection, unused by LLaVA
+    mm_hidden=PLAIN_LLAMA["n_embd"],
+    n_embd_out=PLAIN_LLAMA["n_embd"],
     image_mean=[0.48145466, 0.4578275, 0.40821073],
     image_std=[0.26862954, 0.26130258, 0.27577711],
 )
@@ -84,12 +92,10 @@ def legacy_llava_projector(path: Path, seed: int = 0) -> Path:
             t[b + proj + ".bias"] = (normal(rng, (VE,), 0.02), T.F32)
         t[b + "ln1.weight"] = (1.0 + normal(rng, (VE,), 0.05), T.F32)
         t[b + "ln1.bias"] = (normal(rng, (VE,), 0.02), T.F32)
-        t[b + "ffn_down.weight"] = (normal(rng, (VF, VE), 0.1), T.F16)   # HF mlp.fc1
+        t[b + "ffn_down.weight"] = (normal(rng, (VF, VE), 0.1), T.F16)  # HF mlp.fc1
         t[b + "ffn_down.bias"] = (normal(rng, (VF,), 0.02), T.F32)
-        t[b + "ffn_up.weight"] = (normal(rng, (VE, VF), 0.1), T.F16)     # HF mlp.fc2
+        t[b + "ffn_up.weight"] = (normal(rng, (VE, VF), 0.1), T.F16)  # HF mlp.fc2
         t[b + "ffn_up.bias"] = (normal(rng, (VE,), 0.02), T.F32)
         t[b + "ln2.weight"] = (1.0 + normal(rng, (VE,), 0.05), T.F32)
         t[b + "ln2.bias"] = (normal(rng, (VE,), 0.02), T.F32)
     return write(path, "clip", kvs, t, ollama_order=False)
-
-

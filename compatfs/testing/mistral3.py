@@ -24,6 +24,7 @@
 * Dtypes as Ollama kept the bf16 checkpoint: text matrices BF16, vision and
   projector matrices F16, norms F32.
 """
+
 from __future__ import annotations
 
 import functools
@@ -36,22 +37,58 @@ from .core import Dims, T, attention, embeddings, ffn, linear, llm_kvs, norm, no
 from .tokenizers import byte_level_kvs, byte_level_vocab
 
 MISTRAL3: Dims = dict(
-    n_layer=2, n_embd=64, n_ff=128, n_head=4, n_head_kv=2, head_dim=16, context_length=131072, rms_eps=1e-5,
+    n_layer=2,
+    n_embd=64,
+    n_ff=128,
+    n_head=4,
+    n_head_kv=2,
+    head_dim=16,
+    context_length=131072,
+    rms_eps=1e-5,
     rope_freq_base=1_000_000_000.0,
-    v_n_layer=3, v_n_embd=64, v_n_ff=128, v_n_head=4, image_size=112, patch_size=14, merge=2,
+    v_n_layer=3,
+    v_n_embd=64,
+    v_n_ff=128,
+    v_n_head=4,
+    image_size=112,
+    patch_size=14,
+    merge=2,
     v_rope_freq_base=10000.0,
 )
 
 # Ministral 3's YaRN with Llama 4 attention temperature (`rope_scaling=True`).
 MINISTRAL3_ROPE: Dims = dict(
-    type="yarn", factor=16.0, beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0,
-    original_context=16384, llama_4_scaling_beta=0.1,
+    type="yarn",
+    factor=16.0,
+    beta_fast=32.0,
+    beta_slow=1.0,
+    mscale=1.0,
+    mscale_all_dim=1.0,
+    original_context=16384,
+    llama_4_scaling_beta=0.1,
 )
 
 SPECIALS = (
-    "<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
-    "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[IMG]", "<pad>", "[IMG_BREAK]", "[IMG_END]", "[PREFIX]", "[MIDDLE]",
-    "[SUFFIX]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[TOOL_CONTENT]",
+    "<unk>",
+    "<s>",
+    "</s>",
+    "[INST]",
+    "[/INST]",
+    "[AVAILABLE_TOOLS]",
+    "[/AVAILABLE_TOOLS]",
+    "[TOOL_RESULTS]",
+    "[/TOOL_RESULTS]",
+    "[TOOL_CALLS]",
+    "[IMG]",
+    "<pad>",
+    "[IMG_BREAK]",
+    "[IMG_END]",
+    "[PREFIX]",
+    "[MIDDLE]",
+    "[SUFFIX]",
+    "[SYSTEM_PROMPT]",
+    "[/SYSTEM_PROMPT]",
+    "[TOOL_CONTENT]",
 ) + tuple(f"<SPECIAL_{i}>" for i in range(20, 32))
 
 CHAT_TEMPLATE = (
@@ -74,8 +111,12 @@ def mistral3_tokens() -> tuple[list[str], list[int], list[float], list[str]]:
 def rope_kvs(rope_scaling: bool) -> dict[str, Any]:
     """The `rope.scaling*` KVs f63eea3d2 wrote from the config's `rope_parameters`."""
     if not rope_scaling:
-        return {"mistral3.rope.scaling.factor": 0.0, "mistral3.rope.scaling.type": "",
-                "mistral3.rope.scaling.beta_fast": 0.0, "mistral3.rope.scaling.beta_slow": 0.0}
+        return {
+            "mistral3.rope.scaling.factor": 0.0,
+            "mistral3.rope.scaling.type": "",
+            "mistral3.rope.scaling.beta_fast": 0.0,
+            "mistral3.rope.scaling.beta_slow": 0.0,
+        }
     r = MINISTRAL3_ROPE
     return {
         "mistral3.rope.scaling.factor": r["factor"],

@@ -24,6 +24,7 @@ Tensor dtypes follow `convert/reader.go` Kind() for a BF16 checkpoint: 1-D tenso
 biases, `ffn_gate_inp`, `ssm_conv1d`, `v.position_embd.weight` and `a.subsampling.*`
 F32, every other tensor BF16.
 """
+
 from __future__ import annotations
 
 import functools
@@ -37,17 +38,41 @@ from .tokenizers import byte_level_merges, bytes_to_unicode
 
 
 NEMOTRON_H: Dims = dict(
-    pattern="ME*E", n_embd=64, n_head=4, n_head_kv=2, head_dim=16, context_length=8192,
-    ssm_heads=8, ssm_head_dim=16, ssm_state=16, ssm_groups=2, conv_kernel=4,
-    n_expert=4, n_expert_used=2, moe_ff=32, shexp_ff=64, latent=32, eps=1e-5,
-    rope_theta=10000.0, routed_scaling=2.5,
+    pattern="ME*E",
+    n_embd=64,
+    n_head=4,
+    n_head_kv=2,
+    head_dim=16,
+    context_length=8192,
+    ssm_heads=8,
+    ssm_head_dim=16,
+    ssm_state=16,
+    ssm_groups=2,
+    conv_kernel=4,
+    n_expert=4,
+    n_expert_used=2,
+    moe_ff=32,
+    shexp_ff=64,
+    latent=32,
+    eps=1e-5,
+    rope_theta=10000.0,
+    routed_scaling=2.5,
 )
 
 
 RADIO: Dims = dict(
-    v_n_layer=2, v_n_embd=64, v_n_head=4, patch_size=16, image_size=64, registers=2,
-    source_side=8, scale_factor=2, proj_hidden=128, max_tiles=12,
-    image_mean=[0.48145466, 0.4578275, 0.40821073], image_std=[0.26862954, 0.26130258, 0.27577711],
+    v_n_layer=2,
+    v_n_embd=64,
+    v_n_head=4,
+    patch_size=16,
+    image_size=64,
+    registers=2,
+    source_side=8,
+    scale_factor=2,
+    proj_hidden=128,
+    max_tiles=12,
+    image_mean=[0.48145466, 0.4578275, 0.40821073],
+    image_std=[0.26862954, 0.26130258, 0.27577711],
 )
 PARAKEET = dict(a_n_layer=1, a_n_embd=32, a_n_head=4, mel_bins=128)
 
@@ -82,33 +107,54 @@ def nemotron_tokens() -> tuple[list[str], list[int], list[str]]:
 def _tokenizer_kvs() -> dict[str, Any]:
     toks, types, merges = nemotron_tokens()
     return {
-        "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default",
-        "tokenizer.ggml.tokens": toks, "tokenizer.ggml.token_type": types,
-        "tokenizer.ggml.scores": [0.0] * len(toks), "tokenizer.ggml.merges": merges,
-        "tokenizer.ggml.bos_token_id": BOS, "tokenizer.ggml.eos_token_id": EOS,
-        "tokenizer.ggml.eos_token_ids": [2, EOS], "tokenizer.ggml.unknown_token_id": UNK,
-        "tokenizer.ggml.padding_token_id": PAD, "tokenizer.ggml.add_bos_token": True,
-        "tokenizer.ggml.add_eos_token": False, "tokenizer.chat_template": CHAT_TEMPLATE,
-        "general.file_type": 1, "general.quantization_version": 2,
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.tokens": toks,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.scores": [0.0] * len(toks),
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.bos_token_id": BOS,
+        "tokenizer.ggml.eos_token_id": EOS,
+        "tokenizer.ggml.eos_token_ids": [2, EOS],
+        "tokenizer.ggml.unknown_token_id": UNK,
+        "tokenizer.ggml.padding_token_id": PAD,
+        "tokenizer.ggml.add_bos_token": True,
+        "tokenizer.ggml.add_eos_token": False,
+        "tokenizer.chat_template": CHAT_TEMPLATE,
+        "general.file_type": 1,
+        "general.quantization_version": 2,
     }
 
 
 def _text_kvs(arch: str, p: Dims, latent: bool) -> dict[str, Any]:
     pattern = p["pattern"]
     kv = {
-        "block_count": len(pattern), "context_length": p["context_length"], "embedding_length": p["n_embd"],
-        "attention.head_count": p["n_head"], "attention.key_length": p["head_dim"],
-        "attention.value_length": p["head_dim"], "attention.layer_norm_epsilon": p["eps"],
-        "attention.layer_norm_rms_epsilon": p["eps"], "rope.freq_base": p["rope_theta"],
+        "block_count": len(pattern),
+        "context_length": p["context_length"],
+        "embedding_length": p["n_embd"],
+        "attention.head_count": p["n_head"],
+        "attention.key_length": p["head_dim"],
+        "attention.value_length": p["head_dim"],
+        "attention.layer_norm_epsilon": p["eps"],
+        "attention.layer_norm_rms_epsilon": p["eps"],
+        "rope.freq_base": p["rope_theta"],
         "rope.dimension_count": p["head_dim"],
         "attention.head_count_kv": [p["n_head_kv"] if c == "*" else 0 for c in pattern],
         "feed_forward_length": [p["moe_ff"] if c == "E" else 0 for c in pattern],
-        "ssm.conv_kernel": p["conv_kernel"], "ssm.inner_size": p["ssm_heads"] * p["ssm_head_dim"],
-        "ssm.state_size": p["ssm_state"], "ssm.group_count": p["ssm_groups"], "ssm.time_step_rank": p["ssm_heads"],
-        "expert_count": p["n_expert"], "expert_used_count": p["n_expert_used"],
-        "expert_feed_forward_length": p["moe_ff"], "expert_shared_count": 1,
-        "expert_shared_feed_forward_length": p["shexp_ff"], "expert_weights_norm": True,
-        "expert_weights_scale": p["routed_scaling"], "expert_group_count": 1, "expert_group_used_count": 1,
+        "ssm.conv_kernel": p["conv_kernel"],
+        "ssm.inner_size": p["ssm_heads"] * p["ssm_head_dim"],
+        "ssm.state_size": p["ssm_state"],
+        "ssm.group_count": p["ssm_groups"],
+        "ssm.time_step_rank": p["ssm_heads"],
+        "expert_count": p["n_expert"],
+        "expert_used_count": p["n_expert_used"],
+        "expert_feed_forward_length": p["moe_ff"],
+        "expert_shared_count": 1,
+        "expert_shared_feed_forward_length": p["shexp_ff"],
+        "expert_weights_norm": True,
+        "expert_weights_scale": p["routed_scaling"],
+        "expert_group_count": 1,
+        "expert_group_used_count": 1,
     }
     return {f"{arch}.{k}": v for k, v in kv.items()}
 
@@ -131,8 +177,8 @@ def _moe_tensors(rng, pre: str, p: Dims, latent: bool, merged: bool = True) -> d
             t[pre + f"mixer.experts.{x}.up_proj.weight"] = (normal(rng, (F, inner), 0.1), T.BF16)
             t[pre + f"mixer.experts.{x}.down_proj.weight"] = (normal(rng, (inner, F), 0.1), T.BF16)
     if latent:
-        t[pre + "ffn_latent_in.weight"] = (normal(rng, (inner, E), 0.1), T.BF16)    # HF fc1_latent_proj
-        t[pre + "ffn_latent_out.weight"] = (normal(rng, (E, inner), 0.1), T.BF16)   # HF fc2_latent_proj
+        t[pre + "ffn_latent_in.weight"] = (normal(rng, (inner, E), 0.1), T.BF16)  # HF fc1_latent_proj
+        t[pre + "ffn_latent_out.weight"] = (normal(rng, (E, inner), 0.1), T.BF16)  # HF fc2_latent_proj
     return t
 
 
@@ -160,17 +206,22 @@ def _text_tensors(rng, p: Dims, latent: bool, mtp: bool) -> dict[str, tuple[np.n
         b = f"blk.{i}."
         if kind == "M":
             conv = inner + 2 * gs
-            t.update({
-                b + "attn_norm.weight": (1.0 + normal(rng, (E,), 0.05), T.F32),
-                b + "ssm_in.weight": (normal(rng, (2 * inner + 2 * gs + H, E), 0.1), T.BF16),
-                b + "ssm_conv1d.weight": (normal(rng, (conv, p["conv_kernel"]), 0.2), T.F32),
-                b + "ssm_conv1d.bias": (normal(rng, (conv,), 0.02), T.F32),
-                b + "ssm_dt.bias": (normal(rng, (H,), 0.1), T.F32),
-                b + "ssm_a": (-np.exp(normal(rng, (H, 1), 0.3)), T.F32),    # -exp(A_log), a column
-                b + "ssm_d": (1.0 + normal(rng, (H, 1), 0.1), T.F32),
-                b + "ssm_norm.weight": (1.0 + normal(rng, (p["ssm_groups"], inner // p["ssm_groups"]), 0.05), T.F32),
-                b + "ssm_out.weight": (normal(rng, (E, inner), 0.1), T.BF16),
-            })
+            t.update(
+                {
+                    b + "attn_norm.weight": (1.0 + normal(rng, (E,), 0.05), T.F32),
+                    b + "ssm_in.weight": (normal(rng, (2 * inner + 2 * gs + H, E), 0.1), T.BF16),
+                    b + "ssm_conv1d.weight": (normal(rng, (conv, p["conv_kernel"]), 0.2), T.F32),
+                    b + "ssm_conv1d.bias": (normal(rng, (conv,), 0.02), T.F32),
+                    b + "ssm_dt.bias": (normal(rng, (H,), 0.1), T.F32),
+                    b + "ssm_a": (-np.exp(normal(rng, (H, 1), 0.3)), T.F32),  # -exp(A_log), a column
+                    b + "ssm_d": (1.0 + normal(rng, (H, 1), 0.1), T.F32),
+                    b + "ssm_norm.weight": (
+                        1.0 + normal(rng, (p["ssm_groups"], inner // p["ssm_groups"]), 0.05),
+                        T.F32,
+                    ),
+                    b + "ssm_out.weight": (normal(rng, (E, inner), 0.1), T.BF16),
+                }
+            )
         elif kind == "*":
             t.update(_attention_tensors(rng, b, p))
         else:
@@ -178,14 +229,16 @@ def _text_tensors(rng, p: Dims, latent: bool, mtp: bool) -> dict[str, tuple[np.n
     if mtp:
         # Nemotron 3 Super's MTP head: layer 0 fuses the inputs and attends, layer 1 is MoE.
         m0, m1 = "mtp.layers.0.", "mtp.layers.1."
-        t.update({
-            m0 + "enorm.weight": (1.0 + normal(rng, (E,), 0.05), T.F32),
-            m0 + "hnorm.weight": (1.0 + normal(rng, (E,), 0.05), T.F32),
-            m0 + "eh_proj.weight": (normal(rng, (E, 2 * E), 0.1), T.BF16),
-            **_attention_tensors(rng, m0, p),
-            **_moe_tensors(rng, m1, p, latent, merged=False),
-            m1 + "final_layernorm.weight": (1.0 + normal(rng, (E,), 0.05), T.F32),
-        })
+        t.update(
+            {
+                m0 + "enorm.weight": (1.0 + normal(rng, (E,), 0.05), T.F32),
+                m0 + "hnorm.weight": (1.0 + normal(rng, (E,), 0.05), T.F32),
+                m0 + "eh_proj.weight": (normal(rng, (E, 2 * E), 0.1), T.BF16),
+                **_attention_tensors(rng, m0, p),
+                **_moe_tensors(rng, m1, p, latent, merged=False),
+                m1 + "final_layernorm.weight": (1.0 + normal(rng, (E,), 0.05), T.F32),
+            }
+        )
     return t
 
 
@@ -206,7 +259,7 @@ def _vision_tensors(rng, p: Dims, n_embd_text: int) -> dict[str, tuple[np.ndarra
     VE, P, R = p["v_n_embd"], p["patch_size"], p["registers"]
     merged = VE * p["scale_factor"] ** 2
     t: dict[str, tuple[np.ndarray, T]] = {
-        "v.patch_embd.weight": (normal(rng, (VE, 3 * P * P), 0.05), T.BF16),    # RADIO's linear embedder
+        "v.patch_embd.weight": (normal(rng, (VE, 3 * P * P), 0.05), T.BF16),  # RADIO's linear embedder
         "v.cls_embd": (normal(rng, (R, VE), 0.1), T.BF16),
         "v.position_embd": (normal(rng, (p["source_side"] ** 2, VE), 0.1), T.BF16),
         "mm.norm.weight": (1.0 + normal(rng, (merged,), 0.05), T.F32),
@@ -215,7 +268,7 @@ def _vision_tensors(rng, p: Dims, n_embd_text: int) -> dict[str, tuple[np.ndarra
     }
     for i in range(p["v_n_layer"]):
         b = f"v.blk.{i}."
-        for proj in ("attn_q", "attn_k", "attn_v"):          # the converter's split of attn_qkv
+        for proj in ("attn_q", "attn_k", "attn_v"):  # the converter's split of attn_qkv
             t[b + proj + ".weight"] = (normal(rng, (VE, VE), 0.1), T.BF16)
             t[b + proj + ".bias"] = (normal(rng, (VE,), 0.02), T.F32)
         t[b + "attn_out.weight"] = (normal(rng, (VE, VE), 0.1), T.BF16)
@@ -256,23 +309,45 @@ def legacy_nemotron_h_omni(path: Path, seed: int = 0) -> Path:
     toks = nemotron_tokens()[0]
     kvs = {**_tokenizer_kvs(), **_text_kvs("nemotron_h_omni", p, latent=False)}
     vision = {
-        "block_count": v["v_n_layer"], "embedding_length": v["v_n_embd"],
-        "feed_forward_length": 4 * v["v_n_embd"], "attention.head_count": v["v_n_head"],
-        "attention.layer_norm_epsilon": 1e-6, "patch_size": v["patch_size"], "image_size": v["image_size"],
-        "max_tiles": v["max_tiles"], "use_thumbnail": True, "num_channels": 3,
-        "image_mean": v["image_mean"], "image_std": v["image_std"], "projector.scale_factor": v["scale_factor"],
-        "image_token_id": toks.index("<image>"), "image_start_token_id": toks.index("<img>"),
+        "block_count": v["v_n_layer"],
+        "embedding_length": v["v_n_embd"],
+        "feed_forward_length": 4 * v["v_n_embd"],
+        "attention.head_count": v["v_n_head"],
+        "attention.layer_norm_epsilon": 1e-6,
+        "patch_size": v["patch_size"],
+        "image_size": v["image_size"],
+        "max_tiles": v["max_tiles"],
+        "use_thumbnail": True,
+        "num_channels": 3,
+        "image_mean": v["image_mean"],
+        "image_std": v["image_std"],
+        "projector.scale_factor": v["scale_factor"],
+        "image_token_id": toks.index("<image>"),
+        "image_start_token_id": toks.index("<img>"),
         "image_end_token_id": toks.index("</img>"),
     }
     audio = {
-        "block_count": a["a_n_layer"], "embedding_length": a["a_n_embd"], "feed_forward_length": 4 * a["a_n_embd"],
-        "attention.head_count": a["a_n_head"], "attention.layer_norm_epsilon": 1e-5, "conv_kernel_size": 9,
-        "num_mel_bins": a["mel_bins"], "sample_rate": 16000, "subsampling_factor": 8,
-        "subsampling_conv_channels": 8, "subsampling_conv_kernel_size": 3, "subsampling_conv_stride": 2,
-        "projection_hidden_size": 64, "scale_input": False, "sound_token_id": toks.index("<so_embedding>"),
+        "block_count": a["a_n_layer"],
+        "embedding_length": a["a_n_embd"],
+        "feed_forward_length": 4 * a["a_n_embd"],
+        "attention.head_count": a["a_n_head"],
+        "attention.layer_norm_epsilon": 1e-5,
+        "conv_kernel_size": 9,
+        "num_mel_bins": a["mel_bins"],
+        "sample_rate": 16000,
+        "subsampling_factor": 8,
+        "subsampling_conv_channels": 8,
+        "subsampling_conv_kernel_size": 3,
+        "subsampling_conv_stride": 2,
+        "projection_hidden_size": 64,
+        "scale_input": False,
+        "sound_token_id": toks.index("<so_embedding>"),
     }
     kvs.update({f"nemotron_h_omni.vision.{k}": val for k, val in vision.items()})
     kvs.update({f"nemotron_h_omni.audio.{k}": val for k, val in audio.items()})
-    tensors = {**_text_tensors(rng, p, latent=False, mtp=False), **_vision_tensors(rng, v, p["n_embd"]),
-               **_audio_tensors(rng, a, p["n_embd"])}
+    tensors = {
+        **_text_tensors(rng, p, latent=False, mtp=False),
+        **_vision_tensors(rng, v, p["n_embd"]),
+        **_audio_tensors(rng, a, p["n_embd"]),
+    }
     return write(path, "nemotron_h_omni", kvs, tensors, ollama_order=True)

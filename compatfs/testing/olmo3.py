@@ -17,6 +17,7 @@
   `add_<type>_token` false for each of the four.
 * Dtypes as Ollama kept the bf16 checkpoint: matrices BF16, norms F32.
 """
+
 from __future__ import annotations
 
 import functools
@@ -30,13 +31,30 @@ from .core import Dims, T, attention, embeddings, ffn, llm_kvs, norm, write
 from .tokenizers import byte_level_kvs, byte_level_vocab
 
 OLMO3: Dims = dict(
-    n_layer=4, n_embd=64, n_ff=128, n_head=4, n_head_kv=4, context_length=65536, rms_eps=1e-6,
-    rope_freq_base=500000.0, rope_factor=8.0, original_context=8192, sliding_window=4096,
+    n_layer=4,
+    n_embd=64,
+    n_ff=128,
+    n_head=4,
+    n_head_kv=4,
+    context_length=65536,
+    rms_eps=1e-6,
+    rope_freq_base=500000.0,
+    rope_factor=8.0,
+    original_context=8192,
+    sliding_window=4096,
     sliding=[True, True, True, False],
 )
 
-ADDED = ("<|endoftext|>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|im_start|>", "<|im_end|>",
-         "<|endofprompt|>", "<|pad|>")
+ADDED = (
+    "<|endoftext|>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endofprompt|>",
+    "<|pad|>",
+)
 
 CHAT_TEMPLATE = (
     "{%- for message in messages -%}{{- '<|im_start|>' + message['role'] + '\n' + message['content']"

@@ -23,6 +23,7 @@
 * Dtypes as Ollama kept the bf16 checkpoint: text matrices BF16, vision
   matrices F16, norms and biases F32.
 """
+
 from __future__ import annotations
 
 import functools
@@ -36,20 +37,57 @@ from .core import Dims, T, attention, embeddings, ffn, linear, llm_kvs, norm, no
 from .tokenizers import byte_level_kvs, byte_level_vocab
 
 QWEN25VL: Dims = dict(
-    n_layer=2, n_embd=64, n_ff=128, n_head=4, n_head_kv=2, context_length=128000, rms_eps=1e-6,
-    rope_freq_base=1_000_000.0, mrope_section=[2, 3, 3], n_vocab=512,
-    v_n_layer=4, v_n_embd=64, v_n_ff=128, v_n_head=4, patch_size=14, merge=2, window_size=112,
+    n_layer=2,
+    n_embd=64,
+    n_ff=128,
+    n_head=4,
+    n_head_kv=2,
+    context_length=128000,
+    rms_eps=1e-6,
+    rope_freq_base=1_000_000.0,
+    mrope_section=[2, 3, 3],
+    n_vocab=512,
+    v_n_layer=4,
+    v_n_embd=64,
+    v_n_ff=128,
+    v_n_head=4,
+    patch_size=14,
+    merge=2,
+    window_size=112,
     fullatt_blocks=[1, 3],
 )
 
-ADDED = tuple((t, 3) for t in (
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
-    "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
-    "<|image_pad|>", "<|video_pad|>",
-)) + tuple((t, 4) for t in (
-    "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
-    "<|repo_name|>", "<|file_sep|>",
-))
+ADDED = tuple(
+    (t, 3)
+    for t in (
+        "<|endoftext|>",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|object_ref_start|>",
+        "<|object_ref_end|>",
+        "<|box_start|>",
+        "<|box_end|>",
+        "<|quad_start|>",
+        "<|quad_end|>",
+        "<|vision_start|>",
+        "<|vision_end|>",
+        "<|vision_pad|>",
+        "<|image_pad|>",
+        "<|video_pad|>",
+    )
+) + tuple(
+    (t, 4)
+    for t in (
+        "<tool_call>",
+        "</tool_call>",
+        "<|fim_prefix|>",
+        "<|fim_middle|>",
+        "<|fim_suffix|>",
+        "<|fim_pad|>",
+        "<|repo_name|>",
+        "<|file_sep|>",
+    )
+)
 
 # Qwen2.5-VL's chat template without its video and vision-id branches.
 CHAT_TEMPLATE = (
@@ -123,8 +161,15 @@ def legacy_qwen25vl(path: Path, seed: int = 0, *, fullatt_blocks: Sequence[int] 
         b = f"v.blk.{i}."
         tensors.update(attention(rng, b, VE, VE, VE, T.F16, names=("attn_q", "attn_k", "attn_v", "attn_out")))
         tensors.update(ffn(rng, b, VE, VF, T.F16))
-        for x, rows in (("attn_q", VE), ("attn_k", VE), ("attn_v", VE), ("attn_out", VE), ("ffn_gate", VF),
-                        ("ffn_up", VF), ("ffn_down", VE)):
+        for x, rows in (
+            ("attn_q", VE),
+            ("attn_k", VE),
+            ("attn_v", VE),
+            ("attn_out", VE),
+            ("ffn_gate", VF),
+            ("ffn_up", VF),
+            ("ffn_down", VE),
+        ):
             tensors[b + f"{x}.bias"] = (normal(rng, (rows,), 0.02), T.F32)
         tensors[b + "ln1.weight"] = (norm(rng, VE), T.F32)
         tensors[b + "ln2.weight"] = (norm(rng, VE), T.F32)

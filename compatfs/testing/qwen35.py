@@ -27,6 +27,7 @@
   -exp(A_log); `linear_attn.dt_bias` -> `ssm_dt`; the vision tower as
   Qwen3-VL's (`compatfs/testing/qwen3vl.py`), without deepstack mergers.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -39,16 +40,38 @@ from .qwen3vl import _norm, attention_tensors, qwen_tokenizer_kvs, qwen_tokens, 
 
 
 QWEN35_MOE: Dims = dict(
-    n_layer=4, full_attention_interval=4, n_embd=64, n_head=4, n_head_kv=2, head_dim=32, partial_rotary=0.25,
-    sections=[2, 1, 1], n_expert=4, n_expert_used=2, n_ff_exp=32, n_ff_shexp=32,
-    context_length=262144, rope_freq_base=10_000_000.0, rms_eps=1e-6,
-    ssm_conv=4, ssm_k_heads=2, ssm_v_heads=4, ssm_head_dim=16,
-    v_n_layer=3, v_n_embd=64, v_n_ff=128, v_n_head=4, patch_size=16, merge=2, n_pos=64,
+    n_layer=4,
+    full_attention_interval=4,
+    n_embd=64,
+    n_head=4,
+    n_head_kv=2,
+    head_dim=32,
+    partial_rotary=0.25,
+    sections=[2, 1, 1],
+    n_expert=4,
+    n_expert_used=2,
+    n_ff_exp=32,
+    n_ff_shexp=32,
+    context_length=262144,
+    rope_freq_base=10_000_000.0,
+    rms_eps=1e-6,
+    ssm_conv=4,
+    ssm_k_heads=2,
+    ssm_v_heads=4,
+    ssm_head_dim=16,
+    v_n_layer=3,
+    v_n_embd=64,
+    v_n_ff=128,
+    v_n_head=4,
+    patch_size=16,
+    merge=2,
+    n_pos=64,
 )
 
 
-def _moe(rng: np.random.Generator, b: str, E: int, X: int, FX: int, FS: int, per_expert: bool
-         ) -> dict[str, tuple[np.ndarray, T]]:
+def _moe(
+    rng: np.random.Generator, b: str, E: int, X: int, FX: int, FS: int, per_expert: bool
+) -> dict[str, tuple[np.ndarray, T]]:
     t = {
         b + "ffn_gate_inp.weight": (normal(rng, (X, E), 0.05), T.BF16),
         b + "ffn_gate_shexp.weight": (normal(rng, (FS, E), 0.05), T.BF16),
@@ -118,8 +141,11 @@ def legacy_qwen35_moe(path: Path, seed: int = 0) -> Path:
         # only when set).  The converter writes `vision.deepstack_visual_indexes`
         # = [] (INT32, empty); `core.write` cannot type an empty array, so it
         # is left out (the handler reads a missing list as an empty one).
-        **{k: v for k, v in vision_kvs(a, p, []).items()
-           if not k.endswith(("deepstack_visual_indexes", "layer_norm_epsilon", "rope.freq_base"))},
+        **{
+            k: v
+            for k, v in vision_kvs(a, p, []).items()
+            if not k.endswith(("deepstack_visual_indexes", "layer_norm_epsilon", "rope.freq_base"))
+        },
         **qwen_tokenizer_kvs("qwen35"),
     }
     n_vocab = len(toks)
@@ -134,29 +160,33 @@ def legacy_qwen35_moe(path: Path, seed: int = 0) -> Path:
             # The query projection carries the output gate: twice the heads' rows.
             tensors.update(attention_tensors(rng, b, E, 2 * H * hd, HKV * hd, hd, H * hd))
         else:
-            tensors.update({
-                b + "attn_norm.weight": (_norm(rng, E), T.F32),
-                b + "attn_qkv.weight": (normal(rng, (2 * key_dim + value_dim, E), 0.05), T.BF16),
-                b + "attn_gate.weight": (normal(rng, (value_dim, E), 0.05), T.BF16),
-                b + "ssm_alpha.weight": (normal(rng, (VH, E), 0.05), T.BF16),
-                b + "ssm_beta.weight": (normal(rng, (VH, E), 0.05), T.BF16),
-                b + "ssm_conv1d.weight": (normal(rng, (2 * key_dim + value_dim, p["ssm_conv"]), 0.1), T.F32),
-                b + "ssm_a": (-np.exp(normal(rng, (VH,), 0.5)), T.F32),
-                b + "ssm_dt": (normal(rng, (VH,), 0.5), T.F32),
-                b + "ssm_norm.weight": (_norm(rng, SD), T.F32),
-                b + "ssm_out.weight": (normal(rng, (E, value_dim), 0.05), T.BF16),
-            })
+            tensors.update(
+                {
+                    b + "attn_norm.weight": (_norm(rng, E), T.F32),
+                    b + "attn_qkv.weight": (normal(rng, (2 * key_dim + value_dim, E), 0.05), T.BF16),
+                    b + "attn_gate.weight": (normal(rng, (value_dim, E), 0.05), T.BF16),
+                    b + "ssm_alpha.weight": (normal(rng, (VH, E), 0.05), T.BF16),
+                    b + "ssm_beta.weight": (normal(rng, (VH, E), 0.05), T.BF16),
+                    b + "ssm_conv1d.weight": (normal(rng, (2 * key_dim + value_dim, p["ssm_conv"]), 0.1), T.F32),
+                    b + "ssm_a": (-np.exp(normal(rng, (VH,), 0.5)), T.F32),
+                    b + "ssm_dt": (normal(rng, (VH,), 0.5), T.F32),
+                    b + "ssm_norm.weight": (_norm(rng, SD), T.F32),
+                    b + "ssm_out.weight": (normal(rng, (E, value_dim), 0.05), T.BF16),
+                }
+            )
         tensors[b + "post_attention_norm.weight"] = (_norm(rng, E), T.F32)
         tensors.update(_moe(rng, b, E, X, FX, FS, per_expert=False))
     m = "mtp.layers.0."
     tensors.update(attention_tensors(rng, m, E, 2 * H * hd, HKV * hd, hd, H * hd))
     tensors[m + "post_attention_norm.weight"] = (_norm(rng, E), T.F32)
     tensors.update(_moe(rng, m, E, X, FX, FS, per_expert=True))
-    tensors.update({
-        "mtp.fc.weight": (normal(rng, (E, 2 * E), 0.05), T.BF16),
-        "mtp.norm.weight": (normal(rng, (E,), 0.05), T.F32),
-        "mtp.pre_fc_norm_embedding.weight": (normal(rng, (E,), 0.05), T.F32),
-        "mtp.pre_fc_norm_hidden.weight": (normal(rng, (E,), 0.05), T.F32),
-    })
+    tensors.update(
+        {
+            "mtp.fc.weight": (normal(rng, (E, 2 * E), 0.05), T.BF16),
+            "mtp.norm.weight": (normal(rng, (E,), 0.05), T.F32),
+            "mtp.pre_fc_norm_embedding.weight": (normal(rng, (E,), 0.05), T.F32),
+            "mtp.pre_fc_norm_hidden.weight": (normal(rng, (E,), 0.05), T.F32),
+        }
+    )
     tensors.update(vision_tensors(rng, p, E, []))
     return write(path, a, kvs, tensors, ollama_order=True)

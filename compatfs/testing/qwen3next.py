@@ -23,6 +23,7 @@ Both: KVs sorted, tensors in WriteGGUF's order (core.write); matrices BF16,
 vectors and the conv kernel F32.  The core writer stores integer lists as
 INT32 arrays where Ollama wrote UINT32 (`head_count_kv`); llama.cpp reads both.
 """
+
 from __future__ import annotations
 
 import functools
@@ -37,10 +38,26 @@ from .tokenizers import byte_level_merges, bytes_to_unicode
 
 
 QWEN3NEXT: Dims = dict(
-    n_layer=4, n_embd=64, n_ff=128, n_head=4, n_head_kv=2, head_dim=16, partial_rotary=0.25,
-    context_length=4096, rope_theta=10_000_000.0, rms_eps=1e-6, full_attention_interval=4,
-    n_expert=4, n_expert_used=2, n_ff_exp=32, n_ff_shexp=32,
-    conv_kernel=4, k_head_dim=16, n_k_heads=2, n_v_heads=4, v_head_dim=16,
+    n_layer=4,
+    n_embd=64,
+    n_ff=128,
+    n_head=4,
+    n_head_kv=2,
+    head_dim=16,
+    partial_rotary=0.25,
+    context_length=4096,
+    rope_theta=10_000_000.0,
+    rms_eps=1e-6,
+    full_attention_interval=4,
+    n_expert=4,
+    n_expert_used=2,
+    n_ff_exp=32,
+    n_ff_shexp=32,
+    conv_kernel=4,
+    k_head_dim=16,
+    n_k_heads=2,
+    n_v_heads=4,
+    v_head_dim=16,
 )
 QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHAT_TEMPLATE = (
@@ -123,7 +140,7 @@ def _tensors(rng: np.random.Generator, p: Dims, n_vocab: int, *, dt: str, shexp_
     key_dim, value_dim = p["k_head_dim"] * p["n_k_heads"], p["v_head_dim"] * p["n_v_heads"]
     X, FX, FS = p["n_expert"], p["n_ff_exp"], p["n_ff_shexp"]
 
-    def norm(n):   # HF RMSNorm weight w stored as 1 + w
+    def norm(n):  # HF RMSNorm weight w stored as 1 + w
         return (1.0 + normal(rng, (n,), 0.05), T.F32)
 
     t: dict[str, tuple[np.ndarray, T]] = {
@@ -136,7 +153,7 @@ def _tensors(rng: np.random.Generator, p: Dims, n_vocab: int, *, dt: str, shexp_
         t[b + "attn_norm.weight"] = norm(E)
         t[b + "post_attention_norm.weight"] = norm(E)
         if _is_attention(p, i):
-            t[b + "attn_q.weight"] = (normal(rng, (2 * p["n_head"] * hd, E), 0.05), T.BF16)   # query and gate
+            t[b + "attn_q.weight"] = (normal(rng, (2 * p["n_head"] * hd, E), 0.05), T.BF16)  # query and gate
             t[b + "attn_k.weight"] = (normal(rng, (p["n_head_kv"] * hd, E), 0.05), T.BF16)
             t[b + "attn_v.weight"] = (normal(rng, (p["n_head_kv"] * hd, E), 0.05), T.BF16)
             t[b + "attn_output.weight"] = (normal(rng, (E, p["n_head"] * hd), 0.05), T.BF16)
@@ -175,8 +192,9 @@ def legacy_qwen3next(path: Path, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
     tok = _tokenizer_kvs("qwen2")
     kvs = {**_hparams("qwen3next", p), **tok}
-    kvs["qwen3next.attention.head_count_kv"] = [p["n_head_kv"] if _is_attention(p, i) else 0
-                                                for i in range(p["n_layer"])]
+    kvs["qwen3next.attention.head_count_kv"] = [
+        p["n_head_kv"] if _is_attention(p, i) else 0 for i in range(p["n_layer"])
+    ]
     tensors = _tensors(rng, p, len(tok["tokenizer.ggml.tokens"]), dt="ssm_dt", shexp_gate_2d=False)
     return write(path, "qwen3next", kvs, tensors, ollama_order=True)
 

@@ -25,6 +25,7 @@ in ../shared/fixtures/ollama/qwen3_vl_legacy.gguf, which these follow).
 * Dtypes as Ollama kept the bf16 checkpoint: text matrices BF16, vision
   matrices F16, norms and biases F32.
 """
+
 from __future__ import annotations
 
 import functools
@@ -38,23 +39,58 @@ from .tokenizers import byte_level_merges, bytes_to_unicode
 
 
 QWEN3VL_MOE: Dims = dict(
-    n_layer=3, n_embd=64, n_ff=128, n_head=4, n_head_kv=2, head_dim=16, n_expert=4, n_expert_used=2,
-    n_ff_exp=32, context_length=262144, rope_freq_base=5_000_000.0, rms_eps=1e-6,
-    v_n_layer=3, v_n_embd=64, v_n_ff=128, v_n_head=4, patch_size=16, merge=2, n_pos=64,
-    deepstack=[1, 2],    # llama.cpp adds deepstack outputs after text blocks 0..n-1: fewer than the text blocks
+    n_layer=3,
+    n_embd=64,
+    n_ff=128,
+    n_head=4,
+    n_head_kv=2,
+    head_dim=16,
+    n_expert=4,
+    n_expert_used=2,
+    n_ff_exp=32,
+    context_length=262144,
+    rope_freq_base=5_000_000.0,
+    rms_eps=1e-6,
+    v_n_layer=3,
+    v_n_embd=64,
+    v_n_ff=128,
+    v_n_head=4,
+    patch_size=16,
+    merge=2,
+    n_pos=64,
+    deepstack=[1, 2],  # llama.cpp adds deepstack outputs after text blocks 0..n-1: fewer than the text blocks
 )
 
 # Qwen's added tokens after the merged vocabulary, in order; True = special (control).
 QWEN_ADDED = (
-    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True),
-    ("<|object_ref_start|>", True), ("<|object_ref_end|>", True), ("<|box_start|>", True), ("<|box_end|>", True),
-    ("<|quad_start|>", True), ("<|quad_end|>", True), ("<|vision_start|>", True), ("<|vision_end|>", True),
-    ("<|vision_pad|>", True), ("<|image_pad|>", True), ("<|video_pad|>", True),
-    ("<tool_call>", False), ("</tool_call>", False), ("<|fim_prefix|>", False), ("<|fim_middle|>", False),
-    ("<|fim_suffix|>", False), ("<|fim_pad|>", False), ("<|repo_name|>", False), ("<|file_sep|>", False),
-    ("<tool_response>", False), ("</tool_response>", False), ("<think>", False), ("</think>", False),
+    ("<|endoftext|>", True),
+    ("<|im_start|>", True),
+    ("<|im_end|>", True),
+    ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True),
+    ("<|box_start|>", True),
+    ("<|box_end|>", True),
+    ("<|quad_start|>", True),
+    ("<|quad_end|>", True),
+    ("<|vision_start|>", True),
+    ("<|vision_end|>", True),
+    ("<|vision_pad|>", True),
+    ("<|image_pad|>", True),
+    ("<|video_pad|>", True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<|fim_prefix|>", False),
+    ("<|fim_middle|>", False),
+    ("<|fim_suffix|>", False),
+    ("<|fim_pad|>", False),
+    ("<|repo_name|>", False),
+    ("<|file_sep|>", False),
+    ("<tool_response>", False),
+    ("</tool_response>", False),
+    ("<think>", False),
+    ("</think>", False),
 )
-QWEN_VOCAB = 512          # the embedding rows the vocabulary is padded to
+QWEN_VOCAB = 512  # the embedding rows the vocabulary is padded to
 
 # Qwen-VL's ChatML template, reduced to what a chat with images needs.
 QWEN_VL_TEMPLATE = (
@@ -135,8 +171,9 @@ def vision_kvs(prefix: str, p: Dims, deepstack: list[int]) -> dict[str, Any]:
     }
 
 
-def vision_tensors(rng: np.random.Generator, p: Dims, out_embd: int, deepstack: list[int]
-                   ) -> dict[str, tuple[np.ndarray, T]]:
+def vision_tensors(
+    rng: np.random.Generator, p: Dims, out_embd: int, deepstack: list[int]
+) -> dict[str, tuple[np.ndarray, T]]:
     """Qwen3-VL's vision tower as the converter wrote it (numpy, HF order)."""
     VE, VF, P, M = p["v_n_embd"], p["v_n_ff"], p["patch_size"], p["merge"]
     merged = VE * M * M
@@ -171,8 +208,9 @@ def vision_tensors(rng: np.random.Generator, p: Dims, out_embd: int, deepstack: 
     return t
 
 
-def attention_tensors(rng: np.random.Generator, b: str, E: int, q_rows: int, kv_rows: int, hd: int,
-                      out_cols: int) -> dict[str, tuple[np.ndarray, T]]:
+def attention_tensors(
+    rng: np.random.Generator, b: str, E: int, q_rows: int, kv_rows: int, hd: int, out_cols: int
+) -> dict[str, tuple[np.ndarray, T]]:
     """One Qwen3-style attention: Q, K, V, output, per-head Q/K norms, input norm."""
     return {
         b + "attn_norm.weight": (_norm(rng, E), T.F32),

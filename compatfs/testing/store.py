@@ -3,6 +3,7 @@
 Used for the demo store and by the tests; compatfs itself never writes to a
 store it mounts.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -28,8 +29,15 @@ def add_blob(root: Path, path: Path) -> dict:
     return {"digest": f"sha256:{digest}", "size": dst.stat().st_size}
 
 
-def add_model(root: str | Path, name: str, model: Path, projector: Path | None = None,
-              host: str = DEFAULT_HOST, namespace: str = DEFAULT_NAMESPACE, tag: str = "latest") -> Path:
+def add_model(
+    root: str | Path,
+    name: str,
+    model: Path,
+    projector: Path | None = None,
+    host: str = DEFAULT_HOST,
+    namespace: str = DEFAULT_NAMESPACE,
+    tag: str = "latest",
+) -> Path:
     """Add model `name` (GGUF `model`, optional `projector`); the manifest's path."""
     root = Path(root)
     (root / "blobs").mkdir(parents=True, exist_ok=True)
@@ -38,11 +46,11 @@ def add_model(root: str | Path, name: str, model: Path, projector: Path | None =
         layers.append({"mediaType": PROJECTOR, **add_blob(root, Path(projector))})
     manifest = root / "manifests" / host / namespace / name / tag
     manifest.parent.mkdir(parents=True, exist_ok=True)
-    manifest.write_text(json.dumps({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
-        "layers": layers,
-    }))
+    manifest.write_text(
+        json.dumps(
+            {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json", "layers": layers}
+        )
+    )
     return manifest
 
 
@@ -54,8 +62,9 @@ def _data_blob(root: Path, data: bytes) -> dict:
     return {"digest": f"sha256:{digest}", "size": len(data)}
 
 
-def set_layer(root: str | Path, manifest: Path, media_type: str, data: bytes | Path | None, *,
-              append: bool = False) -> None:
+def set_layer(
+    root: str | Path, manifest: Path, media_type: str, data: bytes | Path | None, *, append: bool = False
+) -> None:
     """Give the model of `manifest` a layer of `media_type` holding `data`
     (bytes, or a file copied in; None: no such layer): it replaces the
     layers of that type, or with `append` follows them.  The manifest is

@@ -1,5 +1,6 @@
 """Tiny tokenizers for the legacy writers, generated in code from a small
 corpus (deterministic, independent of the weight seed, no network)."""
+
 from __future__ import annotations
 
 import functools
@@ -29,8 +30,10 @@ Like this one.
 
 # Llama 3's pre-tokenizer split (ASCII approximation), so that the learned
 # merges are the ones `llama-bpe` pre-tokenization can reach.
-BPE_SPLIT = re.compile(r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\nA-Za-z0-9]?[A-Za-z]+|[0-9]{1,3}"""
-                        r"""| ?[^\sA-Za-z0-9]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+BPE_SPLIT = re.compile(
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\nA-Za-z0-9]?[A-Za-z]+|[0-9]{1,3}"""
+    r"""| ?[^\sA-Za-z0-9]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 
 
 def train_bpe(words: dict[tuple[str, ...], int], n_merges: int) -> list[tuple[str, str]]:
@@ -115,7 +118,6 @@ def llama_spm_tokens() -> tuple[list[str], list[float], list[int]]:
     return toks, scores, types
 
 
-
 @functools.cache
 def byte_level_merges(n_merges: int) -> tuple[tuple[str, str], ...]:
     """`n_merges` BPE merges learned from the corpus split as Llama 3's
@@ -131,8 +133,9 @@ def byte_level_merges(n_merges: int) -> tuple[tuple[str, str], ...]:
 
 
 @functools.cache
-def byte_level_vocab(head: tuple[str, ...] = (), tail: tuple[tuple[str, int], ...] = (), *, n_merged: int = 224,
-                     size: int | None = None) -> tuple[list[str], list[int], list[float], list[str]]:
+def byte_level_vocab(
+    head: tuple[str, ...] = (), tail: tuple[tuple[str, int], ...] = (), *, n_merged: int = 224, size: int | None = None
+) -> tuple[list[str], list[int], list[float], list[str]]:
     """A byte-level BPE vocabulary as Ollama's converters wrote one (tokens,
     token types, scores, merges): `head` (control) first, the 256 GPT-2 byte
     characters, `n_merged` tokens from the corpus' first merges (each merge
@@ -170,5 +173,11 @@ def byte_level_kvs(vocab: tuple[list[str], list[int], list[float], list[str]], p
     """The tokenizer KVs of a `byte_level_vocab` as Ollama writes them: model
     `gpt2`, pre-tokenizer `pre`, tokens, types, scores and merges."""
     tokens, types, scores, merges = vocab
-    return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre, "tokenizer.ggml.tokens": tokens,
-            "tokenizer.ggml.token_type": types, "tokenizer.ggml.scores": scores, "tokenizer.ggml.merges": merges}
+    return {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.scores": scores,
+        "tokenizer.ggml.merges": merges,
+    }

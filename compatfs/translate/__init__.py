@@ -13,6 +13,7 @@ What is not translation a handler takes from where it lives: the blob's
 `SourceGGUF`, `TensorInfo` and KV values from `compatfs.format`, `GGUFError`
 from `compatfs.errors`, scratch buffers from `compatfs.files.scratch`; and
 `compatfs.translate.accel`, the optional compiled kernels, as a module."""
+
 from . import byte_ops, gguf_names, kv_edits, kv_reads, makers, ops, planning, predicates, projector, tensor_edits
 from .byte_ops import *  # noqa: F401,F403
 from .gguf_names import *  # noqa: F401,F403
@@ -25,5 +26,15 @@ from .predicates import *  # noqa: F401,F403
 from .projector import *  # noqa: F401,F403
 from .tensor_edits import *  # noqa: F401,F403
 
-__all__ = [*predicates.__all__, *kv_reads.__all__, *kv_edits.__all__, *tensor_edits.__all__, *makers.__all__,
-           *ops.__all__, *byte_ops.__all__, *projector.__all__, *planning.__all__, *gguf_names.__all__]
+__all__ = [
+    *predicates.__all__,
+    *kv_reads.__all__,
+    *kv_edits.__all__,
+    *tensor_edits.__all__,
+    *makers.__all__,
+    *ops.__all__,
+    *byte_ops.__all__,
+    *projector.__all__,
+    *planning.__all__,
+    *gguf_names.__all__,
+]

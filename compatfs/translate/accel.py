@@ -2,6 +2,7 @@
 a C compiler is at hand, or None (without it, or with `COMPATFS_NO_ACCEL=1`
 in the environment).  Each kernel gives the bytes its numpy counterpart
 gives; the numpy code stays the reference and the default install's."""
+
 from __future__ import annotations
 
 import importlib

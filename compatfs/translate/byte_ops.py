@@ -4,6 +4,7 @@ out as strided runs of its input (`Runs`) and zeros, served from the blob by
 arithmetic at any size; `_compute` makes the same bytes whole with numpy
 (what the tests compare the runs against, and the fallback where a split
 cuts through quantization blocks)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,9 +45,9 @@ class Split(Op):
             unit, stride, outer = row * self.shape[0] // src.shape[0], row, elements(src.shape[1:])
             first = row * self.start // src.shape[0]
         else:
-            inner = tensor_nbytes(src.shape[:self.axis], src.dtype)
+            inner = tensor_nbytes(src.shape[: self.axis], src.dtype)
             unit, stride = inner * self.shape[self.axis], inner * src.shape[self.axis]
-            outer, first = elements(src.shape[self.axis + 1:]), inner * self.start
+            outer, first = elements(src.shape[self.axis + 1 :]), inner * self.start
         return [strided_runs(src, first, unit, stride, outer)]
 
     def _compute(self, data):
@@ -153,15 +154,19 @@ class Strided(Op):
         taken, slab after slab: one strided run, as `step` divides the axis
         (the last taken of a slab is `step` before the first of the next)."""
         src = self.inputs[0]
-        unit = tensor_nbytes(src.shape[:self.axis], src.dtype) if self.axis else np.dtype(PLAIN_TYPES[src.known_dtype()]).itemsize
-        count = elements(src.shape[self.axis + 1:]) * (src.shape[self.axis] // self.step)
+        unit = (
+            tensor_nbytes(src.shape[: self.axis], src.dtype)
+            if self.axis
+            else np.dtype(PLAIN_TYPES[src.known_dtype()]).itemsize
+        )
+        count = elements(src.shape[self.axis + 1 :]) * (src.shape[self.axis] // self.step)
         return [strided_runs(src, self.start * unit, unit, self.step * unit, count)]
 
     def _compute(self, data):
         src = self.inputs[0]
         if self.axis == 0:
             arr = as_array(src, data[0])
-        else:   # rows as byte strings: the row axis stands in for axis 0
+        else:  # rows as byte strings: the row axis stands in for axis 0
             arr = np.frombuffer(data[0], dtype=np.uint8).reshape(*reversed(src.shape[1:]), -1)
         index = [slice(None)] * arr.ndim
         index[arr.ndim - 1 - self.axis] = slice(self.start, None, self.step)

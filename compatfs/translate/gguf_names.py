@@ -11,6 +11,7 @@ and that the views follow a gguf-py whose names moved).  The names Ollama's
 converters wrote, which handlers rename, detect, read or drop, stay literals,
 even where they are spelled as llama.cpp's.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -3,6 +3,7 @@ applied as `apply(kv, src)` to the KVs as edited so far (`kv`, in place) and
 the source blob.  Each is total: a value of another type than it reads is
 left alone where the edit says so, or refused with a `GGUFError` naming the
 key."""
+
 from __future__ import annotations
 
 import re
@@ -34,6 +35,7 @@ class KVEdit(ABC):
 @dataclass(frozen=True)
 class CopyIfAbsent(KVEdit):
     """`dst` takes `src`'s value when `dst` is absent and `src` present."""
+
     src: str
     dst: str
 
@@ -45,6 +47,7 @@ class CopyIfAbsent(KVEdit):
 @dataclass(frozen=True)
 class CopyEachIfAbsent(KVEdit):
     """`CopyIfAbsent(src_prefix + name, dst_prefix + name)` for each of `names`."""
+
     src_prefix: str
     dst_prefix: str
     names: tuple[str, ...]
@@ -57,6 +60,7 @@ class CopyEachIfAbsent(KVEdit):
 @dataclass(frozen=True)
 class Default(KVEdit):
     """`key` = `value` when `key` is absent."""
+
     key: str
     value: Value
 
@@ -67,6 +71,7 @@ class Default(KVEdit):
 @dataclass(frozen=True)
 class Set(KVEdit):
     """`key` = `value`, replacing any value in place; only `when` it holds of the blob."""
+
     key: str
     value: Value
     when: Pred = ALWAYS
@@ -79,17 +84,19 @@ class Set(KVEdit):
 @dataclass(frozen=True)
 class CopyPrefixIfAbsent(KVEdit):
     """Every `old`* key is copied to `new`* (when not already there)."""
+
     old: str
     new: str
 
     def apply(self, kv: KVs, src: SourceGGUF) -> None:
         for key in [k for k in kv if k.startswith(self.old)]:
-            kv.setdefault(self.new + key[len(self.old):], kv[key])
+            kv.setdefault(self.new + key[len(self.old) :], kv[key])
 
 
 @dataclass(frozen=True)
 class Drop(KVEdit):
     """Each of `keys` is removed where present (exactly that key: see `DropPrefix`)."""
+
     keys: tuple[str, ...]
 
     def apply(self, kv: KVs, src: SourceGGUF) -> None:
@@ -100,6 +107,7 @@ class Drop(KVEdit):
 @dataclass(frozen=True)
 class DropPrefix(KVEdit):
     """Every key starting with one of `prefixes` is removed."""
+
     prefixes: tuple[str, ...]
 
     def apply(self, kv: KVs, src: SourceGGUF) -> None:
@@ -110,6 +118,7 @@ class DropPrefix(KVEdit):
 @dataclass(frozen=True)
 class When(KVEdit):
     """The `edits` apply only when `pred` holds of the blob."""
+
     pred: Pred
     edits: tuple[KVEdit, ...]
 
@@ -121,9 +130,11 @@ class When(KVEdit):
 
 # -- values read off the blob's tensors ---------------------------------------------
 
+
 @dataclass(frozen=True)
 class TruncateToRows(KVEdit):
     """Arrays `keys` cut to the row count (ggml axis 1) of `tensor`."""
+
     tensor: str
     keys: tuple[str, ...]
 
@@ -141,6 +152,7 @@ class TruncateToRows(KVEdit):
 @dataclass(frozen=True)
 class FromShape(KVEdit):
     """`key` (u32) = axis `axis` of blob tensor `tensor`, when the tensor exists."""
+
     key: str
     tensor: str
     axis: int
@@ -157,6 +169,7 @@ class FromFirstBlock(KVEdit):
     the blob holds that has that tensor, when `key` is absent (a width the
     converter did not write, read off the first block that has it: the first
     MoE block's expert stack, say)."""
+
     key: str
     prefix: str
     suffix: str
@@ -175,6 +188,7 @@ class FromFirstBlock(KVEdit):
 @dataclass(frozen=True)
 class BlockCount(KVEdit):
     """`key` (u32) = how many blocks `<prefix><i>.*` the blob holds, when absent."""
+
     key: str
     prefix: str
 
@@ -187,6 +201,7 @@ class ZeroPerLayer(KVEdit):
     """In the per-layer integer array `key`, layer i is set to 0 where blob
     tensor `tensor.format(i)` is missing (e.g. KV heads of layers without
     attention); a scalar `key` is left alone."""
+
     key: str
     tensor: str
 
@@ -203,6 +218,7 @@ class ZeroPerLayer(KVEdit):
 class PerLayerToMax(KVEdit):
     """The per-layer integer array `key` becomes one u32, its largest entry
     (e.g. the KV heads of hybrid models, 0 on the recurrent layers)."""
+
     key: str
 
     def apply(self, kv: KVs, src: SourceGGUF) -> None:
@@ -216,11 +232,13 @@ class PerLayerToMax(KVEdit):
 
 # -- arrays ----------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class FillArray(KVEdit):
     """Every element of the float array `key` becomes `value` (length and
     element type kept); a scalar `key` is left alone, an array of anything
     but floats refused."""
+
     key: str
     value: float
 
@@ -238,6 +256,7 @@ class PadArray(KVEdit):
     """`dst` = the integer array `src` padded with zeros to `length` elements,
     when `src` is present and not longer, and `dst` absent (element type
     kept); `dst` = `src` pads the array in place."""
+
     src: str
     dst: str
     length: int
@@ -253,7 +272,7 @@ class PadArray(KVEdit):
 
 # -- the tokenizer ---------------------------------------------------------------------
 
-BYTE_TOKENS = tuple(f"<0x{b:02X}>" for b in range(256))   # SentencePiece's byte-fallback tokens
+BYTE_TOKENS = tuple(f"<0x{b:02X}>" for b in range(256))  # SentencePiece's byte-fallback tokens
 
 
 def _token_types(kv: KVs) -> tuple[Value, np.ndarray] | None:
@@ -268,6 +287,7 @@ def _token_types(kv: KVs) -> tuple[Value, np.ndarray] | None:
 @dataclass(frozen=True)
 class TokenType(KVEdit):
     """The tokens whose text is one of `texts` get token type `token_type`."""
+
     texts: tuple[str, ...]
     token_type: TT
 
@@ -311,7 +331,8 @@ class PadTokensUnused(KVEdit):
         names = array(VT.STRING, [f"[PAD{first + i}]" for i in range(k)])
         head = struct.pack("<IQ", VT.STRING, n)
         kv[Keys.Tokenizer.LIST] = Value(
-            VT.ARRAY, head + bytes(tokens.truncated(first).payload[12:]) + bytes(names.payload[12:]))
+            VT.ARRAY, head + bytes(tokens.truncated(first).payload[12:]) + bytes(names.payload[12:])
+        )
         kinds = kinds.copy()
         kinds[first:] = TT.UNUSED
         kv[Keys.Tokenizer.TOKEN_TYPE] = kv[Keys.Tokenizer.TOKEN_TYPE].with_items(kinds)
@@ -321,6 +342,7 @@ class PadTokensUnused(KVEdit):
 class DefaultTokenId(KVEdit):
     """`key` (u32) = the id of the token whose text is `text`, when `key` is
     absent and the vocabulary has that token."""
+
     key: str
     text: str
 
@@ -335,10 +357,12 @@ class DefaultTokenId(KVEdit):
 
 # -- numbers -----------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Scaled(KVEdit):
     """`dst` (u32) = `factor` x the integer `src`, when `dst` is absent and
     `src` is an integer."""
+
     src: str
     dst: str
     factor: int
@@ -354,6 +378,7 @@ class Reciprocal(KVEdit):
     """`key` (u32) = 1 / the number at `ratio`, when `key` is absent and the
     ratio is a positive finite number whose inverse is a whole number (to
     1e-4); nothing otherwise."""
+
     ratio: str
     key: str
 
@@ -367,8 +392,28 @@ class Reciprocal(KVEdit):
 
 
 __all__ = [
-    "KVs", "KVEdit", "CopyIfAbsent", "CopyEachIfAbsent", "Default", "Set", "CopyPrefixIfAbsent", "Drop",
-    "DropPrefix", "When", "TruncateToRows", "FromShape", "FromFirstBlock", "BlockCount", "ZeroPerLayer",
-    "PerLayerToMax", "FillArray", "PadArray", "BYTE_TOKENS", "TokenType", "PadTokensUnused", "DefaultTokenId",
-    "Scaled", "Reciprocal",
+    "KVs",
+    "KVEdit",
+    "CopyIfAbsent",
+    "CopyEachIfAbsent",
+    "Default",
+    "Set",
+    "CopyPrefixIfAbsent",
+    "Drop",
+    "DropPrefix",
+    "When",
+    "TruncateToRows",
+    "FromShape",
+    "FromFirstBlock",
+    "BlockCount",
+    "ZeroPerLayer",
+    "PerLayerToMax",
+    "FillArray",
+    "PadArray",
+    "BYTE_TOKENS",
+    "TokenType",
+    "PadTokensUnused",
+    "DefaultTokenId",
+    "Scaled",
+    "Reciprocal",
 ]

@@ -2,6 +2,7 @@
 use, so that a value of the wrong type (a string where a count belongs, a
 nested array, NaN) gives a verdict or a `GGUFError` naming the key, never
 another exception."""
+
 from __future__ import annotations
 
 import math
@@ -22,7 +23,7 @@ def describe(value: Value | None) -> str:
     if value is None:
         return "absent"
     etype = value.element_type
-    if etype is None:   # a scalar or a string
+    if etype is None:  # a scalar or a string
         if value.vtype == VT.STRING:
             return "a string"
         return f"{value.vtype.name} {value.decode()!r}"

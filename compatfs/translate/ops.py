@@ -11,6 +11,7 @@ other elementwise ops, mixed-dtype concatenations); or computed with numpy
 (resamplings and the like).  Shapes are ggml shapes: fastest-varying axis
 first, so the numpy array of a tensor has the reversed shape.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -157,6 +158,7 @@ class Op(ABC):
 class Part(NamedTuple):
     """`unit` bytes of input `tensor` from byte `start`, and again every
     `stride` bytes on (one part of a round of `Runs`)."""
+
     tensor: TensorInfo
     start: int
     unit: int
@@ -170,6 +172,7 @@ class Runs:
     many rows of any size are laid out by arithmetic, never listed (one
     part: a strided run, as a split or every other row; several: rows of
     several tensors interleaved, as a per-expert concatenation)."""
+
     parts: tuple[Part, ...]
     count: int
 
@@ -191,8 +194,8 @@ def strided_runs(t: TensorInfo, start: int, unit: int, stride: int, count: int) 
     return Runs((Part(t, start, unit, stride),), count)
 
 
-RunsOrZeros = Runs | int      # an int: that many zero bytes
-ReadRange = Callable[[TensorInfo, int, int], bytes | memoryview]   # (tensor, start, size) -> its bytes
+RunsOrZeros = Runs | int  # an int: that many zero bytes
+ReadRange = Callable[[TensorInfo, int, int], bytes | memoryview]  # (tensor, start, size) -> its bytes
 
 
 @dataclass(frozen=True)
@@ -207,18 +210,24 @@ class Elementwise(Op):
     _values: ClassVar[Callable[[Any, np.ndarray], np.ndarray] | None] = None
 
     def _compute(self, data):
-        return bytes(self.compute_range(lambda t, start, size: data[0][start:start + size], 0, self.nbytes))
+        return bytes(self.compute_range(lambda t, start, size: data[0][start : start + size], 0, self.nbytes))
 
     def compute_range_into(self, read: ReadRange, lo: int, hi: int, out: memoryview) -> None:
         _elementwise_into(self.inputs[0], read, lo, hi, out, self._values)
 
 
-CHUNK = 1 << 18   # elements converted at a time: input and output stay in the CPU's cache
-CHUNK_BYTES = 4 << 20   # output bytes an op computed in chunks (a permutation) computes at a time
+CHUNK = 1 << 18  # elements converted at a time: input and output stay in the CPU's cache
+CHUNK_BYTES = 4 << 20  # output bytes an op computed in chunks (a permutation) computes at a time
 
 
-def _elementwise_into(src: TensorInfo, read: ReadRange, lo: int, hi: int, out: memoryview,
-                      fn: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+def _elementwise_into(
+    src: TensorInfo,
+    read: ReadRange,
+    lo: int,
+    hi: int,
+    out: memoryview,
+    fn: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> None:
     """Bytes [lo, hi) of fn(src as flat float32) into `out`, reading only the
     input blocks needed and converting them chunk by chunk straight into
     `out` (a range that starts or ends inside an element goes through one
@@ -227,30 +236,30 @@ def _elementwise_into(src: TensorInfo, read: ReadRange, lo: int, hi: int, out: m
         first = lo - lo % 4
         whole = memoryview(bytearray(-(-hi // 4) * 4 - first))
         _elementwise_into(src, read, first, first + len(whole), whole, fn)
-        out[:] = whole[lo - first:hi - first]
+        out[:] = whole[lo - first : hi - first]
         return
     dtype = src.known_dtype()
     block, block_bytes = GGML_QUANT_SIZES[dtype]
-    first, last = lo // 4, hi // 4                      # output elements (F32)
-    b0, b1 = first // block, -(-last // block)          # input blocks
+    first, last = lo // 4, hi // 4  # output elements (F32)
+    b0, b1 = first // block, -(-last // block)  # input blocks
     raw = read(src, b0 * block_bytes, (b1 - b0) * block_bytes)
     values = np.frombuffer(out, dtype="<f4")
     skip = first - b0 * block
     if dtype in _BITS:
-        stored = np.frombuffer(raw, dtype=_BITS[dtype])[skip:skip + len(values)]
+        stored = np.frombuffer(raw, dtype=_BITS[dtype])[skip : skip + len(values)]
         for at in range(0, len(values), CHUNK):
-            _to_f32(dtype, stored[at:at + CHUNK], values[at:at + CHUNK])
+            _to_f32(dtype, stored[at : at + CHUNK], values[at : at + CHUNK])
     else:
         flat = src.part(src.name, ((b1 - b0) * block,), dtype, b0 * block_bytes)
-        values[:] = to_f32(flat, raw)[skip:skip + len(values)]
+        values[:] = to_f32(flat, raw)[skip : skip + len(values)]
     if fn is not None:
         for at in range(0, len(values), CHUNK):
-            part = values[at:at + CHUNK]
+            part = values[at : at + CHUNK]
             part[:] = fn(part)
 
 
 _F16_MAX = 65504.0
-_BITS = {DT.F32: "<f4", DT.F16: "<u2", DT.BF16: "<u2"}   # how `_to_f32` takes each type's elements
+_BITS = {DT.F32: "<f4", DT.F16: "<u2", DT.BF16: "<u2"}  # how `_to_f32` takes each type's elements
 
 
 def _to_f32(dtype: DT, stored: np.ndarray, out: np.ndarray) -> None:
@@ -276,7 +285,7 @@ def _to_f32(dtype: DT, stored: np.ndarray, out: np.ndarray) -> None:
     signed = bits.view("<i4")
     np.right_shift(signed, 3, out=signed)
     np.bitwise_and(bits, 0x8FFFE000, out=bits)
-    np.multiply(out, np.float32(2.0 ** 112), out=out)
+    np.multiply(out, np.float32(2.0**112), out=out)
     if len(out) and (out.max() > _F16_MAX or out.min() < -_F16_MAX):
         special = (stored & 0x7C00) == 0x7C00
         half = stored[special].astype("<u4")
@@ -332,7 +341,7 @@ class Concat(Op):
             size = 4 * elements(t.shape)
             a, b = max(lo, base), min(hi, base + size)
             if a < b:
-                _elementwise_into(t, read, a - base, b - base, out[a - lo:b - lo])
+                _elementwise_into(t, read, a - base, b - base, out[a - lo : b - lo])
             base += size
 
 
@@ -377,7 +386,7 @@ class Permute(Op):
         are whole such blocks, about `CHUNK_BYTES` (the whole tensor when the
         slowest axis moves)."""
         kept = self._kept
-        if not kept or self.dtype not in PLAIN_TYPES:   # (a quantized input is refused when computed)
+        if not kept or self.dtype not in PLAIN_TYPES:  # (a quantized input is refused when computed)
             return self.nbytes
         block = elements(self.view[kept:]) * np.dtype(PLAIN_TYPES[self.dtype]).itemsize
         return block * max(1, min(elements(self.view[:kept]), CHUNK_BYTES // block))
@@ -411,6 +420,19 @@ class AddScalar(Elementwise):
 
 
 __all__ = [
-    "Op", "Elementwise", "Promote", "Concat", "Permute", "AddScalar", "Part", "Runs", "RunsOrZeros",
-    "strided_runs", "ReadRange", "ReadTensor", "as_array", "to_f32", "elements",
+    "Op",
+    "Elementwise",
+    "Promote",
+    "Concat",
+    "Permute",
+    "AddScalar",
+    "Part",
+    "Runs",
+    "RunsOrZeros",
+    "strided_runs",
+    "ReadRange",
+    "ReadTensor",
+    "as_array",
+    "to_f32",
+    "elements",
 ]

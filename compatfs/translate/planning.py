@@ -6,6 +6,7 @@ applied in the order listed.  `plan(translation, source)` turns it into a
 tensor either a byte range of the blob or an op.  Nothing here reads tensor
 data.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ class Count:
     """The KV `key` counts the blocks `<prefix><i>.*` of the blob: a value
     that is not a whole number, or exceeds the blocks the blob holds, refuses
     the translation (it would drive loops over tensors that are not there)."""
+
     key: str
     prefix: str
 
@@ -47,6 +49,7 @@ class StoredType:
     """A ggml type number no GGUF reader knows, whose layout a translation
     does (`elements` per block of `nbytes`): its tensors' byte ranges are
     checked like any other's."""
+
     number: int
     elements: int
     nbytes: int
@@ -60,8 +63,8 @@ class Translation:
     detect: Pred
     kv: tuple[KVEdit, ...] = ()
     tensors: tuple[TensorEdit, ...] = ()
-    counts: tuple[Count, ...] = ()               # checked before anything is planned
-    stored_types: tuple[StoredType, ...] = ()    # types of the blob only this translation can size
+    counts: tuple[Count, ...] = ()  # checked before anything is planned
+    stored_types: tuple[StoredType, ...] = ()  # types of the blob only this translation can size
 
     def __post_init__(self) -> None:
         """Checked when the handler module is imported: an edit in the wrong
@@ -103,7 +106,7 @@ class ViewSpec:
     tensors: list[ViewTensor]
     alignment: int
     handler: str
-    idle_renames: tuple = ()    # the `Rename`s that matched no tensor of this blob
+    idle_renames: tuple = ()  # the `Rename`s that matched no tensor of this blob
 
 
 def plan(tr: Translation, src: SourceGGUF) -> ViewSpec:
@@ -137,8 +140,10 @@ def plan(tr: Translation, src: SourceGGUF) -> ViewSpec:
         if any(not 0 <= d <= MAX_DIM for d in t.shape):
             raise GGUFError(f"translation {tr.name}: tensor {t.name} has a dimension beyond ggml's int64")
         if t.op is None and not isinstance(t.dtype, DT):
-            raise GGUFError(f"tensor {t.name} has ggml type {int(t.dtype)}, which no GGUF reader accepts, "
-                            f"and {tr.name} does not convert it")
+            raise GGUFError(
+                f"tensor {t.name} has ggml type {int(t.dtype)}, which no GGUF reader accepts, "
+                f"and {tr.name} does not convert it"
+            )
         if t.op is None and (t.source is None or t.nbytes > t.source.nbytes):
             raise GGUFError(f"translation {tr.name}: tensor {t.name} is not backed by the blob's bytes")
     return ViewSpec(list(kv.items()), ts, src.alignment, tr.name, tuple(idle))
@@ -146,8 +151,11 @@ def plan(tr: Translation, src: SourceGGUF) -> ViewSpec:
 
 def label(edit) -> str:
     """An edit as its class and its names and numbers (its tuples and callables left out)."""
-    parts = [v.name if isinstance(v, Enum) else repr(v) for v in vars(edit).values()
-             if isinstance(v, (str, int)) and not isinstance(v, bool)]
+    parts = [
+        v.name if isinstance(v, Enum) else repr(v)
+        for v in vars(edit).values()
+        if isinstance(v, (str, int)) and not isinstance(v, bool)
+    ]
     return f"{type(edit).__name__}({', '.join(parts)})"
 
 
@@ -165,8 +173,10 @@ def check_data(src: SourceGGUF, stored: tuple[StoredType, ...] = ()) -> None:
             elements, nbytes = sizes[t.dtype]
             n = prod(t.shape)
             if t.shape and t.shape[0] % elements:
-                raise GGUFError(f"tensor {t.name}: a row of {t.shape[0]} is not a whole number of "
-                                f"{elements}-element blocks of ggml type {t.dtype}")
+                raise GGUFError(
+                    f"tensor {t.name}: a row of {t.shape[0]} is not a whole number of "
+                    f"{elements}-element blocks of ggml type {t.dtype}"
+                )
             end = t.offset + n // elements * nbytes
         else:
             end = t.offset
@@ -184,12 +194,4 @@ def first_claim(translations: Iterable[Translation], src: SourceGGUF) -> Transla
     return next((t for t in translations if t.claims(src)), None)
 
 
-__all__ = [
-    "Count",
-    "StoredType",
-    "Translation",
-    "ViewSpec",
-    "plan",
-    "check_data",
-    "first_claim",
-]
+__all__ = ["Count", "StoredType", "Translation", "ViewSpec", "plan", "check_data", "first_claim"]

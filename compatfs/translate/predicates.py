@@ -2,6 +2,7 @@
 handlers combine.  Each is total: a key of another type than it reads (an
 array where a string belongs, strings where counts belong) is simply not a
 match."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -60,12 +61,14 @@ def is_array(key: str) -> Pred:
 
 def per_layer_mismatch(key: str, tensor: str) -> Pred:
     """The per-layer integer array `key` is nonzero for a layer without `tensor.format(i)`."""
+
     def test(s: SourceGGUF) -> bool:
         value = s.kvs.get(key)
         if not is_integer_array(value):
             return False
         counts = np.asarray(value.decode())
         return bool((counts[~layers_held(s, tensor, len(counts))] != 0).any())
+
     return Pred(f"{key} counts layers without {tensor}", test)
 
 
@@ -84,24 +87,29 @@ def has_tensor_ending(end: str) -> Pred:
 def has_block_tensor(component: str) -> Pred:
     """Some `blk.<i>.<component>.*` tensor is in the blob."""
     needle = f".{component}."
-    return Pred(f"has blk.*.{component} tensors",
-                lambda s: any(n.startswith("blk.") and needle in n for n in s.tensors))
+    return Pred(
+        f"has blk.*.{component} tensors", lambda s: any(n.startswith("blk.") and needle in n for n in s.tensors)
+    )
 
 
 def rows_differ(a: str, b: str) -> Pred:
     """Blob matrices `a` and `b` both exist and differ in row count (ggml axis 1)."""
+
     def test(s: SourceGGUF) -> bool:
         ta, tb = s.tensors.get(a), s.tensors.get(b)
         return ta is not None and tb is not None and len(ta.shape) == len(tb.shape) == 2 and ta.shape[1] != tb.shape[1]
+
     return Pred(f"{a} and {b} differ in rows", test)
 
 
 def value_is(key: str, want) -> Pred:
     """The scalar or string KV `key` equals `want` (of the same Python type:
     a bool is never equal to an int)."""
+
     def test(s: SourceGGUF) -> bool:
         value = scalar(s.kvs.get(key))
         return type(value) is type(want) and value == want
+
     return Pred(f"{key} == {want!r}", test)
 
 
@@ -109,6 +117,7 @@ def value_at_least(key: str, n) -> Pred:
     def test(s: SourceGGUF) -> bool:
         value = scalar(s.kvs.get(key))
         return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= n
+
     return Pred(f"{key} >= {n}", test)
 
 
@@ -116,18 +125,19 @@ def str_contains(key: str, needle: str) -> Pred:
     def test(s: SourceGGUF) -> bool:
         value = scalar(s.kvs.get(key))
         return isinstance(value, str) and needle in value
+
     return Pred(f"{key} contains {needle!r}", test)
 
 
 def missing_or_default(key: str) -> Pred:
-    return Pred(f"{key} missing or default",
-                lambda s: key not in s.kvs or scalar(s.kvs[key]) in ("", "default"))
+    return Pred(f"{key} missing or default", lambda s: key not in s.kvs or scalar(s.kvs[key]) in ("", "default"))
 
 
 def token_is(index: int, text: str) -> Pred:
     def test(s: SourceGGUF) -> bool:
         tokens = s.kvs.get(Keys.Tokenizer.LIST)
         return tokens is not None and tokens.string_at(index) == text
+
     return Pred(f"token {index} is {text}", test)
 
 
@@ -135,6 +145,7 @@ def has_token(text: str) -> Pred:
     def test(s: SourceGGUF) -> bool:
         tokens = s.kvs.get(Keys.Tokenizer.LIST)
         return tokens is not None and text in tokens.indices_of({text})
+
     return Pred(f"has token {text}", test)
 
 

@@ -1,6 +1,7 @@
 """The clip projector file made from the vision side of a monolithic blob:
 the KV edits every such translation shares, and a builder for the
 translation itself."""
+
 from __future__ import annotations
 
 from gguf import Keys
@@ -27,12 +28,24 @@ def as_projector(arch: str) -> tuple[KVEdit, ...]:
     )
 
 
-def clip_projector(name: str, detect: Pred, arch: str, projector_type: str, *,
-                   copy: tuple[str, ...], head: tuple[KVEdit, ...] = (), edits: tuple[KVEdit, ...] = (),
-                   tail: tuple[KVEdit, ...] = (), mean: tuple[float, ...] | None = None,
-                   std: tuple[float, ...] | None = None, activation: str | None = Keys.ClipVision.USE_GELU,
-                   keep_present: bool = False, keep: tuple[str, ...] = ("v.", "mm."),
-                   tensors: tuple[TensorEdit, ...] = (), counts: tuple = ()):
+def clip_projector(
+    name: str,
+    detect: Pred,
+    arch: str,
+    projector_type: str,
+    *,
+    copy: tuple[str, ...],
+    head: tuple[KVEdit, ...] = (),
+    edits: tuple[KVEdit, ...] = (),
+    tail: tuple[KVEdit, ...] = (),
+    mean: tuple[float, ...] | None = None,
+    std: tuple[float, ...] | None = None,
+    activation: str | None = Keys.ClipVision.USE_GELU,
+    keep_present: bool = False,
+    keep: tuple[str, ...] = ("v.", "mm."),
+    tensors: tuple[TensorEdit, ...] = (),
+    counts: tuple = (),
+):
     """The translation of an `arch` blob's vision tower into a clip file of
     type `projector_type`.  Its KVs, in this order: the `copy` names of
     `<arch>.vision.*` as `clip.vision.*`, the `head` edits, the projection
@@ -58,9 +71,4 @@ def clip_projector(name: str, detect: Pred, arch: str, projector_type: str, *,
     return Translation(name=name, detect=detect, kv=kv, tensors=(KeepOnly(keep), *tensors), counts=counts)
 
 
-__all__ = [
-    "as_projector",
-    "clip_projector",
-    "OPENAI_CLIP_MEAN",
-    "OPENAI_CLIP_STD",
-]
+__all__ = ["as_projector", "clip_projector", "OPENAI_CLIP_MEAN", "OPENAI_CLIP_STD"]

@@ -1,6 +1,7 @@
 """Tensor edits: changes to the tensor list of a translated file, each a
 `TensorEdit` applied as `apply(ts, src)` to the list as edited so far,
 returning the new list."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -21,11 +22,11 @@ class ViewTensor:
 
     name: str
     shape: tuple[int, ...]
-    dtype: DT | int                    # an int: a blob tensor of a type gguf-py does not know (see plan)
-    source: TensorInfo | None = None   # blob tensor whose bytes are served (a prefix, if shorter)
+    dtype: DT | int  # an int: a blob tensor of a type gguf-py does not know (see plan)
+    source: TensorInfo | None = None  # blob tensor whose bytes are served (a prefix, if shorter)
     op: Op | None = None
-    order: int = 0                     # blob offset that places it in the data section
-    renamed: bool = False              # a tensor is renamed at most once: renames never chain
+    order: int = 0  # blob offset that places it in the data section
+    renamed: bool = False  # a tensor is renamed at most once: renames never chain
 
     @property
     def nbytes(self) -> int:
@@ -46,6 +47,7 @@ class TensorEdit(ABC):
 @dataclass(frozen=True)
 class Hide(TensorEdit):
     """Tensors whose names start with one of `prefixes` are left out."""
+
     prefixes: tuple[str, ...]
 
     def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
@@ -55,6 +57,7 @@ class Hide(TensorEdit):
 @dataclass(frozen=True)
 class KeepOnly(TensorEdit):
     """Only tensors whose names start with one of `prefixes` stay."""
+
     prefixes: tuple[str, ...]
 
     def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
@@ -71,6 +74,7 @@ class Rename(TensorEdit):
     leading `under` becomes `into` in the same rename (a tower moved as its
     inner names change).  A tensor that an earlier rename already renamed is
     left alone: renames never chain."""
+
     old: str
     new: str
     under: str = ""
@@ -83,12 +87,13 @@ class Rename(TensorEdit):
             if t.renamed or not t.name.startswith(self.under):
                 continue
             parts = t.name.split(".")
-            at = next((i for i in starts[:max(len(parts) - len(old) + 1, 0)]
-                       if tuple(parts[i:i + len(old)]) == old), None)
+            at = next(
+                (i for i in starts[: max(len(parts) - len(old) + 1, 0)] if tuple(parts[i : i + len(old)]) == old), None
+            )
             if at is not None:
-                name = ".".join((*parts[:at], *new, *parts[at + len(old):]))
+                name = ".".join((*parts[:at], *new, *parts[at + len(old) :]))
                 if self.into is not None:
-                    name = self.into + name[len(self.under):]
+                    name = self.into + name[len(self.under) :]
                 t.name, t.renamed = name, True
         return ts
 
@@ -102,19 +107,21 @@ class RenameEnd(TensorEdit):
     """Tensors whose names end with `end` have that end replaced by `new`
     (counts as their one rename): `RenameEnd(".ssm_dt", ".ssm_dt.bias")`
     names `blk.3.ssm_dt` as `blk.3.ssm_dt.bias`, and nothing else."""
+
     end: str
     new: str
 
     def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
         for t in ts:
             if t.name.endswith(self.end) and not t.renamed:
-                t.name, t.renamed = t.name[:len(t.name) - len(self.end)] + self.new, True
+                t.name, t.renamed = t.name[: len(t.name) - len(self.end)] + self.new, True
         return ts
 
 
 @dataclass(frozen=True)
 class ToF32(TensorEdit):
     """Tensors named `names` (after renames) are served as F32 when stored as F16/BF16."""
+
     names: tuple[str, ...]
 
     def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
@@ -132,6 +139,7 @@ class RopePermute(TensorEdit):
     halves | second halves] becomes interleaved pairs.  The head count is the
     blob's KV `heads`.  Plain dtypes only (F32/F16/BF16); a quantized match
     is an error rather than a silently wrong tensor."""
+
     prefix: str
     suffixes: tuple[str, ...]
     heads: str
@@ -139,12 +147,20 @@ class RopePermute(TensorEdit):
     def apply(self, ts: Tensors, src: SourceGGUF) -> Tensors:
         n_head = whole(src.kvs.get(self.heads))
         for t in ts:
-            if not (t.name.startswith(self.prefix) and t.name.endswith(self.suffixes)) or t.op is not None \
-                    or t.source is None:
+            if (
+                not (t.name.startswith(self.prefix) and t.name.endswith(self.suffixes))
+                or t.op is not None
+                or t.source is None
+            ):
                 continue
             rows, rest = (t.shape[-1], tuple(reversed(t.shape[:-1]))) if t.shape else (0, ())
-            if (n_head is None or n_head <= 0 or not rows or rows % (2 * n_head)
-                    or t.dtype not in (DT.F32, DT.F16, DT.BF16)):
+            if (
+                n_head is None
+                or n_head <= 0
+                or not rows
+                or rows % (2 * n_head)
+                or t.dtype not in (DT.F32, DT.F16, DT.BF16)
+            ):
                 raise GGUFError(f"{t.name}: cannot rope-permute {t.dtype!r} with {self.heads}={n_head!r}")
             view = (n_head, 2, rows // n_head // 2, *rest)
             t.op = Permute.of(t.source, view, (0, 2, 1, *range(3, len(view))))
@@ -155,6 +171,7 @@ class RopePermute(TensorEdit):
 class Produce(TensorEdit):
     """Tensor `name` is made by `make(src)` from blob tensors; it takes the
     place of its first input, and the blob tensors in `consumes` are left out."""
+
     name: str
     make: Callable[[SourceGGUF], Op | None]
     consumes: tuple[str, ...] = ()
@@ -179,6 +196,7 @@ class ProducePerBlock(TensorEdit):
     """`Produce` once per block i < KV `blocks` that the blob holds: tensor
     `name.format(i)` made by `make(src, i)`, consuming `consumes` formatted
     with i; blocks where `make` gives None are left as they are."""
+
     blocks: str
     name: str
     make: Callable[[SourceGGUF, int], Op | None]
@@ -193,6 +211,15 @@ class ProducePerBlock(TensorEdit):
 
 
 __all__ = [
-    "ViewTensor", "Tensors", "TensorEdit", "Hide", "KeepOnly", "Rename", "RenameEnd", "ToF32", "RopePermute",
-    "Produce", "ProducePerBlock",
+    "ViewTensor",
+    "Tensors",
+    "TensorEdit",
+    "Hide",
+    "KeepOnly",
+    "Rename",
+    "RenameEnd",
+    "ToF32",
+    "RopePermute",
+    "Produce",
+    "ProducePerBlock",
 ]

@@ -34,6 +34,7 @@ computes those not started, and closes the workers' descriptor once no
 worker uses it.  The workers are `pool.Pool`'s, as many as `pool.workers`
 says (none: every range is computed by the read that needs it).
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,17 +52,17 @@ from ..files.scratch import give, take
 from .pool import Pool, workers
 from .segments import Computed
 
-CHUNK = 1 << 20        # view bytes computed at a time by a worker
-PER_FILE = 8           # chunks held or being computed for one open file
-LATER = 2              # op-cache chunks being computed ahead for one open file
+CHUNK = 1 << 20  # view bytes computed at a time by a worker
+PER_FILE = 8  # chunks held or being computed for one open file
+LATER = 2  # op-cache chunks being computed ahead for one open file
 WINDOW = PER_FILE * CHUNK
-IDLE = 2.0             # seconds without a read after which a file's chunks may be reclaimed for another's
+IDLE = 2.0  # seconds without a read after which a file's chunks may be reclaimed for another's
 
 log = logging.getLogger(__name__)
 
 
 WORKERS = workers()
-HELD = max(2 * PER_FILE, 4 * WORKERS)   # chunks held or being computed over all open files
+HELD = max(2 * PER_FILE, 4 * WORKERS)  # chunks held or being computed over all open files
 
 enabled = WORKERS > 0
 
@@ -71,6 +72,7 @@ class Later(NamedTuple):
     the read that plans it, before the read that needs it): its result is
     kept by the op cache, not by `Ahead`.  It is for the view's bytes from
     `at`; `run(blob)` computes it, reading through `blob`; `key` names it."""
+
     key: Hashable
     at: int
     run: Callable[[BlobFile], object]
@@ -109,7 +111,7 @@ def _unreserve() -> None:
 
 
 _clock = time.monotonic
-_states: set[Ahead] = set()     # every open file's state (until it is closed), for `_reclaim_idle`
+_states: set[Ahead] = set()  # every open file's state (until it is closed), for `_reclaim_idle`
 _states_lock = threading.Lock()
 
 
@@ -133,8 +135,8 @@ class _Chunk:
         self.op, self.lo, self.size, self.at = span.op, span.lo, span.size, span.at
         self.buf = take(span.size)
         self.future: Future = Future()
-        self.taken = 0            # bytes of it copied out by reads
-        self._readers = 0         # reads copying out of it now
+        self.taken = 0  # bytes of it copied out by reads
+        self._readers = 0  # reads copying out of it now
         self._dropped = False
         self._freed = False
 
@@ -143,7 +145,7 @@ class _Chunk:
         return self.at + self.size
 
     def compute(self, compute: Compute, blob: BlobFile) -> None:
-        compute(blob, self.op, self.lo, self.buf.data[:self.size])
+        compute(blob, self.op, self.lo, self.buf.data[: self.size])
 
     def pin(self) -> None:
         """A read will copy out of it: not freed before `unpin`."""
@@ -178,14 +180,14 @@ class Ahead:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._own: BlobFile | None = None     # the workers' descriptor
-        self._running = 0                     # chunks whose computation is not over
+        self._own: BlobFile | None = None  # the workers' descriptor
+        self._running = 0  # chunks whose computation is not over
         self._closed = False
         self._chunks: list[_Chunk] = []
-        self._later: dict[Hashable, tuple[int, Future]] = {}   # op-cache chunks given to the workers: at, future
-        self._end: int | None = None          # where the reads so far ended (the furthest)
-        self._planned = 0                     # the view's chunks before this offset are planned
-        self._last = _clock()                 # when it last read
+        self._later: dict[Hashable, tuple[int, Future]] = {}  # op-cache chunks given to the workers: at, future
+        self._end: int | None = None  # where the reads so far ended (the furthest)
+        self._planned = 0  # the view's chunks before this offset are planned
+        self._last = _clock()  # when it last read
         with _states_lock:
             _states.add(self)
 
@@ -207,8 +209,9 @@ class Ahead:
         lo, hi = span.lo, span.lo + span.size
         with self._lock:
             self._last = _clock()
-            mine = sorted((c for c in self._chunks if c.op is span.op and c.lo < hi and c.lo + c.size > lo),
-                          key=lambda c: c.lo)
+            mine = sorted(
+                (c for c in self._chunks if c.op is span.op and c.lo < hi and c.lo + c.size > lo), key=lambda c: c.lo
+            )
             for c in mine:
                 c.pin()
         try:
@@ -223,13 +226,15 @@ class Ahead:
         at = lo
         for c in mine:
             if c.lo > at:
-                compute(blob, span.op, at, out[at - lo:c.lo - lo])
+                compute(blob, span.op, at, out[at - lo : c.lo - lo])
             s, e = max(at, c.lo), min(hi, c.lo + c.size)
-            if c.future.cancel() or c.future.exception() is not None:               # not started: computed here, without waiting for a worker
+            if (
+                c.future.cancel() or c.future.exception() is not None
+            ):  # not started: computed here, without waiting for a worker
                 self._forget(c)
-                compute(blob, span.op, s, out[s - lo:e - lo])
+                compute(blob, span.op, s, out[s - lo : e - lo])
             else:
-                out[s - lo:e - lo] = c.buf.data[s - c.lo:e - c.lo]
+                out[s - lo : e - lo] = c.buf.data[s - c.lo : e - c.lo]
                 with self._lock:
                     c.taken += e - s
                     done = c.taken >= c.size
@@ -237,10 +242,16 @@ class Ahead:
                     self._forget(c)
             at = e
         if at < hi:
-            compute(blob, span.op, at, out[at - lo:])
+            compute(blob, span.op, at, out[at - lo :])
 
-    def advance(self, blob: BlobFile, offset: int, size: int,
-                upcoming: Callable[[int, int], Iterable[Computed | Later]], compute: Compute) -> None:
+    def advance(
+        self,
+        blob: BlobFile,
+        offset: int,
+        size: int,
+        upcoming: Callable[[int, int], Iterable[Computed | Later]],
+        compute: Compute,
+    ) -> None:
         """A read of view bytes [offset, offset + size) through `blob` is
         done: when it continues the reads before (it starts within `WINDOW`
         of where they ended), what `upcoming(start, size)` lays out in the
@@ -331,8 +342,9 @@ class Ahead:
         for f in cancel:
             f.cancel()
 
-    def _plan(self, upcoming: Iterable[Computed | Later], stop: int,
-              compute: Compute) -> list[tuple[Callable[[], None], Future]]:
+    def _plan(
+        self, upcoming: Iterable[Computed | Later], stop: int, compute: Compute
+    ) -> list[tuple[Callable[[], None], Future]]:
         """The workers' calls and their futures for `upcoming`: chunks (at
         most `CHUNK` view bytes each, cut where the view is cut in `CHUNK`s)
         of its spans and its op-cache chunks, while the bounds allow;
@@ -359,7 +371,7 @@ class Ahead:
                 n = min(item.at + item.size, (at // CHUNK + 1) * CHUNK) - at
                 try:
                     chunk = _Chunk(item.clip(at, at + n))
-                except (OSError, MemoryError) as e:     # no memory for its buffer
+                except (OSError, MemoryError) as e:  # no memory for its buffer
                     _unreserve()
                     log.debug("not computing ahead: %s", e)
                     self._planned = at
@@ -378,11 +390,13 @@ class Ahead:
 
     def _task(self, fn: Callable[[BlobFile], object]) -> Callable[[], None]:
         """The worker's call of `fn` with the workers' descriptor."""
+
         def run() -> None:
             own = self._own
             if own is None:
                 raise GGUFError("a chunk computed after its file was closed")
             fn(own)
+
         return run
 
     def _over(self, _: Future) -> None:

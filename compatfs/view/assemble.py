@@ -10,6 +10,7 @@ A read through an open blob that continues the one before has the ranged
 ops of the bytes after it computed ahead on worker threads (`ahead`); the
 reads that reach them copy them out.
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,16 +33,18 @@ from .segments import BlobBytes, Cached, Computed, HeldBytes, InRounds, Segment,
 
 log = logging.getLogger(__name__)
 
+
 class FileRange(NamedTuple):
     """`size` bytes of the blob at absolute `offset` (what `parts` leaves as a range)."""
+
     offset: int
     size: int
 
 
-GATHER = 4 << 20      # blob bytes read at once to gather short runs from
-DIRECT = 64 << 10     # runs this long (or sparser than 1 in `SPARSE`) are read straight into place
+GATHER = 4 << 20  # blob bytes read at once to gather short runs from
+DIRECT = 64 << 10  # runs this long (or sparser than 1 in `SPARSE`) are read straight into place
 SPARSE = 8
-SCATTER = 512         # runs this long (and shorter than `DIRECT`) scattered into place by the compiled gather_read
+SCATTER = 512  # runs this long (and shorter than `DIRECT`) scattered into place by the compiled gather_read
 
 
 def fill(segments: Segments, blob: BlobFile | None, offset: int, out: memoryview) -> None:
@@ -50,7 +53,7 @@ def fill(segments: Segments, blob: BlobFile | None, offset: int, out: memoryview
     blob cannot give them or an op fails on its data."""
     at = 0
     for seg in _assembled(segments, blob, offset, len(out)):
-        _FILL[type(seg)](seg, blob, out[at:at + seg.size])     # (`_fill`, one call fewer on the hot path)
+        _FILL[type(seg)](seg, blob, out[at : at + seg.size])  # (`_fill`, one call fewer on the hot path)
         at += seg.size
     if at != len(out):
         raise GGUFError(f"a read of {len(out)} bytes at {offset} runs past the end of a view of {segments.size}")
@@ -90,12 +93,16 @@ def _spans(segments: Segments, offset: int, size: int) -> Iterator[Computed | ah
     for seg in segments.cover(offset, size):
         if isinstance(seg, Computed) and seg.op.computes_ahead:
             yield seg
-        elif (isinstance(seg, Cached) and seg.cache is not None
-              and seg.op.chunk_bytes * (ahead.LATER + 1) <= seg.cache.max_bytes):
+        elif (
+            isinstance(seg, Cached)
+            and seg.cache is not None
+            and seg.op.chunk_bytes * (ahead.LATER + 1) <= seg.cache.max_bytes
+        ):
             chunk = seg.op.chunk_bytes
             for k in range(seg.lo // chunk, (seg.lo + seg.size - 1) // chunk + 1):
-                yield ahead.Later((seg.key, k), seg.at + max(0, k * chunk - seg.lo),
-                                  partial(_cached_chunk, seg=seg, k=k))
+                yield ahead.Later(
+                    (seg.key, k), seg.at + max(0, k * chunk - seg.lo), partial(_cached_chunk, seg=seg, k=k)
+                )
 
 
 def _fill(seg: Segment, blob: BlobFile | None, out: memoryview) -> None:
@@ -110,7 +117,7 @@ def _compute(blob: BlobFile, op: Op, lo: int, out: memoryview) -> None:
 
 
 def _held(seg: HeldBytes, blob: BlobFile | None, out: memoryview) -> None:
-    out[:] = memoryview(seg.data)[seg.lo:seg.lo + seg.size]
+    out[:] = memoryview(seg.data)[seg.lo : seg.lo + seg.size]
 
 
 def _zeros(seg: ZeroBytes, blob: BlobFile | None, out: memoryview) -> None:
@@ -140,10 +147,12 @@ def _reader(blob: BlobFile):
     """An op's input reader for a computation whose result is kept (an op
     cache chunk): (tensor, start, size) -> those bytes, through `blob`, in
     memory of their own."""
+
     def read(t, start: int, size: int) -> memoryview:
         buf = np.empty(size, np.uint8)
         blob.read_into(buf.data, t.offset + start)
         return buf.data
+
     return read
 
 
@@ -163,8 +172,8 @@ class _Inputs:
         self._read_into = blob.read_once_into if once else blob.read_into
         self._left = budget
         self._taken: list[np.ndarray] = []
-        self._held: tuple[TensorInfo, int, memoryview] | None = None   # the last read: tensor, start, its bytes
-        self._end: tuple[TensorInfo, int] | None = None                # where the last read asked ended
+        self._held: tuple[TensorInfo, int, memoryview] | None = None  # the last read: tensor, start, its bytes
+        self._end: tuple[TensorInfo, int] | None = None  # where the last read asked ended
 
     def __enter__(self) -> _Inputs:
         return self
@@ -177,7 +186,7 @@ class _Inputs:
     def __call__(self, t: TensorInfo, start: int, size: int) -> memoryview:
         held, self._left = self._held, self._left - size
         if held is not None and held[0] is t and held[1] <= start and start + size <= held[1] + len(held[2]):
-            data = held[2][start - held[1]:start - held[1] + size]
+            data = held[2][start - held[1] : start - held[1] + size]
         else:
             want = size
             if self._end is not None and self._end[0] is t and self._end[1] == start:
@@ -185,7 +194,7 @@ class _Inputs:
             skip = (t.offset + start) % ALIGN
             buf = take(skip + want)
             self._taken.append(buf)
-            data = buf.data[skip:skip + want]
+            data = buf.data[skip : skip + want]
             self._read_into(data, t.offset + start)
             self._held = (t, start, data)
             data = data[:size]
@@ -203,35 +212,34 @@ def _rounds(seg: InRounds, blob: BlobFile | None, out: memoryview) -> None:
     hi = lo + len(out)
     dst = np.frombuffer(out, np.uint8)
     for at, offset, unit, stride in r.parts:
-        k = max(0, (lo - at - unit) // r.period + 1)          # the first run that ends past lo
-        end = min(r.count, (hi - at - 1) // r.period + 1)     # past the last that starts before hi
+        k = max(0, (lo - at - unit) // r.period + 1)  # the first run that ends past lo
+        end = min(r.count, (hi - at - 1) // r.period + 1)  # past the last that starts before hi
         while k < end:
             a = k * r.period + at
             if a < lo or a + unit > hi:
                 s, e = max(a, lo), min(a + unit, hi)
-                blob.read_once_into(out[s - lo:e - lo], offset + k * stride + s - a)
+                blob.read_once_into(out[s - lo : e - lo], offset + k * stride + s - a)
                 k += 1
                 continue
-            whole = min(end, (hi - at - unit) // r.period + 1)   # past the last run wholly in range
+            whole = min(end, (hi - at - unit) // r.period + 1)  # past the last run wholly in range
             if unit >= DIRECT or stride > SPARSE * unit:
                 for j in range(k, whole):
                     a = j * r.period + at - lo
-                    blob.read_once_into(out[a:a + unit], offset + j * stride)
+                    blob.read_once_into(out[a : a + unit], offset + j * stride)
             elif unit >= SCATTER and accel.native is not None:
-                _scattered(blob, out[k * r.period + at - lo:], offset + k * stride, unit, stride, whole - k, r.period)
+                _scattered(blob, out[k * r.period + at - lo :], offset + k * stride, unit, stride, whole - k, r.period)
             else:
                 batch = max(1, GATHER // stride)
                 with scratch((min(batch, whole - k) - 1) * stride + unit) as spans:
                     for j in range(k, whole, batch):
                         m = min(batch, whole - j)
-                        blob.read_into(spans.data[:(m - 1) * stride + unit], offset + j * stride)
-                        target = as_strided(dst[j * r.period + at - lo:], shape=(m, unit), strides=(r.period, 1))
+                        blob.read_into(spans.data[: (m - 1) * stride + unit], offset + j * stride)
+                        target = as_strided(dst[j * r.period + at - lo :], shape=(m, unit), strides=(r.period, 1))
                         target[...] = as_strided(spans, shape=(m, unit), strides=(stride, 1))
             k = whole
 
 
-def _scattered(blob: BlobFile, out: memoryview, offset: int, unit: int, stride: int, count: int,
-               period: int) -> None:
+def _scattered(blob: BlobFile, out: memoryview, offset: int, unit: int, stride: int, count: int, period: int) -> None:
     """`count` runs of `unit` blob bytes, `stride` apart from `offset`, into
     `out` `period` apart, by the compiled `gather_read`: one pass over the
     blob's span through its descriptor (the page cache), each run read
@@ -256,7 +264,7 @@ def _cached(seg: Cached, blob: BlobFile | None, out: memoryview) -> None:
         first = k * size
         data = _cached_chunk(blob, seg, k)
         s, e = max(lo, first), min(hi, first + len(data))
-        out[s - lo:e - lo] = memoryview(data)[s - first:e - first]
+        out[s - lo : e - lo] = memoryview(data)[s - first : e - first]
 
 
 def _cached_chunk(blob: BlobFile, seg: Cached, k: int) -> bytes:
@@ -279,5 +287,10 @@ def _chunk(op: Op, read, k: int, n: int) -> bytes:
 
 # How each kind of segment is assembled: (segment, blob, out) -> its bytes into out.
 _FILL: dict[type, Callable[[Any, BlobFile | None, memoryview], None]] = {
-    HeldBytes: _held, ZeroBytes: _zeros, BlobBytes: _blob, InRounds: _rounds, Computed: _computed, Cached: _cached,
+    HeldBytes: _held,
+    ZeroBytes: _zeros,
+    BlobBytes: _blob,
+    InRounds: _rounds,
+    Computed: _computed,
+    Cached: _cached,
 }

@@ -2,6 +2,7 @@
 blob for `stat`, `readdir` and `models.ini` (made by `summaries`, kept by
 `index`), whole views built when a file is read (`claims`) and kept in an
 LRU bounded in bytes."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,11 +21,12 @@ from collections.abc import Callable
 from cachetools import LRUCache
 
 from ..errors import GGUFError
-from ..files.blobfile import identity
+from ..files.blobfile import Stamp, identity
 from ..format.header import SourceGGUF
 from ..names import LAYER_FILE, MMPROJ_FILE, MODEL_FILE
 from .claims import build_view, classify, is_embedding, sampled_spec
-from .index import Index, Stamp, Summary
+from .index import Index
+from .summary import Summary
 from .layout import View
 from .opcache import OpCache
 from .sampling import Layers, kvs_key, of_layer
@@ -43,11 +45,17 @@ class BlobViews:
     Each header parsed here is logged at debug level ("parsed the header of
     ..."; those workers parse, as they return)."""
 
-    PATIENCE = 0.05   # seconds a request waits for a worker's summary before making its own
-    MAX_WORKERS = 4   # indexing processes at most, whatever is asked (each imports numpy and gguf)
+    PATIENCE = 0.05  # seconds a request waits for a worker's summary before making its own
+    MAX_WORKERS = 4  # indexing processes at most, whatever is asked (each imports numpy and gguf)
 
-    def __init__(self, translate: bool = True, op_cache: OpCache | None = None,
-                 index: Index | None = None, view_budget: int = 32 << 20, workers: int = 0):
+    def __init__(
+        self,
+        translate: bool = True,
+        op_cache: OpCache | None = None,
+        index: Index | None = None,
+        view_budget: int = 32 << 20,
+        workers: int = 0,
+    ):
         self.translate = translate
         self.op_cache = op_cache or OpCache()
         self.index = index if index is not None else Index(None, translate)
@@ -57,8 +65,8 @@ class BlobViews:
         self._pool: ProcessPoolExecutor | None = None
         self._pending: dict[str, Future] = {}
         self.on_belied: Callable[[Path], None] | None = None
-        self._checked: dict[str, Stamp] = {}   # blob path -> identity whose summary was made by this daemon
-        self._seen: dict[str, os.stat_result] = {}   # blob path -> its status as the last scan found it
+        self._checked: dict[str, Stamp] = {}  # blob path -> identity whose summary was made by this daemon
+        self._seen: dict[str, os.stat_result] = {}  # blob path -> its status as the last scan found it
 
     # -- statuses --------------------------------------------------------------
     def saw(self, statuses: Mapping[Path, os.stat_result | OSError]) -> None:
@@ -103,7 +111,7 @@ class BlobViews:
         with self._lock:
             pending = self._pending.get(str(path))
         if pending is not None and pending.cancel():
-            pending = None   # not started yet: computed here, now, rather than after the queue
+            pending = None  # not started yet: computed here, now, rather than after the queue
         if pending is not None:
             # Taken by a worker, which usually has it within a few ms; but a
             # pool still starting holds its first tasks for half a second or
@@ -113,9 +121,9 @@ class BlobViews:
                 if got_stamp == stamp:
                     self._indexed(path, stamp, summary)
                     return summary
-            except FutureTimeout:    # (on Python 3.10 not the builtin TimeoutError)
+            except FutureTimeout:  # (on Python 3.10 not the builtin TimeoutError)
                 pass
-            except Exception as e:   # a worker that died: computed here instead
+            except Exception as e:  # a worker that died: computed here instead
                 log.debug("background summary of %s failed: %s", path, e)
         got_stamp, summary = self._summarize(path, "its summary")
         if got_stamp == stamp:
@@ -142,7 +150,7 @@ class BlobViews:
         """Whether the blob has a projector view; False for a blob that cannot be read."""
         try:
             return self.summary(path).mmproj_size is not None
-        except GGUFError as e:   # reported when its model.gguf is opened
+        except GGUFError as e:  # reported when its model.gguf is opened
             log.debug("%s: %s", path, e)
             return False
 
@@ -169,8 +177,9 @@ class BlobViews:
         with self._lock:
             if self._pool is None:
                 ctx = multiprocessing.get_context("spawn")
-                self._pool = ProcessPoolExecutor(max_workers=self._workers, mp_context=ctx,
-                                                 initializer=die_with, initargs=(os.getpid(),))
+                self._pool = ProcessPoolExecutor(
+                    max_workers=self._workers, mp_context=ctx, initializer=die_with, initargs=(os.getpid(),)
+                )
             futures = []
             for path in todo:
                 if str(path) not in self._pending:
@@ -267,8 +276,16 @@ class BlobViews:
                     self._views[key] = view
         return view
 
-    def _verify(self, path: Path, stamp: Stamp, kind: str, size: int | None, kvs: tuple = (),
-                embedding: bool | None = None, made: Trained | None = None) -> None:
+    def _verify(
+        self,
+        path: Path,
+        stamp: Stamp,
+        kind: str,
+        size: int | None,
+        kvs: tuple = (),
+        embedding: bool | None = None,
+        made: Trained | None = None,
+    ) -> None:
         """Index entries are hints: where the entry of `path` belies the view
         just built (its size, or with sampling KVs `kvs` the size recorded
         with them; None: no view; for model.gguf, whether it is an embedding
@@ -347,13 +364,20 @@ class BlobViews:
                 return None
             if got_stamp != stamp:
                 return None
-            fixed = dataclasses.replace(summary, embedding=made.embedding, context_length=made.context_length,
-                                        block_count=made.block_count)
+            fixed = dataclasses.replace(
+                summary, embedding=made.embedding, context_length=made.context_length, block_count=made.block_count
+            )
             if fixed != summary:
                 # Only these: a size it got wrong too is found (and the
                 # kernel told) when the view is built (`_verify`).
-                log.error("index entry of %s said embedding model: %s, %s; its header: %s, %s: replaced", path,
-                          summary.embedding, _trained_of(summary), made.embedding, _trained_of(made))
+                log.error(
+                    "index entry of %s said embedding model: %s, %s; its header: %s, %s: replaced",
+                    path,
+                    summary.embedding,
+                    _trained_of(summary),
+                    made.embedding,
+                    _trained_of(made),
+                )
                 summary = fixed
                 self.index.put(path, stamp, summary)
             with self._lock:

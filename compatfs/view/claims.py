@@ -13,6 +13,7 @@ fault of the system met meanwhile (memory running out, a blob read failing:
 `blobfile.transient`) refuses nothing: it is raised as a `Transient`, so
 that nothing remembers it as the blob's.
 """
+
 from __future__ import annotations
 
 import logging
@@ -145,7 +146,7 @@ def sampled_spec(info: BlobInfo, kind: str, sampling_kvs: tuple = ()) -> ViewSpe
     if sampling_kvs:
         try:
             spec = with_sampling(spec, info.source, sampling_kvs)
-        except GGUFError as e:   # a blob only served as it is (duplicate keys, say)
+        except GGUFError as e:  # a blob only served as it is (duplicate keys, say)
             log.warning("%s: model.gguf without its params layer's sampling defaults (%s)", info.source.path, e)
     return spec
 
@@ -157,4 +158,3 @@ def build_view(info: BlobInfo, kind: str, cache: OpCache, sampling_kvs: tuple = 
     if spec is None:
         return View.identity(info.source.identity)
     return contained(f"rendering {kind}", View.translated, info.source, spec, cache, (info.source.identity, kind))
-

@@ -41,6 +41,7 @@ is written once it is free.  The writer also prunes: at start, the rows of
 other versions and those of blobs that are gone; later, those of blobs that
 left the store and are gone (`retain`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,64 +55,18 @@ import sqlite3
 import stat
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..files.blobfile import Stamp
+from .summary import Summary, sound_size
 
 log = logging.getLogger(__name__)
 
-_CORRUPT = {11, 26}   # SQLITE_CORRUPT, SQLITE_NOTADB: the file is not a sound database
-_MAX_SIZE = 1 << 62   # a view size beyond this is no size of a real file
+_CORRUPT = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB: the file is not a sound database
 
 
 class IndexPathError(ValueError):
     """The index path names something that cannot be the index (a folder)."""
-
-
-@dataclass(frozen=True)
-class Summary:
-    """A blob's views as `stat` sees them: sizes (None: no such view), the
-    handlers that make them, or why the blob cannot be presented."""
-
-    model_size: int
-    mmproj_size: int | None
-    text: str | None = None
-    clip: str | None = None
-    error: str | None = None
-    arch: str | None = None     # general.architecture of model.gguf (after translation)
-    model_error: str | None = None    # why model.gguf is refused (its size then 0)
-    mmproj_error: str | None = None   # why mmproj.gguf is refused (its size then 0)
-    embedding: bool = False           # model.gguf names a pooling type for its architecture
-    context_length: int | None = None  # the blob's trained context (`summaries.Trained`)
-    block_count: int = 0              # the blocks the blob holds tensors of (`summaries.Trained`)
-
-    def sound(self) -> bool:
-        """Whether every value is of its kind (an entry read from disk may be anything)."""
-        def size(v) -> bool:
-            return type(v) is int and 0 <= v < _MAX_SIZE
-
-        def text(v) -> bool:
-            return v is None or type(v) is str
-
-        return size(self.model_size) and (self.mmproj_size is None or size(self.mmproj_size)) and all(
-            map(text, (self.text, self.clip, self.error, self.arch, self.model_error, self.mmproj_error))) \
-            and type(self.embedding) is bool and (self.context_length is None or sound_context_length(self.context_length)) \
-            and sound_block_count(self.block_count)
-
-    @property
-    def failed(self) -> bool:
-        return any((self.error, self.model_error, self.mmproj_error))
-
-
-def sound_context_length(v) -> bool:
-    """Whether `v` can be a model's trained context length: a positive int32."""
-    return type(v) is int and 0 < v < 1 << 31
-
-
-def sound_block_count(v) -> bool:
-    """Whether `v` can be a count of a model's blocks."""
-    return type(v) is int and 0 <= v < 1 << 31
 
 
 # The version of what an entry holds: raised whenever a change to compatfs
@@ -144,14 +99,16 @@ def default_path() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "compatfs" / "index.sqlite3"
 
 
-_SCHEMA = ("""
+_SCHEMA = (
+    """
 CREATE TABLE IF NOT EXISTS views_v5 (
     path TEXT NOT NULL, version TEXT NOT NULL, translate INTEGER NOT NULL,
     dev INTEGER NOT NULL, ino INTEGER NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
     model_size INTEGER NOT NULL, mmproj_size INTEGER, text TEXT, clip TEXT, error TEXT, arch TEXT,
     model_error TEXT, mmproj_error TEXT, embedding INTEGER NOT NULL, context_length INTEGER, block_count INTEGER NOT NULL,
     PRIMARY KEY (path, version, translate))
-""", """
+""",
+    """
 CREATE TABLE IF NOT EXISTS sampled_v1 (
     path TEXT NOT NULL, version TEXT NOT NULL, translate INTEGER NOT NULL,
     dev INTEGER NOT NULL, ino INTEGER NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
@@ -160,15 +117,20 @@ CREATE TABLE IF NOT EXISTS sampled_v1 (
 """,
     # What the start-up queries ask: one version's entries.
     "CREATE INDEX IF NOT EXISTS views_v5_by_version ON views_v5 (version, translate)",
-    "CREATE INDEX IF NOT EXISTS sampled_v1_by_version ON sampled_v1 (version, translate)")
-_OLD_TABLES = ("views", "views_v2", "views_v3", "views_v4")   # earlier layouts, dropped
+    "CREATE INDEX IF NOT EXISTS sampled_v1_by_version ON sampled_v1 (version, translate)",
+)
+_OLD_TABLES = ("views", "views_v2", "views_v3", "views_v4")  # earlier layouts, dropped
 _TABLES = ("views_v5", "sampled_v1")
 
-STARTUP_VIEWS = ("SELECT path, dev, ino, size, mtime_ns, ctime_ns, model_size, mmproj_size, text, clip, error, arch, "
-                 "model_error, mmproj_error, embedding, context_length, block_count FROM views_v5 WHERE version = ? AND translate = ?")
-STARTUP_SAMPLED = ("SELECT path, dev, ino, size, mtime_ns, ctime_ns, kvs, model_size FROM sampled_v1 "
-                   "WHERE version = ? AND translate = ?")
-_BUSY = {5, 6}   # SQLITE_BUSY, SQLITE_LOCKED: another connection holds the file; written later
+STARTUP_VIEWS = (
+    "SELECT path, dev, ino, size, mtime_ns, ctime_ns, model_size, mmproj_size, text, clip, error, arch, "
+    "model_error, mmproj_error, embedding, context_length, block_count FROM views_v5 WHERE version = ? AND translate = ?"
+)
+STARTUP_SAMPLED = (
+    "SELECT path, dev, ino, size, mtime_ns, ctime_ns, kvs, model_size FROM sampled_v1 "
+    "WHERE version = ? AND translate = ?"
+)
+_BUSY = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED: another connection holds the file; written later
 _SIDE_FILES = ("-wal", "-shm", "-journal")
 
 
@@ -191,7 +153,7 @@ def untrusted(path: Path) -> str | None:
         except OSError as e:
             return f"{f.name} cannot be examined ({e.strerror})"
         if stat.S_ISDIR(st.st_mode) and f == path:
-            continue   # refused as a folder by `Index`
+            continue  # refused as a folder by `Index`
         if not stat.S_ISREG(st.st_mode):
             return f"{f.name} is not a regular file"
         if st.st_uid != me:
@@ -204,8 +166,8 @@ def untrusted(path: Path) -> str | None:
 class Index:
     """Summaries by blob path, kept in memory and (with a `path`) on disk."""
 
-    RETRY = 0.5     # seconds between attempts to write a file another process holds
-    BUSY_MS = 500   # how long one attempt waits for it
+    RETRY = 0.5  # seconds between attempts to write a file another process holds
+    BUSY_MS = 500  # how long one attempt waits for it
 
     def __init__(self, path: Path | None, translate: bool, version: str | None = None):
         self.path = path
@@ -213,11 +175,11 @@ class Index:
         self.version = version or translation_version()
         self._lock = threading.Lock()
         self._mem: dict[str, tuple[Stamp, Summary]] = {}
-        self._sampled: dict[tuple[str, str], tuple[Stamp, int]] = {}   # (path, kvs) -> (stamp, size)
+        self._sampled: dict[tuple[str, str], tuple[Stamp, int]] = {}  # (path, kvs) -> (stamp, size)
         self._db: sqlite3.Connection | None = None
         # What the writer has to do: rows to write, paths to prune if gone.
         self._wake = threading.Condition(self._lock)
-        self._rows: dict[tuple[str, object], tuple] = {}   # (statement, entry) -> row
+        self._rows: dict[tuple[str, object], tuple] = {}  # (statement, entry) -> row
         self._prune: set[str] = set()
         self._writing = False
         self._closed = False
@@ -246,8 +208,11 @@ class Index:
                 self._set_aside(path, e)
                 self._db = self._connect(path)
         except (sqlite3.Error, OSError) as e:
-            log.warning("index %s cannot be used (%s): working without the persistent index", path,
-                        getattr(e, "strerror", None) or e)
+            log.warning(
+                "index %s cannot be used (%s): working without the persistent index",
+                path,
+                getattr(e, "strerror", None) or e,
+            )
             self._db = None
             self._mem.clear()
             self._sampled.clear()
@@ -267,7 +232,7 @@ class Index:
         os.replace(path, aside)
 
     def _connect(self, path: Path) -> sqlite3.Connection:
-        with contextlib.suppress(FileExistsError):   # made by us, readable by us only, whatever the umask
+        with contextlib.suppress(FileExistsError):  # made by us, readable by us only, whatever the umask
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
         db = sqlite3.connect(path, timeout=10, check_same_thread=False, isolation_level=None)
         try:
@@ -279,30 +244,35 @@ class Index:
                 db.execute(f"DROP TABLE IF EXISTS {old}")
             rows = db.execute(STARTUP_VIEWS, (self.version, self.translate)).fetchall()
             sampled = db.execute(STARTUP_SAMPLED, (self.version, self.translate)).fetchall()
-            db.execute(f"PRAGMA busy_timeout = {self.BUSY_MS}")   # the writer's: it tries again itself
+            db.execute(f"PRAGMA busy_timeout = {self.BUSY_MS}")  # the writer's: it tries again itself
         except sqlite3.Error:
             db.close()
             raise
         ignored = 0
         for path, *stamp_summary in rows:
             stamp, values, embedding = tuple(stamp_summary[:5]), stamp_summary[5:-3], stamp_summary[-3]
-            summary = dataclasses.replace(Summary(*values),   # SQLite gives 0 or 1; anything else is unsound
-                                          embedding=embedding == 1 if embedding in (0, 1) else embedding,
-                                          context_length=stamp_summary[-2], block_count=stamp_summary[-1])
+            summary = dataclasses.replace(
+                Summary(*values),  # SQLite gives 0 or 1; anything else is unsound
+                embedding=embedding == 1 if embedding in (0, 1) else embedding,
+                context_length=stamp_summary[-2],
+                block_count=stamp_summary[-1],
+            )
             if type(path) is str and all(type(v) is int for v in stamp) and summary.sound() and not summary.failed:
                 self._mem[path] = (stamp, summary)
             else:
                 ignored += 1
         for path, *stamp_kvs_size in sampled:
             stamp, kvs, size = tuple(stamp_kvs_size[:5]), stamp_kvs_size[5], stamp_kvs_size[6]
-            if type(path) is str and type(kvs) is str and all(type(v) is int for v in stamp) \
-                    and type(size) is int and 0 <= size < _MAX_SIZE:
+            if type(path) is str and type(kvs) is str and all(type(v) is int for v in stamp) and sound_size(size):
                 self._sampled[(path, kvs)] = (stamp, size)
             else:
                 ignored += 1
         if ignored:
-            log.info("index %s: %d entries made again (they record an error, or hold values of the wrong kind)",
-                     path, ignored)
+            log.info(
+                "index %s: %d entries made again (they record an error, or hold values of the wrong kind)",
+                path,
+                ignored,
+            )
         return db
 
     def __len__(self) -> int:
@@ -317,10 +287,27 @@ class Index:
     def put(self, path: Path, stamp: Stamp, summary: Summary) -> None:
         with self._lock:
             self._mem[str(path)] = (stamp, summary)
-            self._queue("INSERT OR REPLACE INTO views_v5 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        str(path), (str(path), self.version, self.translate, *stamp, summary.model_size, summary.mmproj_size,
-                         summary.text, summary.clip, summary.error, summary.arch, summary.model_error,
-                         summary.mmproj_error, int(summary.embedding), summary.context_length, summary.block_count))
+            self._queue(
+                "INSERT OR REPLACE INTO views_v5 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                str(path),
+                (
+                    str(path),
+                    self.version,
+                    self.translate,
+                    *stamp,
+                    summary.model_size,
+                    summary.mmproj_size,
+                    summary.text,
+                    summary.clip,
+                    summary.error,
+                    summary.arch,
+                    summary.model_error,
+                    summary.mmproj_error,
+                    int(summary.embedding),
+                    summary.context_length,
+                    summary.block_count,
+                ),
+            )
 
     def sampled(self, path: Path, stamp: Stamp, kvs: str) -> int | None:
         """The size of the blob's model.gguf with the sampling KVs encoded as
@@ -332,8 +319,11 @@ class Index:
     def put_sampled(self, path: Path, stamp: Stamp, kvs: str, size: int) -> None:
         with self._lock:
             self._sampled[(str(path), kvs)] = (stamp, size)
-            self._queue("INSERT OR REPLACE INTO sampled_v1 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (str(path), kvs), (str(path), self.version, self.translate, *stamp, kvs, size))
+            self._queue(
+                "INSERT OR REPLACE INTO sampled_v1 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (str(path), kvs),
+                (str(path), self.version, self.translate, *stamp, kvs, size),
+            )
 
     def _queue(self, sql: str, key: object, row: tuple) -> None:
         """A row for the writer, replacing one of the same `key` not yet
@@ -370,7 +360,7 @@ class Index:
                 rows, self._rows = list(self._rows.items()), {}
                 prune, self._prune = self._prune, set()
                 if not rows and not prune:
-                    return    # closed, all written
+                    return  # closed, all written
                 self._writing = True
             gone = [(p,) for p in prune if _gone(p)]
             done = self._batch(db, rows, gone=gone)
@@ -380,8 +370,13 @@ class Index:
             if not done:
                 return
 
-    def _batch(self, db: sqlite3.Connection, rows: list[tuple[tuple[str, object], tuple]], gone: list[tuple[str]] | None = None,
-               old_versions: bool = False) -> bool:
+    def _batch(
+        self,
+        db: sqlite3.Connection,
+        rows: list[tuple[tuple[str, object], tuple]],
+        gone: list[tuple[str]] | None = None,
+        old_versions: bool = False,
+    ) -> bool:
         """Write `rows` and delete the rows of `gone` paths (and of other
         versions) in one transaction, again while another process holds the
         file; False when the file cannot be written (logged: the mount goes

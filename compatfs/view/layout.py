@@ -8,6 +8,7 @@ of the blob (the tensor infos are listed in that order too, as GGUF readers
 require).  The layout is the view's `segments` (a `segments.Segments`); a read
 is those clipped to its range, and `assemble` assembles their bytes.
 """
+
 from __future__ import annotations
 
 import struct
@@ -51,9 +52,10 @@ def render_header(spec: ViewSpec, offsets: dict[str, int]) -> bytes:
 class View:
     """The bytes of one translated (or identity) file of one blob."""
 
-    def __init__(self, stamp: tuple, source: SourceGGUF | None, segments: list[Segment], size: int,
-                 spec: ViewSpec | None):
-        self.stamp = stamp          # `blobfile.identity` of the blob it was built from
+    def __init__(
+        self, stamp: tuple, source: SourceGGUF | None, segments: list[Segment], size: int, spec: ViewSpec | None
+    ):
+        self.stamp = stamp  # `blobfile.identity` of the blob it was built from
         self.source = source
         self.spec = spec
         self.size = size
@@ -145,8 +147,7 @@ def _header_size(spec: ViewSpec) -> int:
     return n + _pad(n, spec.alignment)
 
 
-def _data_segments(spec: ViewSpec, pos: int, key: Hashable,
-                   cache: OpCache | None) -> tuple[list[Segment], int]:
+def _data_segments(spec: ViewSpec, pos: int, key: Hashable, cache: OpCache | None) -> tuple[list[Segment], int]:
     """The segments of the tensor data from `pos` (padding included), and
     where they end: the view's size; ops computed in chunks go into `cache`
     (None: a layout made for its size alone)."""
@@ -198,8 +199,13 @@ def _runs_segment(what: str, runs: Runs, pos: int) -> Segment:
         return ZeroBytes(pos, 0, 0)
     parts, at = [], 0
     for p in runs.parts:
-        if runs.count < 1 or p.unit < 0 or p.start < 0 or p.stride < 0 \
-                or p.start + (runs.count - 1) * p.stride + p.unit > p.tensor.nbytes:
+        if (
+            runs.count < 1
+            or p.unit < 0
+            or p.start < 0
+            or p.stride < 0
+            or p.start + (runs.count - 1) * p.stride + p.unit > p.tensor.nbytes
+        ):
             raise GGUFError(f"{what}: runs outside input {p.tensor.name}")
         parts.append((at, p.tensor.offset + p.start, p.unit, p.stride))
         at += p.unit

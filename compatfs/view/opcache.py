@@ -18,6 +18,7 @@ it computes (its input, its output, numpy's temporaries).  Nothing else waits fo
 listings, `stat` or reads of other files need.  (Ops computed per requested
 range never come here: each read in flight takes a few times its own size.)
 """
+
 from __future__ import annotations
 
 import threading
@@ -26,16 +27,16 @@ from collections.abc import Callable, Hashable
 from cachetools import LRUCache
 
 DEFAULT_MB = 256
-COMPUTING = 2        # computations at once
-LARGE_KEPT = 2       # results larger than the budget kept
+COMPUTING = 2  # computations at once
+LARGE_KEPT = 2  # results larger than the budget kept
 
 
 class OpCache:
     def __init__(self, max_bytes: int = DEFAULT_MB << 20, computing: int = COMPUTING):
         self.max_bytes = max_bytes
         self._lru: LRUCache = LRUCache(maxsize=max(max_bytes, 1), getsizeof=len)
-        self._large: LRUCache = LRUCache(maxsize=LARGE_KEPT)   # the last results too large for the LRU
-        self._pending: dict[Hashable, threading.Event] = {}   # computations under way, set when done
+        self._large: LRUCache = LRUCache(maxsize=LARGE_KEPT)  # the last results too large for the LRU
+        self._pending: dict[Hashable, threading.Event] = {}  # computations under way, set when done
         self._lock = threading.Lock()
         self._turns = threading.Semaphore(computing)
         self._computations = 0
@@ -54,7 +55,7 @@ class OpCache:
                 if done is None:
                     done = self._pending[key] = threading.Event()
                     break
-            done.wait()   # then kept, or failed: computed here next
+            done.wait()  # then kept, or failed: computed here next
         try:
             with self._turns:
                 data = compute()

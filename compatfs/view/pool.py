@@ -3,6 +3,7 @@
 `COMPATFS_AHEAD_WORKERS=N` in the environment sets it, 0 turns computing
 ahead off), and the pool that runs them (`Pool`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -61,8 +62,9 @@ class Pool:
                 self._queue = queue.SimpleQueue()
             while self._started < self._workers:
                 try:
-                    threading.Thread(target=self._run, args=(self._queue,), name=f"compatfs-ahead-{self._started}",
-                                     daemon=True).start()
+                    threading.Thread(
+                        target=self._run, args=(self._queue,), name=f"compatfs-ahead-{self._started}", daemon=True
+                    ).start()
                 except RuntimeError:
                     if not self._started:
                         raise

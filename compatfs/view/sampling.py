@@ -19,6 +19,7 @@ used adds no KVs, and the reason is kept for `compatfs ls`.  One reading is
 kept per layer (pair), and only for the layers a scan of the store still
 names (`retain_layers`): as many as the store has.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -56,8 +57,9 @@ class Layers:
         return tuple(p for p in (self.params, self.template, self.system, self.messages) if p is not None)
 
 
-def layers_of(params: Path | None, template: Path | None, system: Path | None,
-              messages: Path | None = None) -> Layers | None:
+def layers_of(
+    params: Path | None, template: Path | None, system: Path | None, messages: Path | None = None
+) -> Layers | None:
     """The Layers of a model folder (None where it has none of them)."""
     layers = Layers(params, template, system, messages)
     return layers if layers.paths() else None
@@ -74,22 +76,23 @@ class Applied:
 
 
 _lock = threading.Lock()
-_params: dict[str, tuple[tuple, Sampling]] = {}    # layer path -> (its identity, its reading)
+_params: dict[str, tuple[tuple, Sampling]] = {}  # layer path -> (its identity, its reading)
 # (template, system, messages) -> (identities, translation, why the messages layer is not in it)
 _templates: dict[tuple[str, str, str], tuple[tuple, ChatTemplate, str | None]] = {}
-_made: dict[Layers, tuple[tuple, Applied]] = {}      # a model's layers -> (their identities, what they give)
+_made: dict[Layers, tuple[tuple, Applied]] = {}  # a model's layers -> (their identities, what they give)
 
 
 def _stamp(path: Path | None) -> tuple:
-    return () if path is None else identity(status(path))    # resolved as every store path is (never into the mount)
+    return () if path is None else identity(status(path))  # resolved as every store path is (never into the mount)
 
 
 def _sampling(path: Path) -> Sampling:
     try:
         stamp = _stamp(path)
     except OSError as e:
-        return Sampling((), (f"params layer {path.name} cannot be read ({e.strerror}): "
-                             "no sampling defaults in model.gguf",))
+        return Sampling(
+            (), (f"params layer {path.name} cannot be read ({e.strerror}): no sampling defaults in model.gguf",)
+        )
     with _lock:
         hit = _params.get(str(path))
     if hit is None or hit[0] != stamp:
@@ -103,7 +106,7 @@ def _read(path: Path | None, what: str, limit: int) -> bytes:
     if path is None:
         return b""
     try:
-        return read_shared(path, limit, f"{what} layer")   # (NotShared: a ValueError saying why)
+        return read_shared(path, limit, f"{what} layer")  # (NotShared: a ValueError saying why)
     except (GGUFError, OSError) as e:
         raise ValueError(f"its {what} layer {path.name} cannot be read ({e})") from None
 
@@ -127,8 +130,9 @@ def _chat_template(template: Path, system: Path | None, messages: Path | None) -
             except ValueError as e:
                 unused = str(e)
         try:
-            made = translate(_read(template, "template", MAX_TEMPLATE + 1), _read(system, "system", MAX_SYSTEM + 1),
-                             listed)
+            made = translate(
+                _read(template, "template", MAX_TEMPLATE + 1), _read(system, "system", MAX_SYSTEM + 1), listed
+            )
         except ValueError as e:
             made = ChatTemplate(reason=str(e))
         hit = stamp, made, unused
@@ -143,7 +147,7 @@ def of_layer(layers: Layers) -> Applied:
     try:
         stamps = tuple(_stamp(p) for p in layers.paths())
     except OSError:
-        return _applied(layers)     # (each unreadable layer's note says why)
+        return _applied(layers)  # (each unreadable layer's note says why)
     with _lock:
         hit = _made.get(layers)
     if hit is None or hit[0] != stamps:
@@ -173,13 +177,21 @@ def _applied(layers: Layers) -> Applied:
             if layers.system is not None:
                 applied.append(("system", "the default system message of the chat template"))
             if layers.messages is not None and unused is None:
-                applied.append(("messages", "the chat template's first messages of every chat, after the system "
-                                            "message, before the chat's own (as Ollama joins them)"))
+                applied.append(
+                    (
+                        "messages",
+                        "the chat template's first messages of every chat, after the system "
+                        "message, before the chat's own (as Ollama joins them)",
+                    )
+                )
         else:
             notes.append(f"template: not applied, model.gguf keeps its own chat template ({t.reason})")
     for layer, path in (("system", layers.system), ("messages", layers.messages)):
-        if path is not None and not any(name == layer for name, _ in applied) and \
-                not any(n.startswith(f"{layer}: not applied") for n in notes):
+        if (
+            path is not None
+            and not any(name == layer for name, _ in applied)
+            and not any(n.startswith(f"{layer}: not applied") for n in notes)
+        ):
             notes.append(f"{layer}: not applied (only a translated template layer carries it)")
     return Applied(tuple(kvs), tuple(applied), tuple(notes))
 

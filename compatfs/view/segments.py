@@ -8,6 +8,7 @@ bytes of the view from `at`, taken from byte `lo` of what its kind names
 (the blob, the rendered header, rounds of blob runs, an op's output), so
 that clipping one is the same for every kind (`Segment.clip`).
 """
+
 from __future__ import annotations
 
 import bisect
@@ -27,6 +28,7 @@ class Segment:
     Segments are never changed once made; they are not frozen dataclasses
     because a read makes some (`clip`), and a frozen one takes about three
     times as long to make."""
+
     at: int
     size: int
     lo: int
@@ -42,6 +44,7 @@ class Segment:
 @dataclass(slots=True)
 class HeldBytes(Segment):
     """Bytes held in memory (the rendered header): data[lo:lo + size]."""
+
     data: bytes
 
 
@@ -60,6 +63,7 @@ class Rounds:
     """Blob bytes laid out in `count` rounds of `period` bytes: round k
     holds, for each (at, offset, unit, stride) of `parts`, the `unit` blob
     bytes from `offset + k * stride` at byte `k * period + at` of the rounds."""
+
     period: int
     parts: tuple[tuple[int, int, int, int], ...]
     count: int
@@ -68,12 +72,14 @@ class Rounds:
 @dataclass(slots=True)
 class InRounds(Segment):
     """Bytes from `lo` of `rounds`."""
+
     rounds: Rounds
 
 
 @dataclass(slots=True)
 class Computed(Segment):
     """Bytes from `lo` of ranged `op`, computed from the input bytes they need."""
+
     op: Op
 
 
@@ -82,6 +88,7 @@ class Cached(Segment):
     """Bytes from `lo` of `op`, computed `op.chunk_bytes` at a time into
     `cache`, its chunk k under (`key`, k); no cache in a layout made only
     for its size."""
+
     op: Op
     cache: OpCache | None
     key: Hashable

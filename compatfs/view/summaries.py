@@ -1,6 +1,7 @@
 """A blob's summary made from scratch: what `stat`, `readdir` and
-`models.ini` need of its views (`index.Summary`), from its header; also in
+`models.ini` need of its views (`summary.Summary`), from its header; also in
 the indexing worker processes (`die_with` sets one up)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,13 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import GGUFError
-from ..files.blobfile import identity, status, transient
+from ..files.blobfile import Stamp, identity, status, transient
 from ..files.libc import tune_malloc
 from ..format.header import SourceGGUF
 from ..names import MMPROJ_FILE, MODEL_FILE
 from ..translate import ViewSpec
 from .claims import architecture, classify, contained, is_embedding, view_spec
-from .index import Stamp, Summary, sound_context_length
+from .summary import Summary, sound_context_length
 from .layout import View
 
 
@@ -73,7 +74,7 @@ def die_with(parent: int) -> None:
     mapping fresh pages (and faulting them in) for each one."""
     threading.Thread(target=_watch_parent, args=(parent,), name="compatfs-parent", daemon=True).start()
     tune_malloc(mmap_threshold=256 << 20, trim_threshold=512 << 20)
-    if os.getppid() != parent:    # the daemon ended before that took effect
+    if os.getppid() != parent:  # the daemon ended before that took effect
         os._exit(0)
 
 
@@ -88,15 +89,18 @@ def summarize(path: Path, translate: bool) -> tuple[Stamp, Summary]:
         info = classify(SourceGGUF(path), translate)
     except GGUFError as e:
         if transient(e):
-            raise        # a fault of the system is no verdict on the blob: nothing to index
+            raise  # a fault of the system is no verdict on the blob: nothing to index
         return stamp_of(path), Summary(0, None, error=str(e))
     stamp = info.source.identity
 
     def made(kind: str) -> tuple[int, str | None, ViewSpec | None]:
         try:
             spec = view_spec(info, kind)
-            return (contained(f"sizing {kind}", View.translated_size, spec) if spec is not None
-                    else info.source.size), None, spec
+            return (
+                (contained(f"sizing {kind}", View.translated_size, spec) if spec is not None else info.source.size),
+                None,
+                spec,
+            )
         except GGUFError as e:
             if transient(e):
                 raise
@@ -105,9 +109,14 @@ def summarize(path: Path, translate: bool) -> tuple[Stamp, Summary]:
     model_size, model_error, model = made(MODEL_FILE)
     mmproj_size, mmproj_error, _ = made(MMPROJ_FILE) if info.has_mmproj else (None, None, None)
     kvs = dict(model.kvs) if model else info.source.kvs
-    return stamp, Summary(model_size, mmproj_size, info.text.name if info.text else None,
-                          info.clip.name if info.clip else None, arch=architecture(kvs),
-                          model_error=model_error, mmproj_error=mmproj_error, embedding=is_embedding(kvs),
-                          **dataclasses.asdict(trained(info.source)))
-
-
+    return stamp, Summary(
+        model_size,
+        mmproj_size,
+        info.text.name if info.text else None,
+        info.clip.name if info.clip else None,
+        arch=architecture(kvs),
+        model_error=model_error,
+        mmproj_error=mmproj_error,
+        embedding=is_embedding(kvs),
+        **dataclasses.asdict(trained(info.source)),
+    )

@@ -4,6 +4,7 @@ Python FUSE round trips alone, the floor under compatfs's listing figures.
 
     python listing_floor.py MOUNTPOINT N [FUSE options as -o k=v,...]
 """
+
 import os
 import stat
 import sys
@@ -26,16 +27,23 @@ class Floor(fuse.Operations):
         if len(parts) == 0 or (len(parts) == 1 and parts[0] in self.known):
             return {"st_mode": stat.S_IFDIR | 0o555, "st_nlink": 2, "st_ino": hash(path) & 0xFFFFFFF | 2}
         if len(parts) == 2 and parts[0] in self.known and parts[1] == "model.gguf":
-            return {"st_mode": stat.S_IFREG | 0o444, "st_nlink": 1, "st_size": 11 << 20,
-                    "st_ino": hash(path) & 0xFFFFFFF | 2}
+            return {
+                "st_mode": stat.S_IFREG | 0o444,
+                "st_nlink": 1,
+                "st_size": 11 << 20,
+                "st_ino": hash(path) & 0xFFFFFFF | 2,
+            }
         raise fuse.FuseOSError(2)
 
     def readdir(self, path, fh):
         dot = [(".", {"st_mode": stat.S_IFDIR, "st_ino": 2}, 0), ("..", {"st_mode": stat.S_IFDIR, "st_ino": 2}, 0)]
         if path == "/":
-            return dot + [(n, {"st_mode": stat.S_IFDIR, "st_ino": hash("/" + n) & 0xFFFFFFF | 2}, 0)
-                          for n in self.names]
-        return dot + [("model.gguf", {"st_mode": stat.S_IFREG, "st_ino": hash(path + "/model.gguf") & 0xFFFFFFF | 2}, 0)]
+            return dot + [
+                (n, {"st_mode": stat.S_IFDIR, "st_ino": hash("/" + n) & 0xFFFFFFF | 2}, 0) for n in self.names
+            ]
+        return dot + [
+            ("model.gguf", {"st_mode": stat.S_IFREG, "st_ino": hash(path + "/model.gguf") & 0xFFFFFFF | 2}, 0)
+        ]
 
 
 def main() -> None:
