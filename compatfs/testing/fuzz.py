@@ -100,7 +100,7 @@ def run(
     the names `translations` (default: every handler's) read."""
     if mode == "structure":
         if translations is None:
-            from .. import handlers  # type: ignore[attr-defined]  # handlers/, by package-dir: mypy cannot see it
+            from .. import handlers
 
             translations = (*handlers.TEXT, *handlers.CLIP)
         mutate = structure_mutator(translations, workdir)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from gguf import Keys
 
-from .. import handlers  # type: ignore[attr-defined]  # handlers/, by package-dir: mypy cannot see it
+from .. import handlers
 from ..errors import GGUFError
 from ..files.blobfile import Transient, transient
 from ..format.header import SourceGGUF
