@@ -104,12 +104,16 @@ class OllamaMXFP4(Op):
     CHUNK_BLOCKS = 1 << 13  # blocks converted at a time (~140 KB: a 128 KiB read in one; four times that
     #                         in scratch, kept in the CPU's cache)
 
+    SPAN_BYTES = 4 << 20  # a range's input span up to this size is read at once, its chunks converted out of it
+
     @property
     def reads_inputs_once(self) -> bool:
-        """Rows `start`::`step` are read from spans that hold the other rows
-        too (which the op of the other half reads again): only a whole stack
-        (`step` 1) reads its inputs once."""
-        return self.step == 1
+        """True, halves included: rows `start`::`step` are read from spans
+        that hold the other rows, which the other half's op reads again, and
+        from a cold blob (read with O_DIRECT) reading a span twice from the
+        disk costs less than caching it once in a cold page cache's fresh
+        pages (a blob mostly cached already is read through the page cache)."""
+        return True
 
     @property
     def computes_ahead(self) -> bool:
@@ -137,6 +141,7 @@ class OllamaMXFP4(Op):
         row = per_row * BLOCK
         native = accel.native
         with nullcontext(None) if native else scratch(scratch_bytes(min(chunk, end - b + 2 * per_row))) as raw:
+            self._read_span(read, b, end, per_row)
             while b < end:
                 r, c = divmod(b, per_row)
                 if per_row <= chunk:  # whole rows
@@ -156,6 +161,22 @@ class OllamaMXFP4(Op):
                     blocks = np.ndarray((rows, width, BLOCK), np.uint8, span, 0, (self.step * row, BLOCK, 1))
                     _copy_out(_to_ggml(blocks, raw.view(np.uint16)), k, rows * width, dst, lo, hi)
                 b = k + rows * width
+
+    def _read_span(self, read, b: int, end: int, per_row: int) -> None:
+        """The input span of output blocks [b, end) (rows of `per_row`
+        blocks) read at once when it is at most `SPAN_BYTES`: a reader that
+        holds its last read (`view.assemble`'s) serves the chunks from it,
+        one read of the blob per range (one O_DIRECT read of a cold blob is
+        faster than one per chunk)."""
+        if b >= end:
+            return
+        (r0, c0), (r1, c1) = divmod(b, per_row), divmod(end - 1, per_row)
+        if per_row <= self.CHUNK_BLOCKS:  # the chunks read whole rows
+            c0, c1 = 0, per_row - 1
+        first = ((self.start + r0 * self.step) * per_row + c0) * BLOCK
+        last = ((self.start + r1 * self.step) * per_row + c1 + 1) * BLOCK
+        if last - first <= self.SPAN_BYTES:
+            read(self.inputs[0], first, last - first)
 
 
 def _native_out(

@@ -207,7 +207,11 @@ def _rounds(seg: InRounds, blob: BlobFile | None, out: memoryview) -> None:
     by the range's ends read alone; whole runs read straight into place when
     long or sparse, else scattered into place in one pass over the blob by
     the compiled `gather_read` (runs of `SCATTER` bytes or more, where it is
-    built) or gathered with numpy from `GATHER`-sized reads of the blob."""
+    built, from a blob read through the page cache) or gathered with numpy
+    from `GATHER`-sized reads of the blob (with O_DIRECT where the blob is
+    read so: the span of a strided half is read again for the other half,
+    from the disk, which costs less than caching it once in a cold page
+    cache's fresh pages)."""
     blob, r, lo = _opened(blob), seg.rounds, seg.lo
     hi = lo + len(out)
     dst = np.frombuffer(out, np.uint8)
@@ -226,17 +230,29 @@ def _rounds(seg: InRounds, blob: BlobFile | None, out: memoryview) -> None:
                 for j in range(k, whole):
                     a = j * r.period + at - lo
                     blob.read_once_into(out[a : a + unit], offset + j * stride)
-            elif unit >= SCATTER and accel.native is not None:
+            elif unit >= SCATTER and accel.native is not None and not blob.reads_directly:
                 _scattered(blob, out[k * r.period + at - lo :], offset + k * stride, unit, stride, whole - k, r.period)
             else:
-                batch = max(1, GATHER // stride)
-                with scratch((min(batch, whole - k) - 1) * stride + unit) as spans:
-                    for j in range(k, whole, batch):
-                        m = min(batch, whole - j)
-                        blob.read_into(spans.data[: (m - 1) * stride + unit], offset + j * stride)
-                        target = as_strided(dst[j * r.period + at - lo :], shape=(m, unit), strides=(r.period, 1))
-                        target[...] = as_strided(spans, shape=(m, unit), strides=(stride, 1))
+                _gathered(blob, dst[k * r.period + at - lo :], offset + k * stride, unit, stride, whole - k, r.period)
             k = whole
+
+
+def _gathered(blob: BlobFile, dst: np.ndarray, offset: int, unit: int, stride: int, count: int, period: int) -> None:
+    """`count` runs of `unit` blob bytes, `stride` apart from `offset`, into
+    `dst` `period` apart, gathered with numpy from spans of about `GATHER`
+    bytes read with `read_once_into` (O_DIRECT where the blob is read so,
+    each span landing in scratch memory as it lies in the blob, so that its
+    whole blocks are read straight into it)."""
+    batch = max(1, GATHER // stride)
+    span = (min(batch, count) - 1) * stride + unit
+    with scratch(span + ALIGN) as spans:
+        for j in range(0, count, batch):
+            m = min(batch, count - j)
+            at = offset + j * stride
+            skip = at % ALIGN
+            blob.read_once_into(spans.data[skip : skip + (m - 1) * stride + unit], at)
+            target = as_strided(dst[j * period :], shape=(m, unit), strides=(period, 1))
+            target[...] = as_strided(spans[skip:], shape=(m, unit), strides=(stride, 1))
 
 
 def _scattered(blob: BlobFile, out: memoryview, offset: int, unit: int, stride: int, count: int, period: int) -> None:
