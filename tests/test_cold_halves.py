@@ -4,16 +4,21 @@ its type-4 MXFP4 halves (repacked by range) read their rows' spans with
 O_DIRECT (`BlobFile.read_once_into`), so a view read through leaves the
 stack's bytes out of the page cache, and gives the same bytes as read from
 a blob in the page cache, with the compiled kernels and without; a range of
-a type-4 stack, halves included, is one read of the blob."""
+a type-4 stack, halves included, is one read of the blob, and a cold
+blob's span read once is one O_DIRECT read of the whole blocks it lies in
+(`BlobFile.read_once_in_blocks`), the same bytes as through the page cache."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from compatfs.files.blobfile import BlobFile
+from compatfs.errors import GGUFError
+from compatfs.files.blobfile import ALIGN, BlobFile, blocks_for
+from compatfs.files.scratch import give, take
 from compatfs.files.libc import cached_pages, pages
 from compatfs.handlers.gptoss import OllamaMXFP4
 from compatfs.names import MODEL_FILE
@@ -91,14 +96,22 @@ def test_a_range_of_a_type4_stack_is_one_read_of_the_blob(tmp_path, monkeypatch)
     stacks = [s for s in view.segments if isinstance(s, Computed) and isinstance(s.op, OllamaMXFP4)]
     assert {s.op.step for s in stacks} == {1, 2}, "whole stacks and halves in the view"
     seen: list[tuple[int, int]] = []  # every read asked of the blob: offset, size
-    inside = [False]  # (read_once_into may read through read_into)
-    once, into = BlobFile.read_once_into, BlobFile.read_into
+    inside = [False]  # (a read once may read through read_into)
+    once, in_blocks, into = BlobFile.read_once_into, BlobFile.read_once_in_blocks, BlobFile.read_into
 
     def read_once_into(self, out, offset):
         seen.append((offset, len(out)))
         inside[0] = True
         try:
             return once(self, out, offset)
+        finally:
+            inside[0] = False
+
+    def read_once_in_blocks(self, buf, offset, size):
+        seen.append((offset, size))
+        inside[0] = True
+        try:
+            return in_blocks(self, buf, offset, size)
         finally:
             inside[0] = False
 
@@ -111,9 +124,46 @@ def test_a_range_of_a_type4_stack_is_one_read_of_the_blob(tmp_path, monkeypatch)
         whole = {id(s): view.read(s.at, s.size, f) for s in stacks}
         monkeypatch.setattr(BlobFile, "read_once_into", read_once_into)
         monkeypatch.setattr(BlobFile, "read_into", read_into)
+        monkeypatch.setattr(BlobFile, "read_once_in_blocks", read_once_in_blocks)
         for s in stacks:
             for lo, size in ((0, MiB), (3 * MiB + 5, MiB), (s.size - MiB + 7, MiB - 7)):
                 seen.clear()
                 assert view.read(s.at + lo, size, f) == whole[id(s)][lo : lo + size], (s.op.description, lo)
                 assert len(seen) == 1, (s.op.description, lo, seen)
                 assert seen[0][1] <= s.op.step * (size + 2 * 1530), (s.op.description, lo, seen)
+
+
+def test_a_cold_span_read_once_is_one_read_of_its_whole_blocks(tmp_path, monkeypatch):
+    raw = np.random.default_rng(3).integers(0, 256, 5 * MiB + 123, dtype=np.uint8).tobytes()
+    path = tmp_path / "blob"
+    path.write_bytes(raw)
+    evicted(path)
+    cached(path)  # skips where the kernel cannot tell
+    calls: list[int] = []
+    preadv = os.preadv
+
+    def counted(fd, buffers, offset):
+        calls.append(offset)
+        return preadv(fd, buffers, offset)
+
+    with BlobFile(path) as f:
+        if not f.reads_directly:
+            pytest.skip(f"{tmp_path}'s filesystem gives no O_DIRECT descriptor")
+        monkeypatch.setattr(os, "preadv", counted)
+        for offset, size in ((ALIGN - 1, MiB + 5), (3 * ALIGN, 2 * MiB + 17), (len(raw) - 70_000, 70_000), (7, 100)):
+            buf = take(blocks_for(offset, size))
+            try:
+                calls.clear()
+                got = f.read_once_in_blocks(buf.data, offset, size)
+                assert bytes(got) == raw[offset : offset + size], (offset, size)
+                assert len(calls) == 1, (offset, size, calls)
+            finally:
+                give(buf)
+        with pytest.raises(ValueError):
+            f.read_once_in_blocks(memoryview(bytearray(ALIGN)), 1, ALIGN)
+        with pytest.raises(GGUFError, match="ends at"):
+            buf = take(blocks_for(len(raw) - 100, MiB))
+            try:
+                f.read_once_in_blocks(buf.data, len(raw) - 100, MiB)
+            finally:
+                give(buf)
