@@ -108,12 +108,10 @@ class OllamaMXFP4(Op):
 
     @property
     def reads_inputs_once(self) -> bool:
-        """True, halves included: rows `start`::`step` are read from spans
-        that hold the other rows, which the other half's op reads again, and
-        from a cold blob (read with O_DIRECT) reading a span twice from the
-        disk costs less than caching it once in a cold page cache's fresh
-        pages (a blob mostly cached already is read through the page cache)."""
-        return True
+        """Rows `start`::`step` are read from spans that hold the other rows
+        too (which the op of the other half reads again, from the page
+        cache): only a whole stack (`step` 1) reads its inputs once."""
+        return self.step == 1
 
     @property
     def computes_ahead(self) -> bool:
@@ -165,9 +163,8 @@ class OllamaMXFP4(Op):
     def _read_span(self, read, b: int, end: int, per_row: int) -> None:
         """The input span of output blocks [b, end) (rows of `per_row`
         blocks) read at once when it is at most `SPAN_BYTES`: a reader that
-        holds its last read (`view.assemble`'s) serves the chunks from it,
-        one read of the blob per range (one O_DIRECT read of a cold blob is
-        faster than one per chunk)."""
+        holds its last read (`view.assemble`'s) serves the chunks from it:
+        one read of the blob per range, not one per chunk."""
         if b >= end:
             return
         (r0, c0), (r1, c1) = divmod(b, per_row), divmod(end - 1, per_row)

@@ -162,8 +162,9 @@ class _Inputs:
     `read_once_in_blocks` where the op reads them `once`), valid until the
     reader is closed.  Each read lands in scratch memory where it lies as in
     the blob (its offset modulo `ALIGN`), so that an O_DIRECT read of the
-    whole blocks it lies in goes straight into it, in one go.  A read that starts where the one before of the same
-    input ended (an op that reads its input in pieces) reads ahead at once
+    whole blocks it lies in goes straight into it, in one go.  A read that
+    starts where the one before of the same input ended (an op that reads
+    its input in pieces) reads ahead at once
     as many bytes as the range has left to fill and an `ALIGN` more (a
     piece may end in a block cut by the range's end; within the input),
     which serve the reads that follow: one read of the blob instead of many."""
@@ -205,11 +206,7 @@ def _rounds(seg: InRounds, blob: BlobFile | None, out: memoryview) -> None:
     by the range's ends read alone; whole runs read straight into place when
     long or sparse, else scattered into place in one pass over the blob by
     the compiled `gather_read` (runs of `SCATTER` bytes or more, where it is
-    built, from a blob read through the page cache) or gathered with numpy
-    from `GATHER`-sized reads of the blob (with O_DIRECT where the blob is
-    read so: the span of a strided half is read again for the other half,
-    from the disk, which costs less than caching it once in a cold page
-    cache's fresh pages)."""
+    built) or gathered with numpy from `GATHER`-sized reads of the blob."""
     blob, r, lo = _opened(blob), seg.rounds, seg.lo
     hi = lo + len(out)
     dst = np.frombuffer(out, np.uint8)
@@ -228,29 +225,17 @@ def _rounds(seg: InRounds, blob: BlobFile | None, out: memoryview) -> None:
                 for j in range(k, whole):
                     a = j * r.period + at - lo
                     blob.read_once_into(out[a : a + unit], offset + j * stride)
-            elif unit >= SCATTER and accel.native is not None and not blob.reads_directly:
+            elif unit >= SCATTER and accel.native is not None:
                 _scattered(blob, out[k * r.period + at - lo :], offset + k * stride, unit, stride, whole - k, r.period)
             else:
-                _gathered(blob, dst[k * r.period + at - lo :], offset + k * stride, unit, stride, whole - k, r.period)
+                batch = max(1, GATHER // stride)
+                with scratch((min(batch, whole - k) - 1) * stride + unit) as spans:
+                    for j in range(k, whole, batch):
+                        m = min(batch, whole - j)
+                        blob.read_into(spans.data[: (m - 1) * stride + unit], offset + j * stride)
+                        target = as_strided(dst[j * r.period + at - lo :], shape=(m, unit), strides=(r.period, 1))
+                        target[...] = as_strided(spans, shape=(m, unit), strides=(stride, 1))
             k = whole
-
-
-def _gathered(blob: BlobFile, dst: np.ndarray, offset: int, unit: int, stride: int, count: int, period: int) -> None:
-    """`count` runs of `unit` blob bytes, `stride` apart from `offset`, into
-    `dst` `period` apart, gathered with numpy from spans of about `GATHER`
-    bytes read with `read_once_into` (O_DIRECT where the blob is read so,
-    each span landing in scratch memory as it lies in the blob, so that its
-    whole blocks are read straight into it)."""
-    batch = max(1, GATHER // stride)
-    span = (min(batch, count) - 1) * stride + unit
-    with scratch(span + 2 * ALIGN) as spans:
-        for j in range(0, count, batch):
-            m = min(batch, count - j)
-            got = np.frombuffer(
-                blob.read_once_in_blocks(spans.data, offset + j * stride, (m - 1) * stride + unit), np.uint8
-            )
-            target = as_strided(dst[j * period :], shape=(m, unit), strides=(period, 1))
-            target[...] = as_strided(got, shape=(m, unit), strides=(stride, 1))
 
 
 def _in_blocks(blob: BlobFile, once: bool, buf: memoryview, offset: int, size: int) -> memoryview:
