@@ -144,6 +144,12 @@ def test_a_cold_span_read_once_is_one_read_of_its_whole_blocks(tmp_path, monkeyp
                 give(buf)
         with pytest.raises(ValueError):
             f.read_once_in_blocks(memoryview(bytearray(ALIGN)), 1, ALIGN)
+        buf = take(2 * ALIGN)
+        try:
+            with pytest.raises(ValueError):  # not page-aligned
+                f.read_once_in_blocks(buf.data[1:], 0, ALIGN)
+        finally:
+            give(buf)
         with pytest.raises(GGUFError, match="ends at"):
             buf = take(blocks_for(len(raw) - 100, MiB))
             try:

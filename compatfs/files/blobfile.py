@@ -313,8 +313,8 @@ class BlobFile:
         separate reads of the blocks cut at either end); returns the part of
         `buf` that holds them."""
         skip = offset % ALIGN
-        if len(buf) < blocks_for(offset, size):
-            raise ValueError(f"a buffer of {len(buf)} bytes for {size} bytes at {offset}")
+        if len(buf) < blocks_for(offset, size) or ctypes.addressof(ctypes.c_char.from_buffer(buf)) % ALIGN:
+            raise ValueError(f"a buffer of {len(buf)} bytes, not page-aligned or short of {size} bytes at {offset}")
         fd = self._direct_fd() if size >= DIRECT_MIN else -1
         if fd < 0:
             self.read_into(buf[skip : skip + size], offset)
