@@ -104,11 +104,13 @@ class OllamaMXFP4(Op):
     CHUNK_BLOCKS = 1 << 13  # blocks converted at a time (~140 KB: a 128 KiB read in one; four times that
     #                         in scratch, kept in the CPU's cache)
 
+    SPAN_BYTES = 4 << 20  # a range's input span up to this size is read at once, its chunks converted out of it
+
     @property
     def reads_inputs_once(self) -> bool:
         """Rows `start`::`step` are read from spans that hold the other rows
-        too (which the op of the other half reads again): only a whole stack
-        (`step` 1) reads its inputs once."""
+        too (which the op of the other half reads again, from the page
+        cache): only a whole stack (`step` 1) reads its inputs once."""
         return self.step == 1
 
     @property
@@ -137,6 +139,7 @@ class OllamaMXFP4(Op):
         row = per_row * BLOCK
         native = accel.native
         with nullcontext(None) if native else scratch(scratch_bytes(min(chunk, end - b + 2 * per_row))) as raw:
+            held = self._read_span(read, b, end, per_row)  # (its first byte, its bytes), or None
             while b < end:
                 r, c = divmod(b, per_row)
                 if per_row <= chunk:  # whole rows
@@ -145,7 +148,10 @@ class OllamaMXFP4(Op):
                     rows, width = 1, min(chunk, per_row - c, end - b)
                 first = ((self.start + r * self.step) * per_row + c) * BLOCK
                 size = (rows - 1) * self.step * row + width * BLOCK
-                span = np.frombuffer(read(self.inputs[0], first, size), np.uint8)
+                if held is not None:
+                    span = held[1][first - held[0] : first - held[0] + size]
+                else:
+                    span = np.frombuffer(read(self.inputs[0], first, size), np.uint8)
                 if len(span) != size:
                     raise GGUFError(f"{self.description}: {len(span)} bytes read at {first}, expected {size}")
                 k = r * per_row + c  # the chunk's first output block
@@ -156,6 +162,23 @@ class OllamaMXFP4(Op):
                     blocks = np.ndarray((rows, width, BLOCK), np.uint8, span, 0, (self.step * row, BLOCK, 1))
                     _copy_out(_to_ggml(blocks, raw.view(np.uint16)), k, rows * width, dst, lo, hi)
                 b = k + rows * width
+
+    def _read_span(self, read, b: int, end: int, per_row: int) -> tuple[int, np.ndarray] | None:
+        """The input span of output blocks [b, end) (rows of `per_row`
+        blocks), every byte the chunks of `compute_range_into` read, read at
+        once when it is at most `SPAN_BYTES` (one read of the blob per range,
+        not one per chunk): where it starts in the input and its bytes; None
+        when it is larger (each chunk is read apart)."""
+        if b >= end:
+            return None
+        (r0, c0), (r1, c1) = divmod(b, per_row), divmod(end - 1, per_row)
+        if per_row <= self.CHUNK_BLOCKS:  # the chunks read whole rows
+            c0, c1 = 0, per_row - 1
+        first = ((self.start + r0 * self.step) * per_row + c0) * BLOCK
+        last = ((self.start + r1 * self.step) * per_row + c1 + 1) * BLOCK
+        if last - first > self.SPAN_BYTES:
+            return None
+        return first, np.frombuffer(read(self.inputs[0], first, last - first), np.uint8)
 
 
 def _native_out(

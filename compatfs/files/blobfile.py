@@ -52,6 +52,7 @@ from .watch import Followed, contents
 __all__ = [
     "ALIGN",
     "DIRECT_MIN",
+    "blocks_for",
     "KEEP_OUT_ENV",
     "TRANSIENT_ERRNOS",
     "BlobFile",
@@ -304,6 +305,34 @@ class BlobFile:
             self._refused = True  # the filesystem refuses these reads: the page cache from now on
             self.read_into(out[done:], offset + done)
 
+    def read_once_in_blocks(self, buf: memoryview, offset: int, size: int) -> memoryview:
+        """`size` bytes at `offset`, read as `read_once_into` reads them,
+        into `buf` (page-aligned, at least `blocks_for(offset, size)` bytes)
+        at `offset % ALIGN`, as they lie in the blob: with O_DIRECT, the
+        whole blocks they lie in are read straight into `buf` in one go (no
+        separate reads of the blocks cut at either end); returns the part of
+        `buf` that holds them."""
+        skip = offset % ALIGN
+        if len(buf) < blocks_for(offset, size) or ctypes.addressof(ctypes.c_char.from_buffer(buf)) % ALIGN:
+            raise ValueError(f"a buffer of {len(buf)} bytes, not page-aligned or short of {size} bytes at {offset}")
+        fd = self._direct_fd() if size >= DIRECT_MIN else -1
+        if fd < 0:
+            self.read_into(buf[skip : skip + size], offset)
+            return buf[skip : skip + size]
+        start, want, done = offset - skip, blocks_for(offset, size), 0
+        try:
+            while done < skip + size:
+                got = os.preadv(fd, [buf[done:want]], start + done)
+                if got <= 0:
+                    raise self._ended(start + done, offset + size)
+                done += got
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise failure(self.path, "read", e) from None
+            self._refused = True  # the filesystem refuses these reads: the page cache from now on
+            self.read_into(buf[skip : skip + size], offset)
+        return buf[skip : skip + size]
+
     def _bounced(self, fd: int, out: memoryview, offset: int) -> None:
         """Bytes at `offset` into `out` through the O_DIRECT descriptor `fd`,
         read a whole aligned buffer at a time and copied out of it."""
@@ -373,3 +402,8 @@ class BlobFile:
 
 
 _DIRECT_OPENING = threading.Lock()
+
+
+def blocks_for(offset: int, size: int) -> int:
+    """Bytes of the whole `ALIGN` blocks that bytes [offset, offset + size) lie in."""
+    return -(-(offset % ALIGN + size) // ALIGN) * ALIGN

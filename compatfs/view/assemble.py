@@ -23,7 +23,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from . import ahead
-from ..files.blobfile import ALIGN, BlobFile
+from ..files.blobfile import ALIGN, BlobFile, blocks_for
 from ..errors import GGUFError
 from ..format.header import TensorInfo
 from ..translate import accel
@@ -159,17 +159,18 @@ def _reader(blob: BlobFile):
 class _Inputs:
     """A ranged op's input reader for one range of `budget` output bytes:
     (tensor, start, size) -> those bytes, through `blob` (with
-    `read_once_into` where the op reads them `once`), valid until the
+    `read_once_in_blocks` where the op reads them `once`), valid until the
     reader is closed.  Each read lands in scratch memory where it lies as in
-    the blob (its offset modulo `ALIGN`), so that an O_DIRECT read goes
-    straight into it.  A read that starts where the one before of the same
-    input ended (an op that reads its input in pieces) reads ahead at once
+    the blob (its offset modulo `ALIGN`), so that an O_DIRECT read of the
+    whole blocks it lies in goes straight into it, in one go.  A read that
+    starts where the one before of the same input ended (an op that reads
+    its input in pieces) reads ahead at once
     as many bytes as the range has left to fill and an `ALIGN` more (a
     piece may end in a block cut by the range's end; within the input),
     which serve the reads that follow: one read of the blob instead of many."""
 
     def __init__(self, blob: BlobFile, once: bool, budget: int):
-        self._read_into = blob.read_once_into if once else blob.read_into
+        self._blob, self._once = blob, once
         self._left = budget
         self._taken: list[np.ndarray] = []
         self._held: tuple[TensorInfo, int, memoryview] | None = None  # the last read: tensor, start, its bytes
@@ -191,11 +192,9 @@ class _Inputs:
             want = size
             if self._end is not None and self._end[0] is t and self._end[1] == start:
                 want = max(size, min(self._left + size + ALIGN, t.nbytes - start))
-            skip = (t.offset + start) % ALIGN
-            buf = take(skip + want)
+            buf = take(blocks_for(t.offset + start, want))
             self._taken.append(buf)
-            data = buf.data[skip : skip + want]
-            self._read_into(data, t.offset + start)
+            data = _in_blocks(self._blob, self._once, buf.data, t.offset + start, want)
             self._held = (t, start, data)
             data = data[:size]
         self._end = (t, start + size)
@@ -237,6 +236,16 @@ def _rounds(seg: InRounds, blob: BlobFile | None, out: memoryview) -> None:
                         target = as_strided(dst[j * r.period + at - lo :], shape=(m, unit), strides=(r.period, 1))
                         target[...] = as_strided(spans, shape=(m, unit), strides=(stride, 1))
             k = whole
+
+
+def _in_blocks(blob: BlobFile, once: bool, buf: memoryview, offset: int, size: int) -> memoryview:
+    """`size` blob bytes at `offset` into page-aligned `buf` where they lie
+    as in the blob, read once (`read_once_in_blocks`) or through the page cache."""
+    if once:
+        return blob.read_once_in_blocks(buf, offset, size)
+    skip = offset % ALIGN
+    blob.read_into(buf[skip : skip + size], offset)
+    return buf[skip : skip + size]
 
 
 def _scattered(blob: BlobFile, out: memoryview, offset: int, unit: int, stride: int, count: int, period: int) -> None:

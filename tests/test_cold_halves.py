@@ -1,0 +1,158 @@
+"""Op tensors made of every other row of a stack, and a cold blob's spans
+read once: gpt-oss's fused gate and up halves (strided runs) and its type-4
+MXFP4 stacks and halves (repacked by range) read from a cold blob give the
+same bytes as from a blob in the page cache, with the compiled kernels and
+without; a range of a type-4 stack, halves included, is one read of the
+blob; a cold blob's span read once is one O_DIRECT read of the whole blocks
+it lies in (`BlobFile.read_once_in_blocks`), the same bytes as through the
+page cache."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from compatfs.errors import GGUFError
+from compatfs.files.blobfile import ALIGN, BlobFile, blocks_for
+from compatfs.files.scratch import give, take
+from compatfs.handlers.gptoss import OllamaMXFP4
+from compatfs.names import MODEL_FILE
+from compatfs.translate import accel
+from compatfs.view import ahead
+from compatfs.view.catalog import BlobViews
+from compatfs.view.segments import Computed, InRounds
+from compatfs.testing import widths
+
+from test_read_once import cached, evicted
+
+MiB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def nothing_ahead(monkeypatch):
+    """Every range computed by the read that needs it."""
+    monkeypatch.setattr(ahead, "enabled", False)
+
+
+@pytest.fixture(scope="module", params=["fused", "mxfp4"])
+def blob(request, tmp_path_factory) -> Path:
+    """One gpt-oss-120b layer (rows as wide as the published model's, 2 experts) in the fused or type-4 form."""
+    path = tmp_path_factory.mktemp("cold-halves") / f"gptoss-{request.param}.gguf"
+    return widths.write_blob(widths.gptoss_blob(ollama_mxfp4=request.param == "mxfp4", n_expert=2), path)
+
+
+def read_through(view, f: BlobFile) -> bytes:
+    return b"".join(view.read(at, MiB, f) for at in range(0, view.size, MiB))
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
+def test_a_cold_blob_s_halves_are_the_same_bytes_as_a_cached_one_s(blob, compiled, monkeypatch):
+    if compiled and accel.native is None:
+        pytest.skip("compatfs._accel is not built (or COMPATFS_NO_ACCEL)")
+    if not compiled:
+        monkeypatch.setattr(accel, "native", None)
+    view = BlobViews().view(blob, MODEL_FILE)
+    halves = [s for s in view.segments if isinstance(s, InRounds) or isinstance(getattr(s, "op", None), OllamaMXFP4)]
+    assert halves, "the fused stack's halves in the view"
+    blob.read_bytes()  # in the page cache: read through it, as before
+    with view.open() as f:
+        assert not f.reads_directly
+        reference = read_through(view, f)
+    evicted(blob)
+    cached(blob)  # skips where the kernel cannot tell
+    with view.open() as f:
+        if not f.reads_directly:
+            pytest.skip(f"{blob.parent}'s filesystem gives no O_DIRECT descriptor")
+        assert read_through(view, f) == reference
+        for at, size in ((12_345, 3 * MiB + 7), (halves[-1].at + 1529, 1531), (halves[0].at + 5, 70_001)):
+            assert view.read(at, size, f) == reference[at : at + size], (at, size)
+
+
+def test_a_range_of_a_type4_stack_is_one_read_of_the_blob(tmp_path, monkeypatch):
+    if accel.native is None:
+        pytest.skip("compatfs._accel is not built (or COMPATFS_NO_ACCEL)")
+    blob = widths.write_blob(widths.gptoss_blob(ollama_mxfp4=True, n_expert=2), tmp_path / "gptoss-mxfp4.gguf")
+    view = BlobViews().view(blob, MODEL_FILE)
+    stacks = [s for s in view.segments if isinstance(s, Computed) and isinstance(s.op, OllamaMXFP4)]
+    assert {s.op.step for s in stacks} == {1, 2}, "whole stacks and halves in the view"
+    seen: list[tuple[int, int]] = []  # every read asked of the blob: offset, size
+    inside = [False]  # (a read once may read through read_into)
+    once, in_blocks, into = BlobFile.read_once_into, BlobFile.read_once_in_blocks, BlobFile.read_into
+
+    def read_once_into(self, out, offset):
+        seen.append((offset, len(out)))
+        inside[0] = True
+        try:
+            return once(self, out, offset)
+        finally:
+            inside[0] = False
+
+    def read_once_in_blocks(self, buf, offset, size):
+        seen.append((offset, size))
+        inside[0] = True
+        try:
+            return in_blocks(self, buf, offset, size)
+        finally:
+            inside[0] = False
+
+    def read_into(self, out, offset):
+        if not inside[0]:
+            seen.append((offset, len(out)))
+        return into(self, out, offset)
+
+    with view.open() as f:
+        whole = {id(s): view.read(s.at, s.size, f) for s in stacks}
+        monkeypatch.setattr(BlobFile, "read_once_into", read_once_into)
+        monkeypatch.setattr(BlobFile, "read_into", read_into)
+        monkeypatch.setattr(BlobFile, "read_once_in_blocks", read_once_in_blocks)
+        for s in stacks:
+            for lo, size in ((0, MiB), (3 * MiB + 5, MiB), (s.size - MiB + 7, MiB - 7)):
+                seen.clear()
+                assert view.read(s.at + lo, size, f) == whole[id(s)][lo : lo + size], (s.op.description, lo)
+                assert len(seen) == 1, (s.op.description, lo, seen)
+                assert seen[0][1] <= s.op.step * (size + 2 * 1530), (s.op.description, lo, seen)
+
+
+def test_a_cold_span_read_once_is_one_read_of_its_whole_blocks(tmp_path, monkeypatch):
+    raw = np.random.default_rng(3).integers(0, 256, 5 * MiB + 123, dtype=np.uint8).tobytes()
+    path = tmp_path / "blob"
+    path.write_bytes(raw)
+    evicted(path)
+    cached(path)  # skips where the kernel cannot tell
+    calls: list[int] = []
+    preadv = os.preadv
+
+    def counted(fd, buffers, offset):
+        calls.append(offset)
+        return preadv(fd, buffers, offset)
+
+    with BlobFile(path) as f:
+        if not f.reads_directly:
+            pytest.skip(f"{tmp_path}'s filesystem gives no O_DIRECT descriptor")
+        monkeypatch.setattr(os, "preadv", counted)
+        for offset, size in ((ALIGN - 1, MiB + 5), (3 * ALIGN, 2 * MiB + 17), (len(raw) - 70_000, 70_000), (7, 100)):
+            buf = take(blocks_for(offset, size))
+            try:
+                calls.clear()
+                got = f.read_once_in_blocks(buf.data, offset, size)
+                assert bytes(got) == raw[offset : offset + size], (offset, size)
+                assert len(calls) == 1, (offset, size, calls)
+            finally:
+                give(buf)
+        with pytest.raises(ValueError):
+            f.read_once_in_blocks(memoryview(bytearray(ALIGN)), 1, ALIGN)
+        buf = take(2 * ALIGN)
+        try:
+            with pytest.raises(ValueError):  # not page-aligned
+                f.read_once_in_blocks(buf.data[1:], 0, ALIGN)
+        finally:
+            give(buf)
+        with pytest.raises(GGUFError, match="ends at"):
+            buf = take(blocks_for(len(raw) - 100, MiB))
+            try:
+                f.read_once_in_blocks(buf.data, len(raw) - 100, MiB)
+            finally:
+                give(buf)
