@@ -500,7 +500,8 @@ def op_bench(binary: Path, work: Path) -> None:
 def cores_note() -> str:
     """The CPUs the daemon may use here, and whether the compiled kernels are built."""
     from compatfs.translate import accel
-    from compatfs.view.ahead import WORKERS, cores
+    from compatfs.view.ahead import WORKERS
+    from compatfs.view.pool import cores
 
     return f"{cores()} cores, {WORKERS} ahead workers, compiled kernels {'built' if accel.native else 'not built'}"
 
@@ -529,7 +530,8 @@ def mxfp4_bench(binary: Path, work: Path) -> None:
     `MXFP4_ROUNDS` rounds in turn."""
     import threading
     from compatfs.translate import accel
-    from compatfs.view.ahead import WORKERS, cores
+    from compatfs.view.ahead import WORKERS
+    from compatfs.view.pool import cores
     from compatfs.format.header import TensorInfo
     from compatfs.handlers.gptoss import BLOCK, QK, OllamaMXFP4
     from compatfs.testing import widths

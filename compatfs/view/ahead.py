@@ -50,7 +50,6 @@ from ..errors import GGUFError
 from ..translate.ops import Op
 from ..files.scratch import give, take
 from .pool import Pool, workers
-from .pool import cores as cores  # (re-exported: the bench prints it beside `WORKERS`)
 from .segments import Computed
 
 CHUNK = 1 << 20  # view bytes computed at a time by a worker
