@@ -218,3 +218,32 @@ def gotmpl(tmp_path_factory):
 def tiny(tmp_path_factory):
     """A tiny plain llama GGUF, written once per module."""
     return llama.plain_llama_text(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
+
+
+@pytest.fixture
+def blob_reads(monkeypatch) -> list[tuple[int, int]]:
+    """Every read of a blob asked of a `BlobFile` (offset, size), through the
+    page cache or not; a read made through another read counts once."""
+    from compatfs.files.blobfile import BlobFile
+
+    seen: list[tuple[int, int]] = []
+    inside = [False]
+    once, in_blocks, into = BlobFile.read_once_into, BlobFile.read_once_in_blocks, BlobFile.read_into
+
+    def counted(read, sized):
+        def wrapper(self, *args):
+            outer = not inside[0]
+            if outer:
+                seen.append(sized(*args))
+            inside[0] = True
+            try:
+                return read(self, *args)
+            finally:
+                inside[0] = not outer
+
+        return wrapper
+
+    monkeypatch.setattr(BlobFile, "read_once_into", counted(once, lambda out, offset: (offset, len(out))))
+    monkeypatch.setattr(BlobFile, "read_once_in_blocks", counted(in_blocks, lambda buf, offset, size: (offset, size)))
+    monkeypatch.setattr(BlobFile, "read_into", counted(into, lambda out, offset: (offset, len(out))))
+    return seen

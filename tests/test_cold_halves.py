@@ -71,49 +71,21 @@ def test_a_cold_blob_s_halves_are_the_same_bytes_as_a_cached_one_s(blob, compile
             assert view.read(at, size, f) == reference[at : at + size], (at, size)
 
 
-def test_a_range_of_a_type4_stack_is_one_read_of_the_blob(tmp_path, monkeypatch):
+def test_a_range_of_a_type4_stack_is_one_read_of_the_blob(tmp_path, blob_reads):
     if accel.native is None:
         pytest.skip("compatfs._accel is not built (or COMPATFS_NO_ACCEL)")
     blob = widths.write_blob(widths.gptoss_blob(ollama_mxfp4=True, n_expert=2), tmp_path / "gptoss-mxfp4.gguf")
     view = BlobViews().view(blob, MODEL_FILE)
     stacks = [s for s in view.segments if isinstance(s, Computed) and isinstance(s.op, OllamaMXFP4)]
     assert {s.op.step for s in stacks} == {1, 2}, "whole stacks and halves in the view"
-    seen: list[tuple[int, int]] = []  # every read asked of the blob: offset, size
-    inside = [False]  # (a read once may read through read_into)
-    once, in_blocks, into = BlobFile.read_once_into, BlobFile.read_once_in_blocks, BlobFile.read_into
-
-    def read_once_into(self, out, offset):
-        seen.append((offset, len(out)))
-        inside[0] = True
-        try:
-            return once(self, out, offset)
-        finally:
-            inside[0] = False
-
-    def read_once_in_blocks(self, buf, offset, size):
-        seen.append((offset, size))
-        inside[0] = True
-        try:
-            return in_blocks(self, buf, offset, size)
-        finally:
-            inside[0] = False
-
-    def read_into(self, out, offset):
-        if not inside[0]:
-            seen.append((offset, len(out)))
-        return into(self, out, offset)
-
     with view.open() as f:
         whole = {id(s): view.read(s.at, s.size, f) for s in stacks}
-        monkeypatch.setattr(BlobFile, "read_once_into", read_once_into)
-        monkeypatch.setattr(BlobFile, "read_into", read_into)
-        monkeypatch.setattr(BlobFile, "read_once_in_blocks", read_once_in_blocks)
         for s in stacks:
             for lo, size in ((0, MiB), (3 * MiB + 5, MiB), (s.size - MiB + 7, MiB - 7)):
-                seen.clear()
+                blob_reads.clear()
                 assert view.read(s.at + lo, size, f) == whole[id(s)][lo : lo + size], (s.op.description, lo)
-                assert len(seen) == 1, (s.op.description, lo, seen)
-                assert seen[0][1] <= s.op.step * (size + 2 * 1530), (s.op.description, lo, seen)
+                assert len(blob_reads) == 1, (s.op.description, lo, blob_reads)
+                assert blob_reads[0][1] <= s.op.step * (size + 2 * 1530), (s.op.description, lo, blob_reads)
 
 
 def test_a_cold_span_read_once_is_one_read_of_its_whole_blocks(tmp_path, monkeypatch):

@@ -29,38 +29,13 @@ def nothing_ahead(monkeypatch):
     monkeypatch.setattr(ahead, "enabled", False)
 
 
-@pytest.fixture
-def reads(monkeypatch) -> list[tuple[int, int]]:
-    """Every read of a blob asked of a `BlobFile` (offset, size), through the page cache or not."""
-    seen: list[tuple[int, int]] = []
-    inside = [False]  # (read_once_into may read through read_into)
-    once, into = BlobFile.read_once_into, BlobFile.read_into
-
-    def read_once_into(self, out, offset):
-        seen.append((offset, len(out)))
-        inside[0] = True
-        try:
-            return once(self, out, offset)
-        finally:
-            inside[0] = False
-
-    def read_into(self, out, offset):
-        if not inside[0]:
-            seen.append((offset, len(out)))
-        return into(self, out, offset)
-
-    monkeypatch.setattr(BlobFile, "read_once_into", read_once_into)
-    monkeypatch.setattr(BlobFile, "read_into", read_into)
-    return seen
-
-
 @pytest.fixture(scope="module")
 def mxfp4_blob(tmp_path_factory):
     path = tmp_path_factory.mktemp("op-inputs") / "gptoss-mxfp4.gguf"
     return widths.write_blob(widths.gptoss_blob(ollama_mxfp4=True, n_expert=2), path)
 
 
-def test_an_op_reading_its_input_in_pieces_reads_the_blob_once_per_range(mxfp4_blob, reads):
+def test_an_op_reading_its_input_in_pieces_reads_the_blob_once_per_range(mxfp4_blob, blob_reads):
     view = BlobViews().view(mxfp4_blob, MODEL_FILE)
     whole = [s for s in view.segments if isinstance(s, Computed) and s.op.reads_inputs_once]
     assert whole, "a whole MXFP4 stack (rows 0::1) in the view"
@@ -68,23 +43,23 @@ def test_an_op_reading_its_input_in_pieces_reads_the_blob_once_per_range(mxfp4_b
     expected = seg.op.compute(lambda t: BlobFile(mxfp4_blob).read(t.offset, t.nbytes))
     with view.open() as f:
         for lo, size in ((0, MiB), (3 * MiB + 5, MiB), (seg.size - MiB + 7, MiB - 7), (17 * 1000 + 3, 333_333)):
-            reads.clear()
+            blob_reads.clear()
             got = bytearray(size)
             viewbytes.fill(view.segments, f, seg.at + lo, memoryview(got))
             assert bytes(got) == expected[lo : lo + size], lo
-            assert len(reads) <= 2, reads
-            assert sum(n for _, n in reads) <= size + 3 * 4096, reads  # (blocks cut at both ends)
+            assert len(blob_reads) <= 2, blob_reads
+            assert sum(n for _, n in blob_reads) <= size + 3 * 4096, blob_reads  # (blocks cut at both ends)
 
 
-def test_an_op_reading_its_input_at_once_reads_just_that(tmp_path, reads):
+def test_an_op_reading_its_input_at_once_reads_just_that(tmp_path, blob_reads):
     weights = np.random.default_rng(5).standard_normal(1 << 20).astype(np.float16)  # 2 MiB
     path = write_gguf(tmp_path / "f16.gguf", "llama", {}, {"w": weights})
     op = Promote.of(SourceGGUF(path).tensors["w"])
     one_op = Segments([Computed(0, op.nbytes, 0, op)], op.nbytes)
     with BlobFile(path) as f:
         for lo, size in ((0, MiB), (MiB + 2, 3 * MiB - 5)):
-            reads.clear()
+            blob_reads.clear()
             out = bytearray(size)
             viewbytes.fill(one_op, f, lo, memoryview(out))
             assert bytes(out) == weights.astype(np.float32).tobytes()[lo : lo + size]
-            assert len(reads) == 1 and reads[0][1] <= size // 2 + 4, reads
+            assert len(blob_reads) == 1 and blob_reads[0][1] <= size // 2 + 4, blob_reads
