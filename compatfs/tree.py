@@ -77,6 +77,7 @@ class Snapshot:
     def __init__(self, listing: Listing):
         self.listing = listing
         self.marks: dict[str, tuple | None] = {}
+        self.owners: dict[Path, os.stat_result | None] = {}  # each folder's `Source.owner` as the scan found it
         self.dirs: dict[str, set[str]] = {"": set()}
         self.files: dict[str, dict[str, FileRef]] = {}
         for name, folder in listing.folders.items():
@@ -151,7 +152,8 @@ class HiddenNames:
         named = {name: f for name, f in listing.folders.items() if f.told_by}
         owners = {name: source.owner(name.rpartition("/")[0], listing) for name in named}
         wanted = {p for f in named.values() for p in f.told_by} | set(owners.values())
-        st = statuses(wanted)
+        found = {p: s for p, s in listing.seen.items() if p in wanted}  # (the scan's own: not read again)
+        st: dict[Path, os.stat_result | OSError] = {**statuses(wanted - found.keys()), **found}
         paths: dict[Path, tuple[tuple, tuple | None]] = {}
         granting: list[Path] = []  # paths whose steps changed: those below them are walked again
         for p in sorted(wanted, key=lambda p: len(p.parts)):
@@ -258,10 +260,11 @@ class Tree:
         owners = {self.source.owner(d, snap.listing) for d in snap.dirs}
         for owner in sorted(owners):
             try:
-                st = status(owner)
-                mark: tuple | None = (st.st_uid, st.st_gid, st.st_mode, st.st_mtime_ns)
+                st: os.stat_result | None = status(owner)
             except OSError:
-                mark = None
+                st = None
+            snap.owners[owner] = st
+            mark = None if st is None else (st.st_uid, st.st_gid, st.st_mode, st.st_mtime_ns)
             out[f"<{os.path.relpath(owner, self.source.root)}>"] = mark
         return out
 
@@ -272,14 +275,22 @@ class Tree:
 
     def folder_attrs(self, folder: str) -> dict:
         """A mounted folder's owner, mode (read and search bits of its owner on
-        disk) and times; the caller's own, with mode 0500, when that cannot be
-        read."""
-        listing = self.snapshot().listing
-        try:
-            st = status(self.source.owner(folder, listing))
+        disk) and times, as the last scan found its owner (the scan that
+        finds it changed has every folder's answers forgotten: `marks`); the
+        caller's own, with mode 0500, when that cannot be read."""
+        snap = self.snapshot()
+        listing = snap.listing
+        owner = self.source.owner(folder, listing)
+        st = snap.owners.get(owner)
+        if owner not in snap.owners:
+            try:
+                st = status(owner)
+            except OSError:
+                st = None
+        if st is not None:
             attrs = {"st_uid": st.st_uid, "st_gid": st.st_gid, "st_mode": stat.S_IFDIR | st.st_mode & 0o555}
             owner_mtime = st.st_mtime_ns
-        except OSError:
+        else:
             attrs = {"st_uid": os.getuid(), "st_gid": os.getgid(), "st_mode": stat.S_IFDIR | 0o500}
             owner_mtime = 0
         mtime = self.source.mtime(folder, listing, owner_mtime)

@@ -17,6 +17,7 @@ source's own module knows its layout.
 
 from __future__ import annotations
 
+import os
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -75,6 +76,9 @@ class Listing:
     folders: dict[str, Folder] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)  # name or path -> reason
     read: set[Path] = field(default_factory=set)  # the folders on disk the scan listed (a change there: scan again)
+    # Regular files the scan read, with the status it found them with (no
+    # symlink on their path): what a status of them, taken now, would say.
+    seen: dict[Path, os.stat_result] = field(default_factory=dict)
 
 
 class Source(ABC):

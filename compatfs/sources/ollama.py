@@ -123,6 +123,7 @@ class Scan:
     models: dict[str, Model] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)  # name or manifest path -> reason
     listed: set[Path] = field(default_factory=set)  # the folders of manifests/ walked
+    seen: dict[Path, os.stat_result] = field(default_factory=dict)  # the manifests that are regular files, as found
 
 
 @dataclass
@@ -223,7 +224,7 @@ class OllamaStore(Source):
     def scan(self) -> StoreListing:
         """The model folders (sorted by name), then one folder per GGUF blob."""
         manifests = self.manifests()
-        out = StoreListing(skipped=manifests.skipped, read={self.root, *manifests.listed})
+        out = StoreListing(skipped=manifests.skipped, read={self.root, *manifests.listed}, seen=manifests.seen)
         made_now: dict[str, tuple[tuple[Layer, ...], Folder]] = {}
         for name in sorted(manifests.models):
             model = manifests.models[name]
@@ -332,6 +333,8 @@ class OllamaStore(Source):
                 out.skipped[str(path)] = "not at manifests/<host>/<namespace>/<model>/<tag>"
                 continue
             seen.add(path)
+            if st is not None and stat.S_ISREG(st.st_mode):
+                out.seen[path] = st
             name = display_name(*parts)
             if name in owners:
                 out.skipped[str(path)] = f"its name {name} is already that of {owners[name]}"
