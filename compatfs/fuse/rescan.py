@@ -10,14 +10,16 @@ them (`stale` after a release, `invalidate` from an open, which waits until
 it is sent, a wrong index entry found while a view is built), and the thread
 sends what is queued each time it wakes, before it looks at the store.
 
-The thread looks every second (a tenth of a second after a scan during
-which a change was reported).  It rescans when the folders the last scan
-read report a change, or those it named files in a change of one of those
-files (`watch`: a file downloaded beside them costs nothing), when a path kept for open
-files is released, and otherwise on a timer: every second while a rescan
-costs at most `IDLE_SHARE` of a second of CPU, else as seldom as keeps the
-rescans to that share (a store of thousands of models, or one whose changes
-inotify does not see, is still rescanned, less often).
+The thread looks every `LOOK_SECONDS` (a tenth of a second after a scan
+during which a change was reported).  It rescans when the folders the last
+scan read report a change, or those it named files in a change of one of
+those files (`watch`: a file downloaded beside them costs nothing), at most
+once a second (a change reported sooner after the last scan waits for that
+second), when a path kept for open files is released, and otherwise on a
+timer: every second while a rescan costs at most `IDLE_SHARE` of a second
+of CPU, else as seldom as keeps the rescans to that share (a store of
+thousands of models, or one whose changes inotify does not see, is still
+rescanned, less often).
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ log = logging.getLogger(__name__)
 class Rescan:
     """Follows the store for a mounted `tree` from its own thread."""
 
-    RESCAN_SECONDS = 1.0
+    RESCAN_SECONDS = 1.0  # a store changing all along is rescanned about this often at most
+    LOOK_SECONDS = 0.25  # how often the thread looks for a change reported
     IDLE_SHARE = 0.005  # of one core: what the timer's rescans may cost at most
     FOLLOW_UP = 0.1  # seconds to the next look after a scan during which a change was reported
 
@@ -148,7 +151,7 @@ class Rescan:
         before = old_snap.marks
         del self._first  # the loop keeps it from here on, as the last rescan's
         period, last, again = self.RESCAN_SECONDS, 0.0, True  # the first look always rescans
-        wait = self.RESCAN_SECONDS
+        wait, pending = self.LOOK_SECONDS, False  # (pending: a change reported, not scanned yet)
         while not self._stop.is_set():
             self._kick.wait(wait)
             self._kick.clear()
@@ -159,9 +162,12 @@ class Rescan:
                 with self._lock:
                     stale, self._stale_paths = self._stale_paths, set()
                     restale, self._restale = self._restale, False
-                seen = self._inotify is not None and self._inotify.changed()
+                pending = pending or (self._inotify is not None and self._inotify.changed())
+                seen = pending and time.monotonic() - last >= self.RESCAN_SECONDS
                 if not (again or seen or stale or restale or time.monotonic() - last >= period):
+                    wait = self.LOOK_SECONDS
                     continue
+                pending = False
                 if restale:
                     self.tree.stale_root_files()
                 why = (
@@ -186,8 +192,8 @@ class Rescan:
                 # all along is still scanned at most about once a second).
                 wait = (
                     self.FOLLOW_UP
-                    if wait == self.RESCAN_SECONDS and self._inotify is not None and self._inotify.changed()
-                    else self.RESCAN_SECONDS
+                    if wait != self.FOLLOW_UP and self._inotify is not None and self._inotify.changed()
+                    else self.LOOK_SECONDS
                 )
                 again = again or wait == self.FOLLOW_UP
                 last, cpu = time.monotonic(), time.thread_time() - cpu
