@@ -20,6 +20,7 @@ from compatfs.testing import llama
 from compatfs.testing.store import add_model
 from compatfs.tree import Tree
 from compatfs.view.catalog import BlobViews
+from conftest import wait_until
 
 
 def _fs(base, monkeypatch) -> CompatFS:
@@ -96,3 +97,53 @@ def test_a_changed_owner_shows_after_the_next_scan(fs):
     after = fs.getattr("/alpha:1b")["st_mode"] & 0o777
     assert before != after == 0o550
     assert fs.getattr("/")["st_mode"] & 0o777 == 0o550
+
+
+def test_a_pull_tells_the_kernel_only_what_changed(tmp_path, monkeypatch):
+    """A model pulled and another pulled again: the kernel is told to drop
+    the root, blobs/, the new folder and the re-pulled model's folder and
+    files, and nothing of untouched models (a pull moves the time of blobs/,
+    not what the folders mirroring the store show); the re-pulled file is
+    answered with its new size, the untouched ones as before."""
+    sent: list[str] = []
+    monkeypatch.setattr(libfuse, "invalidate_path", lambda session, path: sent.append(path) or 0)
+    fs = _fs(tmp_path, monkeypatch)
+    untouched = ["/alpha:1b", "/alpha:1b/model.gguf", "/gamma:1b", "/gamma:1b/model.gguf"]
+    before = {p: fs.getattr(p) for p in [*untouched, "/beta:1b/model.gguf"]}
+    fs._rescan.start(1)  # a session that is never dereferenced: invalidate_path is the recorder
+    try:
+        wait_until(lambda: fs._rescan.rescans >= 1, what="the first look")
+        store = fs.tree.source.root
+        add_model(store, "delta", llama.plain_llama_text(tmp_path / "d.gguf", seed=3), tag="1b")
+        bigger = tmp_path / "b.gguf"
+        bigger.write_bytes(llama.plain_llama_text(tmp_path / "t2.gguf").read_bytes() + bytes(4096))
+        add_model(store, "beta", bigger, tag="1b")
+        wait_until(lambda: "/delta:1b" in sent and "/beta:1b/model.gguf" in sent, what="the pull and re-pull seen")
+        after = {p: fs.getattr(p) for p in [*untouched, "/beta:1b/model.gguf"]}
+    finally:
+        fs._rescan.stop()
+    assert not set(untouched) & set(sent), sorted(sent)
+    assert {"/", "/blobs", "/delta:1b", "/beta:1b", "/beta:1b/model.gguf"} <= set(sent), sorted(sent)
+    assert "//models.ini" not in sent
+
+    def shown(attrs: dict) -> dict:
+        return {k: v for k, v in attrs.items() if k != "st_atime"}  # (a blob read moves its atime: not told)
+
+    assert all(shown(after[p]) == shown(before[p]) for p in untouched), [(before[p], after[p]) for p in untouched]
+    assert after["/beta:1b/model.gguf"]["st_size"] == before["/beta:1b/model.gguf"]["st_size"] + 4096
+
+
+def test_an_owner_opened_or_closed_has_every_folder_mirroring_it_told(tmp_path, monkeypatch):
+    sent: list[str] = []
+    monkeypatch.setattr(libfuse, "invalidate_path", lambda session, path: sent.append(path) or 0)
+    fs = _fs(tmp_path, monkeypatch)
+    fs._rescan.start(1)
+    try:
+        wait_until(lambda: fs._rescan.rescans >= 1, what="the first look")
+        (fs.tree.source.root / "manifests").chmod(0o750)
+        wait_until(lambda: "/alpha:1b" in sent, what="the change seen")
+        wait_until(lambda: fs.getattr("/gamma:1b")["st_mode"] & 0o777 == 0o550, what="the new mode answered")
+    finally:
+        fs._rescan.stop()
+    assert {"/", "/alpha:1b", "/beta:1b", "/gamma:1b"} <= set(sent), sorted(sent)
+    assert not {p for p in sent if p.startswith("/blobs/")}, sorted(sent)  # (they mirror blobs/)

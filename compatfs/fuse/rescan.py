@@ -25,6 +25,7 @@ rescanned, less often).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -201,12 +202,13 @@ class Rescan:
                 log.debug("rescanned for %s: %.3f s of CPU; next on the timer in %.0f s", why, cpu, period)
                 now = snap.marks
                 changed = {d for d in before.keys() | now.keys() if before.get(d) != now.get(d)}
+                dropped = self._paths_of(changed, old_snap, snap, owners=(before, now)) if changed else set()
                 before = now
                 if changed or stale:
                     self._paths.forget()
                 if changed:
                     log.info("store changed: %s", ", ".join(sorted(changed)))
-                    self._invalidate_paths(self._paths_of(changed, old_snap, snap))
+                    self._invalidate_paths(dropped)
                     self.tree.views.retain(set(snap.ggufs))
                 old_snap = snap
                 self._invalidate_paths(stale)
@@ -214,22 +216,38 @@ class Rescan:
             except Exception:  # the mount outlives a failed rescan
                 log.exception("rescan of %s failed", self.root)
 
-    @staticmethod
-    def _paths_of(folders: set[str], *snaps) -> set[str]:
+    def _paths_of(self, folders: set[str], *snaps: Snapshot, owners: tuple[dict, dict] | None = None) -> set[str]:
         """The paths to invalidate for changed `folders`: the folders, their
         files (as either snapshot names them) and parents; for a folder on
-        disk whose owner, mode and time folders show (`<path>`), every
-        folder, and none of their files (which show their blobs' own: a file
-        downloaded into `blobs/` drops no page of a model)."""
+        disk whose owner, mode and time folders show (`<path>`), the folders
+        that mirror it (`Source.owner`) and none of their files (which show
+        their blobs' own: a file downloaded into `blobs/` drops no page of a
+        model), and where only its time moved (`owners`: the marks before
+        and now say so) only those whose time is its (a pull moves the time
+        of `blobs/`, not what the folders mirroring it show)."""
         paths = set()
-        if any(d.startswith("<") for d in folders):
-            paths |= {f"/{d}" for d in snaps[-1].dirs}
-            folders = {d for d in folders if not d.startswith("<")}
+        moved = {d for d in folders if d.startswith("<")}
+        if moved:
+            source, snap = self.tree.source, snaps[-1]
+            before, now = owners or ({}, {})
+            # The owners whose time alone moved (marks: owner, group, mode, time).
+            timed = {
+                d for d in moved if before.get(d) is not None and now.get(d) is not None and before[d][:3] == now[d][:3]
+            }
+            keys: dict[Path, str] = {}
+            for d in snap.dirs:
+                owner = source.owner(d, snap.listing)
+                key = keys.get(owner)
+                if key is None:
+                    key = keys[owner] = f"<{os.path.relpath(owner, self.root)}>"
+                if key in moved and (key not in timed or source.time_follows_owner(d, snap.listing)):
+                    paths.add(f"/{d}")
+            folders = folders - moved
         for d in folders:
             names = {MODEL_FILE, MMPROJ_FILE}
             for snap in snaps:
                 names |= set(snap.files.get(d, ()))
-            paths |= {f"/{d}/{n}" for n in names} | {f"/{d}"}
+            paths |= {f"/{d}/{n}" if d else f"/{n}" for n in names} | {f"/{d}"}
             parts = d.split("/")
             paths |= {"/" + "/".join(parts[:i]) for i in range(len(parts))}
         return paths

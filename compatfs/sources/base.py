@@ -102,6 +102,11 @@ class Source(ABC):
         """The mounted `folder`'s modification time (ns); `owner_mtime`: that
         of its `owner` (0 when it cannot be read)."""
 
+    def time_follows_owner(self, folder: str, listing: Listing) -> bool:
+        """Whether the mounted `folder`'s time moves with its owner's
+        (`mtime` gives it from `owner_mtime`)."""
+        return True
+
     @abstractmethod
     def name(self, target: str) -> str:
         """The mounted folder a user's model name means (`gemma3` is

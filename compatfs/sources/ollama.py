@@ -280,6 +280,13 @@ class OllamaStore(Source):
                 return owner_mtime
         return times.get(folder, owner_mtime)
 
+    def time_follows_owner(self, folder: str, listing: Listing) -> bool:
+        # (a blob's folder shows its blob's time; a model's folder its newest manifest's)
+        if folder in ("", BLOBS):
+            return True
+        times = listing.times if isinstance(listing, StoreListing) else {}
+        return not folder.startswith(BLOBS + "/") and folder not in times
+
     def refuses_mountpoint(self, mountpoint: Path) -> str | None:
         """A mountpoint at the store or inside it (under `manifests/` or
         `blobs/`: where the scan looks) would have the mount look into itself."""
