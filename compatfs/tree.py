@@ -72,16 +72,22 @@ class Snapshot:
     that do not depend on a blob's contents (all but a monolithic blob's
     mmproj.gguf), made once; `ggufs`: every GGUF file behind a folder, in the
     order the listing gives (what a listing asks for next is what the
-    indexing workers take next); `marks`: `Tree.marks` as the scan found them."""
+    indexing workers take next); `marks`: `Tree.marks` as the scan found them.
+    A folder the `previous` snapshot had, made of the same `Folder` (a
+    source keeps an unchanged folder's), keeps its files."""
 
-    def __init__(self, listing: Listing):
+    def __init__(self, listing: Listing, previous: Snapshot | None = None):
         self.listing = listing
         self.marks: dict[str, tuple | None] = {}
         self.owners: dict[Path, os.stat_result | None] = {}  # each folder's `Source.owner` as the scan found it
         self.dirs: dict[str, set[str]] = {"": set()}
         self.files: dict[str, dict[str, FileRef]] = {}
+        before = previous.listing.folders if previous is not None else {}
         for name, folder in listing.folders.items():
             self._add_dir(name)
+            if before.get(name) is folder and previous is not None:
+                self.files[name] = previous.files[name]
+                continue
             files = {
                 MODEL_FILE: FileRef(
                     folder.model, MODEL_FILE, layers_of(folder.params, folder.template, folder.system, folder.messages)
@@ -348,7 +354,7 @@ class Tree:
         previous = self._snap
         listing = self.source.scan()
         self._names.hide(self.source, listing)
-        snap = Snapshot(listing)
+        snap = Snapshot(listing, previous)
         folders = self._folder_marks(snap)
         if self._root_files is not None:
             extra = self._root_files.files(self, snap, folders)

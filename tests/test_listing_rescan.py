@@ -147,3 +147,11 @@ def test_an_owner_opened_or_closed_has_every_folder_mirroring_it_told(tmp_path, 
         fs._rescan.stop()
     assert {"/", "/alpha:1b", "/beta:1b", "/gamma:1b"} <= set(sent), sorted(sent)
     assert not {p for p in sent if p.startswith("/blobs/")}, sorted(sent)  # (they mirror blobs/)
+
+
+def test_a_rescan_keeps_the_files_of_unchanged_folders(fs, tmp_path):
+    first = fs.tree.snapshot()
+    add_model(fs.tree.source.root, "delta", llama.plain_llama_text(tmp_path / "d.gguf", seed=3), tag="1b")
+    second = fs.tree.rescan()
+    assert second.files["alpha:1b"] is first.files["alpha:1b"]  # made once
+    assert set(second.files["delta:1b"]) == {"model.gguf"} and "delta:1b" not in first.files
