@@ -155,3 +155,20 @@ def test_a_rescan_keeps_the_files_of_unchanged_folders(fs, tmp_path):
     second = fs.tree.rescan()
     assert second.files["alpha:1b"] is first.files["alpha:1b"]  # made once
     assert set(second.files["delta:1b"]) == {"model.gguf"} and "delta:1b" not in first.files
+
+
+def test_a_changed_folder_is_dropped_again_at_the_next_look(tmp_path, monkeypatch):
+    """The kernel keeps listings: a listing made just before a change, whose
+    reply reaches the kernel after the rescan dropped the folder, is dropped
+    by a second drop at the next look."""
+    sent: list[str] = []
+    monkeypatch.setattr(libfuse, "invalidate_path", lambda session, path: sent.append(path) or 0)
+    fs = _fs(tmp_path, monkeypatch)
+    fs._rescan.start(1)
+    try:
+        wait_until(lambda: fs._rescan.rescans >= 1, what="the first look")
+        add_model(fs.tree.source.root, "delta", llama.plain_llama_text(tmp_path / "d.gguf", seed=3), tag="1b")
+        wait_until(lambda: sent.count("/") >= 2 and sent.count("/delta:1b") >= 2, what="the second drop")
+    finally:
+        fs._rescan.stop()
+    assert sent.count("/delta:1b/model.gguf") == 1  # (a file's attributes: the kernel discards a reply made before)

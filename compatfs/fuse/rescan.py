@@ -3,7 +3,9 @@ kernel's cached attributes and pages of what changed are invalidated at once
 (a changed folder, its files and parents; every folder, not their files,
 when the store's top folders change; a path that kept its view for open
 files once they closed).  The remembered attributes are dropped before the
-kernel is told.
+kernel is told; the changed folders are dropped again at the next look (the
+kernel keeps a folder's listing: one made before the change whose reply
+came after the first drop goes too).
 
 This thread is the only sender of kernel notifications: other threads queue
 them (`stale` after a release, `invalidate` from an open, which waits until
@@ -153,6 +155,7 @@ class Rescan:
         del self._first  # the loop keeps it from here on, as the last rescan's
         period, last, again = self.RESCAN_SECONDS, 0.0, True  # the first look always rescans
         wait, pending = self.LOOK_SECONDS, False  # (pending: a change reported, not scanned yet)
+        folders: set[str] = set()  # the changed folders the last scan dropped, dropped again at the next look
         while not self._stop.is_set():
             self._kick.wait(wait)
             self._kick.clear()
@@ -160,6 +163,11 @@ class Rescan:
                 return
             try:
                 self._send_queued()
+                # A listing made before that scan whose reply reached the
+                # kernel after it dropped the folder would be kept from
+                # then on: dropped once more.
+                self._invalidate_paths(folders)
+                folders = set()
                 with self._lock:
                     stale, self._stale_paths = self._stale_paths, set()
                     restale, self._restale = self._restale, False
@@ -209,6 +217,7 @@ class Rescan:
                 if changed:
                     log.info("store changed: %s", ", ".join(sorted(changed)))
                     self._invalidate_paths(dropped)
+                    folders = {p for p in dropped if p.strip("/") in snap.dirs}
                     self.tree.views.retain(set(snap.ggufs))
                 old_snap = snap
                 self._invalidate_paths(stale)
