@@ -27,9 +27,10 @@ signals, read-ahead, unmount) in `daemon`.  What the mount guarantees:
   log line, never bytes of another file and never a short reply.
 - A path keeps serving the view its open files read (the kernel keeps one
   page cache per path), and switches to the store's new one when they close.
-- The store is looked at every second in the background and rescanned on a
-  change inotify reports or on a timer (`rescan`); the kernel's cached
-  attributes, pages and listings of changed folders are invalidated at once.
+- The store is looked at every quarter second in the background and
+  rescanned on a change inotify reports or on a timer (`rescan`); the
+  kernel's cached attributes, pages and listings of changed folders are
+  invalidated at once.
 - The kernel keeps each folder's listing and gets its entries' attributes
   with it (`libfuse.FUSE`: READDIRPLUS, getattr's answers): `ls -l` looks
   up no entry, and a folder listed again costs the daemon its `opendir`
@@ -153,9 +154,9 @@ class CompatFS(fuse.Operations):
     def opendir(self, path):
         # Every open of a folder comes here (the kernel keeps its listing,
         # not who may read it): listing needs what listing the store folder
-        # it comes from needs.  Where that folder cannot be looked up (it
-        # went away) the listing is the last scan's, which the next one
-        # empties.  Root may list anything (nothing to look up for it).
+        # it comes from needs.  Where that folder is gone the listing is the
+        # last scan's, which the next one empties.  Root may list anything
+        # (nothing to look up for it).
         caller = libfuse.caller()
         if caller.uid == 0:
             return 0
@@ -163,8 +164,9 @@ class CompatFS(fuse.Operations):
             status(self.tree.owner(path.strip("/")), caller, READ)
         except Denied:
             raise fuse.FuseOSError(errno.EACCES) from None
-        except OSError:
-            pass
+        except OSError as e:
+            if e.errno not in (errno.ENOENT, errno.ENOTDIR):
+                raise fuse.FuseOSError(e.errno or errno.EIO) from None
         return 0
 
     def readdir(self, path, fh):

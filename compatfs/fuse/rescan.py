@@ -1,8 +1,8 @@
 """The rescan thread: the store is rescanned in the background, and the
 kernel's cached attributes and pages of what changed are invalidated at once
-(a changed folder, its files and parents; every folder, not their files,
-when the store's top folders change; a path that kept its view for open
-files once they closed).  The remembered attributes are dropped before the
+(a changed folder, its files and parents; the folders, not their files,
+that mirror a store folder whose owner, mode or time changed; a path that
+kept its view for open files once they closed).  The remembered attributes are dropped before the
 kernel is told; the changed folders are dropped again at the next look (the
 kernel keeps a folder's listing: one made before the change whose reply
 came after the first drop goes too).
