@@ -356,7 +356,13 @@ class Tree:
         self._names.hide(self.source, listing)
         snap = Snapshot(listing, previous)
         folders = self._folder_marks(snap)
+        new = previous is None or previous.ggufs != snap.ggufs
         if self._root_files is not None:
+            if new:
+                # The root's files (models.ini) need every new blob's
+                # summary: the indexing workers take them from the end while
+                # this thread takes them from the start.
+                self.views.prefetch(list(reversed(snap.ggufs)))
             extra = self._root_files.files(self, snap, folders)
             if extra:
                 snap.files[""] = extra
@@ -366,7 +372,7 @@ class Tree:
         )
         with self._lock:
             self._snap, self._stamp = snap, time.monotonic()
-        if previous is None or previous.ggufs != snap.ggufs:
+        if new:
             self.views.prefetch(list(snap.ggufs))
         return snap
 
