@@ -237,8 +237,9 @@ class Tree:
         return (str(blob), *identity(st), st.st_uid, st.st_gid, st.st_mode)
 
     def _folder_marks(self, snap: Snapshot) -> dict[str, tuple | None]:
-        """`marks` of the folders that hold GGUF files."""
-        return self._marks_of(snap.listing.folders)
+        """`marks` of the folders that hold GGUF files (the regular files'
+        statuses kept in the listing's `seen`, as the scan found them)."""
+        return self._marks_of(snap.listing.folders, snap.listing.seen)
 
     def mark_now(self, snap: Snapshot, name: str) -> tuple | None:
         """The `marks` entry of `snap`'s folder `name` as the store is now
@@ -246,11 +247,15 @@ class Tree:
         folder = snap.listing.folders.get(name)
         return None if folder is None else self._marks_of({name: folder})[name]
 
-    def _marks_of(self, folders: dict[str, Folder]) -> dict[str, tuple | None]:
+    def _marks_of(
+        self, folders: dict[str, Folder], seen: dict[Path, os.stat_result] | None = None
+    ) -> dict[str, tuple | None]:
         st = statuses(
             {p for f in folders.values() for p in (f.model, f.projector, *(p for _, p in f.passed)) if p is not None}
         )
         self.views.saw(st)  # (listing: stat and readdir answer from these until the next scan)
+        if seen is not None:
+            seen.update((p, s) for p, s in st.items() if isinstance(s, os.stat_result) and stat.S_ISREG(s.st_mode))
         mark = self._file_mark
 
         def of(p: Path | None) -> tuple | None:

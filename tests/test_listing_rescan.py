@@ -172,3 +172,13 @@ def test_a_changed_folder_is_dropped_again_at_the_next_look(tmp_path, monkeypatc
     finally:
         fs._rescan.stop()
     assert sent.count("/delta:1b/model.gguf") == 1  # (a file's attributes: the kernel discards a reply made before)
+
+
+def test_a_listing_of_blobs_with_attributes_resolves_no_path(fs, walked):
+    """What READDIRPLUS of blobs/ gives for each blob's folder (its time is
+    its blob's, as the last scan found it) resolves no path."""
+    entries = [e[0] for e in fs.readdir("/blobs", None) if e[0] not in (".", "..")]
+    attrs = [fs.getattr(f"/blobs/{name}") for name in entries]  # (what entry_attrs gives)
+    assert entries and not walked, walked
+    blob = fs.tree.snapshot().listing.folders[f"blobs/{entries[0]}"].model
+    assert attrs[0] is not None and attrs[0]["st_mtime"] == os.stat(blob).st_mtime_ns

@@ -76,8 +76,9 @@ class Listing:
     folders: dict[str, Folder] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)  # name or path -> reason
     read: set[Path] = field(default_factory=set)  # the folders on disk the scan listed (a change there: scan again)
-    # Regular files the scan read, with the status it found them with (no
-    # symlink on their path): what a status of them, taken now, would say.
+    # Regular files the scan found (its source's own, and the tree's marks
+    # of every file a folder shows), with their status as `lookup.status`
+    # gave it then: what is answered of them until the next scan.
     seen: dict[Path, os.stat_result] = field(default_factory=dict)
 
 

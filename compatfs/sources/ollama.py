@@ -275,7 +275,9 @@ class OllamaStore(Source):
             return max([owner_mtime, *times.values()])
         if folder.startswith(BLOBS + "/"):
             try:
-                return status(listing.folders[folder].model).st_mtime_ns
+                blob = listing.folders[folder].model
+                seen = listing.seen.get(blob)  # (as the scan found it)
+                return (seen or status(blob)).st_mtime_ns
             except (KeyError, OSError):
                 return owner_mtime
         return times.get(folder, owner_mtime)
