@@ -72,15 +72,22 @@ class Snapshot:
     that do not depend on a blob's contents (all but a monolithic blob's
     mmproj.gguf), made once; `ggufs`: every GGUF file behind a folder, in the
     order the listing gives (what a listing asks for next is what the
-    indexing workers take next); `marks`: `Tree.marks` as the scan found them."""
+    indexing workers take next); `marks`: `Tree.marks` as the scan found them.
+    A folder the `previous` snapshot had, made of the same `Folder` (a
+    source keeps an unchanged folder's), keeps its files."""
 
-    def __init__(self, listing: Listing):
+    def __init__(self, listing: Listing, previous: Snapshot | None = None):
         self.listing = listing
         self.marks: dict[str, tuple | None] = {}
+        self.owners: dict[Path, os.stat_result | None] = {}  # each folder's `Source.owner` as the scan found it
         self.dirs: dict[str, set[str]] = {"": set()}
         self.files: dict[str, dict[str, FileRef]] = {}
+        before = previous.listing.folders if previous is not None else {}
         for name, folder in listing.folders.items():
             self._add_dir(name)
+            if before.get(name) is folder and previous is not None:
+                self.files[name] = previous.files[name]
+                continue
             files = {
                 MODEL_FILE: FileRef(
                     folder.model, MODEL_FILE, layers_of(folder.params, folder.template, folder.system, folder.messages)
@@ -151,7 +158,8 @@ class HiddenNames:
         named = {name: f for name, f in listing.folders.items() if f.told_by}
         owners = {name: source.owner(name.rpartition("/")[0], listing) for name in named}
         wanted = {p for f in named.values() for p in f.told_by} | set(owners.values())
-        st = statuses(wanted)
+        found = {p: s for p, s in listing.seen.items() if p in wanted}  # (the scan's own: not read again)
+        st: dict[Path, os.stat_result | OSError] = {**statuses(wanted - found.keys()), **found}
         paths: dict[Path, tuple[tuple, tuple | None]] = {}
         granting: list[Path] = []  # paths whose steps changed: those below them are walked again
         for p in sorted(wanted, key=lambda p: len(p.parts)):
@@ -229,8 +237,9 @@ class Tree:
         return (str(blob), *identity(st), st.st_uid, st.st_gid, st.st_mode)
 
     def _folder_marks(self, snap: Snapshot) -> dict[str, tuple | None]:
-        """`marks` of the folders that hold GGUF files."""
-        return self._marks_of(snap.listing.folders)
+        """`marks` of the folders that hold GGUF files (the regular files'
+        statuses kept in the listing's `seen`, as the scan found them)."""
+        return self._marks_of(snap.listing.folders, snap.listing.seen)
 
     def mark_now(self, snap: Snapshot, name: str) -> tuple | None:
         """The `marks` entry of `snap`'s folder `name` as the store is now
@@ -238,11 +247,15 @@ class Tree:
         folder = snap.listing.folders.get(name)
         return None if folder is None else self._marks_of({name: folder})[name]
 
-    def _marks_of(self, folders: dict[str, Folder]) -> dict[str, tuple | None]:
+    def _marks_of(
+        self, folders: dict[str, Folder], seen: dict[Path, os.stat_result] | None = None
+    ) -> dict[str, tuple | None]:
         st = statuses(
             {p for f in folders.values() for p in (f.model, f.projector, *(p for _, p in f.passed)) if p is not None}
         )
         self.views.saw(st)  # (listing: stat and readdir answer from these until the next scan)
+        if seen is not None:
+            seen.update((p, s) for p, s in st.items() if isinstance(s, os.stat_result) and stat.S_ISREG(s.st_mode))
         mark = self._file_mark
 
         def of(p: Path | None) -> tuple | None:
@@ -258,10 +271,11 @@ class Tree:
         owners = {self.source.owner(d, snap.listing) for d in snap.dirs}
         for owner in sorted(owners):
             try:
-                st = status(owner)
-                mark: tuple | None = (st.st_uid, st.st_gid, st.st_mode, st.st_mtime_ns)
+                st: os.stat_result | None = status(owner)
             except OSError:
-                mark = None
+                st = None
+            snap.owners[owner] = st
+            mark = None if st is None else (st.st_uid, st.st_gid, st.st_mode, st.st_mtime_ns)
             out[f"<{os.path.relpath(owner, self.source.root)}>"] = mark
         return out
 
@@ -272,14 +286,22 @@ class Tree:
 
     def folder_attrs(self, folder: str) -> dict:
         """A mounted folder's owner, mode (read and search bits of its owner on
-        disk) and times; the caller's own, with mode 0500, when that cannot be
-        read."""
-        listing = self.snapshot().listing
-        try:
-            st = status(self.source.owner(folder, listing))
+        disk) and times, as the last scan found its owner (the scan that
+        finds it changed has every folder's answers forgotten: `marks`); the
+        caller's own, with mode 0500, when that cannot be read."""
+        snap = self.snapshot()
+        listing = snap.listing
+        owner = self.source.owner(folder, listing)
+        st = snap.owners.get(owner)
+        if owner not in snap.owners:
+            try:
+                st = status(owner)
+            except OSError:
+                st = None
+        if st is not None:
             attrs = {"st_uid": st.st_uid, "st_gid": st.st_gid, "st_mode": stat.S_IFDIR | st.st_mode & 0o555}
             owner_mtime = st.st_mtime_ns
-        except OSError:
+        else:
             attrs = {"st_uid": os.getuid(), "st_gid": os.getgid(), "st_mode": stat.S_IFDIR | 0o500}
             owner_mtime = 0
         mtime = self.source.mtime(folder, listing, owner_mtime)
@@ -337,9 +359,15 @@ class Tree:
         previous = self._snap
         listing = self.source.scan()
         self._names.hide(self.source, listing)
-        snap = Snapshot(listing)
+        snap = Snapshot(listing, previous)
         folders = self._folder_marks(snap)
+        new = previous is None or previous.ggufs != snap.ggufs
         if self._root_files is not None:
+            if new:
+                # The root's files (models.ini) need every new blob's
+                # summary: the indexing workers take them from the end while
+                # this thread takes them from the start.
+                self.views.prefetch(list(reversed(snap.ggufs)))
             extra = self._root_files.files(self, snap, folders)
             if extra:
                 snap.files[""] = extra
@@ -349,7 +377,7 @@ class Tree:
         )
         with self._lock:
             self._snap, self._stamp = snap, time.monotonic()
-        if previous is None or previous.ggufs != snap.ggufs:
+        if new:
             self.views.prefetch(list(snap.ggufs))
         return snap
 

@@ -288,7 +288,7 @@ def mount(tree: Tree, mountpoint: str, options: dict | None = None, read_ahead_k
     watcher.start()
     saved, fuse.signal = fuse.signal, _keep_handler
     try:
-        fuse.FUSE(fs, mountpoint, foreground=True, raw_fi=True, **opts)
+        libfuse.FUSE(fs, mountpoint, foreground=True, raw_fi=True, **opts)
     except RuntimeError as e:
         code = e.args[0] if e.args else 0
         raise MountError(f"libfuse: {_LIBFUSE_ERRORS.get(code, f'error {code}')} (see its message above)") from None

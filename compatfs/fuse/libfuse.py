@@ -1,7 +1,8 @@
 """The libfuse 3 binding: which library mfusepy loads, its version, the
 structs of a buffer reply, the session calls compatfs makes itself
-(invalidate a path's kernel caches, end the loop), and the Python thread
-state its worker threads keep between callbacks.
+(invalidate a path's kernel caches, end the loop), the Python thread
+state its worker threads keep between callbacks, and `FUSE`, mfusepy's
+loop with folders kept by the kernel and listed with their attributes.
 
 libfuse 3 is chosen explicitly: mfusepy would take libfuse 2 first.
 """
@@ -114,6 +115,130 @@ def background(options: dict) -> tuple[int, int]:
         workers = 10
     most = max(_KERNEL_BACKGROUND, workers)  # libfuse caps it at 65535
     return most, most * 3 // 4
+
+
+# libfuse 3's readdir flags (fuse.h): the request is a READDIRPLUS; an
+# entry filled with its attributes.
+FUSE_READDIR_PLUS = 1 << 0
+FUSE_FILL_DIR_PLUS = 1 << 1
+# fuse_common.h's capabilities: listings with attributes, and the kernel's
+# choice of when to ask for them.
+FUSE_CAP_READDIRPLUS = 1 << 13
+FUSE_CAP_READDIRPLUS_AUTO = 1 << 14
+
+
+def want_listings_with_attributes(conn) -> None:
+    """Have the kernel ask for every listing with its entries' attributes
+    (READDIRPLUS, not only for a listing's first part as libfuse's default
+    `readdirplus=auto` has it): `ls -l` then looks up no entry one by one."""
+    if conn.capable & FUSE_CAP_READDIRPLUS:
+        conn.want = (conn.want | FUSE_CAP_READDIRPLUS) & ~FUSE_CAP_READDIRPLUS_AUTO
+
+
+class FUSE(fuse.FUSE):
+    """mfusepy's loop, with folders the kernel keeps and lists with attributes:
+
+    - `opendir` answers with `keep_cache` and `cache_readdir`: the kernel
+      keeps a folder's listing across opens, until the filesystem
+      invalidates the folder (`invalidate_path`) or it is evicted; the
+      filesystem's `opendir` (every open of a folder reaches it) decides
+      who may list it.
+    - `readdir` fills each entry with an offset (its position + 1: a later
+      request goes on from there) and, when the kernel asks for attributes
+      (READDIRPLUS), with what the filesystem's `entry_attrs` gives for it,
+      as getattr would (none: the kernel looks the entry up itself).
+      libfuse 3.14 counts a lookup of an entry that does not fit in the
+      reply any more: its node is then kept until unmount (one per path).
+    """
+
+    def opendir(self, path: bytes, fip) -> int:
+        fi = fip.contents
+        fi.fh = self.operations.opendir(path.decode(self.encoding, self.errors))
+        fi.keep_cache = 1
+        fi.cache_readdir = 1
+        return 0
+
+    def readdir_fuse_3(self, path: bytes | None, buf, filler, offset: int, fip, flags: int) -> int:
+        folder = None if path is None else path.decode(self.encoding, self.errors)
+        entries = self.operations.readdir(folder, fip.contents.fh)
+        plus = bool(flags & FUSE_READDIR_PLUS) and folder is not None
+        base = "" if folder is None else folder.rstrip("/")
+        st = fuse.c_stat()
+        for position in range(max(offset, 0), len(entries)):
+            name, attrs, _ = entries[position]
+            full = self.operations.entry_attrs(f"{base}/{name}") if plus and name not in (".", "..") else None
+            ctypes.memset(ctypes.byref(st), 0, ctypes.sizeof(st))
+            fuse.set_st_attrs(st, full if full is not None else attrs, use_ns=self.use_ns)
+            fill = FUSE_FILL_DIR_PLUS if full is not None else 0
+            if filler(buf, name.encode(self.encoding, self.errors), st, position + 1, fill) != 0:
+                break  # the reply is full: the kernel asks again from this entry's offset
+        return 0
+
+
+# libfuse before 3.16.1 answers an OPENDIR with its own copy of the
+# high-level `fuse_file_info` (upstream commit 98eb808, "Pass cache_readdir
+# and keep_cache from high level API"): what `opendir` sets is dropped.
+# There the session's low-level opendir is wrapped to set both in the reply
+# it makes.  Where it sits in libfuse's private `struct fuse_session` (the
+# same from 3.14 to 3.16): the public `fuse_lowlevel_ops` 40 bytes in, of
+# 8-byte members, opendir the 21st; the high-level library sets every one
+# of its first 26 but the 17th (write: it answers writes by write_buf).
+_PASSES_DIR_FLAGS = (3, 16, 1)
+_SESSION_OPS, _OPENDIR, _UNSET, _CHECKED = 40, 20, 16, 26
+_LOWLEVEL_OPENDIR = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.POINTER(fuse.fuse_file_info))
+_libfuse.fuse_get_session.argtypes = [ctypes.c_void_p]
+_libfuse.fuse_get_session.restype = ctypes.c_void_p
+_libfuse.fuse_session_fd.argtypes = [ctypes.c_void_p]
+_libfuse.fuse_session_fd.restype = ctypes.c_int
+_wrapped: list = []  # the wrappers installed (kept alive for the process's life)
+
+
+def _version_tuple() -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in libfuse_version().split(".")[:3])
+    except ValueError:
+        return (0,)
+
+
+def keep_listings(ptr: int, mountpoint: str) -> str:
+    """Have the kernel keep the listings of session `ptr`'s folders (see
+    `FUSE.opendir`) on a libfuse that drops what `opendir` sets: its
+    low-level opendir wrapped, once the session is found laid out as
+    expected (its descriptor and mountpoint, the operations set and unset,
+    where they should be); call while no request but INIT is answered.
+    Returns the line to log."""
+    version = _version_tuple()
+    if version >= _PASSES_DIR_FLAGS:
+        return "folder listings kept by the kernel"
+    if version < (3, 14):
+        return f"folder listings not kept by the kernel (libfuse {libfuse_version()})"
+    unexpected = f"folder listings not kept by the kernel (libfuse {libfuse_version()}'s session is not as expected)"
+    se = _libfuse.fuse_get_session(ptr)
+    if not se:
+        return unexpected
+    ops = (ctypes.c_void_p * _CHECKED).from_address(se + _SESSION_OPS)
+    mounted = ctypes.c_char_p.from_address(se).value
+    at = ops[_OPENDIR]
+    if (
+        ctypes.c_int.from_address(se + 12).value != _libfuse.fuse_session_fd(se)
+        or mounted is None
+        or os.fsdecode(mounted) != mountpoint
+        or [bool(op) for op in ops] != [i != _UNSET for i in range(_CHECKED)]
+        or not at
+    ):
+        return unexpected
+    original = _LOWLEVEL_OPENDIR(at)
+
+    def opendir(req, ino, llfi) -> None:
+        fi = llfi.contents
+        fi.keep_cache = 1
+        fi.cache_readdir = 1
+        original(req, ino, llfi)
+
+    wrapper = _LOWLEVEL_OPENDIR(opendir)
+    _wrapped.append((wrapper, original))
+    ops[_OPENDIR] = ctypes.cast(wrapper, ctypes.c_void_p).value
+    return f"folder listings kept by the kernel (libfuse {libfuse_version()}'s opendir wrapped)"
 
 
 _kept = threading.local()

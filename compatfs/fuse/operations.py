@@ -27,9 +27,14 @@ signals, read-ahead, unmount) in `daemon`.  What the mount guarantees:
   log line, never bytes of another file and never a short reply.
 - A path keeps serving the view its open files read (the kernel keeps one
   page cache per path), and switches to the store's new one when they close.
-- The store is looked at every second in the background and rescanned on a
-  change inotify reports or on a timer (`rescan`); the kernel's cached
-  attributes and pages of changed folders are invalidated at once.
+- The store is looked at every quarter second in the background and
+  rescanned on a change inotify reports or on a timer (`rescan`); the
+  kernel's cached attributes, pages and listings of changed folders are
+  invalidated at once.
+- The kernel keeps each folder's listing and gets its entries' attributes
+  with it (`libfuse.FUSE`: READDIRPLUS, getattr's answers): `ls -l` looks
+  up no entry, and a folder listed again costs the daemon its `opendir`
+  alone, where who may list it is decided.
 - SIGTERM, SIGINT and SIGHUP unmount cleanly (`daemon`).
 """
 
@@ -94,6 +99,7 @@ class CompatFS(fuse.Operations):
         if preset is not None:
             tree.publish(preset)  # its root shows models.ini, paths under the mountpoint
         self._read_ahead_kb = read_ahead_kb
+        self._mountpoint = os.path.realpath(mountpoint)  # as libfuse's session names it
         self.root = tree.source.root
         self._paths = Paths()  # everything kept per path
         self._current = CurrentViews(tree)  # the store's current views, failures logged once
@@ -111,6 +117,8 @@ class CompatFS(fuse.Operations):
             conn.max_readahead = max(conn.max_readahead, self._read_ahead_kb << 10)
         if self._background:
             conn.max_background, conn.congestion_threshold = self._background
+        libfuse.want_listings_with_attributes(conn)
+        log.info("%s", libfuse.keep_listings(libfuse.session(), self._mountpoint))
         self.init("/")
 
     def init(self, path):
@@ -143,17 +151,35 @@ class CompatFS(fuse.Operations):
             self._paths.gave_size(path, attrs.pop("st_stamp", None))
         return attrs
 
-    def readdir(self, path, fh):
-        entries = self._paths.listing(path, self._attrs.listing)
-        rel = path.strip("/")
-        # Listing needs what listing the store folder it comes from needs.
+    def opendir(self, path):
+        # Every open of a folder comes here (the kernel keeps its listing,
+        # not who may read it): listing needs what listing the store folder
+        # it comes from needs.  Where that folder is gone the listing is the
+        # last scan's, which the next one empties.  Root may list anything
+        # (nothing to look up for it).
+        caller = libfuse.caller()
+        if caller.uid == 0:
+            return 0
         try:
-            status(self.tree.owner(rel), libfuse.caller(), READ)
+            status(self.tree.owner(path.strip("/")), caller, READ)
         except Denied:
             raise fuse.FuseOSError(errno.EACCES) from None
         except OSError as e:
-            raise fuse.FuseOSError(e.errno or errno.EIO) from None
-        return entries
+            if e.errno not in (errno.ENOENT, errno.ENOTDIR):
+                raise fuse.FuseOSError(e.errno or errno.EIO) from None
+        return 0
+
+    def readdir(self, path, fh):
+        return self._paths.listing(path, self._attrs.listing)
+
+    def entry_attrs(self, path: str) -> dict | None:
+        """What a listing with attributes (READDIRPLUS) gives for `path`:
+        getattr's answer; None where getattr fails (the kernel then looks
+        the entry up itself, and meets the error)."""
+        try:
+            return self.getattr(path)
+        except fuse.FuseOSError:
+            return None
 
     def statfs(self, path):
         try:

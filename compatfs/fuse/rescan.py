@@ -1,28 +1,33 @@
 """The rescan thread: the store is rescanned in the background, and the
 kernel's cached attributes and pages of what changed are invalidated at once
-(a changed folder, its files and parents; every folder, not their files,
-when the store's top folders change; a path that kept its view for open
-files once they closed).  The remembered attributes are dropped before the
-kernel is told.
+(a changed folder, its files and parents; the folders, not their files,
+that mirror a store folder whose owner, mode or time changed; a path that
+kept its view for open files once they closed).  The remembered attributes are dropped before the
+kernel is told; the changed folders are dropped again at the next look (the
+kernel keeps a folder's listing: one made before the change whose reply
+came after the first drop goes too).
 
 This thread is the only sender of kernel notifications: other threads queue
 them (`stale` after a release, `invalidate` from an open, which waits until
 it is sent, a wrong index entry found while a view is built), and the thread
 sends what is queued each time it wakes, before it looks at the store.
 
-The thread looks every second (a tenth of a second after a scan during
-which a change was reported).  It rescans when the folders the last scan
-read report a change, or those it named files in a change of one of those
-files (`watch`: a file downloaded beside them costs nothing), when a path kept for open
-files is released, and otherwise on a timer: every second while a rescan
-costs at most `IDLE_SHARE` of a second of CPU, else as seldom as keeps the
-rescans to that share (a store of thousands of models, or one whose changes
-inotify does not see, is still rescanned, less often).
+The thread looks every `LOOK_SECONDS` (a tenth of a second after a scan
+during which a change was reported).  It rescans when the folders the last
+scan read report a change, or those it named files in a change of one of
+those files (`watch`: a file downloaded beside them costs nothing), at most
+once a second (a change reported sooner after the last scan waits for that
+second), when a path kept for open files is released, and otherwise on a
+timer: every second while a rescan costs at most `IDLE_SHARE` of a second
+of CPU, else as seldom as keeps the rescans to that share (a store of
+thousands of models, or one whose changes inotify does not see, is still
+rescanned, less often).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -40,7 +45,8 @@ log = logging.getLogger(__name__)
 class Rescan:
     """Follows the store for a mounted `tree` from its own thread."""
 
-    RESCAN_SECONDS = 1.0
+    RESCAN_SECONDS = 1.0  # a store changing all along is rescanned about this often at most
+    LOOK_SECONDS = 0.25  # how often the thread looks for a change reported
     IDLE_SHARE = 0.005  # of one core: what the timer's rescans may cost at most
     FOLLOW_UP = 0.1  # seconds to the next look after a scan during which a change was reported
 
@@ -148,7 +154,8 @@ class Rescan:
         before = old_snap.marks
         del self._first  # the loop keeps it from here on, as the last rescan's
         period, last, again = self.RESCAN_SECONDS, 0.0, True  # the first look always rescans
-        wait = self.RESCAN_SECONDS
+        wait, pending = self.LOOK_SECONDS, False  # (pending: a change reported, not scanned yet)
+        folders: set[str] = set()  # the changed folders the last scan dropped, dropped again at the next look
         while not self._stop.is_set():
             self._kick.wait(wait)
             self._kick.clear()
@@ -156,12 +163,20 @@ class Rescan:
                 return
             try:
                 self._send_queued()
+                # A listing made before that scan whose reply reached the
+                # kernel after it dropped the folder would be kept from
+                # then on: dropped once more.
+                self._invalidate_paths(folders)
+                folders = set()
                 with self._lock:
                     stale, self._stale_paths = self._stale_paths, set()
                     restale, self._restale = self._restale, False
-                seen = self._inotify is not None and self._inotify.changed()
+                pending = pending or (self._inotify is not None and self._inotify.changed())
+                seen = pending and time.monotonic() - last >= self.RESCAN_SECONDS
                 if not (again or seen or stale or restale or time.monotonic() - last >= period):
+                    wait = self.LOOK_SECONDS
                     continue
+                pending = False
                 if restale:
                     self.tree.stale_root_files()
                 why = (
@@ -186,8 +201,8 @@ class Rescan:
                 # all along is still scanned at most about once a second).
                 wait = (
                     self.FOLLOW_UP
-                    if wait == self.RESCAN_SECONDS and self._inotify is not None and self._inotify.changed()
-                    else self.RESCAN_SECONDS
+                    if wait != self.FOLLOW_UP and self._inotify is not None and self._inotify.changed()
+                    else self.LOOK_SECONDS
                 )
                 again = again or wait == self.FOLLOW_UP
                 last, cpu = time.monotonic(), time.thread_time() - cpu
@@ -195,12 +210,14 @@ class Rescan:
                 log.debug("rescanned for %s: %.3f s of CPU; next on the timer in %.0f s", why, cpu, period)
                 now = snap.marks
                 changed = {d for d in before.keys() | now.keys() if before.get(d) != now.get(d)}
+                dropped = self._paths_of(changed, old_snap, snap, owners=(before, now)) if changed else set()
                 before = now
                 if changed or stale:
                     self._paths.forget()
                 if changed:
                     log.info("store changed: %s", ", ".join(sorted(changed)))
-                    self._invalidate_paths(self._paths_of(changed, old_snap, snap))
+                    self._invalidate_paths(dropped)
+                    folders = {p for p in dropped if p.strip("/") in snap.dirs}
                     self.tree.views.retain(set(snap.ggufs))
                 old_snap = snap
                 self._invalidate_paths(stale)
@@ -208,22 +225,38 @@ class Rescan:
             except Exception:  # the mount outlives a failed rescan
                 log.exception("rescan of %s failed", self.root)
 
-    @staticmethod
-    def _paths_of(folders: set[str], *snaps) -> set[str]:
+    def _paths_of(self, folders: set[str], *snaps: Snapshot, owners: tuple[dict, dict] | None = None) -> set[str]:
         """The paths to invalidate for changed `folders`: the folders, their
         files (as either snapshot names them) and parents; for a folder on
-        disk whose owner, mode and time folders show (`<path>`), every
-        folder, and none of their files (which show their blobs' own: a file
-        downloaded into `blobs/` drops no page of a model)."""
+        disk whose owner, mode and time folders show (`<path>`), the folders
+        that mirror it (`Source.owner`) and none of their files (which show
+        their blobs' own: a file downloaded into `blobs/` drops no page of a
+        model), and where only its time moved (`owners`: the marks before
+        and now say so) only those whose time is its (a pull moves the time
+        of `blobs/`, not what the folders mirroring it show)."""
         paths = set()
-        if any(d.startswith("<") for d in folders):
-            paths |= {f"/{d}" for d in snaps[-1].dirs}
-            folders = {d for d in folders if not d.startswith("<")}
+        moved = {d for d in folders if d.startswith("<")}
+        if moved:
+            source, snap = self.tree.source, snaps[-1]
+            before, now = owners or ({}, {})
+            # The owners whose time alone moved (marks: owner, group, mode, time).
+            timed = {
+                d for d in moved if before.get(d) is not None and now.get(d) is not None and before[d][:3] == now[d][:3]
+            }
+            keys: dict[Path, str] = {}
+            for d in snap.dirs:
+                owner = source.owner(d, snap.listing)
+                key = keys.get(owner)
+                if key is None:
+                    key = keys[owner] = f"<{os.path.relpath(owner, self.root)}>"
+                if key in moved and (key not in timed or source.time_follows_owner(d, snap.listing)):
+                    paths.add(f"/{d}")
+            folders = folders - moved
         for d in folders:
             names = {MODEL_FILE, MMPROJ_FILE}
             for snap in snaps:
                 names |= set(snap.files.get(d, ()))
-            paths |= {f"/{d}/{n}" for n in names} | {f"/{d}"}
+            paths |= {f"/{d}/{n}" if d else f"/{n}" for n in names} | {f"/{d}"}
             parts = d.split("/")
             paths |= {"/" + "/".join(parts[:i]) for i in range(len(parts))}
         return paths

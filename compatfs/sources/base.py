@@ -17,6 +17,7 @@ source's own module knows its layout.
 
 from __future__ import annotations
 
+import os
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -75,6 +76,10 @@ class Listing:
     folders: dict[str, Folder] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)  # name or path -> reason
     read: set[Path] = field(default_factory=set)  # the folders on disk the scan listed (a change there: scan again)
+    # Regular files the scan found (its source's own, and the tree's marks
+    # of every file a folder shows), with their status as `lookup.status`
+    # gave it then: what is answered of them until the next scan.
+    seen: dict[Path, os.stat_result] = field(default_factory=dict)
 
 
 class Source(ABC):
@@ -97,6 +102,11 @@ class Source(ABC):
     def mtime(self, folder: str, listing: Listing, owner_mtime: int) -> int:
         """The mounted `folder`'s modification time (ns); `owner_mtime`: that
         of its `owner` (0 when it cannot be read)."""
+
+    def time_follows_owner(self, folder: str, listing: Listing) -> bool:
+        """Whether the mounted `folder`'s time moves with its owner's
+        (`mtime` gives it from `owner_mtime`)."""
+        return True
 
     @abstractmethod
     def name(self, target: str) -> str:

@@ -123,6 +123,7 @@ class Scan:
     models: dict[str, Model] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)  # name or manifest path -> reason
     listed: set[Path] = field(default_factory=set)  # the folders of manifests/ walked
+    seen: dict[Path, os.stat_result] = field(default_factory=dict)  # the manifests that are regular files, as found
 
 
 @dataclass
@@ -223,7 +224,7 @@ class OllamaStore(Source):
     def scan(self) -> StoreListing:
         """The model folders (sorted by name), then one folder per GGUF blob."""
         manifests = self.manifests()
-        out = StoreListing(skipped=manifests.skipped, read={self.root, *manifests.listed})
+        out = StoreListing(skipped=manifests.skipped, read={self.root, *manifests.listed}, seen=manifests.seen)
         made_now: dict[str, tuple[tuple[Layer, ...], Folder]] = {}
         for name in sorted(manifests.models):
             model = manifests.models[name]
@@ -274,10 +275,19 @@ class OllamaStore(Source):
             return max([owner_mtime, *times.values()])
         if folder.startswith(BLOBS + "/"):
             try:
-                return status(listing.folders[folder].model).st_mtime_ns
+                blob = listing.folders[folder].model
+                seen = listing.seen.get(blob)  # (as the scan found it)
+                return (seen or status(blob)).st_mtime_ns
             except (KeyError, OSError):
                 return owner_mtime
         return times.get(folder, owner_mtime)
+
+    def time_follows_owner(self, folder: str, listing: Listing) -> bool:
+        # (a blob's folder shows its blob's time; a model's folder its newest manifest's)
+        if folder in ("", BLOBS):
+            return True
+        times = listing.times if isinstance(listing, StoreListing) else {}
+        return not folder.startswith(BLOBS + "/") and folder not in times
 
     def refuses_mountpoint(self, mountpoint: Path) -> str | None:
         """A mountpoint at the store or inside it (under `manifests/` or
@@ -332,6 +342,8 @@ class OllamaStore(Source):
                 out.skipped[str(path)] = "not at manifests/<host>/<namespace>/<model>/<tag>"
                 continue
             seen.add(path)
+            if st is not None and stat.S_ISREG(st.st_mode):
+                out.seen[path] = st
             name = display_name(*parts)
             if name in owners:
                 out.skipped[str(path)] = f"its name {name} is already that of {owners[name]}"
