@@ -80,6 +80,7 @@ def test_a_scan_that_finds_nothing_changed_reads_no_params_and_renders_nothing(s
 def test_an_idle_store_is_not_scanned_at_every_look(store, tmp_path, monkeypatch):
     tree = published_tree(store, tmp_path, monkeypatch)
     monkeypatch.setattr(Rescan, "RESCAN_SECONDS", 0.02)
+    monkeypatch.setattr(Rescan, "LOOK_SECONDS", 0.02)  # looks as often as it may rescan
     monkeypatch.setattr(Rescan, "IDLE_SHARE", 1e-9, raising=False)  # the timer's scans: far apart (minutes)
     rescan = Rescan(tree, Paths())
     looks: list[float] = []
