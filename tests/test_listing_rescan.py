@@ -6,6 +6,8 @@ change of that owner shows after the next scan."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 import os
 import stat
 
@@ -57,6 +59,26 @@ def walked(monkeypatch) -> list[str]:
     return out
 
 
+@contextlib.contextmanager
+def _rescanning(fs: CompatFS) -> Iterator[None]:
+    """The rescan thread running on `fs` (a session never dereferenced:
+    `told` records what it sends), its first look made."""
+    fs._rescan.start(1)
+    try:
+        wait_until(lambda: fs._rescan.rescans >= 1, what="the first look")
+        yield
+    finally:
+        fs._rescan.stop()
+
+
+@pytest.fixture
+def told(monkeypatch) -> list[str]:
+    """The paths the kernel is told to drop, in order."""
+    sent: list[str] = []
+    monkeypatch.setattr(libfuse, "invalidate_path", lambda session, path: sent.append(path) or 0)
+    return sent
+
+
 def test_a_rescan_resolves_no_manifest_path_again(fs, walked):
     manifests = {str(p) for f in fs.tree.snapshot().listing.folders.values() for p in f.told_by[-1:]}
     assert len(manifests) == 3
@@ -99,32 +121,26 @@ def test_a_changed_owner_shows_after_the_next_scan(fs):
     assert fs.getattr("/")["st_mode"] & 0o777 == 0o550
 
 
-def test_a_pull_tells_the_kernel_only_what_changed(tmp_path, monkeypatch):
+def test_a_pull_tells_the_kernel_only_what_changed(tmp_path, monkeypatch, told):
     """A model pulled and another pulled again: the kernel is told to drop
     the root, blobs/, the new folder and the re-pulled model's folder and
     files, and nothing of untouched models (a pull moves the time of blobs/,
     not what the folders mirroring the store show); the re-pulled file is
     answered with its new size, the untouched ones as before."""
-    sent: list[str] = []
-    monkeypatch.setattr(libfuse, "invalidate_path", lambda session, path: sent.append(path) or 0)
     fs = _fs(tmp_path, monkeypatch)
     untouched = ["/alpha:1b", "/alpha:1b/model.gguf", "/gamma:1b", "/gamma:1b/model.gguf"]
     before = {p: fs.getattr(p) for p in [*untouched, "/beta:1b/model.gguf"]}
-    fs._rescan.start(1)  # a session that is never dereferenced: invalidate_path is the recorder
-    try:
-        wait_until(lambda: fs._rescan.rescans >= 1, what="the first look")
+    with _rescanning(fs):
         store = fs.tree.source.root
         add_model(store, "delta", llama.plain_llama_text(tmp_path / "d.gguf", seed=3), tag="1b")
         bigger = tmp_path / "b.gguf"
         bigger.write_bytes(llama.plain_llama_text(tmp_path / "t2.gguf").read_bytes() + bytes(4096))
         add_model(store, "beta", bigger, tag="1b")
-        wait_until(lambda: "/delta:1b" in sent and "/beta:1b/model.gguf" in sent, what="the pull and re-pull seen")
+        wait_until(lambda: "/delta:1b" in told and "/beta:1b/model.gguf" in told, what="the pull and re-pull seen")
         after = {p: fs.getattr(p) for p in [*untouched, "/beta:1b/model.gguf"]}
-    finally:
-        fs._rescan.stop()
-    assert not set(untouched) & set(sent), sorted(sent)
-    assert {"/", "/blobs", "/delta:1b", "/beta:1b", "/beta:1b/model.gguf"} <= set(sent), sorted(sent)
-    assert "//models.ini" not in sent
+    assert not set(untouched) & set(told), sorted(told)
+    assert {"/", "/blobs", "/delta:1b", "/beta:1b", "/beta:1b/model.gguf"} <= set(told), sorted(told)
+    assert "//models.ini" not in told
 
     def shown(attrs: dict) -> dict:
         return {k: v for k, v in attrs.items() if k != "st_atime"}  # (a blob read moves its atime: not told)
@@ -133,20 +149,14 @@ def test_a_pull_tells_the_kernel_only_what_changed(tmp_path, monkeypatch):
     assert after["/beta:1b/model.gguf"]["st_size"] == before["/beta:1b/model.gguf"]["st_size"] + 4096
 
 
-def test_an_owner_opened_or_closed_has_every_folder_mirroring_it_told(tmp_path, monkeypatch):
-    sent: list[str] = []
-    monkeypatch.setattr(libfuse, "invalidate_path", lambda session, path: sent.append(path) or 0)
+def test_an_owner_opened_or_closed_has_every_folder_mirroring_it_told(tmp_path, monkeypatch, told):
     fs = _fs(tmp_path, monkeypatch)
-    fs._rescan.start(1)
-    try:
-        wait_until(lambda: fs._rescan.rescans >= 1, what="the first look")
+    with _rescanning(fs):
         (fs.tree.source.root / "manifests").chmod(0o750)
-        wait_until(lambda: "/alpha:1b" in sent, what="the change seen")
+        wait_until(lambda: "/alpha:1b" in told, what="the change seen")
         wait_until(lambda: fs.getattr("/gamma:1b")["st_mode"] & 0o777 == 0o550, what="the new mode answered")
-    finally:
-        fs._rescan.stop()
-    assert {"/", "/alpha:1b", "/beta:1b", "/gamma:1b"} <= set(sent), sorted(sent)
-    assert not {p for p in sent if p.startswith("/blobs/")}, sorted(sent)  # (they mirror blobs/)
+    assert {"/", "/alpha:1b", "/beta:1b", "/gamma:1b"} <= set(told), sorted(told)
+    assert not {p for p in told if p.startswith("/blobs/")}, sorted(told)  # (they mirror blobs/)
 
 
 def test_a_rescan_keeps_the_files_of_unchanged_folders(fs, tmp_path):
@@ -157,21 +167,15 @@ def test_a_rescan_keeps_the_files_of_unchanged_folders(fs, tmp_path):
     assert set(second.files["delta:1b"]) == {"model.gguf"} and "delta:1b" not in first.files
 
 
-def test_a_changed_folder_is_dropped_again_at_the_next_look(tmp_path, monkeypatch):
+def test_a_changed_folder_is_dropped_again_at_the_next_look(tmp_path, monkeypatch, told):
     """The kernel keeps listings: a listing made just before a change, whose
     reply reaches the kernel after the rescan dropped the folder, is dropped
     by a second drop at the next look."""
-    sent: list[str] = []
-    monkeypatch.setattr(libfuse, "invalidate_path", lambda session, path: sent.append(path) or 0)
     fs = _fs(tmp_path, monkeypatch)
-    fs._rescan.start(1)
-    try:
-        wait_until(lambda: fs._rescan.rescans >= 1, what="the first look")
+    with _rescanning(fs):
         add_model(fs.tree.source.root, "delta", llama.plain_llama_text(tmp_path / "d.gguf", seed=3), tag="1b")
-        wait_until(lambda: sent.count("/") >= 2 and sent.count("/delta:1b") >= 2, what="the second drop")
-    finally:
-        fs._rescan.stop()
-    assert sent.count("/delta:1b/model.gguf") == 1  # (a file's attributes: the kernel discards a reply made before)
+        wait_until(lambda: told.count("/") >= 2 and told.count("/delta:1b") >= 2, what="the second drop")
+    assert told.count("/delta:1b/model.gguf") == 1  # (a file's attributes: the kernel discards a reply made before)
 
 
 def test_a_listing_of_blobs_with_attributes_resolves_no_path(fs, walked):
