@@ -230,12 +230,12 @@ def keep_listings(ptr: int, mountpoint: str) -> str:
         or not at
     ):
         return unexpected
-    if accel.native is not None:
-        offset, mask = _listing_bits()
+    bits = _listing_bits()
+    if accel.native is not None and bits is not None:
         try:
-            ops[_OPENDIR] = accel.native.keep_opendir(at, offset, mask)
+            ops[_OPENDIR] = accel.native.keep_opendir(at, *bits)
         except ValueError:
-            pass
+            pass  # (another opendir wrapped already in this process: the ctypes wrapper below)
         else:
             return f"folder listings kept by the kernel (libfuse {libfuse_version()}'s opendir wrapped in C)"
     original = _LOWLEVEL_OPENDIR(at)
@@ -252,17 +252,18 @@ def keep_listings(ptr: int, mountpoint: str) -> str:
     return f"folder listings kept by the kernel (libfuse {libfuse_version()}'s opendir wrapped)"
 
 
-def _listing_bits() -> tuple[int, int]:
+def _listing_bits() -> tuple[int, int] | None:
     """Where `fuse_file_info`'s keep_cache and cache_readdir bits are (as
     mfusepy declares the struct): the offset of the 32-bit word holding
-    both and the word with only them set, for `_accel.keep_opendir`."""
+    both and the word with only them set, for `_accel.keep_opendir`; None
+    where they are not in one word."""
     fi = fuse.fuse_file_info()
     fi.keep_cache = fi.cache_readdir = 1
     raw = bytes(fi)
     at = [i for i, b in enumerate(raw) if b]
     offset = at[0] - at[0] % 4
     if at[-1] >= offset + 4:
-        raise OSError("fuse_file_info's keep_cache and cache_readdir are not in one word")
+        return None
     return offset, int.from_bytes(raw[offset : offset + 4], sys.byteorder)
 
 
