@@ -19,7 +19,17 @@
  * small buffer that is thrown away (what compatfs.view.assemble otherwise
  * does by reading the span into scratch memory and copying the runs out with
  * numpy).  Returns the bytes of the span read: fewer than its size where the
- * file ends first.  Runs without the GIL; OSError as preadv fails. */
+ * file ends first.  Runs without the GIL; OSError as preadv fails.
+ *
+ * keep_opendir(original, offset, mask): the address of a libfuse 3
+ * low-level opendir (`void (*)(fuse_req_t, fuse_ino_t, struct
+ * fuse_file_info *)`) that sets the bits `mask` in the 32-bit word `offset`
+ * bytes into the request's fuse_file_info (where its keep_cache and
+ * cache_readdir bits are) and calls `original`, the session's own: what
+ * compatfs.fuse.libfuse installs in place of the session's opendir on a
+ * libfuse that drops what the high-level opendir sets, without a Python
+ * callback per folder opened.  One original per process (a libfuse's is
+ * the same for every session); ValueError for another. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
@@ -211,6 +221,45 @@ static PyObject *gather_read(PyObject *self, PyObject *args)
     return PyLong_FromSsize_t(done);
 }
 
+typedef void (*lowlevel_opendir)(void *req, uint64_t ino, void *fi);
+
+static lowlevel_opendir kept_original;
+static Py_ssize_t kept_offset;
+static uint32_t kept_mask;
+
+static void opendir_keeping(void *req, uint64_t ino, void *fi)
+{
+    uint32_t word;
+    memcpy(&word, (char *)fi + kept_offset, sizeof word);
+    word |= kept_mask;
+    memcpy((char *)fi + kept_offset, &word, sizeof word);
+    kept_original(req, ino, fi);
+}
+
+static PyObject *keep_opendir(PyObject *self, PyObject *args)
+{
+    unsigned long long original;
+    Py_ssize_t offset;
+    unsigned long mask;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "Knk", &original, &offset, &mask))
+        return NULL;
+    if (!original || offset < 0 || offset > 64 - (Py_ssize_t)sizeof(uint32_t) || offset % sizeof(uint32_t)
+        || !mask || mask > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "keep_opendir: no original, or bits outside fuse_file_info's words");
+        return NULL;
+    }
+    lowlevel_opendir fn = (lowlevel_opendir)(uintptr_t)original;
+    if (kept_original && (kept_original != fn || kept_offset != offset || kept_mask != (uint32_t)mask)) {
+        PyErr_SetString(PyExc_ValueError, "keep_opendir: already wraps another opendir");
+        return NULL;
+    }
+    kept_offset = offset;
+    kept_mask = (uint32_t)mask;
+    kept_original = fn;
+    return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)opendir_keeping);
+}
+
 static PyMethodDef methods[] = {
     {"mxfp4_repack", mxfp4_repack, METH_VARARGS,
      "mxfp4_repack(dst, src, width, stride, first, count): MXFP4 blocks first .. first + count - 1 of src "
@@ -218,6 +267,9 @@ static PyMethodDef methods[] = {
     {"gather_read", gather_read, METH_VARARGS,
      "gather_read(fd, dst, offset, unit, stride, count, period): count runs of unit bytes of file fd, run i at "
      "offset + i * stride, read into dst at i * period in one pass over the file; the bytes of the span read."},
+    {"keep_opendir", keep_opendir, METH_VARARGS,
+     "keep_opendir(original, offset, mask): the address of a libfuse low-level opendir that sets mask in the "
+     "32-bit word offset bytes into the request's fuse_file_info, then calls original."},
     {NULL, NULL, 0, NULL},
 };
 

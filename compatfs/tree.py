@@ -33,7 +33,7 @@ from typing import Protocol
 
 from .files.access import READ, Chain, Recorder, everyone_who_may
 from .files.lookup import identity, status, statuses
-from .view.sampling import Layers, layers_of, retain_layers
+from .view.sampling import Layers, layers_of, retain_layers, saw_layers
 from .sources.base import Folder, Listing, Source
 from .view.catalog import BlobViews
 from .names import LAYER_FILE, MMPROJ_FILE, MODEL_FILE
@@ -194,6 +194,11 @@ class HiddenNames:
         self._steps = {step: self._steps[step] for step in used}
 
 
+def _layers(folder: Folder) -> tuple[Path, ...]:
+    """The Modelfile layers whose contents model.gguf carries (`view.sampling`)."""
+    return tuple(p for p in (folder.params, folder.template, folder.system, folder.messages) if p is not None)
+
+
 class Tree:
     def __init__(self, source: Source, views: BlobViews, rescan_seconds: float = 1.0):
         self.source = source
@@ -250,10 +255,13 @@ class Tree:
     def _marks_of(
         self, folders: dict[str, Folder], seen: dict[Path, os.stat_result] | None = None
     ) -> dict[str, tuple | None]:
-        st = statuses(
-            {p for f in folders.values() for p in (f.model, f.projector, *(p for _, p in f.passed)) if p is not None}
-        )
+        files = {
+            p for f in folders.values() for p in (f.model, f.projector, *(p for _, p in f.passed)) if p is not None
+        }
+        layers = {p for f in folders.values() for p in _layers(f)}
+        st = statuses(files | layers)
         self.views.saw(st)  # (listing: stat and readdir answer from these until the next scan)
+        saw_layers({p: st[p] for p in layers})  # (model.gguf's KVs: what its layers give until the next scan)
         if seen is not None:
             seen.update((p, s) for p, s in st.items() if isinstance(s, os.stat_result) and stat.S_ISREG(s.st_mode))
         mark = self._file_mark
@@ -372,9 +380,7 @@ class Tree:
             if extra:
                 snap.files[""] = extra
         snap.marks = {**folders, **self._root_marks(snap)}
-        retain_layers(
-            {p for f in snap.listing.folders.values() for p in (f.params, f.template, f.system, f.messages) if p}
-        )
+        retain_layers({p for f in snap.listing.folders.values() for p in _layers(f)})
         with self._lock:
             self._snap, self._stamp = snap, time.monotonic()
         if new:

@@ -60,7 +60,9 @@ models are cached in .cache/):
   and after the remount (attribute and entry timeouts 0: every request
   reaches the daemon), daemon RSS; then a remount with the mount's own
   timeouts: `ls -l` after it and again (the kernel answers), how soon a
-  model pulled and then removed shows, daemon RSS; at 1,000 models also the
+  model pulled and then removed shows, daemon RSS; `ls -l` again on a
+  remount without compatfs._accel (COMPATFS_NO_ACCEL=1: opendir's wrapper
+  in Python), as a ratio to the time with it; at 1,000 models also the
   daemon's CPU over 30 idle seconds after the first listing and after the
   remount's.
 * server: llama-server start-to-ready through a fresh mount (first and second
@@ -1482,6 +1484,13 @@ def big_store_bench(work: Path) -> None:
             shutil.rmtree(manifest.parent, ignore_errors=True)  # the cached store stays as built
         row["rss_own"] = rss_mib(d.proc.pid)
         d.close()
+        # The same without compatfs._accel: on libfuse 3.14-3.16.0 each
+        # folder opened then runs a second Python callback (the ctypes
+        # wrapper of the session's opendir) where the C one runs none.
+        d = compatfs_daemon(store, mnt, index=index, env={"COMPATFS_NO_ACCEL": "1"})
+        list_all(d.mnt)
+        row["again_plain"] = list_all(d.mnt)[0]
+        d.close()
         rows.append(row)
 
     def secs(v: float | None) -> str:
@@ -1522,6 +1531,10 @@ def big_store_bench(work: Path) -> None:
         print(f"  remount (warm index): up in              {secs(r['up_own'])}")
         print(f"  ls -l after the remount                  {secs(r['remount_own'])}   <= 2 s")
         print(f"  ls -l again                              {secs(r['again_own'])}   <= 0.5 s  (the kernel answers)")
+        print(
+            f"  ls -l again without compatfs._accel      {secs(r['again_plain'])}             "
+            f"({ratio(r['again_plain'], r['again_own'])} the time with it: opendir's wrapper in Python)"
+        )
         if "idle" in r:
             print(f"  daemon CPU idle {IDLE_SECONDS} s after that              {r['idle']:7.2%}    < 1% of a core")
         print(f"  a model pulled: listed after             {secs(r['pulled'])}   <= 2 s")

@@ -17,7 +17,9 @@ import subprocess
 
 import pytest
 
+from compatfs.fuse import libfuse
 from compatfs.testing import llama
+from compatfs.translate import accel
 from compatfs.testing.store import add_model
 from conftest import Mount, needs_fuse, wait_until
 
@@ -51,8 +53,20 @@ def ls_l(folder) -> dict[str, tuple]:
     return {n: tuple(getattr(os.lstat(os.path.join(folder, n)), f) for f in _FIELDS) for n in names}
 
 
-def test_a_folder_listed_again_is_answered_by_the_kernel(store, mount_store):
-    m = mount_store(store, "-o", "debug")
+# libfuse 3.14 to 3.16.0 drops the flags the high-level opendir sets:
+# compatfs wraps the session's low-level opendir, in C where compatfs._accel
+# is built, else with a ctypes callback.
+_WRAPPED = (3, 14) <= libfuse._version_tuple() < libfuse._PASSES_DIR_FLAGS
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["accel", "no-accel"])
+def test_a_folder_listed_again_is_answered_by_the_kernel(store, mount_store, compiled):
+    if compiled and accel.native is None:
+        pytest.skip("compatfs._accel is not built")
+    m = mount_store(store, "-o", "debug", env={"COMPATFS_NO_ACCEL": "0" if compiled else "1"})
+    if _WRAPPED:
+        wrapped = "opendir wrapped in C)" if compiled else "opendir wrapped)"
+        assert wrapped in m.log_text(), m.log_text()
     first = sorted(os.listdir(m / "alpha:1b"))
     before = requests(m)
     assert sorted(os.listdir(m / "alpha:1b")) == first == ["model.gguf"]

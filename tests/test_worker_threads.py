@@ -85,3 +85,37 @@ def test_a_c_thread_keeps_its_thread_state_between_callbacks(twice):
     assert not _seen_again(twice, keep=False)
     # ...unless the thread keeps the one it has.
     assert _seen_again(twice, keep=True)
+
+
+@pytest.mark.parametrize("request_name", ["opendir", "readdir"])
+def test_a_worker_that_lists_a_folder_keeps_its_thread_state(twice, tmp_path, monkeypatch, request_name):
+    """Listings come as an OPENDIR and READDIRPLUS per folder, each answered
+    by some worker: like a read, each keeps the worker's thread state (the
+    thread-local values its first callback set are there at its second)."""
+    from compatfs.files.access import Caller
+    from compatfs.fuse.operations import CompatFS
+    from compatfs.sources.ollama import OllamaStore
+    from compatfs.testing import llama
+    from compatfs.testing.store import add_model
+    from compatfs.tree import Tree
+    from compatfs.view.catalog import BlobViews
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setattr(libfuse, "caller", lambda: Caller(0, 0, 1))
+    store = tmp_path / "store"
+    add_model(store, "chat", llama.plain_llama_text(tmp_path / "t.gguf"), tag="1b")
+    (tmp_path / "mnt").mkdir()
+    fs = CompatFS(Tree(OllamaStore(store), BlobViews()), str(tmp_path / "mnt"), keep_thread_states=True)
+    local, seen = threading.local(), []
+
+    def callback(call: int) -> None:
+        seen.append(hasattr(local, "mark"))
+        local.mark = call
+        if request_name == "opendir":
+            fs.opendir("/chat:1b")
+        else:
+            fs.readdir("/chat:1b", 0)
+
+    cb = ctypes.CFUNCTYPE(None, ctypes.c_int)(callback)
+    assert twice(ctypes.cast(cb, ctypes.c_void_p)) == 0
+    assert seen == [False, True]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import sys
 import threading
 
 # mfusepy takes libfuse 2 when both are installed; this layer is written for 3.
@@ -22,6 +23,7 @@ import mfusepy as fuse  # noqa: E402
 
 from ..files.access import Caller  # noqa: E402
 from ..files.libc import LIBC  # noqa: E402
+from ..translate import accel  # noqa: E402
 
 
 class _FuseBuf(ctypes.Structure):
@@ -179,7 +181,8 @@ class FUSE(fuse.FUSE):
 # high-level `fuse_file_info` (upstream commit 98eb808, "Pass cache_readdir
 # and keep_cache from high level API"): what `opendir` sets is dropped.
 # There the session's low-level opendir is wrapped to set both in the reply
-# it makes.  Where it sits in libfuse's private `struct fuse_session` (the
+# it makes: in C (`_accel.keep_opendir`, no Python callback per folder
+# opened) where compatfs._accel is built, else by a ctypes callback.  Where it sits in libfuse's private `struct fuse_session` (the
 # same from 3.14 to 3.16): the public `fuse_lowlevel_ops` 40 bytes in, of
 # 8-byte members, opendir the 21st; the high-level library sets every one
 # of its first 26 but the 17th (write: it answers writes by write_buf).
@@ -227,6 +230,14 @@ def keep_listings(ptr: int, mountpoint: str) -> str:
         or not at
     ):
         return unexpected
+    bits = _listing_bits()
+    if accel.native is not None and bits is not None:
+        try:
+            ops[_OPENDIR] = accel.native.keep_opendir(at, *bits)
+        except ValueError:
+            pass  # (another opendir wrapped already in this process: the ctypes wrapper below)
+        else:
+            return f"folder listings kept by the kernel (libfuse {libfuse_version()}'s opendir wrapped in C)"
     original = _LOWLEVEL_OPENDIR(at)
 
     def opendir(req, ino, llfi) -> None:
@@ -239,6 +250,21 @@ def keep_listings(ptr: int, mountpoint: str) -> str:
     _wrapped.append((wrapper, original))
     ops[_OPENDIR] = ctypes.cast(wrapper, ctypes.c_void_p).value
     return f"folder listings kept by the kernel (libfuse {libfuse_version()}'s opendir wrapped)"
+
+
+def _listing_bits() -> tuple[int, int] | None:
+    """Where `fuse_file_info`'s keep_cache and cache_readdir bits are (as
+    mfusepy declares the struct): the offset of the 32-bit word holding
+    both and the word with only them set, for `_accel.keep_opendir`; None
+    where they are not in one word."""
+    fi = fuse.fuse_file_info()
+    fi.keep_cache = fi.cache_readdir = 1
+    raw = bytes(fi)
+    at = [i for i, b in enumerate(raw) if b]
+    offset = at[0] - at[0] % 4
+    if at[-1] >= offset + 4:
+        return None
+    return offset, int.from_bytes(raw[offset : offset + 4], sys.byteorder)
 
 
 _kept = threading.local()

@@ -156,7 +156,10 @@ class CompatFS(fuse.Operations):
         # not who may read it): listing needs what listing the store folder
         # it comes from needs.  Where that folder is gone the listing is the
         # last scan's, which the next one empties.  Root may list anything
-        # (nothing to look up for it).
+        # (nothing to look up for it).  Like a read, a listing's requests
+        # keep the worker's thread state (else ctypes makes one per request).
+        if self._keep_states:
+            libfuse.keep_thread_state()
         caller = libfuse.caller()
         if caller.uid == 0:
             return 0
@@ -170,6 +173,8 @@ class CompatFS(fuse.Operations):
         return 0
 
     def readdir(self, path, fh):
+        if self._keep_states:
+            libfuse.keep_thread_state()
         return self._paths.listing(path, self._attrs.listing)
 
     def entry_attrs(self, path: str) -> dict | None:

@@ -42,6 +42,24 @@ from ..files.watch import Watch
 log = logging.getLogger(__name__)
 
 
+class _Busy:
+    """Whether the process's other threads (the FUSE workers) used more than
+    a fifth of a core since the last call: CPU time of the process less the
+    calling thread's, over the time between calls."""
+
+    SHARE = 0.2
+
+    def __init__(self) -> None:
+        self._at, self._cpu, self._own = time.monotonic(), time.process_time(), time.thread_time()
+
+    def __call__(self) -> bool:
+        at, cpu, own = time.monotonic(), time.process_time(), time.thread_time()
+        others = (cpu - self._cpu) - (own - self._own)
+        busy = others > self.SHARE * (at - self._at)
+        self._at, self._cpu, self._own = at, cpu, own
+        return busy
+
+
 class Rescan:
     """Follows the store for a mounted `tree` from its own thread."""
 
@@ -49,6 +67,7 @@ class Rescan:
     LOOK_SECONDS = 0.25  # how often the thread looks for a change reported
     IDLE_SHARE = 0.005  # of one core: what the timer's rescans may cost at most
     FOLLOW_UP = 0.1  # seconds to the next look after a scan during which a change was reported
+    FIRST_LOOK_WAIT = 5.0  # seconds the first look waits at most while the daemon's other threads are busy
 
     def __init__(self, tree: Tree, paths: Paths, on_start: Callable[[], None] | None = None):
         self.tree = tree
@@ -156,6 +175,8 @@ class Rescan:
         period, last, again = self.RESCAN_SECONDS, 0.0, True  # the first look always rescans
         wait, pending = self.LOOK_SECONDS, False  # (pending: a change reported, not scanned yet)
         folders: set[str] = set()  # the changed folders the last scan dropped, dropped again at the next look
+        first_by = time.monotonic() + self.FIRST_LOOK_WAIT
+        busy = _Busy()
         while not self._stop.is_set():
             self._kick.wait(wait)
             self._kick.clear()
@@ -173,7 +194,13 @@ class Rescan:
                     restale, self._restale = self._restale, False
                 pending = pending or (self._inotify is not None and self._inotify.changed())
                 seen = pending and time.monotonic() - last >= self.RESCAN_SECONDS
-                if not (again or seen or stale or restale or time.monotonic() - last >= period):
+                # The first look (for what changed before the store was
+                # watched) waits while the daemon answers requests, rather
+                # than take the CPU from them (a remount's first listing).
+                first_waits = (
+                    not self.rescans and not (seen or stale or restale) and time.monotonic() < first_by and busy()
+                )
+                if first_waits or not (again or seen or stale or restale or time.monotonic() - last >= period):
                     wait = self.LOOK_SECONDS
                     continue
                 pending = False

@@ -13,17 +13,22 @@ Modelfile layers say llama.cpp reads from a GGUF file:
 
 Two tags of one blob with different layers show different model.gguf
 files; `blobs/` shows each blob's own translation.  Each layer is read by
-identity (device, inode, size, times): a layer that changes is read (and
-a template translated) again, never per read of model.gguf; what cannot be
-used adds no KVs, and the reason is kept for `compatfs ls`.  One reading is
-kept per layer (pair), and only for the layers a scan of the store still
-names (`retain_layers`): as many as the store has.
+identity (device, inode, size, times) as the last scan of the store found
+it (`saw_layers`; as it is now for a layer no scan found): a layer that
+changes is read (and a template translated) again once a scan finds it
+changed, never per read or lookup of model.gguf; what cannot be used adds
+no KVs, and the reason is kept for `compatfs ls`.  One reading is kept per
+layer (pair), and only for the layers a scan of the store still names
+(`retain_layers`): as many as the store has.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,10 +85,28 @@ _params: dict[str, tuple[tuple, Sampling]] = {}  # layer path -> (its identity, 
 # (template, system, messages) -> (identities, translation, why the messages layer is not in it)
 _templates: dict[tuple[str, str, str], tuple[tuple, ChatTemplate, str | None]] = {}
 _made: dict[Layers, tuple[tuple, Applied]] = {}  # a model's layers -> (their identities, what they give)
+_seen: dict[str, os.stat_result] = {}  # layer path -> its status as the last scan found it
+
+
+def saw_layers(statuses: Mapping[Path, os.stat_result | OSError]) -> None:
+    """The statuses of layers as a scan of the store just found them
+    (`lookup.statuses`): what tells whether a layer changed until the next
+    scan (the scan that finds one changed has its folder's answers
+    forgotten), so that a lookup of model.gguf resolves no layer's path."""
+    with _lock:
+        for path, st in statuses.items():
+            if isinstance(st, os.stat_result) and stat.S_ISREG(st.st_mode):
+                _seen[str(path)] = st
+            else:
+                _seen.pop(str(path), None)
 
 
 def _stamp(path: Path | None) -> tuple:
-    return () if path is None else identity(status(path))  # resolved as every store path is (never into the mount)
+    if path is None:
+        return ()
+    with _lock:
+        st = _seen.get(str(path))
+    return identity(st if st is not None else status(path))  # resolved as every store path is (never into the mount)
 
 
 def _sampling(path: Path) -> Sampling:
@@ -142,8 +165,9 @@ def _chat_template(template: Path, system: Path | None, messages: Path | None) -
 
 
 def of_layer(layers: Layers) -> Applied:
-    """What model.gguf gains from `layers` (made again once they change;
-    asked at every lookup of model.gguf, it costs a status of each layer)."""
+    """What model.gguf gains from `layers` (made again once a scan finds
+    one changed; asked at every lookup of model.gguf, it resolves no path
+    for a layer the last scan found)."""
     try:
         stamps = tuple(_stamp(p) for p in layers.paths())
     except OSError:
@@ -200,6 +224,8 @@ def retain_layers(paths: set[Path]) -> None:
     """Forget the readings of every layer not in `paths`."""
     keep = {str(p) for p in paths}
     with _lock:
+        for gone in [p for p in _seen if p not in keep]:
+            del _seen[gone]
         for gone in [p for p in _params if p not in keep]:
             del _params[gone]
         for key in [k for k in _templates if k[0] not in keep or any(p != "None" and p not in keep for p in k[1:])]:
