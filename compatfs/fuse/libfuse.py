@@ -182,10 +182,11 @@ class FUSE(fuse.FUSE):
 # and keep_cache from high level API"): what `opendir` sets is dropped.
 # There the session's low-level opendir is wrapped to set both in the reply
 # it makes: in C (`_accel.keep_opendir`, no Python callback per folder
-# opened) where compatfs._accel is built, else by a ctypes callback.  Where it sits in libfuse's private `struct fuse_session` (the
-# same from 3.14 to 3.16): the public `fuse_lowlevel_ops` 40 bytes in, of
-# 8-byte members, opendir the 21st; the high-level library sets every one
-# of its first 26 but the 17th (write: it answers writes by write_buf).
+# opened) where compatfs._accel is built, else by a ctypes callback.  Where
+# it sits in libfuse's private `struct fuse_session` (the same from 3.14 to
+# 3.16): the public `fuse_lowlevel_ops` 40 bytes in, of 8-byte members,
+# opendir the 21st; the high-level library sets every one of its first 26
+# but the 17th (write: it answers writes by write_buf).
 _PASSES_DIR_FLAGS = (3, 16, 1)
 _SESSION_OPS, _OPENDIR, _UNSET, _CHECKED = 40, 20, 16, 26
 _LOWLEVEL_OPENDIR = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.POINTER(fuse.fuse_file_info))
