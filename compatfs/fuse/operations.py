@@ -273,6 +273,11 @@ class CompatFS(fuse.Operations):
             # short or mix the two.  Invalidating also discards replies sent
             # before.  The rescan thread sends it; the open waits for that.
             self._rescan.invalidate({path}, wait=self._INVALIDATE_WAIT)
+        else:
+            # Building the view may have found the index entry it was sized
+            # by wrong (`BlobViews.on_belied`): the kernel must drop that
+            # size before it serves a byte of this open, as above.
+            self._rescan.sent(path, wait=self._INVALIDATE_WAIT)
         fi.fh = fh
         return 0
 

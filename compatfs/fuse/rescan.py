@@ -153,6 +153,17 @@ class Rescan:
         self._kick.set()
         sent.wait(wait)
 
+    def sent(self, path: str, wait: float) -> None:
+        """Return once no invalidation of `path` waits to be sent (or after
+        `wait` seconds, or at once while the thread is not running)."""
+        sent = threading.Event()
+        with self._lock:
+            if path not in self._now or not self._fuse_ptr or self._stop.is_set():
+                return
+            self._sent.append(sent)
+        self._kick.set()
+        sent.wait(wait)
+
     def _send_queued(self) -> None:
         """Send what other threads queued since the last time, and release who waits for it."""
         with self._lock:
