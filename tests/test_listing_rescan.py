@@ -7,6 +7,7 @@ change of that owner shows after the next scan."""
 from __future__ import annotations
 
 import contextlib
+import errno
 from collections.abc import Iterator
 import os
 import stat
@@ -16,6 +17,7 @@ import pytest
 from compatfs.files import lookup
 from compatfs.files.access import Caller
 from compatfs.fuse import libfuse
+from compatfs.fuse.libfuse import fuse
 from compatfs.fuse.operations import CompatFS
 from compatfs.sources.ollama import OllamaStore
 from compatfs.testing import llama
@@ -186,3 +188,18 @@ def test_a_listing_of_blobs_with_attributes_resolves_no_path(fs, walked):
     assert entries and not walked, walked
     blob = fs.tree.snapshot().listing.folders[f"blobs/{entries[0]}"].model
     assert attrs[0] is not None and attrs[0]["st_mtime"] == os.stat(blob).st_mtime_ns
+
+
+def test_a_folder_gone_from_the_store_lists_for_nobody_but_root(open_tmp, monkeypatch):
+    """Until the next scan drops it, a mounted folder whose store folder is
+    gone is refused to every caller but root, as any folder its caller may
+    not list (the kernel keeps listings: who may list is decided at opendir)."""
+    import shutil
+
+    fs = _fs(open_tmp, monkeypatch)
+    shutil.rmtree(fs.tree.owner("alpha:1b"))
+    assert fs.opendir("/alpha:1b") == 0  # root
+    monkeypatch.setattr(libfuse, "caller", lambda: Caller(65534, 65534, os.getpid()))
+    with pytest.raises(fuse.FuseOSError) as refused:
+        fs.opendir("/alpha:1b")
+    assert refused.value.errno == errno.ENOENT

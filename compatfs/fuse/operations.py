@@ -154,8 +154,8 @@ class CompatFS(fuse.Operations):
     def opendir(self, path):
         # Every open of a folder comes here (the kernel keeps its listing,
         # not who may read it): listing needs what listing the store folder
-        # it comes from needs.  Where that folder is gone the listing is the
-        # last scan's, which the next one empties.  Root may list anything
+        # it comes from needs (a folder gone from the store lists for nobody
+        # but root until the next scan drops it).  Root may list anything
         # (nothing to look up for it).  Like a read, a listing's requests
         # keep the worker's thread state (else ctypes makes one per request).
         if self._keep_states:
@@ -168,8 +168,7 @@ class CompatFS(fuse.Operations):
         except Denied:
             raise fuse.FuseOSError(errno.EACCES) from None
         except OSError as e:
-            if e.errno not in (errno.ENOENT, errno.ENOTDIR):
-                raise fuse.FuseOSError(e.errno or errno.EIO) from None
+            raise fuse.FuseOSError(e.errno or errno.EIO) from None
         return 0
 
     def readdir(self, path, fh):
