@@ -293,11 +293,8 @@ class BlobFile:
             if (address - offset) % ALIGN == 0 and hi - lo >= DIRECT_MIN:
                 self._bounced(fd, out[: lo - offset], offset)
                 done = lo - offset
-                while done < hi - offset:
-                    got = os.preadv(fd, [out[done : hi - offset]], offset + done)
-                    if got <= 0:
-                        raise self._ended(offset + done, offset + size)
-                    done += got
+                self._read_direct(fd, out[done : hi - offset], lo, hi - lo, offset + size)
+                done = hi - offset
             self._bounced(fd, out[done:], offset + done)
         except OSError as e:
             if e.errno != errno.EINVAL:
@@ -319,19 +316,26 @@ class BlobFile:
         if fd < 0:
             self.read_into(buf[skip : skip + size], offset)
             return buf[skip : skip + size]
-        start, want, done = offset - skip, blocks_for(offset, size), 0
         try:
-            while done < skip + size:
-                got = os.preadv(fd, [buf[done:want]], start + done)
-                if got <= 0:
-                    raise self._ended(start + done, offset + size)
-                done += got
+            self._read_direct(fd, buf[: blocks_for(offset, size)], offset - skip, skip + size, offset + size)
         except OSError as e:
             if e.errno != errno.EINVAL:
                 raise failure(self.path, "read", e) from None
             self._refused = True  # the filesystem refuses these reads: the page cache from now on
             self.read_into(buf[skip : skip + size], offset)
         return buf[skip : skip + size]
+
+    def _read_direct(self, fd: int, out: memoryview, offset: int, need: int, end: int) -> None:
+        """Bytes at block-aligned `offset` straight into `out` (page-aligned,
+        whole blocks) through the O_DIRECT descriptor `fd`, until at least
+        `need` are in (the file may end inside its last block); the read
+        wanted bytes up to `end` (the error says so where the file ends first)."""
+        done = 0
+        while done < need:
+            got = os.preadv(fd, [out[done:]], offset + done)
+            if got <= 0:
+                raise self._ended(offset + done, end)
+            done += got
 
     def _bounced(self, fd: int, out: memoryview, offset: int) -> None:
         """Bytes at `offset` into `out` through the O_DIRECT descriptor `fd`,
