@@ -185,10 +185,11 @@ class FUSE(fuse.FUSE):
 # opened) where compatfs._accel is built, else by a ctypes callback.  Where
 # it sits in libfuse's private `struct fuse_session` (the same from 3.14 to
 # 3.16): the public `fuse_lowlevel_ops` 40 bytes in, of 8-byte members,
-# opendir the 21st; the high-level library sets every one of its first 26
+# open the 15th, read the 16th, opendir the 21st; the high-level library sets every one of its first 26
 # but the 17th (write: it answers writes by write_buf).
 _PASSES_DIR_FLAGS = (3, 16, 1)
 _SESSION_OPS, _OPENDIR, _UNSET, _CHECKED = 40, 20, 16, 26
+OP_OPEN, OP_READ = 14, 15  # where `session_ops` has the low-level open and read
 _LOWLEVEL_OPENDIR = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.POINTER(fuse.fuse_file_info))
 _libfuse.fuse_get_session.argtypes = [ctypes.c_void_p]
 _libfuse.fuse_get_session.restype = ctypes.c_void_p
@@ -204,33 +205,45 @@ def _version_tuple() -> tuple[int, ...]:
         return (0,)
 
 
+def session_ops(ptr: int, mountpoint: str):
+    """The low-level operations table (`_CHECKED` addresses, writable) of
+    session `ptr`, mounted at `mountpoint`, on libfuse 3.14 to 3.16; None
+    where the session is not laid out as expected (its descriptor and
+    mountpoint, the operations set and unset, where they should be).  A
+    caller may replace an operation only while no request but INIT is
+    answered."""
+    if not (3, 14) <= _version_tuple() < (3, 17):
+        return None
+    se = _libfuse.fuse_get_session(ptr)
+    if not se:
+        return None
+    ops = (ctypes.c_void_p * _CHECKED).from_address(se + _SESSION_OPS)
+    mounted = ctypes.c_char_p.from_address(se).value
+    if (
+        ctypes.c_int.from_address(se + 12).value != _libfuse.fuse_session_fd(se)
+        or mounted is None
+        or os.fsdecode(mounted) != mountpoint
+        or [bool(op) for op in ops] != [i != _UNSET for i in range(_CHECKED)]
+    ):
+        return None
+    return ops
+
+
 def keep_listings(ptr: int, mountpoint: str) -> str:
     """Have the kernel keep the listings of session `ptr`'s folders (see
     `FUSE.opendir`) on a libfuse that drops what `opendir` sets: its
     low-level opendir wrapped, once the session is found laid out as
-    expected (its descriptor and mountpoint, the operations set and unset,
-    where they should be); call while no request but INIT is answered.
+    expected (`session_ops`); call while no request but INIT is answered.
     Returns the line to log."""
     version = _version_tuple()
     if version >= _PASSES_DIR_FLAGS:
         return "folder listings kept by the kernel"
     if version < (3, 14):
         return f"folder listings not kept by the kernel (libfuse {libfuse_version()})"
-    unexpected = f"folder listings not kept by the kernel (libfuse {libfuse_version()}'s session is not as expected)"
-    se = _libfuse.fuse_get_session(ptr)
-    if not se:
-        return unexpected
-    ops = (ctypes.c_void_p * _CHECKED).from_address(se + _SESSION_OPS)
-    mounted = ctypes.c_char_p.from_address(se).value
+    ops = session_ops(ptr, mountpoint)
+    if ops is None:
+        return f"folder listings not kept by the kernel (libfuse {libfuse_version()}'s session is not as expected)"
     at = ops[_OPENDIR]
-    if (
-        ctypes.c_int.from_address(se + 12).value != _libfuse.fuse_session_fd(se)
-        or mounted is None
-        or os.fsdecode(mounted) != mountpoint
-        or [bool(op) for op in ops] != [i != _UNSET for i in range(_CHECKED)]
-        or not at
-    ):
-        return unexpected
     bits = _listing_bits()
     if accel.native is not None and bits is not None:
         try:
