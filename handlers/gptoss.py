@@ -44,7 +44,7 @@ from compatfs.format.header import SourceGGUF, TensorInfo
 from compatfs.errors import GGUFError
 from compatfs.format.values import f32, string
 from compatfs.translate import accel
-from compatfs.translate import Op, Strided
+from compatfs.translate import Op, SpanGroup, Strided
 from compatfs.files.scratch import scratch
 from compatfs.translate import (
     ArchKeys,
@@ -112,6 +112,20 @@ class OllamaMXFP4(Op):
         too (which the op of the other half reads again, from the page
         cache): only a whole stack (`step` 1) reads its inputs once."""
         return self.step == 1
+
+    @property
+    def span_group(self) -> SpanGroup | None:
+        """The `step` ops of one stack (one per `start`): range [lo, hi) of
+        each lies in the same span of the stack, give or take `step` - 1 rows."""
+        if self.step == 1:
+            return None
+        raw = self.inputs[0]
+        return SpanGroup(("OllamaMXFP4", raw.offset, raw.nbytes, self.stored, self.step), (self.step - 1) * self._row)
+
+    @property
+    def _row(self) -> int:
+        """Bytes of one stored row (ggml axis 1) of the stack."""
+        return self.stored[0] // QK * BLOCK
 
     @property
     def computes_ahead(self) -> bool:

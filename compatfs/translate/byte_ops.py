@@ -14,7 +14,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as DT
 
 from ..format.header import TensorInfo, tensor_nbytes
 from ..errors import GGUFError
-from .ops import PLAIN_TYPES, Op, Part, Runs, as_array, elements, strided_runs
+from .ops import PLAIN_TYPES, Op, Part, Runs, SpanGroup, as_array, elements, strided_runs
 
 
 @dataclass(frozen=True)
@@ -149,16 +149,30 @@ class Strided(Op):
     def description(self) -> str:
         return f"Strided({self.inputs[0].name}, axis {self.axis}, {self.start}::{self.step})"
 
+    @property
+    def _unit(self) -> int:
+        """Bytes of one element (along axis 0) or row (along a slower axis)."""
+        src = self.inputs[0]
+        if self.axis:
+            return tensor_nbytes(src.shape[: self.axis], src.dtype)
+        return np.dtype(PLAIN_TYPES[src.known_dtype()]).itemsize
+
+    @property
+    def span_group(self) -> SpanGroup | None:
+        """The `step` ops taking every `step`-th element of the same axis of
+        one tensor (one per `start`): range [lo, hi) of each lies in the
+        same span of the input, give or take the `step` - 1 elements (or
+        rows) between two taken."""
+        if self.step == 1:
+            return None
+        src = self.inputs[0]
+        return SpanGroup(("Strided", src.offset, src.nbytes, self.axis, self.step), (self.step - 1) * self._unit)
+
     def pieces(self):
         """The elements (along axis 0) or rows and slabs (along a slower axis)
         taken, slab after slab: one strided run, as `step` divides the axis
         (the last taken of a slab is `step` before the first of the next)."""
-        src = self.inputs[0]
-        unit = (
-            tensor_nbytes(src.shape[: self.axis], src.dtype)
-            if self.axis
-            else np.dtype(PLAIN_TYPES[src.known_dtype()]).itemsize
-        )
+        src, unit = self.inputs[0], self._unit
         count = elements(src.shape[self.axis + 1 :]) * (src.shape[self.axis] // self.step)
         return [strided_runs(src, self.start * unit, unit, self.step * unit, count)]
 

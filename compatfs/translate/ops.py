@@ -17,7 +17,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as DT
@@ -141,6 +141,16 @@ class Op(ABC):
         a ranged op's are, unless it says otherwise."""
         return self.ranged
 
+    @property
+    def span_group(self) -> SpanGroup | None:
+        """The ops of a view whose `span_group` is equal to this one's (same
+        `key`) make each byte range [lo, hi) of their outputs from one span
+        of the same input, which each reaches at most `reach` bytes beyond
+        on either side (the halves of an interleaved stack): a reader of one
+        op's range may make the others' same range from one read of the
+        span.  None (the default): the op shares no span."""
+        return None
+
     def compute_range(self, read: ReadRange, lo: int, hi: int) -> bytes | memoryview:
         """Bytes [lo, hi) of the output of a ranged op (`compute_range_into`
         into a buffer of their own)."""
@@ -153,6 +163,13 @@ class Op(ABC):
         FUSE layer passes the reply buffer, so a range is never copied again).
         Only a ranged op has them: this one raises GGUFError."""
         raise GGUFError(f"{self.description} is not computed by range")
+
+
+class SpanGroup(NamedTuple):
+    """Ops that make each range of their outputs from one input span (`Op.span_group`)."""
+
+    key: Hashable
+    reach: int
 
 
 class Part(NamedTuple):
@@ -427,6 +444,7 @@ __all__ = [
     "Permute",
     "AddScalar",
     "Part",
+    "SpanGroup",
     "Runs",
     "RunsOrZeros",
     "strided_runs",

@@ -29,7 +29,7 @@ from ..format.header import TensorInfo
 from ..translate import accel
 from ..translate.ops import Op
 from ..files.scratch import give, scratch, take
-from .segments import BlobBytes, Cached, Computed, HeldBytes, InRounds, Segment, Segments, ZeroBytes
+from .segments import BlobBytes, Cached, Computed, HeldBytes, InRounds, Rounds, Segment, Segments, ZeroBytes, kin_of
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +47,24 @@ SPARSE = 8
 SCATTER = 512  # runs this long (and shorter than `DIRECT`) scattered into place by the compiled gather_read
 
 
-def fill(segments: Segments, blob: BlobFile | None, offset: int, out: memoryview) -> None:
+KinInto = Callable[[int, int], memoryview | None]  # (view offset, size) -> where to put those bytes, or None
+
+
+def fill(
+    segments: Segments, blob: BlobFile | None, offset: int, out: memoryview, kin_into: KinInto | None = None
+) -> None:
     """View bytes [offset, offset + len(out)) of `segments` (which must hold
     them) into `out`, every blob byte read through `blob`; GGUFError when the
-    blob cannot give them or an op fails on its data."""
+    blob cannot give them or an op fails on its data.  With `kin_into`, the
+    bytes of op tensors made from the same input spans as the op tensors
+    read (their kin, `segments.kin_of`) are made too, from the same reads
+    of the blob, into the buffers `kin_into` gives for them (where it gives one)."""
     at = 0
     for seg in _assembled(segments, blob, offset, len(out)):
-        _FILL[type(seg)](seg, blob, out[at : at + seg.size])  # (`_fill`, one call fewer on the hot path)
+        if kin_into is not None and isinstance(seg, (InRounds, Computed)) and seg.kin:
+            _with_kin(seg, blob, out[at : at + seg.size], kin_into)
+        else:
+            _FILL[type(seg)](seg, blob, out[at : at + seg.size])  # (`_fill`, one call fewer on the hot path)
         at += seg.size
     if at != len(out):
         raise GGUFError(f"a read of {len(out)} bytes at {offset} runs past the end of a view of {segments.size}")
@@ -156,6 +167,89 @@ def _reader(blob: BlobFile):
     return read
 
 
+def _with_kin(seg: InRounds | Computed, blob: BlobFile | None, out: memoryview, kin_into: KinInto) -> None:
+    """The segment's bytes into `out`, and the same bytes of each of its kin
+    into the buffer `kin_into` gives for them, their input span read once
+    (with `read_once_in_blocks`: the blob's bytes are not read again): for
+    an op in rounds the span all their runs lie in, for a ranged op the
+    span its range reads widened by the op's `reach` (`Op.span_group`)."""
+    blob = _opened(blob)
+    wanted = [(k, kin_into(k.at, k.size)) for k in kin_of(seg)]
+    pairs = [(k, buf) for k, buf in wanted if buf is not None]
+    if not pairs:
+        _FILL[type(seg)](seg, blob, out)
+    elif isinstance(seg, Computed):
+        group = seg.op.span_group
+        with _Inputs(blob, True, len(out), reach=group.reach if group is not None else 0) as read:
+            seg.op.compute_range_into(read, seg.lo, seg.lo + seg.size, out)
+            for k, buf in pairs:
+                assert isinstance(k, Computed)
+                k.op.compute_range_into(read, k.lo, k.lo + k.size, buf)
+    else:
+        assert isinstance(seg, InRounds)
+        spans = [_rounds_span(s) for s in (seg, *(k for k, _ in pairs)) if isinstance(s, InRounds)]
+        first, end = min(a for a, _ in spans), max(b for _, b in spans)
+        held = take(blocks_for(first, end - first))
+        try:
+            data = np.frombuffer(blob.read_once_in_blocks(held.data, first, end - first), np.uint8)
+            _rounds_held(seg, first, data, out)
+            for k, buf in pairs:
+                assert isinstance(k, InRounds)
+                _rounds_held(k, first, data, buf)
+        finally:
+            give(held)
+
+
+def _runs_of(r: Rounds, at: int, unit: int, lo: int, hi: int) -> tuple[int, int]:
+    """The runs of a part (at `at` of each round, `unit` bytes) that bytes
+    [lo, hi) of rounds `r` hold some of: the first, and past the last."""
+    return max(0, (lo - at - unit) // r.period + 1), min(r.count, (hi - at - 1) // r.period + 1)
+
+
+def _rounds_span(seg: InRounds) -> tuple[int, int]:
+    """The blob bytes [first, end) that the runs of the segment's bytes lie in."""
+    r, lo, hi = seg.rounds, seg.lo, seg.lo + seg.size
+    first, end = None, None
+    for at, offset, unit, stride in r.parts:
+        k, e = _runs_of(r, at, unit, lo, hi)
+        if k < e:
+            a, b = offset + k * stride, offset + (e - 1) * stride + unit
+            first, end = a if first is None else min(first, a), b if end is None else max(end, b)
+    if first is None or end is None:
+        raise GGUFError(f"rounds at {seg.at} of {seg.size} bytes hold no run")
+    return first, end
+
+
+def _rounds_held(seg: InRounds, first: int, held: np.ndarray, out: memoryview) -> None:
+    """Bytes [lo, lo + len(out)) of the segment's rounds into `out`, from
+    `held`, the blob's bytes from `first` (holding every run they take,
+    `_rounds_span`): runs cut by the range's ends one by one, the whole
+    runs between in one strided copy per part."""
+    r, lo = seg.rounds, seg.lo
+    hi = lo + len(out)
+    dst = np.frombuffer(out, np.uint8)
+    for at, offset, unit, stride in r.parts:
+        k, end = _runs_of(r, at, unit, lo, hi)
+        if k >= end:
+            continue
+        if offset + k * stride < first or offset + (end - 1) * stride + unit > first + len(held):
+            raise GGUFError(f"rounds at {seg.at}: runs outside the span read")
+        whole_lo = k if k * r.period + at >= lo else k + 1  # the first run wholly in range
+        whole_hi = max(whole_lo, min(end, (hi - at - unit) // r.period + 1))  # past the last
+        for j in sorted({k, end - 1}):
+            if whole_lo <= j < whole_hi:
+                continue
+            a = j * r.period + at
+            s, e = max(a, lo), min(a + unit, hi)
+            src = offset + j * stride + s - a - first
+            dst[s - lo : e - lo] = held[src : src + e - s]
+        m = whole_hi - whole_lo
+        if m:
+            target = as_strided(dst[whole_lo * r.period + at - lo :], shape=(m, unit), strides=(r.period, 1))
+            source = as_strided(held[offset + whole_lo * stride - first :], shape=(m, unit), strides=(stride, 1))
+            target[...] = source
+
+
 class _Inputs:
     """A ranged op's input reader for one range of `budget` output bytes:
     (tensor, start, size) -> those bytes, through `blob` (with
@@ -169,11 +263,12 @@ class _Inputs:
     piece may end in a block cut by the range's end; within the input),
     which serve the reads that follow: one read of the blob instead of many."""
 
-    def __init__(self, blob: BlobFile, once: bool, budget: int):
+    def __init__(self, blob: BlobFile, once: bool, budget: int, reach: int = 0):
         self._blob, self._once = blob, once
         self._left = budget
+        self._reach = reach
         self._taken: list[np.ndarray] = []
-        self._held: tuple[TensorInfo, int, memoryview] | None = None  # the last read: tensor, start, its bytes
+        self._held: tuple[int, memoryview] | None = None  # the last read: its first blob byte, its bytes
         self._end: tuple[TensorInfo, int] | None = None  # where the last read asked ended
 
     def __enter__(self) -> _Inputs:
@@ -186,17 +281,20 @@ class _Inputs:
 
     def __call__(self, t: TensorInfo, start: int, size: int) -> memoryview:
         held, self._left = self._held, self._left - size
-        if held is not None and held[0] is t and held[1] <= start and start + size <= held[1] + len(held[2]):
-            data = held[2][start - held[1] : start - held[1] + size]
+        at = t.offset + start
+        if held is not None and held[0] <= at and at + size <= held[0] + len(held[1]):
+            data = held[1][at - held[0] : at - held[0] + size]
         else:
             want = size
             if self._end is not None and self._end[0] is t and self._end[1] == start:
                 want = max(size, min(self._left + size + ALIGN, t.nbytes - start))
-            buf = take(blocks_for(t.offset + start, want))
+            before = min(self._reach, start)  # (a reach: bytes the kin's reads of the span take too)
+            want = min(want + before + self._reach, t.nbytes - start + before)
+            buf = take(blocks_for(at - before, want))
             self._taken.append(buf)
-            data = _in_blocks(self._blob, self._once, buf.data, t.offset + start, want)
-            self._held = (t, start, data)
-            data = data[:size]
+            whole = _in_blocks(self._blob, self._once, buf.data, at - before, want)
+            self._held = (at - before, whole)
+            data = whole[before : before + size]
         self._end = (t, start + size)
         return data
 

@@ -12,6 +12,7 @@ is those clipped to its range, and `assemble` assembles their bytes.
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 from collections.abc import Hashable
 
 from . import assemble
@@ -150,15 +151,26 @@ def _header_size(spec: ViewSpec) -> int:
 def _data_segments(spec: ViewSpec, pos: int, key: Hashable, cache: OpCache | None) -> tuple[list[Segment], int]:
     """The segments of the tensor data from `pos` (padding included), and
     where they end: the view's size; ops computed in chunks go into `cache`
-    (None: a layout made for its size alone)."""
+    (None: a layout made for its size alone).  An op tensor served as one
+    segment, ranged or in rounds, whose op shares its input spans with
+    others of the same size and kind (`Op.span_group`) has theirs as its kin."""
     segs: list[Segment] = []
+    groups: dict[Hashable, list[int]] = {}  # span group -> where its ops' segments are in `segs`
     for t in spec.tensors:
-        segs.extend(s for s in _tensor_segments(t, pos, key, cache) if s.size)
+        made = [s for s in _tensor_segments(t, pos, key, cache) if s.size]
+        group = t.op.span_group if t.op is not None else None
+        if group is not None and len(made) == 1 and isinstance(made[0], (InRounds, Computed)):
+            groups.setdefault((group.key, type(made[0]), t.nbytes), []).append(len(segs))
+        segs.extend(made)
         pos += t.nbytes
         pad = _pad(t.nbytes, spec.alignment)
         if pad:
             segs.append(ZeroBytes(pos, pad, 0))
             pos += pad
+    for members in groups.values():
+        kin = [segs[i] for i in members]
+        for i in members:
+            segs[i] = replace(segs[i], kin=tuple(k for k in kin if k is not segs[i]))  # type: ignore[call-arg]
     return segs, pos
 
 

@@ -7,6 +7,10 @@ segments clipped to the range it asks for (`Segments.cover`), which
 bytes of the view from `at`, taken from byte `lo` of what its kind names
 (the blob, the rendered header, rounds of blob runs, an op's output), so
 that clipping one is the same for every kind (`Segment.clip`).
+
+A segment that is a whole op tensor made from the same input spans as other
+op tensors of the view (`Op.span_group`) holds theirs as its `kin`: bytes
+[lo, lo + size) of a kin are made from the span its own are (`Segment.kin_of`).
 """
 
 from __future__ import annotations
@@ -71,16 +75,20 @@ class Rounds:
 
 @dataclass(slots=True)
 class InRounds(Segment):
-    """Bytes from `lo` of `rounds`."""
+    """Bytes from `lo` of `rounds`; `kin`: the whole segments of the op
+    tensors made from the same input spans as this one's (`Op.span_group`)."""
 
     rounds: Rounds
+    kin: tuple[InRounds, ...] = ()
 
 
 @dataclass(slots=True)
 class Computed(Segment):
-    """Bytes from `lo` of ranged `op`, computed from the input bytes they need."""
+    """Bytes from `lo` of ranged `op`, computed from the input bytes they
+    need; `kin`: as `InRounds.kin`."""
 
     op: Op
+    kin: tuple[Computed, ...] = ()
 
 
 @dataclass(slots=True)
@@ -92,6 +100,12 @@ class Cached(Segment):
     op: Op
     cache: OpCache | None
     key: Hashable
+
+
+def kin_of(seg: InRounds | Computed) -> list[InRounds | Computed]:
+    """The bytes of `seg`'s kin that are made from the input span its own
+    bytes are: each kin's bytes [seg.lo, seg.lo + seg.size)."""
+    return [k.clip(k.at + seg.lo, k.at + seg.lo + seg.size) for k in seg.kin]
 
 
 class Segments:
