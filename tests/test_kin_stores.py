@@ -9,10 +9,14 @@ and sends no READ for them."""
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+import os
 from pathlib import Path
 
 import pytest
 
+from compatfs.fuse import libfuse
 from compatfs.handlers.gptoss import OllamaMXFP4
 from compatfs.names import MODEL_FILE
 from compatfs.translate import accel
@@ -20,6 +24,8 @@ from compatfs.view import ahead, assemble
 from compatfs.view.catalog import BlobViews
 from compatfs.view.segments import Computed, InRounds
 from compatfs.testing import widths
+from compatfs.testing.store import add_model
+from conftest import needs_fuse, wait_until
 
 MiB = 1 << 20
 
@@ -88,3 +94,74 @@ def test_a_kin_range_not_wanted_is_not_made(blob):
         assemble.fill(view.segments, f, seg.at + 5, memoryview(out), lambda at, n: asked.append((at, n)))
         assert bytes(out) == view.read(seg.at + 5, MiB, f)
     assert asked == [(seg.kin[0].at + 5, MiB)]
+
+
+def _resident(path: Path, offset: int, size: int) -> bool:
+    """Whether every page of `path`'s bytes [offset, offset + size) is in the
+    kernel's page cache (mincore of a mapping of it: nothing is read)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype, libc.mmap.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t] + [ctypes.c_int] * 4
+    libc.mmap.argtypes.append(ctypes.c_long)
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    first = offset - offset % mmap.PAGESIZE
+    length = offset + size - first
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        at = libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, first)
+        if at in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), "mmap")
+        try:
+            pages = ctypes.create_string_buffer(-(-length // mmap.PAGESIZE))
+            if libc.mincore(at, length, pages):
+                raise OSError(ctypes.get_errno(), "mincore")
+            return all(b & 1 for b in pages.raw)
+        finally:
+            libc.munmap(at, length)
+    finally:
+        os.close(fd)
+
+
+def _reads(log: str) -> list[tuple[int, int]]:
+    """The READ requests libfuse's debug lines name: (offset, size)."""
+    out = []
+    for line in log.splitlines():
+        if line.startswith("read[") and " bytes from " in line:
+            size, rest = line.split("] ", 1)[1].split(" bytes from ")
+            out.append((int(rest.split()[0]), int(size)))
+    return out
+
+
+@needs_fuse
+@pytest.mark.parametrize("compiled", [True, False], ids=["accel", "no-accel"])
+def test_a_half_read_through_a_mount_puts_the_other_half_in_the_page_cache(blob, tmp_path, mount_store, compiled):
+    if compiled and accel.native is None:
+        pytest.skip("compatfs._accel is not built (or COMPATFS_NO_ACCEL)")
+    store = tmp_path / "store"
+    add_model(store, "oss", blob, tag="1b")
+    m = mount_store(store, "-o", "debug", env={"COMPATFS_NO_ACCEL": "0" if compiled else "1"})
+    if "pages stored ahead of their readers" not in m.log_text():
+        pytest.skip(f"libfuse {libfuse.libfuse_version()}'s session: no node ids, nothing stored")
+    view = BlobViews().view(blob, MODEL_FILE)
+    first = max((s for s in halves(view) if s.at < s.kin[0].at), key=lambda s: s.size)
+    kin = first.kin[0]
+    with view.open() as f:
+        reference = {s.at: view.read(s.at, s.size, f) for s in (first, kin)}
+    path = m / "oss:1b" / MODEL_FILE
+    assert not _resident(path, kin.at, kin.size)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        got = b"".join(
+            os.pread(fd, min(MiB, first.at + first.size - at), at) for at in range(first.at, first.at + first.size, MiB)
+        )
+        assert got == reference[first.at]
+        wait_until(lambda: _resident(path, kin.at, kin.size), what="the other half's pages in the page cache")
+        before = len(m.log_text())
+        got = b"".join(
+            os.pread(fd, min(MiB, kin.at + kin.size - at), at) for at in range(kin.at, kin.at + kin.size, MiB)
+        )
+        assert got == reference[kin.at]
+        asked = [(at, n) for at, n in _reads(m.log_text()[before:]) if at < kin.at + kin.size and at + n > kin.at]
+        assert not asked, asked  # every byte of the other half came from the page cache
+    finally:
+        os.close(fd)

@@ -47,7 +47,7 @@ import stat
 import threading
 from pathlib import Path
 
-from . import libfuse, readpath
+from . import libfuse, pagecache, readpath
 from .libfuse import fuse
 from ..tree import FileRef, Tree
 from ..files.access import READ
@@ -119,6 +119,7 @@ class CompatFS(fuse.Operations):
             conn.max_background, conn.congestion_threshold = self._background
         libfuse.want_listings_with_attributes(conn)
         log.info("%s", libfuse.keep_listings(libfuse.session(), self._mountpoint))
+        log.info("%s", pagecache.learn_nodes(libfuse.session(), self._mountpoint))
         self.init("/")
 
     def init(self, path):
@@ -263,6 +264,7 @@ class CompatFS(fuse.Operations):
             raise failed or fuse.FuseOSError(errno.EIO)
         view, file = opened
         fh, keep_cache, stale = self._paths.add(path, node, view, file)
+        self._rescan.pages.opened(fh, self._paths.get(fh), pagecache.opening_node())
         fi.keep_cache = int(keep_cache)
         if stale:
             # Since this was last done, getattr gave the kernel another view's
@@ -281,6 +283,7 @@ class CompatFS(fuse.Operations):
         return 0
 
     def release(self, path, fi):
+        self._rescan.pages.closed(fi.fh)  # no page is stored for it from now on
         opened, outdated = self._files.release(fi.fh)
         if opened is not None and outdated:
             # The path kept its view for open files: now the kernel learns the
@@ -292,7 +295,9 @@ class CompatFS(fuse.Operations):
     def read_buf(self, path, bufpp, size, offset, fi):
         if self._keep_states:
             libfuse.keep_thread_state()
-        readpath.reply(self._files.reading(fi.fh), bufpp, size, offset, lambda: self._files.reading(fi.fh))
+        opened = self._files.reading(fi.fh)
+        recheck = lambda: self._files.reading(fi.fh)  # noqa: E731
+        readpath.reply(opened, bufpp, size, offset, recheck, self._rescan.pages.gather(fi.fh, opened))
         return 0
 
     # -- everything that would write -------------------------------------------

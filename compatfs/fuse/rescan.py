@@ -10,7 +10,11 @@ came after the first drop goes too).
 This thread is the only sender of kernel notifications: other threads queue
 them (`stale` after a release, `invalidate` from an open, which waits until
 it is sent, a wrong index entry found while a view is built), and the thread
-sends what is queued each time it wakes, before it looks at the store.
+sends what is queued each time it wakes, before it looks at the store.  The
+pages reads queue for the kernel's page cache (`pages`, a
+`pagecache.PageStores`) wake it at once and are sent first, before any
+invalidation of the same wake, each only while the path still serves the
+view they were made from; a wake for them alone looks at nothing else.
 
 The thread looks every `LOOK_SECONDS` (a tenth of a second after a scan
 during which a change was reported).  It rescans when the folders the last
@@ -34,7 +38,8 @@ from pathlib import Path
 from collections.abc import Callable
 
 from . import libfuse
-from .paths import Paths
+from .pagecache import PageStores
+from .paths import OpenFile, Paths
 from ..tree import Snapshot, Tree
 from ..names import MMPROJ_FILE, MODEL_FILE
 from ..files.watch import Watch
@@ -81,6 +86,8 @@ class Rescan:
         self._fuse_ptr: int | None = None
         self._stop = threading.Event()
         self._kick = threading.Event()  # wake up: something is queued, or rescan now
+        self._look = False  # the wake is for more than pages to store: look now
+        self.pages = PageStores(self._kick.set)  # pages to store (they wake the thread, and are sent first)
         self._watcher: threading.Thread | None = None
         tree.views.on_belied = self._wrong_index_entry  # BlobViews takes its callback as an attribute
         # What the first rescan compares against, taken before the mount
@@ -113,6 +120,7 @@ class Rescan:
             waiting, self._sent = self._sent, []
         for sent in waiting:  # nothing is sent any more: nobody waits for it
             sent.set()
+        self.pages.clear()
         if self._inotify is not None and (self._watcher is None or not self._watcher.is_alive()):
             self._inotify.close()
 
@@ -136,6 +144,7 @@ class Rescan:
         the store's current one after the rescan this asks for."""
         with self._lock:
             self._stale_paths.add(path)
+            self._look = True
         self._kick.set()
 
     def invalidate(self, paths: set[str], wait: float = 0.0) -> None:
@@ -146,6 +155,7 @@ class Rescan:
         sent = threading.Event()
         with self._lock:
             self._now |= paths
+            self._look = True
             if wait and self._fuse_ptr and not self._stop.is_set():
                 self._sent.append(sent)
             else:
@@ -161,6 +171,7 @@ class Rescan:
             if path not in self._now or not self._fuse_ptr or self._stop.is_set():
                 return
             self._sent.append(sent)
+            self._look = True
         self._kick.set()
         sent.wait(wait)
 
@@ -189,10 +200,17 @@ class Rescan:
         first_by = time.monotonic() + self.FIRST_LOOK_WAIT
         busy = _Busy()
         while not self._stop.is_set():
-            self._kick.wait(wait)
-            self._kick.clear()
-            if self._stop.is_set():
-                return
+            due = time.monotonic() + wait
+            while True:  # pages to store are sent as soon as they are queued; the rest waits for its look
+                self._kick.wait(max(0.0, due - time.monotonic()))
+                self._kick.clear()
+                if self._stop.is_set():
+                    return
+                self.pages.send(self._fuse_ptr, self._serves)
+                with self._lock:
+                    look, self._look = self._look, False
+                if look or time.monotonic() >= due:
+                    break
             try:
                 self._send_queued()
                 # A listing made before that scan whose reply reached the
@@ -311,6 +329,11 @@ class Rescan:
         with self._lock:
             self._restale = True  # models.ini is made again from what the index says now
         self.invalidate(self._paths_of(folders, snap))
+
+    def _serves(self, opened: OpenFile) -> bool:
+        """Whether `opened`'s path serves its view, from an intact blob."""
+        kept = self._paths.kept(opened.path)
+        return kept is not None and kept[0].view is opened.view and kept[2]
 
     def _invalidate_paths(self, paths: set[str]) -> None:
         """Drop the kernel's attributes and pages of `paths` (those it knows)."""
