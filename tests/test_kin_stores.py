@@ -12,18 +12,24 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from compatfs.fuse import libfuse
+from compatfs.files.access import Caller
+from compatfs.fuse import libfuse, pagecache, rescan
+from compatfs.fuse.operations import CompatFS
+from compatfs.sources.ollama import OllamaStore
+from compatfs.tree import Tree
 from compatfs.handlers.gptoss import OllamaMXFP4
 from compatfs.names import MODEL_FILE
 from compatfs.translate import accel
 from compatfs.view import ahead, assemble
 from compatfs.view.catalog import BlobViews
 from compatfs.view.segments import Computed, InRounds
-from compatfs.testing import widths
+from compatfs.testing import llama, widths
 from compatfs.testing.store import add_model
 from conftest import needs_fuse, wait_until
 
@@ -165,3 +171,88 @@ def test_a_half_read_through_a_mount_puts_the_other_half_in_the_page_cache(blob,
         assert not asked, asked  # every byte of the other half came from the page cache
     finally:
         os.close(fd)
+
+
+@pytest.fixture
+def in_process(tmp_path, monkeypatch):
+    """A CompatFS, in process, whose rescan thread runs with a stand-in FUSE
+    session and looks at the store once an hour; every open learns node 7;
+    every store the kernel would be sent is recorded with the thread that
+    sent it."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setattr(libfuse, "caller", lambda: Caller(os.getuid(), os.getgid(), os.getpid()))
+    monkeypatch.setattr(libfuse, "invalidate_path", lambda session, path: 0)
+    monkeypatch.setattr(pagecache, "opening_node", lambda: 7)
+    monkeypatch.setattr(rescan.Rescan, "LOOK_SECONDS", 3600.0)  # a store is sent at once, never at the next look
+    sent: list[tuple[str, int, int, bytes]] = []
+
+    def notify(self, session, store) -> None:
+        data = ctypes.string_at(store.mem, store.size)
+        sent.append((threading.current_thread().name, store.node, store.offset, data))
+
+    monkeypatch.setattr(pagecache.PageStores, "_notify", notify)
+    store = tmp_path / "store"
+    add_model(store, "text", llama.plain_llama_text(tmp_path / "t.gguf"), tag="1b")
+    (tmp_path / "mnt").mkdir()
+    fs = CompatFS(Tree(OllamaStore(store), BlobViews(), rescan_seconds=3600), str(tmp_path / "mnt"))
+    fs.tree.snapshot()
+    fs._rescan.start(1)  # a session never dereferenced: the sends are recorded
+    yield fs, sent
+    fs._rescan.stop()
+
+
+def _open(fs: CompatFS, path: str) -> int:
+    fi = SimpleNamespace(flags=os.O_RDONLY, keep_cache=0, fh=0)
+    assert fs.open(path, fi) == 0
+    return fi.fh
+
+
+def _gathered(fs: CompatFS, fh: int, at: int, size: int) -> pagecache.Gathered:
+    """Pages of view bytes [at, at + size) of open file `fh`, filled as a read would fill its kin's."""
+    opened = fs._paths.get(fh)
+    assert opened is not None
+    kin = fs._rescan.pages.gather(fh, opened)
+    assert kin is not None
+    out = kin.into(at, size)
+    assert out is not None
+    assemble.fill(opened.view.segments, opened.file, at, out)
+    kin.complete(lambda offset, buf: assemble.fill(opened.view.segments, opened.file, offset, buf))
+    return kin
+
+
+def test_stores_are_whole_pages_sent_by_the_rescan_thread_while_the_file_is_open(in_process):
+    fs, sent = in_process
+    path = "/text:1b/model.gguf"
+    fh = _open(fs, path)
+    opened = fs._paths.get(fh)
+    view, f = opened.view, opened.file
+    _gathered(fs, fh, 5000, 3000).queue()
+    wait_until(lambda: sent, what="a store sent")
+    assert sent == [("compatfs-rescan", 7, 4096, view.read(4096, 4096, f))]  # the whole page it lies in
+    last = view.size - 10
+    _gathered(fs, fh, last, 10).queue()  # the file's last page: up to its end, never past it
+    wait_until(lambda: len(sent) == 2, what="the last page sent")
+    assert sent[1] == ("compatfs-rescan", 7, last - last % 4096, view.read(last - last % 4096, 4096, f))
+    kin = _gathered(fs, fh, 0, 100)
+    fs.release(path, SimpleNamespace(fh=fh))
+    kin.queue()  # made for a file released since: dropped
+    fs._rescan.invalidate(set(), wait=5)  # (a wake that looks: everything queued before is handled)
+    assert len(sent) == 2, sent
+    assert fs._rescan.pages.gather(fh, opened) is None
+
+
+def test_stores_are_bounded_and_never_wait(in_process):
+    fs, sent = in_process
+    path = "/text:1b/model.gguf"
+    fh = _open(fs, path)
+    opened = fs._paths.get(fh)
+    pages = pagecache.PageStores(lambda: None, limit=3 * 4096)
+    pages.opened(fh, opened, 7)
+    kin = pages.gather(fh, opened)
+    assert kin is not None
+    assert kin.into(0, 8192) is not None
+    assert kin.into(8192, 8192) is None  # over the limit: not made
+    kin.drop()
+    assert kin.into(8192, 8192) is not None  # (the memory given back)
+    kin.drop()
+    fs.release(path, SimpleNamespace(fh=fh))
