@@ -1,5 +1,7 @@
 """What compatfs asks of the C library itself: `malloc`/`free` for the read
-replies libfuse frees (page-aligned, so O_DIRECT reads can fill them), the allocator's thresholds (the daemon and its
+replies libfuse frees (page-aligned, so O_DIRECT reads can fill them),
+memory mapped on its own (`map_memory`: given back to the system whole when
+unmapped, never kept in malloc's heaps), the allocator's thresholds (the daemon and its
 indexing workers tune them differently; a glibc call, elsewhere it does
 nothing), how much of a file range the page cache holds (`cachestat`), and
 whether a file may be written by anyone now (a lease's answer)."""
@@ -10,6 +12,7 @@ import ctypes
 import ctypes.util
 import errno
 import fcntl
+import mmap
 import os
 import platform
 import signal
@@ -29,6 +32,24 @@ def malloc_aligned(size: int, align: int) -> int:
     `align` (a power of two), freed with `free`; 0 when there is no memory."""
     mem = ctypes.c_void_p()
     return (mem.value or 0) if LIBC.posix_memalign(ctypes.byref(mem), align, size) == 0 else 0
+
+
+LIBC.mmap.restype = ctypes.c_void_p
+LIBC.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+LIBC.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def map_memory(size: int) -> int:
+    """`size` bytes of zeroed, page-aligned memory mapped on their own,
+    given back with `unmap_memory(mem, size)`; 0 when there is no memory."""
+    mem = LIBC.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    return 0 if mem in (None, _MAP_FAILED) else int(mem)
+
+
+def unmap_memory(mem: int, size: int) -> None:
+    """Memory from `map_memory` given back to the system."""
+    LIBC.munmap(mem, size)
 
 
 def tune_malloc(mmap_threshold: int, trim_threshold: int, arenas: int | None = None) -> None:

@@ -15,7 +15,9 @@ fails drops it, never the read that made it.
   would grow the file): the pages a kin range cuts are completed with the
   view's own bytes around it (`Gathered.complete`).
 - Stores are queued (at most `QUEUED_BYTES`, buffers being filled included;
-  beyond that a kin range is not made) and sent by the rescan thread, the
+  beyond that a kin range is not made) in memory mapped apart from malloc's
+  heaps (and as much again kept for the next ones: the daemon's memory
+  stays bounded, and a reused buffer costs no page faults), and sent by the rescan thread, the
   only sender of kernel notifications, before the invalidations it sends
   in the same wake: a store is sent only while the file whose read made it
   is open and its path still serves that file's view from an intact blob
@@ -32,14 +34,15 @@ from collections import deque
 from collections.abc import Callable
 from typing import NamedTuple
 
-from ..files.libc import LIBC, PAGE, malloc_aligned
+from ..files.libc import PAGE, map_memory, unmap_memory
 from . import libfuse
 from .libfuse import fuse
 from .paths import OpenFile
 
 log = logging.getLogger(__name__)
 
-QUEUED_BYTES = 64 << 20  # bytes of stores queued or being made, at most
+QUEUED_BYTES = 16 << 20  # bytes of stores queued or being made, at most (and of spare memory for them)
+_MAPPED = 256 << 10  # store memory is mapped in multiples of this (a spare one then fits the next)
 
 _LOWLEVEL_OPEN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.POINTER(fuse.fuse_file_info))
 _libfuse = fuse._libfuse
@@ -105,7 +108,11 @@ class PageStores:
         self._open: dict[int, tuple[OpenFile, int]] = {}  # fh -> the open file and its node
         self._queue: deque[_Store] = deque()
         self._taken = 0  # bytes of stores queued or being made
+        self._mapped: dict[int, int] = {}  # the memory mapped for stores (in use or spare): its size
+        self._spare: list[tuple[int, int]] = []  # memory of stores sent, kept for the next ones
+        self._spared = 0  # bytes of `_spare`
         self.sent = 0  # stores the kernel took
+        self.refused = 0  # kin ranges not made: the queue was full
 
     # -- open files ------------------------------------------------------------
     def opened(self, fh: int, opened: OpenFile | None, node: int | None) -> None:
@@ -128,22 +135,41 @@ class PageStores:
 
     # -- the queue ---------------------------------------------------------------
     def take(self, size: int) -> int:
-        """Page-aligned memory of `size` bytes counted against the limit (0: over it, or no memory)."""
+        """Page-aligned memory of at least `size` bytes counted against the
+        limit (0: over it, or no memory): a spare one, else newly mapped."""
         with self._lock:
             if self._taken + size > self._limit:
+                self.refused += 1
                 return 0
             self._taken += size
-        mem = malloc_aligned(size, PAGE)
-        if not mem:
-            self.give(0, size)
+            fits = [i for i, (_, mapped) in enumerate(self._spare) if mapped >= size]
+            if fits:
+                mem, mapped = self._spare.pop(min(fits, key=lambda i: self._spare[i][1]))
+                self._spared -= mapped
+                return mem
+        mapped = -(-size // _MAPPED) * _MAPPED
+        mem = map_memory(mapped)
+        with self._lock:
+            if mem:
+                self._mapped[mem] = mapped
+            else:
+                self._taken -= size
         return mem
 
     def give(self, mem: int, size: int) -> None:
-        """Memory from `take` freed (`mem` 0: none), its bytes given back."""
-        if mem:
-            LIBC.free(mem)
+        """Memory from `take` given back (`mem` 0: none), its `size` bytes no
+        longer counted: kept for the next store while the spares stay within the limit."""
         with self._lock:
             self._taken -= size
+            if not mem:
+                return
+            mapped = self._mapped[mem]
+            if self._spared + mapped <= self._limit:
+                self._spare.append((mem, mapped))
+                self._spared += mapped
+                return
+            del self._mapped[mem]
+        unmap_memory(mem, mapped)
 
     def enqueue(self, stores: list[_Store]) -> None:
         """Queue `stores` and wake the thread that sends them."""
@@ -178,11 +204,17 @@ class PageStores:
             self.sent += 1
 
     def clear(self) -> None:
-        """Drop every store queued (nothing is sent any more)."""
+        """Drop every store queued (nothing is sent any more), and unmap the spare memory."""
         with self._lock:
             stores, self._queue = list(self._queue), deque()
         for store in stores:
             self.give(store.mem, store.size)
+        with self._lock:
+            spare, self._spare, self._spared = self._spare, [], 0
+            for mem, _ in spare:
+                del self._mapped[mem]
+        for mem, mapped in spare:
+            unmap_memory(mem, mapped)
 
 
 class Gathered:
