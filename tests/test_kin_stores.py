@@ -256,3 +256,24 @@ def test_stores_are_bounded_and_never_wait(in_process):
     assert kin.into(8192, 8192) is not None  # (the memory given back)
     kin.drop()
     fs.release(path, SimpleNamespace(fh=fh))
+
+
+def test_readers_that_keep_storing_never_hold_the_rescan_thread_from_invalidating(in_process, monkeypatch):
+    fs, sent = in_process
+    path = "/text:1b/model.gguf"
+    fh = _open(fs, path)
+    invalidated: list[str] = []
+    monkeypatch.setattr(libfuse, "invalidate_path", lambda session, p: invalidated.append(p) or 0)
+    notify = pagecache.PageStores._notify
+
+    def refill(self, session, store) -> None:  # every store sent, another queued: a reader that never stops
+        notify(self, session, store)
+        _gathered(fs, fh, 0, 4096).queue()
+
+    monkeypatch.setattr(pagecache.PageStores, "_notify", refill)
+    _gathered(fs, fh, 0, 4096).queue()
+    wait_until(lambda: len(sent) > 3, what="stores sent")
+    fs._rescan.invalidate({path}, wait=5)
+    assert path in invalidated
+    monkeypatch.setattr(pagecache.PageStores, "_notify", notify)
+    fs.release(path, SimpleNamespace(fh=fh))

@@ -178,12 +178,16 @@ class PageStores:
         self._wake()
 
     def send(self, session: int | None, serves: Callable[[OpenFile], bool]) -> None:
-        """Send the stores queued (by the rescan thread only): each while its
+        """Send the stores queued when called (by the rescan thread only; those
+        queued meanwhile wait for the next call, so that readers that keep
+        queueing never hold the thread from its other work): each while its
         file is open and `serves(file)` (its path serves its view from an
         intact blob); the others dropped."""
-        while True:
+        with self._lock:
+            count = len(self._queue)
+        for _ in range(count):
             with self._lock:
-                if not self._queue:
+                if not self._queue:  # (cleared meanwhile)
                     return
                 store = self._queue.popleft()
             try:

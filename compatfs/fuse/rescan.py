@@ -120,7 +120,8 @@ class Rescan:
             waiting, self._sent = self._sent, []
         for sent in waiting:  # nothing is sent any more: nobody waits for it
             sent.set()
-        self.pages.clear()
+        if self._watcher is None or not self._watcher.is_alive():  # (else it may be sending one)
+            self.pages.clear()
         if self.pages.sent or self.pages.refused:
             log.info("kin pages: %d stores sent, %d not made (the queue full)", self.pages.sent, self.pages.refused)
         if self._inotify is not None and (self._watcher is None or not self._watcher.is_alive()):
