@@ -216,7 +216,7 @@ def _gathered(fs: CompatFS, fh: int, at: int, size: int) -> pagecache.Gathered:
     out = kin.into(at, size)
     assert out is not None
     assemble.fill(opened.view.segments, opened.file, at, out)
-    kin.complete(lambda offset, buf: assemble.fill(opened.view.segments, opened.file, offset, buf))
+    kin.complete(lambda offset, buf: assemble.fill_aside(opened.view.segments, opened.file, offset, buf))
     return kin
 
 
@@ -277,3 +277,17 @@ def test_readers_that_keep_storing_never_hold_the_rescan_thread_from_invalidatin
     assert path in invalidated
     monkeypatch.setattr(pagecache.PageStores, "_notify", notify)
     fs.release(path, SimpleNamespace(fh=fh))
+
+
+def test_the_pages_around_a_kin_range_are_no_read_for_the_file_s_ahead(blob, monkeypatch):
+    monkeypatch.setattr(ahead, "enabled", True)
+    advanced: list[int] = []
+    monkeypatch.setattr(ahead.Ahead, "advance", lambda self, blob, offset, *rest: advanced.append(offset))
+    view = BlobViews().view(blob, MODEL_FILE)
+    seg = max(halves(view), key=lambda s: s.size)
+    with view.open() as f:
+        out = bytearray(4096)
+        assemble.fill_aside(view.segments, f, seg.at, memoryview(out))
+        assert not advanced
+        assert bytes(out) == view.read(seg.at, 4096, f)
+        assert advanced == [seg.at]  # (a reader's read is)

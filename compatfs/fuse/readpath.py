@@ -68,7 +68,7 @@ def reply(
         if n:
             _fill(opened, offset, memoryview((ctypes.c_char * n).from_address(mem)).cast("B"), kin)
         if kin is not None:
-            kin.complete(lambda at, out: assemble.fill(opened.view.segments, opened.file, at, out))
+            kin.complete(lambda at, out: assemble.fill_aside(opened.view.segments, opened.file, at, out))
         recheck()  # the blob is still the one the view was built from (the kin's bytes too)
         libfuse.reply_buffer(bufpp, mem, n)
     except BaseException:

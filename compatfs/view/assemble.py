@@ -70,6 +70,17 @@ def fill(
         raise GGUFError(f"a read of {len(out)} bytes at {offset} runs past the end of a view of {segments.size}")
 
 
+def fill_aside(segments: Segments, blob: BlobFile, offset: int, out: memoryview) -> None:
+    """As `fill`, for view bytes no reader asked for (the pages around a kin
+    range): the open file's `Ahead` takes them for no read of its reader."""
+    at = 0
+    for seg in segments.cover(offset, len(out)):
+        _FILL[type(seg)](seg, blob, out[at : at + seg.size])
+        at += seg.size
+    if at != len(out):
+        raise GGUFError(f"a read of {len(out)} bytes at {offset} runs past the end of a view of {segments.size}")
+
+
 def parts(segments: Segments, blob: BlobFile | None, offset: int, size: int) -> list[FileRange | bytearray]:
     """View bytes [offset, offset+size) of `segments` (clipped to the view):
     plain blob ranges as `FileRange`s, everything else assembled (as `fill` does)."""
