@@ -291,3 +291,17 @@ def test_the_pages_around_a_kin_range_are_no_read_for_the_file_s_ahead(blob, mon
         assert not advanced
         assert bytes(out) == view.read(seg.at, 4096, f)
         assert advanced == [seg.at]  # (a reader's read is)
+
+
+def test_a_store_made_before_its_blob_changed_is_never_sent(in_process):
+    fs, sent = in_process
+    path = "/text:1b/model.gguf"
+    fh = _open(fs, path)
+    opened = fs._paths.get(fh)
+    kin = _gathered(fs, fh, 0, 4096)
+    with open(opened.file.path, "ab") as blob:  # rewritten under the open file: its view's bytes are no more
+        blob.write(b"\0")
+    kin.queue()
+    fs._rescan.invalidate(set(), wait=5)  # (a wake that looks: everything queued before is handled)
+    assert not sent, sent
+    fs.release(path, SimpleNamespace(fh=fh))
