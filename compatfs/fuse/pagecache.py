@@ -17,12 +17,13 @@ fails drops it, never the read that made it.
 - Stores are queued (at most `QUEUED_BYTES`, buffers being filled included;
   beyond that a kin range is not made) in memory mapped apart from malloc's
   heaps (and as much again kept for the next ones: the daemon's memory
-  stays bounded, and a reused buffer costs no page faults), and sent by the rescan thread, the
-  only sender of kernel notifications, before the invalidations it sends
-  in the same wake: a store is sent only while the file whose read made it
-  is open and its path still serves that file's view from an intact blob
-  (`serves`), checked and sent under a lock that the open and the release
-  of a file take too, so that no open or release reply slips between.
+  stays bounded, and a reused buffer costs no page faults), and sent by
+  the rescan thread, the only sender of kernel notifications, before the
+  invalidations it sends in the same wake: a store is sent only while the
+  file whose read made it is open and its path still serves that file's
+  view from an intact blob (`PageStores.send`'s `serves`), checked and sent
+  under a lock that the open and the release of a file take too, so that
+  no open or release reply slips between.
 """
 
 from __future__ import annotations
