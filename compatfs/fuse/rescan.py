@@ -87,7 +87,7 @@ class Rescan:
         self._stop = threading.Event()
         self._kick = threading.Event()  # wake up: something is queued, or rescan now
         self._look = False  # the wake is for more than pages to store: look now
-        self.pages = PageStores(self._kick.set)  # pages to store (they wake the thread, and are sent first)
+        self.pages = PageStores(lambda: self._kick.set())  # pages to store (they wake the thread, sent first)
         self._watcher: threading.Thread | None = None
         tree.views.on_belied = self._wrong_index_entry  # BlobViews takes its callback as an attribute
         # What the first rescan compares against, taken before the mount
@@ -203,16 +203,17 @@ class Rescan:
         first_by = time.monotonic() + self.FIRST_LOOK_WAIT
         busy = _Busy()
         while not self._stop.is_set():
-            due = time.monotonic() + wait
+            due, left = time.monotonic() + wait, wait
             while True:  # pages to store are sent as soon as they are queued; the rest waits for its look
-                self._kick.wait(max(0.0, due - time.monotonic()))
+                self._kick.wait(left)
                 self._kick.clear()
                 if self._stop.is_set():
                     return
                 self.pages.send(self._fuse_ptr, self._serves)
                 with self._lock:
                     look, self._look = self._look, False
-                if look or time.monotonic() >= due:
+                left = due - time.monotonic()
+                if look or left <= 0:
                     break
             try:
                 self._send_queued()
