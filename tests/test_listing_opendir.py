@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -139,3 +140,57 @@ def test_root_lists_and_a_refused_caller_stays_refused(open_tmp, compiled):
         assert m.alive
     finally:
         m.close()
+
+
+_INSTALL = r"""
+import ctypes, logging, sys
+from compatfs.fuse import libfuse
+from compatfs.fuse.libfuse import fuse
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
+seen = {}
+def real(argc, argv, ops, size, data):
+    seen["opendir"] = ctypes.cast(ops.contents.opendir, ctypes.c_void_p).value
+    return 0
+fuse.fuse_main_real = real
+native = libfuse.accel.native
+if native is not None:
+    make = native.opendir_gate
+    native.opendir_gate = lambda *args: seen.setdefault("gate", make(*args))
+class Ops(fuse.Operations):
+    use_ns = True
+    root_lists_all = ROOT_LISTS_ALL
+    def opendir(self, path):
+        return 0
+if BROKEN:
+    def broken(self, ops):
+        raise RuntimeError("no gate today")
+    libfuse.FUSE._gate_opendir = broken
+libfuse.FUSE(Ops(), "/nonexistent", foreground=True)
+assert fuse.fuse_main_real is real
+print("gated" if seen["opendir"] == seen.get("gate") else "python")
+"""
+
+
+@pytest.mark.parametrize(
+    "root_lists_all, broken, compiled, want",
+    [
+        (True, False, True, "gated"),
+        (True, False, False, "python"),
+        (False, False, True, "python"),
+        (True, True, True, "python"),
+    ],
+    ids=["accel", "no-accel", "not-root_lists_all", "gate-fails"],
+)
+def test_the_gate_goes_in_the_table_libfuse_copies(root_lists_all, broken, compiled, want):
+    """`libfuse.FUSE` puts the gate in the operations table mfusepy hands
+    libfuse, where compatfs._accel is built and the filesystem lets root
+    list anything; mfusepy's own call is back in place once made; a gate
+    that cannot be made leaves the table as mfusepy made it (the mount goes on)."""
+    if compiled and accel.native is None:
+        pytest.skip("compatfs._accel is not built")
+    code = _INSTALL.replace("ROOT_LISTS_ALL", str(root_lists_all)).replace("BROKEN", str(broken))
+    env = {**os.environ, "COMPATFS_NO_ACCEL": "0" if compiled else "1"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[-1] == want, res.stdout
+    assert ("no gate today" in res.stdout) == broken, res.stdout

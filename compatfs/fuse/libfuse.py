@@ -230,7 +230,10 @@ class FUSE(fuse.FUSE):
         def main_real(argc, argv, ops, size, data):
             fuse.fuse_main_real = real
             _patching.release()
-            self._gate_opendir(ops.contents)
+            try:
+                self._gate_opendir(ops.contents)
+            except Exception as e:  # the gate only saves time: the mount goes on without it
+                log.warning("folders opened by root answered in Python (no gate: %s)", e)
             return real(argc, argv, ops, size, data)
 
         _patching.acquire()
