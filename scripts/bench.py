@@ -1484,8 +1484,9 @@ def big_store_bench(work: Path) -> None:
             shutil.rmtree(manifest.parent, ignore_errors=True)  # the cached store stays as built
         row["rss_own"] = rss_mib(d.proc.pid)
         d.close()
-        # The same without compatfs._accel: on libfuse 3.14-3.16.0 each
-        # folder opened then runs a second Python callback (the ctypes
+        # The same without compatfs._accel: each folder root opens then runs
+        # CompatFS.opendir (with it: answered in C, `_accel.opendir_gate`),
+        # and on libfuse 3.14-3.16.0 a second Python callback (the ctypes
         # wrapper of the session's opendir) where the C one runs none.
         d = compatfs_daemon(store, mnt, index=index, env={"COMPATFS_NO_ACCEL": "1"})
         list_all(d.mnt)
@@ -1533,7 +1534,7 @@ def big_store_bench(work: Path) -> None:
         print(f"  ls -l again                              {secs(r['again_own'])}   <= 0.5 s  (the kernel answers)")
         print(
             f"  ls -l again without compatfs._accel      {secs(r['again_plain'])}             "
-            f"({ratio(r['again_plain'], r['again_own'])} the time with it: opendir's wrapper in Python)"
+            f"({ratio(r['again_plain'], r['again_own'])} the time with it: root's opens and opendir's wrapper in Python)"
         )
         if "idle" in r:
             print(f"  daemon CPU idle {IDLE_SECONDS} s after that              {r['idle']:7.2%}    < 1% of a core")
