@@ -1,5 +1,5 @@
 """A listing with attributes (READDIRPLUS) fills each entry's `struct stat`
-in one `struct.pack_into` (`libfuse.StatFiller`): the very bytes mfusepy's
+in one `struct.pack_into` (`statfill.StatFiller`): the very bytes mfusepy's
 `set_st_attrs` writes for the same attributes, times in nanoseconds, every
 field not given zero; a value out of its field's range is stored as ctypes
 stores it."""
@@ -11,8 +11,8 @@ import stat
 
 import pytest
 
-from compatfs.fuse import libfuse
 from compatfs.fuse.libfuse import fuse
+from compatfs.fuse.statfill import StatFiller
 
 _CASES = [
     # a file as getattr gives it
@@ -45,6 +45,6 @@ def test_filled_as_set_st_attrs_fills(attrs):
     fuse.set_st_attrs(want, attrs, use_ns=True)
     got = fuse.c_stat()
     ctypes.memset(ctypes.byref(got), 0xA5, ctypes.sizeof(got))  # (what a previous entry left)
-    libfuse.StatFiller().fill(got, attrs)
+    StatFiller(fuse.c_stat, fuse.set_st_attrs).fill(got, attrs)
     assert bytes(got) == bytes(want)
     assert got.st_ino == attrs.get("st_ino", 0) and got.st_mode == attrs["st_mode"]

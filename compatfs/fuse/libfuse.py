@@ -14,7 +14,6 @@ import errno
 import functools
 import logging
 import os
-import struct
 import sys
 import threading
 
@@ -27,6 +26,7 @@ import mfusepy as fuse  # noqa: E402
 from ..files.access import Caller  # noqa: E402
 from ..files.libc import LIBC  # noqa: E402
 from ..translate import accel  # noqa: E402
+from .statfill import StatFiller  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -142,63 +142,6 @@ def want_listings_with_attributes(conn) -> None:
         conn.want = (conn.want | FUSE_CAP_READDIRPLUS) & ~FUSE_CAP_READDIRPLUS_AUTO
 
 
-class StatFiller:
-    """Fills mfusepy's `c_stat` from an attributes dict as `set_st_attrs`
-    does with times in nanoseconds (every other field 0), in one
-    `struct.pack_into`: each field of the struct at its offset, in the size
-    and signedness ctypes declares it, the three times as seconds and
-    nanoseconds."""
-
-    _TIMES = {"st_atimespec": "st_atime", "st_mtimespec": "st_mtime", "st_ctimespec": "st_ctime"}
-
-    def __init__(self) -> None:
-        fmt, at = "=", 0
-        self._slots: list[tuple[str, bool]] = []  # (attribute, whether a time in ns) in the struct's order
-        for name, ctype in fuse.c_stat._fields_:
-            offset = getattr(fuse.c_stat, name).offset
-            if name in self._TIMES:
-                codes = [_code(t) for _, t in ctype._fields_]
-                ends = [getattr(ctype, sub).offset + getattr(ctype, sub).size for sub, _ in ctype._fields_]
-                if len(codes) != 2 or None in codes or ends != [ctypes.sizeof(ctype) // 2, ctypes.sizeof(ctype)]:
-                    raise OSError(f"mfusepy's c_stat.{name} is not a timespec")
-                fmt += "x" * (offset - at) + "".join(str(c) for c in codes)
-                self._slots.append((self._TIMES[name], True))
-            elif name.startswith("st_") and _code(ctype) is not None:
-                fmt += "x" * (offset - at) + _code(ctype)
-                self._slots.append((name, False))
-            else:
-                continue  # (padding, reserved: zero)
-            at = offset + ctypes.sizeof(ctype)
-        fmt += "x" * (ctypes.sizeof(fuse.c_stat) - at)
-        self._struct = struct.Struct(fmt)
-        if self._struct.size != ctypes.sizeof(fuse.c_stat):
-            raise OSError("mfusepy's c_stat is not laid out as its fields say")
-
-    def fill(self, st, attrs: dict) -> None:
-        """`st` (a c_stat) holding `attrs` and zeros."""
-        values: list[int] = []
-        get = attrs.get
-        for key, is_time in self._slots:
-            if is_time:
-                values.extend(divmod(int(get(key, 0)), 1_000_000_000))
-            else:
-                values.append(get(key, 0))
-        try:
-            self._struct.pack_into(st, 0, *values)
-        except struct.error:  # a value out of its field's range: as ctypes itself stores it
-            ctypes.memset(ctypes.byref(st), 0, ctypes.sizeof(st))
-            fuse.set_st_attrs(st, attrs, use_ns=True)
-
-
-def _code(ctype) -> str | None:
-    """The `struct` code of a ctypes integer type (None for any other)."""
-    kind = getattr(ctype, "_type_", None)
-    if not isinstance(kind, str) or kind not in "bBhHiIlLqQ":
-        return None
-    code = {1: "b", 2: "h", 4: "i", 8: "q"}[ctypes.sizeof(ctype)]
-    return code.upper() if kind.isupper() else code
-
-
 class FUSE(fuse.FUSE):
     """mfusepy's loop, with folders the kernel keeps and lists with attributes:
 
@@ -295,7 +238,7 @@ class FUSE(fuse.FUSE):
         return 0
 
 
-_STAT = StatFiller()
+_STAT = StatFiller(fuse.c_stat, fuse.set_st_attrs)
 _patching = threading.Lock()  # held while mfusepy's fuse_main_real is FUSE's own (one FUSE made at a time)
 
 
