@@ -29,7 +29,19 @@
  * compatfs.fuse.libfuse installs in place of the session's opendir on a
  * libfuse that drops what the high-level opendir sets, without a Python
  * callback per folder opened.  One original per process (a libfuse's is
- * the same for every session); ValueError for another. */
+ * the same for every session); ValueError for another.
+ *
+ * opendir_gate(fallback, context, uid_offset, fh_offset, offset, mask): the
+ * address of a libfuse 3 high-level opendir (`int (*)(const char *path,
+ * struct fuse_file_info *fi)`) that answers an open of a folder by root
+ * (uid 0 in the `struct fuse_context` that `context`, libfuse's
+ * fuse_get_context, returns: the 32-bit uid `uid_offset` bytes in) as
+ * compatfs.fuse.operations.CompatFS.opendir does, with nothing to look up
+ * (fh 0, the bits `mask` set in the 32-bit word `offset` bytes into the
+ * fuse_file_info, 0 returned) and passes every other open to `fallback`,
+ * the Python one, whose answer it returns: what compatfs.fuse.libfuse
+ * installs as the high-level opendir, without a Python callback per folder
+ * root opens.  One gate per process; ValueError for another. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
@@ -260,6 +272,66 @@ static PyObject *keep_opendir(PyObject *self, PyObject *args)
     return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)opendir_keeping);
 }
 
+typedef int (*highlevel_opendir)(const char *path, void *fi);
+typedef void *(*context_getter)(void);
+
+static highlevel_opendir gate_fallback;
+static context_getter gate_context;
+static Py_ssize_t gate_uid_offset, gate_fh_offset, gate_offset;
+static uint32_t gate_mask;
+
+static int opendir_gated(const char *path, void *fi)
+{
+    const char *ctx = gate_context();
+    uint32_t uid;
+    if (!ctx)
+        return gate_fallback(path, fi);
+    memcpy(&uid, ctx + gate_uid_offset, sizeof uid);
+    if (uid != 0)
+        return gate_fallback(path, fi);
+    uint64_t fh = 0;
+    uint32_t word;
+    memcpy((char *)fi + gate_fh_offset, &fh, sizeof fh);
+    memcpy(&word, (char *)fi + gate_offset, sizeof word);
+    word |= gate_mask;
+    memcpy((char *)fi + gate_offset, &word, sizeof word);
+    return 0;
+}
+
+static PyObject *opendir_gate(PyObject *self, PyObject *args)
+{
+    unsigned long long fallback, context;
+    Py_ssize_t uid_offset, fh_offset, offset;
+    unsigned long mask;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KKnnnk", &fallback, &context, &uid_offset, &fh_offset, &offset, &mask))
+        return NULL;
+    /* (fuse_context: 24 bytes and more; fuse_file_info: 40 bytes and more, fh 8-aligned) */
+    if (!fallback || !context || uid_offset < 0 || uid_offset > 24 - (Py_ssize_t)sizeof(uint32_t)
+        || uid_offset % sizeof(uint32_t) || fh_offset < 0 || fh_offset > 40 - (Py_ssize_t)sizeof(uint64_t)
+        || fh_offset % sizeof(uint64_t) || offset < 0 || offset > 40 - (Py_ssize_t)sizeof(uint32_t)
+        || offset % sizeof(uint32_t) || (offset < fh_offset + 8 && fh_offset < offset + 4) || !mask
+        || mask > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "opendir_gate: no fallback or context, or fields outside their structs");
+        return NULL;
+    }
+    highlevel_opendir fn = (highlevel_opendir)(uintptr_t)fallback;
+    context_getter get = (context_getter)(uintptr_t)context;
+    if (gate_fallback
+        && (gate_fallback != fn || gate_context != get || gate_uid_offset != uid_offset
+            || gate_fh_offset != fh_offset || gate_offset != offset || gate_mask != (uint32_t)mask)) {
+        PyErr_SetString(PyExc_ValueError, "opendir_gate: already gates another opendir");
+        return NULL;
+    }
+    gate_context = get;
+    gate_uid_offset = uid_offset;
+    gate_fh_offset = fh_offset;
+    gate_offset = offset;
+    gate_mask = (uint32_t)mask;
+    gate_fallback = fn;
+    return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)opendir_gated);
+}
+
 static PyMethodDef methods[] = {
     {"mxfp4_repack", mxfp4_repack, METH_VARARGS,
      "mxfp4_repack(dst, src, width, stride, first, count): MXFP4 blocks first .. first + count - 1 of src "
@@ -270,6 +342,10 @@ static PyMethodDef methods[] = {
     {"keep_opendir", keep_opendir, METH_VARARGS,
      "keep_opendir(original, offset, mask): the address of a libfuse low-level opendir that sets mask in the "
      "32-bit word offset bytes into the request's fuse_file_info, then calls original."},
+    {"opendir_gate", opendir_gate, METH_VARARGS,
+     "opendir_gate(fallback, context, uid_offset, fh_offset, offset, mask): the address of a libfuse high-level "
+     "opendir that answers root's opens itself (fh 0, mask set in the word offset bytes into fuse_file_info) and "
+     "passes every other to fallback."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -397,6 +397,22 @@ class Tree:
             files = {**files, MMPROJ_FILE: FileRef(blob, MMPROJ_FILE)}
         return files
 
+    def entries(self, path: str) -> list[tuple[str, FileRef | None]] | None:
+        """The entries of the folder at `path` in name order, each as `lookup`
+        finds it: a file with its FileRef, a folder with None; in one look
+        at one snapshot.  None when no folder is there."""
+        path = path.strip("/")
+        snap = self.snapshot()
+        dirs = snap.dirs.get(path)
+        if dirs is None:
+            return None
+        files = self.files(snap, path) or {}
+        return [(name, None if name in dirs else files[name]) for name in sorted(set(files) | dirs)]
+
+    def is_folder(self, path: str) -> bool:
+        """Whether `lookup` finds a folder at `path` (nothing of it looked at)."""
+        return path.strip("/") in self.snapshot().dirs
+
     def lookup(self, path: str) -> FileRef | list[str] | None:
         """A FileRef, a directory listing, or None when nothing is there."""
         path = path.strip("/")

@@ -70,10 +70,12 @@ class Attributes:
 
     def of(self, path: str) -> dict | None:
         """The attributes of `path`; None when nothing is there."""
+        if self.tree.is_folder(path):
+            return self._dir_attrs(path)
         node = self.tree.lookup(path)
         if node is None:
             return None
-        if isinstance(node, list):
+        if isinstance(node, list):  # (a folder since)
             return self._dir_attrs(path)
         kept = self._paths.kept(path)
         held = kept[0].view if kept is not None else None  # the view its open files read
@@ -113,8 +115,9 @@ class Attributes:
         }
 
     def listing(self, path: str) -> list[tuple]:
-        node = self.node(path)
-        if not isinstance(node, list):
+        found = self.tree.entries(path)  # (its folders not looked up: looking one up reads its blob's header)
+        if found is None:
+            self.node(path)  # ENOENT when nothing is there
             raise fuse.FuseOSError(errno.ENOTDIR)
         rel = path.strip("/")
         # d_ino must be set (readers skip entries with inode 0) and match stat's.
@@ -122,13 +125,9 @@ class Attributes:
             (".", {"st_mode": stat.S_IFDIR, "st_ino": inodes.dir_ino(rel)}, 0),
             ("..", {"st_mode": stat.S_IFDIR, "st_ino": inodes.dir_ino(rel.rpartition("/")[0])}, 0),
         ]
-        snap = self.tree.snapshot()
-        for name in node:
+        for name, ref in found:
             child = f"{path.rstrip('/')}/{name}"
-            # Files are looked up, folders not (looking one up reads its blob's header).
-            is_dir = (f"{rel}/{name}" if rel else name) in snap.dirs
-            ref = None if is_dir else self.tree.lookup(child)
-            if isinstance(ref, FileRef):
+            if ref is not None:
                 entries.append((name, {"st_mode": stat.S_IFREG, "st_ino": self._file_ino(child, ref)}, 0))
             else:
                 entries.append((name, {"st_mode": stat.S_IFDIR, "st_ino": inodes.dir_ino(child.strip("/"))}, 0))

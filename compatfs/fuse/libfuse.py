@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
+import logging
 import os
 import sys
 import threading
@@ -24,6 +26,9 @@ import mfusepy as fuse  # noqa: E402
 from ..files.access import Caller  # noqa: E402
 from ..files.libc import LIBC  # noqa: E402
 from ..translate import accel  # noqa: E402
+from .statfill import StatFiller  # noqa: E402
+
+log = logging.getLogger(__name__)
 
 
 class _FuseBuf(ctypes.Structure):
@@ -151,7 +156,60 @@ class FUSE(fuse.FUSE):
       as getattr would (none: the kernel looks the entry up itself).
       libfuse 3.14 counts a lookup of an entry that does not fit in the
       reply any more: its node is then kept until unmount (one per path).
+    - where compatfs._accel is built and the filesystem's `opendir` lets
+      root list anything with nothing looked up (`root_lists_all`), root's
+      opens of folders are answered in C (`_accel.opendir_gate`: fh 0, the
+      same flags), every other caller's by `opendir` as before: the gate
+      is put in the operations table mfusepy hands libfuse, before libfuse
+      copies it.
     """
+
+    def __init__(self, operations, mountpoint: str, **kwargs) -> None:
+        if accel.native is None or not getattr(operations, "root_lists_all", False):
+            super().__init__(operations, mountpoint, **kwargs)
+            return
+        real = fuse.fuse_main_real
+
+        def main_real(argc, argv, ops, size, data):
+            fuse.fuse_main_real = real
+            _patching.release()
+            try:
+                self._gate_opendir(ops.contents)
+            except Exception as e:  # the gate only saves time: the mount goes on without it
+                log.warning("folders opened by root answered in Python (no gate: %s)", e)
+            return real(argc, argv, ops, size, data)
+
+        _patching.acquire()
+        fuse.fuse_main_real = main_real  # mfusepy's __init__ calls it with the table it made
+        try:
+            super().__init__(operations, mountpoint, **kwargs)
+        finally:
+            if fuse.fuse_main_real is main_real:  # (not called: mfusepy failed before mounting)
+                fuse.fuse_main_real = real
+                _patching.release()
+
+    def _gate_opendir(self, ops) -> None:
+        """Have `ops` (mfusepy's fuse_operations) answer root's opens of
+        folders in C, and every other one by `opendir` through a ctypes
+        callback of its own (as mfusepy makes each)."""
+        bits = _listing_bits()
+        if accel.native is None or not ops.opendir or bits is None or ctypes.sizeof(fuse.c_uid_t) != 4:
+            return
+        prototype = dict(fuse.fuse_operations._fields_)["opendir"]
+        fallback = prototype(functools.partial(self._wrapper, self.opendir))
+        try:
+            gate = accel.native.opendir_gate(
+                ctypes.cast(fallback, ctypes.c_void_p).value,
+                ctypes.cast(_libfuse.fuse_get_context, ctypes.c_void_p).value,
+                fuse.fuse_context.uid.offset,
+                fuse.fuse_file_info.fh.offset,
+                *bits,
+            )
+        except ValueError:
+            return  # (another mount in this process has the gate)
+        self._opendir_fallback = fallback  # (kept alive while libfuse may call it)
+        ops.opendir = prototype(gate)
+        log.info("folders opened by root answered in C (compatfs._accel), by others in Python")
 
     def opendir(self, path: bytes, fip) -> int:
         fi = fip.contents
@@ -169,12 +227,19 @@ class FUSE(fuse.FUSE):
         for position in range(max(offset, 0), len(entries)):
             name, attrs, _ = entries[position]
             full = self.operations.entry_attrs(f"{base}/{name}") if plus and name not in (".", "..") else None
-            ctypes.memset(ctypes.byref(st), 0, ctypes.sizeof(st))
-            fuse.set_st_attrs(st, full if full is not None else attrs, use_ns=self.use_ns)
+            if self.use_ns:
+                _STAT.fill(st, full if full is not None else attrs)
+            else:
+                ctypes.memset(ctypes.byref(st), 0, ctypes.sizeof(st))
+                fuse.set_st_attrs(st, full if full is not None else attrs, use_ns=False)
             fill = FUSE_FILL_DIR_PLUS if full is not None else 0
             if filler(buf, name.encode(self.encoding, self.errors), st, position + 1, fill) != 0:
                 break  # the reply is full: the kernel asks again from this entry's offset
         return 0
+
+
+_STAT = StatFiller(fuse.c_stat, fuse.set_st_attrs)
+_patching = threading.Lock()  # held while mfusepy's fuse_main_real is FUSE's own (one FUSE made at a time)
 
 
 # libfuse before 3.16.1 answers an OPENDIR with its own copy of the

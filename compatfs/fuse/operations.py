@@ -79,6 +79,9 @@ class CompatFS(fuse.Operations):
     """Read-only operations over a `Tree`."""
 
     use_ns = True
+    # `opendir` lets root list any folder with nothing looked up (the
+    # libfuse layer may answer root's opens itself: `libfuse.FUSE`).
+    root_lists_all = True
     _OPEN_ATTEMPTS = 8  # an open racing re-pulls tries the path's newest blob this often
     _INVALIDATE_WAIT = 10.0  # seconds an open waits at most for the rescan thread to invalidate its path
 
