@@ -260,6 +260,14 @@ _libfuse.fuse_get_session.argtypes = [ctypes.c_void_p]
 _libfuse.fuse_get_session.restype = ctypes.c_void_p
 _libfuse.fuse_session_fd.argtypes = [ctypes.c_void_p]
 _libfuse.fuse_session_fd.restype = ctypes.c_int
+_libfuse.fuse_lowlevel_notify_store.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_uint64,
+    ctypes.c_int64,
+    ctypes.c_void_p,
+    ctypes.c_int,
+]
+_libfuse.fuse_lowlevel_notify_store.restype = ctypes.c_int
 _wrapped: list = []  # the wrappers installed (kept alive for the process's life)
 
 
@@ -381,6 +389,18 @@ def invalidate_path(ptr: int, path: str) -> None:
 def exit_loop(ptr: int) -> None:
     """Flag the session's loop to end."""
     _libfuse.fuse_exit(ptr)
+
+
+def notify_store(ptr: int, node: int, offset: int, mem: int, n: int) -> bool:
+    """Put the `n` bytes at `mem` in the kernel's page cache of node `node`
+    of session `ptr` from `offset` (`fuse_lowlevel_notify_store`); whether
+    the kernel took them."""
+    se = _libfuse.fuse_get_session(ptr)
+    if not se:
+        return False
+    vec = _FuseBufvec(count=1)
+    vec.buf[0].size, vec.buf[0].mem = n, mem
+    return _libfuse.fuse_lowlevel_notify_store(se, node, offset, ctypes.byref(vec), 0) == 0
 
 
 def reply_buffer(bufpp, mem: int, n: int) -> None:

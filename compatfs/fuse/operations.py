@@ -9,6 +9,8 @@ calls on the modules that decide:
 - `openfiles`: what an open snapshots (the view and the blob's descriptor it
   is read through) and what a release closes;
 - `readpath`: a read's reply, one malloc'ed buffer filled by `view.assemble`;
+- `pagecache`: the pages of op tensors' kin a read makes too, queued for the
+  kernel's page cache (sent by `rescan`'s thread);
 - `rescan`: the background rescan, and the only sender of the kernel's
   invalidations (operations queue them to its thread);
 - `inodes`: inode numbers; `libfuse`: the libfuse 3 binding;

@@ -46,15 +46,6 @@ QUEUED_BYTES = 16 << 20  # bytes of stores queued or being made, at most (and of
 _MAPPED = 256 << 10  # store memory is mapped in multiples of this (a spare one then fits the next)
 
 _LOWLEVEL_OPEN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.POINTER(fuse.fuse_file_info))
-_libfuse = fuse._libfuse
-_libfuse.fuse_lowlevel_notify_store.argtypes = [
-    ctypes.c_void_p,
-    ctypes.c_uint64,
-    ctypes.c_int64,
-    ctypes.c_void_p,
-    ctypes.c_int,
-]
-_libfuse.fuse_lowlevel_notify_store.restype = ctypes.c_int
 _opening = threading.local()  # the node the low-level open being answered on this thread opens
 _wrapped: list = []  # the wrappers installed (kept alive for the process's life)
 
@@ -202,10 +193,7 @@ class PageStores:
                 self.give(store.mem, store.size)
 
     def _notify(self, session: int, store: _Store) -> None:
-        vec = libfuse._FuseBufvec(count=1)
-        vec.buf[0].size, vec.buf[0].mem = store.size, store.mem
-        se = _libfuse.fuse_get_session(session)
-        if se and _libfuse.fuse_lowlevel_notify_store(se, store.node, store.offset, ctypes.byref(vec), 0) == 0:
+        if libfuse.notify_store(session, store.node, store.offset, store.mem, store.size):
             self.sent += 1
 
     def clear(self) -> None:
