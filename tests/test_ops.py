@@ -156,7 +156,7 @@ def test_bad_shapes_are_refused(src):
 def from_pieces(op, src) -> bytes:
     """The op's output as its pieces say, run by run (what `Runs` means,
     apart from the view's arithmetic)."""
-    from compatfs.translate.ops import Runs
+    from compatfs.translate.runs import Runs
 
     out = []
     for p in op.pieces():

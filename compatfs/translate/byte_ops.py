@@ -14,7 +14,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as DT
 
 from ..format.header import TensorInfo, tensor_nbytes
 from ..errors import GGUFError
-from .ops import PLAIN_TYPES, Op, Part, Runs, SpanGroup, as_array, elements, strided_runs
+from .ops import PLAIN_TYPES, Op, SpanGroup, as_array, elements
+from .runs import Part, Runs, strided_runs
 
 
 @dataclass(frozen=True)

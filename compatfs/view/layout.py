@@ -20,7 +20,7 @@ from ..files.blobfile import BlobFile
 from ..format.header import MAGIC, SourceGGUF
 from ..errors import GGUFError
 from .opcache import OpCache
-from ..translate.ops import Runs
+from ..translate.runs import Runs
 from ..translate import ViewSpec, ViewTensor
 from .assemble import FileRange
 from .segments import BlobBytes, Cached, Computed, HeldBytes, InRounds, Rounds, Segment, Segments, ZeroBytes
