@@ -274,7 +274,7 @@ def test_failed_reads_are_logged_at_most_once_per_blob_a_while(monkeypatch, capl
     READ_LOG_SECONDS, not one per read; the next line counts the rest."""
     from compatfs.fuse import readpath
 
-    def fail(view, file, offset, out):
+    def fail(view, file, offset, out, kin_into=None):
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(readpath.assemble, "fill", fail)
@@ -286,7 +286,7 @@ def test_failed_reads_are_logged_at_most_once_per_blob_a_while(monkeypatch, capl
 
     def read(handle) -> None:
         with pytest.raises(OSError) as e:
-            readpath._fill(handle, 0, out)
+            readpath._fill(handle, 0, out, None)
         assert e.value.errno == errno.EIO
 
     with caplog.at_level(logging.ERROR, logger="compatfs"):
