@@ -8,9 +8,7 @@ comes through here.  `BlobFile` reads exactly the bytes asked for or raises.
 Bytes that go on to be cached elsewhere (a view's blob ranges, which the
 kernel keeps as the mount's own file) are read with O_DIRECT from a file the
 page cache does not mostly hold already (`read_once_into`): a model read
-through the mount is then cached once, not twice; where they do not lie in
-memory as in the blob, a sequential reader's next bytes are read ahead
-(`window`).  The lookups' names other
+through the mount is then cached once, not twice.  The lookups' names other
 layers import from here (`status`, `identity`, `Denied`, ...) are
 `lookup`'s.
 """
@@ -50,7 +48,6 @@ from .lookup import (
 )
 from .scratch import scratch
 from .watch import Followed, contents
-from .window import Window
 
 __all__ = [
     "ALIGN",
@@ -85,8 +82,6 @@ C = TypeVar("C", bound=Closable)
 ALIGN = 4096  # O_DIRECT offsets, sizes and buffers: whole 4 KiB blocks
 DIRECT_MIN = 64 << 10  # shorter reads go through the page cache
 _BOUNCE = (1 << 20) + 2 * ALIGN  # the aligned buffer an O_DIRECT read goes through
-WINDOWED = 1 << 20  # reads up to this long that do not lie as in the blob go through its `Window`
-_WINDOW = "window"  # the `owned` key of an open file's `Window`
 EXPLAINED_WITHIN = 0.05  # seconds a followed file's moved change time waits for the event that tells why
 
 
@@ -286,10 +281,7 @@ class BlobFile:
         through the page cache.  Where `out` lies as the file does (its
         address and `offset` alike modulo `ALIGN`: a reply buffer of a view
         served as the blob is), the whole blocks are read straight into it;
-        the rest through an aligned buffer, copied out with the GIL released.
-        Reads up to `WINDOWED` long that do not lie so (an mmproj view's
-        tensors) go through the file's `Window`: a read that continues the
-        one before has the blob's next bytes read ahead of the next read."""
+        the rest through an aligned buffer, copied out with the GIL released."""
         size = len(out)
         fd = self._direct_fd() if size >= DIRECT_MIN else -1
         if fd < 0:
@@ -303,11 +295,7 @@ class BlobFile:
                 done = lo - offset
                 self._read_direct(fd, out[done : hi - offset], lo, hi - lo, offset + size)
                 done = hi - offset
-                self._bounced(fd, out[done:], offset + done)
-            elif size <= WINDOWED:
-                self._windowed(fd, out, offset)
-            else:
-                self._bounced(fd, out, offset)
+            self._bounced(fd, out[done:], offset + done)
         except OSError as e:
             if e.errno != errno.EINVAL:
                 raise failure(self.path, "read", e) from None
@@ -348,29 +336,6 @@ class BlobFile:
             if got <= 0:
                 raise self._ended(offset + done, end)
             done += got
-
-    def _windowed(self, fd: int, out: memoryview, offset: int) -> None:
-        """Bytes at `offset` into `out` through the open file's `Window`: from
-        the blocks an O_DIRECT read of `fd` before took in for them, or read
-        with those of the next read of this size where this one continues
-        the one before."""
-        window = self.owned(_WINDOW, lambda: Window(fd, self.stamp[2]))
-        got = window.read(out, offset, lambda buf, start, need: self._read_blocks(fd, buf, start, need))
-        if got < len(out):
-            raise self._ended(offset + got, offset + len(out))
-
-    @staticmethod
-    def _read_blocks(fd: int, out: memoryview, offset: int, need: int) -> int:
-        """Blocks at aligned `offset` into page-aligned `out` through the
-        O_DIRECT descriptor `fd` until at least `need` bytes are in or the
-        file ends; how many bytes were read."""
-        done = 0
-        while done < need:
-            got = os.preadv(fd, [out[done:]], offset + done)
-            if got <= 0:
-                break
-            done += got
-        return done
 
     def _bounced(self, fd: int, out: memoryview, offset: int) -> None:
         """Bytes at `offset` into `out` through the O_DIRECT descriptor `fd`,
