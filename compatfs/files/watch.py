@@ -21,7 +21,6 @@ write of its bytes or only a change of its metadata (`Followed`):
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import logging
 import os
@@ -31,6 +30,7 @@ import threading
 import time
 from pathlib import Path
 
+from .libc import LIBC
 from .lookup import resolved
 
 log = logging.getLogger(__name__)
@@ -44,13 +44,16 @@ _EVENT = struct.Struct("iIII")
 
 
 def _libc():
+    """The C library loaded once for the process (`libc.LIBC`: no search for
+    it, which runs ldconfig, at a mount's start or its first open), with
+    inotify's calls typed; None where it has none."""
     try:
-        lib = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        lib = LIBC
         lib.inotify_init1.argtypes = [ctypes.c_int]
         lib.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
         lib.inotify_rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
         return lib
-    except (OSError, AttributeError):
+    except AttributeError:
         return None
 
 
