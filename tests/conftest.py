@@ -247,3 +247,20 @@ def blob_reads(monkeypatch) -> list[tuple[int, int]]:
     monkeypatch.setattr(BlobFile, "read_once_in_blocks", counted(in_blocks, lambda buf, offset, size: (offset, size)))
     monkeypatch.setattr(BlobFile, "read_into", counted(into, lambda out, offset: (offset, len(out))))
     return seen
+
+
+@pytest.fixture
+def nothing_ahead(monkeypatch):
+    """No range computed ahead: every one by the read that needs it."""
+    from compatfs.view import ahead
+
+    monkeypatch.setattr(ahead, "enabled", False)
+
+
+@pytest.fixture(scope="module", params=["fused", "mxfp4"])
+def gptoss_layer(request, tmp_path_factory) -> Path:
+    """One gpt-oss-120b layer (rows as wide as the published model's, 2 experts) in the fused or type-4 form."""
+    from compatfs.testing import widths
+
+    path = tmp_path_factory.mktemp("gptoss-layer") / f"gptoss-{request.param}.gguf"
+    return widths.write_blob(widths.gptoss_blob(ollama_mxfp4=request.param == "mxfp4", n_expert=2), path)

@@ -10,7 +10,6 @@ page cache."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +20,6 @@ from compatfs.files.scratch import give, take
 from compatfs.handlers.gptoss import OllamaMXFP4
 from compatfs.names import MODEL_FILE
 from compatfs.translate import accel
-from compatfs.view import ahead
 from compatfs.view.catalog import BlobViews
 from compatfs.view.segments import Computed, InRounds
 from compatfs.testing import widths
@@ -29,19 +27,7 @@ from compatfs.testing import widths
 from test_read_once import cached, evicted
 
 MiB = 1 << 20
-
-
-@pytest.fixture(autouse=True)
-def nothing_ahead(monkeypatch):
-    """Every range computed by the read that needs it."""
-    monkeypatch.setattr(ahead, "enabled", False)
-
-
-@pytest.fixture(scope="module", params=["fused", "mxfp4"])
-def blob(request, tmp_path_factory) -> Path:
-    """One gpt-oss-120b layer (rows as wide as the published model's, 2 experts) in the fused or type-4 form."""
-    path = tmp_path_factory.mktemp("cold-halves") / f"gptoss-{request.param}.gguf"
-    return widths.write_blob(widths.gptoss_blob(ollama_mxfp4=request.param == "mxfp4", n_expert=2), path)
+pytestmark = pytest.mark.usefixtures("nothing_ahead")  # every range computed by the read that needs it
 
 
 def read_through(view, f: BlobFile) -> bytes:
@@ -49,23 +35,23 @@ def read_through(view, f: BlobFile) -> bytes:
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
-def test_a_cold_blob_s_halves_are_the_same_bytes_as_a_cached_one_s(blob, compiled, monkeypatch):
+def test_a_cold_blob_s_halves_are_the_same_bytes_as_a_cached_one_s(gptoss_layer, compiled, monkeypatch):
     if compiled and accel.native is None:
         pytest.skip("compatfs._accel is not built (or COMPATFS_NO_ACCEL)")
     if not compiled:
         monkeypatch.setattr(accel, "native", None)
-    view = BlobViews().view(blob, MODEL_FILE)
+    view = BlobViews().view(gptoss_layer, MODEL_FILE)
     halves = [s for s in view.segments if isinstance(s, InRounds) or isinstance(getattr(s, "op", None), OllamaMXFP4)]
     assert halves, "the fused stack's halves in the view"
-    blob.read_bytes()  # in the page cache: read through it, as before
+    gptoss_layer.read_bytes()  # in the page cache: read through it, as before
     with view.open() as f:
         assert not f.reads_directly
         reference = read_through(view, f)
-    evicted(blob)
-    cached(blob)  # skips where the kernel cannot tell
+    evicted(gptoss_layer)
+    cached(gptoss_layer)  # skips where the kernel cannot tell
     with view.open() as f:
         if not f.reads_directly:
-            pytest.skip(f"{blob.parent}'s filesystem gives no O_DIRECT descriptor")
+            pytest.skip(f"{gptoss_layer.parent}'s filesystem gives no O_DIRECT descriptor")
         assert read_through(view, f) == reference
         for at, size in ((12_345, 3 * MiB + 7), (halves[-1].at + 1529, 1531), (halves[0].at + 5, 70_001)):
             assert view.read(at, size, f) == reference[at : at + size], (at, size)

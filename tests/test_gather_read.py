@@ -22,18 +22,16 @@ from compatfs.errors import GGUFError
 from compatfs.files.blobfile import BlobFile
 from compatfs.files.lookup import transient
 from compatfs.translate import accel
-from compatfs.view import ahead, assemble as viewbytes
+from compatfs.view import assemble as viewbytes
 from compatfs.view.segments import InRounds, Rounds, Segments
 from compatfs.testing import widths
 
-pytestmark = pytest.mark.skipif(accel.native is None, reason="compatfs._accel is not built (or COMPATFS_NO_ACCEL)")
+pytestmark = [
+    pytest.mark.usefixtures("nothing_ahead"),
+    pytest.mark.skipif(accel.native is None, reason="compatfs._accel is not built (or COMPATFS_NO_ACCEL)"),
+]
 
 MiB = 1 << 20
-
-
-@pytest.fixture(autouse=True)
-def nothing_ahead(monkeypatch):
-    monkeypatch.setattr(ahead, "enabled", False)
 
 
 @pytest.fixture(scope="module")

@@ -29,32 +29,20 @@ from compatfs.translate import accel
 from compatfs.view import ahead, assemble
 from compatfs.view.catalog import BlobViews
 from compatfs.view.segments import Computed, InRounds
-from compatfs.testing import llama, widths
+from compatfs.testing import llama
 from compatfs.testing.store import add_model
 from conftest import needs_fuse, wait_until
 
 MiB = 1 << 20
-
-
-@pytest.fixture(autouse=True)
-def nothing_ahead(monkeypatch):
-    """Every range computed by the read that needs it."""
-    monkeypatch.setattr(ahead, "enabled", False)
-
-
-@pytest.fixture(scope="module", params=["fused", "mxfp4"])
-def blob(request, tmp_path_factory) -> Path:
-    """One gpt-oss-120b layer (rows as wide as the published model's, 2 experts) in the fused or type-4 form."""
-    path = tmp_path_factory.mktemp("kin") / f"gptoss-{request.param}.gguf"
-    return widths.write_blob(widths.gptoss_blob(ollama_mxfp4=request.param == "mxfp4", n_expert=2), path)
+pytestmark = pytest.mark.usefixtures("nothing_ahead")  # every range computed by the read that needs it
 
 
 def halves(view) -> list:
     return [s for s in view.segments if isinstance(s, (InRounds, Computed)) and s.kin]
 
 
-def test_the_halves_of_a_stack_are_each_other_s_kin(blob):
-    view = BlobViews().view(blob, MODEL_FILE)
+def test_the_halves_of_a_stack_are_each_other_s_kin(gptoss_layer):
+    view = BlobViews().view(gptoss_layer, MODEL_FILE)
     found = halves(view)
     assert found, "halves with kin in the view"
     for seg in found:
@@ -65,12 +53,12 @@ def test_the_halves_of_a_stack_are_each_other_s_kin(blob):
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
-def test_a_read_of_one_half_makes_the_other_s_same_range_byte_for_byte(blob, compiled, monkeypatch):
+def test_a_read_of_one_half_makes_the_other_s_same_range_byte_for_byte(gptoss_layer, compiled, monkeypatch):
     if compiled and accel.native is None:
         pytest.skip("compatfs._accel is not built (or COMPATFS_NO_ACCEL)")
     if not compiled:
         monkeypatch.setattr(accel, "native", None)
-    view = BlobViews().view(blob, MODEL_FILE)
+    view = BlobViews().view(gptoss_layer, MODEL_FILE)
     with view.open() as f:
         reference = b"".join(view.read(at, MiB, f) for at in range(0, view.size, MiB))
         for seg in halves(view):
@@ -91,8 +79,8 @@ def test_a_read_of_one_half_makes_the_other_s_same_range_byte_for_byte(blob, com
                 assert bytes(made[kin.at + lo]) == reference[kin.at + lo : kin.at + lo + size], (seg.at, lo)
 
 
-def test_a_kin_range_not_wanted_is_not_made(blob):
-    view = BlobViews().view(blob, MODEL_FILE)
+def test_a_kin_range_not_wanted_is_not_made(gptoss_layer):
+    view = BlobViews().view(gptoss_layer, MODEL_FILE)
     seg = max(halves(view), key=lambda s: s.size)
     asked: list[tuple[int, int]] = []
     with view.open() as f:
@@ -140,15 +128,17 @@ def _reads(log: str) -> list[tuple[int, int]]:
 
 @needs_fuse
 @pytest.mark.parametrize("compiled", [True, False], ids=["accel", "no-accel"])
-def test_a_half_read_through_a_mount_puts_the_other_half_in_the_page_cache(blob, tmp_path, mount_store, compiled):
+def test_a_half_read_through_a_mount_puts_the_other_half_in_the_page_cache(
+    gptoss_layer, tmp_path, mount_store, compiled
+):
     if compiled and accel.native is None:
         pytest.skip("compatfs._accel is not built (or COMPATFS_NO_ACCEL)")
     store = tmp_path / "store"
-    add_model(store, "oss", blob, tag="1b")
+    add_model(store, "oss", gptoss_layer, tag="1b")
     m = mount_store(store, "-o", "debug", env={"COMPATFS_NO_ACCEL": "0" if compiled else "1"})
     if "pages stored ahead of their readers" not in m.log_text():
         pytest.skip(f"libfuse {libfuse.libfuse_version()}'s session: no node ids, nothing stored")
-    view = BlobViews().view(blob, MODEL_FILE)
+    view = BlobViews().view(gptoss_layer, MODEL_FILE)
     first = max((s for s in halves(view) if s.at < s.kin[0].at), key=lambda s: s.size)
     kin = first.kin[0]
     with view.open() as f:
@@ -279,11 +269,11 @@ def test_readers_that_keep_storing_never_hold_the_rescan_thread_from_invalidatin
     fs.release(path, SimpleNamespace(fh=fh))
 
 
-def test_the_pages_around_a_kin_range_are_no_read_for_the_file_s_ahead(blob, monkeypatch):
+def test_the_pages_around_a_kin_range_are_no_read_for_the_file_s_ahead(gptoss_layer, monkeypatch):
     monkeypatch.setattr(ahead, "enabled", True)
     advanced: list[int] = []
     monkeypatch.setattr(ahead.Ahead, "advance", lambda self, blob, offset, *rest: advanced.append(offset))
-    view = BlobViews().view(blob, MODEL_FILE)
+    view = BlobViews().view(gptoss_layer, MODEL_FILE)
     seg = max(halves(view), key=lambda s: s.size)
     with view.open() as f:
         out = bytearray(4096)

@@ -13,7 +13,7 @@ from compatfs.files.blobfile import BlobFile
 from compatfs.format.header import SourceGGUF
 from compatfs.names import MODEL_FILE
 from compatfs.translate.ops import Promote
-from compatfs.view import ahead, assemble as viewbytes
+from compatfs.view import assemble as viewbytes
 from compatfs.view.catalog import BlobViews
 from compatfs.view.segments import Computed, Segments
 from compatfs.testing import widths
@@ -21,12 +21,7 @@ from compatfs.testing import widths
 from ggufs import write_gguf
 
 MiB = 1 << 20
-
-
-@pytest.fixture(autouse=True)
-def nothing_ahead(monkeypatch):
-    """Every range computed by the read that needs it."""
-    monkeypatch.setattr(ahead, "enabled", False)
+pytestmark = pytest.mark.usefixtures("nothing_ahead")  # every range computed by the read that needs it
 
 
 @pytest.fixture(scope="module")
