@@ -264,3 +264,16 @@ def gptoss_layer(request, tmp_path_factory) -> Path:
 
     path = tmp_path_factory.mktemp("gptoss-layer") / f"gptoss-{request.param}.gguf"
     return widths.write_blob(widths.gptoss_blob(ollama_mxfp4=request.param == "mxfp4", n_expert=2), path)
+
+
+@pytest.fixture(params=["numpy", "compiled"])
+def kernel(request, monkeypatch) -> str:
+    """The test once with numpy's kernels and once with the compiled ones
+    (skipped where compatfs._accel is not built)."""
+    from compatfs.translate import accel
+
+    if request.param == "numpy":
+        monkeypatch.setattr(accel, "native", None)
+    elif accel.native is None:
+        pytest.skip("compatfs._accel is not built (or COMPATFS_NO_ACCEL is set)")
+    return request.param

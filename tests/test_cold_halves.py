@@ -34,12 +34,8 @@ def read_through(view, f: BlobFile) -> bytes:
     return b"".join(view.read(at, MiB, f) for at in range(0, view.size, MiB))
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
-def test_a_cold_blob_s_halves_are_the_same_bytes_as_a_cached_one_s(gptoss_layer, compiled, monkeypatch):
-    if compiled and accel.native is None:
-        pytest.skip("compatfs._accel is not built (or COMPATFS_NO_ACCEL)")
-    if not compiled:
-        monkeypatch.setattr(accel, "native", None)
+@pytest.mark.usefixtures("kernel")
+def test_a_cold_blob_s_halves_are_the_same_bytes_as_a_cached_one_s(gptoss_layer):
     view = BlobViews().view(gptoss_layer, MODEL_FILE)
     halves = [s for s in view.segments if isinstance(s, InRounds) or isinstance(getattr(s, "op", None), OllamaMXFP4)]
     assert halves, "the fused stack's halves in the view"

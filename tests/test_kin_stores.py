@@ -52,12 +52,8 @@ def test_the_halves_of_a_stack_are_each_other_s_kin(gptoss_layer):
     assert all(not s.kin for s in whole), "a whole stack shares no span"
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
-def test_a_read_of_one_half_makes_the_other_s_same_range_byte_for_byte(gptoss_layer, compiled, monkeypatch):
-    if compiled and accel.native is None:
-        pytest.skip("compatfs._accel is not built (or COMPATFS_NO_ACCEL)")
-    if not compiled:
-        monkeypatch.setattr(accel, "native", None)
+@pytest.mark.usefixtures("kernel")
+def test_a_read_of_one_half_makes_the_other_s_same_range_byte_for_byte(gptoss_layer):
     view = BlobViews().view(gptoss_layer, MODEL_FILE)
     with view.open() as f:
         reference = b"".join(view.read(at, MiB, f) for at in range(0, view.size, MiB))

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as DT
 
-from compatfs.translate import accel
 from compatfs.format.header import TensorInfo
 from compatfs.errors import GGUFError
 from compatfs.handlers.gptoss import BLOCK, QK, OllamaMXFP4
@@ -31,14 +30,7 @@ def _reference(data: np.ndarray, stored: tuple[int, ...], start: int, step: int)
     return np.concatenate((scale, values[..., : QK // 2] | (values[..., QK // 2 :] << 4)), axis=-1).tobytes()
 
 
-@pytest.fixture(autouse=True, params=["numpy", "compiled"])
-def kernel(request, monkeypatch):
-    """Every test once with numpy's kernel and once with the compiled one."""
-    if request.param == "numpy":
-        monkeypatch.setattr(accel, "native", None)
-    elif accel.native is None:
-        pytest.skip("compatfs._accel is not built (or COMPATFS_NO_ACCEL is set)")
-    return request.param
+pytestmark = pytest.mark.usefixtures("kernel")  # every test with numpy's kernel and with the compiled one
 
 
 @pytest.fixture(scope="module")
