@@ -277,3 +277,27 @@ def kernel(request, monkeypatch) -> str:
     elif accel.native is None:
         pytest.skip("compatfs._accel is not built (or COMPATFS_NO_ACCEL is set)")
     return request.param
+
+
+@pytest.fixture
+def store_fs(tmp_path, monkeypatch):
+    """Makes the CompatFS of the Ollama store at a path, answered in this
+    process (no mount): its requests come from this process, its state is
+    under tmp_path, its rescan timer an hour, the store scanned once."""
+    from compatfs.files.access import Caller
+    from compatfs.fuse import libfuse
+    from compatfs.fuse.operations import CompatFS
+    from compatfs.sources.ollama import OllamaStore
+    from compatfs.tree import Tree
+    from compatfs.view.catalog import BlobViews
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setattr(libfuse, "caller", lambda: Caller(os.getuid(), os.getgid(), os.getpid()))
+
+    def make(store: Path) -> CompatFS:
+        (tmp_path / "mnt").mkdir(exist_ok=True)
+        fs = CompatFS(Tree(OllamaStore(store), BlobViews(), rescan_seconds=3600), str(tmp_path / "mnt"))
+        fs.tree.snapshot()
+        return fs
+
+    return make

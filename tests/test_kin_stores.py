@@ -18,11 +18,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from compatfs.files.access import Caller
 from compatfs.fuse import libfuse, pagecache, rescan
 from compatfs.fuse.operations import CompatFS
-from compatfs.sources.ollama import OllamaStore
-from compatfs.tree import Tree
 from compatfs.handlers.gptoss import OllamaMXFP4
 from compatfs.names import MODEL_FILE
 from compatfs.translate import accel
@@ -160,13 +157,11 @@ def test_a_half_read_through_a_mount_puts_the_other_half_in_the_page_cache(
 
 
 @pytest.fixture
-def in_process(tmp_path, monkeypatch):
+def in_process(tmp_path, monkeypatch, store_fs):
     """A CompatFS, in process, whose rescan thread runs with a stand-in FUSE
     session and looks at the store once an hour; every open learns node 7;
     every store the kernel would be sent is recorded with the thread that
     sent it."""
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.setattr(libfuse, "caller", lambda: Caller(os.getuid(), os.getgid(), os.getpid()))
     monkeypatch.setattr(libfuse, "invalidate_path", lambda session, path: 0)
     monkeypatch.setattr(pagecache, "opening_node", lambda: 7)
     monkeypatch.setattr(rescan.Rescan, "LOOK_SECONDS", 3600.0)  # a store is sent at once, never at the next look
@@ -179,9 +174,7 @@ def in_process(tmp_path, monkeypatch):
     monkeypatch.setattr(pagecache.PageStores, "_notify", notify)
     store = tmp_path / "store"
     add_model(store, "text", llama.plain_llama_text(tmp_path / "t.gguf"), tag="1b")
-    (tmp_path / "mnt").mkdir()
-    fs = CompatFS(Tree(OllamaStore(store), BlobViews(), rescan_seconds=3600), str(tmp_path / "mnt"))
-    fs.tree.snapshot()
+    fs = store_fs(store)
     fs._rescan.start(1)  # a session never dereferenced: the sends are recorded
     yield fs, sent
     fs._rescan.stop()

@@ -12,32 +12,22 @@ import os
 import pytest
 
 from compatfs.files import lookup
-from compatfs.files.access import Caller
-from compatfs.fuse import libfuse
 from compatfs.fuse.operations import CompatFS
-from compatfs.sources.ollama import OllamaStore
 from compatfs.testing import llama
 from compatfs.testing.store import add_model, set_layer
-from compatfs.tree import Tree
 from compatfs.view import sampling
-from compatfs.view.catalog import BlobViews
 from test_sampling import set_params
 from test_template_layer import TEMPLATE
 
 
 @pytest.fixture
-def fs(tmp_path, monkeypatch) -> CompatFS:
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.setattr(libfuse, "caller", lambda: Caller(os.getuid(), os.getgid(), os.getpid()))
+def fs(tmp_path, store_fs) -> CompatFS:
     store = tmp_path / "store"
     text = llama.plain_llama_text(tmp_path / "t.gguf")
     manifest = add_model(store, "chat", text, tag="1b")
     set_params(store, manifest, b'{"temperature": 0.3, "num_ctx": 2048}')
     set_layer(store, manifest, TEMPLATE, b"{{ .Prompt }}")
-    (tmp_path / "mnt").mkdir()
-    fs = CompatFS(Tree(OllamaStore(store), BlobViews(), rescan_seconds=3600), str(tmp_path / "mnt"))
-    fs.tree.snapshot()
-    return fs
+    return store_fs(store)
 
 
 def _layers(fs: CompatFS) -> set[str]:

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import os
 
 import pytest
 
-from compatfs.files.access import Caller
 from compatfs.fuse import libfuse
 from compatfs.fuse.libfuse import fuse
 from compatfs.fuse.operations import CompatFS
-from compatfs.sources.ollama import OllamaStore
 from compatfs.testing import llama
 from compatfs.testing.store import add_model
 from compatfs.tree import Tree
@@ -26,17 +23,12 @@ _MODELS = ("alpha", "beta", "gamma", "delta")
 
 
 @pytest.fixture
-def fs(tmp_path, monkeypatch) -> CompatFS:
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.setattr(libfuse, "caller", lambda: Caller(os.getuid(), os.getgid(), os.getpid()))
+def fs(tmp_path, store_fs) -> CompatFS:
     store = tmp_path / "store"
     blob = llama.plain_llama_text(tmp_path / "t.gguf")
     for name in _MODELS:
         add_model(store, name, blob, tag="1b")
-    (tmp_path / "mnt").mkdir()
-    fs = CompatFS(Tree(OllamaStore(store), BlobViews(), rescan_seconds=3600), str(tmp_path / "mnt"))
-    fs.tree.snapshot()
-    return fs
+    return store_fs(store)
 
 
 def _ls_l_everything(fs: CompatFS) -> dict[str, dict[bytes, int]]:

@@ -10,29 +10,19 @@ import os
 import pytest
 
 from compatfs.files import lookup
-from compatfs.files.access import Caller
-from compatfs.fuse import libfuse
 from compatfs.fuse.operations import CompatFS
-from compatfs.sources.ollama import OllamaStore
 from compatfs.testing import llama
 from compatfs.testing.store import add_model
-from compatfs.tree import Tree
-from compatfs.view.catalog import BlobViews
 from hostile import vision_and_text_store
 from test_sampling import set_params
 
 
 @pytest.fixture
-def fs(tmp_path, monkeypatch) -> CompatFS:
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.setattr(libfuse, "caller", lambda: Caller(os.getuid(), os.getgid(), os.getpid()))
+def fs(tmp_path, store_fs) -> CompatFS:
     store = vision_and_text_store(tmp_path)
     text = llama.plain_llama_text(tmp_path / "t.gguf")
     set_params(store, add_model(store, "chat", text, tag="1b"), b'{"temperature": 0.3, "num_ctx": 2048}')
-    (tmp_path / "mnt").mkdir()
-    fs = CompatFS(Tree(OllamaStore(store), BlobViews(), rescan_seconds=3600), str(tmp_path / "mnt"))
-    fs.tree.snapshot()
-    return fs
+    return store_fs(store)
 
 
 def _ls_l(fs: CompatFS) -> dict[str, int]:

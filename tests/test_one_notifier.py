@@ -13,34 +13,26 @@ from types import SimpleNamespace
 
 import pytest
 
-from compatfs.files.access import Caller
 from compatfs.fuse import current, libfuse, openfiles, paths, rescan
 from compatfs.fuse.operations import CompatFS
-from compatfs.sources.ollama import OllamaStore
 from compatfs.testing import llama
 from compatfs.testing.store import add_model
-from compatfs.tree import Tree
-from compatfs.view.catalog import BlobViews
 from test_hostile_mount import blob_of
 
 PATH = "/text:1b/model.gguf"
 
 
 @pytest.fixture
-def fs(tmp_path, monkeypatch):
+def fs(tmp_path, monkeypatch, store_fs):
     """A CompatFS, in process, whose rescan thread runs with a stand-in FUSE
     session: every invalidation is recorded with the thread that sent it."""
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.setattr(libfuse, "caller", lambda: Caller(os.getuid(), os.getgid(), os.getpid()))
     sent: list[tuple[str, str]] = []
     monkeypatch.setattr(
         libfuse, "invalidate_path", lambda session, path: sent.append((threading.current_thread().name, path)) or 0
     )
     store = tmp_path / "store"
     add_model(store, "text", llama.plain_llama_text(tmp_path / "t.gguf"), tag="1b")
-    (tmp_path / "mnt").mkdir()
-    fs = CompatFS(Tree(OllamaStore(store), BlobViews(), rescan_seconds=3600), str(tmp_path / "mnt"))
-    fs.tree.snapshot()
+    fs = store_fs(store)
     fs._rescan.start(1)  # a session that is never dereferenced: invalidate_path is the recorder
     yield SimpleNamespace(fs=fs, sent=sent, store=store)
     fs._rescan.stop()
