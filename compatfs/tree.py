@@ -401,12 +401,13 @@ class Tree:
         """The entries of the folder at `path` in name order, each as `lookup`
         finds it: a file with its FileRef, a folder with None; in one look
         at one snapshot.  None when no folder is there."""
-        path = path.strip("/")
-        snap = self.snapshot()
-        dirs = snap.dirs.get(path)
-        if dirs is None:
+        return self._entries(self.snapshot(), path.strip("/"))
+
+    def _entries(self, snap: Snapshot, path: str) -> list[tuple[str, FileRef | None]] | None:
+        files, dirs = self.files(snap, path), snap.dirs.get(path)
+        if files is None and dirs is None:
             return None
-        files = self.files(snap, path) or {}
+        files, dirs = files or {}, dirs or set()
         return [(name, None if name in dirs else files[name]) for name in sorted(set(files) | dirs)]
 
     def is_folder(self, path: str) -> bool:
@@ -417,11 +418,9 @@ class Tree:
         """A FileRef, a directory listing, or None when nothing is there."""
         path = path.strip("/")
         snap = self.snapshot()
-        files = self.files(snap, path)
-        if files is not None:
-            return sorted(set(files) | snap.dirs.get(path, set()))
-        if path in snap.dirs:
-            return sorted(snap.dirs[path])
+        found = self._entries(snap, path)
+        if found is not None:
+            return [name for name, _ in found]
         parent, _, leaf = path.rpartition("/")
         files = snap.files.get(parent)
         if files is None:
