@@ -250,12 +250,13 @@ _patching = threading.Lock()  # held while mfusepy's fuse_main_real is FUSE's ow
 # opened) where compatfs._accel is built, else by a ctypes callback.  Where
 # it sits in libfuse's private `struct fuse_session` (the same from 3.14 to
 # 3.16): the public `fuse_lowlevel_ops` 40 bytes in, of 8-byte members,
-# open the 15th, read the 16th, opendir the 21st; the high-level library sets every one of its first 26
-# but the 17th (write: it answers writes by write_buf).
+# open the 15th, opendir the 21st; the high-level library sets every one of
+# its first 26 but the 17th (write: it answers writes by write_buf).
 _PASSES_DIR_FLAGS = (3, 16, 1)
 _SESSION_OPS, _OPENDIR, _UNSET, _CHECKED = 40, 20, 16, 26
-OP_OPEN, OP_READ = 14, 15  # where `session_ops` has the low-level open and read
-_LOWLEVEL_OPENDIR = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.POINTER(fuse.fuse_file_info))
+OP_OPEN = 14  # where `session_ops` has the low-level open
+# libfuse's low-level open and opendir: (request, node id, fuse_file_info *)
+_LOWLEVEL_OPEN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.POINTER(fuse.fuse_file_info))
 _libfuse.fuse_get_session.argtypes = [ctypes.c_void_p]
 _libfuse.fuse_get_session.restype = ctypes.c_void_p
 _libfuse.fuse_session_fd.argtypes = [ctypes.c_void_p]
@@ -302,6 +303,16 @@ def session_ops(ptr: int, mountpoint: str):
     return ops
 
 
+def wrap_op(ops, index: int, wrapper) -> None:
+    """Answer the low-level open or opendir at `index` of `ops` (from
+    `session_ops`) with `wrapper(original, req, ino, fi)`, where `original`
+    is the one it replaces (kept alive for the process's life)."""
+    original = _LOWLEVEL_OPEN(ops[index])
+    installed = _LOWLEVEL_OPEN(functools.partial(wrapper, original))
+    _wrapped.append((installed, original))
+    ops[index] = ctypes.cast(installed, ctypes.c_void_p).value
+
+
 def keep_listings(ptr: int, mountpoint: str) -> str:
     """Have the kernel keep the listings of session `ptr`'s folders (see
     `FUSE.opendir`) on a libfuse that drops what `opendir` sets: its
@@ -316,26 +327,22 @@ def keep_listings(ptr: int, mountpoint: str) -> str:
     ops = session_ops(ptr, mountpoint)
     if ops is None:
         return f"folder listings not kept by the kernel (libfuse {libfuse_version()}'s session is not as expected)"
-    at = ops[_OPENDIR]
     bits = _listing_bits()
     if accel.native is not None and bits is not None:
         try:
-            ops[_OPENDIR] = accel.native.keep_opendir(at, *bits)
+            ops[_OPENDIR] = accel.native.keep_opendir(ops[_OPENDIR], *bits)
         except ValueError:
             pass  # (another opendir wrapped already in this process: the ctypes wrapper below)
         else:
             return f"folder listings kept by the kernel (libfuse {libfuse_version()}'s opendir wrapped in C)"
-    original = _LOWLEVEL_OPENDIR(at)
 
-    def opendir(req, ino, llfi) -> None:
+    def opendir(original, req, ino, llfi) -> None:
         fi = llfi.contents
         fi.keep_cache = 1
         fi.cache_readdir = 1
         original(req, ino, llfi)
 
-    wrapper = _LOWLEVEL_OPENDIR(opendir)
-    _wrapped.append((wrapper, original))
-    ops[_OPENDIR] = ctypes.cast(wrapper, ctypes.c_void_p).value
+    wrap_op(ops, _OPENDIR, opendir)
     return f"folder listings kept by the kernel (libfuse {libfuse_version()}'s opendir wrapped)"
 
 

@@ -37,7 +37,6 @@ from typing import NamedTuple
 
 from ..files.libc import PAGE, map_memory, unmap_memory
 from . import libfuse
-from .libfuse import fuse
 from .paths import OpenFile
 
 log = logging.getLogger(__name__)
@@ -45,9 +44,7 @@ log = logging.getLogger(__name__)
 QUEUED_BYTES = 16 << 20  # bytes of stores queued or being made, at most (and of spare memory for them)
 _MAPPED = 256 << 10  # store memory is mapped in multiples of this (a spare one then fits the next)
 
-_LOWLEVEL_OPEN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.POINTER(fuse.fuse_file_info))
 _opening = threading.local()  # the node the low-level open being answered on this thread opens
-_wrapped: list = []  # the wrappers installed (kept alive for the process's life)
 
 
 def learn_nodes(ptr: int, mountpoint: str) -> str:
@@ -58,18 +55,15 @@ def learn_nodes(ptr: int, mountpoint: str) -> str:
     ops = libfuse.session_ops(ptr, mountpoint)
     if ops is None:
         return f"kin op tensors' pages not stored (libfuse {libfuse.libfuse_version()}'s session is not as expected)"
-    original = _LOWLEVEL_OPEN(ops[libfuse.OP_OPEN])
 
-    def open_(req, ino, llfi) -> None:
+    def open_(original, req, ino, llfi) -> None:
         _opening.node = ino
         try:
             original(req, ino, llfi)
         finally:
             _opening.node = None
 
-    wrapper = _LOWLEVEL_OPEN(open_)
-    _wrapped.append((wrapper, original))
-    ops[libfuse.OP_OPEN] = ctypes.cast(wrapper, ctypes.c_void_p).value
+    libfuse.wrap_op(ops, libfuse.OP_OPEN, open_)
     return "kin op tensors' pages stored ahead of their readers"
 
 
