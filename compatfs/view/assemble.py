@@ -17,7 +17,7 @@ import logging
 import time
 from functools import partial
 from typing import Any, NamedTuple
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -59,23 +59,31 @@ def fill(
     bytes of op tensors made from the same input spans as the op tensors
     read (their kin, `segments.kin_of`) are made too, from the same reads
     of the blob, into the buffers `kin_into` gives for them (where it gives one)."""
-    at = 0
-    for seg in _assembled(segments, blob, offset, len(out)):
-        if kin_into is not None and isinstance(seg, (InRounds, Computed)) and seg.kin:
-            _with_kin(seg, blob, out[at : at + seg.size], kin_into)
-        else:
-            _FILL[type(seg)](seg, blob, out[at : at + seg.size])  # (`_fill`, one call fewer on the hot path)
-        at += seg.size
-    if at != len(out):
-        raise GGUFError(f"a read of {len(out)} bytes at {offset} runs past the end of a view of {segments.size}")
+    _fill_from(_assembled(segments, blob, offset, len(out)), segments, blob, offset, out, kin_into)
 
 
 def fill_aside(segments: Segments, blob: BlobFile, offset: int, out: memoryview) -> None:
     """As `fill`, for view bytes no reader asked for (the pages around a kin
     range): the open file's `Ahead` takes them for no read of its reader."""
+    _fill_from(segments.cover(offset, len(out)), segments, blob, offset, out, None)
+
+
+def _fill_from(
+    segs: Iterable[Segment],
+    segments: Segments,
+    blob: BlobFile | None,
+    offset: int,
+    out: memoryview,
+    kin_into: KinInto | None,
+) -> None:
+    """`segs`, the segments of `segments` that cover view bytes [offset,
+    offset + len(out)), assembled into `out` (as `fill` says)."""
     at = 0
-    for seg in segments.cover(offset, len(out)):
-        _FILL[type(seg)](seg, blob, out[at : at + seg.size])
+    for seg in segs:
+        if kin_into is not None and isinstance(seg, (InRounds, Computed)) and seg.kin:
+            _with_kin(seg, blob, out[at : at + seg.size], kin_into)
+        else:
+            _FILL[type(seg)](seg, blob, out[at : at + seg.size])  # (`_fill`, one call fewer on the hot path)
         at += seg.size
     if at != len(out):
         raise GGUFError(f"a read of {len(out)} bytes at {offset} runs past the end of a view of {segments.size}")
