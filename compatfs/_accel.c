@@ -239,12 +239,18 @@ static lowlevel_opendir kept_original;
 static Py_ssize_t kept_offset;
 static uint32_t kept_mask;
 
-static void opendir_keeping(void *req, uint64_t ino, void *fi)
+/* Set the bits `mask` in the 32-bit word `offset` bytes into `fi`. */
+static void set_bits(void *fi, Py_ssize_t offset, uint32_t mask)
 {
     uint32_t word;
-    memcpy(&word, (char *)fi + kept_offset, sizeof word);
-    word |= kept_mask;
-    memcpy((char *)fi + kept_offset, &word, sizeof word);
+    memcpy(&word, (char *)fi + offset, sizeof word);
+    word |= mask;
+    memcpy((char *)fi + offset, &word, sizeof word);
+}
+
+static void opendir_keeping(void *req, uint64_t ino, void *fi)
+{
+    set_bits(fi, kept_offset, kept_mask);
     kept_original(req, ino, fi);
 }
 
@@ -290,11 +296,8 @@ static int opendir_gated(const char *path, void *fi)
     if (uid != 0)
         return gate_fallback(path, fi);
     uint64_t fh = 0;
-    uint32_t word;
     memcpy((char *)fi + gate_fh_offset, &fh, sizeof fh);
-    memcpy(&word, (char *)fi + gate_offset, sizeof word);
-    word |= gate_mask;
-    memcpy((char *)fi + gate_offset, &word, sizeof word);
+    set_bits(fi, gate_offset, gate_mask);
     return 0;
 }
 
