@@ -87,7 +87,7 @@ class Rescan:
         self._stop = threading.Event()
         self._kick = threading.Event()  # wake up: something is queued, or rescan now
         self._look = False  # the wake is for more than pages to store: look now
-        self.pages = PageStores(lambda: self._kick.set())  # pages to store (they wake the thread, sent first)
+        self.pages = PageStores(self._kick.set)  # pages to store (they wake the thread, sent first)
         self._watcher: threading.Thread | None = None
         tree.views.on_belied = self._wrong_index_entry  # BlobViews takes its callback as an attribute
         # What the first rescan compares against, taken before the mount
