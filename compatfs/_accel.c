@@ -41,7 +41,30 @@
  * fuse_file_info, 0 returned) and passes every other open to `fallback`,
  * the Python one, whose answer it returns: what compatfs.fuse.libfuse
  * installs as the high-level opendir, without a Python callback per folder
- * root opens.  One gate per process; ValueError for another. */
+ * root opens.  One gate per process; ValueError for another.
+ *
+ * polling_io(spin_ns, releasedir_in_c): the address of a libfuse 3
+ * `struct fuse_custom_io` (zeroed past its writev and read, so a libfuse
+ * whose struct is longer finds its further members unset) whose writev is
+ * writev(2) and whose read is read(2) of the session's device, with turns
+ * while a listing goes on.  A request answered in C with nothing to wait
+ * for (root's OPENDIR where opendir_gate is installed; RELEASEDIR where
+ * `releasedir_in_c`: the high-level library answers it; FORGET) starts listing
+ * mode: its reader takes the turn, keeps it while it answers, and at its
+ * next read first polls the device without waiting for up to `spin_ns`
+ * nanoseconds.  In listing mode only the worker with the turn reads; the
+ * others wait for it (a condition variable), so the kernel has no sleeping
+ * reader to wake for each request, and a caller listing folder after folder
+ * finds its next request taken by a thread still running (on a virtual
+ * machine an idle core's wake-up costs more than answering the request).
+ * Another listing's request passes the turn to one waiting worker before
+ * it is answered; any other request ends listing mode and every waiting
+ * worker goes back to read(2).  A worker cancelled while it waits, polls or
+ * reads (the loop's end) passes the turn on.  What compatfs.fuse.polling
+ * hands fuse_session_custom_io, where the loop's workers run until it ends.
+ * One setting per process; ValueError for another.
+ *
+ * polled(): how many requests a worker found while polling so far. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
@@ -50,6 +73,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
+#include <linux/fuse.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
+#include <unistd.h>
 
 #define BLOCK 17
 
@@ -335,6 +364,177 @@ static PyObject *opendir_gate(PyObject *self, PyObject *args)
     return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)opendir_gated);
 }
 
+/* libfuse 3's struct fuse_custom_io, 3.14 on: writev, read, splice_receive,
+ * splice_send; later ones add members after them (left NULL here). */
+struct custom_io {
+    ssize_t (*writev)(int fd, struct iovec *iov, int count, void *userdata);
+    ssize_t (*read)(int fd, void *buf, size_t len, void *userdata);
+    void *unset[14];
+};
+
+static long long spin_ns;
+static int releasedir_in_c;          /* the high-level library answers RELEASEDIR itself */
+static atomic_ullong polled_total;
+static pthread_mutex_t turn_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t turn_free = PTHREAD_COND_INITIALIZER;
+static atomic_int listing_mode;      /* a quick request came last: idle workers wait for the turn */
+static int turn_taken;               /* a worker has the turn (under turn_lock) */
+static __thread int holding;         /* this worker has the turn */
+
+static ssize_t io_writev(int fd, struct iovec *iov, int count, void *userdata)
+{
+    (void)userdata;
+    return writev(fd, iov, count);
+}
+
+static long long now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static int is_listing(uint32_t opcode)
+{
+    switch (opcode) {
+    case FUSE_LOOKUP:
+    case FUSE_GETATTR:
+    case FUSE_OPENDIR:
+    case FUSE_READDIR:
+    case FUSE_READDIRPLUS:
+    case FUSE_RELEASEDIR:
+    case FUSE_STATFS:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* Whether the request is answered in C with nothing to wait for: a folder
+ * closed (where the high-level library answers it), opened by root (where
+ * opendir_gate answers it), or a node forgotten (the high-level library
+ * drops it; no answer). */
+static int answered_in_c(const struct fuse_in_header *head)
+{
+    return (head->opcode == FUSE_RELEASEDIR && releasedir_in_c)
+           || (head->opcode == FUSE_OPENDIR && head->uid == 0 && gate_fallback) || head->opcode == FUSE_FORGET
+           || head->opcode == FUSE_BATCH_FORGET;
+}
+
+/* Poll `fd` without waiting until it has a request, for spin_ns at most;
+ * whether it has one. */
+static int poll_briefly(int fd)
+{
+    long long until = now_ns() + spin_ns;
+    do {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int r = poll(&p, 1, 0);
+        if (r != 0)
+            return r > 0 && (p.revents & POLLIN); /* (or an error, or a signal: read says which) */
+    } while (now_ns() < until);
+    return 0;
+}
+
+static void unlock_turn(void *unused)
+{
+    (void)unused;
+    pthread_mutex_unlock(&turn_lock);
+}
+
+/* After a request is read (`quick`: answered in C; `listing`: a listing's),
+ * under turn_lock: a quick one starts listing mode (its reader takes the
+ * turn) or keeps the turn with its reader; another listing's passes the
+ * turn to one waiting worker; anything else ends listing mode, and every
+ * waiting worker goes back to waiting in read. */
+static void after_read(int quick, int listing)
+{
+    if (quick) {
+        if (!atomic_load(&listing_mode) && !turn_taken) {
+            atomic_store(&listing_mode, 1);
+            turn_taken = holding = 1;
+        }
+        return;
+    }
+    if (holding) {
+        turn_taken = holding = 0;
+        pthread_cond_signal(&turn_free);
+    }
+    if (!listing && atomic_load(&listing_mode)) {
+        atomic_store(&listing_mode, 0);
+        pthread_cond_broadcast(&turn_free);
+    }
+}
+
+/* A worker cancelled while it polls or reads with the turn passes it on. */
+static void drop_turn(void *unused)
+{
+    (void)unused;
+    if (!holding)
+        return;
+    pthread_mutex_lock(&turn_lock);
+    after_read(0, 1);
+    pthread_mutex_unlock(&turn_lock);
+}
+
+static ssize_t io_read(int fd, void *buf, size_t len, void *userdata)
+{
+    (void)userdata;
+    struct fuse_in_header head;
+    ssize_t n;
+    int err, quick, listing, kept = holding;
+    if (!holding && atomic_load(&listing_mode)) {
+        pthread_mutex_lock(&turn_lock);
+        pthread_cleanup_push(unlock_turn, NULL); /* (cond_wait is a cancellation point: the loop's end cancels workers) */
+        while (atomic_load(&listing_mode) && turn_taken)
+            pthread_cond_wait(&turn_free, &turn_lock);
+        if (atomic_load(&listing_mode))
+            turn_taken = holding = 1;
+        pthread_cleanup_pop(1);
+    }
+    pthread_cleanup_push(drop_turn, NULL);
+    if (kept && poll_briefly(fd))
+        atomic_fetch_add(&polled_total, 1);
+    n = read(fd, buf, len);
+    err = errno;
+    pthread_cleanup_pop(0);
+    if (n >= (ssize_t)sizeof head)
+        memcpy(&head, buf, sizeof head);
+    quick = n >= (ssize_t)sizeof head && answered_in_c(&head);
+    listing = n >= (ssize_t)sizeof head && is_listing(head.opcode);
+    if (holding || quick || (!listing && atomic_load(&listing_mode))) {
+        pthread_mutex_lock(&turn_lock);
+        after_read(quick, listing);
+        pthread_mutex_unlock(&turn_lock);
+    }
+    errno = err;
+    return n;
+}
+
+static struct custom_io polling = {.writev = io_writev, .read = io_read};
+
+static PyObject *polling_io(PyObject *self, PyObject *args)
+{
+    long long ns;
+    int releasedir;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "Lp", &ns, &releasedir))
+        return NULL;
+    if (ns <= 0 || ns > 1000000000LL || (spin_ns && (spin_ns != ns || releasedir_in_c != releasedir))) {
+        PyErr_SetString(PyExc_ValueError, "polling_io: spin outside (0, 1 s], or another one set already");
+        return NULL;
+    }
+    spin_ns = ns;
+    releasedir_in_c = releasedir;
+    return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)&polling);
+}
+
+static PyObject *polled(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return PyLong_FromUnsignedLongLong(atomic_load(&polled_total));
+}
+
 static PyMethodDef methods[] = {
     {"mxfp4_repack", mxfp4_repack, METH_VARARGS,
      "mxfp4_repack(dst, src, width, stride, first, count): MXFP4 blocks first .. first + count - 1 of src "
@@ -349,6 +549,10 @@ static PyMethodDef methods[] = {
      "opendir_gate(fallback, context, uid_offset, fh_offset, offset, mask): the address of a libfuse high-level "
      "opendir that answers root's opens itself (fh 0, mask set in the word offset bytes into fuse_file_info) and "
      "passes every other to fallback."},
+    {"polling_io", polling_io, METH_VARARGS,
+     "polling_io(spin_ns, releasedir_in_c): the address of a libfuse 3 fuse_custom_io whose read lets one worker at a "
+     "time read the device while a listing goes on, the one that answered a request in C polling up to spin_ns first."},
+    {"polled", polled, METH_NOARGS, "polled(): the requests found by a polling worker so far."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -269,6 +269,9 @@ _libfuse.fuse_lowlevel_notify_store.argtypes = [
     ctypes.c_int,
 ]
 _libfuse.fuse_lowlevel_notify_store.restype = ctypes.c_int
+_libfuse.fuse_session_custom_io.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+_libfuse.fuse_session_custom_io.restype = ctypes.c_int
+_SESSION_IO = 16  # where `struct fuse_session` has its custom io (after the mountpoint, exited and fd)
 _wrapped: list = []  # the wrappers installed (kept alive for the process's life)
 
 
@@ -301,6 +304,20 @@ def session_ops(ptr: int, mountpoint: str):
     ):
         return None
     return ops
+
+
+def use_io(ptr: int, mountpoint: str, io: int) -> bool:
+    """Have session `ptr` (mounted at `mountpoint`) read requests and write
+    replies through `io`, the address of a `struct fuse_custom_io` that
+    lives as long as the process, where the session is laid out as expected
+    (`session_ops`) and has no io of its own; whether it does.  Call while
+    no request but INIT is answered."""
+    if session_ops(ptr, mountpoint) is None:
+        return False
+    se = _libfuse.fuse_get_session(ptr)
+    if ctypes.c_void_p.from_address(se + _SESSION_IO).value:
+        return False
+    return _libfuse.fuse_session_custom_io(se, io, _libfuse.fuse_session_fd(se)) == 0
 
 
 def wrap_op(ops, index: int, wrapper) -> None:

@@ -49,7 +49,7 @@ import stat
 import threading
 from pathlib import Path
 
-from . import libfuse, pagecache, readpath
+from . import libfuse, pagecache, polling, readpath
 from .libfuse import fuse
 from ..tree import FileRef, Tree
 from ..files.access import READ
@@ -125,6 +125,7 @@ class CompatFS(fuse.Operations):
         libfuse.want_listings_with_attributes(conn)
         log.info("%s", libfuse.keep_listings(libfuse.session(), self._mountpoint))
         log.info("%s", pagecache.learn_nodes(libfuse.session(), self._mountpoint))
+        log.info("%s", polling.poll_after_listings(libfuse.session(), self._mountpoint, self, self._keep_states))
         self.init("/")
 
     def init(self, path):
@@ -132,6 +133,7 @@ class CompatFS(fuse.Operations):
 
     def destroy(self, path):
         self._rescan.stop()
+        log.info("%d requests found by a polling worker", polling.polled())
 
     @property
     def session(self) -> int | None:
