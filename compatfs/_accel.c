@@ -442,14 +442,15 @@ static void unlock_turn(void *unused)
 }
 
 /* After a request is read (`quick`: answered in C; `listing`: a listing's),
- * under turn_lock: a quick one starts listing mode (its reader takes the
- * turn) or keeps the turn with its reader; another listing's passes the
- * turn to one waiting worker; anything else ends listing mode, and every
- * waiting worker goes back to waiting in read. */
+ * under turn_lock: a quick one keeps the turn with its reader, or gives it
+ * the turn no one has, in listing mode (started again where another
+ * request ended it meanwhile); another listing's passes the turn to one
+ * waiting worker; anything else ends listing mode, and every waiting
+ * worker goes back to waiting in read. */
 static void after_read(int quick, int listing)
 {
     if (quick) {
-        if (!atomic_load(&listing_mode) && !turn_taken) {
+        if (holding || !turn_taken) {
             atomic_store(&listing_mode, 1);
             turn_taken = holding = 1;
         }
