@@ -482,7 +482,7 @@ static ssize_t io_read(int fd, void *buf, size_t len, void *userdata)
     (void)userdata;
     struct fuse_in_header head;
     ssize_t n;
-    int err, quick, listing, kept = holding;
+    int err, whole, quick, listing, kept = holding;
     if (!holding && atomic_load(&listing_mode)) {
         pthread_mutex_lock(&turn_lock);
         pthread_cleanup_push(unlock_turn, NULL); /* (cond_wait is a cancellation point: the loop's end cancels workers) */
@@ -498,10 +498,11 @@ static ssize_t io_read(int fd, void *buf, size_t len, void *userdata)
     n = read(fd, buf, len);
     err = errno;
     pthread_cleanup_pop(0);
-    if (n >= (ssize_t)sizeof head)
+    whole = n >= (ssize_t)sizeof head; /* (else an error: read says which) */
+    if (whole)
         memcpy(&head, buf, sizeof head);
-    quick = n >= (ssize_t)sizeof head && answered_in_c(&head);
-    listing = n >= (ssize_t)sizeof head && is_listing(head.opcode);
+    quick = whole && answered_in_c(&head);
+    listing = whole && is_listing(head.opcode);
     if (holding || quick || (!listing && atomic_load(&listing_mode))) {
         pthread_mutex_lock(&turn_lock);
         after_read(quick, listing);
