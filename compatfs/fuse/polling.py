@@ -8,10 +8,10 @@ machine an idle core's wake-up costs more than answering the request.  So
 
 - a request answered in C with nothing to wait for (root opening a folder,
   where `_accel.opendir_gate` answers it; a folder closed, where the
-  filesystem has no releasedir) starts listing mode: the worker that read
-  it has the turn, answers it, and then polls the device for up to
-  `SPIN_NS` before it waits in read, so a caller's next request is taken
-  by a thread still running;
+  filesystem has no releasedir; a node forgotten) starts listing mode: the
+  worker that read it has the turn, answers it, and then polls the device
+  for up to `SPIN_NS` before it waits in read, so a caller's next request
+  is taken by a thread still running;
 - in listing mode only the worker with the turn reads the device, the
   others wait for it: the kernel has no sleeping reader to wake;
 - another listing's request passes the turn on before it is answered, so
