@@ -12,7 +12,8 @@ must grant it search permission (mode bits and ACL, on the folder's
 descriptor).  The last component is held by an O_PATH descriptor (nothing is
 opened yet: no device or FIFO is ever opened); only a regular file is then
 opened, without blocking, from that very descriptor (`open_regular`), and a
-caller must be allowed to read the opened file.  What identifies a file's
+caller must be allowed to read the opened file.  A scan's walks share the
+folders they pass (`scope`).  What identifies a file's
 bytes (`identity`, `unchanged`) and what a refusal (`Denied`) or a transient
 fault (`Transient`: out of descriptors or memory, an I/O error, saying
 nothing of the file) is are defined here too.
@@ -20,14 +21,18 @@ nothing of the file) is are defined here too.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import json
 import os
 import stat
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from .access import READ, SEARCH, BadACL, Caller, read_acl
+from .access import ACL, READ, SEARCH, BadACL, Caller, read_acl
 from ..errors import GGUFError
 from .probe import leaves, reach
 
@@ -127,16 +132,128 @@ def transient(e: BaseException | None) -> bool:
     return False
 
 
+class Node:
+    """What a walk holds: an O_PATH descriptor, the status read from it and
+    its access ACL, read at most once; a `Scope`'s folder (`kept`, below
+    `up`) is the scope's to close, any other the holder's (`release`)."""
+
+    __slots__ = ("fd", "st", "path", "up", "kept", "depth", "_acl")
+
+    def __init__(self, fd: int, st: os.stat_result, path: str):
+        self.fd, self.st, self.path = fd, st, path
+        self.up: Node | None = None
+        self.kept, self.depth = False, 1
+        self._acl: ACL | None | bool = False  # False: not read yet
+
+    def acl(self) -> ACL | None:
+        """Its access ACL (None: none); BadACL, read again next time, where unreadable."""
+        if self._acl is False:
+            self._acl = read_acl(proc_path(self.fd))
+        return self._acl  # type: ignore[return-value]
+
+    def chain(self) -> list[Node]:
+        """The folders from "/" to this one."""
+        return [self] if self.up is None else [*self.up.chain(), self]
+
+    def release(self) -> None:
+        if not self.kept:  # (a scope closes its own)
+            os.close(self.fd)
+
+
+SCOPE_FOLDERS = 64  # descriptors a scope keeps at most
+
+
+class Scope:
+    """The folders one thread's walks reached from "/" before any symlink, by
+    path, held with their status and ACL as first read: `bound` at most, the
+    least recently walked through let go first (a folder is used before, so
+    let go after, every folder below it: those above a kept one are kept)."""
+
+    def __init__(self, bound: int):
+        self.bound = bound
+        self.folders: OrderedDict[str, Node] = OrderedDict()
+
+    def deepest(self, path: str) -> Node | None:
+        """The deepest folder kept of absolute, normalised `path` (itself included)."""
+        while True:
+            node = self.folders.get(path)
+            if node is not None:
+                self._used(node)
+                return node
+            if path == "/":
+                return None
+            path = path[: path.rindex("/")] or "/"
+
+    def keep(self, node: Node, up: Node | None) -> None:
+        """Keep folder `node`, reached from the kept folder `up` (None: it is
+        "/"), unless it lies `bound` folders deep; its descriptor is then the scope's."""
+        depth = 1 if up is None else up.depth + 1
+        if depth >= self.bound:
+            return
+        node.up, node.depth, node.kept = up, depth, True
+        try:
+            self.folders[node.path] = node
+        except BaseException:
+            node.kept = False
+            raise
+        self._used(node)
+        while len(self.folders) > self.bound:  # (never a folder of `node`'s chain: all newer)
+            os.close(self.folders.popitem(last=False)[1].fd)
+
+    def _used(self, node: Node | None) -> None:
+        while node is not None:  # (the folders above it last: used more recently)
+            self.folders.move_to_end(node.path)
+            node = node.up
+
+    def close(self) -> None:
+        while self.folders:
+            os.close(self.folders.popitem()[1].fd)
+
+
+_thread = threading.local()  # .scope: the calling thread's Scope, if it opened one
+
+
+@contextlib.contextmanager
+def scope() -> Iterator[Scope]:
+    """Walks of the calling thread, until the block ends, share the folders
+    they reach from "/" before any symlink: a walk starts from the deepest
+    such folder of its path, making every check a walk from "/" makes (the
+    keep-out mount; search permission and ACL for a `Caller`, recorded by a
+    `Recorder`) on the status and ACL first read of each folder above it,
+    and `status` of such a folder is that status.  So a scan sees each folder
+    as of one moment (as a single walk does), the one it first reached it;
+    a change after that is seen by the next scan, in a scope of its own (one
+    in a watched folder has the rescan thread look again at once).  Other
+    threads walk from "/".  Its descriptors (`SCOPE_FOLDERS` at most) close
+    as the block ends, however it ends; a scope already open is shared."""
+    held = getattr(_thread, "scope", None)
+    if held is not None:
+        yield held
+        return
+    _thread.scope = opened = Scope(SCOPE_FOLDERS)
+    try:
+        yield opened
+    finally:
+        _thread.scope = None
+        opened.close()
+
+
 def proc_path(fd: int) -> str:
     return f"/proc/self/fd/{fd}"
 
 
 def require(caller: Caller, fd: int, st: os.stat_result, bit: int, where: str) -> None:
     """Denied unless `caller` has permission `bit` on the file `fd` holds."""
+    _require(caller, st, lambda: read_acl(proc_path(fd)), bit, where)
+
+
+def _require(caller: Caller, st: os.stat_result, acl: Callable[[], ACL | None], bit: int, where: str) -> None:
+    """Denied unless `caller` has permission `bit` on a file of status `st`
+    whose access ACL `acl` reads (read only for a caller other than root)."""
     if caller.uid == 0:
         return
     try:
-        allowed = caller.may(st, read_acl(proc_path(fd)), bit)
+        allowed = caller.may(st, acl(), bit)
     except BadACL as e:
         raise Denied(f"{where}: its access ACL is unreadable ({e}): refused") from None
     if not allowed:
@@ -147,60 +264,83 @@ def _inside_mount(path: str, kept: tuple[str, ...]) -> str | None:
     return next((m for m in kept if path == m or path.startswith(m.rstrip("/") + "/")), None)
 
 
-def _walk(path: str | os.PathLike, caller: Caller | None) -> int:
-    """An O_PATH descriptor of what `path` resolves to (never a symlink);
-    OSError as the kernel's lookup would fail, Denied when `caller` lacks
-    search permission on a folder on the way.  A symlink that leads onto
-    another mount than `path` starts on is looked up first by `probe.reach`
-    (ETIMEDOUT where that lookup hangs)."""
-    start = os.path.abspath(os.fspath(path))
-    todo = start.split("/")[::-1]  # components still to resolve, next last
-    here, fd = "/", os.open("/", _PATH_FLAGS)
-    links, kept = 0, _kept_out()
+def _root() -> Node:
+    fd = os.open("/", _PATH_FLAGS)
     try:
-        st = os.fstat(fd)
+        return Node(fd, os.fstat(fd), "/")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _walk(path: str | os.PathLike, caller: Caller | None) -> Node:
+    """What `path` resolves to (never a symlink), held by an O_PATH descriptor (to
+    `release`); OSError as the kernel's lookup would fail, Denied when `caller` lacks
+    search permission on a folder on the way.  A symlink that leads onto another mount
+    than `path` starts on is looked up first by `probe.reach` (ETIMEDOUT where that
+    lookup hangs).  In a `scope`: from the deepest folder of `path` it keeps."""
+    start = os.path.abspath(os.fspath(path))
+    links, kept = 0, _kept_out()
+    scope: Scope | None = getattr(_thread, "scope", None)
+    here = scope.deepest(start) if scope is not None else None
+    if here is None:
+        here = _root()
+        if scope is not None:
+            scope.keep(here, None)
+        todo = start.split("/")[::-1]  # components still to resolve, next last
+    else:
+        chain = here.chain()
+        for folder, inner in zip(chain, chain[1:], strict=False):  # (every folder a scope keeps is a folder)
+            mount = _inside_mount(inner.path, kept)
+            if mount is not None:
+                raise OSError(errno.ELOOP, f"it leads into {mount}, compatfs's own mount")
+            if caller is not None:
+                _require(caller, folder.st, folder.acl, SEARCH, folder.path)
+        todo = start[len(here.path) :].split("/")[::-1]
+    try:
         while todo:
             name = todo.pop()
             if name in ("", "."):
                 continue
-            there = os.path.dirname(here) if name == ".." else os.path.join(here, name)
+            there = os.path.dirname(here.path) if name == ".." else os.path.join(here.path, name)
             mount = _inside_mount(there, kept)
             if mount is not None:
                 raise OSError(errno.ELOOP, f"it leads into {mount}, compatfs's own mount")
-            if not stat.S_ISDIR(st.st_mode):
-                raise OSError(errno.ENOTDIR, f"{here} is not a folder")
+            if not stat.S_ISDIR(here.st.st_mode):
+                raise OSError(errno.ENOTDIR, f"{here.path} is not a folder")
             if caller is not None:
-                require(caller, fd, st, SEARCH, here)
-            child = os.open(name, _PATH_FLAGS, dir_fd=fd)
+                _require(caller, here.st, here.acl, SEARCH, here.path)
+            child = os.open(name, _PATH_FLAGS, dir_fd=here.fd)
             try:
                 cst = os.fstat(child)
-                target = os.readlink("", dir_fd=child) if stat.S_ISLNK(cst.st_mode) else None
+                link = stat.S_ISLNK(cst.st_mode)
+                target = os.readlink("", dir_fd=child) if link else ""
+                reached = None if link else Node(child, cst, there)
             except BaseException:
                 os.close(child)
                 raise
-            if target is None:
-                os.close(fd)
-                fd, here, st = child, there, cst
+            if reached is not None:
+                up, here = here, reached
+                up.release()
+                if scope is not None and not links and up.kept and stat.S_ISDIR(cst.st_mode):
+                    scope.keep(here, up)
                 continue
             os.close(child)
             links += 1
             if links > _MAX_LINKS:
                 raise OSError(errno.ELOOP, "too many levels of symbolic links")
             todo.extend(target.split("/")[::-1])
-            rest = os.path.normpath(os.path.join("/" if target.startswith("/") else here, *todo[::-1]))
+            rest = os.path.normpath(os.path.join("/" if target.startswith("/") else here.path, *todo[::-1]))
             elsewhere = leaves(start, rest)
             if elsewhere is not None and _inside_mount(rest, kept) is None:
                 reach(rest, elsewhere)  # (ETIMEDOUT where a lookup there hangs)
             if target.startswith("/"):
-                os.close(fd)
-                fd = -1
-                here, fd = "/", os.open("/", _PATH_FLAGS)
-                st = os.fstat(fd)
+                up, here = here, _root()
+                up.release()
     except BaseException:
-        if fd >= 0:
-            os.close(fd)
+        here.release()
         raise
-    return fd
+    return here
 
 
 def status(path: str | os.PathLike, caller: Caller | None = None, need: int = 0) -> os.stat_result:
@@ -208,21 +348,21 @@ def status(path: str | os.PathLike, caller: Caller | None = None, need: int = 0)
     here; nothing is opened); with `caller`: Denied unless it may search every
     folder on the way and has permission `need` (READ, SEARCH) on the file.
     OSError otherwise, as a lookup would fail."""
-    fd = _walk(path, caller)
+    node = _walk(path, caller)
     try:
-        st = os.fstat(fd)
         if caller is not None and need:
-            require(caller, fd, st, need, str(path))
-        return st
+            _require(caller, node.st, node.acl, need, str(path))
+        return node.st
     finally:
-        os.close(fd)
+        node.release()
 
 
 def resolved(path: str | os.PathLike) -> int:
     """An O_PATH descriptor (the caller's to close) of what `path` resolves
     to, as `status` resolves it (never into compatfs's own mount); OSError
     as the lookup fails."""
-    return _walk(path, None)
+    node = _walk(path, None)
+    return os.dup(node.fd) if node.kept else node.fd
 
 
 def is_folder(path: str | os.PathLike) -> bool:
@@ -285,19 +425,19 @@ def open_regular(path: str | os.PathLike, caller: Caller | None = None) -> tuple
     every folder on the way and read the opened file; GGUFError naming the
     path otherwise (Transient for a transient fault)."""
     try:
-        pfd = _walk(path, caller)
+        node = _walk(path, caller)
     except Denied:
         raise
     except OSError as e:
         raise failure(path, "open", e) from None
     try:
-        if not stat.S_ISREG(os.fstat(pfd).st_mode):
+        if not stat.S_ISREG(node.st.st_mode):
             raise GGUFError(f"{path}: not a regular file")
-        fd = os.open(proc_path(pfd), OPEN_FLAGS)
+        fd = os.open(proc_path(node.fd), OPEN_FLAGS)
     except OSError as e:
         raise failure(path, "open", e) from None
     finally:
-        os.close(pfd)
+        node.release()
     try:
         st = os.fstat(fd)
         if caller is not None:
