@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .files.access import READ, Chain, Recorder, everyone_who_may
-from .files.lookup import identity, status, statuses
+from .files.lookup import identity, scope, status, statuses
 from .view.sampling import Layers, layers_of, retain_layers, saw_layers
 from .sources.base import Folder, Listing, Source
 from .view.catalog import BlobViews
@@ -162,7 +162,7 @@ class HiddenNames:
         st: dict[Path, os.stat_result | OSError] = {**statuses(wanted - found.keys()), **found}
         paths: dict[Path, tuple[tuple, tuple | None]] = {}
         granting: list[Path] = []  # paths whose steps changed: those below them are walked again
-        for p in sorted(wanted, key=lambda p: len(p.parts)):
+        for p in sorted(wanted, key=lambda p: p.parts):  # (a folder first, then what is in it: walked from it)
             s = st[p]
             mark = (s.strerror,) if isinstance(s, OSError) else (*identity(s), s.st_uid, s.st_gid, s.st_mode)
             old = self._paths.get(p)
@@ -364,6 +364,10 @@ class Tree:
             self._root_files.stale()
 
     def _rescan(self) -> Snapshot:
+        with scope():  # (the scan's walks share the folders they pass: `lookup.scope`)
+            return self._scan()
+
+    def _scan(self) -> Snapshot:
         previous = self._snap
         listing = self.source.scan()
         self._names.hide(self.source, listing)
