@@ -7,6 +7,8 @@ runs.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import os
 import resource
@@ -14,6 +16,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from . import libfuse
@@ -117,6 +120,26 @@ def serve(
         views.close()
     log.info("unmounted %s", mnt)
     return 0
+
+
+@contextlib.contextmanager
+def kept_for_good() -> Iterator[None]:
+    """No collection of cyclic garbage while the block runs (the mount's
+    start: its first scan makes the tree, and each pass would go over all
+    that was made so far); then everything the process holds is left out
+    of every later pass (`gc.freeze`): what the mount holds from its start
+    lives until unmount, and the passes while it serves (a listing makes
+    objects by the thousand) go over what was made since.  A cycle made
+    there that is dropped later is never collected (a start-up makes none
+    on a store of 10,000 models)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+    gc.freeze()
 
 
 # The kernel keeps attributes and entries this long: the rescan invalidates
@@ -267,14 +290,15 @@ def mount(tree: Tree, mountpoint: str, options: dict | None = None, read_ahead_k
         opts["max_idle_threads"] = opts["max_threads"]
     opts.update(options)
     on_start = (lambda: log.info(set_read_ahead(mountpoint, read_ahead_kb))) if read_ahead_kb else None
-    fs = CompatFS(
-        tree,
-        mountpoint,
-        read_ahead_kb,
-        on_start,
-        keep_thread_states=libfuse.workers_stay(opts),
-        background=libfuse.background(opts),
-    )
+    with kept_for_good():
+        fs = CompatFS(
+            tree,
+            mountpoint,
+            read_ahead_kb,
+            on_start,
+            keep_thread_states=libfuse.workers_stay(opts),
+            background=libfuse.background(opts),
+        )
     done = threading.Event()
     wake, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
