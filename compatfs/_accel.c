@@ -43,7 +43,7 @@
  * installs as the high-level opendir, without a Python callback per folder
  * root opens.  One gate per process; ValueError for another.
  *
- * polling_io(spin_ns, releasedir_in_c): the address of a libfuse 3
+ * polling_io(spin_ns, watch_ns, releasedir_in_c): the address of a libfuse 3
  * `struct fuse_custom_io` (zeroed past its writev and read, so a libfuse
  * whose struct is longer finds its further members unset) whose writev is
  * writev(2) and whose read is read(2) of the session's device, with turns
@@ -57,12 +57,16 @@
  * reader to wake for each request, and a caller listing folder after folder
  * finds its next request taken by a thread still running (on a virtual
  * machine an idle core's wake-up costs more than answering the request).
- * Another listing's request passes the turn to one waiting worker before
- * it is answered; any other request ends listing mode and every waiting
- * worker goes back to read(2).  A worker cancelled while it waits, polls or
- * reads (the loop's end) passes the turn on.  What compatfs.fuse.polling
- * hands fuse_session_custom_io, where the loop's workers run until it ends.
- * One setting per process; ValueError for another.
+ * Another listing's request (answered in Python) keeps the turn with its
+ * reader too, under a watch: one whose answer takes longer than `watch_ns`
+ * nanoseconds ends listing mode (a timerfd the reader arms, read by a
+ * watching thread), so it holds up no other request longer than that.
+ * Any other request ends listing mode and every waiting worker goes back
+ * to read(2).  A worker cancelled while it waits, polls or reads (the
+ * loop's end) passes the turn on.  What compatfs.fuse.polling hands
+ * fuse_session_custom_io, where the loop's workers run until it ends.
+ * One setting per process; ValueError for another (or OSError where the
+ * watch cannot be set up).
  *
  * polled(): how many requests a worker found while polling so far. */
 #define PY_SSIZE_T_CLEAN
@@ -72,6 +76,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/timerfd.h>
 #include <sys/uio.h>
 #include <linux/fuse.h>
 #include <poll.h>
@@ -372,14 +377,18 @@ struct custom_io {
     void *unset[14];
 };
 
-static long long spin_ns;
+static long long spin_ns, watch_ns;
 static int releasedir_in_c;          /* the high-level library answers RELEASEDIR itself */
+static int watch_fd = -1;            /* a timerfd armed while the turn's holder answers in Python */
 static atomic_ullong polled_total;
 static pthread_mutex_t turn_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t turn_free = PTHREAD_COND_INITIALIZER;
 static atomic_int listing_mode;      /* a quick request came last: idle workers wait for the turn */
 static int turn_taken;               /* a worker has the turn (under turn_lock) */
-static __thread int holding;         /* this worker has the turn */
+static atomic_uint turn_epoch;       /* moved on when the watch ends listing mode */
+static __thread int holding;         /* this worker had the turn ... */
+static __thread unsigned held_epoch; /* ... in this epoch (it still has it if the epoch is the same) */
+static __thread int watched;         /* this worker armed the watch */
 
 static ssize_t io_writev(int fd, struct iovec *iov, int count, void *userdata)
 {
@@ -441,25 +450,42 @@ static void unlock_turn(void *unused)
     pthread_mutex_unlock(&turn_lock);
 }
 
+/* Under turn_lock: this worker gives up the turn it has (to one waiting worker). */
+static void pass_turn(void)
+{
+    if (holding && held_epoch == atomic_load(&turn_epoch)) {
+        turn_taken = 0;
+        pthread_cond_signal(&turn_free);
+    }
+    holding = 0;
+}
+
 /* After a request is read (`quick`: answered in C; `listing`: a listing's),
  * under turn_lock: a quick one keeps the turn with its reader, or gives it
  * the turn no one has, in listing mode (started again where another
- * request ended it meanwhile); another listing's passes the turn to one
- * waiting worker; anything else ends listing mode, and every waiting
- * worker goes back to waiting in read. */
+ * request ended it meanwhile); another listing's keeps the turn with its
+ * reader under the watch (or passes it to one waiting worker where the
+ * watch cannot be armed); anything else ends listing mode, and every
+ * waiting worker goes back to waiting in read. */
 static void after_read(int quick, int listing)
 {
+    if (holding && held_epoch != atomic_load(&turn_epoch))
+        holding = 0; /* (the watch ended listing mode since this worker read) */
     if (quick) {
         if (holding || !turn_taken) {
             atomic_store(&listing_mode, 1);
             turn_taken = holding = 1;
+            held_epoch = atomic_load(&turn_epoch);
         }
         return;
     }
-    if (holding) {
-        turn_taken = holding = 0;
-        pthread_cond_signal(&turn_free);
+    if (listing && holding) {
+        struct itimerspec at = {.it_value = {watch_ns / 1000000000LL, watch_ns % 1000000000LL}};
+        watched = timerfd_settime(watch_fd, 0, &at, NULL) == 0;
+        if (watched)
+            return;
     }
+    pass_turn();
     if (!listing && atomic_load(&listing_mode)) {
         atomic_store(&listing_mode, 0);
         pthread_cond_broadcast(&turn_free);
@@ -473,8 +499,48 @@ static void drop_turn(void *unused)
     if (!holding)
         return;
     pthread_mutex_lock(&turn_lock);
-    after_read(0, 1);
+    pass_turn();
     pthread_mutex_unlock(&turn_lock);
+}
+
+/* The watching thread: each time the watch runs out, listing mode ends (a
+ * new epoch: the holder finds it no longer has the turn) and every waiting
+ * worker goes back to read(2).  Ending it early (the answer came just as
+ * it ran out) only costs the next requests a wake-up. */
+static void *watch_turns(void *unused)
+{
+    (void)unused;
+    uint64_t expired;
+    for (;;) {
+        if (read(watch_fd, &expired, sizeof expired) != (ssize_t)sizeof expired) {
+            if (errno == EINTR || errno == EAGAIN)
+                continue;
+            return NULL;
+        }
+        pthread_mutex_lock(&turn_lock);
+        if (atomic_load(&listing_mode)) {
+            atomic_fetch_add(&turn_epoch, 1);
+            atomic_store(&listing_mode, 0);
+            turn_taken = 0;
+            pthread_cond_broadcast(&turn_free);
+        }
+        pthread_mutex_unlock(&turn_lock);
+    }
+}
+
+/* At a worker's next read (its last request answered): the watch it armed
+ * disarmed; whether it still has the turn (the watch ended listing mode
+ * while it answered where not). */
+static int answered(void)
+{
+    if (watched) {
+        struct itimerspec off = {{0, 0}, {0, 0}};
+        timerfd_settime(watch_fd, 0, &off, NULL);
+        watched = 0;
+    }
+    if (holding && held_epoch != atomic_load(&turn_epoch))
+        holding = 0;
+    return holding;
 }
 
 static ssize_t io_read(int fd, void *buf, size_t len, void *userdata)
@@ -482,14 +548,16 @@ static ssize_t io_read(int fd, void *buf, size_t len, void *userdata)
     (void)userdata;
     struct fuse_in_header head;
     ssize_t n;
-    int err, whole, quick, listing, kept = holding;
+    int err, whole, quick, listing, kept = answered();
     if (!holding && atomic_load(&listing_mode)) {
         pthread_mutex_lock(&turn_lock);
         pthread_cleanup_push(unlock_turn, NULL); /* (cond_wait is a cancellation point: the loop's end cancels workers) */
         while (atomic_load(&listing_mode) && turn_taken)
             pthread_cond_wait(&turn_free, &turn_lock);
-        if (atomic_load(&listing_mode))
+        if (atomic_load(&listing_mode)) {
             turn_taken = holding = 1;
+            held_epoch = atomic_load(&turn_epoch);
+        }
         pthread_cleanup_pop(1);
     }
     pthread_cleanup_push(drop_turn, NULL);
@@ -516,16 +584,33 @@ static struct custom_io polling = {.writev = io_writev, .read = io_read};
 
 static PyObject *polling_io(PyObject *self, PyObject *args)
 {
-    long long ns;
+    long long ns, watch;
     int releasedir;
+    pthread_t watcher;
     (void)self;
-    if (!PyArg_ParseTuple(args, "Lp", &ns, &releasedir))
+    if (!PyArg_ParseTuple(args, "LLp", &ns, &watch, &releasedir))
         return NULL;
-    if (ns <= 0 || ns > 1000000000LL || (spin_ns && (spin_ns != ns || releasedir_in_c != releasedir))) {
-        PyErr_SetString(PyExc_ValueError, "polling_io: spin outside (0, 1 s], or another one set already");
+    if (ns <= 0 || ns > 1000000000LL || watch <= 0 || watch > 1000000000LL
+        || (spin_ns && (spin_ns != ns || watch_ns != watch || releasedir_in_c != releasedir))) {
+        PyErr_SetString(PyExc_ValueError, "polling_io: spin or watch outside (0, 1 s], or another one set already");
         return NULL;
     }
+    if (watch_fd < 0) {
+        int fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC);
+        if (fd < 0)
+            return PyErr_SetFromErrno(PyExc_OSError);
+        watch_fd = fd;
+        int err = pthread_create(&watcher, NULL, watch_turns, NULL);
+        if (err) {
+            close(fd);
+            watch_fd = -1;
+            errno = err;
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
+        pthread_detach(watcher);
+    }
     spin_ns = ns;
+    watch_ns = watch;
     releasedir_in_c = releasedir;
     return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)&polling);
 }
@@ -552,8 +637,9 @@ static PyMethodDef methods[] = {
      "opendir that answers root's opens itself (fh 0, mask set in the word offset bytes into fuse_file_info) and "
      "passes every other to fallback."},
     {"polling_io", polling_io, METH_VARARGS,
-     "polling_io(spin_ns, releasedir_in_c): the address of a libfuse 3 fuse_custom_io whose read lets one worker at a "
-     "time read the device while a listing goes on, the one that answered a request in C polling up to spin_ns first."},
+     "polling_io(spin_ns, watch_ns, releasedir_in_c): the address of a libfuse 3 fuse_custom_io whose read lets one "
+     "worker at a time read the device while a listing goes on, the one that answered a request in C polling up to "
+     "spin_ns first; an answer in Python that takes longer than watch_ns ends it."},
     {"polled", polled, METH_NOARGS, "polled(): the requests found by a polling worker so far."},
     {NULL, NULL, 0, NULL},
 };

@@ -99,7 +99,8 @@ def test_listings_are_answered_by_a_polling_worker(store, open_tmp, compiled):
     log = m.log.read_text(errors="replace")
     if compiled:
         assert (
-            f"listings take turns, polling up to {polling.SPIN_NS // 1000} us after a request answered in C" in log
+            f"listings take turns, polling up to {polling.SPIN_NS // 1000} us after a request answered in C,"
+            f" keeping the turn up to {polling.WATCH_NS // 1000} us for one answered in Python" in log
         ), log
         assert (_found(log) or 0) > 0, log  # (hundreds of requests, each sent right after the last answer)
     else:
@@ -158,12 +159,74 @@ def test_one_spin_per_process():
     releasedir); another one, or a spin out of (0, 1 s], is refused."""
     code = (
         "from compatfs.translate import accel; n = accel.native\n"
-        "a = n.polling_io(50_000, True); assert a and n.polling_io(50_000, True) == a and n.polled() == 0\n"
-        "for bad, rd in ((20_000, True), (50_000, False), (0, True), (-1, True), (2_000_000_000, True)):\n"
-        "    try: n.polling_io(bad, rd)\n"
+        "a = n.polling_io(50_000, 10**6, True); assert a and n.polling_io(50_000, 10**6, True) == a\n"
+        "assert n.polled() == 0\n"
+        "for bad, watch, rd in ((20_000, 10**6, True), (50_000, 10**6, False), (50_000, 2 * 10**6, True),\n"
+        "                       (0, 10**6, True), (-1, 10**6, True), (2 * 10**9, 10**6, True), (50_000, 0, True)):\n"
+        "    try: n.polling_io(bad, watch, rd)\n"
         "    except ValueError: pass\n"
         "    else: raise SystemExit(f'{bad} taken')\n"
         "print('ok')\n"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
+# Drives `_accel.polling_io`'s read over a pipe (requests written as the
+# kernel writes them: a 40-byte fuse_in_header each) from two threads, with
+# a watch of argv[1] ns: worker A takes a FORGET (answered in C: listing mode
+# starts, A has the turn), then a GETATTR (a listing's, answered in Python:
+# A keeps the turn, the watch armed) and never reads again, as if its
+# answer never came.  Worker B waits for the turn; a READ written meanwhile
+# is B's once the watch ends listing mode.  Prints B's wait and opcode, then
+# what A's next read takes (the turn gone: a plain read).
+_WATCHED = """
+import ctypes, os, struct, sys, threading, time
+from compatfs.translate import accel
+io = accel.native.polling_io(50_000, int(sys.argv[1]), True)
+READ = ctypes.CFUNCTYPE(ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+read = READ(ctypes.c_void_p.from_address(io + ctypes.sizeof(ctypes.c_void_p)).value)  # (after writev)
+r, w = os.pipe()
+
+def take():
+    buf = ctypes.create_string_buffer(4096)
+    n = read(r, buf, 4096, None)
+    assert n == 40, n
+    return struct.unpack_from("<I", buf.raw, 4)[0]
+
+def send(opcode):
+    os.write(w, struct.pack("<IIQQIIIHH", 40, opcode, 1, 1, 0, 0, 0, 0, 0))
+
+got = {}
+def worker_a():
+    send(2); got["a1"] = take()  # FORGET
+    send(3); got["a2"] = take()  # GETATTR
+    started.set()
+    resume.wait()
+    send(16); got["a3"] = take()  # RELEASE (not a listing's)
+
+def worker_b():
+    started.wait()
+    t = time.monotonic(); got["b"] = take(); got["waited"] = time.monotonic() - t
+
+started, resume = threading.Event(), threading.Event()
+a = threading.Thread(target=worker_a); b = threading.Thread(target=worker_b)
+a.start(); b.start()
+started.wait(); time.sleep(0.05); send(15)  # READ, while A still answers its GETATTR
+b.join(30); assert not b.is_alive(), "B still waits for the turn"
+resume.set(); a.join(30); assert not a.is_alive(), "A's read hangs"
+print(got["a1"], got["a2"], got["b"], got["a3"], round(got["waited"], 3))
+"""
+
+
+@pytest.mark.skipif(accel.native is None, reason="compatfs._accel is not built")
+@pytest.mark.parametrize("watch", [0.3, 0.001])
+def test_a_listing_answered_in_python_keeps_the_turn_until_the_watch_ends_it(watch):
+    """The worker with the turn keeps it through a listing's request
+    answered in Python (no other worker reads meanwhile), for `watch`
+    seconds at most: then listing mode ends and a waiting worker reads; the
+    first worker's next read is a plain one."""
+    (line,) = _run(_WATCHED, int(watch * 1e9))
+    a1, a2, b, a3, waited = line.split()
+    assert (a1, a2, b, a3) == ("2", "3", "15", "16")
+    assert float(waited) >= (0.2 if watch > 0.1 else 0.0)  # (the READ came 0.05 s after the GETATTR)

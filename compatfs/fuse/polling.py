@@ -14,9 +14,11 @@ machine an idle core's wake-up costs more than answering the request.  So
   is taken by a thread still running;
 - in listing mode only the worker with the turn reads the device, the
   others wait for it: the kernel has no sleeping reader to wake;
-- another listing's request passes the turn on before it is answered, so
-  one that takes long holds up no other; any other request (a read, an
-  open) ends listing mode, and every idle worker waits in read again.
+- another listing's request (a lookup, a folder's attributes or entries,
+  answered in Python) keeps the turn with its reader too, under a watch:
+  one whose answer takes longer than `WATCH_NS` ends listing mode, so it
+  holds up no other request longer than that; any other request (a read,
+  an open) ends listing mode, and every idle worker waits in read again.
 
 A worker that ended while it had the turn would leave the others waiting for
 good: this is done only where the loop's workers run until it ends
@@ -31,6 +33,7 @@ from ..translate import accel
 from . import libfuse
 
 SPIN_NS = 50_000  # the reader polls this long after a request it answered in C, at most
+WATCH_NS = 1_000_000  # a listing's request answered in Python keeps the turn this long, at most
 
 
 def poll_after_listings(ptr: int, mountpoint: str, operations, workers_stay: bool) -> str:
@@ -45,14 +48,21 @@ def poll_after_listings(ptr: int, mountpoint: str, operations, workers_stay: boo
         return "every idle worker waits for a request (the loop may end idle workers)"
     releasedir = getattr(operations, "releasedir", None)
     try:
-        io = accel.native.polling_io(SPIN_NS, releasedir is None or getattr(releasedir, "libfuse_ignore", False))
+        io = accel.native.polling_io(
+            SPIN_NS, WATCH_NS, releasedir is None or getattr(releasedir, "libfuse_ignore", False)
+        )
     except ValueError:
         return "every idle worker waits for a request (another mount in this process polls)"
+    except OSError as e:
+        return f"every idle worker waits for a request (no watch on the turns: {e})"
     if not libfuse.use_io(ptr, mountpoint, io):
         return (
             f"every idle worker waits for a request (libfuse {libfuse.libfuse_version()}'s session is not as expected)"
         )
-    return f"listings take turns, polling up to {SPIN_NS // 1000} us after a request answered in C"
+    return (
+        f"listings take turns, polling up to {SPIN_NS // 1000} us after a request answered in C,"
+        f" keeping the turn up to {WATCH_NS // 1000} us for one answered in Python"
+    )
 
 
 def polled() -> int:
