@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Protocol
 
 from .files.access import READ, Chain, Recorder, everyone_who_may
-from .files.lookup import identity, scope, status, statuses
+from .files.lookup import identity, status, statuses
+from .files.walkscope import scope
 from .view.sampling import Layers, layers_of, retain_layers, saw_layers
 from .sources.base import Folder, Listing, Source
 from .view.catalog import BlobViews
@@ -364,7 +365,7 @@ class Tree:
             self._root_files.stale()
 
     def _rescan(self) -> Snapshot:
-        with scope():  # (the scan's walks share the folders they pass: `lookup.scope`)
+        with scope():  # (the scan's walks share the folders they pass: `walkscope.scope`)
             return self._scan()
 
     def _scan(self) -> Snapshot:

@@ -1,4 +1,4 @@
-"""A `lookup.scope` (the folders one scan's walks share) changes no outcome:
+"""A `walkscope.scope` (the folders one scan's walks share) changes no outcome:
 the same statuses, errors, refusals (Denied, the keep-out mount, symlink
 loops) and `Recorder` chains as walks from "/", every folder still checked;
 its descriptors are bounded and all closed as it ends, however it ends; a
@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 
 from compatfs.errors import GGUFError
-from compatfs.files import lookup
+from compatfs.files import lookup, walkscope
 from compatfs.files.access import READ, Caller, Recorder
-from compatfs.files.lookup import Denied, open_regular, resolved, scope, status
+from compatfs.files.lookup import Denied, open_regular, resolved, status
+from compatfs.files.walkscope import scope
 
 NOBODY = 65534
 _NONE = 0xFFFFFFFF
@@ -212,7 +213,7 @@ def test_descriptors_are_closed_after_an_exception_inside_the_scope(tree):
         assert len(_fds() - before) == len(held.folders) > 0
         raise RuntimeError("the scan failed")
     assert _fds() == before
-    assert getattr(lookup._thread, "scope", None) is None
+    assert getattr(walkscope._thread, "scope", None) is None
 
 
 def test_a_nested_scope_shares_the_outer_one(tree):
@@ -223,7 +224,7 @@ def test_a_nested_scope_shares_the_outer_one(tree):
 
 
 def test_a_scope_keeps_at_most_its_bound_of_descriptors(tree, monkeypatch):
-    monkeypatch.setattr(lookup, "SCOPE_FOLDERS", 4)
+    monkeypatch.setattr(walkscope, "SCOPE_FOLDERS", 4)
     many = tree / "many"
     for i in range(12):
         (many / f"d{i}" / "e").mkdir(parents=True)

@@ -13,7 +13,7 @@ descriptor).  The last component is held by an O_PATH descriptor (nothing is
 opened yet: no device or FIFO is ever opened); only a regular file is then
 opened, without blocking, from that very descriptor (`open_regular`), and a
 caller must be allowed to read the opened file.  A scan's walks share the
-folders they pass (`scope`).  What identifies a file's
+folders they pass (`walkscope.scope`).  What identifies a file's
 bytes (`identity`, `unchanged`) and what a refusal (`Denied`) or a transient
 fault (`Transient`: out of descriptors or memory, an I/O error, saying
 nothing of the file) is are defined here too.
@@ -21,20 +21,18 @@ nothing of the file) is are defined here too.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import json
 import os
 import stat
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from .access import ACL, READ, SEARCH, BadACL, Caller, read_acl
 from ..errors import GGUFError
 from .probe import leaves, reach
+from .walkscope import Node, Scope, current, proc_path
 
 Stamp = tuple[int, int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns
 
@@ -132,116 +130,6 @@ def transient(e: BaseException | None) -> bool:
     return False
 
 
-class Node:
-    """What a walk holds: an O_PATH descriptor, the status read from it and
-    its access ACL, read at most once; a `Scope`'s folder (`kept`, below
-    `up`) is the scope's to close, any other the holder's (`release`)."""
-
-    __slots__ = ("fd", "st", "path", "up", "kept", "depth", "_acl")
-
-    def __init__(self, fd: int, st: os.stat_result, path: str):
-        self.fd, self.st, self.path = fd, st, path
-        self.up: Node | None = None
-        self.kept, self.depth = False, 1
-        self._acl: ACL | None | bool = False  # False: not read yet
-
-    def acl(self) -> ACL | None:
-        """Its access ACL (None: none); BadACL, read again next time, where unreadable."""
-        if self._acl is False:
-            self._acl = read_acl(proc_path(self.fd))
-        return self._acl  # type: ignore[return-value]
-
-    def chain(self) -> list[Node]:
-        """The folders from "/" to this one."""
-        return [self] if self.up is None else [*self.up.chain(), self]
-
-    def release(self) -> None:
-        if not self.kept:  # (a scope closes its own)
-            os.close(self.fd)
-
-
-SCOPE_FOLDERS = 64  # descriptors a scope keeps at most
-
-
-class Scope:
-    """The folders one thread's walks reached from "/" before any symlink, by
-    path, held with their status and ACL as first read: `bound` at most, the
-    least recently walked through let go first (a folder is used before, so
-    let go after, every folder below it: those above a kept one are kept)."""
-
-    def __init__(self, bound: int):
-        self.bound = bound
-        self.folders: OrderedDict[str, Node] = OrderedDict()
-
-    def deepest(self, path: str) -> Node | None:
-        """The deepest folder kept of absolute, normalised `path` (itself included)."""
-        while True:
-            node = self.folders.get(path)
-            if node is not None:
-                self._used(node)
-                return node
-            if path == "/":
-                return None
-            path = path[: path.rindex("/")] or "/"
-
-    def keep(self, node: Node, up: Node | None) -> None:
-        """Keep folder `node`, reached from the kept folder `up` (None: it is
-        "/"), unless it lies `bound` folders deep; its descriptor is then the scope's."""
-        depth = 1 if up is None else up.depth + 1
-        if depth >= self.bound:
-            return
-        node.up, node.depth, node.kept = up, depth, True
-        try:
-            self.folders[node.path] = node
-        except BaseException:
-            node.kept = False
-            raise
-        self._used(node)
-        while len(self.folders) > self.bound:  # (never a folder of `node`'s chain: all newer)
-            os.close(self.folders.popitem(last=False)[1].fd)
-
-    def _used(self, node: Node | None) -> None:
-        while node is not None:  # (the folders above it last: used more recently)
-            self.folders.move_to_end(node.path)
-            node = node.up
-
-    def close(self) -> None:
-        while self.folders:
-            os.close(self.folders.popitem()[1].fd)
-
-
-_thread = threading.local()  # .scope: the calling thread's Scope, if it opened one
-
-
-@contextlib.contextmanager
-def scope() -> Iterator[Scope]:
-    """Walks of the calling thread, until the block ends, share the folders
-    they reach from "/" before any symlink: a walk starts from the deepest
-    such folder of its path, making every check a walk from "/" makes (the
-    keep-out mount; search permission and ACL for a `Caller`, recorded by a
-    `Recorder`) on the status and ACL first read of each folder above it,
-    and `status` of such a folder is that status.  So a scan sees each folder
-    as of one moment (as a single walk does), the one it first reached it;
-    a change after that is seen by the next scan, in a scope of its own (one
-    in a watched folder has the rescan thread look again at once).  Other
-    threads walk from "/".  Its descriptors (`SCOPE_FOLDERS` at most) close
-    as the block ends, however it ends; a scope already open is shared."""
-    held = getattr(_thread, "scope", None)
-    if held is not None:
-        yield held
-        return
-    _thread.scope = opened = Scope(SCOPE_FOLDERS)
-    try:
-        yield opened
-    finally:
-        _thread.scope = None
-        opened.close()
-
-
-def proc_path(fd: int) -> str:
-    return f"/proc/self/fd/{fd}"
-
-
 def require(caller: Caller, fd: int, st: os.stat_result, bit: int, where: str) -> None:
     """Denied unless `caller` has permission `bit` on the file `fd` holds."""
     _require(caller, st, lambda: read_acl(proc_path(fd)), bit, where)
@@ -278,15 +166,15 @@ def _walk(path: str | os.PathLike, caller: Caller | None) -> Node:
     `release`); OSError as the kernel's lookup would fail, Denied when `caller` lacks
     search permission on a folder on the way.  A symlink that leads onto another mount
     than `path` starts on is looked up first by `probe.reach` (ETIMEDOUT where that
-    lookup hangs).  In a `scope`: from the deepest folder of `path` it keeps."""
+    lookup hangs).  In a `walkscope.scope`: from the deepest folder of `path` it keeps."""
     start = os.path.abspath(os.fspath(path))
     links, kept = 0, _kept_out()
-    scope: Scope | None = getattr(_thread, "scope", None)
-    here = scope.deepest(start) if scope is not None else None
+    held: Scope | None = current()
+    here = held.deepest(start) if held is not None else None
     if here is None:
         here = _root()
-        if scope is not None:
-            scope.keep(here, None)
+        if held is not None:
+            held.keep(here, None)
         todo = start.split("/")[::-1]  # components still to resolve, next last
     else:
         chain = here.chain()
@@ -322,8 +210,8 @@ def _walk(path: str | os.PathLike, caller: Caller | None) -> Node:
             if reached is not None:
                 up, here = here, reached
                 up.release()
-                if scope is not None and not links and up.kept and stat.S_ISDIR(cst.st_mode):
-                    scope.keep(here, up)
+                if held is not None and not links and up.kept and stat.S_ISDIR(cst.st_mode):
+                    held.keep(here, up)
                 continue
             os.close(child)
             links += 1
