@@ -37,11 +37,27 @@
  * (uid 0 in the `struct fuse_context` that `context`, libfuse's
  * fuse_get_context, returns: the 32-bit uid `uid_offset` bytes in) as
  * compatfs.fuse.operations.CompatFS.opendir does, with nothing to look up
- * (fh 0, the bits `mask` set in the 32-bit word `offset` bytes into the
- * fuse_file_info, 0 returned) and passes every other open to `fallback`,
- * the Python one, whose answer it returns: what compatfs.fuse.libfuse
- * installs as the high-level opendir, without a Python callback per folder
- * root opens.  One gate per process; ValueError for another.
+ * (fh a `dir_handle`, the bits `mask` set in the 32-bit word `offset`
+ * bytes into the fuse_file_info, 0 returned) and passes every other open to
+ * `fallback`, the Python one, whose answer it returns: what
+ * compatfs.fuse.libfuse installs as the high-level opendir, without a
+ * Python callback per folder root opens.  One gate per process; ValueError
+ * for another.
+ *
+ * dir_handle(): a folder's fh that no other open of a folder in this
+ * process has (a counter from 1), for the opens opendir_gate passes on.
+ *
+ * readdir_gate(fallback, fh_offset): the address of a libfuse 3 high-level
+ * readdir (`int (*)(const char *path, void *buf, fuse_fill_dir_t filler,
+ * off_t offset, struct fuse_file_info *fi, enum fuse_readdir_flags)`) that
+ * answers a request from an offset at or past the end of a folder listed to
+ * its end (`listed(fh, count)`, the fh the 64-bit word `fh_offset` bytes
+ * into the fuse_file_info) with nothing filled: the empty reply that ends
+ * the listing, which a caller's last getdents asks for after every folder,
+ * without a Python callback.  Every other request goes to `fallback`, the
+ * Python one.  A folder's count sits in one of 4096 slots by its fh (never
+ * reused): one listed later in the same slot only sends the request to
+ * `fallback`.  One gate per process; ValueError for another.
  *
  * polling_io(spin_ns, watch_ns, releasedir_in_c): the address of a libfuse 3
  * `struct fuse_custom_io` (zeroed past its writev and read, so a libfuse
@@ -315,6 +331,7 @@ static PyObject *keep_opendir(PyObject *self, PyObject *args)
 typedef int (*highlevel_opendir)(const char *path, void *fi);
 typedef void *(*context_getter)(void);
 
+static atomic_ullong dir_handles = 1; /* the fh of the next folder opened (0: none) */
 static highlevel_opendir gate_fallback;
 static context_getter gate_context;
 static Py_ssize_t gate_uid_offset, gate_fh_offset, gate_offset;
@@ -329,10 +346,70 @@ static int opendir_gated(const char *path, void *fi)
     memcpy(&uid, ctx + gate_uid_offset, sizeof uid);
     if (uid != 0)
         return gate_fallback(path, fi);
-    uint64_t fh = 0;
+    uint64_t fh = atomic_fetch_add(&dir_handles, 1);
     memcpy((char *)fi + gate_fh_offset, &fh, sizeof fh);
     set_bits(fi, gate_offset, gate_mask);
     return 0;
+}
+
+static PyObject *dir_handle(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return PyLong_FromUnsignedLongLong(atomic_fetch_add(&dir_handles, 1));
+}
+
+/* Folders listed to their end: slot fh % LISTED_SLOTS holds fh and the
+ * entry count, one 64-bit word (fh above LISTED_COUNT_BITS bits of count). */
+#define LISTED_SLOTS 4096
+#define LISTED_COUNT_BITS 20
+static _Atomic uint64_t listed_slots[LISTED_SLOTS];
+
+typedef int (*highlevel_readdir)(const char *path, void *buf, void *filler, int64_t offset, void *fi, int flags);
+static highlevel_readdir readdir_fallback;
+static Py_ssize_t readdir_fh_offset;
+
+static int readdir_gated(const char *path, void *buf, void *filler, int64_t offset, void *fi, int flags)
+{
+    if (offset > 0) {
+        uint64_t fh, slot;
+        memcpy(&fh, (char *)fi + readdir_fh_offset, sizeof fh);
+        slot = atomic_load(&listed_slots[fh % LISTED_SLOTS]);
+        if (fh && slot >> LISTED_COUNT_BITS == fh
+            && (uint64_t)offset >= (slot & ((1u << LISTED_COUNT_BITS) - 1)))
+            return 0; /* (nothing filled: an empty reply, the end of the listing) */
+    }
+    return readdir_fallback(path, buf, filler, offset, fi, flags);
+}
+
+static PyObject *listed(PyObject *self, PyObject *args)
+{
+    unsigned long long fh;
+    Py_ssize_t count;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "Kn", &fh, &count))
+        return NULL;
+    if (fh && fh < (1ULL << (64 - LISTED_COUNT_BITS)) && count >= 0 && count < (1 << LISTED_COUNT_BITS))
+        atomic_store(&listed_slots[fh % LISTED_SLOTS], fh << LISTED_COUNT_BITS | (uint64_t)count);
+    Py_RETURN_NONE;
+}
+
+static PyObject *readdir_gate(PyObject *self, PyObject *args)
+{
+    unsigned long long fallback;
+    Py_ssize_t fh_offset;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "Kn", &fallback, &fh_offset))
+        return NULL;
+    highlevel_readdir fn = (highlevel_readdir)(uintptr_t)fallback;
+    if (!fallback || fh_offset < 0 || fh_offset > 40 - (Py_ssize_t)sizeof(uint64_t) || fh_offset % sizeof(uint64_t)
+        || (readdir_fallback && (readdir_fallback != fn || readdir_fh_offset != fh_offset))) {
+        PyErr_SetString(PyExc_ValueError, "readdir_gate: no fallback, fh outside fuse_file_info, or another one gated");
+        return NULL;
+    }
+    readdir_fh_offset = fh_offset;
+    readdir_fallback = fn;
+    return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)readdir_gated);
 }
 
 static PyObject *opendir_gate(PyObject *self, PyObject *args)
@@ -634,8 +711,16 @@ static PyMethodDef methods[] = {
      "32-bit word offset bytes into the request's fuse_file_info, then calls original."},
     {"opendir_gate", opendir_gate, METH_VARARGS,
      "opendir_gate(fallback, context, uid_offset, fh_offset, offset, mask): the address of a libfuse high-level "
-     "opendir that answers root's opens itself (fh 0, mask set in the word offset bytes into fuse_file_info) and "
+     "opendir that answers root's opens itself (fh a dir_handle, mask set in the word offset bytes into fuse_file_info) and "
      "passes every other to fallback."},
+    {"dir_handle", dir_handle, METH_NOARGS, "dir_handle(): a folder's fh no other open of a folder has (never 0)."},
+    {"listed", listed, METH_VARARGS,
+     "listed(fh, count): the folder open as fh was listed to its end, count entries (one call per listing: "
+     "readdir_gate answers a later request for it from an offset at or past count with nothing)."},
+    {"readdir_gate", readdir_gate, METH_VARARGS,
+     "readdir_gate(fallback, fh_offset): the address of a libfuse 3 high-level readdir that answers a request from "
+     "an offset at or past the count `listed` gave for the fh (the 64-bit word fh_offset bytes into fuse_file_info) "
+     "with nothing, and passes every other one to fallback."},
     {"polling_io", polling_io, METH_VARARGS,
      "polling_io(spin_ns, watch_ns, releasedir_in_c): the address of a libfuse 3 fuse_custom_io whose read lets one "
      "worker at a time read the device while a listing goes on, the one that answered a request in C polling up to "

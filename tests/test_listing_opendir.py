@@ -1,7 +1,7 @@
 """Who may list a folder is decided at every open of it (the kernel keeps
 listings, not who may read them).  Where compatfs._accel is built, root's
 opens are answered in C (`_accel.opendir_gate`, put in the operations table
-libfuse copies): fh 0 and the flags that keep the listing, as
+libfuse copies): an fh of its own and the flags that keep the listing, as
 `CompatFS.opendir` answers root, with no Python callback; every other
 caller's open still goes to `CompatFS.opendir`, which decides from the store
 itself.  Without compatfs._accel every open goes to Python."""
@@ -63,8 +63,11 @@ def test_root_is_answered_in_c(gate):
     gate.context.uid, gate.context.gid = 0, 0
     fi = fuse.fuse_file_info(fh=77, flags=os.O_RDONLY)
     assert gate.opendir(b"/alpha:1b", ctypes.pointer(fi)) == 0
-    assert gate.calls == [] and fi.fh == 0 and fi.keep_cache == 1 and fi.cache_readdir == 1
+    assert gate.calls == [] and fi.fh not in (0, 77) and fi.keep_cache == 1 and fi.cache_readdir == 1
     assert fi.flags == os.O_RDONLY and fi.direct_io == 0  # nothing else touched
+    again = fuse.fuse_file_info(fh=77)
+    assert gate.opendir(b"/alpha:1b", ctypes.pointer(again)) == 0 and again.fh not in (0, 77, fi.fh)
+    assert accel.native.dir_handle() not in (0, fi.fh, again.fh)  # (the handles Python's opens take)
 
 
 @pytest.mark.parametrize("uid", [65534, 1000, 1 << 31])
@@ -150,41 +153,46 @@ logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
 seen = {}
 def real(argc, argv, ops, size, data):
     seen["opendir"] = ctypes.cast(ops.contents.opendir, ctypes.c_void_p).value
+    seen["readdir"] = ctypes.cast(ops.contents.readdir, ctypes.c_void_p).value
     return 0
 fuse.fuse_main_real = real
 native = libfuse.accel.native
 if native is not None:
     make = native.opendir_gate
     native.opendir_gate = lambda *args: seen.setdefault("gate", make(*args))
+    ends = native.readdir_gate
+    native.readdir_gate = lambda *args: seen.setdefault("ends", ends(*args))
 class Ops(fuse.Operations):
     use_ns = True
     root_lists_all = ROOT_LISTS_ALL
     def opendir(self, path):
         return 0
+    def readdir(self, path, fh):
+        return []
 if BROKEN:
     def broken(self, ops):
         raise RuntimeError("no gate today")
-    libfuse.FUSE._gate_opendir = broken
+    libfuse.FUSE._gate_folders = broken
 libfuse.FUSE(Ops(), "/nonexistent", foreground=True)
 assert fuse.fuse_main_real is real
-print("gated" if seen["opendir"] == seen.get("gate") else "python")
+print(*("gated" if seen.get(g) and seen[op] == seen[g] else "python" for op, g in (("opendir", "gate"), ("readdir", "ends"))))
 """
 
 
 @pytest.mark.parametrize(
     "root_lists_all, broken, compiled, want",
     [
-        (True, False, True, "gated"),
-        (True, False, False, "python"),
-        (False, False, True, "python"),
-        (True, True, True, "python"),
+        (True, False, True, "gated gated"),
+        (True, False, False, "python python"),
+        (False, False, True, "python python"),
+        (True, True, True, "python python"),
     ],
     ids=["accel", "no-accel", "not-root_lists_all", "gate-fails"],
 )
 def test_the_gate_goes_in_the_table_libfuse_copies(root_lists_all, broken, compiled, want):
-    """`libfuse.FUSE` puts the gate in the operations table mfusepy hands
-    libfuse, where compatfs._accel is built and the filesystem lets root
-    list anything; mfusepy's own call is back in place once made; a gate
+    """`libfuse.FUSE` puts the gates (opendir's, readdir's) in the
+    operations table mfusepy hands libfuse, where compatfs._accel is built
+    and the filesystem lets root list anything; mfusepy's own call is back in place once made; a gate
     that cannot be made leaves the table as mfusepy made it (the mount goes on)."""
     if compiled and accel.native is None:
         pytest.skip("compatfs._accel is not built")

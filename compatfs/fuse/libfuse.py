@@ -26,6 +26,7 @@ import mfusepy as fuse  # noqa: E402
 from ..files.access import Caller  # noqa: E402
 from ..files.libc import LIBC  # noqa: E402
 from ..translate import accel  # noqa: E402
+from . import gates  # noqa: E402
 from .statfill import StatFiller  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -158,11 +159,11 @@ class FUSE(fuse.FUSE):
       reply any more: its node is then kept until unmount (one per path).
     - where compatfs._accel is built and the filesystem's `opendir` lets
       root list anything with nothing looked up (`root_lists_all`), root's
-      opens of folders are answered in C (`_accel.opendir_gate`: fh 0, the
-      same flags), every other caller's by `opendir` as before: the gate
-      is put in the operations table mfusepy hands libfuse, before libfuse
-      copies it.
+      opens of folders and the ends of listings are answered in C
+      (`gates`); each open of a folder then has an fh of its own.
     """
+
+    _gates: gates.Gates | None = None
 
     def __init__(self, operations, mountpoint: str, **kwargs) -> None:
         if accel.native is None or not getattr(operations, "root_lists_all", False):
@@ -174,8 +175,8 @@ class FUSE(fuse.FUSE):
             fuse.fuse_main_real = real
             _patching.release()
             try:
-                self._gate_opendir(ops.contents)
-            except Exception as e:  # the gate only saves time: the mount goes on without it
+                self._gate_folders(ops.contents)
+            except Exception as e:  # the gates only save time: the mount goes on without them
                 log.warning("folders opened by root answered in Python (no gate: %s)", e)
             return real(argc, argv, ops, size, data)
 
@@ -188,32 +189,17 @@ class FUSE(fuse.FUSE):
                 fuse.fuse_main_real = real
                 _patching.release()
 
-    def _gate_opendir(self, ops) -> None:
-        """Have `ops` (mfusepy's fuse_operations) answer root's opens of
-        folders in C, and every other one by `opendir` through a ctypes
-        callback of its own (as mfusepy makes each)."""
+    def _gate_folders(self, ops) -> None:
         bits = _listing_bits()
-        if accel.native is None or not ops.opendir or bits is None or ctypes.sizeof(fuse.c_uid_t) != 4:
-            return
-        prototype = dict(fuse.fuse_operations._fields_)["opendir"]
-        fallback = prototype(functools.partial(self._wrapper, self.opendir))
-        try:
-            gate = accel.native.opendir_gate(
-                ctypes.cast(fallback, ctypes.c_void_p).value,
-                ctypes.cast(_libfuse.fuse_get_context, ctypes.c_void_p).value,
-                fuse.fuse_context.uid.offset,
-                fuse.fuse_file_info.fh.offset,
-                *bits,
-            )
-        except ValueError:
-            return  # (another mount in this process has the gate)
-        self._opendir_fallback = fallback  # (kept alive while libfuse may call it)
-        ops.opendir = prototype(gate)
-        log.info("folders opened by root answered in C (compatfs._accel), by others in Python")
+        if bits is not None:
+            opendir = functools.partial(self._wrapper, self.opendir)
+            readdir = functools.partial(self._wrapper, self.readdir_fuse_3)
+            self._gates = gates.install(ops, bits, _libfuse.fuse_get_context, opendir, readdir)
 
     def opendir(self, path: bytes, fip) -> int:
         fi = fip.contents
-        fi.fh = self.operations.opendir(path.decode(self.encoding, self.errors))
+        fh = self.operations.opendir(path.decode(self.encoding, self.errors))
+        fi.fh = self._gates.handle() if self._gates is not None else fh  # (CompatFS.opendir's is always 0)
         fi.keep_cache = 1
         fi.cache_readdir = 1
         return 0
@@ -234,7 +220,9 @@ class FUSE(fuse.FUSE):
                 fuse.set_st_attrs(st, full if full is not None else attrs, use_ns=False)
             fill = FUSE_FILL_DIR_PLUS if full is not None else 0
             if filler(buf, name.encode(self.encoding, self.errors), st, position + 1, fill) != 0:
-                break  # the reply is full: the kernel asks again from this entry's offset
+                return 0  # the reply is full: the kernel asks again from this entry's offset
+        if self._gates is not None and self._gates.listed is not None and offset < len(entries):
+            self._gates.listed(fip.contents.fh, len(entries))
         return 0
 
 

@@ -1,0 +1,77 @@
+"""Folder requests answered in C (`compatfs._accel`), put in the operations
+table mfusepy hands libfuse before libfuse copies it:
+
+- root's opens of folders (`_accel.opendir_gate`): root may list every
+  folder and has nothing looked up, which is what the filesystem's
+  `opendir` answers for root; every other caller's open goes to the
+  Python `opendir`;
+- the end of a folder's listing (`_accel.readdir_gate`): a request from an
+  offset at or past the end of a folder that `readdir` listed to its end
+  under the same fh (`listed`), which a caller's last getdents sends after
+  every folder, is answered with nothing; every other request goes to the
+  Python `readdir`.
+
+Each open of a folder has an fh of its own (`handle`), root's from the C
+gate, every other one's from the Python `opendir`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import mfusepy as fuse
+
+from ..translate import accel
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Gates:
+    """What the Python callbacks need once the gates are in place (and the
+    fallbacks libfuse calls through them, kept alive)."""
+
+    handle: Callable[[], int]  # a folder's fh that no other open of a folder has
+    listed: Callable[[int, int], None] | None  # (fh, entries): that open was listed to its end
+    fallbacks: list
+
+
+def install(ops, bits: tuple[int, int], context, opendir: Callable, readdir: Callable) -> Gates | None:
+    """Put the gates in `ops` (mfusepy's fuse_operations), with `opendir`
+    and `readdir` (the Python callbacks, as mfusepy wraps them) as their
+    fallbacks; `bits` where fuse_file_info's keep_cache and cache_readdir
+    are (`_accel.opendir_gate`), `context` libfuse's fuse_get_context.
+    None where compatfs._accel is not built, the table has no opendir, a
+    uid is not 32 bits, or another mount in this process has the gates."""
+    if accel.native is None or not ops.opendir or ctypes.sizeof(fuse.c_uid_t) != 4:
+        return None
+    fields = dict(fuse.fuse_operations._fields_)
+    opened = fields["opendir"](opendir)
+    try:
+        gate = accel.native.opendir_gate(
+            ctypes.cast(opened, ctypes.c_void_p).value,
+            ctypes.cast(context, ctypes.c_void_p).value,
+            fuse.fuse_context.uid.offset,
+            fuse.fuse_file_info.fh.offset,
+            *bits,
+        )
+    except ValueError:
+        return None
+    gates = Gates(accel.native.dir_handle, None, [opened])
+    ops.opendir = fields["opendir"](gate)
+    log.info("folders opened by root answered in C (compatfs._accel), by others in Python")
+    if not ops.readdir:
+        return gates
+    listing = fields["readdir"](readdir)
+    try:
+        gate = accel.native.readdir_gate(ctypes.cast(listing, ctypes.c_void_p).value, fuse.fuse_file_info.fh.offset)
+    except ValueError:
+        return gates
+    gates.fallbacks.append(listing)
+    gates.listed = accel.native.listed
+    ops.readdir = fields["readdir"](gate)
+    log.info("the end of a folder's listing answered in C (compatfs._accel)")
+    return gates
