@@ -239,7 +239,7 @@ def test_a_scope_keeps_at_most_its_bound_of_descriptors(tree, monkeypatch):
             assert scoped == plain
         assert len(held.folders) <= 4 and len(_fds() - before) <= 4
         for node in held.folders.values():  # (every kept folder's folders up to "/" are kept)
-            assert all(held.folders.get(up.path) is up for up in node.chain())
+            assert all(held.folders.get(up.key) is up for up in node.chain())
     assert _fds() == before
 
 

@@ -13,10 +13,10 @@ descriptor).  The last component is held by an O_PATH descriptor (nothing is
 opened yet: no device or FIFO is ever opened); only a regular file is then
 opened, without blocking, from that very descriptor (`open_regular`), and a
 caller must be allowed to read the opened file.  A scan's walks share the
-folders they pass (`walkscope.scope`).  What identifies a file's
-bytes (`identity`, `unchanged`) and what a refusal (`Denied`) or a transient
-fault (`Transient`: out of descriptors or memory, an I/O error, saying
-nothing of the file) is are defined here too.
+folders their paths' prefixes resolve to (`walkscope.scope`).  What
+identifies a file's bytes (`identity`, `unchanged`) and what a refusal
+(`Denied`) or a transient fault (`Transient`: out of descriptors or memory,
+an I/O error, saying nothing of the file) is are defined here too.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 from .access import ACL, READ, SEARCH, BadACL, Caller, read_acl
 from ..errors import GGUFError
 from .probe import leaves, reach
-from .walkscope import Node, Scope, current, proc_path
+from .walkscope import ENTRY_STEPS, Link, Lookup, Node, Scope, Seen, Step, current, proc_path
 
 Stamp = tuple[int, int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns
 
@@ -161,70 +161,113 @@ def _root() -> Node:
         raise
 
 
+def _look(there: str, folder: Node | Seen, caller: Caller | None, kept: tuple[str, ...]) -> None:
+    """The checks before a name is looked up in `folder`, `there` its path:
+    not into the keep-out mount, in a folder, which `caller` may search."""
+    mount = _inside_mount(there, kept)
+    if mount is not None:
+        raise OSError(errno.ELOOP, f"it leads into {mount}, compatfs's own mount")
+    if not stat.S_ISDIR(folder.st.st_mode):
+        raise OSError(errno.ENOTDIR, f"{folder.path} is not a folder")
+    if caller is not None:
+        _require(caller, folder.st, folder.acl, SEARCH, folder.path)
+
+
+def _guard(start: str, rest: str, kept: tuple[str, ...]) -> None:
+    """After a symlink, the rest of the path `rest` (normalised) to resolve
+    from `start`: looked up first by `probe.reach` where it lies on another
+    mount (ETIMEDOUT where a lookup there hangs), but never in the keep-out mount."""
+    elsewhere = leaves(start, rest)
+    if elsewhere is not None and _inside_mount(rest, kept) is None:
+        reach(rest, elsewhere)
+
+
+def _replay(node: Node, start: str, literal: str, caller: Caller | None, kept: tuple[str, ...]) -> None:
+    """The checks the walks that reached kept folder `node` made from "/", in
+    order, for a walk of `literal` (`start` as written): a symlink's rest of
+    the path is this walk's."""
+    for entry in node.chain()[1:]:
+        for step in entry.steps:
+            if isinstance(step, Link):
+                after = [c for c in literal[len(entry.key) :].split("/") if c]
+                _guard(start, os.path.normpath(os.path.join(step.base, *step.pending, *after)), kept)
+            else:
+                _look(step.there, step.folder, caller, kept)
+
+
+def _noted(steps: list[Step] | None, step: Step) -> list[Step] | None:
+    """`steps` and then `step`; None (not to be kept) past `ENTRY_STEPS`
+    checks, or for a symlink whose rest pends more names than that."""
+    if steps is None or len(steps) >= ENTRY_STEPS or (isinstance(step, Link) and len(step.pending) > ENTRY_STEPS):
+        return None
+    steps.append(step)
+    return steps
+
+
 def _walk(path: str | os.PathLike, caller: Caller | None) -> Node:
     """What `path` resolves to (never a symlink), held by an O_PATH descriptor (to
     `release`); OSError as the kernel's lookup would fail, Denied when `caller` lacks
     search permission on a folder on the way.  A symlink that leads onto another mount
     than `path` starts on is looked up first by `probe.reach` (ETIMEDOUT where that
-    lookup hangs).  In a `walkscope.scope`: from the deepest folder of `path` it keeps."""
+    lookup hangs).  In a `walkscope.scope`: from the folder it keeps of the longest
+    prefix of `path`, keeping each folder a further prefix resolves to."""
     start = os.path.abspath(os.fspath(path))
-    links, kept = 0, _kept_out()
+    literal = "/" + start.lstrip("/")  # (abspath leaves a leading "//")
+    kept = _kept_out()
     held: Scope | None = current()
-    here = held.deepest(start) if held is not None else None
+    here = held.deepest(literal) if held is not None else None
     if here is None:
         here = _root()
         if held is not None:
-            held.keep(here, None)
-        todo = start.split("/")[::-1]  # components still to resolve, next last
+            held.keep(here, None, "/", (), 0)
     else:
-        chain = here.chain()
-        for folder, inner in zip(chain, chain[1:], strict=False):  # (every folder a scope keeps is a folder)
-            mount = _inside_mount(inner.path, kept)
-            if mount is not None:
-                raise OSError(errno.ELOOP, f"it leads into {mount}, compatfs's own mount")
-            if caller is not None:
-                _require(caller, folder.st, folder.acl, SEARCH, folder.path)
-        todo = start[len(here.path) :].split("/")[::-1]
+        _replay(here, start, literal, caller, kept)
+    links, key, up = here.links, here.key, here
+    todo = [c for c in literal[len(key) :].split("/") if c][::-1]  # components still to resolve, next last
+    bottom = len(todo)  # those of them of `literal`: the others come from symlinks
+    steps: list[Step] | None = None  # the checks resolving prefix `key`, while it may be kept
     try:
         while todo:
             name = todo.pop()
-            if name in ("", "."):
-                continue
-            there = os.path.dirname(here.path) if name == ".." else os.path.join(here.path, name)
-            mount = _inside_mount(there, kept)
-            if mount is not None:
-                raise OSError(errno.ELOOP, f"it leads into {mount}, compatfs's own mount")
-            if not stat.S_ISDIR(here.st.st_mode):
-                raise OSError(errno.ENOTDIR, f"{here.path} is not a folder")
-            if caller is not None:
-                _require(caller, here.st, here.acl, SEARCH, here.path)
-            child = os.open(name, _PATH_FLAGS, dir_fd=here.fd)
-            try:
-                cst = os.fstat(child)
-                link = stat.S_ISLNK(cst.st_mode)
-                target = os.readlink("", dir_fd=child) if link else ""
-                reached = None if link else Node(child, cst, there)
-            except BaseException:
-                os.close(child)
-                raise
-            if reached is not None:
-                up, here = here, reached
-                up.release()
-                if held is not None and not links and up.kept and stat.S_ISDIR(cst.st_mode):
-                    held.keep(here, up)
-                continue
-            os.close(child)
-            links += 1
-            if links > _MAX_LINKS:
-                raise OSError(errno.ELOOP, "too many levels of symbolic links")
-            todo.extend(target.split("/")[::-1])
-            rest = os.path.normpath(os.path.join("/" if target.startswith("/") else here.path, *todo[::-1]))
-            elsewhere = leaves(start, rest)
-            if elsewhere is not None and _inside_mount(rest, kept) is None:
-                reach(rest, elsewhere)  # (ETIMEDOUT where a lookup there hangs)
-            if target.startswith("/"):
-                up, here = here, _root()
-                up.release()
+            if len(todo) < bottom:  # the next component of `literal`: recorded when `key` is kept
+                steps = [] if held is not None and here.kept and here.key == key else None
+                bottom, key, up = len(todo), os.path.join(key, name), here
+            if name not in ("", "."):
+                there = os.path.dirname(here.path) if name == ".." else os.path.join(here.path, name)
+                _look(there, here, caller, kept)
+                if steps is not None:
+                    try:  # (a folder let go on the way: as read now, its ACL too)
+                        steps = _noted(steps, Lookup(there, here if here.kept else Seen(here)))
+                    except BadACL:
+                        steps = None
+                child = os.open(name, _PATH_FLAGS, dir_fd=here.fd)
+                try:
+                    cst = os.fstat(child)
+                    link = stat.S_ISLNK(cst.st_mode)
+                    target = os.readlink("", dir_fd=child) if link else ""
+                    reached = None if link else Node(child, cst, there)
+                except BaseException:
+                    os.close(child)
+                    raise
+                if reached is not None:
+                    left, here = here, reached
+                    left.release()
+                else:
+                    os.close(child)
+                    links += 1
+                    if links > _MAX_LINKS:
+                        raise OSError(errno.ELOOP, "too many levels of symbolic links")
+                    todo.extend(target.split("/")[::-1])
+                    base = "/" if target.startswith("/") else here.path
+                    steps = _noted(steps, Link(base, tuple(todo[bottom:][::-1])))
+                    _guard(start, os.path.normpath(os.path.join(base, *todo[::-1])), kept)
+                    if target.startswith("/"):
+                        left, here = here, _root()
+                        left.release()
+            if len(todo) == bottom and steps is not None:  # prefix `key` resolved
+                if held is not None and stat.S_ISDIR(here.st.st_mode) and not here.kept:
+                    held.keep(here, up, key, tuple(steps), links)
+                steps = None
     except BaseException:
         here.release()
         raise
