@@ -164,7 +164,7 @@ def _root() -> Node:
 def _look(there: str, folder: Node | Seen, caller: Caller | None, kept: tuple[str, ...]) -> None:
     """The checks before a name is looked up in `folder`, `there` its path:
     not into the keep-out mount, in a folder, which `caller` may search."""
-    mount = _inside_mount(there, kept)
+    mount = _inside_mount(there, kept) if kept else None
     if mount is not None:
         raise OSError(errno.ELOOP, f"it leads into {mount}, compatfs's own mount")
     if not stat.S_ISDIR(folder.st.st_mode):
@@ -185,14 +185,17 @@ def _guard(start: str, rest: str, kept: tuple[str, ...]) -> None:
 def _replay(node: Node, start: str, literal: str, caller: Caller | None, kept: tuple[str, ...]) -> None:
     """The checks the walks that reached kept folder `node` made from "/", in
     order, for a walk of `literal` (`start` as written): a symlink's rest of
-    the path is this walk's."""
+    the path is this walk's; names are tested again only against keep-out
+    mounts other than those they were last found clear of."""
     for entry in node.chain()[1:]:
+        tested = () if entry.clear == kept else kept
         for step in entry.steps:
             if isinstance(step, Link):
                 after = [c for c in literal[len(entry.key) :].split("/") if c]
                 _guard(start, os.path.normpath(os.path.join(step.base, *step.pending, *after)), kept)
             else:
-                _look(step.there, step.folder, caller, kept)
+                _look(step.there, step.folder, caller, tested)
+        entry.clear = kept
 
 
 def _noted(steps: list[Step] | None, step: Step) -> list[Step] | None:

@@ -46,15 +46,17 @@ class Node:
     other the holder's (`release`).  A kept one is what the prefix `key` (as
     written) resolves to, from the kept folder `up` of the prefix one
     component shorter by `steps` (the checks made on the way), with `links`
-    symlinks met from "/"."""
+    symlinks met from "/"; every name its `steps` look up lies outside the
+    keep-out mounts `clear` (as last tested)."""
 
-    __slots__ = ("fd", "st", "path", "up", "kept", "depth", "key", "steps", "links", "_acl")
+    __slots__ = ("fd", "st", "path", "up", "kept", "depth", "key", "steps", "links", "clear", "_acl")
 
     def __init__(self, fd: int, st: os.stat_result, path: str):
         self.fd, self.st, self.path = fd, st, path
         self.up: Node | None = None
         self.kept, self.depth, self.key, self.links = False, 1, path, 0
         self.steps: tuple[Step, ...] = ()
+        self.clear: tuple[str, ...] | None = None  # None: not tested yet
         self._acl: ACL | None | bool = False  # False: not read yet
 
     def acl(self) -> ACL | None:
