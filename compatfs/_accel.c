@@ -611,8 +611,13 @@ static void *watch_turns(void *unused)
 static int answered(void)
 {
     if (watched) {
+        /* (under the lock: where the watch ended listing mode meanwhile,
+         * another worker may have the turn and the watch armed again) */
         struct itimerspec off = {{0, 0}, {0, 0}};
-        timerfd_settime(watch_fd, 0, &off, NULL);
+        pthread_mutex_lock(&turn_lock);
+        if (held_epoch == atomic_load(&turn_epoch))
+            timerfd_settime(watch_fd, 0, &off, NULL);
+        pthread_mutex_unlock(&turn_lock);
         watched = 0;
     }
     if (holding && held_epoch != atomic_load(&turn_epoch))
