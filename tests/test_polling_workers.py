@@ -230,3 +230,56 @@ def test_a_listing_answered_in_python_keeps_the_turn_until_the_watch_ends_it(wat
     a1, a2, b, a3, waited = line.split()
     assert (a1, a2, b, a3) == ("2", "3", "15", "16")
     assert float(waited) >= (0.2 if watch > 0.1 else 0.0)  # (the READ came 0.05 s after the GETATTR)
+
+
+# As _WATCHED, with a watch of 0.2 s: A's watch ends listing mode while A
+# still answers its GETATTR; B then starts listing mode again (a FORGET)
+# and takes a GETATTR of its own, arming the watch again, and never reads
+# again either.  A's next read must leave B's watch armed: A then waits for
+# the turn, and a READ sent meanwhile is read (by A) once B's watch ends
+# listing mode.  Prints what each read took.
+_REARMED = """
+import ctypes, os, struct, sys, threading, time
+from compatfs.translate import accel
+io = accel.native.polling_io(50_000, 200_000_000, True)
+READ = ctypes.CFUNCTYPE(ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+read = READ(ctypes.c_void_p.from_address(io + ctypes.sizeof(ctypes.c_void_p)).value)
+r, w = os.pipe()
+
+def take():
+    buf = ctypes.create_string_buffer(4096)
+    n = read(r, buf, 4096, None)
+    assert n == 40, n
+    return struct.unpack_from("<I", buf.raw, 4)[0]
+
+def send(opcode):
+    os.write(w, struct.pack("<IIQQIIIHH", 40, opcode, 1, 1, 0, 0, 0, 0, 0))
+
+got = []
+a_answers, b_armed = threading.Event(), threading.Event()
+def worker_a():
+    send(2); got.append(("a", take()))
+    send(3); got.append(("a", take()))
+    a_answers.set()
+    b_armed.wait()
+    got.append(("a", take()))  # (B has the turn, its watch armed: A waits for it, then reads the READ)
+
+def worker_b():
+    a_answers.wait(); time.sleep(0.5)  # (A's watch has ended listing mode)
+    send(2); got.append(("b", take()))
+    send(3); got.append(("b", take()))
+    b_armed.set()
+
+a = threading.Thread(target=worker_a, daemon=True); b = threading.Thread(target=worker_b, daemon=True)
+a.start(); b.start()
+b.join(30); assert not b.is_alive(), "B hangs"
+time.sleep(0.05); send(15)
+a.join(30); assert not a.is_alive(), "A still waits for the turn: B's watch was disarmed"
+print(*(f"{who}{op}" for who, op in got))
+"""
+
+
+@pytest.mark.skipif(accel.native is None, reason="compatfs._accel is not built")
+def test_a_worker_whose_turn_the_watch_ended_leaves_the_next_watch_armed():
+    (line,) = _run(_REARMED)
+    assert line.split() == ["a2", "a3", "b2", "b3", "a15"]
