@@ -1,4 +1,4 @@
-"""The optional compiled kernels, `compatfs._accel` (compatfs/_accel.c).
+"""The optional compiled kernels, `compatfs._accel` (compatfs/accel_c/, one C file a job).
 
 Built where a C compiler and Python's headers are at hand; where they are
 not, the build goes on without it (a warning, never a failure) and compatfs
@@ -25,7 +25,17 @@ class OptionalBuildExt(build_ext):
             self.warn(f"{ext.name} not built ({e}): the numpy kernels are used")
 
 
+ACCEL = [f"compatfs/accel_c/{job}.c" for job in ("module", "repack", "gather", "folders", "polling")]
+
 setup(
-    ext_modules=[Extension("compatfs._accel", ["compatfs/_accel.c"], extra_compile_args=["-O3"], optional=True)],
+    ext_modules=[
+        Extension(
+            "compatfs._accel",
+            ACCEL,
+            depends=["compatfs/accel_c/accel.h"],
+            extra_compile_args=["-O3"],
+            optional=True,
+        )
+    ],
     cmdclass={"build_ext": OptionalBuildExt},
 )

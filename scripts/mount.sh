@@ -38,7 +38,7 @@ if [ -n "$already" ]; then
 else
     # Set up when the install is missing or older than what it is made from
     # (setting up again rewrites the compiled kernel under running processes).
-    if [ ! -x .venv/bin/compatfs ] || [ -n "$(find pyproject.toml setup.py compatfs/_accel.c \
+    if [ ! -x .venv/bin/compatfs ] || [ -n "$(find pyproject.toml setup.py compatfs/accel_c \
             -newer .venv/bin/compatfs 2>/dev/null)" ]; then
         bash scripts/setup.sh
     fi

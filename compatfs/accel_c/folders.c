@@ -1,0 +1,210 @@
+/* keep_opendir(original, offset, mask): the address of a libfuse 3
+ * low-level opendir (`void (*)(fuse_req_t, fuse_ino_t, struct
+ * fuse_file_info *)`) that sets the bits `mask` in the 32-bit word `offset`
+ * bytes into the request's fuse_file_info (where its keep_cache and
+ * cache_readdir bits are) and calls `original`, the session's own: what
+ * compatfs.fuse.libfuse installs in place of the session's opendir on a
+ * libfuse that drops what the high-level opendir sets, without a Python
+ * callback per folder opened.  One original per process (a libfuse's is
+ * the same for every session); ValueError for another.
+ *
+ * opendir_gate(fallback, context, uid_offset, fh_offset, offset, mask): the
+ * address of a libfuse 3 high-level opendir (`int (*)(const char *path,
+ * struct fuse_file_info *fi)`) that answers an open of a folder by root
+ * (uid 0 in the `struct fuse_context` that `context`, libfuse's
+ * fuse_get_context, returns: the 32-bit uid `uid_offset` bytes in) as
+ * compatfs.fuse.operations.CompatFS.opendir does, with nothing to look up
+ * (fh a `dir_handle`, the bits `mask` set in the 32-bit word `offset`
+ * bytes into the fuse_file_info, 0 returned) and passes every other open to
+ * `fallback`, the Python one, whose answer it returns: what
+ * compatfs.fuse.libfuse installs as the high-level opendir, without a
+ * Python callback per folder root opens.  One gate per process; ValueError
+ * for another.
+ *
+ * dir_handle(): a folder's fh that no other open of a folder in this
+ * process has (a counter from 1), for the opens opendir_gate passes on.
+ *
+ * readdir_gate(fallback, fh_offset): the address of a libfuse 3 high-level
+ * readdir (`int (*)(const char *path, void *buf, fuse_fill_dir_t filler,
+ * off_t offset, struct fuse_file_info *fi, enum fuse_readdir_flags)`) that
+ * answers a request from an offset at or past the end of a folder listed to
+ * its end (`listed(fh, count)`, the fh the 64-bit word `fh_offset` bytes
+ * into the fuse_file_info) with nothing filled: the empty reply that ends
+ * the listing, which a caller's last getdents asks for after every folder,
+ * without a Python callback.  Every other request goes to `fallback`, the
+ * Python one.  A folder's count sits in one of 4096 slots by its fh (never
+ * reused): one listed later in the same slot only sends the request to
+ * `fallback`.  One gate per process; ValueError for another. */
+#include "accel.h"
+
+#include <stdatomic.h>
+#include <string.h>
+
+typedef void (*lowlevel_opendir)(void *req, uint64_t ino, void *fi);
+
+static lowlevel_opendir kept_original;
+static Py_ssize_t kept_offset;
+static uint32_t kept_mask;
+
+/* Set the bits `mask` in the 32-bit word `offset` bytes into `fi`. */
+static void set_bits(void *fi, Py_ssize_t offset, uint32_t mask)
+{
+    uint32_t word;
+    memcpy(&word, (char *)fi + offset, sizeof word);
+    word |= mask;
+    memcpy((char *)fi + offset, &word, sizeof word);
+}
+
+static void opendir_keeping(void *req, uint64_t ino, void *fi)
+{
+    set_bits(fi, kept_offset, kept_mask);
+    kept_original(req, ino, fi);
+}
+
+PyObject *accel_keep_opendir(PyObject *self, PyObject *args)
+{
+    unsigned long long original;
+    Py_ssize_t offset;
+    unsigned long mask;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "Knk", &original, &offset, &mask))
+        return NULL;
+    if (!original || offset < 0 || offset > 64 - (Py_ssize_t)sizeof(uint32_t) || offset % sizeof(uint32_t)
+        || !mask || mask > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "keep_opendir: no original, or bits outside fuse_file_info's words");
+        return NULL;
+    }
+    lowlevel_opendir fn = (lowlevel_opendir)(uintptr_t)original;
+    if (kept_original && (kept_original != fn || kept_offset != offset || kept_mask != (uint32_t)mask)) {
+        PyErr_SetString(PyExc_ValueError, "keep_opendir: already wraps another opendir");
+        return NULL;
+    }
+    kept_offset = offset;
+    kept_mask = (uint32_t)mask;
+    kept_original = fn;
+    return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)opendir_keeping);
+}
+
+typedef int (*highlevel_opendir)(const char *path, void *fi);
+typedef void *(*context_getter)(void);
+
+static atomic_ullong dir_handles = 1; /* the fh of the next folder opened (0: none) */
+static highlevel_opendir gate_fallback;
+
+static context_getter gate_context;
+static Py_ssize_t gate_uid_offset, gate_fh_offset, gate_offset;
+static uint32_t gate_mask;
+
+static int opendir_gated(const char *path, void *fi)
+{
+    const char *ctx = gate_context();
+    uint32_t uid;
+    if (!ctx)
+        return gate_fallback(path, fi);
+    memcpy(&uid, ctx + gate_uid_offset, sizeof uid);
+    if (uid != 0)
+        return gate_fallback(path, fi);
+    uint64_t fh = atomic_fetch_add(&dir_handles, 1);
+    memcpy((char *)fi + gate_fh_offset, &fh, sizeof fh);
+    set_bits(fi, gate_offset, gate_mask);
+    return 0;
+}
+
+PyObject *accel_dir_handle(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return PyLong_FromUnsignedLongLong(atomic_fetch_add(&dir_handles, 1));
+}
+
+/* Folders listed to their end: slot fh % LISTED_SLOTS holds fh and the
+ * entry count, one 64-bit word (fh above LISTED_COUNT_BITS bits of count). */
+#define LISTED_SLOTS 4096
+#define LISTED_COUNT_BITS 20
+static _Atomic uint64_t listed_slots[LISTED_SLOTS];
+
+typedef int (*highlevel_readdir)(const char *path, void *buf, void *filler, int64_t offset, void *fi, int flags);
+static highlevel_readdir readdir_fallback;
+static Py_ssize_t readdir_fh_offset;
+
+static int readdir_gated(const char *path, void *buf, void *filler, int64_t offset, void *fi, int flags)
+{
+    if (offset > 0) {
+        uint64_t fh, slot;
+        memcpy(&fh, (char *)fi + readdir_fh_offset, sizeof fh);
+        slot = atomic_load(&listed_slots[fh % LISTED_SLOTS]);
+        if (fh && slot >> LISTED_COUNT_BITS == fh
+            && (uint64_t)offset >= (slot & ((1u << LISTED_COUNT_BITS) - 1)))
+            return 0; /* (nothing filled: an empty reply, the end of the listing) */
+    }
+    return readdir_fallback(path, buf, filler, offset, fi, flags);
+}
+
+PyObject *accel_listed(PyObject *self, PyObject *args)
+{
+    unsigned long long fh;
+    Py_ssize_t count;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "Kn", &fh, &count))
+        return NULL;
+    if (fh && fh < (1ULL << (64 - LISTED_COUNT_BITS)) && count >= 0 && count < (1 << LISTED_COUNT_BITS))
+        atomic_store(&listed_slots[fh % LISTED_SLOTS], fh << LISTED_COUNT_BITS | (uint64_t)count);
+    Py_RETURN_NONE;
+}
+
+PyObject *accel_readdir_gate(PyObject *self, PyObject *args)
+{
+    unsigned long long fallback;
+    Py_ssize_t fh_offset;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "Kn", &fallback, &fh_offset))
+        return NULL;
+    highlevel_readdir fn = (highlevel_readdir)(uintptr_t)fallback;
+    if (!fallback || fh_offset < 0 || fh_offset > 40 - (Py_ssize_t)sizeof(uint64_t) || fh_offset % sizeof(uint64_t)
+        || (readdir_fallback && (readdir_fallback != fn || readdir_fh_offset != fh_offset))) {
+        PyErr_SetString(PyExc_ValueError, "readdir_gate: no fallback, fh outside fuse_file_info, or another one gated");
+        return NULL;
+    }
+    readdir_fh_offset = fh_offset;
+    readdir_fallback = fn;
+    return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)readdir_gated);
+}
+
+PyObject *accel_opendir_gate(PyObject *self, PyObject *args)
+{
+    unsigned long long fallback, context;
+    Py_ssize_t uid_offset, fh_offset, offset;
+    unsigned long mask;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KKnnnk", &fallback, &context, &uid_offset, &fh_offset, &offset, &mask))
+        return NULL;
+    /* (fuse_context: 24 bytes and more; fuse_file_info: 40 bytes and more, fh 8-aligned) */
+    if (!fallback || !context || uid_offset < 0 || uid_offset > 24 - (Py_ssize_t)sizeof(uint32_t)
+        || uid_offset % sizeof(uint32_t) || fh_offset < 0 || fh_offset > 40 - (Py_ssize_t)sizeof(uint64_t)
+        || fh_offset % sizeof(uint64_t) || offset < 0 || offset > 40 - (Py_ssize_t)sizeof(uint32_t)
+        || offset % sizeof(uint32_t) || (offset < fh_offset + 8 && fh_offset < offset + 4) || !mask
+        || mask > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "opendir_gate: no fallback or context, or fields outside their structs");
+        return NULL;
+    }
+    highlevel_opendir fn = (highlevel_opendir)(uintptr_t)fallback;
+    context_getter get = (context_getter)(uintptr_t)context;
+    if (gate_fallback
+        && (gate_fallback != fn || gate_context != get || gate_uid_offset != uid_offset
+            || gate_fh_offset != fh_offset || gate_offset != offset || gate_mask != (uint32_t)mask)) {
+        PyErr_SetString(PyExc_ValueError, "opendir_gate: already gates another opendir");
+        return NULL;
+    }
+    gate_context = get;
+    gate_uid_offset = uid_offset;
+    gate_fh_offset = fh_offset;
+    gate_offset = offset;
+    gate_mask = (uint32_t)mask;
+    gate_fallback = fn;
+    return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)opendir_gated);
+}
+
+int accel_root_opens_gated(void)
+{
+    return gate_fallback != NULL;
+}

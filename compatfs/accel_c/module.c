@@ -1,0 +1,52 @@
+/* compatfs._accel: optional compiled kernels, each giving the same bytes as
+ * its numpy counterpart (the tests compare the two).  Built by setup.py where
+ * a C compiler is at hand; compatfs.translate.accel falls back to numpy
+ * without it.  Its functions, one file a job: repack.c (mxfp4_repack),
+ * gather.c (gather_read), folders.c (keep_opendir, opendir_gate,
+ * dir_handle, readdir_gate, listed), polling.c (polling_io, polled). */
+#include "accel.h"
+
+static PyMethodDef methods[] = {
+    {"mxfp4_repack", accel_mxfp4_repack, METH_VARARGS,
+     "mxfp4_repack(dst, src, width, stride, first, count): MXFP4 blocks first .. first + count - 1 of src "
+     "(rows of width blocks, stride bytes apart) from the checkpoint's nibble order into ggml's, into dst."},
+    {"gather_read", accel_gather_read, METH_VARARGS,
+     "gather_read(fd, dst, offset, unit, stride, count, period): count runs of unit bytes of file fd, run i at "
+     "offset + i * stride, read into dst at i * period in one pass over the file; the bytes of the span read."},
+    {"keep_opendir", accel_keep_opendir, METH_VARARGS,
+     "keep_opendir(original, offset, mask): the address of a libfuse low-level opendir that sets mask in the "
+     "32-bit word offset bytes into the request's fuse_file_info, then calls original."},
+    {"opendir_gate", accel_opendir_gate, METH_VARARGS,
+     "opendir_gate(fallback, context, uid_offset, fh_offset, offset, mask): the address of a libfuse high-level "
+     "opendir that answers root's opens itself (fh a dir_handle, mask set in the word offset bytes into "
+     "fuse_file_info) and passes every other to fallback."},
+    {"dir_handle", accel_dir_handle, METH_NOARGS, "dir_handle(): a folder's fh no other open of a folder has (never 0)."},
+    {"listed", accel_listed, METH_VARARGS,
+     "listed(fh, count): the folder open as fh was listed to its end, count entries (one call per listing: "
+     "readdir_gate answers a later request for it from an offset at or past count with nothing)."},
+    {"readdir_gate", accel_readdir_gate, METH_VARARGS,
+     "readdir_gate(fallback, fh_offset): the address of a libfuse 3 high-level readdir that answers a request from "
+     "an offset at or past the count `listed` gave for the fh (the 64-bit word fh_offset bytes into fuse_file_info) "
+     "with nothing, and passes every other one to fallback."},
+    {"polling_io", accel_polling_io, METH_VARARGS,
+     "polling_io(spin_ns, watch_ns, releasedir_in_c): the address of a libfuse 3 fuse_custom_io whose read lets one "
+     "worker at a time read the device while a listing goes on, the one that answered a request in C polling up to "
+     "spin_ns first; an answer in Python that takes longer than watch_ns ends it."},
+    {"polled", accel_polled, METH_NOARGS, "polled(): the requests found by a polling worker so far."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "compatfs._accel", "compatfs's optional compiled kernels.", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__accel(void)
+{
+#if PY_BIG_ENDIAN
+    PyErr_SetString(PyExc_ImportError, "compatfs._accel assumes a little-endian machine");
+    return NULL;
+#else
+    return PyModule_Create(&module);
+#endif
+}
