@@ -172,15 +172,10 @@ def test_one_spin_per_process():
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
 
 
-# Drives `_accel.polling_io`'s read over a pipe (requests written as the
-# kernel writes them: a 40-byte fuse_in_header each) from two threads, with
-# a watch of argv[1] ns: worker A takes a FORGET (answered in C: listing mode
-# starts, A has the turn), then a GETATTR (a listing's, answered in Python:
-# A keeps the turn, the watch armed) and never reads again, as if its
-# answer never came.  Worker B waits for the turn; a READ written meanwhile
-# is B's once the watch ends listing mode.  Prints B's wait and opcode, then
-# what A's next read takes (the turn gone: a plain read).
-_WATCHED = """
+# `_accel.polling_io`'s read (a watch of argv[1] ns) over a pipe: `take`
+# reads one request as a worker would, `send` writes one (a 40-byte
+# fuse_in_header, as the kernel writes it).
+_IO_PIPE = """
 import ctypes, os, struct, sys, threading, time
 from compatfs.translate import accel
 io = accel.native.polling_io(50_000, int(sys.argv[1]), True)
@@ -196,6 +191,17 @@ def take():
 
 def send(opcode):
     os.write(w, struct.pack("<IIQQIIIHH", 40, opcode, 1, 1, 0, 0, 0, 0, 0))
+"""
+
+# Two workers on `_IO_PIPE`: worker A takes a FORGET (answered in C: listing mode
+# starts, A has the turn), then a GETATTR (a listing's, answered in Python:
+# A keeps the turn, the watch armed) and never reads again, as if its
+# answer never came.  Worker B waits for the turn; a READ written meanwhile
+# is B's once the watch ends listing mode.  Prints B's wait and opcode, then
+# what A's next read takes (the turn gone: a plain read).
+_WATCHED = (
+    _IO_PIPE
+    + """
 
 got = {}
 def worker_a():
@@ -217,6 +223,7 @@ b.join(30); assert not b.is_alive(), "B still waits for the turn"
 resume.set(); a.join(30); assert not a.is_alive(), "A's read hangs"
 print(got["a1"], got["a2"], got["b"], got["a3"], round(got["waited"], 3))
 """
+)
 
 
 @pytest.mark.skipif(accel.native is None, reason="compatfs._accel is not built")
@@ -238,22 +245,9 @@ def test_a_listing_answered_in_python_keeps_the_turn_until_the_watch_ends_it(wat
 # again either.  A's next read must leave B's watch armed: A then waits for
 # the turn, and a READ sent meanwhile is read (by A) once B's watch ends
 # listing mode.  Prints what each read took.
-_REARMED = """
-import ctypes, os, struct, sys, threading, time
-from compatfs.translate import accel
-io = accel.native.polling_io(50_000, 200_000_000, True)
-READ = ctypes.CFUNCTYPE(ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
-read = READ(ctypes.c_void_p.from_address(io + ctypes.sizeof(ctypes.c_void_p)).value)
-r, w = os.pipe()
-
-def take():
-    buf = ctypes.create_string_buffer(4096)
-    n = read(r, buf, 4096, None)
-    assert n == 40, n
-    return struct.unpack_from("<I", buf.raw, 4)[0]
-
-def send(opcode):
-    os.write(w, struct.pack("<IIQQIIIHH", 40, opcode, 1, 1, 0, 0, 0, 0, 0))
+_REARMED = (
+    _IO_PIPE
+    + """
 
 got = []
 a_answers, b_armed = threading.Event(), threading.Event()
@@ -277,9 +271,10 @@ time.sleep(0.05); send(15)
 a.join(30); assert not a.is_alive(), "A still waits for the turn: B's watch was disarmed"
 print(*(f"{who}{op}" for who, op in got))
 """
+)
 
 
 @pytest.mark.skipif(accel.native is None, reason="compatfs._accel is not built")
 def test_a_worker_whose_turn_the_watch_ended_leaves_the_next_watch_armed():
-    (line,) = _run(_REARMED)
+    (line,) = _run(_REARMED, 200_000_000)
     assert line.split() == ["a2", "a3", "b2", "b3", "a15"]
