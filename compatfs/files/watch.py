@@ -32,6 +32,7 @@ from pathlib import Path
 
 from .libc import LIBC
 from .lookup import resolved
+from .walkscope import scope
 
 log = logging.getLogger(__name__)
 
@@ -88,18 +89,19 @@ class Watch:
         for gone in set(self._watched) - wanted:
             self._lib.inotify_rm_watch(self._fd, self._watched.pop(gone))
         added = False
-        for folder in sorted(wanted - set(self._watched)):
-            wd = self._add(folder)
-            if wd >= 0:
-                self._watched[folder] = wd
-                added = True
-            elif ctypes.get_errno() == errno.ENOSPC:
-                log.warning(
-                    "inotify allows no more watches (fs.inotify.max_user_watches): %s and others "
-                    "are followed by the rescan's timer only",
-                    folder,
-                )
-                break
+        with scope():  # (the folders' walks share what they pass, as a scan's do)
+            for folder in sorted(wanted - set(self._watched)):
+                wd = self._add(folder)
+                if wd >= 0:
+                    self._watched[folder] = wd
+                    added = True
+                elif ctypes.get_errno() == errno.ENOSPC:
+                    log.warning(
+                        "inotify allows no more watches (fs.inotify.max_user_watches): %s and others "
+                        "are followed by the rescan's timer only",
+                        folder,
+                    )
+                    break
         self._only = {self._watched[str(f)]: names for f, names in (only or {}).items() if str(f) in self._watched}
         return added
 
