@@ -115,21 +115,26 @@ def _resolved(path: Path) -> tuple:
         os.close(fd)
 
 
-def _all(base: Path) -> list[tuple]:
-    """Every outcome over the tree: status, open_regular and resolved for each
-    path, by each caller (a Recorder's chain with it), walked twice."""
+def _every(paths: list[Path]) -> list[tuple]:
+    """Every outcome for `paths`: status (a Recorder's chain with it), open_regular
+    and resolved, by each caller, walked twice."""
     out = []
     for _ in range(2):
         for caller in _callers():
-            for path in _paths(base):
+            for path in paths:
                 for need in (0, READ):
                     who = Recorder() if isinstance(caller, Recorder) else caller
                     got = _outcome(lambda: _key(status(path, who, need)))  # noqa: B023
                     chain = [(_key(st), acl, bit) for st, acl, bit in who.chain] if isinstance(who, Recorder) else None
                     out.append((str(path), repr(caller), need, got, chain))
                 out.append((str(path), repr(caller), "open", _outcome(lambda: _opened(path, caller))))  # noqa: B023
-        out.extend((str(p), "resolved", _outcome(lambda: _resolved(p))) for p in _paths(base))  # noqa: B023
+        out.extend((str(p), "resolved", _outcome(lambda: _resolved(p))) for p in paths)  # noqa: B023
     return out
+
+
+def _all(base: Path) -> list[tuple]:
+    """Every outcome over the tree (`_every` of its paths)."""
+    return _every(_paths(base))
 
 
 def _fds() -> set[str]:

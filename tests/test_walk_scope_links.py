@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from test_walk_scope import NOBODY, _NONE, _acl, _callers, _fds, _key, _opened, _outcome, _resolved
+from test_walk_scope import NOBODY, _NONE, _acl, _every, _fds, _key, _outcome
 
 from compatfs.files import lookup, walkscope
 from compatfs.files.access import READ, BadACL, Caller, Recorder
@@ -92,23 +92,6 @@ def _paths(base: Path) -> list[Path]:
         base / "in" / "x",
         base / "in",
     ]
-
-
-def _every(paths: list[Path]) -> list[tuple]:
-    """Every outcome for `paths`: status (a Recorder's chain with it), open_regular
-    and resolved, by each caller, walked twice."""
-    out = []
-    for _ in range(2):
-        for caller in _callers():
-            for path in paths:
-                for need in (0, READ):
-                    who = Recorder() if isinstance(caller, Recorder) else caller
-                    got = _outcome(lambda: _key(status(path, who, need)))  # noqa: B023
-                    chain = [(_key(st), acl, bit) for st, acl, bit in who.chain] if isinstance(who, Recorder) else None
-                    out.append((str(path), repr(caller), need, got, chain))
-                out.append((str(path), repr(caller), "open", _outcome(lambda: _opened(path, caller))))  # noqa: B023
-        out.extend((str(p), "resolved", _outcome(lambda: _resolved(p))) for p in paths)  # noqa: B023
-    return out
 
 
 def test_symlinked_prefixes_are_kept_and_give_what_walks_from_the_root_give(store):
