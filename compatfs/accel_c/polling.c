@@ -118,10 +118,19 @@ static void unlock_turn(void *unused)
     pthread_mutex_unlock(&turn_lock);
 }
 
+/* Whether this worker still has the turn it took: not where the watch has
+ * ended listing mode since (a new epoch). */
+static int has_turn(void)
+{
+    if (holding && held_epoch != atomic_load(&turn_epoch))
+        holding = 0;
+    return holding;
+}
+
 /* Under turn_lock: this worker gives up the turn it has (to one waiting worker). */
 static void pass_turn(void)
 {
-    if (holding && held_epoch == atomic_load(&turn_epoch)) {
+    if (has_turn()) {
         turn_taken = 0;
         pthread_cond_signal(&turn_free);
     }
@@ -137,17 +146,15 @@ static void pass_turn(void)
  * waiting worker goes back to waiting in read. */
 static void after_read(int quick, int listing)
 {
-    if (holding && held_epoch != atomic_load(&turn_epoch))
-        holding = 0; /* (the watch ended listing mode since this worker read) */
     if (quick) {
-        if (holding || !turn_taken) {
+        if (has_turn() || !turn_taken) {
             atomic_store(&listing_mode, 1);
             turn_taken = holding = 1;
             held_epoch = atomic_load(&turn_epoch);
         }
         return;
     }
-    if (listing && holding) {
+    if (listing && has_turn()) {
         struct itimerspec at = {.it_value = {watch_ns / 1000000000LL, watch_ns % 1000000000LL}};
         watched = timerfd_settime(watch_fd, 0, &at, NULL) == 0;
         if (watched)
@@ -211,9 +218,7 @@ static int answered(void)
         pthread_mutex_unlock(&turn_lock);
         watched = 0;
     }
-    if (holding && held_epoch != atomic_load(&turn_epoch))
-        holding = 0;
-    return holding;
+    return has_turn();
 }
 
 static ssize_t io_read(int fd, void *buf, size_t len, void *userdata)
