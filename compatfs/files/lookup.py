@@ -313,10 +313,9 @@ def is_folder(path: str | os.PathLike) -> bool:
 def statuses(files: set[Path]) -> dict[Path, os.stat_result | OSError]:
     """The status of each of `files` as `status` resolves it (or
     why it cannot be had), with one walk per folder they are in: the folder is
-    walked, opened again by path (and used only when that is the folder the
-    walk reached), and each file's own status read in it, never through a
-    symlink; a symlink, or a file whose status cannot be read so, is walked
-    on its own."""
+    walked (`resolved`) and each file's own status read in the descriptor the
+    walk reached, never through a symlink; a symlink, or a file whose status
+    cannot be read so, is walked on its own."""
     by_folder: dict[Path, list[Path]] = {}
     for f in files:
         by_folder.setdefault(f.parent, []).append(f)
@@ -325,12 +324,7 @@ def statuses(files: set[Path]) -> dict[Path, os.stat_result | OSError]:
         fd = -1
         if len(inside) > 1:
             try:
-                walked = status(folder)
-                fd = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-                here = os.fstat(fd)
-                if (here.st_dev, here.st_ino) != (walked.st_dev, walked.st_ino):
-                    os.close(fd)
-                    fd = -1
+                fd = resolved(folder)
             except OSError:
                 fd = -1
         try:
