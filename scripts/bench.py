@@ -75,8 +75,9 @@ models are cached in .cache/):
   Qwen3-VL-30B-A3B, GLM-OCR; --forms picks some): model.gguf (and
   mmproj.gguf) read cold through a fresh mount against the file `compatfs
   export` writes, read cold and through the C passthrough (what any FUSE
-  daemon gets here), 5 rounds in turn, goal: the mount at least 0.9x of the
-  C passthrough; the daemon's CPU seconds per second of that read beside
+  daemon gets here), 5 rounds in turn (more for a small file, up to 15:
+  enough to read about 1 GB of it), goal: the median of the rounds' ratios
+  at least 0.9x of the C passthrough; the daemon's CPU seconds per second of that read beside
   the C passthrough's; the daemon's peak RSS; llama-server start-to-ready of
   each form's model.gguf through the mount against the exported file (and
   the exported file through the C passthrough), goal: within 1.25x of the
@@ -101,6 +102,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -1546,9 +1548,18 @@ def big_store_bench(work: Path) -> None:
 # -- real widths: the op-heavy legacy forms at published sizes ---------------------------------
 
 WIDTHS_ROUNDS = 5  # cold reads of each file: exported, through the C passthrough, through the mount, in turn
+WIDTHS_MAX_ROUNDS = 15  # a small file's rounds: as many as read about WIDTHS_READ_MB of it, at most this many
+WIDTHS_READ_MB = 1000  # (a 51 MB mmproj.gguf is read in about 40 ms: one stall of the VM's disk is 10% of a round)
 WIDTHS_STARTS = 3  # llama-server cold starts of each form's model.gguf: exported, C passthrough, mount, in turn
 READ_GOAL = 0.9  # each file through the mount: at least this fraction of the C passthrough's speed
 START_GOAL = 1.25  # llama-server's cold start through the mount: at most this multiple of the exported file's
+
+
+def widths_rounds(mb: float) -> int:
+    """Cold rounds of a file of `mb` MB: `WIDTHS_ROUNDS`, or as many as
+    read about `WIDTHS_READ_MB` of a smaller file, `WIDTHS_MAX_ROUNDS` at
+    most (a read of tens of milliseconds is as long as one stall of the disk)."""
+    return max(WIDTHS_ROUNDS, min(WIDTHS_MAX_ROUNDS, math.ceil(WIDTHS_READ_MB / max(mb, 1))))
 
 
 def page_cache_bytes() -> int:
@@ -1602,7 +1613,7 @@ def widths_bench(binary: Path, server: Path, work: Path, timeout: float, forms: 
     form at published widths (`forms`: these alone): model.gguf (and
     mmproj.gguf) read cold through a fresh mount against the exported
     translated file read cold and through the C passthrough (what any FUSE
-    daemon gets here), `WIDTHS_ROUNDS` rounds in turn, the goal at least
+    daemon gets here), `widths_rounds` rounds in turn, the goal at least
     `READ_GOAL` of the C passthrough; with the daemon's CPU seconds per
     second of the read beside the C passthrough's (1x the read's time or
     more: the read waits for computing, up to 2x on 2 cores; well under: for
@@ -1673,8 +1684,8 @@ def widths_bench(binary: Path, server: Path, work: Path, timeout: float, forms: 
     rss_goal = DEFAULT_MB + 256
     print(
         f"  form (one or two layers at published widths)      file           exported     through the   mount /"
-        f" exported, mount / C passthrough,\n  {'':<48}{'':<12}    MB/s    mount MB/s    median of {WIDTHS_ROUNDS} (range)"
-        f"        median of {WIDTHS_ROUNDS} (range)       goal"
+        f" exported, mount / C passthrough,\n  {'':<48}{'':<12}    MB/s    mount MB/s    median of rounds (range)"
+        f"     median of rounds (range)     goal"
     )
     for form, (what, _) in chosen.items():
         model = f"{form}:latest"
@@ -1721,7 +1732,7 @@ def widths_bench(binary: Path, server: Path, work: Path, timeout: float, forms: 
                     continue
                 mb = (d.mnt / model / f).stat().st_size / 1e6
                 local, passed, mounted, cpu, c_cpu, cached = [], [], [], [], [], []
-                for _ in range(WIDTHS_ROUNDS):  # exported, through the C passthrough, through the mount
+                for _ in range(widths_rounds(mb)):  # exported, through the C passthrough, through the mount
                     if exported:
                         local.append(cold_read(out / f, timeout)[0])
                         c = c_daemon(binary, out / f, work / "mnt-c-widths")
@@ -1761,7 +1772,7 @@ def widths_bench(binary: Path, server: Path, work: Path, timeout: float, forms: 
             )
             if mounted:
                 print(
-                    f"  {'':<48}{'':<12} daemon CPU {median(cpu):4.2f} s per read s"
+                    f"  {'':<48}{'':<12} {len(mounted)} rounds; daemon CPU {median(cpu):4.2f} s per read s"
                     + (f" (the C passthrough's {median(c_cpu):4.2f})" if c_cpu else "")
                     + f", page cache {median(cached):4.2f}x the file"
                 )
