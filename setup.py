@@ -25,7 +25,7 @@ class OptionalBuildExt(build_ext):
             self.warn(f"{ext.name} not built ({e}): the numpy kernels are used")
 
 
-ACCEL = [f"compatfs/accel_c/{job}.c" for job in ("module", "repack", "gather", "folders", "polling")]
+ACCEL = [f"compatfs/accel_c/{job}.c" for job in ("module", "repack", "gather", "folders", "polling", "readgate")]
 
 setup(
     ext_modules=[

@@ -17,6 +17,13 @@ PyObject *accel_listed(PyObject *self, PyObject *args);
 PyObject *accel_readdir_gate(PyObject *self, PyObject *args);
 PyObject *accel_polling_io(PyObject *self, PyObject *args);
 PyObject *accel_polled(PyObject *self, PyObject *unused);
+PyObject *accel_read_gate(PyObject *self, PyObject *args);
+PyObject *accel_read_plan(PyObject *self, PyObject *args);
+PyObject *accel_read_forget(PyObject *self, PyObject *args);
+PyObject *accel_read_planned(PyObject *self, PyObject *args);
+PyObject *accel_read_events(PyObject *self, PyObject *unused);
+PyObject *accel_read_generation(PyObject *self, PyObject *unused);
+PyObject *accel_read_served(PyObject *self, PyObject *unused);
 
 int accel_root_opens_gated(void);
 

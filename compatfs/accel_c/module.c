@@ -3,7 +3,9 @@
  * a C compiler is at hand; compatfs.translate.accel falls back to numpy
  * without it.  Its functions, one file a job: repack.c (mxfp4_repack),
  * gather.c (gather_read), folders.c (keep_opendir, opendir_gate,
- * dir_handle, readdir_gate, listed), polling.c (polling_io, polled). */
+ * dir_handle, readdir_gate, listed), polling.c (polling_io, polled),
+ * readgate.c (read_gate, read_plan, read_forget, read_planned, read_events,
+ * read_generation, read_served). */
 #include "accel.h"
 
 static PyMethodDef methods[] = {
@@ -33,6 +35,18 @@ static PyMethodDef methods[] = {
      "worker at a time read the device while a listing goes on, the one that answered a request in C polling up to "
      "spin_ns first; an answer in Python that takes longer than watch_ns ends it."},
     {"polled", accel_polled, METH_NOARGS, "polled(): the requests found by a polling worker so far."},
+    {"read_gate", accel_read_gate, METH_VARARGS,
+     "read_gate(fallback, fh_offset, vec_size, count_offset, size_offset, mem_offset): the address of a libfuse 3 "
+     "high-level read_buf that answers a read of an open file's plain ranges from its plan (read_plan) and passes "
+     "every other read to fallback."},
+    {"read_plan", accel_read_plan, METH_VARARGS,
+     "read_plan(fh, fd, direct_fd, identity, watch_fd, generation, segments, view_size, window, direct_min): the "
+     "plan read_gate answers open file fh's reads from (its own duplicates of the descriptors)."},
+    {"read_forget", accel_read_forget, METH_VARARGS, "read_forget(fh): the plan of fh gone."},
+    {"read_planned", accel_read_planned, METH_VARARGS, "read_planned(fh): whether fh has a plan still alive."},
+    {"read_events", accel_read_events, METH_NOARGS, "read_events(): a batch of inotify events is about to be read."},
+    {"read_generation", accel_read_generation, METH_NOARGS, "read_generation(): the batches of events so far."},
+    {"read_served", accel_read_served, METH_NOARGS, "read_served(): the reads read_gate answered so far."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -358,6 +358,23 @@ class BlobFile:
                 ctypes.memmove(target + done, source + skip, got)  # (ctypes lets go of the GIL meanwhile)
                 done += got
 
+    def settled(self) -> tuple[int, int, Stamp, int] | None:
+        """What reading its bytes as `read_once_into` does takes, once
+        `reads_directly` was decided and nothing reported of the file is
+        left to judge: its descriptor, the O_DIRECT one (-1: none), the
+        identity its status must keep (change time included), and the
+        inotify descriptor whose events are news of it (-1: not followed).
+        None before that, or once a change of it was reported."""
+        if self.fd < 0 or self._direct is None:
+            return None
+        followed = self._followed
+        if followed is None:
+            return self.fd, self._direct_fd(), self._seen[0], -1
+        watch = contents()
+        if watch is None or followed.written or followed.touched or followed.lost:
+            return None
+        return self.fd, self._direct_fd(), (*self.stamp[:4], followed.ctime), watch.fd
+
     @property
     def reads_directly(self) -> bool:
         """Whether `read_once_into` reads this file with O_DIRECT: decided on

@@ -28,6 +28,7 @@ import select
 import struct
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from .libc import LIBC
@@ -184,6 +185,17 @@ class Contents:
         self._lib, self._fd = lib, fd
         self._lock = threading.Lock()
         self._by_wd: dict[int, list[Followed]] = {}
+        self._queued = select.poll()
+        self._queued.register(fd, select.POLLIN)
+        # Told before each batch of events is read, with an event queued
+        # (what answers reads in C judges an open file by: the batch counted
+        # before its events are taken in, none queued means none missed).
+        self.on_events: Callable[[], None] | None = None
+
+    @property
+    def fd(self) -> int:
+        """The inotify descriptor (events queued on it are news not yet taken in)."""
+        return self._fd
 
     def follow(self, fd: int, ctime: int) -> Followed | None:
         """Follow the file open as `fd` from now on (what happened to it
@@ -252,6 +264,10 @@ class Contents:
     def _drain(self) -> None:
         """Read every queued event into its followers (the lock is held)."""
         while True:
+            if self.on_events is not None:
+                if not self._queued.poll(0):
+                    return
+                self.on_events()
             try:
                 data = os.read(self._fd, 1 << 16)
             except BlockingIOError:

@@ -26,7 +26,7 @@ import mfusepy as fuse  # noqa: E402
 from ..files.access import Caller  # noqa: E402
 from ..files.libc import LIBC  # noqa: E402
 from ..translate import accel  # noqa: E402
-from . import gates  # noqa: E402
+from . import gates, readgate  # noqa: E402
 from .statfill import StatFiller  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -178,6 +178,10 @@ class FUSE(fuse.FUSE):
                 self._gate_folders(ops.contents)
             except Exception as e:  # the gates only save time: the mount goes on without them
                 log.warning("folders opened by root answered in Python (no gate: %s)", e)
+            try:
+                readgate.install(ops.contents, functools.partial(self._wrapper, self.read_buf), _FuseBufvec, _FuseBuf)
+            except Exception as e:
+                log.warning("reads answered in Python (no gate: %s)", e)
             return real(argc, argv, ops, size, data)
 
         _patching.acquire()

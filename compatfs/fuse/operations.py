@@ -49,7 +49,7 @@ import stat
 import threading
 from pathlib import Path
 
-from . import libfuse, pagecache, polling, readpath
+from . import libfuse, pagecache, polling, readgate, readpath
 from .libfuse import fuse
 from ..tree import FileRef, Tree
 from ..files.access import READ
@@ -134,6 +134,8 @@ class CompatFS(fuse.Operations):
     def destroy(self, path):
         self._rescan.stop()
         log.info("%d requests found by a polling worker", polling.polled())
+        if readgate.installed():
+            log.info("%d reads answered in C", readgate.served())
 
     @property
     def session(self) -> int | None:
@@ -290,6 +292,7 @@ class CompatFS(fuse.Operations):
         return 0
 
     def release(self, path, fi):
+        readgate.forget(fi.fh)  # no read is answered in C for it from now on
         self._rescan.pages.closed(fi.fh)  # no page is stored for it from now on
         opened, outdated = self._files.release(fi.fh)
         if opened is not None and outdated:
@@ -305,6 +308,7 @@ class CompatFS(fuse.Operations):
         opened = self._files.reading(fi.fh)
         recheck = lambda: self._files.reading(fi.fh)  # noqa: E731
         readpath.reply(opened, bufpp, size, offset, recheck, self._rescan.pages.gather(fi.fh, opened))
+        readgate.plan(fi.fh, opened)  # (where the read gate has no plan for it alive)
         return 0
 
     # -- everything that would write -------------------------------------------

@@ -1,0 +1,493 @@
+/* Reads of an open file's plain ranges answered in C, with no Python
+ * callback and the GIL never taken.
+ *
+ * read_gate(fallback, fh_offset, vec_size, count_offset, size_offset,
+ * mem_offset): the address of a libfuse 3 high-level read_buf (`int
+ * (*)(const char *path, struct fuse_bufvec **bufp, size_t size, off_t off,
+ * struct fuse_file_info *fi)`) that answers a read of an open file with a
+ * plan (`read_plan`, under the fh the 64-bit word fh_offset bytes into the
+ * fuse_file_info) itself, and passes every other read to `fallback`, the
+ * Python one, whose answer it returns.  Its reply is what the Python one
+ * makes: one page-aligned malloc'ed buffer in a bufvec of `vec_size` bytes
+ * (count, the buffer's size and mem at those offsets), both freed by
+ * libfuse.  One gate per process; ValueError for another.
+ *
+ * A read is answered in C only where all of this holds, else it goes to
+ * `fallback` (which judges the file as it always does, and fails the read
+ * or serves it):
+ * - the plan is alive: no check below failed for it before;
+ * - the file's status (fstat of the plan's own descriptor) is the plan's
+ *   identity (device, inode, size, modification and change time), and for
+ *   a followed file no inotify event is queued on `watch_fd` and none was
+ *   taken in since the plan was made (`read_events` counts each batch
+ *   before it is read);
+ * - every byte from `off` to `off + size + window` (or the view's end) lies
+ *   in the plan's segments: blob ranges and zeros (a range before an op
+ *   tensor, or in the header, goes to Python, which computes ahead);
+ * - every blob byte read as BlobFile.read_once_into reads it (O_DIRECT
+ *   through `direct_fd` where it is not -1, for pieces of `direct_min`
+ *   bytes or more: whole blocks straight into the reply where they lie as
+ *   in the blob, the rest through an aligned buffer; otherwise pread), in
+ *   full;
+ * - the same checks pass again once the bytes are in.
+ * A check of the file that fails, or a read that fails or comes short,
+ * kills the plan (the Python read then decides; `read_planned` says the
+ * plan is gone, and Python makes another once it finds the file intact).
+ *
+ * read_plan(fh, fd, direct_fd, identity, watch_fd, generation, segments,
+ * view_size, window, direct_min): the plan of open file fh (replacing one
+ * it had): its own duplicates of fd and direct_fd (closed when the plan is
+ * forgotten and no read uses it), the identity (dev, ino, size, mtime_ns,
+ * ctime_ns) it must keep, watch_fd (-1: not followed), the generation of
+ * `read_generation` taken before the file was last found intact, and its
+ * segments: signed 64-bit quadruples (at, size, lo, kind), kind 0 blob
+ * bytes [lo, lo + size) and 1 zeros, in view order.
+ * read_forget(fh): the plan of fh gone (a read under way finishes first
+ * with its own descriptors).
+ * read_planned(fh): whether fh has a plan still alive.
+ * read_events(): a batch of inotify events is about to be taken in.
+ * read_generation(): how many batches so far.
+ * read_served(): reads answered in C so far. */
+#include "accel.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define ALIGN 4096
+#define BOUNCE ((1 << 20) + 2 * ALIGN) /* the aligned buffer an O_DIRECT read goes through */
+#define BOUNCES_KEPT 8
+#define SLOTS 1024
+
+typedef struct {
+    int64_t at, size, lo, kind;
+} segment;
+
+typedef struct plan {
+    struct plan *next; /* in its slot */
+    uint64_t fh;
+    _Atomic int refs; /* the table's, and each read's using it */
+    _Atomic int dead;
+    int fd, direct_fd, watch_fd;
+    uint64_t dev, ino;
+    int64_t size, mtime, ctime;
+    uint64_t generation;
+    int64_t view_size, window, direct_min;
+    Py_ssize_t count;
+    segment *segs;
+} plan;
+
+typedef int (*highlevel_read_buf)(const char *path, void **bufp, size_t size, int64_t off, void *fi);
+
+static highlevel_read_buf read_fallback;
+static Py_ssize_t fh_off, vec_size, count_off, size_off, mem_off;
+static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
+static plan *slots[SLOTS];
+static _Atomic uint64_t generation;
+static _Atomic uint64_t served;
+static pthread_mutex_t bounce_lock = PTHREAD_MUTEX_INITIALIZER;
+static void *bounces[BOUNCES_KEPT];
+static int bounces_kept;
+
+static void plan_free(plan *p)
+{
+    if (p->fd >= 0)
+        close(p->fd);
+    if (p->direct_fd >= 0)
+        close(p->direct_fd);
+    free(p->segs);
+    free(p);
+}
+
+static void plan_release(plan *p)
+{
+    if (atomic_fetch_sub(&p->refs, 1) == 1)
+        plan_free(p);
+}
+
+/* fh's plan with a reference taken, or NULL. */
+static plan *plan_take(uint64_t fh)
+{
+    pthread_mutex_lock(&table_lock);
+    plan *p = slots[fh % SLOTS];
+    while (p && p->fh != fh)
+        p = p->next;
+    if (p)
+        atomic_fetch_add(&p->refs, 1);
+    pthread_mutex_unlock(&table_lock);
+    return p;
+}
+
+/* fh's plan out of the table (the table's reference is the caller's), or NULL. */
+static plan *plan_unlink(uint64_t fh)
+{
+    plan **at = &slots[fh % SLOTS];
+    while (*at && (*at)->fh != fh)
+        at = &(*at)->next;
+    plan *p = *at;
+    if (p)
+        *at = p->next;
+    return p;
+}
+
+static void *bounce_take(void)
+{
+    void *b = NULL;
+    pthread_mutex_lock(&bounce_lock);
+    if (bounces_kept)
+        b = bounces[--bounces_kept];
+    pthread_mutex_unlock(&bounce_lock);
+    if (!b && posix_memalign(&b, ALIGN, BOUNCE))
+        b = NULL;
+    return b;
+}
+
+static void bounce_give(void *b)
+{
+    pthread_mutex_lock(&bounce_lock);
+    if (bounces_kept < BOUNCES_KEPT) {
+        bounces[bounces_kept++] = b;
+        b = NULL;
+    }
+    pthread_mutex_unlock(&bounce_lock);
+    free(b);
+}
+
+/* Whether the file is as the plan has it: its identity, and (followed) no
+ * event queued or taken in since the plan was made. */
+static int plan_holds(plan *p)
+{
+    struct stat st;
+    if (atomic_load(&p->dead))
+        return 0;
+    if (p->watch_fd >= 0) {
+        struct pollfd q = {.fd = p->watch_fd, .events = POLLIN};
+        if (poll(&q, 1, 0) != 0)
+            return 0;
+        if (atomic_load(&generation) != p->generation)
+            return 0;
+    }
+    if (fstat(p->fd, &st) != 0)
+        return 0;
+    return (uint64_t)st.st_dev == p->dev && (uint64_t)st.st_ino == p->ino && (int64_t)st.st_size == p->size
+           && (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec == p->mtime
+           && (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec == p->ctime;
+}
+
+/* Exactly n bytes at `at` of fd into out; 0, or -1 on a failure or the file ending first. */
+static int read_full(int fd, uint8_t *out, int64_t n, int64_t at)
+{
+    while (n > 0) {
+        ssize_t got = pread(fd, out, (size_t)n, at);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            return -1;
+        out += got;
+        at += got;
+        n -= got;
+    }
+    return 0;
+}
+
+/* n bytes at `at` into out through the O_DIRECT descriptor fd, a whole
+ * aligned buffer at a time, copied out of it. */
+static int read_bounced(int fd, uint8_t *out, int64_t n, int64_t at)
+{
+    if (n <= 0)
+        return 0;
+    uint8_t *bounce = bounce_take();
+    if (!bounce)
+        return -1;
+    int failed = 0;
+    while (n > 0) {
+        int64_t start = at - at % ALIGN, skip = at - start;
+        int64_t want = (skip + n + ALIGN - 1) / ALIGN * ALIGN;
+        if (want > BOUNCE)
+            want = BOUNCE;
+        ssize_t got = pread(fd, bounce, (size_t)want, start);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= skip) {
+            failed = 1;
+            break;
+        }
+        int64_t take = got - skip < n ? got - skip : n;
+        memcpy(out, bounce + skip, (size_t)take);
+        out += take;
+        at += take;
+        n -= take;
+    }
+    bounce_give(bounce);
+    return failed ? -1 : 0;
+}
+
+/* The blob's bytes [lo, lo + n) into out, as BlobFile.read_once_into reads them. */
+static int read_piece(plan *p, uint8_t *out, int64_t n, int64_t lo)
+{
+    if (p->direct_fd < 0 || n < p->direct_min)
+        return read_full(p->fd, out, n, lo);
+    int64_t a = (lo + ALIGN - 1) / ALIGN * ALIGN, b = (lo + n) / ALIGN * ALIGN;
+    if (((uintptr_t)out - (uintptr_t)lo) % ALIGN == 0 && b - a >= p->direct_min) {
+        if (read_bounced(p->direct_fd, out, a - lo, lo) || read_full(p->direct_fd, out + (a - lo), b - a, a))
+            return -1;
+        return read_bounced(p->direct_fd, out + (b - lo), lo + n - b, b);
+    }
+    return read_bounced(p->direct_fd, out, n, lo);
+}
+
+/* The index of the first segment ending after `off` (count where none does). */
+static Py_ssize_t first_after(plan *p, int64_t off)
+{
+    Py_ssize_t lo = 0, hi = p->count;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (p->segs[mid].at + p->segs[mid].size <= off)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Whether the segments from i on cover [off, end) without a gap. */
+static int covered(plan *p, Py_ssize_t i, int64_t off, int64_t end)
+{
+    for (; off < end; i++) {
+        if (i >= p->count || p->segs[i].at > off)
+            return 0;
+        off = p->segs[i].at + p->segs[i].size;
+    }
+    return 1;
+}
+
+/* The view's bytes [off, off + n) into out from the segments from i on. */
+static int fill(plan *p, Py_ssize_t i, uint8_t *out, int64_t off, int64_t n)
+{
+    int64_t end = off + n;
+    for (; off < end; i++) {
+        segment *s = &p->segs[i];
+        int64_t stop = s->at + s->size < end ? s->at + s->size : end, len = stop - off;
+        if (s->kind == 1)
+            memset(out, 0, (size_t)len);
+        else if (read_piece(p, out, len, s->lo + (off - s->at)))
+            return -1;
+        out += len;
+        off = stop;
+    }
+    return 0;
+}
+
+/* The reply's bufvec holding n bytes at mem, or NULL. */
+static void *bufvec(void *mem, size_t n)
+{
+    uint8_t *vec = calloc(1, (size_t)vec_size);
+    if (vec) {
+        size_t one = 1;
+        memcpy(vec + count_off, &one, sizeof one);
+        memcpy(vec + size_off, &n, sizeof n);
+        memcpy(vec + mem_off, &mem, sizeof mem);
+    }
+    return vec;
+}
+
+/* 0 with the reply in *bufp where the plan answers the read, else -1 (nothing made). */
+static int answer(plan *p, void **bufp, size_t size, int64_t off)
+{
+    if (off < 0 || off >= p->view_size)
+        return -1;
+    if (!plan_holds(p)) {
+        atomic_store(&p->dead, 1);
+        return -1;
+    }
+    int64_t n = (int64_t)size < p->view_size - off ? (int64_t)size : p->view_size - off;
+    int64_t until = off + (int64_t)size + p->window;
+    Py_ssize_t i = first_after(p, off);
+    if (n <= 0 || !covered(p, i, off, until < p->view_size ? until : p->view_size))
+        return -1;
+    void *mem = NULL, *vec = NULL;
+    if (posix_memalign(&mem, ALIGN, (size_t)n))
+        return -1;
+    if (fill(p, i, mem, off, n) || !plan_holds(p) || !(vec = bufvec(mem, (size_t)n))) {
+        free(mem);
+        atomic_store(&p->dead, 1);
+        return -1;
+    }
+    *bufp = vec;
+    return 0;
+}
+
+static int read_gated(const char *path, void **bufp, size_t size, int64_t off, void *fi)
+{
+    uint64_t fh;
+    memcpy(&fh, (char *)fi + fh_off, sizeof fh);
+    plan *p = plan_take(fh);
+    if (p) {
+        int done = answer(p, bufp, size, off) == 0;
+        plan_release(p);
+        if (done) {
+            atomic_fetch_add(&served, 1);
+            return 0;
+        }
+    }
+    return read_fallback(path, bufp, size, off, fi);
+}
+
+PyObject *accel_read_gate(PyObject *self, PyObject *args)
+{
+    unsigned long long fallback;
+    Py_ssize_t fh_offset, vsize, count_offset, size_offset, mem_offset;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "Knnnnn", &fallback, &fh_offset, &vsize, &count_offset, &size_offset, &mem_offset))
+        return NULL;
+    highlevel_read_buf fn = (highlevel_read_buf)(uintptr_t)fallback;
+    int word = (int)sizeof(size_t);
+    if (!fallback || fh_offset < 0 || fh_offset > 40 - (Py_ssize_t)sizeof(uint64_t) || fh_offset % 8 || vsize < 0
+        || vsize > 4096 || count_offset < 0 || count_offset % word || count_offset > vsize - word || size_offset < 0
+        || size_offset % word || size_offset > vsize - word || mem_offset < 0 || mem_offset % word
+        || mem_offset > vsize - (Py_ssize_t)sizeof(void *)
+        || (read_fallback
+            && (read_fallback != fn || fh_off != fh_offset || vec_size != vsize || count_off != count_offset
+                || size_off != size_offset || mem_off != mem_offset))) {
+        PyErr_SetString(PyExc_ValueError, "read_gate: no fallback, fields outside their structs, or another gated");
+        return NULL;
+    }
+    fh_off = fh_offset;
+    vec_size = vsize;
+    count_off = count_offset;
+    size_off = size_offset;
+    mem_off = mem_offset;
+    read_fallback = fn;
+    return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)read_gated);
+}
+
+/* The segments of a plan, checked: in view order, none overlapping, each
+ * of a known kind with no negative number; NULL with ValueError otherwise. */
+static segment *segments_of(Py_buffer *raw, Py_ssize_t *count)
+{
+    if (raw->len % (Py_ssize_t)sizeof(segment)) {
+        PyErr_SetString(PyExc_ValueError, "read_plan: segments are not whole quadruples of 64-bit numbers");
+        return NULL;
+    }
+    *count = raw->len / (Py_ssize_t)sizeof(segment);
+    segment *segs = malloc(raw->len ? (size_t)raw->len : 1);
+    if (!segs) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    memcpy(segs, raw->buf, (size_t)raw->len);
+    int64_t end = 0;
+    for (Py_ssize_t i = 0; i < *count; i++) {
+        segment *s = &segs[i];
+        if (s->at < end || s->size <= 0 || s->lo < 0 || (s->kind != 0 && s->kind != 1)
+            || s->at > INT64_MAX - s->size || s->lo > INT64_MAX - s->size) {
+            free(segs);
+            PyErr_SetString(PyExc_ValueError, "read_plan: segments out of order, overlapping or of no known kind");
+            return NULL;
+        }
+        end = s->at + s->size;
+    }
+    return segs;
+}
+
+PyObject *accel_read_plan(PyObject *self, PyObject *args)
+{
+    unsigned long long fh, dev, ino, gen;
+    int fd, direct_fd, watch_fd;
+    long long size, mtime, ctime, view_size, window, direct_min;
+    Py_buffer raw;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "Kii(KKLLL)iKy*LLL", &fh, &fd, &direct_fd, &dev, &ino, &size, &mtime, &ctime,
+                          &watch_fd, &gen, &raw, &view_size, &window, &direct_min))
+        return NULL;
+    plan *p = calloc(1, sizeof *p);
+    Py_ssize_t count = 0;
+    segment *segs = p ? segments_of(&raw, &count) : NULL;
+    PyBuffer_Release(&raw);
+    if (!p || !segs) {
+        free(p);
+        return p ? NULL : PyErr_NoMemory();
+    }
+    if (fd < 0 || view_size < 0 || window < 0 || direct_min < 0
+        || (count && segs[count - 1].at + segs[count - 1].size > view_size)) {
+        free(segs);
+        free(p);
+        PyErr_SetString(PyExc_ValueError, "read_plan: no descriptor, or segments past the view's end");
+        return NULL;
+    }
+    *p = (plan){.fh = fh, .fd = -1, .direct_fd = -1, .watch_fd = watch_fd, .dev = dev, .ino = ino, .size = size,
+                .mtime = mtime, .ctime = ctime, .generation = gen, .view_size = view_size, .window = window,
+                .direct_min = direct_min, .count = count, .segs = segs};
+    atomic_init(&p->refs, 1);
+    atomic_init(&p->dead, 0);
+    p->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    p->direct_fd = direct_fd >= 0 ? fcntl(direct_fd, F_DUPFD_CLOEXEC, 0) : -1;
+    if (p->fd < 0 || (direct_fd >= 0 && p->direct_fd < 0)) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        plan_free(p);
+        return NULL;
+    }
+    pthread_mutex_lock(&table_lock);
+    plan *old = plan_unlink(fh);
+    p->next = slots[fh % SLOTS];
+    slots[fh % SLOTS] = p;
+    pthread_mutex_unlock(&table_lock);
+    if (old)
+        plan_release(old);
+    Py_RETURN_NONE;
+}
+
+PyObject *accel_read_forget(PyObject *self, PyObject *args)
+{
+    unsigned long long fh;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "K", &fh))
+        return NULL;
+    pthread_mutex_lock(&table_lock);
+    plan *p = plan_unlink(fh);
+    pthread_mutex_unlock(&table_lock);
+    if (p)
+        plan_release(p);
+    Py_RETURN_NONE;
+}
+
+PyObject *accel_read_planned(PyObject *self, PyObject *args)
+{
+    unsigned long long fh;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "K", &fh))
+        return NULL;
+    plan *p = plan_take(fh);
+    int alive = p && !atomic_load(&p->dead) && (p->watch_fd < 0 || atomic_load(&generation) == p->generation);
+    if (p)
+        plan_release(p);
+    return PyBool_FromLong(alive);
+}
+
+PyObject *accel_read_events(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    atomic_fetch_add(&generation, 1);
+    Py_RETURN_NONE;
+}
+
+PyObject *accel_read_generation(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return PyLong_FromUnsignedLongLong(atomic_load(&generation));
+}
+
+PyObject *accel_read_served(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return PyLong_FromUnsignedLongLong(atomic_load(&served));
+}

@@ -1,0 +1,234 @@
+"""Reads of open files' plain ranges answered in C (`fuse.readgate`,
+`_accel.read_gate`): the gate answers a read whose bytes (and `window`
+bytes past them) are all blob ranges and zeros of the open file's plan, with
+the bytes `BlobFile.read_once_into` reads (O_DIRECT straight into the reply
+or through an aligned buffer, or pread); everything else, a file whose
+status moved, an inotify event queued or taken in since the plan, a read
+that comes short, a forgotten plan, goes to the Python read.  In-process
+through the gate's own function (in a process of its own: the gate is the
+process's), and through a mount of a real-width GLM-OCR blob: the same bytes
+as in process, a rewrite under an open file EIO, a chmod read through."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+
+from compatfs.testing import widths
+from compatfs.testing.fuzz import views_of
+from compatfs.testing.store import add_model
+from compatfs.translate import accel
+
+from conftest import needs_fuse
+from test_hostile_mount import blob_of
+from test_metadata_not_content import _drop
+
+needs_accel = pytest.mark.skipif(accel.native is None, reason="compatfs._accel is not built")
+
+_GATE = r"""
+import ctypes, json, os, sys
+from compatfs.files.libc import LIBC
+from compatfs.fuse.libfuse import _FuseBuf, _FuseBufvec, fuse
+from compatfs.translate import accel
+n = accel.native
+READ_BUF = dict(fuse.fuse_operations._fields_)["read_buf"]
+path = sys.argv[1]
+data = open(path, "rb").read()
+fd = os.open(path, os.O_RDONLY)
+direct = os.open(path, os.O_RDONLY | os.O_DIRECT)
+calls = []
+def python(p, bufpp, size, off, fip):
+    calls.append(off)
+    return -5
+fallback = READ_BUF(python)
+vec = _FuseBufvec
+gated = READ_BUF(n.read_gate(ctypes.cast(fallback, ctypes.c_void_p).value, fuse.fuse_file_info.fh.offset,
+    ctypes.sizeof(vec), vec.count.offset, vec.buf.offset + _FuseBuf.size.offset, vec.buf.offset + _FuseBuf.mem.offset))
+MiB = 1 << 20
+# A view of 3 MiB: blob bytes from 8192 (as they lie in the blob's blocks),
+# zeros, blob bytes from 777 (not), then a range of no plain kind.
+SEGS = [(0, MiB + 5000, 8192, 0), (MiB + 5000, 3000, 0, 1), (MiB + 8000, MiB, 777, 0)]
+VIEW = 3 * MiB
+want = data[8192 : 8192 + MiB + 5000] + bytes(3000) + data[777 : 777 + MiB]
+
+def identity():
+    st = os.fstat(fd)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+def plan(fh, direct_fd=-1, window=0, watch=-1, segs=SEGS, gen=None, ident=None, direct_min=4096):
+    raw = b"".join(int(x).to_bytes(8, "little", signed=True) for s in segs for x in s)
+    n.read_plan(fh, fd, direct_fd, ident or identity(), watch, n.read_generation() if gen is None else gen,
+                raw, VIEW, window, direct_min)
+
+def read(fh, off, size):
+    calls.clear()
+    fi = fuse.fuse_file_info(fh=fh)
+    out = ctypes.c_void_p()
+    res = gated(b"/m", ctypes.cast(ctypes.byref(out), ctypes.POINTER(ctypes.POINTER(fuse.fuse_bufvec))), size, off,
+                ctypes.pointer(fi))
+    if calls:
+        assert res == -5 and not out.value
+        return "python"
+    v = vec.from_address(out.value)
+    got = ctypes.string_at(v.buf[0].mem, v.buf[0].size)
+    assert v.count == 1 and v.buf[0].mem % 4096 == 0
+    LIBC.free(v.buf[0].mem)
+    LIBC.free(out.value)
+    return "same" if got == want[off : off + size] else "different"
+
+out = {}
+for name, d in (("direct", direct), ("pread", -1)):
+    plan(1, d)
+    out[name] = [read(1, 0, MiB), read(1, MiB, MiB), read(1, 4096, 3000), read(1, MiB + 4000, 8000),
+                 read(1, 2 * MiB, MiB), read(1, VIEW, 10), n.read_planned(1)]
+plan(2, direct, window=MiB)
+out["window"] = [read(2, 0, 4096), read(2, 2 * MiB - 4096, 4096)]
+plan(3, direct, segs=[(0, MiB, len(data) - 4096, 0)])
+out["short"] = [read(3, 0, 8192), n.read_planned(3)]
+r, w = os.pipe()
+plan(4, direct, watch=r)
+out["watched"] = [read(4, 0, 4096)]
+os.write(w, b"x")
+out["watched"] += [read(4, 0, 4096), n.read_planned(4)]
+plan(5, direct, watch=r, gen=n.read_generation())
+os.read(r, 1)
+n.read_events()
+out["events"] = [read(5, 0, 4096), n.read_planned(5)]
+plan(6, direct, ident=identity()[:4] + (identity()[4] - 1,))
+out["moved"] = [read(6, 0, 4096), n.read_planned(6)]
+plan(7, direct)
+n.read_forget(7)
+out["forgotten"] = [read(7, 0, 4096), n.read_planned(7), read(8, 0, 4096)]
+bad = {"overlapping": [(0, 10, 0, 0), (5, 10, 0, 0)], "unknown kind": [(0, 10, 0, 2)],
+       "past the view": [(VIEW - 5, 10, 0, 0)], "empty": [(0, 0, 0, 0)], "negative": [(0, 10, -1, 0)]}
+out["refused"] = []
+for what, segs in bad.items():
+    try:
+        plan(9, segs=segs)
+    except ValueError:
+        out["refused"].append(what)
+other = READ_BUF(lambda *args: 0)
+try:
+    n.read_gate(ctypes.cast(other, ctypes.c_void_p).value, fuse.fuse_file_info.fh.offset, ctypes.sizeof(vec),
+                vec.count.offset, vec.buf.offset + _FuseBuf.size.offset, vec.buf.offset + _FuseBuf.mem.offset)
+except ValueError:
+    out["one gate"] = True
+out["served"] = n.read_served()
+print(json.dumps(out))
+"""
+
+
+@needs_accel
+def test_the_gate_answers_plain_ranges_and_passes_the_rest_on(tmp_path):
+    blob = tmp_path / "blob"
+    blob.write_bytes(random.Random(7).randbytes(3 << 20))
+    res = subprocess.run([sys.executable, "-c", _GATE, str(blob)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    # Straight into the reply, through the aligned buffer, through the page
+    # cache: the same bytes; a read into the range of no plain kind and one
+    # from the view's end go to Python (and keep the plan).
+    for how in ("direct", "pread"):
+        assert out[how] == ["same", "same", "same", "same", "python", "python", True], how
+    # The bytes past a read are plain too, up to `window` of them.
+    assert out["window"] == ["same", "python"]
+    # A blob that ends before the plan's bytes: Python reads (and fails) it; the plan is dropped.
+    assert out["short"] == ["python", False]
+    # An inotify event queued, or taken in since the plan was made, or a
+    # status that moved: Python judges the file; the plan is dropped.
+    assert out["watched"] == ["same", "python", False]
+    assert out["events"] == ["python", False]
+    assert out["moved"] == ["python", False]
+    assert out["forgotten"] == ["python", False, "python"]
+    assert out["refused"] == ["overlapping", "unknown kind", "past the view", "empty", "negative"]
+    assert out["one gate"] and out["served"] == 10
+
+
+@pytest.fixture(scope="module")
+def glm_store(tmp_path_factory):
+    """A store holding GLM-OCR's older form at published widths (a 160 MB
+    blob whose model.gguf and mmproj.gguf are blob ranges and zeros past
+    their headers), and each view's bytes as made in process."""
+    root = tmp_path_factory.mktemp("glm")
+    blob = widths.write_blob(widths.FORMS["glmocr"][1](), root / "glmocr.gguf")
+    store = root / "store"
+    add_model(store, "glm", blob)
+    blob.unlink()
+    return store, views_of(blob_of(store, "glm", "latest"))
+
+
+def _served(log: str) -> int:
+    line = next(line for line in log.splitlines() if line.endswith("reads answered in C"))
+    return int(line.split()[-5])
+
+
+@needs_fuse
+@needs_accel
+def test_reads_through_the_gate_are_the_views_bytes(glm_store, mount_store):
+    store, views = glm_store
+    m = mount_store(store)
+    rng = random.Random(3)
+    for name, want in views.items():
+        assert isinstance(want, bytes), want
+        path = m / f"glm:latest/{name}"
+        _drop(path)
+        with open(path, "rb", buffering=0) as f:
+            assert hashlib.sha256(f.read()).digest() == hashlib.sha256(want).digest(), name
+            for _ in range(40):
+                at, size = rng.randrange(len(want)), rng.choice([1, 4096, 70_000, 1 << 20])
+                _drop(path)
+                assert os.pread(f.fileno(), size, at) == want[at : at + size], (name, at, size)
+    m.close()
+    assert _served(m.log.read_text()) > 100
+
+
+@needs_fuse
+@needs_accel
+def test_a_rewrite_under_a_read_through_the_gate_is_eio(glm_store, mount_store, tmp_path):
+    store, views = glm_store
+    blob = blob_of(store, "glm", "latest")
+    m = mount_store(store)
+    path = m / "glm:latest/mmproj.gguf"
+    want = views["mmproj.gguf"]
+    with open(path, "rb", buffering=0) as f:
+        assert f.read(16 << 20) == want[: 16 << 20]  # (its plan made, its reads answered in C)
+        st = blob.stat()
+        with open(blob, "r+b") as w:
+            w.seek(st.st_size - 4096)
+            w.write(os.urandom(4096))
+        os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))
+        _drop(path)
+        with pytest.raises(OSError) as e:
+            os.pread(f.fileno(), 4096, len(want) - 4096)
+        assert e.value.errno == errno.EIO
+    assert "changed under an open file" in m.log_text()
+
+
+@needs_fuse
+@needs_accel
+def test_a_chmod_is_read_through_and_the_gate_answers_again(glm_store, mount_store):
+    store, views = glm_store
+    blob = blob_of(store, "glm", "latest")
+    m = mount_store(store)
+    path = m / "glm:latest/model.gguf"
+    want = views["model.gguf"]
+    mode = blob.stat().st_mode
+    try:
+        with open(path, "rb", buffering=0) as f:
+            assert f.read(4 << 20) == want[: 4 << 20]
+            os.chmod(blob, 0o600)
+            _drop(path)
+            assert f.read() == want[4 << 20 :]  # (about 58 requests, after the first answered in Python)
+    finally:
+        os.chmod(blob, mode)
+    m.close()
+    log = m.log.read_text()
+    assert "changed under an open file" not in log
+    assert _served(log) >= 40
