@@ -3,8 +3,9 @@
 bytes past them) are all blob ranges and zeros of the open file's plan, with
 the bytes `BlobFile.read_once_into` reads (O_DIRECT straight into the reply
 or through an aligned buffer, or pread); everything else, a file whose
-status moved, an inotify event queued or taken in since the plan, a read
-that comes short, a forgotten plan, goes to the Python read.  In-process
+status moved, a descriptor that holds another file, an inotify event queued
+or taken in since the plan, a read that comes short, a forgotten plan, goes
+to the Python read.  In-process
 through the gate's own function (in a process of its own: the gate is the
 process's), and through a mount of a real-width GLM-OCR blob: the same bytes
 as in process, a rewrite under an open file EIO, a chmod read through."""
@@ -21,10 +22,13 @@ import sys
 
 import pytest
 
+from compatfs.fuse import readgate
 from compatfs.testing import widths
 from compatfs.testing.fuzz import views_of
 from compatfs.testing.store import add_model
 from compatfs.translate import accel
+from compatfs.view import assemble
+from compatfs.view.segments import InRounds, Rounds
 
 from conftest import needs_fuse
 from test_hostile_mount import blob_of
@@ -37,6 +41,8 @@ import ctypes, json, os, sys
 from compatfs.files.libc import LIBC
 from compatfs.fuse.libfuse import _FuseBuf, _FuseBufvec, fuse
 from compatfs.translate import accel
+from compatfs.view import assemble
+from compatfs.view.segments import InRounds, Rounds
 n = accel.native
 READ_BUF = dict(fuse.fuse_operations._fields_)["read_buf"]
 path = sys.argv[1]
@@ -103,6 +109,9 @@ n.read_events()
 out["events"] = [read(5, 0, 4096), n.read_planned(5)]
 plan(6, direct, ident=identity()[:4] + (identity()[4] - 1,))
 out["moved"] = [read(6, 0, 4096), n.read_planned(6)]
+other = os.open(sys.argv[2], os.O_RDONLY | os.O_DIRECT)
+plan(10, other)
+out["another file"] = [read(10, 0, 4096), n.read_planned(10)]
 plan(7, direct)
 n.read_forget(7)
 out["forgotten"] = [read(7, 0, 4096), n.read_planned(7), read(8, 0, 4096)]
@@ -129,7 +138,10 @@ print(json.dumps(out))
 def test_the_gate_answers_plain_ranges_and_passes_the_rest_on(tmp_path):
     blob = tmp_path / "blob"
     blob.write_bytes(random.Random(7).randbytes(3 << 20))
-    res = subprocess.run([sys.executable, "-c", _GATE, str(blob)], capture_output=True, text=True, timeout=60)
+    (tmp_path / "other").write_bytes(bytes(3 << 20))
+    res = subprocess.run(
+        [sys.executable, "-c", _GATE, str(blob), str(tmp_path / "other")], capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     # Straight into the reply, through the aligned buffer, through the page
@@ -146,6 +158,8 @@ def test_the_gate_answers_plain_ranges_and_passes_the_rest_on(tmp_path):
     assert out["watched"] == ["same", "python", False]
     assert out["events"] == ["python", False]
     assert out["moved"] == ["python", False]
+    # A descriptor whose number another file holds (a file closed under the plan).
+    assert out["another file"] == ["python", False]
     assert out["forgotten"] == ["python", False, "python"]
     assert out["refused"] == ["overlapping", "unknown kind", "past the view", "empty", "negative"]
     assert out["one gate"] and out["served"] == 10
@@ -232,3 +246,24 @@ def test_a_chmod_is_read_through_and_the_gate_answers_again(glm_store, mount_sto
     log = m.log.read_text()
     assert "changed under an open file" not in log
     assert _served(log) >= 40
+
+
+def test_rounds_read_straight_are_their_runs():
+    """A segment of rounds whose runs `assemble` reads one by one (long, or
+    sparse) is planned as those runs of the blob: clipped anywhere, the runs
+    put in place, in view order, are exactly its bytes; rounds of short dense
+    runs, or with kin, are left to Python."""
+    unit = assemble.DIRECT
+    data = random.Random(5).randbytes(8 * unit)
+    rounds = Rounds(period=2 * unit, parts=((0, 0, unit, unit), (unit, 4 * unit, unit, unit)), count=3)
+    whole = b"".join(data[k * unit : (k + 1) * unit] + data[(4 + k) * unit : (5 + k) * unit] for k in range(3))
+    seg = InRounds(1000, len(whole), 0, rounds)
+    assert readgate._straight(seg)
+    for a, b in [(0, len(whole)), (1, 2), (unit - 3, unit + 5), (2 * unit + 1, 4 * unit + 9), (77, len(whole) - 77)]:
+        runs = readgate._runs(seg.clip(1000 + a, 1000 + b))
+        assert [r[0] for r in runs] == sorted(r[0] for r in runs)
+        assert runs[0][0] == 1000 + a and sum(size for _, size, _ in runs) == b - a
+        assert b"".join(data[lo : lo + size] for _, size, lo in runs) == whole[a:b], (a, b)
+    short = Rounds(period=1024, parts=((0, 0, 512, 512), (512, 4096, 512, 512)), count=3)
+    assert not readgate._straight(InRounds(0, 3 * 1024, 0, short))
+    assert not readgate._straight(InRounds(0, len(whole), 0, rounds, kin=(seg,)))

@@ -36,14 +36,15 @@
  *
  * read_plan(fh, fd, direct_fd, identity, watch_fd, generation, segments,
  * view_size, window, direct_min): the plan of open file fh (replacing one
- * it had): its own duplicates of fd and direct_fd (closed when the plan is
- * forgotten and no read uses it), the identity (dev, ino, size, mtime_ns,
- * ctime_ns) it must keep, watch_fd (-1: not followed), the generation of
- * `read_generation` taken before the file was last found intact, and its
- * segments: signed 64-bit quadruples (at, size, lo, kind), kind 0 blob
- * bytes [lo, lo + size) and 1 zeros, in view order.
- * read_forget(fh): the plan of fh gone (a read under way finishes first
- * with its own descriptors).
+ * it had): the file's descriptor and its O_DIRECT one (-1: none), which
+ * stay open until fh is released (the kernel sends that release once no
+ * read of fh is under way, and none comes after it), the identity (dev,
+ * ino, size, mtime_ns, ctime_ns) both must keep (a descriptor closed, or its
+ * number taken by another file, fails the checks), watch_fd (-1: not
+ * followed), the generation of `read_generation` taken before the file was
+ * last found intact, and its segments: signed 64-bit quadruples (at, size,
+ * lo, kind), kind 0 blob bytes [lo, lo + size) and 1 zeros, in view order.
+ * read_forget(fh): the plan of fh gone (before its descriptors are closed).
  * read_planned(fh): whether fh has a plan still alive.
  * read_events(): a batch of inotify events is about to be taken in.
  * read_generation(): how many batches so far.
@@ -51,7 +52,6 @@
 #include "accel.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -97,10 +97,6 @@ static int bounces_kept;
 
 static void plan_free(plan *p)
 {
-    if (p->fd >= 0)
-        close(p->fd);
-    if (p->direct_fd >= 0)
-        close(p->direct_fd);
     free(p->segs);
     free(p);
 }
@@ -159,11 +155,21 @@ static void bounce_give(void *b)
     free(b);
 }
 
-/* Whether the file is as the plan has it: its identity, and (followed) no
- * event queued or taken in since the plan was made. */
-static int plan_holds(plan *p)
+/* Whether descriptor fd holds the file of the plan's identity. */
+static int same_file(plan *p, int fd)
 {
     struct stat st;
+    if (fstat(fd, &st) != 0)
+        return 0;
+    return (uint64_t)st.st_dev == p->dev && (uint64_t)st.st_ino == p->ino && (int64_t)st.st_size == p->size
+           && (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec == p->mtime
+           && (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec == p->ctime;
+}
+
+/* Whether the file is as the plan has it: both descriptors its identity,
+ * and (followed) no event queued or taken in since the plan was made. */
+static int plan_holds(plan *p)
+{
     if (atomic_load(&p->dead))
         return 0;
     if (p->watch_fd >= 0) {
@@ -173,11 +179,7 @@ static int plan_holds(plan *p)
         if (atomic_load(&generation) != p->generation)
             return 0;
     }
-    if (fstat(p->fd, &st) != 0)
-        return 0;
-    return (uint64_t)st.st_dev == p->dev && (uint64_t)st.st_ino == p->ino && (int64_t)st.st_size == p->size
-           && (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec == p->mtime
-           && (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec == p->ctime;
+    return same_file(p, p->fd) && (p->direct_fd < 0 || same_file(p, p->direct_fd));
 }
 
 /* Exactly n bytes at `at` of fd into out; 0, or -1 on a failure or the file ending first. */
@@ -421,18 +423,11 @@ PyObject *accel_read_plan(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "read_plan: no descriptor, or segments past the view's end");
         return NULL;
     }
-    *p = (plan){.fh = fh, .fd = -1, .direct_fd = -1, .watch_fd = watch_fd, .dev = dev, .ino = ino, .size = size,
-                .mtime = mtime, .ctime = ctime, .generation = gen, .view_size = view_size, .window = window,
-                .direct_min = direct_min, .count = count, .segs = segs};
+    *p = (plan){.fh = fh, .fd = fd, .direct_fd = direct_fd < 0 ? -1 : direct_fd, .watch_fd = watch_fd, .dev = dev,
+                .ino = ino, .size = size, .mtime = mtime, .ctime = ctime, .generation = gen, .view_size = view_size,
+                .window = window, .direct_min = direct_min, .count = count, .segs = segs};
     atomic_init(&p->refs, 1);
     atomic_init(&p->dead, 0);
-    p->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-    p->direct_fd = direct_fd >= 0 ? fcntl(direct_fd, F_DUPFD_CLOEXEC, 0) : -1;
-    if (p->fd < 0 || (direct_fd >= 0 && p->direct_fd < 0)) {
-        PyErr_SetFromErrno(PyExc_OSError);
-        plan_free(p);
-        return NULL;
-    }
     pthread_mutex_lock(&table_lock);
     plan *old = plan_unlink(fh);
     p->next = slots[fh % SLOTS];

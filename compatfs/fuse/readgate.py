@@ -4,8 +4,8 @@ read_buf, with the Python read as its fallback.
 
 Each open file gets a plan (`plan`) once a read Python served finds its
 blob intact and how it is read decided (`BlobFile.settled`): the view's
-blob ranges and zeros, the blob's descriptors (duplicated by the gate) and
-the identity the blob must keep.  The gate then answers a read itself where
+blob ranges and zeros, the blob's descriptors and the identity the blob
+(through both) must keep.  The gate then answers a read itself where
 every byte of it, and `WINDOW` bytes past it, is one of those (the header,
 op tensors and the ranges just before them go to Python, which computes
 ahead), reading the blob as `BlobFile.read_once_into` reads it, and checks
@@ -15,8 +15,9 @@ made (`Contents.on_events` counts each batch before it is read).  Anything
 else, a check that fails or a read that fails or comes short, goes to the
 Python read, which judges the file and serves the read or fails it, as
 without the gate; the plan is then dropped, and made again after a read
-Python serves finds the file intact.  A release forgets the plan (a read
-under way finishes on the gate's own descriptors).
+Python serves finds the file intact.  A release forgets the plan before
+the descriptors are closed (the kernel sends it once no read of the file is
+under way).  The gate only saves time: a plan that cannot be made is not.
 """
 
 from __future__ import annotations
@@ -33,12 +34,14 @@ from ..files.watch import contents
 from ..translate import accel
 from ..view.ahead import WINDOW
 from ..view.layout import View
-from ..view.segments import BlobBytes, ZeroBytes
+from ..view import assemble
+from ..view.segments import BlobBytes, InRounds, ZeroBytes
 from .paths import OpenFile
 
 log = logging.getLogger(__name__)
 
 _BLOB, _ZEROS = 0, 1  # the gate's kinds of segment
+MAX_RUNS = 1 << 16  # runs of one segment's rounds a plan takes as blob ranges, at most
 _installed = False
 _kept: list = []  # the fallbacks libfuse calls through the gate
 
@@ -91,9 +94,12 @@ def plan(fh: int, opened: OpenFile) -> None:
     if settled is None:
         return
     fd, direct, identity, watch = settled
-    native.read_plan(
-        fh, fd, direct, identity, watch, generation, _segments(opened.view), opened.view.size, WINDOW, DIRECT_MIN
-    )
+    try:
+        native.read_plan(
+            fh, fd, direct, identity, watch, generation, _segments(opened.view), opened.view.size, WINDOW, DIRECT_MIN
+        )
+    except (MemoryError, ValueError) as e:
+        log.debug("reads of %s answered in Python (no plan: %s)", opened.path, e)
 
 
 def installed() -> bool:
@@ -114,7 +120,9 @@ def forget(fh: int) -> None:
 
 def _segments(view: View) -> bytes:
     """The view's blob ranges and zeros as the gate takes them: (at, size,
-    lo, kind) quadruples of signed 64-bit numbers, in view order."""
+    lo, kind) quadruples of signed 64-bit numbers, in view order.  Rounds
+    whose runs `assemble` reads one by one as blob bytes (`_straight`) are
+    those runs."""
     out = array("q")
     for seg in view.segments:
         if seg.size <= 0:
@@ -123,4 +131,33 @@ def _segments(view: View) -> bytes:
             out.extend((seg.at, seg.size, seg.lo, _BLOB))
         elif isinstance(seg, ZeroBytes):
             out.extend((seg.at, seg.size, 0, _ZEROS))
+        elif isinstance(seg, InRounds) and _straight(seg):
+            for at, size, lo in _runs(seg):
+                out.extend((at, size, lo, _BLOB))
     return out.tobytes()
+
+
+def _straight(seg: InRounds) -> bool:
+    """Whether `assemble` reads every run of the segment's rounds straight
+    into place, as blob bytes (each `assemble.DIRECT` bytes or more, or
+    sparser than one in `assemble.SPARSE`), and makes no kin's pages from
+    those reads; and they are at most `MAX_RUNS`."""
+    r = seg.rounds
+    return (
+        not seg.kin
+        and r.count * len(r.parts) <= MAX_RUNS
+        and all(unit >= assemble.DIRECT or stride > assemble.SPARSE * unit for _, _, unit, stride in r.parts)
+    )
+
+
+def _runs(seg: InRounds) -> list[tuple[int, int, int]]:
+    """The segment's bytes as blob runs: (view offset, size, blob offset), in view order."""
+    r, lo, hi = seg.rounds, seg.lo, seg.lo + seg.size
+    runs = []
+    for k in range(r.count):
+        for at, offset, unit, stride in sorted(r.parts):
+            a = k * r.period + at
+            s, e = max(a, lo), min(a + unit, hi)
+            if s < e:
+                runs.append((seg.at + s - lo, e - s, offset + k * stride + s - a))
+    return runs
