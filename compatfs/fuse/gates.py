@@ -12,7 +12,9 @@ table mfusepy hands libfuse before libfuse copies it:
   Python `readdir`.
 
 Each open of a folder has an fh of its own (`handle`), root's from the C
-gate, every other one's from the Python `opendir`.
+gate, every other one's from the Python `opendir`.  `put` puts any C gate
+in the table in front of its Python callback (the read gate's too,
+`readgate`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,22 @@ class Gates:
     fallbacks: list
 
 
+def put(ops, name: str, fallback: Callable, make: Callable[[int | None], int]):
+    """Put in `ops` (mfusepy's fuse_operations) the C function `make` gives,
+    as field `name`, given the address of `fallback` (a Python callback, as
+    mfusepy wraps it) made a function of that field's type: that function
+    (for the caller to keep alive while libfuse may call it), or None where
+    `make` refuses (ValueError) and `ops` is left as it was."""
+    kind = dict(fuse.fuse_operations._fields_)[name]
+    wrapped = kind(fallback)
+    try:
+        gate = make(ctypes.cast(wrapped, ctypes.c_void_p).value)
+    except ValueError:
+        return None
+    setattr(ops, name, kind(gate))
+    return wrapped
+
+
 def install(ops, bits: tuple[int, int], context, opendir: Callable, readdir: Callable) -> Gates | None:
     """Put the gates in `ops` (mfusepy's fuse_operations), with `opendir`
     and `readdir` (the Python callbacks, as mfusepy wraps them) as their
@@ -46,32 +64,23 @@ def install(ops, bits: tuple[int, int], context, opendir: Callable, readdir: Cal
     are (`_accel.opendir_gate`), `context` libfuse's fuse_get_context.
     None where compatfs._accel is not built, the table has no opendir, a
     uid is not 32 bits, or another mount in this process has the gates."""
-    if accel.native is None or not ops.opendir or ctypes.sizeof(fuse.c_uid_t) != 4:
+    native = accel.native
+    if native is None or not ops.opendir or ctypes.sizeof(fuse.c_uid_t) != 4:
         return None
-    fields = dict(fuse.fuse_operations._fields_)
-    opened = fields["opendir"](opendir)
-    try:
-        gate = accel.native.opendir_gate(
-            ctypes.cast(opened, ctypes.c_void_p).value,
-            ctypes.cast(context, ctypes.c_void_p).value,
-            fuse.fuse_context.uid.offset,
-            fuse.fuse_file_info.fh.offset,
-            *bits,
-        )
-    except ValueError:
+    fh = fuse.fuse_file_info.fh.offset
+    context_at = ctypes.cast(context, ctypes.c_void_p).value
+    uid = fuse.fuse_context.uid.offset
+    opened = put(ops, "opendir", opendir, lambda at: native.opendir_gate(at, context_at, uid, fh, *bits))
+    if opened is None:
         return None
-    gates = Gates(accel.native.dir_handle, None, [opened])
-    ops.opendir = fields["opendir"](gate)
+    gates = Gates(native.dir_handle, None, [opened])
     log.info("folders opened by root answered in C (compatfs._accel), by others in Python")
     if not ops.readdir:
         return gates
-    listing = fields["readdir"](readdir)
-    try:
-        gate = accel.native.readdir_gate(ctypes.cast(listing, ctypes.c_void_p).value, fuse.fuse_file_info.fh.offset)
-    except ValueError:
+    listing = put(ops, "readdir", readdir, lambda at: native.readdir_gate(at, fh))
+    if listing is None:
         return gates
     gates.fallbacks.append(listing)
-    gates.listed = accel.native.listed
-    ops.readdir = fields["readdir"](gate)
+    gates.listed = native.listed
     log.info("the end of a folder's listing answered in C (compatfs._accel)")
     return gates

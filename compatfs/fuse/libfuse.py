@@ -160,7 +160,8 @@ class FUSE(fuse.FUSE):
     - where compatfs._accel is built and the filesystem's `opendir` lets
       root list anything with nothing looked up (`root_lists_all`), root's
       opens of folders and the ends of listings are answered in C
-      (`gates`); each open of a folder then has an fh of its own.
+      (`gates`); each open of a folder then has an fh of its own; and
+      reads of open files' blob ranges are answered in C (`readgate`).
     """
 
     _gates: gates.Gates | None = None

@@ -36,6 +36,7 @@ from ..view.ahead import WINDOW
 from ..view.layout import View
 from ..view import assemble
 from ..view.segments import BlobBytes, InRounds, ZeroBytes
+from . import gates
 from .paths import OpenFile
 
 log = logging.getLogger(__name__)
@@ -56,22 +57,23 @@ def install(ops, read_buf: Callable, vec_type: type[ctypes.Structure], buf_type:
     native = accel.native
     if native is None or not ops.read_buf:
         return False
-    kind = dict(fuse.fuse_operations._fields_)["read_buf"]
-    fallback = kind(read_buf)
     buf = vec_type.buf.offset
-    try:
-        gate = native.read_gate(
-            ctypes.cast(fallback, ctypes.c_void_p).value,
+    fallback = gates.put(
+        ops,
+        "read_buf",
+        read_buf,
+        lambda at: native.read_gate(
+            at,
             fuse.fuse_file_info.fh.offset,
             ctypes.sizeof(vec_type),
             vec_type.count.offset,
             buf + buf_type.size.offset,
             buf + buf_type.mem.offset,
-        )
-    except ValueError:
+        ),
+    )
+    if fallback is None:
         return False
     _kept.append(fallback)
-    ops.read_buf = kind(gate)
     watch = contents()
     if watch is not None:
         watch.on_events = native.read_events
