@@ -304,15 +304,15 @@ static int answer(plan *p, void **bufp, size_t size, int64_t off)
 {
     if (off < 0 || off >= p->view_size)
         return -1;
-    if (!plan_holds(p)) {
-        atomic_store(&p->dead, 1);
-        return -1;
-    }
     int64_t n = (int64_t)size < p->view_size - off ? (int64_t)size : p->view_size - off;
     int64_t until = off + (int64_t)size + p->window;
     Py_ssize_t i = first_after(p, off);
     if (n <= 0 || !covered(p, i, off, until < p->view_size ? until : p->view_size))
+        return -1; /* (Python's: no check of the file made here for it) */
+    if (!plan_holds(p)) {
+        atomic_store(&p->dead, 1);
         return -1;
+    }
     void *mem = NULL, *vec = NULL;
     if (posix_memalign(&mem, ALIGN, (size_t)n))
         return -1;
