@@ -1,12 +1,15 @@
 /* What the files of compatfs._accel share: each one's functions the
- * module's method table (module.c) names, and whether root's opens of
- * folders are answered in C (folders.c), which polling.c asks. */
+ * module's method table (module.c) names, whether root's opens of folders
+ * are answered in C (folders.c), which polling.c asks, and how a gate
+ * checks where its fields lie and keeps its settings (folders.c,
+ * readgate.c). */
 #ifndef COMPATFS_ACCEL_H
 #define COMPATFS_ACCEL_H
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 PyObject *accel_mxfp4_repack(PyObject *self, PyObject *args);
 PyObject *accel_gather_read(PyObject *self, PyObject *args);
@@ -26,5 +29,26 @@ PyObject *accel_read_generation(PyObject *self, PyObject *unused);
 PyObject *accel_read_served(PyObject *self, PyObject *unused);
 
 int accel_root_opens_gated(void);
+
+/* Whether a `width`-byte field `offset` bytes into a struct of `size`
+ * bytes lies in it, aligned to its width. */
+static inline int accel_field_in(Py_ssize_t offset, Py_ssize_t size, Py_ssize_t width)
+{
+    return offset >= 0 && offset <= size - width && offset % width == 0;
+}
+
+/* A gate's settings, the process's: `want` (n bytes, zeroed before its
+ * fields were set) kept in `kept` the first time (`*taken` then set), and
+ * later only the same accepted; 0 with ValueError `why` for others. */
+static inline int accel_keep_once(void *kept, const void *want, size_t n, int *taken, const char *why)
+{
+    if (*taken && memcmp(kept, want, n) != 0) {
+        PyErr_SetString(PyExc_ValueError, why);
+        return 0;
+    }
+    memcpy(kept, want, n);
+    *taken = 1;
+    return 1;
+}
 
 #endif

@@ -42,9 +42,13 @@
 
 typedef void (*lowlevel_opendir)(void *req, uint64_t ino, void *fi);
 
-static lowlevel_opendir kept_original;
-static Py_ssize_t kept_offset;
-static uint32_t kept_mask;
+struct keep_settings {
+    lowlevel_opendir original;
+    Py_ssize_t offset;
+    uint32_t mask;
+};
+static struct keep_settings kept;
+static int kept_taken;
 
 /* Set the bits `mask` in the 32-bit word `offset` bytes into `fi`. */
 static void set_bits(void *fi, Py_ssize_t offset, uint32_t mask)
@@ -57,8 +61,8 @@ static void set_bits(void *fi, Py_ssize_t offset, uint32_t mask)
 
 static void opendir_keeping(void *req, uint64_t ino, void *fi)
 {
-    set_bits(fi, kept_offset, kept_mask);
-    kept_original(req, ino, fi);
+    set_bits(fi, kept.offset, kept.mask);
+    kept.original(req, ino, fi);
 }
 
 PyObject *accel_keep_opendir(PyObject *self, PyObject *args)
@@ -69,19 +73,17 @@ PyObject *accel_keep_opendir(PyObject *self, PyObject *args)
     (void)self;
     if (!PyArg_ParseTuple(args, "Knk", &original, &offset, &mask))
         return NULL;
-    if (!original || offset < 0 || offset > 64 - (Py_ssize_t)sizeof(uint32_t) || offset % sizeof(uint32_t)
-        || !mask || mask > UINT32_MAX) {
+    if (!original || !accel_field_in(offset, 64, sizeof(uint32_t)) || !mask || mask > UINT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "keep_opendir: no original, or bits outside fuse_file_info's words");
         return NULL;
     }
-    lowlevel_opendir fn = (lowlevel_opendir)(uintptr_t)original;
-    if (kept_original && (kept_original != fn || kept_offset != offset || kept_mask != (uint32_t)mask)) {
-        PyErr_SetString(PyExc_ValueError, "keep_opendir: already wraps another opendir");
+    struct keep_settings want;
+    memset(&want, 0, sizeof want);
+    want.original = (lowlevel_opendir)(uintptr_t)original;
+    want.offset = offset;
+    want.mask = (uint32_t)mask;
+    if (!accel_keep_once(&kept, &want, sizeof want, &kept_taken, "keep_opendir: already wraps another opendir"))
         return NULL;
-    }
-    kept_offset = offset;
-    kept_mask = (uint32_t)mask;
-    kept_original = fn;
     return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)opendir_keeping);
 }
 
@@ -89,24 +91,27 @@ typedef int (*highlevel_opendir)(const char *path, void *fi);
 typedef void *(*context_getter)(void);
 
 static atomic_ullong dir_handles = 1; /* the fh of the next folder opened (0: none) */
-static highlevel_opendir gate_fallback;
-
-static context_getter gate_context;
-static Py_ssize_t gate_uid_offset, gate_fh_offset, gate_offset;
-static uint32_t gate_mask;
+struct opendir_settings {
+    highlevel_opendir fallback;
+    context_getter context;
+    Py_ssize_t uid_offset, fh_offset, offset;
+    uint32_t mask;
+};
+static struct opendir_settings gate;
+static int gate_taken;
 
 static int opendir_gated(const char *path, void *fi)
 {
-    const char *ctx = gate_context();
+    const char *ctx = gate.context();
     uint32_t uid;
     if (!ctx)
-        return gate_fallback(path, fi);
-    memcpy(&uid, ctx + gate_uid_offset, sizeof uid);
+        return gate.fallback(path, fi);
+    memcpy(&uid, ctx + gate.uid_offset, sizeof uid);
     if (uid != 0)
-        return gate_fallback(path, fi);
+        return gate.fallback(path, fi);
     uint64_t fh = atomic_fetch_add(&dir_handles, 1);
-    memcpy((char *)fi + gate_fh_offset, &fh, sizeof fh);
-    set_bits(fi, gate_offset, gate_mask);
+    memcpy((char *)fi + gate.fh_offset, &fh, sizeof fh);
+    set_bits(fi, gate.offset, gate.mask);
     return 0;
 }
 
@@ -124,20 +129,24 @@ PyObject *accel_dir_handle(PyObject *self, PyObject *unused)
 static _Atomic uint64_t listed_slots[LISTED_SLOTS];
 
 typedef int (*highlevel_readdir)(const char *path, void *buf, void *filler, int64_t offset, void *fi, int flags);
-static highlevel_readdir readdir_fallback;
-static Py_ssize_t readdir_fh_offset;
+struct readdir_settings {
+    highlevel_readdir fallback;
+    Py_ssize_t fh_offset;
+};
+static struct readdir_settings listing;
+static int listing_taken;
 
 static int readdir_gated(const char *path, void *buf, void *filler, int64_t offset, void *fi, int flags)
 {
     if (offset > 0) {
         uint64_t fh, slot;
-        memcpy(&fh, (char *)fi + readdir_fh_offset, sizeof fh);
+        memcpy(&fh, (char *)fi + listing.fh_offset, sizeof fh);
         slot = atomic_load(&listed_slots[fh % LISTED_SLOTS]);
         if (fh && slot >> LISTED_COUNT_BITS == fh
             && (uint64_t)offset >= (slot & ((1u << LISTED_COUNT_BITS) - 1)))
             return 0; /* (nothing filled: an empty reply, the end of the listing) */
     }
-    return readdir_fallback(path, buf, filler, offset, fi, flags);
+    return listing.fallback(path, buf, filler, offset, fi, flags);
 }
 
 PyObject *accel_listed(PyObject *self, PyObject *args)
@@ -159,14 +168,16 @@ PyObject *accel_readdir_gate(PyObject *self, PyObject *args)
     (void)self;
     if (!PyArg_ParseTuple(args, "Kn", &fallback, &fh_offset))
         return NULL;
-    highlevel_readdir fn = (highlevel_readdir)(uintptr_t)fallback;
-    if (!fallback || fh_offset < 0 || fh_offset > 40 - (Py_ssize_t)sizeof(uint64_t) || fh_offset % sizeof(uint64_t)
-        || (readdir_fallback && (readdir_fallback != fn || readdir_fh_offset != fh_offset))) {
-        PyErr_SetString(PyExc_ValueError, "readdir_gate: no fallback, fh outside fuse_file_info, or another one gated");
+    if (!fallback || !accel_field_in(fh_offset, 40, sizeof(uint64_t))) {
+        PyErr_SetString(PyExc_ValueError, "readdir_gate: no fallback, or fh outside fuse_file_info");
         return NULL;
     }
-    readdir_fh_offset = fh_offset;
-    readdir_fallback = fn;
+    struct readdir_settings want;
+    memset(&want, 0, sizeof want);
+    want.fallback = (highlevel_readdir)(uintptr_t)fallback;
+    want.fh_offset = fh_offset;
+    if (!accel_keep_once(&listing, &want, sizeof want, &listing_taken, "readdir_gate: another one gated"))
+        return NULL;
     return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)readdir_gated);
 }
 
@@ -179,32 +190,26 @@ PyObject *accel_opendir_gate(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "KKnnnk", &fallback, &context, &uid_offset, &fh_offset, &offset, &mask))
         return NULL;
     /* (fuse_context: 24 bytes and more; fuse_file_info: 40 bytes and more, fh 8-aligned) */
-    if (!fallback || !context || uid_offset < 0 || uid_offset > 24 - (Py_ssize_t)sizeof(uint32_t)
-        || uid_offset % sizeof(uint32_t) || fh_offset < 0 || fh_offset > 40 - (Py_ssize_t)sizeof(uint64_t)
-        || fh_offset % sizeof(uint64_t) || offset < 0 || offset > 40 - (Py_ssize_t)sizeof(uint32_t)
-        || offset % sizeof(uint32_t) || (offset < fh_offset + 8 && fh_offset < offset + 4) || !mask
-        || mask > UINT32_MAX) {
+    if (!fallback || !context || !accel_field_in(uid_offset, 24, sizeof(uint32_t))
+        || !accel_field_in(fh_offset, 40, sizeof(uint64_t)) || !accel_field_in(offset, 40, sizeof(uint32_t))
+        || (offset < fh_offset + 8 && fh_offset < offset + 4) || !mask || mask > UINT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "opendir_gate: no fallback or context, or fields outside their structs");
         return NULL;
     }
-    highlevel_opendir fn = (highlevel_opendir)(uintptr_t)fallback;
-    context_getter get = (context_getter)(uintptr_t)context;
-    if (gate_fallback
-        && (gate_fallback != fn || gate_context != get || gate_uid_offset != uid_offset
-            || gate_fh_offset != fh_offset || gate_offset != offset || gate_mask != (uint32_t)mask)) {
-        PyErr_SetString(PyExc_ValueError, "opendir_gate: already gates another opendir");
+    struct opendir_settings want;
+    memset(&want, 0, sizeof want);
+    want.fallback = (highlevel_opendir)(uintptr_t)fallback;
+    want.context = (context_getter)(uintptr_t)context;
+    want.uid_offset = uid_offset;
+    want.fh_offset = fh_offset;
+    want.offset = offset;
+    want.mask = (uint32_t)mask;
+    if (!accel_keep_once(&gate, &want, sizeof want, &gate_taken, "opendir_gate: already gates another opendir"))
         return NULL;
-    }
-    gate_context = get;
-    gate_uid_offset = uid_offset;
-    gate_fh_offset = fh_offset;
-    gate_offset = offset;
-    gate_mask = (uint32_t)mask;
-    gate_fallback = fn;
     return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)opendir_gated);
 }
 
 int accel_root_opens_gated(void)
 {
-    return gate_fallback != NULL;
+    return gate_taken;
 }

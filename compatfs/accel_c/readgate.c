@@ -85,8 +85,12 @@ typedef struct plan {
 
 typedef int (*highlevel_read_buf)(const char *path, void **bufp, size_t size, int64_t off, void *fi);
 
-static highlevel_read_buf read_fallback;
-static Py_ssize_t fh_off, vec_size, count_off, size_off, mem_off;
+struct gate_settings {
+    highlevel_read_buf fallback;
+    Py_ssize_t fh_offset, vec_size, count_offset, size_offset, mem_offset;
+};
+static struct gate_settings gate;
+static int gate_taken;
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static plan *slots[SLOTS];
 static _Atomic uint64_t generation;
@@ -289,12 +293,12 @@ static int fill(plan *p, Py_ssize_t i, uint8_t *out, int64_t off, int64_t n)
 /* The reply's bufvec holding n bytes at mem, or NULL. */
 static void *bufvec(void *mem, size_t n)
 {
-    uint8_t *vec = calloc(1, (size_t)vec_size);
+    uint8_t *vec = calloc(1, (size_t)gate.vec_size);
     if (vec) {
         size_t one = 1;
-        memcpy(vec + count_off, &one, sizeof one);
-        memcpy(vec + size_off, &n, sizeof n);
-        memcpy(vec + mem_off, &mem, sizeof mem);
+        memcpy(vec + gate.count_offset, &one, sizeof one);
+        memcpy(vec + gate.size_offset, &n, sizeof n);
+        memcpy(vec + gate.mem_offset, &mem, sizeof mem);
     }
     return vec;
 }
@@ -328,7 +332,7 @@ static int answer(plan *p, void **bufp, size_t size, int64_t off)
 static int read_gated(const char *path, void **bufp, size_t size, int64_t off, void *fi)
 {
     uint64_t fh;
-    memcpy(&fh, (char *)fi + fh_off, sizeof fh);
+    memcpy(&fh, (char *)fi + gate.fh_offset, sizeof fh);
     plan *p = plan_take(fh);
     if (p) {
         int done = answer(p, bufp, size, off) == 0;
@@ -338,7 +342,7 @@ static int read_gated(const char *path, void **bufp, size_t size, int64_t off, v
             return 0;
         }
     }
-    return read_fallback(path, bufp, size, off, fi);
+    return gate.fallback(path, bufp, size, off, fi);
 }
 
 PyObject *accel_read_gate(PyObject *self, PyObject *args)
@@ -348,24 +352,22 @@ PyObject *accel_read_gate(PyObject *self, PyObject *args)
     (void)self;
     if (!PyArg_ParseTuple(args, "Knnnnn", &fallback, &fh_offset, &vsize, &count_offset, &size_offset, &mem_offset))
         return NULL;
-    highlevel_read_buf fn = (highlevel_read_buf)(uintptr_t)fallback;
-    int word = (int)sizeof(size_t);
-    if (!fallback || fh_offset < 0 || fh_offset > 40 - (Py_ssize_t)sizeof(uint64_t) || fh_offset % 8 || vsize < 0
-        || vsize > 4096 || count_offset < 0 || count_offset % word || count_offset > vsize - word || size_offset < 0
-        || size_offset % word || size_offset > vsize - word || mem_offset < 0 || mem_offset % word
-        || mem_offset > vsize - (Py_ssize_t)sizeof(void *)
-        || (read_fallback
-            && (read_fallback != fn || fh_off != fh_offset || vec_size != vsize || count_off != count_offset
-                || size_off != size_offset || mem_off != mem_offset))) {
-        PyErr_SetString(PyExc_ValueError, "read_gate: no fallback, fields outside their structs, or another gated");
+    if (!fallback || !accel_field_in(fh_offset, 40, sizeof(uint64_t)) || vsize < 0 || vsize > 4096
+        || !accel_field_in(count_offset, vsize, sizeof(size_t)) || !accel_field_in(size_offset, vsize, sizeof(size_t))
+        || !accel_field_in(mem_offset, vsize, sizeof(void *))) {
+        PyErr_SetString(PyExc_ValueError, "read_gate: no fallback, or fields outside their structs");
         return NULL;
     }
-    fh_off = fh_offset;
-    vec_size = vsize;
-    count_off = count_offset;
-    size_off = size_offset;
-    mem_off = mem_offset;
-    read_fallback = fn;
+    struct gate_settings want;
+    memset(&want, 0, sizeof want);
+    want.fallback = (highlevel_read_buf)(uintptr_t)fallback;
+    want.fh_offset = fh_offset;
+    want.vec_size = vsize;
+    want.count_offset = count_offset;
+    want.size_offset = size_offset;
+    want.mem_offset = mem_offset;
+    if (!accel_keep_once(&gate, &want, sizeof want, &gate_taken, "read_gate: another one gated"))
+        return NULL;
     return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)read_gated);
 }
 
