@@ -60,7 +60,8 @@ models are cached in .cache/):
   and after the remount (attribute and entry timeouts 0: every request
   reaches the daemon), daemon RSS; then a remount with the mount's own
   timeouts: `ls -l` after it and again (the kernel answers), how soon a
-  model pulled and then removed shows, daemon RSS; `ls -l` again on a
+  model pulled and then removed shows, daemon RSS, how many folders'
+  listings the readdir gate answered in C (its log); `ls -l` again on a
   remount without compatfs._accel (COMPATFS_NO_ACCEL=1: opendir's wrapper
   in Python), as a ratio to the time with it; at 1,000 models also the
   daemon's CPU over 30 idle seconds after the first listing and after the
@@ -104,6 +105,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -1434,6 +1436,12 @@ def big_daemon(store: Path, mnt: Path, index: Path, log: Path, *opts: str) -> tu
     return d, time.perf_counter() - t, parsed(log)
 
 
+def in_c(log: Path) -> str:
+    """The folders' listings an unmounted daemon's log says were answered in C."""
+    got = re.findall(r"(\d+) folders' listings answered in C", log.read_text(errors="replace")) if log.exists() else []
+    return got[-1] if got else "none"
+
+
 def parsed(log: Path) -> int:
     return log.read_text(errors="replace").count(PARSED) if log.exists() else 0
 
@@ -1486,6 +1494,7 @@ def big_store_bench(work: Path) -> None:
             shutil.rmtree(manifest.parent, ignore_errors=True)  # the cached store stays as built
         row["rss_own"] = rss_mib(d.proc.pid)
         d.close()
+        row["in_c"] = in_c(log)
         # The same without compatfs._accel: each folder root opens then runs
         # CompatFS.opendir (with it: answered in C, `_accel.opendir_gate`),
         # and on libfuse 3.14-3.16.0 a second Python callback (the ctypes
@@ -1543,6 +1552,7 @@ def big_store_bench(work: Path) -> None:
         print(f"  a model pulled: listed after             {secs(r['pulled'])}   <= 2 s")
         print(f"  that model removed: gone after           {secs(r['removed'])}   <= 2 s")
         print(f"  daemon RSS then                          {r['rss_own']:6.0f} MiB")
+        print(f"  folders' listings answered in C          {r['in_c']:>6}   (in all, by then: its log at unmount)")
 
 
 # -- real widths: the op-heavy legacy forms at published sizes ---------------------------------

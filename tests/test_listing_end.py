@@ -27,7 +27,7 @@ def python(path, buf, filler, offset, fip, flags):
     calls.append((path, offset, fip.contents.fh))
     return 0
 fallback = READDIR(python)
-gated = READDIR(n.readdir_gate(ctypes.cast(fallback, ctypes.c_void_p).value, fuse.fuse_file_info.fh.offset))
+gated = READDIR(n.readdir_gate(ctypes.cast(fallback, ctypes.c_void_p).value, fuse.fuse_file_info.fh.offset, ctypes.sizeof(fuse.c_stat), 1))
 filler = READDIR._argtypes_[2](lambda *args: 0)  # (never called: nothing is filled here)
 a, b = n.dir_handle(), n.dir_handle()
 assert 0 < a < b
@@ -47,7 +47,7 @@ n.listed(0, 4); n.listed(1 << 60, 4); n.listed(b, 1 << 21)  # (not kept: no fh, 
 out += [ask(0, 4), ask(1 << 60, 4), ask(b, 1 << 21)]
 other = READDIR(lambda *args: 0)
 try:
-    n.readdir_gate(ctypes.cast(other, ctypes.c_void_p).value, fuse.fuse_file_info.fh.offset)
+    n.readdir_gate(ctypes.cast(other, ctypes.c_void_p).value, fuse.fuse_file_info.fh.offset, ctypes.sizeof(fuse.c_stat), 1)
 except ValueError:
     out.append("one gate")
 print(*out)

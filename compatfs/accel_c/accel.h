@@ -1,6 +1,7 @@
 /* What the files of compatfs._accel share: each one's functions the
  * module's method table (module.c) names, whether root's opens of folders
- * are answered in C (folders.c), which polling.c asks, and how a gate
+ * are answered in C (folders.c), which polling.c asks, the kept listings
+ * the readdir gate answers from (listings.c), and how a gate
  * checks where its fields lie and keeps its settings (folders.c,
  * readgate.c). */
 #ifndef COMPATFS_ACCEL_H
@@ -27,8 +28,16 @@ PyObject *accel_read_planned(PyObject *self, PyObject *args);
 PyObject *accel_read_events(PyObject *self, PyObject *unused);
 PyObject *accel_read_generation(PyObject *self, PyObject *unused);
 PyObject *accel_read_served(PyObject *self, PyObject *unused);
+PyObject *accel_listings_put(PyObject *self, PyObject *args);
+PyObject *accel_listings_generation(PyObject *self, PyObject *args);
+PyObject *accel_listings_has(PyObject *self, PyObject *args);
+PyObject *accel_listings_served(PyObject *self, PyObject *unused);
 
 int accel_root_opens_gated(void);
+
+/* libfuse 3's fuse_fill_dir_t: (buf, name, const struct stat *, off_t, flags). */
+typedef int (*accel_filler)(void *buf, const char *name, const void *st, int64_t offset, int flags);
+int accel_listing_fill(const char *path, void *buf, accel_filler filler, int64_t offset, uint32_t *count);
 
 /* Whether a `width`-byte field `offset` bytes into a struct of `size`
  * bytes lies in it, aligned to its width. */

@@ -24,21 +24,27 @@
  * dir_handle(): a folder's fh that no other open of a folder in this
  * process has (a counter from 1), for the opens opendir_gate passes on.
  *
- * readdir_gate(fallback, fh_offset): the address of a libfuse 3 high-level
- * readdir (`int (*)(const char *path, void *buf, fuse_fill_dir_t filler,
- * off_t offset, struct fuse_file_info *fi, enum fuse_readdir_flags)`) that
- * answers a request from an offset at or past the end of a folder listed to
- * its end (`listed(fh, count)`, the fh the 64-bit word `fh_offset` bytes
- * into the fuse_file_info) with nothing filled: the empty reply that ends
- * the listing, which a caller's last getdents asks for after every folder,
- * without a Python callback.  Every other request goes to `fallback`, the
- * Python one.  A folder's count sits in one of 4096 slots by its fh (never
- * reused): one listed later in the same slot only sends the request to
- * `fallback`.  One gate per process; ValueError for another. */
+ * readdir_gate(fallback, fh_offset, stat_size, plus): the address of a
+ * libfuse 3 high-level readdir (`int (*)(const char *path, void *buf,
+ * fuse_fill_dir_t filler, off_t offset, struct fuse_file_info *fi, enum
+ * fuse_readdir_flags)`) that answers without a Python callback:
+ * - a request from an offset at or past the end of a folder listed to its
+ *   end (`listed(fh, count)`, the fh the 64-bit word `fh_offset` bytes into
+ *   the fuse_file_info) with nothing filled: the empty reply that ends the
+ *   listing, which a caller's last getdents asks for after every folder;
+ * - a request with attributes (the flag `plus` set) for a folder whose
+ *   listing is kept (listings.c) from what is kept, noting the folder
+ *   listed when filled to its end.
+ * Every other request goes to `fallback`, the Python one.  A folder's count
+ * sits in one of 4096 slots by its fh (never reused): one listed later in
+ * the same slot only sends the request to `fallback`.  ValueError where
+ * `stat_size` is not this libc's struct stat's.  One gate per process;
+ * ValueError for another. */
 #include "accel.h"
 
 #include <stdatomic.h>
 #include <string.h>
+#include <sys/stat.h>
 
 typedef void (*lowlevel_opendir)(void *req, uint64_t ino, void *fi);
 
@@ -132,19 +138,33 @@ typedef int (*highlevel_readdir)(const char *path, void *buf, void *filler, int6
 struct readdir_settings {
     highlevel_readdir fallback;
     Py_ssize_t fh_offset;
+    int plus;
 };
 static struct readdir_settings listing;
 static int listing_taken;
 
+/* Note the folder open as `fh` listed to its end, `count` entries. */
+static void mark_listed(uint64_t fh, uint64_t count)
+{
+    if (fh && fh < (1ULL << (64 - LISTED_COUNT_BITS)) && count < (1u << LISTED_COUNT_BITS))
+        atomic_store(&listed_slots[fh % LISTED_SLOTS], fh << LISTED_COUNT_BITS | count);
+}
+
 static int readdir_gated(const char *path, void *buf, void *filler, int64_t offset, void *fi, int flags)
 {
+    uint64_t fh;
+    uint32_t count;
+    memcpy(&fh, (char *)fi + listing.fh_offset, sizeof fh);
     if (offset > 0) {
-        uint64_t fh, slot;
-        memcpy(&fh, (char *)fi + listing.fh_offset, sizeof fh);
-        slot = atomic_load(&listed_slots[fh % LISTED_SLOTS]);
+        uint64_t slot = atomic_load(&listed_slots[fh % LISTED_SLOTS]);
         if (fh && slot >> LISTED_COUNT_BITS == fh
             && (uint64_t)offset >= (slot & ((1u << LISTED_COUNT_BITS) - 1)))
             return 0; /* (nothing filled: an empty reply, the end of the listing) */
+    }
+    if (path && (flags & listing.plus) && accel_listing_fill(path, buf, (accel_filler)filler, offset, &count)) {
+        if (count)
+            mark_listed(fh, count);
+        return 0;
     }
     return listing.fallback(path, buf, filler, offset, fi, flags);
 }
@@ -156,26 +176,30 @@ PyObject *accel_listed(PyObject *self, PyObject *args)
     (void)self;
     if (!PyArg_ParseTuple(args, "Kn", &fh, &count))
         return NULL;
-    if (fh && fh < (1ULL << (64 - LISTED_COUNT_BITS)) && count >= 0 && count < (1 << LISTED_COUNT_BITS))
-        atomic_store(&listed_slots[fh % LISTED_SLOTS], fh << LISTED_COUNT_BITS | (uint64_t)count);
+    if (count >= 0)
+        mark_listed(fh, (uint64_t)count);
     Py_RETURN_NONE;
 }
 
 PyObject *accel_readdir_gate(PyObject *self, PyObject *args)
 {
     unsigned long long fallback;
-    Py_ssize_t fh_offset;
+    Py_ssize_t fh_offset, stat_size;
+    int plus;
     (void)self;
-    if (!PyArg_ParseTuple(args, "Kn", &fallback, &fh_offset))
+    if (!PyArg_ParseTuple(args, "Knni", &fallback, &fh_offset, &stat_size, &plus))
         return NULL;
-    if (!fallback || !accel_field_in(fh_offset, 40, sizeof(uint64_t))) {
-        PyErr_SetString(PyExc_ValueError, "readdir_gate: no fallback, or fh outside fuse_file_info");
+    if (!fallback || !accel_field_in(fh_offset, 40, sizeof(uint64_t)) || stat_size != (Py_ssize_t)sizeof(struct stat)
+        || plus <= 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "readdir_gate: no fallback or plus flag, fh outside fuse_file_info, or another struct stat");
         return NULL;
     }
     struct readdir_settings want;
     memset(&want, 0, sizeof want);
     want.fallback = (highlevel_readdir)(uintptr_t)fallback;
     want.fh_offset = fh_offset;
+    want.plus = plus;
     if (!accel_keep_once(&listing, &want, sizeof want, &listing_taken, "readdir_gate: another one gated"))
         return NULL;
     return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)readdir_gated);

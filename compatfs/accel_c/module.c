@@ -3,9 +3,10 @@
  * a C compiler is at hand; compatfs.translate.accel falls back to numpy
  * without it.  Its functions, one file a job: repack.c (mxfp4_repack),
  * gather.c (gather_read), folders.c (keep_opendir, opendir_gate,
- * dir_handle, readdir_gate, listed), polling.c (polling_io, polled),
- * readgate.c (read_gate, read_plan, read_forget, read_planned, read_events,
- * read_generation, read_served). */
+ * dir_handle, readdir_gate, listed), listings.c (listings_put,
+ * listings_generation, listings_has, listings_served), polling.c
+ * (polling_io, polled), readgate.c (read_gate, read_plan, read_forget,
+ * read_planned, read_events, read_generation, read_served). */
 #include "accel.h"
 
 static PyMethodDef methods[] = {
@@ -27,9 +28,19 @@ static PyMethodDef methods[] = {
      "listed(fh, count): the folder open as fh was listed to its end, count entries (one call per listing: "
      "readdir_gate answers a later request for it from an offset at or past count with nothing)."},
     {"readdir_gate", accel_readdir_gate, METH_VARARGS,
-     "readdir_gate(fallback, fh_offset): the address of a libfuse 3 high-level readdir that answers a request from "
-     "an offset at or past the count `listed` gave for the fh (the 64-bit word fh_offset bytes into fuse_file_info) "
-     "with nothing, and passes every other one to fallback."},
+     "readdir_gate(fallback, fh_offset, stat_size, plus): the address of a libfuse 3 high-level readdir that answers "
+     "a request from an offset at or past the count `listed` gave for the fh (the 64-bit word fh_offset bytes into "
+     "fuse_file_info) with nothing, one with the flag plus for a folder listings_put kept from what is kept, and "
+     "passes every other one to fallback."},
+    {"listings_put", accel_listings_put, METH_VARARGS,
+     "listings_put(path, generation, entries): keep the listing of the folder at path, entries (name, st, fill), "
+     "under generation (the current one); whether kept."},
+    {"listings_generation", accel_listings_generation, METH_VARARGS,
+     "listings_generation(generation): listings kept under another generation are answered from no more."},
+    {"listings_has", accel_listings_has, METH_VARARGS,
+     "listings_has(path, generation): whether the folder's listing is kept under generation."},
+    {"listings_served", accel_listings_served, METH_NOARGS,
+     "listings_served(): the listings the readdir gate answered from those kept so far."},
     {"polling_io", accel_polling_io, METH_VARARGS,
      "polling_io(spin_ns, watch_ns, releasedir_in_c): the address of a libfuse 3 fuse_custom_io whose read lets one "
      "worker at a time read the device while a listing goes on, the one that answered a request in C polling up to "

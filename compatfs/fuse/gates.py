@@ -8,8 +8,9 @@ table mfusepy hands libfuse before libfuse copies it:
 - the end of a folder's listing (`_accel.readdir_gate`): a request from an
   offset at or past the end of a folder that `readdir` listed to its end
   under the same fh (`listed`), which a caller's last getdents sends after
-  every folder, is answered with nothing; every other request goes to the
-  Python `readdir`.
+  every folder, is answered with nothing; so is a listing with attributes
+  of a folder whose listing is kept (`listings`), from what is kept; every
+  other request goes to the Python `readdir`.
 
 Each open of a folder has an fh of its own (`handle`), root's from the C
 gate, every other one's from the Python `opendir`.  `put` puts any C gate
@@ -57,11 +58,15 @@ def put(ops, name: str, fallback: Callable, make: Callable[[int | None], int]):
     return wrapped
 
 
-def install(ops, bits: tuple[int, int], context, opendir: Callable, readdir: Callable) -> Gates | None:
+def install(
+    ops, bits: tuple[int, int], context, opendir: Callable, readdir: Callable, plus: tuple[int, int]
+) -> Gates | None:
     """Put the gates in `ops` (mfusepy's fuse_operations), with `opendir`
     and `readdir` (the Python callbacks, as mfusepy wraps them) as their
     fallbacks; `bits` where fuse_file_info's keep_cache and cache_readdir
-    are (`_accel.opendir_gate`), `context` libfuse's fuse_get_context.
+    are (`_accel.opendir_gate`), `context` libfuse's fuse_get_context,
+    `plus` the size of mfusepy's struct stat and the flag of a listing with
+    attributes (`_accel.readdir_gate`).
     None where compatfs._accel is not built, the table has no opendir, a
     uid is not 32 bits, or another mount in this process has the gates."""
     native = accel.native
@@ -77,10 +82,10 @@ def install(ops, bits: tuple[int, int], context, opendir: Callable, readdir: Cal
     log.info("folders opened by root answered in C (compatfs._accel), by others in Python")
     if not ops.readdir:
         return gates
-    listing = put(ops, "readdir", readdir, lambda at: native.readdir_gate(at, fh))
+    listing = put(ops, "readdir", readdir, lambda at: native.readdir_gate(at, fh, *plus))
     if listing is None:
         return gates
     gates.fallbacks.append(listing)
     gates.listed = native.listed
-    log.info("the end of a folder's listing answered in C (compatfs._accel)")
+    log.info("the end of a folder's listing, and kept folders' listings, answered in C (compatfs._accel)")
     return gates

@@ -27,7 +27,8 @@ from ..files.access import Caller  # noqa: E402
 from ..files.libc import LIBC  # noqa: E402
 from ..translate import accel  # noqa: E402
 from . import gates, readgate  # noqa: E402
-from .statfill import StatFiller  # noqa: E402
+from .listings import Listings  # noqa: E402
+from .statfill import EntryFiller, StatFiller  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -160,11 +161,14 @@ class FUSE(fuse.FUSE):
     - where compatfs._accel is built and the filesystem's `opendir` lets
       root list anything with nothing looked up (`root_lists_all`), root's
       opens of folders and the ends of listings are answered in C
-      (`gates`); each open of a folder then has an fh of its own; and
-      reads of open files' blob ranges are answered in C (`readgate`).
+      (`gates`); each open of a folder then has an fh of its own; where
+      it also follows what it remembers (`follow_changes`), so are the
+      listings of folders kept after one listed in Python (`listings`);
+      and reads of open files' blob ranges are answered in C (`readgate`).
     """
 
     _gates: gates.Gates | None = None
+    _listings: Listings | None = None
 
     def __init__(self, operations, mountpoint: str, **kwargs) -> None:
         if accel.native is None or not getattr(operations, "root_lists_all", False):
@@ -183,7 +187,11 @@ class FUSE(fuse.FUSE):
                 readgate.install(ops.contents, functools.partial(self._wrapper, self.read_buf), _FuseBufvec, _FuseBuf)
             except Exception as e:
                 log.warning("reads answered in Python (no gate: %s)", e)
-            return real(argc, argv, ops, size, data)
+            try:
+                return real(argc, argv, ops, size, data)
+            finally:
+                if self._listings is not None:
+                    self._listings.close()
 
         _patching.acquire()
         fuse.fuse_main_real = main_real  # mfusepy's __init__ calls it with the table it made
@@ -199,7 +207,11 @@ class FUSE(fuse.FUSE):
         if bits is not None:
             opendir = functools.partial(self._wrapper, self.opendir)
             readdir = functools.partial(self._wrapper, self.readdir_fuse_3)
-            self._gates = gates.install(ops, bits, _libfuse.fuse_get_context, opendir, readdir)
+            plus = (ctypes.sizeof(fuse.c_stat), FUSE_READDIR_PLUS)
+            self._gates = gates.install(ops, bits, _libfuse.fuse_get_context, opendir, readdir, plus)
+            follows = getattr(self.operations, "follow_changes", None) is not None
+            if follows and self._gates is not None and self._gates.listed is not None:
+                self._listings = Listings(self.operations, self._entries)
 
     def opendir(self, path: bytes, fip) -> int:
         fi = fip.contents
@@ -215,20 +227,21 @@ class FUSE(fuse.FUSE):
         plus = bool(flags & FUSE_READDIR_PLUS) and folder is not None
         base = "" if folder is None else folder.rstrip("/")
         st = fuse.c_stat()
+        filled = self._entries
         for position in range(max(offset, 0), len(entries)):
-            name, attrs, _ = entries[position]
-            full = self.operations.entry_attrs(f"{base}/{name}") if plus and name not in (".", "..") else None
-            if self.use_ns:
-                _STAT.fill(st, full if full is not None else attrs)
-            else:
-                ctypes.memset(ctypes.byref(st), 0, ctypes.sizeof(st))
-                fuse.set_st_attrs(st, full if full is not None else attrs, use_ns=False)
-            fill = FUSE_FILL_DIR_PLUS if full is not None else 0
-            if filler(buf, name.encode(self.encoding, self.errors), st, position + 1, fill) != 0:
+            name, fill = filled.plus(base, entries[position], st) if plus else filled.plain(entries[position], st)
+            if filler(buf, name, st, position + 1, fill) != 0:
                 return 0  # the reply is full: the kernel asks again from this entry's offset
         if self._gates is not None and self._gates.listed is not None and offset < len(entries):
             self._gates.listed(fip.contents.fh, len(entries))
+        if plus and offset <= 0 and self._listings is not None:
+            assert folder is not None
+            self._listings.after(folder)
         return 0
+
+    @functools.cached_property
+    def _entries(self) -> EntryFiller:
+        return EntryFiller(self.operations, _STAT, self.use_ns, self.encoding, self.errors, FUSE_FILL_DIR_PLUS)
 
 
 _STAT = StatFiller(fuse.c_stat, fuse.set_st_attrs)

@@ -13,6 +13,8 @@ calls on the modules that decide:
   kernel's page cache (sent by `rescan`'s thread);
 - `rescan`: the background rescan, and the only sender of the kernel's
   invalidations (operations queue them to its thread);
+- `listings`: folders' listings kept for the readdir gate in C, under the
+  generation of what `paths` remembers;
 - `inodes`: inode numbers; `libfuse`: the libfuse 3 binding;
 - `files.access` and `files.blobfile`: permissions, decided on the store
   files themselves.
@@ -55,6 +57,7 @@ from ..tree import FileRef, Tree
 from ..files.access import READ
 from ..files.lookup import Denied, identity, keep_out, status
 from .attributes import Attributes, file_attrs
+from .listings import Listings
 from .paths import Paths, fstat
 from .rescan import Rescan
 from .openfiles import CannotOpen, OpenFiles
@@ -136,6 +139,8 @@ class CompatFS(fuse.Operations):
         log.info("%d requests found by a polling worker", polling.polled())
         if readgate.installed():
             log.info("%d reads answered in C", readgate.served())
+        if self.listings_followed:
+            log.info("%d folders' listings answered in C", Listings.served())
 
     @property
     def session(self) -> int | None:
@@ -184,7 +189,28 @@ class CompatFS(fuse.Operations):
     def readdir(self, path, fh):
         if self._keep_states:
             libfuse.keep_thread_state()
+        return self.listing(path)
+
+    def listing(self, path: str) -> list:
+        """The entries of the folder at `path` (name, type and inode number, 0)."""
         return self._paths.listing(path, self._attrs.listing)
+
+    # -- listings kept for C (`listings`) -----------------------------------
+    listings_followed = False
+
+    def follow_changes(self, on_change) -> None:
+        """`on_change` told the generation of what is remembered, now and at each change."""
+        self.listings_followed = True
+        self._paths.follow(on_change)
+
+    @property
+    def generation(self) -> int:
+        """What is remembered (attributes, listings) holds until the generation changes."""
+        return self._paths.generation
+
+    def is_open(self, path: str) -> bool:
+        """Whether files are open on `path` (its attributes then follow their view)."""
+        return self._paths.open_stamp(path) is not None
 
     def entry_attrs(self, path: str) -> dict | None:
         """What a listing with attributes (READDIRPLUS) gives for `path`:

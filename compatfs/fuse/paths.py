@@ -12,7 +12,8 @@ take its own lock (no caller ever holds it).
   is answered from memory (permissions are checked anew by the caller).
   They are dropped whenever a rescan sees a change, before the kernel is
   told, and a path's attributes when files open or close on it; a
-  generation count keeps an answer computed across such a change out.
+  generation count keeps an answer computed across such a change out
+  (told to whoever `follow`s it: the listings answered in C, `listings`).
   Every path that exists is remembered (as many as the mount shows); of
   paths that do not, at most `MISSES_KEPT`.  A path's attributes are not
   remembered while files are open on it (their answers follow the open
@@ -92,6 +93,7 @@ class Paths:
         self._listings: dict[str, list] = {}  # readdir's answers
         self._generation = 0
         self._misses = 0
+        self._on_change: Callable[[int], None] | None = None  # told each new generation (under the lock)
 
     # -- open files ----------------------------------------------------------
     @property
@@ -196,18 +198,36 @@ class Paths:
     def listing(self, path: str, compute: Callable[[str], list]) -> list:
         return self._recall(self._listings, path, compute)
 
+    def follow(self, on_change: Callable[[int], None]) -> None:
+        """Tell `on_change` the generation now, and each new one."""
+        with self._lock:
+            self._on_change = on_change
+            on_change(self._generation)
+
+    @property
+    def generation(self) -> int:
+        """The changes so far: answers computed since the last one hold until the next."""
+        with self._lock:
+            return self._generation
+
     def forget(self) -> None:
         """Drop every remembered attribute and listing."""
         with self._lock:
-            self._generation += 1
+            self._changed()
             self._attrs.clear()
             self._listings.clear()
             self._misses = 0
 
     def _forget_path(self, path: str) -> None:
         """Drop what is remembered of `path`'s attributes (under the lock)."""
-        self._generation += 1
+        self._changed()
         self._attrs.pop(path, None)
+
+    def _changed(self) -> None:
+        """A new generation (under the lock)."""
+        self._generation += 1
+        if self._on_change is not None:
+            self._on_change(self._generation)
 
     def _recall(self, table: dict, path: str, compute: Callable[[str], T], unless_open: bool = False) -> T:
         """`table`'s answer for `path`, else `compute(path)` (called without

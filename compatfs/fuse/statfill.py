@@ -1,7 +1,7 @@
 """`StatFiller`: mfusepy's `c_stat` filled from an attributes dict (what
 getattr answers) in one `struct.pack_into`, as a listing with attributes
-fills each entry's (`libfuse.FUSE.readdir_fuse_3`, which hands it the
-struct and mfusepy's `set_st_attrs`)."""
+fills each entry's; `EntryFiller`: a listing's entry as readdir fills it
+(`libfuse.FUSE.readdir_fuse_3`, and the listings kept for C, `listings`)."""
 
 from __future__ import annotations
 
@@ -44,8 +44,13 @@ class StatFiller:
         if self._struct.size != ctypes.sizeof(c_stat):
             raise OSError("mfusepy's c_stat is not laid out as its fields say")
 
-    def fill(self, st, attrs: dict) -> None:
-        """`st` (a c_stat) holding `attrs` and zeros."""
+    def fill(self, st, attrs: dict, use_ns: bool = True) -> None:
+        """`st` (a c_stat) holding `attrs` and zeros (times in seconds
+        without `use_ns`, as mfusepy's `set_st_attrs` stores them)."""
+        if not use_ns:
+            ctypes.memset(ctypes.byref(st), 0, ctypes.sizeof(st))
+            self._set_st_attrs(st, attrs, use_ns=False)
+            return
         values: list[int] = []
         get = attrs.get
         for key, is_time in self._slots:
@@ -67,3 +72,38 @@ def _code(ctype) -> str | None:
         return None
     code = {1: "b", 2: "h", 4: "i", 8: "q"}[ctypes.sizeof(ctype)]
     return code.upper() if kind.isupper() else code
+
+
+class EntryFiller:
+    """A listing's entries as the readdir of `operations` (the mount's
+    `CompatFS`) fills them: each entry (name, attrs, _) of the folder at
+    `base` into a c_stat, with `stat` (times in nanoseconds with `use_ns`),
+    its name encoded as mfusepy decodes paths (`encoding`, `errors`)."""
+
+    def __init__(self, operations, stat: StatFiller, use_ns: bool, encoding: str, errors: str, fill_plus: int):
+        self._ops = operations
+        self._stat = stat
+        self._use_ns = use_ns
+        self._encoding, self._errors = encoding, errors
+        self._fill_plus = fill_plus
+
+    def plus(self, base: str, entry: tuple, st) -> tuple[bytes, int]:
+        """`st` filled for `entry` in a listing with attributes: getattr's
+        answer for it, filled with it (`fill_plus`); "." and "..", and an
+        entry getattr fails for, as `plain` fills them (the kernel looks the
+        entry up itself).  Its name as bytes, and its fill flags."""
+        name = entry[0]
+        full = self._ops.entry_attrs(f"{base}/{name}") if name not in (".", "..") else None
+        if full is None:
+            return self.plain(entry, st)
+        self._stat.fill(st, full, self._use_ns)
+        return self.encode(name), self._fill_plus
+
+    def plain(self, entry: tuple, st) -> tuple[bytes, int]:
+        """`st` filled with an entry's type and inode number (what readdir's
+        entries carry); its name as bytes, no fill flags."""
+        self._stat.fill(st, entry[1], self._use_ns)
+        return self.encode(entry[0]), 0
+
+    def encode(self, name: str) -> bytes:
+        return name.encode(self._encoding, self._errors)
