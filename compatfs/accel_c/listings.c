@@ -8,9 +8,9 @@
  * `generation`, the count of changes of what the mount remembers
  * (compatfs.fuse.paths.Paths), which must be the current one
  * (listings_generation).  Whether it was kept: not for an older
- * generation, past MOST_LISTINGS folders or MOST_ENTRIES entries.  A newer
+ * generation, past MOST_LISTINGS folders or MOST_BYTES kept in all.  A newer
  * generation drops every listing kept before.  TypeError or ValueError for
- * entries not laid out so.
+ * entries not laid out so, or more than MOST_ENTRIES of them.
  *
  * listings_generation(generation): the current generation (a listing kept
  * under another is no longer answered from).
@@ -35,6 +35,7 @@
 
 #define SLOTS (1u << 17)       /* open addressing, linear probing; never more than half full */
 #define MOST_LISTINGS (1u << 16)
+#define MOST_BYTES ((size_t)64 << 20)
 #define MOST_ENTRIES 256
 
 struct entry {
@@ -43,6 +44,7 @@ struct entry {
 };
 
 struct listing {
+    size_t size; /* of its block */
     size_t path_len;
     uint32_t count;
     struct entry *entries;
@@ -52,6 +54,7 @@ struct listing {
 
 static struct listing *slots[SLOTS];
 static unsigned kept_count;
+static size_t kept_bytes;
 static unsigned long long kept_generation; /* of every listing in slots */
 static atomic_ullong current;              /* the generation listings are answered under */
 static atomic_ullong served;
@@ -82,6 +85,7 @@ static void drop_all(void)
         slots[i] = NULL;
     }
     kept_count = 0;
+    kept_bytes = 0;
 }
 
 /* One block holding the listing of `path` made of `entries` (a list of
@@ -113,12 +117,14 @@ static struct listing *packed(const char *path, size_t path_len, PyObject *entri
     }
     size_t head = (sizeof(struct listing) + path_len + 1 + 15) & ~(size_t)15;
     size_t stats = (head + (size_t)count * sizeof(struct entry) + 15) & ~(size_t)15;
-    char *block = malloc(stats + (size_t)count * sizeof(struct stat) + (size_t)names);
+    size_t size = stats + (size_t)count * sizeof(struct stat) + (size_t)names;
+    char *block = malloc(size);
     if (!block) {
         PyErr_NoMemory();
         return NULL;
     }
     struct listing *l = (struct listing *)block;
+    l->size = size;
     l->path_len = path_len;
     l->count = (uint32_t)count;
     memcpy(l->path, path, path_len);
@@ -170,8 +176,10 @@ PyObject *accel_listings_put(PyObject *self, PyObject *args)
             kept_generation = generation;
         }
         unsigned at = slot_of(path, (size_t)path_len);
-        if (slots[at] || kept_count < MOST_LISTINGS) {
+        size_t gone = slots[at] ? slots[at]->size : 0;
+        if ((slots[at] || kept_count < MOST_LISTINGS) && kept_bytes - gone + l->size <= MOST_BYTES) {
             kept_count += !slots[at];
+            kept_bytes = kept_bytes - gone + l->size;
             free(slots[at]);
             slots[at] = l;
             l = NULL;
