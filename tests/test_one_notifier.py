@@ -46,11 +46,32 @@ def _open(fs: CompatFS, path: str = PATH) -> int:
 
 def test_an_open_that_needs_its_path_invalidated_waits_for_the_rescan_thread_to_send_it(fs):
     fs.fs.getattr(PATH)
-    fs.fs._paths.gave_size(PATH, ("another", "view"))  # getattr gave the kernel another view's size
+    fs.fs._paths.gave_size(PATH, ("another", "view"), 1)  # getattr gave the kernel another view's size
     fs.sent.clear()
     fh = _open(fs.fs)
     assert ("compatfs-rescan", PATH) in fs.sent, fs.sent  # sent before the open returned
     assert {thread for thread, _ in fs.sent} == {"compatfs-rescan"}, fs.sent
+    fs.fs.release(PATH, SimpleNamespace(fh=fh))
+
+
+def test_an_open_of_a_view_of_the_same_blob_with_another_size_has_its_path_invalidated(fs):
+    """A file held open while its params layer changed kept the kernel at
+    the old view's size (getattr answers with the open view); the blob is
+    the same, the new view's size another: the next open has the kernel
+    drop that size before it returns, or a reader would take the old size
+    for the new view."""
+    attrs = fs.fs.getattr(PATH)
+    fh = _open(fs.fs)
+    fs.fs.release(PATH, SimpleNamespace(fh=fh))
+    fs.sent.clear()
+    fh = _open(fs.fs)  # (the size the kernel was given: nothing to send)
+    fs.fs.release(PATH, SimpleNamespace(fh=fh))
+    assert (("compatfs-rescan", PATH) in fs.sent) is False, fs.sent
+    stamp = next(iter(fs.fs._paths._sizes_given[PATH]))[0]
+    fs.fs._paths.gave_size(PATH, stamp, attrs["st_size"] + 4096)  # as while the old view was open
+    fs.sent.clear()
+    fh = _open(fs.fs)
+    assert ("compatfs-rescan", PATH) in fs.sent, fs.sent  # sent before the open returned
     fs.fs.release(PATH, SimpleNamespace(fh=fh))
 
 

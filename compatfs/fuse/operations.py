@@ -163,7 +163,7 @@ class CompatFS(fuse.Operations):
             raise fuse.FuseOSError(errno.ENOENT)
         if stat.S_ISREG(attrs["st_mode"]):
             attrs = dict(attrs)
-            self._paths.gave_size(path, attrs.pop("st_stamp", None))
+            self._paths.gave_size(path, attrs.pop("st_stamp", None), attrs["st_size"])
         return attrs
 
     def opendir(self, path):

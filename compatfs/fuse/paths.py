@@ -6,8 +6,10 @@ take its own lock (no caller ever holds it).
 - per path, the view it keeps for its open files (`KeptView`): the kernel
   keeps one page cache per path, so a path serves the view its open files
   read until they close;
-- per path, the blob identities whose sizes getattr gave the kernel
-  (`gave_size`): an open of another view has the kernel ask again;
+- per path, the sizes getattr gave the kernel, each with its view's blob
+  identity (`gave_size`): an open of a view of another blob, or of the
+  same blob with another size (other Modelfile layers), has the kernel ask
+  again;
 - getattr's and readdir's answers as of the last rescan, so that a listing
   is answered from memory (permissions are checked anew by the caller).
   They are dropped whenever a rescan sees a change, before the kernel is
@@ -88,7 +90,7 @@ class Paths:
         self._open: dict[int, OpenFile] = {}
         self._fh = itertools.count(1)
         self._kept: dict[str, KeptView] = {}  # path -> the view it served last (page-cache validity)
-        self._sizes_given: dict[str, set] = {}  # path -> blob identities getattr gave sizes of (None: a bad file's 0)
+        self._sizes_given: dict[str, set] = {}  # path -> (blob identity, size) getattr gave (None: a bad file's)
         self._attrs: dict[str, dict | None] = {}  # getattr's answers (None: no such path)
         self._listings: dict[str, list] = {}  # readdir's answers
         self._generation = 0
@@ -155,7 +157,7 @@ class Paths:
             kept.fhs.add(fh)
             self._forget_path(path)
             given = self._sizes_given.get(path, set())
-            stale = bool(given - {view.stamp})
+            stale = bool(given - {(view.stamp, view.size)})  # (another blob, or the same with other params)
             if stale:
                 given.clear()
         return fh, keep_cache, stale
@@ -185,10 +187,11 @@ class Paths:
                 if not kept.fhs and (folder in changed or folder not in folders):
                     del self._kept[path]
 
-    def gave_size(self, path: str, stamp) -> None:
-        """getattr gave the kernel the size of the view of blob identity `stamp` at `path`."""
+    def gave_size(self, path: str, stamp, size: int) -> None:
+        """getattr gave the kernel `size` for `path`, the size of a view of
+        the blob of identity `stamp`."""
         with self._lock:
-            self._sizes_given.setdefault(path, set()).add(stamp)
+            self._sizes_given.setdefault(path, set()).add((stamp, size))
 
     # -- getattr's and readdir's answers --------------------------------------
     def attrs(self, path: str, compute: Callable[[str], dict | None]) -> dict | None:
