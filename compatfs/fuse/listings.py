@@ -26,7 +26,6 @@ may list a folder is still decided at each open (`opendir`).
 from __future__ import annotations
 
 import bisect
-import ctypes
 import logging
 import stat
 import threading
@@ -138,5 +137,5 @@ class Listings:
             name, fill = self._entries.plus(base, entry, st)
             if not fill and entry[0] not in (".", ".."):
                 return  # (getattr failed for it: the kernel looks it up itself, as it is then)
-            packed.append((name, ctypes.string_at(ctypes.addressof(st), ctypes.sizeof(st)), fill))
+            packed.append((name, bytes(st), fill))
         self._native.listings_put(key, generation, packed)
