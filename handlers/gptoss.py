@@ -44,7 +44,7 @@ from compatfs.format.header import SourceGGUF, TensorInfo
 from compatfs.errors import GGUFError
 from compatfs.format.values import f32, string
 from compatfs.translate import accel
-from compatfs.translate import Op, SpanGroup, Strided
+from compatfs.translate import CompiledBlocks, Op, SpanGroup, Strided
 from compatfs.files.scratch import scratch
 from compatfs.translate import (
     ArchKeys,
@@ -121,6 +121,12 @@ class OllamaMXFP4(Op):
             return None
         raw = self.inputs[0]
         return SpanGroup(("OllamaMXFP4", raw.offset, raw.nbytes, self.stored, self.step), (self.step - 1) * self._row)
+
+    @property
+    def compiled_blocks(self) -> CompiledBlocks | None:
+        """A whole stack (`step` 1): output block i is the compiled kernel's
+        repack (`mxfp4_repack`) of the tensor's block i as the blob holds it."""
+        return CompiledBlocks("mxfp4", BLOCK, self.inputs[0].offset) if self.step == 1 else None
 
     @property
     def _row(self) -> int:

@@ -1,6 +1,7 @@
 """Reads of open files' plain ranges answered in C (`fuse.readgate`,
 `_accel.read_gate`): the gate answers a read whose bytes (and `window`
-bytes past them) are all blob ranges and zeros of the open file's plan, with
+bytes past them) are all blob ranges, zeros and compiled-kernel op tensors
+(a type-4 MXFP4 stack repacked) of the open file's plan, with
 the bytes `BlobFile.read_once_into` reads (O_DIRECT straight into the reply
 or through an aligned buffer, or pread); everything else, a file whose
 status moved, a descriptor that holds another file, an inotify event queued
@@ -8,7 +9,8 @@ or taken in since the plan, a read that comes short, a forgotten plan, goes
 to the Python read.  In-process
 through the gate's own function (in a process of its own: the gate is the
 process's), and through a mount of a real-width GLM-OCR blob: the same bytes
-as in process, a rewrite under an open file EIO, a chmod read through."""
+as in process, a rewrite under an open file EIO, a chmod read through; and
+of a type-4 gpt-oss blob, whose down-projection stacks the gate repacks."""
 
 from __future__ import annotations
 
@@ -28,7 +30,9 @@ from compatfs.testing.fuzz import views_of
 from compatfs.testing.store import add_model
 from compatfs.translate import accel
 from compatfs.view import assemble
-from compatfs.view.segments import InRounds, Rounds
+from compatfs.view.ahead import WINDOW
+from compatfs.view.catalog import BlobViews
+from compatfs.view.segments import Computed, InRounds, Rounds
 
 from conftest import needs_fuse
 from test_hostile_mount import blob_of
@@ -38,6 +42,7 @@ needs_accel = pytest.mark.skipif(accel.native is None, reason="compatfs._accel i
 
 _GATE = r"""
 import ctypes, json, os, sys
+import numpy as np
 from compatfs.files.libc import LIBC
 from compatfs.fuse.libfuse import _FuseBuf, _FuseBufvec, fuse
 from compatfs.translate import accel
@@ -69,11 +74,11 @@ def identity():
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 def plan(fh, direct_fd=-1, window=0, watch=-1, segs=SEGS, gen=None, ident=None, direct_min=4096):
-    raw = b"".join(int(x).to_bytes(8, "little", signed=True) for s in segs for x in s)
+    raw = b"".join(int(x).to_bytes(8, "little", signed=True) for s in segs for x in (*s, 0)[:5])
     n.read_plan(fh, fd, direct_fd, ident or identity(), watch, n.read_generation() if gen is None else gen,
                 raw, VIEW, window, direct_min)
 
-def read(fh, off, size):
+def read(fh, off, size, expect=None):
     calls.clear()
     fi = fuse.fuse_file_info(fh=fh)
     out = ctypes.c_void_p()
@@ -87,7 +92,7 @@ def read(fh, off, size):
     assert v.count == 1 and v.buf[0].mem % 4096 == 0
     LIBC.free(v.buf[0].mem)
     LIBC.free(out.value)
-    return "same" if got == want[off : off + size] else "different"
+    return "same" if got == (want if expect is None else expect)[off : off + size] else "different"
 
 out = {}
 for name, d in (("direct", direct), ("pread", -1)):
@@ -115,8 +120,25 @@ out["another file"] = [read(10, 0, 4096), n.read_planned(10)]
 plan(7, direct)
 n.read_forget(7)
 out["forgotten"] = [read(7, 0, 4096), n.read_planned(7), read(8, 0, 4096)]
-bad = {"overlapping": [(0, 10, 0, 0), (5, 10, 0, 0)], "unknown kind": [(0, 10, 0, 2)],
-       "past the view": [(VIEW - 5, 10, 0, 0)], "empty": [(0, 0, 0, 0)], "negative": [(0, 10, -1, 0)]}
+def ggml(raw):  # the reference: 17-byte MXFP4 blocks from the checkpoint's nibble order into ggml's
+    b = np.frombuffer(raw, np.uint8).reshape(-1, 17)
+    el = np.empty((len(b), 32), np.uint8)
+    el[:, 0::2], el[:, 1::2] = b[:, 1:] & 15, b[:, 1:] >> 4
+    out = b.copy()
+    out[:, 1:] = el[:, :16] | (el[:, 16:] << 4)
+    return out.tobytes()
+# An MXFP4 stack of 70,000 blocks at blob byte 12345, its bytes from 170 (block 10) on at view byte 0.
+STACK = ggml(data[12345 : 12345 + 70_000 * 17])[170:]
+for name, d in (("mxfp4 direct", direct), ("mxfp4 pread", -1)):
+    plan(11, d, segs=[(0, len(STACK), 170, 2, 12345)])
+    out[name] = [read(11, off, size, STACK) for off, size in
+                 ((0, MiB), (5, 20), (100, 1), (33, MiB - 7), (len(STACK) - 1000, 1000), (len(STACK) - 10, 20))]
+    out[name].append(n.read_planned(11))
+plan(12, direct, segs=[(0, MiB, 0, 2, len(data) - 4096)])
+out["mxfp4 short"] = [read(12, 0, 8192), n.read_planned(12)]
+bad = {"overlapping": [(0, 10, 0, 0), (5, 10, 0, 0)], "unknown kind": [(0, 10, 0, 3)],
+       "past the view": [(VIEW - 5, 10, 0, 0)], "empty": [(0, 0, 0, 0)], "negative": [(0, 10, -1, 0)],
+       "negative origin": [(0, 10, 0, 2, -1)], "origin past any file": [(0, 10, 0, 2, (1 << 63) - 20)]}
 out["refused"] = []
 for what, segs in bad.items():
     try:
@@ -161,8 +183,22 @@ def test_the_gate_answers_plain_ranges_and_passes_the_rest_on(tmp_path):
     # A descriptor whose number another file holds (a file closed under the plan).
     assert out["another file"] == ["python", False]
     assert out["forgotten"] == ["python", False, "python"]
-    assert out["refused"] == ["overlapping", "unknown kind", "past the view", "empty", "negative"]
-    assert out["one gate"] and out["served"] == 10
+    # An MXFP4 stack repacked from its blob blocks, cut anywhere: the
+    # reference's bytes; a range past its end goes to Python; a stack whose
+    # blocks run past the blob's end too, and the plan is dropped.
+    for how in ("mxfp4 direct", "mxfp4 pread"):
+        assert out[how] == ["same"] * 5 + ["python", True], how
+    assert out["mxfp4 short"] == ["python", False]
+    assert out["refused"] == [
+        "overlapping",
+        "unknown kind",
+        "past the view",
+        "empty",
+        "negative",
+        "negative origin",
+        "origin past any file",
+    ]
+    assert out["one gate"] and out["served"] == 20
 
 
 @pytest.fixture(scope="module")
@@ -267,3 +303,51 @@ def test_rounds_read_straight_are_their_runs():
     short = Rounds(period=1024, parts=((0, 0, 512, 512), (512, 4096, 512, 512)), count=3)
     assert not readgate._straight(InRounds(0, 3 * 1024, 0, short))
     assert not readgate._straight(InRounds(0, len(whole), 0, rounds, kin=(seg,)))
+
+
+@pytest.fixture(scope="module")
+def mxfp4_store(tmp_path_factory):
+    """A store holding gpt-oss-120b's type-4 form (rows as wide as the
+    published model's, 4 experts), its model.gguf as numpy's kernel makes it,
+    and where in it the whole (down-projection) stacks lie, which the gate
+    repacks: (at, size) of each."""
+    root = tmp_path_factory.mktemp("mxfp4")
+    blob = widths.write_blob(widths.gptoss_blob(ollama_mxfp4=True, n_expert=4), root / "gptoss.gguf")
+    store = root / "store"
+    add_model(store, "gptoss", blob)
+    blob.unlink()
+    blob = blob_of(store, "gptoss", "latest")
+    with pytest.MonkeyPatch.context() as numpy_only:
+        numpy_only.setattr(accel, "native", None)
+        want = views_of(blob)["model.gguf"]
+    stacks = [
+        (seg.at, seg.size)
+        for seg in BlobViews().view(blob, "model.gguf").segments
+        if isinstance(seg, Computed) and seg.op.compiled_blocks is not None
+    ]
+    return store, want, stacks
+
+
+@needs_fuse
+@needs_accel
+def test_mxfp4_stacks_the_gate_repacks_are_numpys_bytes(mxfp4_store, mount_store):
+    store, want, stacks = mxfp4_store
+    assert stacks and all(size > WINDOW + (2 << 20) for _, size in stacks)
+    m = mount_store(store)
+    path = m / "gptoss:latest/model.gguf"
+    rng = random.Random(11)
+    reads = 0
+    with open(path, "rb", buffering=0) as f:
+        assert f.read(4096) == want[:4096]  # (Python's: the header; the plan is made after it)
+        for at, size in stacks:
+            for _ in range(30):
+                n = rng.choice([1, 17, 4096, 70_000, 1 << 20])
+                lo = rng.randrange(at, at + size - WINDOW - n)
+                _drop(path)
+                assert os.pread(f.fileno(), n, lo) == want[lo : lo + n], (lo, n)
+                reads += 1
+    m.close()
+    assert _served(m.log.read_text()) >= reads  # (each read inside a stack answered in C)
+    m = mount_store(store)
+    with open(m / "gptoss:latest/model.gguf", "rb") as f:
+        assert hashlib.sha256(f.read()).digest() == hashlib.sha256(want).digest()

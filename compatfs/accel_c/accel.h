@@ -35,6 +35,10 @@ PyObject *accel_listings_served(PyObject *self, PyObject *unused);
 
 int accel_root_opens_gated(void);
 
+/* `count` 17-byte MXFP4 blocks at `in`, in the checkpoint's nibble order,
+ * into ggml's at `out` (repack.c). */
+void accel_mxfp4_blocks(uint8_t *out, const uint8_t *in, int64_t count);
+
 /* libfuse 3's fuse_fill_dir_t: (buf, name, const struct stat *, off_t, flags). */
 typedef int (*accel_filler)(void *buf, const char *name, const void *st, int64_t offset, int flags);
 int accel_listing_fill(const char *path, void *buf, accel_filler filler, int64_t offset, uint32_t *count);

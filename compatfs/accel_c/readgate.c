@@ -22,8 +22,9 @@
  *   taken in since the plan was made (`read_events` counts each batch
  *   before it is read);
  * - every byte from `off` to `off + size + window` (or the view's end) lies
- *   in the plan's segments: blob ranges and zeros (a range before an op
- *   tensor, or in the header, goes to Python, which computes ahead);
+ *   in the plan's segments: blob ranges, zeros and MXFP4 stacks repacked
+ *   from the blob's blocks (a range before an op tensor of another kind, or
+ *   in the header, goes to Python, which computes ahead);
  * - every blob byte read as BlobFile.read_once_into reads it (O_DIRECT
  *   through `direct_fd` where it is not -1, for pieces of `direct_min`
  *   bytes or more: whole blocks straight into the reply where they lie as
@@ -42,8 +43,12 @@
  * ino, size, mtime_ns, ctime_ns) both must keep (a descriptor closed, or its
  * number taken by another file, fails the checks), watch_fd (-1: not
  * followed), the generation of `read_generation` taken before the file was
- * last found intact, and its segments: signed 64-bit quadruples (at, size,
- * lo, kind), kind 0 blob bytes [lo, lo + size) and 1 zeros, in view order.
+ * last found intact, and its segments: signed 64-bit quintuples (at, size,
+ * lo, kind, origin), in view order: kind 0 blob bytes [lo, lo + size), 1
+ * zeros, 2 bytes [lo, lo + size) of an MXFP4 stack in ggml's layout whose
+ * 17-byte blocks lie in the checkpoint's nibble order from blob byte
+ * `origin` (output block i repacked from the blob's block at origin + 17 i,
+ * as `mxfp4_repack` does); origin says nothing for the other kinds (0).
  * read_forget(fh): the plan of fh gone (before its descriptors are closed).
  * read_planned(fh): whether fh has a plan still alive.
  * read_events(): a batch of inotify events is about to be taken in.
@@ -65,8 +70,11 @@
 #define BOUNCES_KEPT 8
 #define SLOTS 1024
 
+enum { BLOB_BYTES, ZEROS, MXFP4_BLOCKS, KINDS };
+#define MXFP4_BLOCK 17
+
 typedef struct {
-    int64_t at, size, lo, kind;
+    int64_t at, size, lo, kind, origin;
 } segment;
 
 typedef struct plan {
@@ -248,6 +256,49 @@ static int read_piece(plan *p, uint8_t *out, int64_t n, int64_t lo)
     return read_bounced(p->direct_fd, out, n, lo);
 }
 
+/* Bytes [x, x + n) of an MXFP4 stack in ggml's layout into out, its blocks
+ * read from blob byte `origin` on as `read_piece` reads them, a bounce
+ * buffer's worth at a time (at the buffer's offset that lets O_DIRECT
+ * reads land in place), and repacked; a block cut by either end of the
+ * range through 17 bytes of its own. */
+static int fill_mxfp4(plan *p, uint8_t *out, int64_t n, int64_t x, int64_t origin)
+{
+    uint8_t *buf = bounce_take(), one[MXFP4_BLOCK];
+    if (!buf)
+        return -1;
+    const int64_t most = (BOUNCE - ALIGN) / MXFP4_BLOCK; /* blocks read at a time */
+    int failed = 0;
+    for (int64_t end = x + n; x < end && !failed;) {
+        int64_t first = x / MXFP4_BLOCK, last = (end + MXFP4_BLOCK - 1) / MXFP4_BLOCK;
+        if (last - first > most)
+            last = first + most;
+        int64_t at = origin + first * MXFP4_BLOCK, stop = last * MXFP4_BLOCK < end ? last * MXFP4_BLOCK : end;
+        uint8_t *in = buf + at % ALIGN;
+        if (read_piece(p, in, (last - first) * MXFP4_BLOCK, at)) {
+            failed = 1;
+            break;
+        }
+        while (x < stop) {
+            int64_t k = x / MXFP4_BLOCK, skip = x - k * MXFP4_BLOCK;
+            const uint8_t *block = in + (k - first) * MXFP4_BLOCK;
+            int64_t whole = skip ? 0 : (stop - x) / MXFP4_BLOCK;
+            if (whole) {
+                accel_mxfp4_blocks(out, block, whole);
+                out += whole * MXFP4_BLOCK;
+                x += whole * MXFP4_BLOCK;
+                continue;
+            }
+            int64_t take = MXFP4_BLOCK - skip < stop - x ? MXFP4_BLOCK - skip : stop - x;
+            accel_mxfp4_blocks(one, block, 1);
+            memcpy(out, one + skip, (size_t)take);
+            out += take;
+            x += take;
+        }
+    }
+    bounce_give(buf);
+    return failed ? -1 : 0;
+}
+
 /* The index of the first segment ending after `off` (count where none does). */
 static Py_ssize_t first_after(plan *p, int64_t off)
 {
@@ -280,9 +331,10 @@ static int fill(plan *p, Py_ssize_t i, uint8_t *out, int64_t off, int64_t n)
     for (; off < end; i++) {
         segment *s = &p->segs[i];
         int64_t stop = s->at + s->size < end ? s->at + s->size : end, len = stop - off;
-        if (s->kind == 1)
+        int64_t lo = s->lo + (off - s->at);
+        if (s->kind == ZEROS)
             memset(out, 0, (size_t)len);
-        else if (read_piece(p, out, len, s->lo + (off - s->at)))
+        else if (s->kind == BLOB_BYTES ? read_piece(p, out, len, lo) : fill_mxfp4(p, out, len, lo, s->origin))
             return -1;
         out += len;
         off = stop;
@@ -372,11 +424,12 @@ PyObject *accel_read_gate(PyObject *self, PyObject *args)
 }
 
 /* The segments of a plan, checked: in view order, none overlapping, each
- * of a known kind with no negative number; NULL with ValueError otherwise. */
+ * of a known kind with no negative number, and the blob bytes an MXFP4
+ * stack's range is made from addressable; NULL with ValueError otherwise. */
 static segment *segments_of(Py_buffer *raw, Py_ssize_t *count)
 {
     if (raw->len % (Py_ssize_t)sizeof(segment)) {
-        PyErr_SetString(PyExc_ValueError, "read_plan: segments are not whole quadruples of 64-bit numbers");
+        PyErr_SetString(PyExc_ValueError, "read_plan: segments are not whole quintuples of 64-bit numbers");
         return NULL;
     }
     *count = raw->len / (Py_ssize_t)sizeof(segment);
@@ -389,10 +442,12 @@ static segment *segments_of(Py_buffer *raw, Py_ssize_t *count)
     int64_t end = 0;
     for (Py_ssize_t i = 0; i < *count; i++) {
         segment *s = &segs[i];
-        if (s->at < end || s->size <= 0 || s->lo < 0 || (s->kind != 0 && s->kind != 1)
-            || s->at > INT64_MAX - s->size || s->lo > INT64_MAX - s->size) {
+        if (s->at < end || s->size <= 0 || s->lo < 0 || s->kind < 0 || s->kind >= KINDS || s->origin < 0
+            || s->at > INT64_MAX - s->size || s->lo > INT64_MAX - s->size - MXFP4_BLOCK
+            || (s->kind == MXFP4_BLOCKS && s->origin > INT64_MAX - s->lo - s->size - MXFP4_BLOCK)) {
             free(segs);
-            PyErr_SetString(PyExc_ValueError, "read_plan: segments out of order, overlapping or of no known kind");
+            PyErr_SetString(PyExc_ValueError,
+                            "read_plan: segments out of order, overlapping, of no known kind or past any file");
             return NULL;
         }
         end = s->at + s->size;

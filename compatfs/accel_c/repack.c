@@ -4,7 +4,10 @@
  * and j+16), the E8M0 scale byte kept first.  The blocks are numbered as
  * rows of `width` blocks, row r at byte r * stride of `src`: output block i
  * (17 bytes at 17 * i of `dst`) is input block first + i.  Runs without the
- * GIL. */
+ * GIL.
+ *
+ * accel_mxfp4_blocks(out, in, count): the same of `count` blocks end to end
+ * at `in` into `out`, for C callers (the read gate). */
 #include "accel.h"
 
 #include <string.h>
@@ -54,6 +57,12 @@ static inline void repack_block(uint8_t *out, const uint8_t *in)
     memcpy(out + 9, &w1, 8);
 }
 #endif
+
+void accel_mxfp4_blocks(uint8_t *out, const uint8_t *in, int64_t count)
+{
+    for (int64_t i = 0; i < count; i++)
+        repack_block(out + i * BLOCK, in + i * BLOCK);
+}
 
 PyObject *accel_mxfp4_repack(PyObject *self, PyObject *args)
 {

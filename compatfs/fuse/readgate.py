@@ -4,11 +4,12 @@ read_buf, with the Python read as its fallback.
 
 Each open file gets a plan (`plan`) once a read Python served finds its
 blob intact and how it is read decided (`BlobFile.settled`): the view's
-blob ranges and zeros, the blob's descriptors and the identity the blob
-(through both) must keep.  The gate then answers a read itself where
-every byte of it, and `WINDOW` bytes past it, is one of those (the header,
-op tensors and the ranges just before them go to Python, which computes
-ahead), reading the blob as `BlobFile.read_once_into` reads it, and checks
+blob ranges and zeros, the op tensors a compiled kernel makes block by
+block from the blob (`Op.compiled_blocks`: a whole type-4 MXFP4 stack), the
+blob's descriptors and the identity the blob (through both) must keep.  The
+gate then answers a read itself where every byte of it, and `WINDOW` bytes
+past it, is one of those (the header, other op tensors and the ranges just
+before them go to Python, which computes ahead), reading the blob as `BlobFile.read_once_into` reads it, and checks
 the blob before and after as `OpenFiles.reading` does: the same status, and
 for a followed blob no inotify event queued or taken in since the plan was
 made (`Contents.on_events` counts each batch before it is read).  Anything
@@ -35,13 +36,14 @@ from ..translate import accel
 from ..view.ahead import WINDOW
 from ..view.layout import View
 from ..view import assemble
-from ..view.segments import BlobBytes, InRounds, ZeroBytes
+from ..view.segments import BlobBytes, Computed, InRounds, Segment, ZeroBytes
 from . import gates
 from .paths import OpenFile
 
 log = logging.getLogger(__name__)
 
-_BLOB, _ZEROS = 0, 1  # the gate's kinds of segment
+_BLOB, _ZEROS, _MXFP4 = 0, 1, 2  # the gate's kinds of segment
+_KERNELS = {("mxfp4", 17): _MXFP4}  # compiled kernels (name, block bytes) the gate runs, as its kind
 MAX_RUNS = 1 << 16  # runs of one segment's rounds a plan takes as blob ranges, at most
 _installed = False
 _kept: list = []  # the fallbacks libfuse calls through the gate
@@ -121,22 +123,33 @@ def forget(fh: int) -> None:
 
 
 def _segments(view: View) -> bytes:
-    """The view's blob ranges and zeros as the gate takes them: (at, size,
-    lo, kind) quadruples of signed 64-bit numbers, in view order.  Rounds
-    whose runs `assemble` reads one by one as blob bytes (`_straight`) are
-    those runs."""
+    """The view's segments the gate serves, as it takes them: (at, size, lo,
+    kind, origin) quintuples of signed 64-bit numbers, in view order (origin
+    0 but for a compiled kernel's).  Rounds whose runs `assemble` reads one
+    by one as blob bytes (`_straight`) are those runs."""
     out = array("q")
     for seg in view.segments:
-        if seg.size <= 0:
-            continue
-        if isinstance(seg, BlobBytes):
-            out.extend((seg.at, seg.size, seg.lo, _BLOB))
-        elif isinstance(seg, ZeroBytes):
-            out.extend((seg.at, seg.size, 0, _ZEROS))
-        elif isinstance(seg, InRounds) and _straight(seg):
-            for at, size, lo in _runs(seg):
-                out.extend((at, size, lo, _BLOB))
+        if seg.size > 0:
+            for quintuple in _served(seg):
+                out.extend(quintuple)
     return out.tobytes()
+
+
+def _served(seg: Segment) -> list[tuple[int, int, int, int, int]]:
+    """What of one segment the gate serves: blob bytes, zeros, the runs of
+    straight rounds, or an op tensor of a compiled kernel the gate runs that
+    shares its input span with no other (nothing: Python serves it)."""
+    if isinstance(seg, BlobBytes):
+        return [(seg.at, seg.size, seg.lo, _BLOB, 0)]
+    if isinstance(seg, ZeroBytes):
+        return [(seg.at, seg.size, 0, _ZEROS, 0)]
+    if isinstance(seg, InRounds) and _straight(seg):
+        return [(at, size, lo, _BLOB, 0) for at, size, lo in _runs(seg)]
+    if isinstance(seg, Computed) and not seg.kin and (c := seg.op.compiled_blocks) is not None:
+        kind = _KERNELS.get((c.kernel, c.block))
+        if kind is not None:
+            return [(seg.at, seg.size, seg.lo, kind, c.origin)]
+    return []
 
 
 def _straight(seg: InRounds) -> bool:

@@ -66,7 +66,8 @@ class Op(ABC):
     refused when it is created); or `chunk_bytes` and `compute_chunk`
     (computed a chunk at a time).  `compute_range` is derived from
     `compute_range_into` and is not overridden (refused, too).  It may also
-    override `description`, `computes_ahead` and `reads_inputs_once`."""
+    override `description`, `computes_ahead`, `reads_inputs_once`,
+    `span_group` and `compiled_blocks`."""
 
     inputs: tuple[TensorInfo, ...]
     shape: tuple[int, ...]
@@ -152,6 +153,13 @@ class Op(ABC):
         span.  None (the default): the op shares no span."""
         return None
 
+    @property
+    def compiled_blocks(self) -> CompiledBlocks | None:
+        """The op's bytes as a compiled kernel makes them from the blob, block
+        by block (`CompiledBlocks`): what lets the FUSE layer's read gate
+        serve them with no Python.  None (the default): made in Python alone."""
+        return None
+
     def compute_range(self, read: ReadRange, lo: int, hi: int) -> bytes | memoryview:
         """Bytes [lo, hi) of the output of a ranged op (`compute_range_into`
         into a buffer of their own)."""
@@ -171,6 +179,15 @@ class SpanGroup(NamedTuple):
 
     key: Hashable
     reach: int
+
+
+class CompiledBlocks(NamedTuple):
+    """Output block i (`block` bytes) is compiled kernel `kernel` of the
+    `block` blob bytes at absolute offset `origin + i * block`."""
+
+    kernel: str
+    block: int
+    origin: int
 
 
 ReadRange = Callable[[TensorInfo, int, int], bytes | memoryview]  # (tensor, start, size) -> its bytes
@@ -405,6 +422,7 @@ __all__ = [
     "Permute",
     "AddScalar",
     "SpanGroup",
+    "CompiledBlocks",
     "ReadRange",
     "ReadTensor",
     "as_array",
