@@ -351,3 +351,22 @@ def test_mxfp4_stacks_the_gate_repacks_are_numpys_bytes(mxfp4_store, mount_store
     m = mount_store(store)
     with open(m / "gptoss:latest/model.gguf", "rb") as f:
         assert hashlib.sha256(f.read()).digest() == hashlib.sha256(want).digest()
+
+
+def test_whole_mxfp4_stacks_are_planned_and_fused_halves_left_to_python(mxfp4_store):
+    """The type-4 file's plan: each whole stack one MXFP4 range (clipped
+    anywhere, the same kind and origin: where its first block lies in the
+    blob), each half of a fused stack (kin of the other) nothing."""
+    store = mxfp4_store[0]
+    view = BlobViews().view(blob_of(store, "gptoss", "latest"), "model.gguf")
+    computed = [seg for seg in view.segments if isinstance(seg, Computed)]
+    whole = [seg for seg in computed if not seg.kin]
+    assert whole and len(computed) > len(whole)
+    for seg in computed:
+        c = seg.op.compiled_blocks
+        if seg.kin:
+            assert c is None and readgate._served(seg) == []
+            continue
+        assert c == ("mxfp4", 17, seg.op.inputs[0].offset)
+        part = seg.clip(seg.at + 100, seg.at + 5000)
+        assert readgate._served(part) == [(seg.at + 100, 4900, 100, 2, c.origin)]

@@ -9,10 +9,12 @@ block from the blob (`Op.compiled_blocks`: a whole type-4 MXFP4 stack), the
 blob's descriptors and the identity the blob (through both) must keep.  The
 gate then answers a read itself where every byte of it, and `WINDOW` bytes
 past it, is one of those (the header, other op tensors and the ranges just
-before them go to Python, which computes ahead), reading the blob as `BlobFile.read_once_into` reads it, and checks
-the blob before and after as `OpenFiles.reading` does: the same status, and
-for a followed blob no inotify event queued or taken in since the plan was
-made (`Contents.on_events` counts each batch before it is read).  Anything
+before them go to Python, which computes ahead), reading the blob as
+`BlobFile.read_once_into` reads it (a compiled kernel's blocks into an
+aligned buffer, the kernel's output into the reply), and checks the blob
+before and after as `OpenFiles.reading` does: the same status, and for a
+followed blob no inotify event queued or taken in since the plan was made
+(`Contents.on_events` counts each batch before it is read).  Anything
 else, a check that fails or a read that fails or comes short, goes to the
 Python read, which judges the file and serves the read or fails it, as
 without the gate; the plan is then dropped, and made again after a read
