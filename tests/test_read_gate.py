@@ -73,10 +73,10 @@ def identity():
     st = os.fstat(fd)
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
-def plan(fh, direct_fd=-1, window=0, watch=-1, segs=SEGS, gen=None, ident=None, direct_min=4096):
+def plan(fh, direct_fd=-1, window=0, watch=-1, segs=SEGS, gen=None, ident=None, direct_min=4096, held=b""):
     raw = b"".join(int(x).to_bytes(8, "little", signed=True) for s in segs for x in (*s, 0)[:5])
     n.read_plan(fh, fd, direct_fd, ident or identity(), watch, n.read_generation() if gen is None else gen,
-                raw, VIEW, window, direct_min)
+                raw, held, VIEW, window, direct_min)
 
 def read(fh, off, size, expect=None):
     calls.clear()
@@ -136,13 +136,19 @@ for name, d in (("mxfp4 direct", direct), ("mxfp4 pread", -1)):
     out[name].append(n.read_planned(11))
 plan(12, direct, segs=[(0, MiB, 0, 2, len(data) - 4096)])
 out["mxfp4 short"] = [read(12, 0, 8192), n.read_planned(12)]
-bad = {"overlapping": [(0, 10, 0, 0), (5, 10, 0, 0)], "unknown kind": [(0, 10, 0, 3)],
+# A header held in the plan (its bytes from 24 on), then blob bytes.
+HEADER = bytes(range(256)) * 8
+headed = HEADER[24:1024] + data[8192 : 8192 + MiB]
+plan(13, direct, segs=[(0, 1000, 24, 3), (1000, MiB, 8192, 0)], held=HEADER)
+out["held"] = [read(13, 0, 4096, headed), read(13, 500, 1000, headed), read(13, 0, 1000 + MiB, headed)]
+bad = {"overlapping": [(0, 10, 0, 0), (5, 10, 0, 0)], "unknown kind": [(0, 10, 0, 4)],
        "past the view": [(VIEW - 5, 10, 0, 0)], "empty": [(0, 0, 0, 0)], "negative": [(0, 10, -1, 0)],
-       "negative origin": [(0, 10, 0, 2, -1)], "origin past any file": [(0, 10, 0, 2, (1 << 63) - 20)]}
+       "negative origin": [(0, 10, 0, 2, -1)], "origin past any file": [(0, 10, 0, 2, (1 << 63) - 20)],
+       "past the held bytes": [(0, 10, 5, 3)]}
 out["refused"] = []
 for what, segs in bad.items():
     try:
-        plan(9, segs=segs)
+        plan(9, segs=segs, held=bytes(10))
     except ValueError:
         out["refused"].append(what)
 other = READ_BUF(lambda *args: 0)
@@ -189,6 +195,7 @@ def test_the_gate_answers_plain_ranges_and_passes_the_rest_on(tmp_path):
     for how in ("mxfp4 direct", "mxfp4 pread"):
         assert out[how] == ["same"] * 5 + ["python", True], how
     assert out["mxfp4 short"] == ["python", False]
+    assert out["held"] == ["same", "same", "same"]
     assert out["refused"] == [
         "overlapping",
         "unknown kind",
@@ -197,8 +204,9 @@ def test_the_gate_answers_plain_ranges_and_passes_the_rest_on(tmp_path):
         "negative",
         "negative origin",
         "origin past any file",
+        "past the held bytes",
     ]
-    assert out["one gate"] and out["served"] == 20
+    assert out["one gate"] and out["served"] == 23
 
 
 @pytest.fixture(scope="module")
@@ -237,6 +245,26 @@ def test_reads_through_the_gate_are_the_views_bytes(glm_store, mount_store):
                 assert os.pread(f.fileno(), size, at) == want[at : at + size], (name, at, size)
     m.close()
     assert _served(m.log.read_text()) > 100
+
+
+@needs_fuse
+@needs_accel
+def test_a_files_first_read_its_header_included_is_answered_in_c(glm_store, mount_store):
+    """The plan is made at the open and holds the header: a file's very
+    first read (one page, read-ahead off) is the gate's."""
+    store, views = glm_store
+    m = mount_store(store)
+    for name, want in views.items():
+        path = m / f"glm:latest/{name}"
+        _drop(path)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            assert os.pread(fd, 4096, 0) == want[:4096]
+        finally:
+            os.close(fd)
+    m.close()
+    assert _served(m.log.read_text()) == len(views)
 
 
 @needs_fuse
@@ -338,7 +366,7 @@ def test_mxfp4_stacks_the_gate_repacks_are_numpys_bytes(mxfp4_store, mount_store
     rng = random.Random(11)
     reads = 0
     with open(path, "rb", buffering=0) as f:
-        assert f.read(4096) == want[:4096]  # (Python's: the header; the plan is made after it)
+        assert f.read(4096) == want[:4096]  # (the header: held in the plan made at the open)
         for at, size in stacks:
             for _ in range(30):
                 n = rng.choice([1, 17, 4096, 70_000, 1 << 20])

@@ -51,8 +51,8 @@ static PyMethodDef methods[] = {
      "high-level read_buf that answers a read of an open file's plain ranges from its plan (read_plan) and passes "
      "every other read to fallback."},
     {"read_plan", accel_read_plan, METH_VARARGS,
-     "read_plan(fh, fd, direct_fd, identity, watch_fd, generation, segments, view_size, window, direct_min): the "
-     "plan read_gate answers open file fh's reads from (its own duplicates of the descriptors)."},
+     "read_plan(fh, fd, direct_fd, identity, watch_fd, generation, segments, held, view_size, window, direct_min): "
+     "the plan read_gate answers open file fh's reads from (its own duplicates of the descriptors)."},
     {"read_forget", accel_read_forget, METH_VARARGS, "read_forget(fh): the plan of fh gone."},
     {"read_planned", accel_read_planned, METH_VARARGS, "read_planned(fh): whether fh has a plan still alive."},
     {"read_events", accel_read_events, METH_NOARGS, "read_events(): a batch of inotify events is about to be read."},

@@ -36,7 +36,7 @@
  * plan is gone, and Python makes another once it finds the file intact).
  *
  * read_plan(fh, fd, direct_fd, identity, watch_fd, generation, segments,
- * view_size, window, direct_min): the plan of open file fh (replacing one
+ * held, view_size, window, direct_min): the plan of open file fh (replacing one
  * it had): the file's descriptor and its O_DIRECT one (-1: none), which
  * stay open until fh is released (the kernel sends that release once no
  * read of fh is under way, and none comes after it), the identity (dev,
@@ -48,7 +48,9 @@
  * zeros, 2 bytes [lo, lo + size) of an MXFP4 stack in ggml's layout whose
  * 17-byte blocks lie in the checkpoint's nibble order from blob byte
  * `origin` (output block i repacked from the blob's block at origin + 17 i,
- * as `mxfp4_repack` does); origin says nothing for the other kinds (0).
+ * as `mxfp4_repack` does), 3 bytes [lo, lo + size) of `held` (the rendered
+ * header, copied into the plan); origin says nothing for the other kinds
+ * (0).
  * read_forget(fh): the plan of fh gone (before its descriptors are closed).
  * read_planned(fh): whether fh has a plan still alive.
  * read_events(): a batch of inotify events is about to be taken in.
@@ -70,7 +72,7 @@
 #define BOUNCES_KEPT 8
 #define SLOTS 1024
 
-enum { BLOB_BYTES, ZEROS, MXFP4_BLOCKS, KINDS };
+enum { BLOB_BYTES, ZEROS, MXFP4_BLOCKS, HELD_BYTES, KINDS };
 #define MXFP4_BLOCK 17
 
 typedef struct {
@@ -89,6 +91,8 @@ typedef struct plan {
     int64_t view_size, window, direct_min;
     Py_ssize_t count;
     segment *segs;
+    uint8_t *held; /* the bytes held segments are taken from */
+    int64_t held_size;
 } plan;
 
 typedef int (*highlevel_read_buf)(const char *path, void **bufp, size_t size, int64_t off, void *fi);
@@ -110,6 +114,7 @@ static int bounces_kept;
 static void plan_free(plan *p)
 {
     free(p->segs);
+    free(p->held);
     free(p);
 }
 
@@ -334,6 +339,8 @@ static int fill(plan *p, Py_ssize_t i, uint8_t *out, int64_t off, int64_t n)
         int64_t lo = s->lo + (off - s->at);
         if (s->kind == ZEROS)
             memset(out, 0, (size_t)len);
+        else if (s->kind == HELD_BYTES)
+            memcpy(out, p->held + lo, (size_t)len);
         else if (s->kind == BLOB_BYTES ? read_piece(p, out, len, lo) : fill_mxfp4(p, out, len, lo, s->origin))
             return -1;
         out += len;
@@ -460,29 +467,41 @@ PyObject *accel_read_plan(PyObject *self, PyObject *args)
     unsigned long long fh, dev, ino, gen;
     int fd, direct_fd, watch_fd;
     long long size, mtime, ctime, view_size, window, direct_min;
-    Py_buffer raw;
+    Py_buffer raw, held;
     (void)self;
-    if (!PyArg_ParseTuple(args, "Kii(KKLLL)iKy*LLL", &fh, &fd, &direct_fd, &dev, &ino, &size, &mtime, &ctime,
-                          &watch_fd, &gen, &raw, &view_size, &window, &direct_min))
+    if (!PyArg_ParseTuple(args, "Kii(KKLLL)iKy*y*LLL", &fh, &fd, &direct_fd, &dev, &ino, &size, &mtime, &ctime,
+                          &watch_fd, &gen, &raw, &held, &view_size, &window, &direct_min))
         return NULL;
     plan *p = calloc(1, sizeof *p);
     Py_ssize_t count = 0;
     segment *segs = p ? segments_of(&raw, &count) : NULL;
+    uint8_t *kept = segs ? malloc(held.len ? (size_t)held.len : 1) : NULL;
+    if (kept)
+        memcpy(kept, held.buf, (size_t)held.len);
+    int64_t held_size = held.len;
     PyBuffer_Release(&raw);
-    if (!p || !segs) {
-        free(p);
-        return p ? NULL : PyErr_NoMemory();
-    }
-    if (fd < 0 || view_size < 0 || window < 0 || direct_min < 0
-        || (count && segs[count - 1].at + segs[count - 1].size > view_size)) {
+    PyBuffer_Release(&held);
+    if (!p || !segs || !kept) {
         free(segs);
         free(p);
-        PyErr_SetString(PyExc_ValueError, "read_plan: no descriptor, or segments past the view's end");
+        return p && !segs ? NULL : PyErr_NoMemory();
+    }
+    int bad = fd < 0 || view_size < 0 || window < 0 || direct_min < 0
+              || (count && segs[count - 1].at + segs[count - 1].size > view_size);
+    for (Py_ssize_t i = 0; i < count && !bad; i++)
+        bad = segs[i].kind == HELD_BYTES && segs[i].lo + segs[i].size > held_size;
+    if (bad) {
+        free(kept);
+        free(segs);
+        free(p);
+        PyErr_SetString(PyExc_ValueError,
+                        "read_plan: no descriptor, or segments past the view's end or the held bytes");
         return NULL;
     }
     *p = (plan){.fh = fh, .fd = fd, .direct_fd = direct_fd < 0 ? -1 : direct_fd, .watch_fd = watch_fd, .dev = dev,
                 .ino = ino, .size = size, .mtime = mtime, .ctime = ctime, .generation = gen, .view_size = view_size,
-                .window = window, .direct_min = direct_min, .count = count, .segs = segs};
+                .window = window, .direct_min = direct_min, .count = count, .segs = segs, .held = kept,
+                .held_size = held_size};
     atomic_init(&p->refs, 1);
     atomic_init(&p->dead, 0);
     pthread_mutex_lock(&table_lock);

@@ -359,13 +359,14 @@ class BlobFile:
                 done += got
 
     def settled(self) -> tuple[int, int, Stamp, int] | None:
-        """What reading its bytes as `read_once_into` does takes, once
-        `reads_directly` was decided and nothing reported of the file is
-        left to judge: its descriptor, the O_DIRECT one (-1: none), the
-        identity its status must keep (change time included), and the
-        inotify descriptor whose events are news of it (-1: not followed).
-        None before that, or once a change of it was reported."""
-        if self.fd < 0 or self._direct is None:
+        """What reading its bytes as `read_once_into` does takes, where
+        nothing reported of the file is left to judge: its descriptor, the
+        O_DIRECT one (-1: none; `reads_directly` decided here where no read
+        has decided it yet, as the first would), the identity its status
+        must keep (change time included), and the inotify descriptor whose
+        events are news of it (-1: not followed).  None once a change of it
+        was reported, or for a file closed."""
+        if self.fd < 0:
             return None
         followed = self._followed
         if followed is None:

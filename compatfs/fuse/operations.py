@@ -315,6 +315,9 @@ class CompatFS(fuse.Operations):
             # size before it serves a byte of this open, as above.
             self._rescan.sent(path, wait=self._INVALIDATE_WAIT)
         fi.fh = fh
+        now_open = self._paths.get(fh)
+        if now_open is not None:
+            readgate.plan(fh, now_open)  # (its first read, too, answered in C where the plan holds)
         return 0
 
     def release(self, path, fi):

@@ -2,16 +2,18 @@
 read gate), put in the operations table mfusepy hands libfuse as its
 read_buf, with the Python read as its fallback.
 
-Each open file gets a plan (`plan`) once a read Python served finds its
-blob intact and how it is read decided (`BlobFile.settled`): the view's
-blob ranges and zeros, the op tensors a compiled kernel makes block by
-block from the blob (`Op.compiled_blocks`: a whole type-4 MXFP4 stack), the
-blob's descriptors and the identity the blob (through both) must keep.  The
-gate then answers a read itself where every byte of it, and `WINDOW` bytes
-past it, is one of those (the header, other op tensors and the ranges just
-before them go to Python, which computes ahead), reading the blob as
-`BlobFile.read_once_into` reads it (a compiled kernel's blocks into an
-aligned buffer, the kernel's output into the reply), and checks the blob
+Each open file gets a plan (`plan`) at its open, or once a read Python
+served finds its blob intact again, with how its blob is read decided
+(`BlobFile.settled`): the view's header (copied into the plan where it is
+at most `HELD_MOST` bytes), blob ranges and zeros, the op tensors a
+compiled kernel makes block by block from the blob (`Op.compiled_blocks`: a
+whole type-4 MXFP4 stack), the blob's descriptors and the identity the blob
+(through both) must keep.  The gate then answers a read itself where
+every byte of it, and `WINDOW` bytes past it, is one of those (a larger
+header, other op tensors and the ranges just before them go to Python,
+which computes ahead), reading the blob as `BlobFile.read_once_into` reads
+it (a compiled kernel's blocks into an aligned buffer, the kernel's output
+into the reply), and checks the blob
 before and after as `OpenFiles.reading` does: the same status, and for a
 followed blob no inotify event queued or taken in since the plan was made
 (`Contents.on_events` counts each batch before it is read).  Anything
@@ -38,15 +40,16 @@ from ..translate import accel
 from ..view.ahead import WINDOW
 from ..view.layout import View
 from ..view import assemble
-from ..view.segments import BlobBytes, Computed, InRounds, Segment, ZeroBytes
+from ..view.segments import BlobBytes, Computed, HeldBytes, InRounds, Segment, ZeroBytes
 from . import gates
 from .paths import OpenFile
 
 log = logging.getLogger(__name__)
 
-_BLOB, _ZEROS, _MXFP4 = 0, 1, 2  # the gate's kinds of segment
+_BLOB, _ZEROS, _MXFP4, _HELD = 0, 1, 2, 3  # the gate's kinds of segment
 _KERNELS = {("mxfp4", 17): _MXFP4}  # compiled kernels (name, block bytes) the gate runs, as its kind
 MAX_RUNS = 1 << 16  # runs of one segment's rounds a plan takes as blob ranges, at most
+HELD_MOST = 64 << 10  # a header up to this size is copied into the plan (a big vocabulary's is Python's to serve)
 _installed = False
 _kept: list = []  # the fallbacks libfuse calls through the gate
 
@@ -87,9 +90,10 @@ def install(ops, read_buf: Callable, vec_type: type[ctypes.Structure], buf_type:
 
 
 def plan(fh: int, opened: OpenFile) -> None:
-    """After a read of open file `fh` that Python served: a plan for it,
-    where the gate is in and it has none alive, once its blob is found
-    intact again (the events counted before that judge it from then on)."""
+    """At the open of `fh`, or after a read of it that Python served: a plan
+    for it, where the gate is in and it has none alive, once its blob is
+    found intact again (the events counted before that judge it from then
+    on)."""
     native = accel.native
     if not _installed or native is None or opened.failed or native.read_planned(fh):
         return
@@ -100,9 +104,10 @@ def plan(fh: int, opened: OpenFile) -> None:
     if settled is None:
         return
     fd, direct, identity, watch = settled
+    segments, held = _segments(opened.view)
     try:
         native.read_plan(
-            fh, fd, direct, identity, watch, generation, _segments(opened.view), opened.view.size, WINDOW, DIRECT_MIN
+            fh, fd, direct, identity, watch, generation, segments, held, opened.view.size, WINDOW, DIRECT_MIN
         )
     except (MemoryError, ValueError) as e:
         log.debug("reads of %s answered in Python (no plan: %s)", opened.path, e)
@@ -124,17 +129,23 @@ def forget(fh: int) -> None:
         accel.native.read_forget(fh)
 
 
-def _segments(view: View) -> bytes:
+def _segments(view: View) -> tuple[bytes, bytes]:
     """The view's segments the gate serves, as it takes them: (at, size, lo,
     kind, origin) quintuples of signed 64-bit numbers, in view order (origin
-    0 but for a compiled kernel's).  Rounds whose runs `assemble` reads one
-    by one as blob bytes (`_straight`) are those runs."""
+    0 but for a compiled kernel's), and the bytes held ones are taken from
+    (the header, where it is at most `HELD_MOST` bytes).  Rounds whose runs
+    `assemble` reads one by one as blob bytes (`_straight`) are those runs."""
     out = array("q")
+    held = b""
     for seg in view.segments:
-        if seg.size > 0:
+        if isinstance(seg, HeldBytes):
+            if seg.size > 0 and not held and len(seg.data) <= HELD_MOST:
+                held = seg.data
+                out.extend((seg.at, seg.size, seg.lo, _HELD, 0))
+        elif seg.size > 0:
             for quintuple in _served(seg):
                 out.extend(quintuple)
-    return out.tobytes()
+    return out.tobytes(), held
 
 
 def _served(seg: Segment) -> list[tuple[int, int, int, int, int]]:
