@@ -22,9 +22,10 @@
  *   taken in since the plan was made (`read_events` counts each batch
  *   before it is read);
  * - every byte from `off` to `off + size + window` (or the view's end) lies
- *   in the plan's segments: blob ranges, zeros and MXFP4 stacks repacked
- *   from the blob's blocks (a range before an op tensor of another kind, or
- *   in the header, goes to Python, which computes ahead);
+ *   in the plan's segments: blob ranges, zeros, MXFP4 stacks repacked
+ *   from the blob's blocks and the header the plan holds (a range before an
+ *   op tensor of another kind, or in a header not held, goes to Python,
+ *   which computes ahead);
  * - every blob byte read as BlobFile.read_once_into reads it (O_DIRECT
  *   through `direct_fd` where it is not -1, for pieces of `direct_min`
  *   bytes or more: whole blocks straight into the reply where they lie as
