@@ -49,7 +49,9 @@ log = logging.getLogger(__name__)
 _BLOB, _ZEROS, _MXFP4, _HELD = 0, 1, 2, 3  # the gate's kinds of segment
 _KERNELS = {("mxfp4", 17): _MXFP4}  # compiled kernels (name, block bytes) the gate runs, as its kind
 MAX_RUNS = 1 << 16  # runs of one segment's rounds a plan takes as blob ranges, at most
-HELD_MOST = 64 << 10  # a header up to this size is copied into the plan (a big vocabulary's is Python's to serve)
+# A header up to this size is copied into each open file's plan: a projector's, a model's without a big
+# vocabulary (whose header is Python's to serve); so many opens make the daemon hold 16 KiB each at most.
+HELD_MOST = 16 << 10
 _installed = False
 _kept: list = []  # the fallbacks libfuse calls through the gate
 
