@@ -299,7 +299,8 @@ class CompatFS(fuse.Operations):
             raise failed or fuse.FuseOSError(errno.EIO)
         view, file = opened
         fh, keep_cache, stale = self._paths.add(path, node, view, file)
-        self._rescan.pages.opened(fh, self._paths.get(fh), pagecache.opening_node())
+        now_open = self._paths.get(fh)
+        self._rescan.pages.opened(fh, now_open, pagecache.opening_node())
         fi.keep_cache = int(keep_cache)
         if stale:
             # Since this was last done, getattr gave the kernel another view's
@@ -315,7 +316,6 @@ class CompatFS(fuse.Operations):
             # size before it serves a byte of this open, as above.
             self._rescan.sent(path, wait=self._INVALIDATE_WAIT)
         fi.fh = fh
-        now_open = self._paths.get(fh)
         if now_open is not None:
             readgate.plan(fh, now_open)  # (its first read, too, answered in C where the plan holds)
         return 0
