@@ -56,6 +56,7 @@ from .libfuse import fuse
 from ..tree import FileRef, Tree
 from ..files.access import READ
 from ..files.lookup import Denied, identity, keep_out, status
+from ..files.walkscope import scope
 from .attributes import Attributes, file_attrs
 from .listings import Listings
 from .paths import Paths, fstat
@@ -256,15 +257,16 @@ class CompatFS(fuse.Operations):
         knowing every file opened on it before."""
         caller = libfuse.caller()
         for _attempt in range(self._OPEN_ATTEMPTS):
-            before = _blob_state(node)  # what this attempt finds (a failure is judged against it)
-            try:
-                opened = self._files.open_view(path, node, caller)
-            except fuse.FuseOSError as e:
-                if e.errno != errno.EIO:
-                    raise
-                opened, failed = None, e
-            else:
-                failed = None
+            with scope():  # (the attempt's walks to its blob share the folders they pass: `walkscope.scope`)
+                before = _blob_state(node)  # what this attempt finds (a failure is judged against it)
+                try:
+                    opened = self._files.open_view(path, node, caller)
+                except fuse.FuseOSError as e:
+                    if e.errno != errno.EIO:
+                        raise
+                    opened, failed = None, e
+                else:
+                    failed = None
             if opened is not None or isinstance(failed, Unavailable):
                 break  # served, or a transient fault (logged, not remembered: no scan for it)
             # The blob changed as it was opened, or the store moved on since
