@@ -398,3 +398,22 @@ def test_whole_mxfp4_stacks_are_planned_and_fused_halves_left_to_python(mxfp4_st
         assert c == ("mxfp4", 17, seg.op.inputs[0].offset)
         part = seg.clip(seg.at + 100, seg.at + 5000)
         assert readgate._served(part) == [(seg.at + 100, 4900, 100, 2, c.origin)]
+
+
+def test_a_views_plan_segments_are_packed_once_while_it_lives(mxfp4_store, monkeypatch):
+    """Every open of a view plans from one packing of its segments: made at
+    the first, reused by the next, gone with the view."""
+    import gc
+
+    store = mxfp4_store[0]
+    view = BlobViews().view(blob_of(store, "gptoss", "latest"), "model.gguf")
+    made = []
+    pack = readgate._segments
+    monkeypatch.setattr(readgate, "_segments", lambda v: made.append(v) or pack(v))
+    first = readgate._packed(view)
+    assert readgate._packed(view) is first and made == [view]
+    assert first == pack(view)
+    entries = len(readgate._packings)
+    del view, made[:]
+    gc.collect()
+    assert len(readgate._packings) == entries - 1

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import threading
+import weakref
 from array import array
 from collections.abc import Callable
 
@@ -54,6 +56,8 @@ MAX_RUNS = 1 << 16  # runs of one segment's rounds a plan takes as blob ranges, 
 HELD_MOST = 16 << 10
 _installed = False
 _kept: list = []  # the fallbacks libfuse calls through the gate
+_packings: weakref.WeakKeyDictionary[View, tuple[bytes, bytes]] = weakref.WeakKeyDictionary()  # (`_packed`)
+_packing = threading.Lock()
 
 
 def install(ops, read_buf: Callable, vec_type: type[ctypes.Structure], buf_type: type[ctypes.Structure]) -> bool:
@@ -106,7 +110,7 @@ def plan(fh: int, opened: OpenFile) -> None:
     if settled is None:
         return
     fd, direct, identity, watch = settled
-    segments, held = _segments(opened.view)
+    segments, held = _packed(opened.view)
     try:
         native.read_plan(
             fh, fd, direct, identity, watch, generation, segments, held, opened.view.size, WINDOW, DIRECT_MIN
@@ -129,6 +133,18 @@ def forget(fh: int) -> None:
     """Open file `fh` released: its plan gone."""
     if _installed and accel.native is not None:
         accel.native.read_forget(fh)
+
+
+def _packed(view: View) -> tuple[bytes, bytes]:
+    """`_segments` of `view`, made once per view (a view never changes) and
+    kept while the view lives."""
+    with _packing:
+        hit = _packings.get(view)
+    if hit is None:
+        hit = _segments(view)
+        with _packing:
+            _packings[view] = hit
+    return hit
 
 
 def _segments(view: View) -> tuple[bytes, bytes]:
