@@ -668,8 +668,8 @@ def start_to_ready(server: Path, model: Path, timeout: float = 300) -> float:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
                     if json.loads(r.read()).get("status") == "ok":
                         return time.perf_counter() - t
-            except OSError:
-                time.sleep(0.02)
+            except OSError:  # asked again within a fiftieth of the time so far (2 to 20 ms)
+                time.sleep(min(0.02, max(0.002, (time.perf_counter() - t) / 50)))
         if proc.poll() is None:
             raise TimeoutError(f"llama-server not ready on {model} after {timeout:.0f} s")
         raise RuntimeError(f"llama-server did not become ready on {model}")
@@ -1560,7 +1560,9 @@ def big_store_bench(work: Path) -> None:
 WIDTHS_ROUNDS = 5  # cold reads of each file: exported, through the C passthrough, through the mount, in turn
 WIDTHS_MAX_ROUNDS = 15  # a small file's rounds: as many as read about WIDTHS_READ_MB of it, at most this many
 WIDTHS_READ_MB = 1000  # (a 51 MB mmproj.gguf is read in about 40 ms: one stall of the VM's disk is 10% of a round)
-WIDTHS_STARTS = 3  # llama-server cold starts of each form's model.gguf: exported, C passthrough, mount, in turn
+WIDTHS_STARTS = 5  # llama-server cold starts of each form's model.gguf: exported, C passthrough, mount, in turn
+WIDTHS_MAX_STARTS = 11  # a short start's rounds: as many as take about WIDTHS_START_SECONDS, at most this many
+WIDTHS_START_SECONDS = 3  # (a start of 0.1 s moves by a tenth with one stall of the disk)
 READ_GOAL = 0.9  # each file through the mount: at least this fraction of the C passthrough's speed
 START_GOAL = 1.25  # llama-server's cold start through the mount: at most this multiple of the exported file's
 
@@ -1570,6 +1572,15 @@ def widths_rounds(mb: float) -> int:
     read about `WIDTHS_READ_MB` of a smaller file, `WIDTHS_MAX_ROUNDS` at
     most (a read of tens of milliseconds is as long as one stall of the disk)."""
     return max(WIDTHS_ROUNDS, min(WIDTHS_MAX_ROUNDS, math.ceil(WIDTHS_READ_MB / max(mb, 1))))
+
+
+def widths_starts(done: list) -> int:
+    """Cold starts of a form, `done` the exported file's so far (seconds):
+    as many as its first start repeated takes about `WIDTHS_START_SECONDS`,
+    from `WIDTHS_STARTS` to `WIDTHS_MAX_STARTS`."""
+    if not done or done[0] is None:
+        return WIDTHS_STARTS
+    return max(WIDTHS_STARTS, min(WIDTHS_MAX_STARTS, math.ceil(WIDTHS_START_SECONDS / max(done[0], 1e-3))))
 
 
 def page_cache_bytes() -> int:
@@ -1803,12 +1814,11 @@ def widths_server(
     against the exported file, and the exported file through the C
     passthrough (what any FUSE daemon gets here: llama-server maps the file
     with MAP_POPULATE, so a start waits on FUSE round trips), page cache
-    dropped before each start, median of `WIDTHS_STARTS` in turn (a start
-    that times out ends the series); the goal within `START_GOAL` of the
-    exported file."""
-    label = f"  {'':<48}llama-server start-to-ready, cold, median of {WIDTHS_STARTS}:"
+    dropped before each start, the median of `widths_starts` rounds in turn
+    (a start that times out ends the series); the goal within `START_GOAL`
+    of the exported file."""
     if not server.is_file():
-        print(f"{label} skipped ({server} missing)")
+        print(f"  {'':<48}llama-server start-to-ready, cold: skipped ({server} missing)")
         return
     mounted: list = []  # seconds, or None for a start that timed out
     local: list = []
@@ -1823,7 +1833,7 @@ def widths_server(
 
     d = compatfs_daemon(store, work / "mnt-widths")
     try:
-        for _ in range(WIDTHS_STARTS):
+        while len(local) < widths_starts(local):
             local.append(start(exported))
             with through_passthrough(binary, exported, work / "mnt-c-widths") as passthrough:
                 passed.append(start(passthrough))
@@ -1832,6 +1842,7 @@ def widths_server(
                 break
     finally:
         d.close()
+    label = f"  {'':<48}llama-server start-to-ready, cold, median of {len(local)}:"
     if None in local:
         print(f"{label} the exported file > {timeout:.0f} s (timed out)")
         return
