@@ -81,8 +81,9 @@ models are cached in .cache/):
   at least 0.9x of the C passthrough; the daemon's CPU seconds per second of that read beside
   the C passthrough's; the daemon's peak RSS; llama-server start-to-ready of
   each form's model.gguf through the mount against the exported file (and
-  the exported file through the C passthrough), goal: within 1.25x of the
-  exported file; and first the widened gpt-oss-20b fused form read with
+  the exported file through the C passthrough), 5 rounds in turn (more for
+  a short start, up to 11: as many as take about 3 s), goal: the median
+  within 1.25x of the exported file's; and first the widened gpt-oss-20b fused form read with
   --op-cache-mb 16 against the default cache.  Every measurement is bounded
   by --timeout seconds (default 300) and printed as "> N s (timed out)" past
   it.
