@@ -1625,8 +1625,12 @@ def _speed(mb: float, seconds: float | None, timeout: float) -> str:
     return f"{mb / seconds:7.0f}" if seconds else f"> {timeout:.0f} s (timed out)"
 
 
-def _verdict(ok: bool | None) -> str:
-    return "" if ok is None else ("  ok" if ok else "  MISSED")
+def _verdict(ok: bool | None, ratio: float | None = None) -> str:
+    """The verdict: ok, MISSED (with `ratio` to three places, which two may
+    round onto the goal), or nothing where there is nothing to judge."""
+    if ok is None:
+        return ""
+    return "  ok" if ok else "  MISSED" + (f" ({ratio:.3f}x)" if ratio is not None else "")
 
 
 def widths_bench(binary: Path, server: Path, work: Path, timeout: float, forms: list[str] | None = None) -> None:
@@ -1787,7 +1791,7 @@ def widths_bench(binary: Path, server: Path, work: Path, timeout: float, forms: 
                 f"{_speed(mb, median(mounted) if mounted else None, timeout)}"
                 + (f"   {spread(ratios)}" if ratios else "   " + " " * 18)
                 + (
-                    f"   {spread(versus_c)}   >= {READ_GOAL}x{_verdict(median(versus_c) >= READ_GOAL)}"
+                    f"   {spread(versus_c)}   >= {READ_GOAL}x{_verdict(median(versus_c) >= READ_GOAL, median(versus_c))}"
                     if versus_c
                     else f"   {'':<18}   >= {READ_GOAL}x" + _verdict(False if exported else None)
                 )
@@ -1852,7 +1856,7 @@ def widths_server(
     print(
         f"{label} exported {l:.2f} s, through the mount "
         + (
-            f"{m:.2f} s: {m / l:.2f}x   goal <= {START_GOAL}x{_verdict(m / l <= START_GOAL)}"
+            f"{m:.2f} s: {m / l:.2f}x   goal <= {START_GOAL}x{_verdict(m / l <= START_GOAL, m / l)}"
             if m
             else f"> {timeout:.0f} s (timed out)   goal <= {START_GOAL}x  MISSED"
         )
