@@ -27,7 +27,8 @@ class OptionalBuildExt(build_ext):
 
 
 ACCEL = [
-    f"compatfs/accel_c/{job}.c" for job in ("module", "repack", "gather", "folders", "listings", "polling", "readgate")
+    f"compatfs/accel_c/{job}.c"
+    for job in ("module", "repack", "gather", "folders", "listings", "polling", "readgate", "stores")
 ]
 
 setup(

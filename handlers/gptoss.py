@@ -123,10 +123,12 @@ class OllamaMXFP4(Op):
         return SpanGroup(("OllamaMXFP4", raw.offset, raw.nbytes, self.stored, self.step), (self.step - 1) * self._row)
 
     @property
-    def compiled_blocks(self) -> CompiledBlocks | None:
-        """A whole stack (`step` 1): output block i is the compiled kernel's
-        repack (`mxfp4_repack`) of the tensor's block i as the blob holds it."""
-        return CompiledBlocks("mxfp4", BLOCK, self.inputs[0].offset) if self.step == 1 else None
+    def compiled_blocks(self) -> CompiledBlocks:
+        """Output row r is the compiled kernel's repack (`mxfp4_repack`) of
+        the tensor's row `start + r * step` as the blob holds it, block by block."""
+        return CompiledBlocks(
+            "mxfp4", BLOCK, self.inputs[0].offset + self.start * self._row, self._row, self.step * self._row
+        )
 
     @property
     def _row(self) -> int:

@@ -6,13 +6,13 @@ still seen."""
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 import compatfs.router.preset
+from compatfs.fuse.wakeup import Wakeup
 from compatfs.fuse.rescan import Rescan
 from compatfs.sources.choose import open_source
 from compatfs.testing import llama
@@ -86,11 +86,12 @@ def test_an_idle_store_is_not_scanned_at_every_look(store, tmp_path, monkeypatch
     looks: list[float] = []
     scans: list[float] = []
 
-    class Looks(threading.Event):
-        def wait(self, timeout=None):
+    class Looks(Wakeup):
+        def wait(self, timeout):
             looks.append(time.monotonic())
             return super().wait(timeout)
 
+    rescan._kick.close()
     rescan._kick = Looks()
     scan = tree.rescan
 

@@ -29,6 +29,7 @@ from compatfs.view.segments import Computed, InRounds
 from compatfs.testing import llama
 from compatfs.testing.store import add_model
 from conftest import needs_fuse, wait_until
+from test_read_gate import _served
 
 MiB = 1 << 20
 pytestmark = pytest.mark.usefixtures("nothing_ahead")  # every range computed by the read that needs it
@@ -154,6 +155,9 @@ def test_a_half_read_through_a_mount_puts_the_other_half_in_the_page_cache(
         assert not asked, asked  # every byte of the other half came from the page cache
     finally:
         os.close(fd)
+    m.close()
+    if compiled:  # (the read gate's: its reads of the first half, from a plan made at the open, made the pages)
+        assert _served(m.log.read_text()) >= first.size // MiB
 
 
 @pytest.fixture
@@ -167,9 +171,8 @@ def in_process(tmp_path, monkeypatch, store_fs):
     monkeypatch.setattr(rescan.Rescan, "LOOK_SECONDS", 3600.0)  # a store is sent at once, never at the next look
     sent: list[tuple[str, int, int, bytes]] = []
 
-    def notify(self, session, store) -> None:
-        data = ctypes.string_at(store.mem, store.size)
-        sent.append((threading.current_thread().name, store.node, store.offset, data))
+    def notify(self, session, node, offset, mem, size) -> None:
+        sent.append((threading.current_thread().name, node, offset, ctypes.string_at(mem, size)))
 
     monkeypatch.setattr(pagecache.PageStores, "_notify", notify)
     store = tmp_path / "store"
@@ -245,8 +248,8 @@ def test_readers_that_keep_storing_never_hold_the_rescan_thread_from_invalidatin
     monkeypatch.setattr(libfuse, "invalidate_path", lambda session, p: invalidated.append(p) or 0)
     notify = pagecache.PageStores._notify
 
-    def refill(self, session, store) -> None:  # every store sent, another queued: a reader that never stops
-        notify(self, session, store)
+    def refill(self, session, *store) -> None:  # every store sent, another queued: a reader that never stops
+        notify(self, session, *store)
         _gathered(fs, fh, 0, 4096).queue()
 
     monkeypatch.setattr(pagecache.PageStores, "_notify", refill)

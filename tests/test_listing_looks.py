@@ -7,11 +7,11 @@ anew aside)."""
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
 from compatfs.fuse.paths import Paths
+from compatfs.fuse.wakeup import Wakeup
 from compatfs.fuse.rescan import Rescan
 from compatfs.sources.ollama import OllamaStore
 from compatfs.testing import llama
@@ -30,11 +30,12 @@ def test_a_change_is_scanned_at_the_next_look_and_scans_stay_a_second_apart(tmp_
     scans: list[tuple[float, int]] = []  # (when, at which look)
     ended: list[float] = []  # when each scan ended
 
-    class Looks(threading.Event):
-        def wait(self, timeout=None):
+    class Looks(Wakeup):
+        def wait(self, timeout):
             looks.append((time.monotonic(), timeout))
             return super().wait(timeout)
 
+    rescan._kick.close()
     rescan._kick = Looks()
     scan = tree.rescan
 

@@ -25,6 +25,7 @@ import sys
 import pytest
 
 from compatfs.fuse import readgate
+from compatfs.names import MODEL_FILE
 from compatfs.testing import widths
 from compatfs.testing.fuzz import views_of
 from compatfs.testing.store import add_model
@@ -73,10 +74,12 @@ def identity():
     st = os.fstat(fd)
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
-def plan(fh, direct_fd=-1, window=0, watch=-1, segs=SEGS, gen=None, ident=None, direct_min=4096, held=b""):
-    raw = b"".join(int(x).to_bytes(8, "little", signed=True) for s in segs for x in (*s, 0)[:5])
+def plan(fh, direct_fd=-1, window=0, watch=-1, segs=SEGS, gen=None, ident=None, direct_min=4096, held=b"",
+         stores=False):
+    # (at, size, lo, kind), then origin, row and stride 0 and kin -1 unless given
+    raw = b"".join(int(x).to_bytes(8, "little", signed=True) for s in segs for x in (*s, *(0, 0, 0, -1)[len(s) - 4:]))
     n.read_plan(fh, fd, direct_fd, ident or identity(), watch, n.read_generation() if gen is None else gen,
-                raw, held, VIEW, window, direct_min)
+                raw, held, VIEW, window, direct_min, stores)
 
 def read(fh, off, size, expect=None):
     calls.clear()
@@ -130,21 +133,60 @@ def ggml(raw):  # the reference: 17-byte MXFP4 blocks from the checkpoint's nibb
 # An MXFP4 stack of 70,000 blocks at blob byte 12345, its bytes from 170 (block 10) on at view byte 0.
 STACK = ggml(data[12345 : 12345 + 70_000 * 17])[170:]
 for name, d in (("mxfp4 direct", direct), ("mxfp4 pread", -1)):
-    plan(11, d, segs=[(0, len(STACK), 170, 2, 12345)])
+    plan(11, d, segs=[(0, len(STACK), 170, 2, 12345, 17 * 90, 17 * 90)])
     out[name] = [read(11, off, size, STACK) for off, size in
                  ((0, MiB), (5, 20), (100, 1), (33, MiB - 7), (len(STACK) - 1000, 1000), (len(STACK) - 10, 20))]
     out[name].append(n.read_planned(11))
-plan(12, direct, segs=[(0, MiB, 0, 2, len(data) - 4096)])
+plan(12, direct, segs=[(0, MiB, 0, 2, len(data) - 4096, 17, 17)])
 out["mxfp4 short"] = [read(12, 0, 8192), n.read_planned(12)]
 # A header held in the plan (its bytes from 24 on), then blob bytes.
 HEADER = bytes(range(256)) * 8
 headed = HEADER[24:1024] + data[8192 : 8192 + MiB]
 plan(13, direct, segs=[(0, 1000, 24, 3), (1000, MiB, 8192, 0)], held=HEADER)
 out["held"] = [read(13, 0, 4096, headed), read(13, 500, 1000, headed), read(13, 0, 1000 + MiB, headed)]
+# Two halves of an interleaved stack of N rows of R bytes from blob byte 5000 (row r of the first half
+# is the blob's row 2r, of the second 2r + 1), at view bytes 0 and H, copied or repacked from MXFP4; the
+# second half is the first's kin and the reverse.  A read of either makes the other's same rows, as
+# whole pages of the view (their bytes outside the kin where the plan serves them), queued until taken
+# (a read of both: both's).
+wake = os.eventfd(0, os.EFD_NONBLOCK)
+n.read_stores_wake(wake, 64 * MiB)
+for kind, R, N, how in ((4, 100, 10_000, bytes), (2, 17 * 90, 680, ggml)):
+    H = R * N
+    halves = [b"".join(how(data[5000 + (2 * r + j) * R : 5000 + (2 * r + j + 1) * R]) for r in range(N)) for j in (0, 1)]
+    view = halves[0] + halves[1] + bytes(VIEW - 2 * H)
+    segs = [(0, H, 0, kind, 5000, R, 2 * R, H), (H, H, 0, kind, 5000 + R, R, 2 * R, 0)]
+    res, stored, pages = [], {}, 0
+    for stores in (False, True):
+        plan(14, direct, segs=segs, stores=stores)
+        for off, size in ((0, MiB), (4096, 8192), (12345, 777), (H - 5000, 5000), (H - 4096, 8192), (H + 3, 4096 * 9),
+                          (2 * H - 9000, 9000)):
+            res.append(read(14, off, size, view))
+            for fh, at, mem, size_ in n.read_stores():
+                got = ctypes.string_at(mem, size_)
+                n.read_store_free(mem, size_)
+                pages += size_ // 4096
+                stored[(off, at)] = (fh == 14 and at % 4096 == 0 and size_ % 4096 == 0 and got == view[at : at + size_]
+                                     and at + size_ <= 2 * H)  # (never past the bytes the plan serves)
+    out[f"rows {kind}"] = res
+    out[f"rows {kind} stores"] = [all(stored.values()), len(stored), pages]
+out["woken"] = os.eventfd_read(wake) > 0
+n.read_stores_wake(wake, 4096)
+plan(15, direct, segs=segs, stores=True)
+refused = n.read_stores_refused()
+out["full"] = [read(15, 0, MiB, view), n.read_stores(), n.read_stores_refused() - refused]
+n.read_stores_wake(-1, 0)
+plan(16, direct, segs=segs, stores=True)
+out["not made"] = [read(16, 0, MiB, view), n.read_stores()]
 bad = {"overlapping": [(0, 10, 0, 0), (5, 10, 0, 0)], "unknown kind": [(0, 10, 0, 4)],
        "past the view": [(VIEW - 5, 10, 0, 0)], "empty": [(0, 0, 0, 0)], "negative": [(0, 10, -1, 0)],
-       "negative origin": [(0, 10, 0, 2, -1)], "origin past any file": [(0, 10, 0, 2, (1 << 63) - 20)],
-       "past the held bytes": [(0, 10, 5, 3)]}
+       "negative origin": [(0, 10, 0, 2, -1, 17, 17)], "origin past any file": [(0, 10, 0, 2, (1 << 63) - 20, 17, 17)],
+       "past the held bytes": [(0, 10, 5, 3)], "rows of no whole blocks": [(0, 10, 0, 2, 0, 20, 40)],
+       "rows closer than their size": [(0, 10, 0, 4, 0, 8, 4)], "no rows": [(0, 10, 0, 4, 0, 0, 0)],
+       "no such kin": [(0, 80, 0, 4, 0, 4, 8, 5000)], "a kin of other rows": [(0, 80, 0, 4, 0, 4, 8, 80),
+       (80, 80, 0, 4, 4, 4, 16, 0)], "a kin too far": [(0, 80, 0, 4, 0, 4, 8, 80), (80, 80, 0, 4, 2 * MiB, 4, 8, 0)],
+       "a kin of another size": [(0, 80, 0, 4, 0, 4, 8, 80), (80, 40, 0, 4, 4, 4, 8, 0)],
+       "its own kin": [(0, 80, 0, 4, 0, 4, 8, 0)]}
 out["refused"] = []
 for what, segs in bad.items():
     try:
@@ -196,6 +238,17 @@ def test_the_gate_answers_plain_ranges_and_passes_the_rest_on(tmp_path):
         assert out[how] == ["same"] * 5 + ["python", True], how
     assert out["mxfp4 short"] == ["python", False]
     assert out["held"] == ["same", "same", "same"]
+    # Rows of an interleaved stack's halves, copied or repacked, cut anywhere, through the gate: the
+    # reference's bytes; without stores none made, with them each read's kin pages (whole pages, the
+    # view's bytes, none past the second half: the plan serves no byte after it), the sending thread woken.
+    for kind in (4, 2):
+        assert out[f"rows {kind}"] == ["same"] * 14, kind
+        ok, ranges, pages = out[f"rows {kind} stores"]
+        assert ok and ranges == 9 and pages > 256 + 8, kind
+    assert out["woken"]
+    # A queue full: the read answered, no store made (and counted); stores off: none made.
+    assert out["full"] == ["same", [], 2]  # (its kin ranges in both halves)
+    assert out["not made"] == ["same", []]
     assert out["refused"] == [
         "overlapping",
         "unknown kind",
@@ -205,8 +258,16 @@ def test_the_gate_answers_plain_ranges_and_passes_the_rest_on(tmp_path):
         "negative origin",
         "origin past any file",
         "past the held bytes",
+        "rows of no whole blocks",
+        "rows closer than their size",
+        "no rows",
+        "no such kin",
+        "a kin of other rows",
+        "a kin too far",
+        "a kin of another size",
+        "its own kin",
     ]
-    assert out["one gate"] and out["served"] == 23
+    assert out["one gate"] and out["served"] == 23 + 28 + 2
 
 
 @pytest.fixture(scope="module")
@@ -381,23 +442,33 @@ def test_mxfp4_stacks_the_gate_repacks_are_numpys_bytes(mxfp4_store, mount_store
         assert hashlib.sha256(f.read()).digest() == hashlib.sha256(want).digest()
 
 
-def test_whole_mxfp4_stacks_are_planned_and_fused_halves_left_to_python(mxfp4_store):
-    """The type-4 file's plan: each whole stack one MXFP4 range (clipped
-    anywhere, the same kind and origin: where its first block lies in the
-    blob), each half of a fused stack (kin of the other) nothing."""
-    store = mxfp4_store[0]
-    view = BlobViews().view(blob_of(store, "gptoss", "latest"), "model.gguf")
-    computed = [seg for seg in view.segments if isinstance(seg, Computed)]
-    whole = [seg for seg in computed if not seg.kin]
-    assert whole and len(computed) > len(whole)
-    for seg in computed:
-        c = seg.op.compiled_blocks
-        if seg.kin:
-            assert c is None and readgate._served(seg) == []
+def test_stacks_and_their_halves_are_planned_as_rows(gptoss_layer):
+    """A gpt-oss layer's plan: each whole type-4 stack one range of rows
+    end to end (clipped anywhere: the same kind, origin and rows); each half
+    of an interleaved stack (fused: copied, type 4: repacked), weight or
+    bias, every other row of the blob's, its kin the other half, whose rows
+    lie a row away."""
+    view = BlobViews().view(gptoss_layer, MODEL_FILE)
+    kinds = set()
+    for seg in view.segments:
+        if not isinstance(seg, (InRounds, Computed)):
             continue
-        assert c == ("mxfp4", 17, seg.op.inputs[0].offset)
+        (planned,) = readgate._served(seg)
+        at, size, lo, kind, origin, row, stride, kin = planned
+        assert (at, size, lo) == (seg.at, seg.size, 0)
+        kinds.add((kind, bool(seg.kin)))
+        if seg.kin:
+            theirs = readgate._served(next(s for s in view.segments if s.at == seg.kin[0].at))[0]
+            assert kin == seg.kin[0].at and theirs[7] == seg.at
+            assert theirs[3] == kind and theirs[5:7] == (row, stride) and stride == 2 * row
+            assert abs(theirs[4] - origin) == row
+            continue
+        assert isinstance(seg, Computed) and (kind, row, stride, kin) == (2, 1530, 1530, -1)
+        assert origin == seg.op.inputs[0].offset
         part = seg.clip(seg.at + 100, seg.at + 5000)
-        assert readgate._served(part) == [(seg.at + 100, 4900, 100, 2, c.origin)]
+        assert readgate._served(part) == [(seg.at + 100, 4900, 100, *planned[3:])]
+    mxfp4 = "mxfp4" in gptoss_layer.name
+    assert kinds == ({(2, False), (2, True), (4, True)} if mxfp4 else {(4, True)})
 
 
 def test_a_views_plan_segments_are_packed_once_while_it_lives(mxfp4_store, monkeypatch):

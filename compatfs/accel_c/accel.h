@@ -1,7 +1,8 @@
 /* What the files of compatfs._accel share: each one's functions the
  * module's method table (module.c) names, whether root's opens of folders
  * are answered in C (folders.c), which polling.c asks, the kept listings
- * the readdir gate answers from (listings.c), and how a gate
+ * the readdir gate answers from (listings.c), the queue of kin pages the
+ * read gate makes (stores.c), and how a gate
  * checks where its fields lie and keeps its settings (folders.c,
  * readgate.c). */
 #ifndef COMPATFS_ACCEL_H
@@ -28,12 +29,23 @@ PyObject *accel_read_planned(PyObject *self, PyObject *args);
 PyObject *accel_read_events(PyObject *self, PyObject *unused);
 PyObject *accel_read_generation(PyObject *self, PyObject *unused);
 PyObject *accel_read_served(PyObject *self, PyObject *unused);
+PyObject *accel_read_stores_wake(PyObject *self, PyObject *args);
+PyObject *accel_read_stores(PyObject *self, PyObject *unused);
+PyObject *accel_read_store_free(PyObject *self, PyObject *args);
+PyObject *accel_read_stores_refused(PyObject *self, PyObject *unused);
 PyObject *accel_listings_put(PyObject *self, PyObject *args);
 PyObject *accel_listings_generation(PyObject *self, PyObject *args);
 PyObject *accel_listings_has(PyObject *self, PyObject *args);
 PyObject *accel_listings_served(PyObject *self, PyObject *unused);
 
 int accel_root_opens_gated(void);
+
+/* Memory for `size` bytes of kin pages, counted against the queue's limit
+ * (NULL: over it, no memory, or no pages made); given back, uncounted, with
+ * accel_store_give, or handed to the queue with accel_store_queue (stores.c). */
+void *accel_store_take(int64_t size);
+void accel_store_give(void *mem, int64_t size);
+void accel_store_queue(uint64_t fh, int64_t offset, void *mem, int64_t size);
 
 /* `count` 17-byte MXFP4 blocks at `in`, in the checkpoint's nibble order,
  * into ggml's at `out` (repack.c). */

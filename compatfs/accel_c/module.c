@@ -6,7 +6,8 @@
  * dir_handle, readdir_gate, listed), listings.c (listings_put,
  * listings_generation, listings_has, listings_served), polling.c
  * (polling_io, polled), readgate.c (read_gate, read_plan, read_forget,
- * read_planned, read_events, read_generation, read_served). */
+ * read_planned, read_events, read_generation, read_served), stores.c
+ * (read_stores_wake, read_stores, read_store_free, read_stores_refused). */
 #include "accel.h"
 
 static PyMethodDef methods[] = {
@@ -58,6 +59,13 @@ static PyMethodDef methods[] = {
     {"read_events", accel_read_events, METH_NOARGS, "read_events(): a batch of inotify events is about to be read."},
     {"read_generation", accel_read_generation, METH_NOARGS, "read_generation(): the batches of events so far."},
     {"read_served", accel_read_served, METH_NOARGS, "read_served(): the reads read_gate answered so far."},
+    {"read_stores_wake", accel_read_stores_wake, METH_VARARGS,
+     "read_stores_wake(fd, limit): kin pages made while at most limit bytes are queued, eventfd fd written to as "
+     "the queue fills (fd -1: none made)."},
+    {"read_stores", accel_read_stores, METH_NOARGS, "read_stores(): the kin pages queued, taken: (fh, offset, mem, size)."},
+    {"read_store_free", accel_read_store_free, METH_VARARGS, "read_store_free(mem, size): a store's memory given back."},
+    {"read_stores_refused", accel_read_stores_refused, METH_NOARGS,
+     "read_stores_refused(): kin ranges not made so far (the queue full)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -22,8 +22,8 @@
  *   taken in since the plan was made (`read_events` counts each batch
  *   before it is read);
  * - every byte from `off` to `off + size + window` (or the view's end) lies
- *   in the plan's segments: blob ranges, zeros, MXFP4 stacks repacked
- *   from the blob's blocks and the header the plan holds (a range before an
+ *   in the plan's segments: blob ranges, zeros, rows of the blob copied or
+ *   repacked from MXFP4 and the header the plan holds (a range before an
  *   op tensor of another kind, or in a header not held, goes to Python,
  *   which computes ahead);
  * - every blob byte read as BlobFile.read_once_into reads it (O_DIRECT
@@ -32,26 +32,32 @@
  *   in the blob, the rest through an aligned buffer; otherwise pread), in
  *   full;
  * - the same checks pass again once the bytes are in.
+ * A read of rows whose segment has a kin (the other half of an interleaved
+ * stack) and a plan that makes stores also makes the kin's same rows from
+ * the same read of the blob, as whole pages of the file within the kin,
+ * and queues them (stores.c) once the checks after the read pass.
  * A check of the file that fails, or a read that fails or comes short,
  * kills the plan (the Python read then decides; `read_planned` says the
  * plan is gone, and Python makes another once it finds the file intact).
  *
  * read_plan(fh, fd, direct_fd, identity, watch_fd, generation, segments,
- * held, view_size, window, direct_min): the plan of open file fh (replacing one
+ * held, view_size, window, direct_min, stores): the plan of open file fh (replacing one
  * it had): the file's descriptor and its O_DIRECT one (-1: none), which
  * stay open until fh is released (the kernel sends that release once no
  * read of fh is under way, and none comes after it), the identity (dev,
  * ino, size, mtime_ns, ctime_ns) both must keep (a descriptor closed, or its
  * number taken by another file, fails the checks), watch_fd (-1: not
  * followed), the generation of `read_generation` taken before the file was
- * last found intact, and its segments: signed 64-bit quintuples (at, size,
- * lo, kind, origin), in view order: kind 0 blob bytes [lo, lo + size), 1
- * zeros, 2 bytes [lo, lo + size) of an MXFP4 stack in ggml's layout whose
- * 17-byte blocks lie in the checkpoint's nibble order from blob byte
- * `origin` (output block i repacked from the blob's block at origin + 17 i,
- * as `mxfp4_repack` does), 3 bytes [lo, lo + size) of `held` (the rendered
- * header, copied into the plan); origin says nothing for the other kinds
- * (0).
+ * last found intact, its segments: signed 64-bit octuples (at, size, lo,
+ * kind, origin, row, stride, kin), in view order: kind 0 blob bytes [lo,
+ * lo + size), 1 zeros, 3 bytes [lo, lo + size) of `held` (the rendered
+ * header, copied into the plan), and the rows kinds: bytes [lo, lo + size)
+ * of an output whose row r (`row` bytes) is made from the `row` blob bytes
+ * at origin + r * stride, kind 4 copied, kind 2 MXFP4 blocks in the
+ * checkpoint's nibble order repacked into ggml's (as `mxfp4_repack` does),
+ * with `kin` the view offset of the kin's output byte 0 (-1: none; see
+ * `rows_sound`); origin, row and stride say nothing for the other kinds
+ * (0, and kin -1), and whether reads make kin pages (`stores`).
  * read_forget(fh): the plan of fh gone (before its descriptors are closed).
  * read_planned(fh): whether fh has a plan still alive.
  * read_events(): a batch of inotify events is about to be taken in.
@@ -73,12 +79,20 @@
 #define BOUNCES_KEPT 8
 #define SLOTS 1024
 
-enum { BLOB_BYTES, ZEROS, MXFP4_BLOCKS, HELD_BYTES, KINDS };
+enum { BLOB_BYTES, ZEROS, MXFP4, HELD_BYTES, ROWS, KINDS };
 #define MXFP4_BLOCK 17
+#define IS_ROWS(kind) ((kind) == MXFP4 || (kind) == ROWS)
+#define MADE_MOST 4 /* kin page ranges one read makes, at most */
 
 typedef struct {
-    int64_t at, size, lo, kind, origin;
+    int64_t at, size, lo, kind, origin, row, stride, kin;
 } segment;
+
+/* Kin pages one read made: `size` bytes at mem, the view's from `offset`. */
+typedef struct {
+    int64_t offset, size;
+    void *mem;
+} made;
 
 typedef struct plan {
     struct plan *next; /* in its slot */
@@ -90,6 +104,7 @@ typedef struct plan {
     int64_t size, mtime, ctime;
     uint64_t generation;
     int64_t view_size, window, direct_min;
+    int stores; /* whether reads make kin pages (stores.c) */
     Py_ssize_t count;
     segment *segs;
     uint8_t *held; /* the bytes held segments are taken from */
@@ -262,43 +277,86 @@ static int read_piece(plan *p, uint8_t *out, int64_t n, int64_t lo)
     return read_bounced(p->direct_fd, out, n, lo);
 }
 
-/* Bytes [x, x + n) of an MXFP4 stack in ggml's layout into out, its blocks
- * read from blob byte `origin` on as `read_piece` reads them, a bounce
- * buffer's worth at a time (at the buffer's offset that lets O_DIRECT
- * reads land in place), and repacked; a block cut by either end of the
- * range through 17 bytes of its own. */
-static int fill_mxfp4(plan *p, uint8_t *out, int64_t n, int64_t x, int64_t origin)
+/* n bytes of a rows segment's output into out, from the input unit
+ * (`unit` bytes: 1 copied, an MXFP4 block repacked) at `in`, `skip` bytes
+ * into it; a unit cut by either end through one of its own. */
+static void put(int64_t kind, uint8_t *out, const uint8_t *in, int64_t skip, int64_t n)
 {
-    uint8_t *buf = bounce_take(), one[MXFP4_BLOCK];
+    if (kind == ROWS) {
+        memcpy(out, in + skip, (size_t)n);
+        return;
+    }
+    uint8_t one[MXFP4_BLOCK];
+    if (skip) {
+        int64_t take = MXFP4_BLOCK - skip < n ? MXFP4_BLOCK - skip : n;
+        accel_mxfp4_blocks(one, in, 1);
+        memcpy(out, one + skip, (size_t)take);
+        out += take;
+        in += MXFP4_BLOCK;
+        n -= take;
+    }
+    int64_t whole = n / MXFP4_BLOCK;
+    accel_mxfp4_blocks(out, in, whole);
+    out += whole * MXFP4_BLOCK;
+    in += whole * MXFP4_BLOCK;
+    if (n -= whole * MXFP4_BLOCK) {
+        accel_mxfp4_blocks(one, in, 1);
+        memcpy(out, one, (size_t)n);
+    }
+}
+
+/* A range of a rows segment's output being made: bytes [lo, hi) into `to`. */
+typedef struct {
+    const segment *seg;
+    uint8_t *to;
+    int64_t lo, hi;
+} target;
+
+/* Bytes [x, x + n) of rows segment s's output into out, and with kin
+ * segment k (NULL: none) the kin's [kx, ke) into kout, from one read of
+ * the rows both need: a bounce buffer's worth of rows at a time (at the
+ * buffer's offset that lets O_DIRECT reads land in place), read as
+ * `read_piece` reads them. */
+static int fill_rows(plan *p, const segment *s, uint8_t *out, int64_t x, int64_t n, const segment *k, uint8_t *kout,
+                     int64_t kx, int64_t ke)
+{
+    const int64_t row = s->row, stride = s->stride, unit = s->kind == ROWS ? 1 : MXFP4_BLOCK;
+    target t[2] = {{s, out, x, x + n}, {k, kout, kx, ke}};
+    int targets = k ? 2 : 1;
+    int64_t base = s->origin, top = s->origin, r0 = x / row, r1 = (x + n + row - 1) / row;
+    if (k) {
+        base = k->origin < base ? k->origin : base;
+        top = k->origin > top ? k->origin : top;
+        r0 = kx / row < r0 ? kx / row : r0;
+        r1 = (ke + row - 1) / row > r1 ? (ke + row - 1) / row : r1;
+    }
+    const int64_t group = top - base + row; /* the input bytes one row of each target lies in */
+    const int64_t most = (BOUNCE - ALIGN - group) / stride + 1; /* rows read at a time */
+    uint8_t *buf = bounce_take();
     if (!buf)
         return -1;
-    const int64_t most = (BOUNCE - ALIGN) / MXFP4_BLOCK; /* blocks read at a time */
     int failed = 0;
-    for (int64_t end = x + n; x < end && !failed;) {
-        int64_t first = x / MXFP4_BLOCK, last = (end + MXFP4_BLOCK - 1) / MXFP4_BLOCK;
-        if (last - first > most)
-            last = first + most;
-        int64_t at = origin + first * MXFP4_BLOCK, stop = last * MXFP4_BLOCK < end ? last * MXFP4_BLOCK : end;
+    for (int64_t ra = r0, rb; ra < r1 && !failed; ra = rb) {
+        rb = r1 - ra < most ? r1 : ra + most;
+        int64_t at = base + ra * stride;
         uint8_t *in = buf + at % ALIGN;
-        if (read_piece(p, in, (last - first) * MXFP4_BLOCK, at)) {
+        if (read_piece(p, in, (rb - 1 - ra) * stride + group, at)) {
             failed = 1;
             break;
         }
-        while (x < stop) {
-            int64_t k = x / MXFP4_BLOCK, skip = x - k * MXFP4_BLOCK;
-            const uint8_t *block = in + (k - first) * MXFP4_BLOCK;
-            int64_t whole = skip ? 0 : (stop - x) / MXFP4_BLOCK;
-            if (whole) {
-                accel_mxfp4_blocks(out, block, whole);
-                out += whole * MXFP4_BLOCK;
-                x += whole * MXFP4_BLOCK;
+        for (int j = 0; j < targets; j++) {
+            int64_t a = t[j].lo > ra * row ? t[j].lo : ra * row, b = t[j].hi < rb * row ? t[j].hi : rb * row;
+            const uint8_t *from = in + (t[j].seg->origin - base);
+            if (stride == row && a < b) { /* the rows lie end to end: one run */
+                int64_t c = a - ra * row;
+                put(s->kind, t[j].to + (a - t[j].lo), from + c - c % unit, c % unit, b - a);
                 continue;
             }
-            int64_t take = MXFP4_BLOCK - skip < stop - x ? MXFP4_BLOCK - skip : stop - x;
-            accel_mxfp4_blocks(one, block, 1);
-            memcpy(out, one + skip, (size_t)take);
-            out += take;
-            x += take;
+            for (int64_t r = a / row; a < b; r++) {
+                int64_t e = (r + 1) * row < b ? (r + 1) * row : b, c = a - r * row;
+                put(s->kind, t[j].to + (a - t[j].lo), from + (r - ra) * stride + c - c % unit, c % unit, e - a);
+                a = e;
+            }
         }
     }
     bounce_give(buf);
@@ -330,8 +388,38 @@ static int covered(plan *p, Py_ssize_t i, int64_t off, int64_t end)
     return 1;
 }
 
-/* The view's bytes [off, off + n) into out from the segments from i on. */
-static int fill(plan *p, Py_ssize_t i, uint8_t *out, int64_t off, int64_t n)
+/* The kin pages of rows segment s's output [x, x + n): its kin's same
+ * bytes, widened to whole pages of the file (a page the kin starts or ends
+ * in taken where the plan serves its other bytes, or the file ends with
+ * it), in memory counted in `kin` (*kins of them); NULL where none is made:
+ * none wanted (`kin` NULL), the plan makes none, MADE_MOST were made, no
+ * page lies in them, or the queue is full. */
+static made *kin_pages(plan *p, const segment *s, int64_t x, int64_t n, made *kin, int *kins)
+{
+    static int64_t page; /* the kernel's page size */
+    if (!page)
+        page = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096;
+    if (!kin || s->kin < 0 || !p->stores || *kins >= MADE_MOST)
+        return NULL;
+    const segment *k = &p->segs[s->kin];
+    int64_t zero = k->at - k->lo, end = k->at + k->size; /* the view's offsets of the kin's byte 0 and end */
+    int64_t v0 = (zero + x) / page * page, v1 = (zero + x + n + page - 1) / page * page;
+    if (v0 < k->at && !covered(p, first_after(p, v0), v0, k->at))
+        v0 += page;
+    if (v1 > end && !covered(p, first_after(p, end), end, v1 < p->view_size ? v1 : p->view_size))
+        v1 -= page;
+    if (v1 > p->view_size)
+        v1 = p->view_size;
+    uint8_t *mem = v1 > v0 ? accel_store_take(v1 - v0) : NULL;
+    if (!mem)
+        return NULL;
+    kin[*kins] = (made){v0, v1 - v0, mem};
+    return &kin[(*kins)++];
+}
+
+/* The view's bytes [off, off + n) into out from the segments from i on,
+ * and where `kin` is given, the kin pages of rows segments (*kins of them). */
+static int fill(plan *p, Py_ssize_t i, uint8_t *out, int64_t off, int64_t n, made *kin, int *kins)
 {
     int64_t end = off + n;
     for (; off < end; i++) {
@@ -342,8 +430,25 @@ static int fill(plan *p, Py_ssize_t i, uint8_t *out, int64_t off, int64_t n)
             memset(out, 0, (size_t)len);
         else if (s->kind == HELD_BYTES)
             memcpy(out, p->held + lo, (size_t)len);
-        else if (s->kind == BLOB_BYTES ? read_piece(p, out, len, lo) : fill_mxfp4(p, out, len, lo, s->origin))
-            return -1;
+        else if (s->kind == BLOB_BYTES) {
+            if (read_piece(p, out, len, lo))
+                return -1;
+        } else {
+            made *m = kin_pages(p, s, lo, len, kin, kins);
+            if (!m) {
+                if (fill_rows(p, s, out, lo, len, NULL, NULL, 0, 0))
+                    return -1;
+            } else { /* the kin's bytes, then the other segments' in the pages around them */
+                const segment *k = &p->segs[s->kin];
+                int64_t a = m->offset > k->at ? m->offset : k->at, z = m->offset + m->size;
+                int64_t b = z < k->at + k->size ? z : k->at + k->size, zero = k->at - k->lo;
+                uint8_t *pages = m->mem;
+                if (fill_rows(p, s, out, lo, len, k, pages + (a - m->offset), a - zero, b - zero)
+                    || fill(p, first_after(p, m->offset), pages, m->offset, a - m->offset, NULL, NULL)
+                    || fill(p, first_after(p, b), pages + (b - m->offset), b, z - b, NULL, NULL))
+                    return -1;
+            }
+        }
         out += len;
         off = stop;
     }
@@ -380,7 +485,15 @@ static int answer(plan *p, void **bufp, size_t size, int64_t off)
     void *mem = NULL, *vec = NULL;
     if (posix_memalign(&mem, ALIGN, (size_t)n))
         return -1;
-    if (fill(p, i, mem, off, n) || !plan_holds(p) || !(vec = bufvec(mem, (size_t)n))) {
+    made kin[MADE_MOST];
+    int kins = 0, done = fill(p, i, mem, off, n, kin, &kins) == 0 && plan_holds(p) && (vec = bufvec(mem, (size_t)n));
+    for (int j = 0; j < kins; j++) {
+        if (done)
+            accel_store_queue(p->fh, kin[j].offset, kin[j].mem, kin[j].size);
+        else
+            accel_store_give(kin[j].mem, kin[j].size);
+    }
+    if (!done) {
         free(mem);
         atomic_store(&p->dead, 1);
         return -1;
@@ -431,13 +544,56 @@ PyObject *accel_read_gate(PyObject *self, PyObject *args)
     return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)read_gated);
 }
 
+/* Whether rows segment s of the `count` at segs is sound, made ready:
+ * rows of whole units (1 byte copied, 17 of MXFP4), `stride` apart, the
+ * blob bytes of every row its output has addressable; where it names a kin
+ * (`kin`: the view offset of the kin's output byte 0, -1 for none), that is
+ * a whole segment of the same kind, rows and output size whose rows lie
+ * within a bounce buffer with its own, and `kin` becomes its index.  Rows
+ * end to end with no kin are made one run (rows of one unit). */
+static int rows_sound(segment *segs, Py_ssize_t count, segment *s)
+{
+    int64_t unit = s->kind == ROWS ? 1 : MXFP4_BLOCK, rows;
+    if (s->row <= 0 || s->row % unit || s->stride < s->row || (s->stride == s->row && s->kin >= 0))
+        return 0;
+    if (s->stride == s->row) {
+        s->row = s->stride = unit;
+        s->kin = -1;
+    }
+    rows = s->lo / s->row + s->size / s->row + 2;
+    if (s->row > BOUNCE - ALIGN || rows > (INT64_MAX - s->origin - BOUNCE) / s->stride)
+        return 0;
+    if (s->kin < 0) {
+        s->kin = -1;
+        return 1;
+    }
+    Py_ssize_t lo = 0, hi = count;
+    while (lo < hi) { /* the first segment starting at the kin's offset or after */
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (segs[mid].at < s->kin)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo >= count || segs + lo == s)
+        return 0;
+    segment *k = &segs[lo];
+    int64_t apart = k->origin > s->origin ? k->origin - s->origin : s->origin - k->origin;
+    if (k->at != s->kin || k->lo != 0 || k->kind != s->kind || k->row != s->row || k->stride != s->stride
+        || k->size != s->lo + s->size || apart > BOUNCE - ALIGN - s->row
+        || rows > (INT64_MAX - k->origin - BOUNCE) / s->stride)
+        return 0;
+    s->kin = lo;
+    return 1;
+}
+
 /* The segments of a plan, checked: in view order, none overlapping, each
- * of a known kind with no negative number, and the blob bytes an MXFP4
- * stack's range is made from addressable; NULL with ValueError otherwise. */
+ * of a known kind with no negative number and its bytes addressable (rows
+ * segments `rows_sound`); NULL with ValueError otherwise. */
 static segment *segments_of(Py_buffer *raw, Py_ssize_t *count)
 {
     if (raw->len % (Py_ssize_t)sizeof(segment)) {
-        PyErr_SetString(PyExc_ValueError, "read_plan: segments are not whole quintuples of 64-bit numbers");
+        PyErr_SetString(PyExc_ValueError, "read_plan: segments are not whole octuples of 64-bit numbers");
         return NULL;
     }
     *count = raw->len / (Py_ssize_t)sizeof(segment);
@@ -448,17 +604,21 @@ static segment *segments_of(Py_buffer *raw, Py_ssize_t *count)
     }
     memcpy(segs, raw->buf, (size_t)raw->len);
     int64_t end = 0;
-    for (Py_ssize_t i = 0; i < *count; i++) {
+    int bad = 0;
+    for (Py_ssize_t i = 0; i < *count && !bad; i++) {
         segment *s = &segs[i];
-        if (s->at < end || s->size <= 0 || s->lo < 0 || s->kind < 0 || s->kind >= KINDS || s->origin < 0
-            || s->at > INT64_MAX - s->size || s->lo > INT64_MAX - s->size - MXFP4_BLOCK
-            || (s->kind == MXFP4_BLOCKS && s->origin > INT64_MAX - s->lo - s->size - MXFP4_BLOCK)) {
-            free(segs);
-            PyErr_SetString(PyExc_ValueError,
-                            "read_plan: segments out of order, overlapping, of no known kind or past any file");
-            return NULL;
-        }
+        bad = s->at < end || s->size <= 0 || s->lo < 0 || s->kind < 0 || s->kind >= KINDS || s->origin < 0
+              || s->at > INT64_MAX - s->size || s->lo > INT64_MAX - s->size - MXFP4_BLOCK;
         end = s->at + s->size;
+    }
+    for (Py_ssize_t i = 0; i < *count && !bad; i++) /* (once all are known sound on their own) */
+        if (IS_ROWS(segs[i].kind))
+            bad = !rows_sound(segs, *count, &segs[i]);
+    if (bad) {
+        free(segs);
+        PyErr_SetString(PyExc_ValueError, "read_plan: segments out of order, overlapping, of no known kind, past any "
+                                          "file, or rows or a kin not as they must be");
+        return NULL;
     }
     return segs;
 }
@@ -468,10 +628,11 @@ PyObject *accel_read_plan(PyObject *self, PyObject *args)
     unsigned long long fh, dev, ino, gen;
     int fd, direct_fd, watch_fd;
     long long size, mtime, ctime, view_size, window, direct_min;
+    int stores;
     Py_buffer raw, held;
     (void)self;
-    if (!PyArg_ParseTuple(args, "Kii(KKLLL)iKy*y*LLL", &fh, &fd, &direct_fd, &dev, &ino, &size, &mtime, &ctime,
-                          &watch_fd, &gen, &raw, &held, &view_size, &window, &direct_min))
+    if (!PyArg_ParseTuple(args, "Kii(KKLLL)iKy*y*LLLp", &fh, &fd, &direct_fd, &dev, &ino, &size, &mtime, &ctime,
+                          &watch_fd, &gen, &raw, &held, &view_size, &window, &direct_min, &stores))
         return NULL;
     plan *p = calloc(1, sizeof *p);
     Py_ssize_t count = 0;
@@ -501,7 +662,7 @@ PyObject *accel_read_plan(PyObject *self, PyObject *args)
     }
     *p = (plan){.fh = fh, .fd = fd, .direct_fd = direct_fd < 0 ? -1 : direct_fd, .watch_fd = watch_fd, .dev = dev,
                 .ino = ino, .size = size, .mtime = mtime, .ctime = ctime, .generation = gen, .view_size = view_size,
-                .window = window, .direct_min = direct_min, .count = count, .segs = segs, .held = kept,
+                .window = window, .direct_min = direct_min, .stores = stores, .count = count, .segs = segs, .held = kept,
                 .held_size = held_size};
     atomic_init(&p->refs, 1);
     atomic_init(&p->dead, 0);

@@ -319,7 +319,8 @@ class CompatFS(fuse.Operations):
             self._rescan.sent(path, wait=self._INVALIDATE_WAIT)
         fi.fh = fh
         if now_open is not None:
-            readgate.plan(fh, now_open)  # (its first read, too, answered in C where the plan holds)
+            # (its first read, too, answered in C where the plan holds)
+            readgate.plan(fh, now_open, self._rescan.pages.storing(fh))
         return 0
 
     def release(self, path, fi):
@@ -339,7 +340,7 @@ class CompatFS(fuse.Operations):
         opened = self._files.reading(fi.fh)
         recheck = lambda: self._files.reading(fi.fh)  # noqa: E731
         readpath.reply(opened, bufpp, size, offset, recheck, self._rescan.pages.gather(fi.fh, opened))
-        readgate.plan(fi.fh, opened)  # (where the read gate has no plan for it alive)
+        readgate.plan(fi.fh, opened, self._rescan.pages.storing(fi.fh))  # (where the gate has no plan for it alive)
         return 0
 
     # -- everything that would write -------------------------------------------

@@ -14,6 +14,11 @@ fails drops it, never the read that made it.
   the file's last page may end with it), never beyond its size (the kernel
   would grow the file): the pages a kin range cuts are completed with the
   view's own bytes around it (`Gathered.complete`).
+- Reads the C read gate answers make their kin's pages themselves
+  (`readgate`: a copy of the rows, or an MXFP4 half, of an interleaved
+  stack), whole pages within the kin, queued in C under the same limit (of
+  its own) and sent here as these are; the gate wakes the sending thread
+  through `gate_wakes`'s descriptor.
 - Stores are queued (at most `QUEUED_BYTES`, buffers being filled included;
   beyond that a kin range is not made) in memory mapped apart from malloc's
   heaps (and as much again kept for the next ones: the daemon's memory
@@ -36,7 +41,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from ..files.libc import PAGE, map_memory, unmap_memory
-from . import libfuse
+from . import libfuse, readgate
 from .paths import OpenFile
 
 log = logging.getLogger(__name__)
@@ -112,6 +117,15 @@ class PageStores:
         with self._sending:
             self._open.pop(fh, None)
 
+    def storing(self, fh: int) -> bool:
+        """Whether pages are stored for open file `fh` (its node is known)."""
+        return fh in self._open
+
+    def gate_wakes(self, fd: int | None) -> None:
+        """Have the read gate make kin pages, within the same limit, and write
+        to eventfd `fd` as it queues them (None: none made from now on)."""
+        readgate.stores_wake(-1 if fd is None else fd, self._limit if fd is not None else 0)
+
     def gather(self, fh: int, opened: OpenFile) -> Gathered | None:
         """What a read of open file `fh` gathers its kin's pages into (None: nothing is stored for it)."""
         entry = self._open.get(fh)
@@ -164,11 +178,21 @@ class PageStores:
         self._wake()
 
     def send(self, session: int | None, serves: Callable[[OpenFile], bool]) -> None:
-        """Send the stores queued when called (by the rescan thread only; those
-        queued meanwhile wait for the next call, so that readers that keep
-        queueing never hold the thread from its other work): each while its
-        file is open and `serves(file)` (its path serves its view from an
-        intact blob); the others dropped."""
+        """Send the stores queued when called, the read gate's then these
+        (by the rescan thread only; those queued meanwhile wait for the next
+        call, so that readers that keep queueing never hold the thread from
+        its other work): each while its file is open and `serves(file)` (its
+        path serves its view from an intact blob); the others dropped."""
+        for fh, offset, mem, size in readgate.stores():
+            try:
+                with self._sending:
+                    entry = self._open.get(fh)
+                    if session and entry is not None and serves(entry[0]):
+                        self._notify(session, entry[1], offset, mem, size)
+            except Exception:  # an optimisation: never the rescan thread's end
+                log.exception("a store of open file %d failed", fh)
+            finally:
+                readgate.store_free(mem, size)
         with self._lock:
             count = len(self._queue)
         for _ in range(count):
@@ -180,18 +204,22 @@ class PageStores:
                 with self._sending:
                     entry = self._open.get(store.fh)
                     if session and entry is not None and entry[0] is store.opened and serves(store.opened):
-                        self._notify(session, store)
+                        self._notify(session, store.node, store.offset, store.mem, store.size)
             except Exception:  # an optimisation: never the rescan thread's end
                 log.exception("a store of %s failed", store.opened.path)
             finally:
                 self.give(store.mem, store.size)
 
-    def _notify(self, session: int, store: _Store) -> None:
-        if libfuse.notify_store(session, store.node, store.offset, store.mem, store.size):
+    def _notify(self, session: int, node: int, offset: int, mem: int, size: int) -> None:
+        if libfuse.notify_store(session, node, offset, mem, size):
             self.sent += 1
 
     def clear(self) -> None:
-        """Drop every store queued (nothing is sent any more), and unmap the spare memory."""
+        """Drop every store queued (nothing is sent any more), the read gate's
+        too, and unmap the spare memory."""
+        self.gate_wakes(None)
+        for _, _, mem, size in readgate.stores():
+            readgate.store_free(mem, size)
         with self._lock:
             stores, self._queue = list(self._queue), deque()
         for store in stores:

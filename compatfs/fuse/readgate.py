@@ -5,10 +5,14 @@ read_buf, with the Python read as its fallback.
 Each open file gets a plan (`plan`) at its open, or once a read Python
 served finds its blob intact again, with how its blob is read decided
 (`BlobFile.settled`): the view's header (copied into the plan where it is
-at most `HELD_MOST` bytes), blob ranges and zeros, the op tensors a
-compiled kernel makes block by block from the blob (`Op.compiled_blocks`: a
-whole type-4 MXFP4 stack), the blob's descriptors and the identity the blob
-(through both) must keep.  The gate then answers a read itself where
+at most `HELD_MOST` bytes), blob ranges and zeros, rows of the blob
+(`_rows`): rounds of one row each (a split of an interleaved stack) and
+the op tensors a compiled kernel makes row by row from the blob
+(`Op.compiled_blocks`: a type-4 MXFP4 stack, whole or a half), the blob's
+descriptors and the identity the blob (through both) must keep.  Where
+rows have a kin (the other half of the stack) the gate makes the kin's
+same rows from the same read, as pages of the file that `pagecache` hands
+the kernel (`stores`).  The gate then answers a read itself where
 every byte of it, and `WINDOW` bytes past it, is one of those (a larger
 header, other op tensors and the ranges just before them go to Python,
 which computes ahead), reading the blob as `BlobFile.read_once_into` reads
@@ -48,9 +52,12 @@ from .paths import OpenFile
 
 log = logging.getLogger(__name__)
 
-_BLOB, _ZEROS, _MXFP4, _HELD = 0, 1, 2, 3  # the gate's kinds of segment
+_BLOB, _ZEROS, _MXFP4, _HELD, _ROWS = 0, 1, 2, 3, 4  # the gate's kinds of segment
 _KERNELS = {("mxfp4", 17): _MXFP4}  # compiled kernels (name, block bytes) the gate runs, as its kind
 MAX_RUNS = 1 << 16  # runs of one segment's rounds a plan takes as blob ranges, at most
+# A row, or a row of each of two kin and the bytes between them, the gate reads at once: at most this
+# (what one of its aligned buffers holds).
+SPAN_MOST = 1 << 20
 # A header up to this size is copied into each open file's plan: a projector's, a model's without a big
 # vocabulary (whose header is Python's to serve); so many opens make the daemon hold 16 KiB each at most.
 HELD_MOST = 16 << 10
@@ -95,11 +102,11 @@ def install(ops, read_buf: Callable, vec_type: type[ctypes.Structure], buf_type:
     return True
 
 
-def plan(fh: int, opened: OpenFile) -> None:
+def plan(fh: int, opened: OpenFile, stores: bool) -> None:
     """At the open of `fh`, or after a read of it that Python served: a plan
     for it, where the gate is in and it has none alive, once its blob is
     found intact again (the events counted before that judge it from then
-    on)."""
+    on); with `stores`, its reads make kin pages."""
     native = accel.native
     if not _installed or native is None or opened.failed or native.read_planned(fh):
         return
@@ -113,7 +120,7 @@ def plan(fh: int, opened: OpenFile) -> None:
     segments, held = _packed(opened.view)
     try:
         native.read_plan(
-            fh, fd, direct, identity, watch, generation, segments, held, opened.view.size, WINDOW, DIRECT_MIN
+            fh, fd, direct, identity, watch, generation, segments, held, opened.view.size, WINDOW, DIRECT_MIN, stores
         )
     except (MemoryError, ValueError) as e:
         log.debug("reads of %s answered in Python (no plan: %s)", opened.path, e)
@@ -135,6 +142,30 @@ def forget(fh: int) -> None:
         accel.native.read_forget(fh)
 
 
+def stores_wake(fd: int, limit: int) -> None:
+    """Kin pages made from now on while at most `limit` bytes are queued,
+    eventfd `fd` written to as they are queued (-1: none made from now on)."""
+    if _installed and accel.native is not None:
+        accel.native.read_stores_wake(fd, limit)
+
+
+def stores() -> list[tuple[int, int, int, int]]:
+    """The kin pages the gate queued, taken: (fh, offset, mem, size) each,
+    its memory given back with `store_free` once sent or dropped."""
+    return accel.native.read_stores() if _installed and accel.native is not None else []
+
+
+def store_free(mem: int, size: int) -> None:
+    """A store's memory (from `stores`) given back."""
+    if accel.native is not None:
+        accel.native.read_store_free(mem, size)
+
+
+def stores_refused() -> int:
+    """Kin ranges the gate did not make so far (its queue full)."""
+    return accel.native.read_stores_refused() if _installed and accel.native is not None else 0
+
+
 def _packed(view: View) -> tuple[bytes, bytes]:
     """`_segments` of `view`, made once per view (a view never changes) and
     kept while the view lives."""
@@ -149,38 +180,68 @@ def _packed(view: View) -> tuple[bytes, bytes]:
 
 def _segments(view: View) -> tuple[bytes, bytes]:
     """The view's segments the gate serves, as it takes them: (at, size, lo,
-    kind, origin) quintuples of signed 64-bit numbers, in view order (origin
-    0 but for a compiled kernel's), and the bytes held ones are taken from
-    (the header, where it is at most `HELD_MOST` bytes).  Rounds whose runs
-    `assemble` reads one by one as blob bytes (`_straight`) are those runs."""
+    kind, origin, row, stride, kin) octuples of signed 64-bit numbers, in
+    view order (origin, row, stride 0 and kin -1 but for rows), and the
+    bytes held ones are taken from (the header, where it is at most
+    `HELD_MOST` bytes).  Rounds whose runs `assemble` reads one by one as
+    blob bytes (`_straight`) are those runs."""
     out = array("q")
     held = b""
     for seg in view.segments:
         if isinstance(seg, HeldBytes):
             if seg.size > 0 and not held and len(seg.data) <= HELD_MOST:
                 held = seg.data
-                out.extend((seg.at, seg.size, seg.lo, _HELD, 0))
+                out.extend((seg.at, seg.size, seg.lo, _HELD, 0, 0, 0, -1))
         elif seg.size > 0:
-            for quintuple in _served(seg):
-                out.extend(quintuple)
+            for part in _served(seg):
+                out.extend(part)
     return out.tobytes(), held
 
 
-def _served(seg: Segment) -> list[tuple[int, int, int, int, int]]:
+def _served(seg: Segment) -> list[tuple[int, ...]]:
     """What of one segment the gate serves: blob bytes, zeros, the runs of
-    straight rounds, or an op tensor of a compiled kernel the gate runs that
-    shares its input span with no other (nothing: Python serves it)."""
+    straight rounds, or rows (`_rows`) with their kin's; nothing: Python serves it."""
     if isinstance(seg, BlobBytes):
-        return [(seg.at, seg.size, seg.lo, _BLOB, 0)]
+        return [(seg.at, seg.size, seg.lo, _BLOB, 0, 0, 0, -1)]
     if isinstance(seg, ZeroBytes):
-        return [(seg.at, seg.size, 0, _ZEROS, 0)]
+        return [(seg.at, seg.size, 0, _ZEROS, 0, 0, 0, -1)]
     if isinstance(seg, InRounds) and _straight(seg):
-        return [(at, size, lo, _BLOB, 0) for at, size, lo in _runs(seg)]
-    if isinstance(seg, Computed) and not seg.kin and (c := seg.op.compiled_blocks) is not None:
+        return [(at, size, lo, _BLOB, 0, 0, 0, -1) for at, size, lo in _runs(seg)]
+    if not isinstance(seg, (InRounds, Computed)) or (rows := _rows(seg)) is None:
+        return []
+    if not seg.kin:  # (rounds sparser than `assemble.SPARSE`: Python reads them as runs, not whole spans)
+        sparse = isinstance(seg, InRounds) and rows[3] > assemble.SPARSE * rows[2]
+        return [] if sparse else [(seg.at, seg.size, seg.lo, *rows, -1)]
+    kin = seg.kin[0]
+    theirs = _rows(kin)
+    # The gate takes one kin of the same kind, rows and whole size, whose rows lie close to these.
+    if (
+        len(seg.kin) != 1
+        or theirs is None
+        or (theirs[0], *theirs[2:]) != (rows[0], *rows[2:])
+        or rows[2] == rows[3]
+        or kin.lo
+        or kin.size != seg.lo + seg.size
+        or abs(theirs[1] - rows[1]) + rows[2] > SPAN_MOST
+    ):
+        return []
+    return [(seg.at, seg.size, seg.lo, *rows, kin.at)]
+
+
+def _rows(seg: InRounds | Computed) -> tuple[int, int, int, int] | None:
+    """(kind, origin, row, stride) where the segment's output is rows of the
+    blob (row r the `row` bytes at origin + r * stride) the gate makes:
+    rounds of one row each, copied, or an op of a compiled kernel it runs;
+    None for any other, or rows apart wider than `SPAN_MOST`."""
+    rows = None
+    if isinstance(seg, InRounds) and len(seg.rounds.parts) == 1:
+        (at, offset, unit, stride) = seg.rounds.parts[0]
+        if at == 0 and unit == seg.rounds.period and stride > unit:
+            rows = (_ROWS, offset, unit, stride)
+    elif isinstance(seg, Computed) and (c := seg.op.compiled_blocks) is not None:
         kind = _KERNELS.get((c.kernel, c.block))
-        if kind is not None:
-            return [(seg.at, seg.size, seg.lo, kind, c.origin)]
-    return []
+        rows = (kind, c.origin, c.row, c.stride) if kind is not None else None
+    return rows if rows is not None and (rows[2] <= SPAN_MOST or rows[2] == rows[3]) else None
 
 
 def _straight(seg: InRounds) -> bool:

@@ -37,9 +37,10 @@ import time
 from pathlib import Path
 from collections.abc import Callable
 
-from . import libfuse
+from . import libfuse, readgate
 from .pagecache import PageStores
 from .paths import OpenFile, Paths
+from .wakeup import Wakeup
 from ..tree import Snapshot, Tree
 from ..names import MMPROJ_FILE, MODEL_FILE
 from ..files.watch import Watch
@@ -85,7 +86,7 @@ class Rescan:
         self._sent: list[threading.Event] = []  # set once what was queued before them is sent
         self._fuse_ptr: int | None = None
         self._stop = threading.Event()
-        self._kick = threading.Event()  # wake up: something is queued, or rescan now
+        self._kick = Wakeup()  # wake up: something is queued, or rescan now
         self._look = False  # the wake is for more than pages to store: look now
         self.pages = PageStores(self._kick.set)  # pages to store (they wake the thread, sent first)
         self._watcher: threading.Thread | None = None
@@ -107,6 +108,7 @@ class Rescan:
 
     def start(self, session: int) -> None:
         self._fuse_ptr = session
+        self.pages.gate_wakes(self._kick.fileno())
         self._watcher = threading.Thread(target=self._watch, name="compatfs-rescan", daemon=True)
         self._watcher.start()
 
@@ -122,8 +124,10 @@ class Rescan:
             sent.set()
         if self._watcher is None or not self._watcher.is_alive():  # (else it may be sending one)
             self.pages.clear()
-        if self.pages.sent or self.pages.refused:
-            log.info("kin pages: %d stores sent, %d not made (the queue full)", self.pages.sent, self.pages.refused)
+            self._kick.close()
+        refused = self.pages.refused + readgate.stores_refused()
+        if self.pages.sent or refused:
+            log.info("kin pages: %d stores sent, %d not made (the queue full)", self.pages.sent, refused)
         if self._inotify is not None and (self._watcher is None or not self._watcher.is_alive()):
             self._inotify.close()
 

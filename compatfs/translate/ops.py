@@ -182,12 +182,15 @@ class SpanGroup(NamedTuple):
 
 
 class CompiledBlocks(NamedTuple):
-    """Output block i (`block` bytes) is compiled kernel `kernel` of the
-    `block` blob bytes at absolute offset `origin + i * block`."""
+    """Output row r (`row` bytes, whole blocks of `block` bytes) is compiled
+    kernel `kernel` of the `row` blob bytes at absolute offset `origin + r *
+    stride`, block by block (`stride` equal to `row`: the rows lie end to end)."""
 
     kernel: str
     block: int
     origin: int
+    row: int
+    stride: int
 
 
 ReadRange = Callable[[TensorInfo, int, int], bytes | memoryview]  # (tensor, start, size) -> its bytes
