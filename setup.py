@@ -28,7 +28,7 @@ class OptionalBuildExt(build_ext):
 
 ACCEL = [
     f"compatfs/accel_c/{job}.c"
-    for job in ("module", "repack", "gather", "folders", "listings", "polling", "readgate", "stores")
+    for job in ("module", "repack", "gather", "folders", "listings", "polling", "readgate", "stores", "ending")
 ]
 
 setup(

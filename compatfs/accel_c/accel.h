@@ -2,7 +2,7 @@
  * module's method table (module.c) names, whether root's opens of folders
  * are answered in C (folders.c), which polling.c asks, the kept listings
  * the readdir gate answers from (listings.c), the queue of kin pages the
- * read gate makes (stores.c), and how a gate
+ * read gate makes (stores.c), whether the session goes on (ending.c), and how a gate
  * checks where its fields lie and keeps its settings (folders.c,
  * readgate.c). */
 #ifndef COMPATFS_ACCEL_H
@@ -33,6 +33,10 @@ PyObject *accel_read_stores_wake(PyObject *self, PyObject *args);
 PyObject *accel_read_stores(PyObject *self, PyObject *unused);
 PyObject *accel_read_store_free(PyObject *self, PyObject *args);
 PyObject *accel_read_stores_refused(PyObject *self, PyObject *unused);
+PyObject *accel_notices_hold(PyObject *self, PyObject *unused);
+PyObject *accel_notices_release(PyObject *self, PyObject *unused);
+PyObject *accel_notices_begin(PyObject *self, PyObject *unused);
+PyObject *accel_notices_end(PyObject *self, PyObject *unused);
 PyObject *accel_listings_put(PyObject *self, PyObject *args);
 PyObject *accel_listings_generation(PyObject *self, PyObject *args);
 PyObject *accel_listings_has(PyObject *self, PyObject *args);
@@ -46,6 +50,10 @@ int accel_root_opens_gated(void);
 void *accel_store_take(int64_t size);
 void accel_store_give(void *mem, int64_t size);
 void accel_store_queue(uint64_t fh, int64_t offset, void *mem, int64_t size);
+
+/* The FUSE session ended (ending.c): no path invalidation is sent from now
+ * on, once those under way are done. */
+void accel_session_ended(void);
 
 /* `count` 17-byte MXFP4 blocks at `in`, in the checkpoint's nibble order,
  * into ggml's at `out` (repack.c). */

@@ -7,7 +7,8 @@
  * listings_generation, listings_has, listings_served), polling.c
  * (polling_io, polled), readgate.c (read_gate, read_plan, read_forget,
  * read_planned, read_events, read_generation, read_served), stores.c
- * (read_stores_wake, read_stores, read_store_free, read_stores_refused). */
+ * (read_stores_wake, read_stores, read_store_free, read_stores_refused),
+ * ending.c (notices_hold, notices_release, notices_begin, notices_end). */
 #include "accel.h"
 
 static PyMethodDef methods[] = {
@@ -66,6 +67,11 @@ static PyMethodDef methods[] = {
     {"read_store_free", accel_read_store_free, METH_VARARGS, "read_store_free(mem, size): a store's memory given back."},
     {"read_stores_refused", accel_read_stores_refused, METH_NOARGS,
      "read_stores_refused(): kin ranges not made so far (the queue full)."},
+    {"notices_hold", accel_notices_hold, METH_NOARGS,
+     "notices_hold(): whether the FUSE session goes on, held until notices_release() where it does."},
+    {"notices_release", accel_notices_release, METH_NOARGS, "notices_release(): a hold of notices_hold() let go."},
+    {"notices_begin", accel_notices_begin, METH_NOARGS, "notices_begin(): a FUSE session begins."},
+    {"notices_end", accel_notices_end, METH_NOARGS, "notices_end(): the FUSE session ends, once no hold is left."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -18,7 +18,8 @@
  * watching thread), so it holds up no other request longer than that.
  * Any other request ends listing mode and every waiting worker goes back
  * to read(2).  A worker cancelled while it waits, polls or reads (the
- * loop's end) passes the turn on.  What compatfs.fuse.polling hands
+ * loop's end) passes the turn on.  A read that finds the connection ended
+ * tells ending.c (no path is invalidated from then on).  What compatfs.fuse.polling hands
  * fuse_session_custom_io, where the loop's workers run until it ends.
  * One setting per process; ValueError for another (or OSError where the
  * watch cannot be set up).
@@ -244,6 +245,8 @@ static ssize_t io_read(int fd, void *buf, size_t len, void *userdata)
     n = read(fd, buf, len);
     err = errno;
     pthread_cleanup_pop(0);
+    if (n < 0 && err == ENODEV) /* (the connection ended: the session's end is under way) */
+        accel_session_ended();
     whole = n >= (ssize_t)sizeof head; /* (else an error: read says which) */
     if (whole)
         memcpy(&head, buf, sizeof head);

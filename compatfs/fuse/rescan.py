@@ -108,6 +108,7 @@ class Rescan:
 
     def start(self, session: int) -> None:
         self._fuse_ptr = session
+        libfuse.session_begins()
         self.pages.gate_wakes(self._kick.fileno())
         self._watcher = threading.Thread(target=self._watch, name="compatfs-rescan", daemon=True)
         self._watcher.start()
