@@ -186,7 +186,7 @@ bad = {"overlapping": [(0, 10, 0, 0), (5, 10, 0, 0)], "unknown kind": [(0, 10, 0
        "no such kin": [(0, 80, 0, 4, 0, 4, 8, 5000)], "a kin of other rows": [(0, 80, 0, 4, 0, 4, 8, 80),
        (80, 80, 0, 4, 4, 4, 16, 0)], "a kin too far": [(0, 80, 0, 4, 0, 4, 8, 80), (80, 80, 0, 4, 2 * MiB, 4, 8, 0)],
        "a kin of another size": [(0, 80, 0, 4, 0, 4, 8, 80), (80, 40, 0, 4, 4, 4, 8, 0)],
-       "its own kin": [(0, 80, 0, 4, 0, 4, 8, 0)]}
+       "its own kin": [(0, 80, 0, 4, 0, 4, 8, 0)], "rows past any output": [(0, 10, (1 << 63) - 40, 4, 0, 1 << 20, 1 << 20 + 1)]}
 out["refused"] = []
 for what, segs in bad.items():
     try:
@@ -266,6 +266,7 @@ def test_the_gate_answers_plain_ranges_and_passes_the_rest_on(tmp_path):
         "a kin too far",
         "a kin of another size",
         "its own kin",
+        "rows past any output",
     ]
     assert out["one gate"] and out["served"] == 23 + 28 + 2
 

@@ -561,7 +561,8 @@ static int rows_sound(segment *segs, Py_ssize_t count, segment *s)
         s->kin = -1;
     }
     rows = s->lo / s->row + s->size / s->row + 2;
-    if (s->row > BOUNCE - ALIGN || rows > (INT64_MAX - s->origin - BOUNCE) / s->stride)
+    if (s->row > BOUNCE - ALIGN || s->lo > INT64_MAX - BOUNCE - s->size
+        || rows > (INT64_MAX - s->origin - BOUNCE) / s->stride)
         return 0;
     if (s->kin < 0) {
         s->kin = -1;
