@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import libfuse
+from . import ending, libfuse
 from ..files import mounttable
 from ..files.libc import tune_malloc
 from .operations import CompatFS
@@ -200,6 +200,7 @@ def _exit_loop(fs: CompatFS, mountpoint: str) -> None:
     nothing), so that it sees the flag and ends them."""
     ptr = fs.session
     if ptr:
+        ending.ends()  # (libfuse frees its nodes once the loop ends: no path is invalidated from now on)
         libfuse.exit_loop(ptr)
         main = threading.main_thread().ident
         assert main is not None  # the main thread has started

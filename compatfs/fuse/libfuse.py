@@ -412,31 +412,12 @@ def caller() -> Caller:
 
 
 def invalidate_path(ptr: int, path: str) -> None:
-    """Drop the kernel's attributes and pages of `path` (if it knows it),
-    while the session goes on: libfuse frees the nodes this looks `path` up
-    in as the session ends, before the filesystem's destroy (compatfs._accel's
-    `notices_hold`; without it, as libfuse has it)."""
-    native = accel.native
-    if native is None:
-        _libfuse.fuse_invalidate_path(ptr, path.encode())
-    elif native.notices_hold():
-        try:
-            _libfuse.fuse_invalidate_path(ptr, path.encode())
-        finally:
-            native.notices_release()
-
-
-def session_begins() -> None:
-    """A session's loop begins: its paths may be invalidated until it ends."""
-    if accel.native is not None:
-        accel.native.notices_begin()
+    """Drop the kernel's attributes and pages of `path` (if it knows it)."""
+    _libfuse.fuse_invalidate_path(ptr, path.encode())
 
 
 def exit_loop(ptr: int) -> None:
-    """Flag the session's loop to end (once any path invalidation under way
-    is done, none is sent from now on)."""
-    if accel.native is not None:
-        accel.native.notices_end()
+    """Flag the session's loop to end."""
     _libfuse.fuse_exit(ptr)
 
 

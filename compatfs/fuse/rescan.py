@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from collections.abc import Callable
 
-from . import libfuse, readgate
+from . import ending, libfuse, readgate
 from .pagecache import PageStores
 from .paths import OpenFile, Paths
 from .wakeup import Wakeup
@@ -108,7 +108,7 @@ class Rescan:
 
     def start(self, session: int) -> None:
         self._fuse_ptr = session
-        libfuse.session_begins()
+        ending.begins()
         self.pages.gate_wakes(self._kick.fileno())
         self._watcher = threading.Thread(target=self._watch, name="compatfs-rescan", daemon=True)
         self._watcher.start()
@@ -345,8 +345,12 @@ class Rescan:
         return kept is not None and kept[0].view is opened.view and kept[2]
 
     def _invalidate_paths(self, paths: set[str]) -> None:
-        """Drop the kernel's attributes and pages of `paths` (those it knows)."""
+        """Drop the kernel's attributes and pages of `paths` (those it knows),
+        while the session goes on (`ending`)."""
         for p in sorted(paths, key=len, reverse=True):
             if self._stop.is_set() or not self._fuse_ptr:
                 return
-            libfuse.invalidate_path(self._fuse_ptr, p)
+            with ending.going() as going:
+                if not going:
+                    return
+                libfuse.invalidate_path(self._fuse_ptr, p)
