@@ -27,14 +27,19 @@ class Wakeup:
                 os.eventfd_write(self._fd, 1)
 
     def wait(self, timeout: float) -> None:
-        """Return once set, or after `timeout` seconds."""
+        """Return once set, or after `timeout` seconds (poll: any descriptor
+        number, where select takes those under 1024 only)."""
         fd = self._fd
         if fd >= 0:
-            select.select([fd], [], [], max(timeout, 0.0))
+            waiting = select.poll()
+            waiting.register(fd, select.POLLIN)
+            waiting.poll(max(timeout, 0.0) * 1000)
 
     def clear(self) -> None:
-        with contextlib.suppress(OSError):  # (not set: EAGAIN; or closed)
-            os.eventfd_read(self._fd)
+        fd = self._fd
+        if fd >= 0:
+            with contextlib.suppress(OSError):  # (not set: EAGAIN)
+                os.eventfd_read(fd)
 
     def close(self) -> None:
         with self._lock:
