@@ -78,11 +78,10 @@ def opening_node() -> int | None:
 
 
 class _Store(NamedTuple):
-    """`size` bytes at `mem` (malloc'ed), the pages of node `node` from `offset`, made for open file `fh`."""
+    """`size` bytes at `mem` (mapped), the pages from `offset` of the view open file `fh` (`opened`) reads."""
 
     fh: int
     opened: OpenFile
-    node: int
     offset: int
     mem: int
     size: int
@@ -131,7 +130,7 @@ class PageStores:
         entry = self._open.get(fh)
         if entry is None or entry[0] is not opened:
             return None
-        return Gathered(self, fh, opened, entry[1])
+        return Gathered(self, fh, opened)
 
     # -- the queue ---------------------------------------------------------------
     def take(self, size: int) -> int:
@@ -185,12 +184,7 @@ class PageStores:
         path serves its view from an intact blob); the others dropped."""
         for fh, offset, mem, size in readgate.stores():
             try:
-                with self._sending:
-                    entry = self._open.get(fh)
-                    if session and entry is not None and serves(entry[0]):
-                        self._notify(session, entry[1], offset, mem, size)
-            except Exception:  # an optimisation: never the rescan thread's end
-                log.exception("a store of open file %d failed", fh)
+                self._send(session, serves, fh, None, offset, mem, size)
             finally:
                 readgate.store_free(mem, size)
         with self._lock:
@@ -201,14 +195,30 @@ class PageStores:
                     return
                 store = self._queue.popleft()
             try:
-                with self._sending:
-                    entry = self._open.get(store.fh)
-                    if session and entry is not None and entry[0] is store.opened and serves(store.opened):
-                        self._notify(session, store.node, store.offset, store.mem, store.size)
-            except Exception:  # an optimisation: never the rescan thread's end
-                log.exception("a store of %s failed", store.opened.path)
+                self._send(session, serves, store.fh, store.opened, store.offset, store.mem, store.size)
             finally:
                 self.give(store.mem, store.size)
+
+    def _send(
+        self,
+        session: int | None,
+        serves: Callable[[OpenFile], bool],
+        fh: int,
+        made_for: OpenFile | None,
+        offset: int,
+        mem: int,
+        size: int,
+    ) -> None:
+        """Send one store of open file `fh` (made for the open file
+        `made_for`; None: for fh's, an fh being never reused) while fh is
+        that file, open, and `serves(file)`; a failure logged, never raised."""
+        try:
+            with self._sending:
+                entry = self._open.get(fh)
+                if session and entry is not None and (made_for is None or made_for is entry[0]) and serves(entry[0]):
+                    self._notify(session, entry[1], offset, mem, size)
+        except Exception:  # an optimisation: never the rescan thread's end
+            log.exception("a store of open file %d failed", fh)
 
     def _notify(self, session: int, node: int, offset: int, mem: int, size: int) -> None:
         if libfuse.notify_store(session, node, offset, mem, size):
@@ -238,8 +248,8 @@ class Gathered:
     bytes around each kin range, and `queue` hands them to the rescan
     thread (or `drop` frees them)."""
 
-    def __init__(self, stores: PageStores, fh: int, opened: OpenFile, node: int):
-        self._stores, self._fh, self._opened, self._node = stores, fh, opened, node
+    def __init__(self, stores: PageStores, fh: int, opened: OpenFile):
+        self._stores, self._fh, self._opened = stores, fh, opened
         self._made: list[tuple[int, int, int, int, int]] = []  # first page, its bytes, memory, kin range at, size
 
     def into(self, at: int, size: int) -> memoryview | None:
@@ -277,9 +287,7 @@ class Gathered:
         """Hand the pages to the rescan thread to send."""
         made, self._made = self._made, []
         if made:
-            self._stores.enqueue(
-                [_Store(self._fh, self._opened, self._node, first, mem, size) for first, size, mem, _, _ in made]
-            )
+            self._stores.enqueue([_Store(self._fh, self._opened, first, mem, size) for first, size, mem, _, _ in made])
 
     def drop(self) -> None:
         """Free the pages (the read failed)."""
