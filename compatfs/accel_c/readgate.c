@@ -363,18 +363,24 @@ static int fill_rows(plan *p, const segment *s, uint8_t *out, int64_t x, int64_t
     return failed ? -1 : 0;
 }
 
-/* The index of the first segment ending after `off` (count where none does). */
-static Py_ssize_t first_after(plan *p, int64_t off)
+/* The index of the first of the `count` segments at segs ending after `off` (count where none does). */
+static Py_ssize_t ending_after(const segment *segs, Py_ssize_t count, int64_t off)
 {
-    Py_ssize_t lo = 0, hi = p->count;
+    Py_ssize_t lo = 0, hi = count;
     while (lo < hi) {
         Py_ssize_t mid = lo + (hi - lo) / 2;
-        if (p->segs[mid].at + p->segs[mid].size <= off)
+        if (segs[mid].at + segs[mid].size <= off)
             lo = mid + 1;
         else
             hi = mid;
     }
     return lo;
+}
+
+/* The index of the plan's first segment ending after `off` (its count where none does). */
+static Py_ssize_t first_after(plan *p, int64_t off)
+{
+    return ending_after(p->segs, p->count, off);
 }
 
 /* Whether the segments from i on cover [off, end) without a gap. */
@@ -568,14 +574,7 @@ static int rows_sound(segment *segs, Py_ssize_t count, segment *s)
         s->kin = -1;
         return 1;
     }
-    Py_ssize_t lo = 0, hi = count;
-    while (lo < hi) { /* the first segment starting at the kin's offset or after */
-        Py_ssize_t mid = lo + (hi - lo) / 2;
-        if (segs[mid].at < s->kin)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    Py_ssize_t lo = ending_after(segs, count, s->kin); /* (the kin, where a segment starts at its offset) */
     if (lo >= count || segs + lo == s)
         return 0;
     segment *k = &segs[lo];
