@@ -77,12 +77,17 @@ models are cached in .cache/):
   mmproj.gguf) read cold through a fresh mount against the file `compatfs
   export` writes, read cold and through the C passthrough (what any FUSE
   daemon gets here), 5 rounds in turn (more for a small file, up to 15:
-  enough to read about 1 GB of it), goal: the median of the rounds' ratios
+  enough to read about 1 GB of it; each read through the C passthrough
+  right after the exported file's, each through the mount right after an
+  untimed one: on a VM, the host may still cache what was read last, and
+  both are read alike), goal: the median of the rounds' ratios
   at least 0.9x of the C passthrough; the daemon's CPU seconds per second of that read beside
   the C passthrough's; the daemon's peak RSS; llama-server start-to-ready of
   each form's model.gguf through the mount against the exported file (and
   the exported file through the C passthrough), 5 rounds in turn (more for
-  a short start, up to 11: as many as take about 3 s), goal: the median
+  a short start, up to 11: as many as take about 3 s; the exported file's
+  start right after the C passthrough's, the mount's right after an untimed
+  read through it), goal: the median
   within 1.25x of the exported file's; and first the widened gpt-oss-20b fused form read with
   --op-cache-mb 16 against the default cache.  Every measurement is bounded
   by --timeout seconds (default 300) and printed as "> N s (timed out)" past
@@ -1564,6 +1569,7 @@ WIDTHS_READ_MB = 1000  # (a 51 MB mmproj.gguf is read in about 40 ms: one stall 
 WIDTHS_STARTS = 5  # llama-server cold starts of each form's model.gguf: exported, C passthrough, mount, in turn
 WIDTHS_MAX_STARTS = 11  # a short start's rounds: as many as take about WIDTHS_START_SECONDS, at most this many
 WIDTHS_START_SECONDS = 3  # (a start of 0.1 s moves by a tenth with one stall of the disk)
+WIDTHS_WARM_ROUNDS = 5  # reads of each file with its source in the page cache, each way, in turn
 READ_GOAL = 0.9  # each file through the mount: at least this fraction of the C passthrough's speed
 START_GOAL = 1.25  # llama-server's cold start through the mount: at most this multiple of the exported file's
 
@@ -1639,8 +1645,10 @@ def widths_bench(binary: Path, server: Path, work: Path, timeout: float, forms: 
     form at published widths (`forms`: these alone): model.gguf (and
     mmproj.gguf) read cold through a fresh mount against the exported
     translated file read cold and through the C passthrough (what any FUSE
-    daemon gets here), `widths_rounds` rounds in turn, the goal at least
-    `READ_GOAL` of the C passthrough; with the daemon's CPU seconds per
+    daemon gets here), `widths_rounds` rounds in turn (each read through
+    the mount right after an untimed one, as the C passthrough's comes right
+    after the exported file's), the goal at least `READ_GOAL` of the C
+    passthrough; with the daemon's CPU seconds per
     second of the read beside the C passthrough's (1x the read's time or
     more: the read waits for computing, up to 2x on 2 cores; well under: for
     the disk) and how much the page cache grew (1x the file: only the
@@ -1771,6 +1779,10 @@ def widths_bench(binary: Path, server: Path, work: Path, timeout: float, forms: 
                                 c_cpu.append((cpu_seconds(c.proc.pid) - before) / seconds)
                         finally:
                             c.close()
+                    # The C passthrough's read came right after a read of its
+                    # file (the exported one's), which a VM's host may still
+                    # cache: the mount's comes right after a read of its own.
+                    cold_read(d.mnt / model / f, timeout)
                     before = cpu_seconds(d.proc.pid)
                     seconds, grown = cold_read(d.mnt / model / f, timeout)
                     if seconds is None:
@@ -1807,9 +1819,65 @@ def widths_bench(binary: Path, server: Path, work: Path, timeout: float, forms: 
             f"{_verdict(rss <= rss_goal)}"
         )
         if exported:
+            widths_warm(binary, store, work, form, served[form], out, timeout)
             widths_server(server, binary, store, work, form, out / "model.gguf", timeout)
         shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(exports, ignore_errors=True)
+
+
+def drop_file(path: Path) -> None:
+    """The page cache's pages of `path` dropped (the file stays, its source's pages too)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def widths_warm(binary: Path, store: Path, work: Path, form: str, blob: Path, out: Path, timeout: float) -> None:
+    """The form's files read with their sources in the page cache, the disk
+    out of the picture: the exported file through the C passthrough against
+    the view through a fresh mount (its blob read into the page cache before
+    the mount's first open, so its reads come from there), the file's own
+    pages dropped before each of `WIDTHS_WARM_ROUNDS` reads in turn; no goal
+    (the issue's is cold)."""
+    drop_caches()
+    read_all(blob)
+    d = compatfs_daemon(store, work / "mnt-widths")
+    try:
+        for f in ("model.gguf", "mmproj.gguf"):
+            mine = d.mnt / f"{form}:latest" / f
+            if not (out / f).exists() or not mine.exists():
+                continue
+            read_all(out / f)
+            c = c_daemon(binary, out / f, work / "mnt-c-widths")
+            seconds: dict[str, list] = {"c": [], "mount": []}
+            cpu: dict[str, list] = {"c": [], "mount": []}
+            try:
+                set_bdi(c.mnt, 2048)
+                for r in range(WIDTHS_WARM_ROUNDS):
+                    turn = [("c", c.mnt / "blob", c.proc.pid), ("mount", mine, d.proc.pid)]
+                    for k, path, pid in turn if r % 2 == 0 else turn[::-1]:
+                        drop_file(path)
+                        before = cpu_seconds(pid)
+                        took = read_bounded(path, timeout)
+                        seconds[k].append(took)
+                        if took:
+                            cpu[k].append((cpu_seconds(pid) - before) / took)
+            finally:
+                c.close()
+            if None in seconds["c"] + seconds["mount"]:
+                print(f"  {'':<48}{f:<12} source in the page cache: > {timeout:.0f} s (timed out)")
+                continue
+            mb = (out / f).stat().st_size / 1e6
+            ratios = [x / y for x, y in zip(seconds["c"], seconds["mount"], strict=True)]
+            print(
+                f"  {'':<48}{f:<12} source in the page cache, {WIDTHS_WARM_ROUNDS} rounds: C passthrough"
+                f" {mb / median(seconds['c']):.0f} MB/s, mount {mb / median(seconds['mount']):.0f}: {spread(ratios)};"
+                f" CPU per read s {median(cpu['mount']):4.2f} (C {median(cpu['c']):4.2f})"
+            )
+    finally:
+        d.close()
 
 
 def widths_server(
@@ -1820,8 +1888,10 @@ def widths_server(
     passthrough (what any FUSE daemon gets here: llama-server maps the file
     with MAP_POPULATE, so a start waits on FUSE round trips), page cache
     dropped before each start, the median of `widths_starts` rounds in turn
-    (a start that times out ends the series); the goal within `START_GOAL`
-    of the exported file."""
+    (a start that times out ends the series; the exported file's start right
+    after the C passthrough's of it, the mount's right after an untimed read
+    through it: both right after a read of their bytes); the goal within
+    `START_GOAL` of the exported file."""
     if not server.is_file():
         print(f"  {'':<48}llama-server start-to-ready, cold: skipped ({server} missing)")
         return
@@ -1839,9 +1909,13 @@ def widths_server(
     d = compatfs_daemon(store, work / "mnt-widths")
     try:
         while len(local) < widths_starts(local):
-            local.append(start(exported))
             with through_passthrough(binary, exported, work / "mnt-c-widths") as passthrough:
                 passed.append(start(passthrough))
+            local.append(start(exported))
+            # The exported file's start came right after a read of it (the C
+            # passthrough's start), which a VM's host may still cache: the
+            # mount's comes right after a read of its own.
+            cold_read(d.mnt / f"{form}:latest" / "model.gguf", timeout)
             mounted.append(start(d.mnt / f"{form}:latest" / "model.gguf"))
             if None in mounted + local + passed:
                 break
