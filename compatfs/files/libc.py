@@ -3,7 +3,7 @@ replies libfuse frees (page-aligned, so O_DIRECT reads can fill them),
 memory mapped on its own (`map_memory`: given back to the system whole when
 unmapped, never kept in malloc's heaps), the allocator's thresholds (the daemon and its
 indexing workers tune them differently; a glibc call, elsewhere it does
-nothing), how much of a file range the page cache holds (`cachestat`), and
+nothing) and the free memory inside its heaps given back, how much of a file range the page cache holds (`cachestat`), and
 whether a file may be written by anyone now (a lease's answer)."""
 
 from __future__ import annotations
@@ -63,6 +63,15 @@ def tune_malloc(mmap_threshold: int, trim_threshold: int, arenas: int | None = N
         LIBC.mallopt(_M_TRIM_THRESHOLD, trim_threshold)
     except AttributeError:  # not glibc
         pass
+
+
+def give_back_free_memory() -> None:
+    """The free memory inside malloc's heaps, not just at their tops, given
+    back to the system, whole pages of it (glibc's `malloc_trim`; elsewhere
+    nothing)."""
+    trim = getattr(LIBC, "malloc_trim", None)  # (None: not glibc)
+    if trim is not None:
+        trim(0)
 
 
 PAGE = os.sysconf("SC_PAGE_SIZE")

@@ -76,7 +76,9 @@ def serve(
     # only grows over a long-running mount.  Read replies (up to 1 MiB, and the
     # op inputs behind them) stay below the threshold and reuse heap memory: a
     # fresh mapping per reply would fault in every page of it again.  Two
-    # arenas, each keeping at most a few MiB free, bound what that reuse holds.
+    # arenas keep at most a few MiB free at their tops; what is free inside
+    # them (replies of many reads in flight at once) goes back to the system
+    # when the last open file closes (`OpenFiles.release`).
     tune_malloc(mmap_threshold=(1 << 20) + (64 << 10), trim_threshold=4 << 20, arenas=2)
     from ..view.opcache import OpCache
     from ..view.catalog import BlobViews

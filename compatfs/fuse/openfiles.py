@@ -1,4 +1,5 @@
-"""What an open snapshots, and what a release closes.
+"""What an open snapshots, and what a release closes (the last one also
+gives malloc's free memory back to the system).
 
 The kernel keeps one page cache per path: a path keeps serving the view its
 open files read while their blob is intact, and switches to the store's new
@@ -18,6 +19,7 @@ import logging
 
 from ..files.access import READ, Caller
 from ..files.blobfile import BlobFile
+from ..files.libc import give_back_free_memory
 from ..files.lookup import Denied, identity, status, transient
 from ..errors import GGUFError
 from .libfuse import fuse
@@ -106,6 +108,11 @@ class OpenFiles:
         if opened is None:
             return None, False
         opened.close()
+        if not self._paths.count:
+            # The mount is quiet: the memory its reads' replies and buffers
+            # took at their peak (a model server's start has many in flight)
+            # is free inside malloc's heaps, and goes back to the system.
+            give_back_free_memory()
         return opened, kept is not None and self._outdated(opened.path, kept)
 
     def _outdated(self, path: str, kept: KeptView) -> bool:
