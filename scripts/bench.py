@@ -88,7 +88,8 @@ models are cached in .cache/):
   a short start, up to 11: as many as take about 3 s; the exported file's
   start right after the C passthrough's, the mount's right after an untimed
   read through it), goal: the median
-  within 1.25x of the exported file's; and first the widened gpt-oss-20b fused form read with
+  within 1.25x of the exported file's, the daemon's peak RSS over them and
+  its RSS once they ended; and first the widened gpt-oss-20b fused form read with
   --op-cache-mb 16 against the default cache.  Every measurement is bounded
   by --timeout seconds (default 300) and printed as "> N s (timed out)" past
   it.
@@ -1891,7 +1892,8 @@ def widths_server(
     (a start that times out ends the series; the exported file's start right
     after the C passthrough's of it, the mount's right after an untimed read
     through it: both right after a read of their bytes); the goal within
-    `START_GOAL` of the exported file."""
+    `START_GOAL` of the exported file; the daemon's peak RSS over the
+    starts, and its RSS once they ended."""
     if not server.is_file():
         print(f"  {'':<48}llama-server start-to-ready, cold: skipped ({server} missing)")
         return
@@ -1919,8 +1921,10 @@ def widths_server(
             mounted.append(start(d.mnt / f"{form}:latest" / "model.gguf"))
             if None in mounted + local + passed:
                 break
+        rss = peak_rss_mib(d.proc.pid), _status_mib(d.proc.pid, "VmRSS")
     finally:
         d.close()
+    print(f"  {'':<48}daemon peak RSS over the starts {rss[0]:5.0f} MiB, {rss[1]:.0f} MiB once they ended")
     label = f"  {'':<48}llama-server start-to-ready, cold, median of {len(local)}:"
     if None in local:
         print(f"{label} the exported file > {timeout:.0f} s (timed out)")
