@@ -3,8 +3,9 @@ replies libfuse frees (page-aligned, so O_DIRECT reads can fill them),
 memory mapped on its own (`map_memory`: given back to the system whole when
 unmapped, never kept in malloc's heaps), the allocator's thresholds (the daemon and its
 indexing workers tune them differently; a glibc call, elsewhere it does
-nothing) and the free memory inside its heaps given back, how much of a file range the page cache holds (`cachestat`), and
-whether a file may be written by anyone now (a lease's answer)."""
+nothing) and the free memory inside its heaps given back, how much of a file
+range the page cache holds (`cachestat`), and whether a file may be written
+by anyone now (a lease's answer)."""
 
 from __future__ import annotations
 
