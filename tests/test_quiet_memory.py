@@ -5,6 +5,7 @@ once, and glibc otherwise keeps what they freed inside its heaps."""
 
 from __future__ import annotations
 
+import mmap
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from compatfs.files import libc
 from compatfs.fuse import openfiles
 from compatfs.fuse.operations import CompatFS
 from compatfs.testing import llama
@@ -79,3 +81,32 @@ def test_free_memory_inside_the_heaps_goes_back_to_the_system():
 
     assert returned("keep") < 16 << 20
     assert returned("give") > 200 << 20
+
+
+def test_memory_is_given_back_again_only_once_resident_memory_grew(monkeypatch):
+    """The heaps are walked where the process grew by `GROWN` since the
+    last give-back, not at every quiet moment."""
+    walks: list[int] = []
+    now = [500 << 20]
+    monkeypatch.setattr(
+        libc, "LIBC", SimpleNamespace(malloc_trim=lambda pad: walks.append(pad) or now.__setitem__(0, 60 << 20))
+    )
+    monkeypatch.setattr(libc, "resident", lambda: now[0])
+    monkeypatch.setattr(libc, "_given_back", [0])
+    libc.give_back_free_memory()
+    assert walks == [0] and libc._given_back == [60 << 20]  # what was resident right after
+    now[0] = (60 << 20) + libc.GROWN - 1
+    libc.give_back_free_memory()
+    assert walks == [0]
+    now[0] = (60 << 20) + libc.GROWN
+    libc.give_back_free_memory()
+    assert walks == [0, 0]
+
+
+def test_resident_memory_is_this_process_s():
+    block = mmap.mmap(-1, 64 << 20)  # (mapped, not yet resident)
+    before = libc.resident()
+    for at in range(0, len(block), libc.PAGE):
+        block[at] = 1
+    assert libc.resident() - before > 48 << 20
+    block.close()

@@ -66,16 +66,30 @@ def tune_malloc(mmap_threshold: int, trim_threshold: int, arenas: int | None = N
         pass
 
 
+PAGE = os.sysconf("SC_PAGE_SIZE")
+GROWN = 32 << 20  # resident memory grown this much since the last give-back: free memory is given back again
+_given_back = [0]  # resident bytes right after the last give-back
+
+
+def resident() -> int:
+    """This process's resident memory in bytes (/proc/self/statm)."""
+    with open("/proc/self/statm", "rb") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
 def give_back_free_memory() -> None:
     """The free memory inside malloc's heaps, not just at their tops, given
     back to the system, whole pages of it (glibc's `malloc_trim`; elsewhere
-    nothing)."""
+    nothing), where resident memory grew by `GROWN` since the last time:
+    the walk of the heaps (up to a millisecond once they are fragmented) is
+    not made for every quiet moment."""
     trim = getattr(LIBC, "malloc_trim", None)  # (None: not glibc)
-    if trim is not None:
-        trim(0)
+    if trim is None or resident() < _given_back[0] + GROWN:
+        return
+    trim(0)
+    _given_back[0] = resident()
 
 
-PAGE = os.sysconf("SC_PAGE_SIZE")
 _SYS_CACHESTAT = 451  # since Linux 6.5, on every architecture of the common numbering (all but alpha)
 _no_cachestat: list[bool] = [] if platform.machine() != "alpha" else [True]  # set: the call is not to be made
 
