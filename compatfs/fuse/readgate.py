@@ -53,6 +53,7 @@ from .paths import OpenFile
 log = logging.getLogger(__name__)
 
 _BLOB, _ZEROS, _MXFP4, _HELD, _ROWS = 0, 1, 2, 3, 4  # the gate's kinds of segment
+_NOT_ROWS = (0, 0, 0, -1)  # origin, row, stride and kin of a segment that is not rows
 _KERNELS = {("mxfp4", 17): _MXFP4}  # compiled kernels (name, block bytes) the gate runs, as its kind
 MAX_RUNS = 1 << 16  # runs of one segment's rounds a plan takes as blob ranges, at most
 # A row, or a row of each of two kin and the bytes between them, the gate reads at once: at most this
@@ -191,7 +192,7 @@ def _segments(view: View) -> tuple[bytes, bytes]:
         if isinstance(seg, HeldBytes):
             if seg.size > 0 and not held and len(seg.data) <= HELD_MOST:
                 held = seg.data
-                out.extend((seg.at, seg.size, seg.lo, _HELD, 0, 0, 0, -1))
+                out.extend((seg.at, seg.size, seg.lo, _HELD, *_NOT_ROWS))
         elif seg.size > 0:
             for part in _served(seg):
                 out.extend(part)
@@ -202,11 +203,11 @@ def _served(seg: Segment) -> list[tuple[int, ...]]:
     """What of one segment the gate serves: blob bytes, zeros, the runs of
     straight rounds, or rows (`_rows`) with their kin's; nothing: Python serves it."""
     if isinstance(seg, BlobBytes):
-        return [(seg.at, seg.size, seg.lo, _BLOB, 0, 0, 0, -1)]
+        return [(seg.at, seg.size, seg.lo, _BLOB, *_NOT_ROWS)]
     if isinstance(seg, ZeroBytes):
-        return [(seg.at, seg.size, 0, _ZEROS, 0, 0, 0, -1)]
+        return [(seg.at, seg.size, 0, _ZEROS, *_NOT_ROWS)]
     if isinstance(seg, InRounds) and _straight(seg):
-        return [(at, size, lo, _BLOB, 0, 0, 0, -1) for at, size, lo in _runs(seg)]
+        return [(at, size, lo, _BLOB, *_NOT_ROWS) for at, size, lo in _runs(seg)]
     if not isinstance(seg, (InRounds, Computed)) or (rows := _rows(seg)) is None:
         return []
     if not seg.kin:  # (rounds sparser than `assemble.SPARSE`: Python reads them as runs, not whole spans)
