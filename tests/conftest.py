@@ -228,7 +228,7 @@ def blob_reads(monkeypatch) -> list[tuple[int, int]]:
 
     seen: list[tuple[int, int]] = []
     inside = [False]
-    once, in_blocks, into = BlobFile.read_once_into, BlobFile.read_once_in_blocks, BlobFile.read_into
+    once, into = BlobFile.read_once_into, BlobFile.read_into
 
     def counted(read, sized):
         def wrapper(self, *args):
@@ -244,7 +244,6 @@ def blob_reads(monkeypatch) -> list[tuple[int, int]]:
         return wrapper
 
     monkeypatch.setattr(BlobFile, "read_once_into", counted(once, lambda out, offset: (offset, len(out))))
-    monkeypatch.setattr(BlobFile, "read_once_in_blocks", counted(in_blocks, lambda buf, offset, size: (offset, size)))
     monkeypatch.setattr(BlobFile, "read_into", counted(into, lambda out, offset: (offset, len(out))))
     return seen
 

@@ -338,8 +338,8 @@ def test_the_workers_descriptor_is_closed_with_the_file(blob, numpy_kernel):
 
 
 def test_a_release_closes_everything_the_open_file_opened(blob, numpy_kernel, tmp_path, monkeypatch):
-    """The FUSE layer's release closes the blob file, its O_DIRECT descriptor
-    and what was computed ahead for it (the workers' duplicate), while the
+    """The FUSE layer's release closes the blob file and what was computed
+    ahead for it (the workers' duplicate), while the
     open file object is still referenced: nothing waits for the garbage
     collector."""
     from types import SimpleNamespace

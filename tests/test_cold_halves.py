@@ -3,20 +3,14 @@ read once: gpt-oss's fused gate and up halves (strided runs) and its type-4
 MXFP4 stacks and halves (repacked by range) read from a cold blob give the
 same bytes as from a blob in the page cache, with the compiled kernels and
 without; a range of a type-4 stack, halves included, is one read of the
-blob; a cold blob's span read once is one O_DIRECT read of the whole blocks
-it lies in (`BlobFile.read_once_in_blocks`), the same bytes as through the
-page cache."""
+blob."""
 
 from __future__ import annotations
 
-import os
 
-import numpy as np
 import pytest
 
-from compatfs.errors import GGUFError
-from compatfs.files.blobfile import ALIGN, BlobFile, blocks_for
-from compatfs.files.scratch import give, take
+from compatfs.files.blobfile import BlobFile
 from compatfs.handlers.gptoss import OllamaMXFP4
 from compatfs.names import MODEL_FILE
 from compatfs.translate import accel
@@ -41,13 +35,13 @@ def test_a_cold_blob_s_halves_are_the_same_bytes_as_a_cached_one_s(gptoss_layer)
     assert halves, "the fused stack's halves in the view"
     gptoss_layer.read_bytes()  # in the page cache: read through it, as before
     with view.open() as f:
-        assert not f.reads_directly
+        assert not f.drops_behind
         reference = read_through(view, f)
     evicted(gptoss_layer)
     cached(gptoss_layer)  # skips where the kernel cannot tell
     with view.open() as f:
-        if not f.reads_directly:
-            pytest.skip(f"{gptoss_layer.parent}'s filesystem gives no O_DIRECT descriptor")
+        if not f.drops_behind:
+            pytest.skip(f"{gptoss_layer.parent}'s filesystem keeps the file in memory")
         assert read_through(view, f) == reference
         for at, size in ((12_345, 3 * MiB + 7), (halves[-1].at + 1529, 1531), (halves[0].at + 5, 70_001)):
             assert view.read(at, size, f) == reference[at : at + size], (at, size)
@@ -68,45 +62,3 @@ def test_a_range_of_a_type4_stack_is_one_read_of_the_blob(tmp_path, blob_reads):
                 assert view.read(s.at + lo, size, f) == whole[id(s)][lo : lo + size], (s.op.description, lo)
                 assert len(blob_reads) == 1, (s.op.description, lo, blob_reads)
                 assert blob_reads[0][1] <= s.op.step * (size + 2 * 1530), (s.op.description, lo, blob_reads)
-
-
-def test_a_cold_span_read_once_is_one_read_of_its_whole_blocks(tmp_path, monkeypatch):
-    raw = np.random.default_rng(3).integers(0, 256, 5 * MiB + 123, dtype=np.uint8).tobytes()
-    path = tmp_path / "blob"
-    path.write_bytes(raw)
-    evicted(path)
-    cached(path)  # skips where the kernel cannot tell
-    calls: list[int] = []
-    preadv = os.preadv
-
-    def counted(fd, buffers, offset):
-        calls.append(offset)
-        return preadv(fd, buffers, offset)
-
-    with BlobFile(path) as f:
-        if not f.reads_directly:
-            pytest.skip(f"{tmp_path}'s filesystem gives no O_DIRECT descriptor")
-        monkeypatch.setattr(os, "preadv", counted)
-        for offset, size in ((ALIGN - 1, MiB + 5), (3 * ALIGN, 2 * MiB + 17), (len(raw) - 70_000, 70_000), (7, 100)):
-            buf = take(blocks_for(offset, size))
-            try:
-                calls.clear()
-                got = f.read_once_in_blocks(buf.data, offset, size)
-                assert bytes(got) == raw[offset : offset + size], (offset, size)
-                assert len(calls) == 1, (offset, size, calls)
-            finally:
-                give(buf)
-        with pytest.raises(ValueError):
-            f.read_once_in_blocks(memoryview(bytearray(ALIGN)), 1, ALIGN)
-        buf = take(2 * ALIGN)
-        try:
-            with pytest.raises(ValueError):  # not page-aligned
-                f.read_once_in_blocks(buf.data[1:], 0, ALIGN)
-        finally:
-            give(buf)
-        with pytest.raises(GGUFError, match="ends at"):
-            buf = take(blocks_for(len(raw) - 100, MiB))
-            try:
-                f.read_once_in_blocks(buf.data, len(raw) - 100, MiB)
-            finally:
-                give(buf)

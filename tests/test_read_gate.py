@@ -2,8 +2,8 @@
 `_accel.read_gate`): the gate answers a read whose bytes (and `window`
 bytes past them) are all blob ranges, zeros and compiled-kernel op tensors
 (a type-4 MXFP4 stack repacked) of the open file's plan, with
-the bytes `BlobFile.read_once_into` reads (O_DIRECT straight into the reply
-or through an aligned buffer, or pread); everything else, a file whose
+the bytes `BlobFile.read_once_into` reads (pread, pages given back behind
+the reads or not); everything else, a file whose
 status moved, a descriptor that holds another file, an inotify event queued
 or taken in since the plan, a read that comes short, a forgotten plan, goes
 to the Python read.  In-process
@@ -54,7 +54,6 @@ READ_BUF = dict(fuse.fuse_operations._fields_)["read_buf"]
 path = sys.argv[1]
 data = open(path, "rb").read()
 fd = os.open(path, os.O_RDONLY)
-direct = os.open(path, os.O_RDONLY | os.O_DIRECT)
 calls = []
 def python(p, bufpp, size, off, fip):
     calls.append(off)
@@ -74,12 +73,13 @@ def identity():
     st = os.fstat(fd)
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
-def plan(fh, direct_fd=-1, window=0, watch=-1, segs=SEGS, gen=None, ident=None, direct_min=4096, held=b"",
-         stores=False):
+DROPS = 4096  # reads give back pages from this far behind them, a page at a time
+def plan(fh, lag=DROPS, window=0, watch=-1, segs=SEGS, gen=None, ident=None, unit=4096, held=b"", stores=False,
+         fd=fd):
     # (at, size, lo, kind), then origin, row and stride 0 and kin -1 unless given
     raw = b"".join(int(x).to_bytes(8, "little", signed=True) for s in segs for x in (*s, *(0, 0, 0, -1)[len(s) - 4:]))
-    n.read_plan(fh, fd, direct_fd, ident or identity(), watch, n.read_generation() if gen is None else gen,
-                raw, held, VIEW, window, direct_min, stores)
+    n.read_plan(fh, fd, lag, unit, ident or identity(), watch, n.read_generation() if gen is None else gen,
+                raw, held, VIEW, window, stores)
 
 def read(fh, off, size, expect=None):
     calls.clear()
@@ -98,29 +98,28 @@ def read(fh, off, size, expect=None):
     return "same" if got == (want if expect is None else expect)[off : off + size] else "different"
 
 out = {}
-for name, d in (("direct", direct), ("pread", -1)):
-    plan(1, d)
+for name, lag in (("dropped", DROPS), ("kept", -1)):
+    plan(1, lag)
     out[name] = [read(1, 0, MiB), read(1, MiB, MiB), read(1, 4096, 3000), read(1, MiB + 4000, 8000),
                  read(1, 2 * MiB, MiB), read(1, VIEW, 10), n.read_planned(1)]
-plan(2, direct, window=MiB)
+plan(2, window=MiB)
 out["window"] = [read(2, 0, 4096), read(2, 2 * MiB - 4096, 4096)]
-plan(3, direct, segs=[(0, MiB, len(data) - 4096, 0)])
+plan(3, segs=[(0, MiB, len(data) - 4096, 0)])
 out["short"] = [read(3, 0, 8192), n.read_planned(3)]
 r, w = os.pipe()
-plan(4, direct, watch=r)
+plan(4, watch=r)
 out["watched"] = [read(4, 0, 4096)]
 os.write(w, b"x")
 out["watched"] += [read(4, 0, 4096), n.read_planned(4)]
-plan(5, direct, watch=r, gen=n.read_generation())
+plan(5, watch=r, gen=n.read_generation())
 os.read(r, 1)
 n.read_events()
 out["events"] = [read(5, 0, 4096), n.read_planned(5)]
-plan(6, direct, ident=identity()[:4] + (identity()[4] - 1,))
+plan(6, ident=identity()[:4] + (identity()[4] - 1,))
 out["moved"] = [read(6, 0, 4096), n.read_planned(6)]
-other = os.open(sys.argv[2], os.O_RDONLY | os.O_DIRECT)
-plan(10, other)
+plan(10, fd=os.open(sys.argv[2], os.O_RDONLY))
 out["another file"] = [read(10, 0, 4096), n.read_planned(10)]
-plan(7, direct)
+plan(7)
 n.read_forget(7)
 out["forgotten"] = [read(7, 0, 4096), n.read_planned(7), read(8, 0, 4096)]
 def ggml(raw):  # the reference: 17-byte MXFP4 blocks from the checkpoint's nibble order into ggml's
@@ -132,17 +131,17 @@ def ggml(raw):  # the reference: 17-byte MXFP4 blocks from the checkpoint's nibb
     return out.tobytes()
 # An MXFP4 stack of 70,000 blocks at blob byte 12345, its bytes from 170 (block 10) on at view byte 0.
 STACK = ggml(data[12345 : 12345 + 70_000 * 17])[170:]
-for name, d in (("mxfp4 direct", direct), ("mxfp4 pread", -1)):
-    plan(11, d, segs=[(0, len(STACK), 170, 2, 12345, 17 * 90, 17 * 90)])
+for name, lag in (("mxfp4 dropped", DROPS), ("mxfp4 kept", -1)):
+    plan(11, lag, segs=[(0, len(STACK), 170, 2, 12345, 17 * 90, 17 * 90)])
     out[name] = [read(11, off, size, STACK) for off, size in
                  ((0, MiB), (5, 20), (100, 1), (33, MiB - 7), (len(STACK) - 1000, 1000), (len(STACK) - 10, 20))]
     out[name].append(n.read_planned(11))
-plan(12, direct, segs=[(0, MiB, 0, 2, len(data) - 4096, 17, 17)])
+plan(12, segs=[(0, MiB, 0, 2, len(data) - 4096, 17, 17)])
 out["mxfp4 short"] = [read(12, 0, 8192), n.read_planned(12)]
 # A header held in the plan (its bytes from 24 on), then blob bytes.
 HEADER = bytes(range(256)) * 8
 headed = HEADER[24:1024] + data[8192 : 8192 + MiB]
-plan(13, direct, segs=[(0, 1000, 24, 3), (1000, MiB, 8192, 0)], held=HEADER)
+plan(13, segs=[(0, 1000, 24, 3), (1000, MiB, 8192, 0)], held=HEADER)
 out["held"] = [read(13, 0, 4096, headed), read(13, 500, 1000, headed), read(13, 0, 1000 + MiB, headed)]
 # Two halves of an interleaved stack of N rows of R bytes from blob byte 5000 (row r of the first half
 # is the blob's row 2r, of the second 2r + 1), at view bytes 0 and H, copied or repacked from MXFP4; the
@@ -158,7 +157,7 @@ for kind, R, N, how in ((4, 100, 10_000, bytes), (2, 17 * 90, 680, ggml)):
     segs = [(0, H, 0, kind, 5000, R, 2 * R, H), (H, H, 0, kind, 5000 + R, R, 2 * R, 0)]
     res, stored, pages = [], {}, 0
     for stores in (False, True):
-        plan(14, direct, segs=segs, stores=stores)
+        plan(14, segs=segs, stores=stores)
         for off, size in ((0, MiB), (4096, 8192), (12345, 777), (H - 5000, 5000), (H - 4096, 8192), (H + 3, 4096 * 9),
                           (2 * H - 9000, 9000)):
             res.append(read(14, off, size, view))
@@ -172,11 +171,11 @@ for kind, R, N, how in ((4, 100, 10_000, bytes), (2, 17 * 90, 680, ggml)):
     out[f"rows {kind} stores"] = [all(stored.values()), len(stored), pages]
 out["woken"] = os.eventfd_read(wake) > 0
 n.read_stores_wake(wake, 4096)
-plan(15, direct, segs=segs, stores=True)
+plan(15, segs=segs, stores=True)
 refused = n.read_stores_refused()
 out["full"] = [read(15, 0, MiB, view), n.read_stores(), n.read_stores_refused() - refused]
 n.read_stores_wake(-1, 0)
-plan(16, direct, segs=segs, stores=True)
+plan(16, segs=segs, stores=True)
 out["not made"] = [read(16, 0, MiB, view), n.read_stores()]
 bad = {"overlapping": [(0, 10, 0, 0), (5, 10, 0, 0)], "unknown kind": [(0, 10, 0, 4)],
        "past the view": [(VIEW - 5, 10, 0, 0)], "empty": [(0, 0, 0, 0)], "negative": [(0, 10, -1, 0)],
@@ -191,6 +190,11 @@ out["refused"] = []
 for what, segs in bad.items():
     try:
         plan(9, segs=segs, held=bytes(10))
+    except ValueError:
+        out["refused"].append(what)
+for what, lag, unit in (("a lag under -1", -2, 4096), ("no blocks", 0, 0)):
+    try:
+        plan(9, lag, unit=unit)
     except ValueError:
         out["refused"].append(what)
 other = READ_BUF(lambda *args: 0)
@@ -214,10 +218,10 @@ def test_the_gate_answers_plain_ranges_and_passes_the_rest_on(tmp_path):
     )
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
-    # Straight into the reply, through the aligned buffer, through the page
-    # cache: the same bytes; a read into the range of no plain kind and one
-    # from the view's end go to Python (and keep the plan).
-    for how in ("direct", "pread"):
+    # Pages given back behind the reads or not: the same bytes; a read into
+    # the range of no plain kind and one from the view's end go to Python
+    # (and keep the plan).
+    for how in ("dropped", "kept"):
         assert out[how] == ["same", "same", "same", "same", "python", "python", True], how
     # The bytes past a read are plain too, up to `window` of them.
     assert out["window"] == ["same", "python"]
@@ -234,7 +238,7 @@ def test_the_gate_answers_plain_ranges_and_passes_the_rest_on(tmp_path):
     # An MXFP4 stack repacked from its blob blocks, cut anywhere: the
     # reference's bytes; a range past its end goes to Python; a stack whose
     # blocks run past the blob's end too, and the plan is dropped.
-    for how in ("mxfp4 direct", "mxfp4 pread"):
+    for how in ("mxfp4 dropped", "mxfp4 kept"):
         assert out[how] == ["same"] * 5 + ["python", True], how
     assert out["mxfp4 short"] == ["python", False]
     assert out["held"] == ["same", "same", "same"]
@@ -267,6 +271,8 @@ def test_the_gate_answers_plain_ranges_and_passes_the_rest_on(tmp_path):
         "a kin of another size",
         "its own kin",
         "rows past any output",
+        "a lag under -1",
+        "no blocks",
     ]
     assert out["one gate"] and out["served"] == 23 + 28 + 2
 

@@ -26,11 +26,12 @@
  *   repacked from MXFP4 and the header the plan holds (a range before an
  *   op tensor of another kind, or in a header not held, goes to Python,
  *   which computes ahead);
- * - every blob byte read as BlobFile.read_once_into reads it (O_DIRECT
- *   through `direct_fd` where it is not -1, for pieces of `direct_min`
- *   bytes or more: whole blocks straight into the reply where they lie as
- *   in the blob, the rest through an aligned buffer; otherwise pread), in
- *   full;
+ * - every blob byte read as BlobFile.read_once_into reads it: pread, in
+ *   full, then where the plan drops behind (`lag` not -1) as
+ *   BlobFile.passed gives pages back (POSIX_FADV_DONTNEED): in whole
+ *   blocks of `unit` bytes, up to `lag` bytes before the read's end, from
+ *   where the plan's last read gave them back up to, or from `lag` bytes
+ *   before the read's start where that lies further on;
  * - the same checks pass again once the bytes are in.
  * A read of rows whose segment has a kin (the other half of an interleaved
  * stack) and a plan that makes stores also makes the kin's same rows from
@@ -40,13 +41,13 @@
  * kills the plan (the Python read then decides; `read_planned` says the
  * plan is gone, and Python makes another once it finds the file intact).
  *
- * read_plan(fh, fd, direct_fd, identity, watch_fd, generation, segments,
- * held, view_size, window, direct_min, stores): the plan of open file fh (replacing one
- * it had): the file's descriptor and its O_DIRECT one (-1: none), which
- * stay open until fh is released (the kernel sends that release once no
- * read of fh is under way, and none comes after it), the identity (dev,
- * ino, size, mtime_ns, ctime_ns) both must keep (a descriptor closed, or its
- * number taken by another file, fails the checks), watch_fd (-1: not
+ * read_plan(fh, fd, lag, unit, identity, watch_fd, generation, segments,
+ * held, view_size, window, stores): the plan of open file fh (replacing one
+ * it had): the file's descriptor, which stays open until fh is released
+ * (the kernel sends that release once no read of fh is under way, and none
+ * comes after it), how reads drop behind (`lag` -1: they do not), the
+ * identity (dev, ino, size, mtime_ns, ctime_ns) it must keep (a descriptor
+ * closed, or its number taken by another file, fails the checks), watch_fd (-1: not
  * followed), the generation of `read_generation` taken before the file was
  * last found intact, its segments: signed 64-bit octuples (at, size, lo,
  * kind, origin, row, stride, kin), in view order: kind 0 blob bytes [lo,
@@ -66,6 +67,7 @@
 #include "accel.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -75,8 +77,8 @@
 #include <unistd.h>
 
 #define ALIGN 4096
-#define BOUNCE ((1 << 20) + 2 * ALIGN) /* the aligned buffer an O_DIRECT read goes through */
-#define BOUNCES_KEPT 8
+#define SPAN (1 << 20) /* the buffer rows are read into: bytes of the blob read at once */
+#define SPANS_KEPT 8
 #define SLOTS 1024
 
 enum { BLOB_BYTES, ZEROS, MXFP4, HELD_BYTES, ROWS, KINDS };
@@ -99,11 +101,13 @@ typedef struct plan {
     uint64_t fh;
     _Atomic int refs; /* the table's, and each read's using it */
     _Atomic int dead;
-    int fd, direct_fd, watch_fd;
+    int fd, watch_fd;
+    int64_t lag, unit;       /* how reads drop behind (lag -1: they do not) */
+    _Atomic int64_t dropped; /* where the last read gave the blob's pages back up to */
     uint64_t dev, ino;
     int64_t size, mtime, ctime;
     uint64_t generation;
-    int64_t view_size, window, direct_min;
+    int64_t view_size, window;
     int stores; /* whether reads make kin pages (stores.c) */
     Py_ssize_t count;
     segment *segs;
@@ -123,9 +127,9 @@ static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static plan *slots[SLOTS];
 static _Atomic uint64_t generation;
 static _Atomic uint64_t served;
-static pthread_mutex_t bounce_lock = PTHREAD_MUTEX_INITIALIZER;
-static void *bounces[BOUNCES_KEPT];
-static int bounces_kept;
+static pthread_mutex_t span_lock = PTHREAD_MUTEX_INITIALIZER;
+static void *spans[SPANS_KEPT];
+static int spans_kept;
 
 static void plan_free(plan *p)
 {
@@ -165,26 +169,24 @@ static plan *plan_unlink(uint64_t fh)
     return p;
 }
 
-static void *bounce_take(void)
+static void *span_take(void)
 {
     void *b = NULL;
-    pthread_mutex_lock(&bounce_lock);
-    if (bounces_kept)
-        b = bounces[--bounces_kept];
-    pthread_mutex_unlock(&bounce_lock);
-    if (!b && posix_memalign(&b, ALIGN, BOUNCE))
-        b = NULL;
-    return b;
+    pthread_mutex_lock(&span_lock);
+    if (spans_kept)
+        b = spans[--spans_kept];
+    pthread_mutex_unlock(&span_lock);
+    return b ? b : malloc(SPAN);
 }
 
-static void bounce_give(void *b)
+static void span_give(void *b)
 {
-    pthread_mutex_lock(&bounce_lock);
-    if (bounces_kept < BOUNCES_KEPT) {
-        bounces[bounces_kept++] = b;
+    pthread_mutex_lock(&span_lock);
+    if (spans_kept < SPANS_KEPT) {
+        spans[spans_kept++] = b;
         b = NULL;
     }
-    pthread_mutex_unlock(&bounce_lock);
+    pthread_mutex_unlock(&span_lock);
     free(b);
 }
 
@@ -199,7 +201,7 @@ static int same_file(plan *p, int fd)
            && (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec == p->ctime;
 }
 
-/* Whether the file is as the plan has it: both descriptors its identity,
+/* Whether the file is as the plan has it: its descriptor its identity,
  * and (followed) no event queued or taken in since the plan was made. */
 static int plan_holds(plan *p)
 {
@@ -212,7 +214,7 @@ static int plan_holds(plan *p)
         if (atomic_load(&generation) != p->generation)
             return 0;
     }
-    return same_file(p, p->fd) && (p->direct_fd < 0 || same_file(p, p->direct_fd));
+    return same_file(p, p->fd);
 }
 
 /* Exactly n bytes at `at` of fd into out; 0, or -1 on a failure or the file ending first. */
@@ -231,50 +233,20 @@ static int read_full(int fd, uint8_t *out, int64_t n, int64_t at)
     return 0;
 }
 
-/* n bytes at `at` into out through the O_DIRECT descriptor fd, a whole
- * aligned buffer at a time, copied out of it. */
-static int read_bounced(int fd, uint8_t *out, int64_t n, int64_t at)
-{
-    if (n <= 0)
-        return 0;
-    uint8_t *bounce = bounce_take();
-    if (!bounce)
-        return -1;
-    int failed = 0;
-    while (n > 0) {
-        int64_t start = at - at % ALIGN, skip = at - start;
-        int64_t want = (skip + n + ALIGN - 1) / ALIGN * ALIGN;
-        if (want > BOUNCE)
-            want = BOUNCE;
-        ssize_t got = pread(fd, bounce, (size_t)want, start);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= skip) {
-            failed = 1;
-            break;
-        }
-        int64_t take = got - skip < n ? got - skip : n;
-        memcpy(out, bounce + skip, (size_t)take);
-        out += take;
-        at += take;
-        n -= take;
-    }
-    bounce_give(bounce);
-    return failed ? -1 : 0;
-}
-
 /* The blob's bytes [lo, lo + n) into out, as BlobFile.read_once_into reads them. */
 static int read_piece(plan *p, uint8_t *out, int64_t n, int64_t lo)
 {
-    if (p->direct_fd < 0 || n < p->direct_min)
-        return read_full(p->fd, out, n, lo);
-    int64_t a = (lo + ALIGN - 1) / ALIGN * ALIGN, b = (lo + n) / ALIGN * ALIGN;
-    if (((uintptr_t)out - (uintptr_t)lo) % ALIGN == 0 && b - a >= p->direct_min) {
-        if (read_bounced(p->direct_fd, out, a - lo, lo) || read_full(p->direct_fd, out + (a - lo), b - a, a))
-            return -1;
-        return read_bounced(p->direct_fd, out + (b - lo), lo + n - b, b);
+    if (read_full(p->fd, out, n, lo))
+        return -1;
+    if (p->lag >= 0 && lo + n > p->lag) {
+        int64_t to = (lo + n - p->lag) / p->unit * p->unit, from = atomic_exchange(&p->dropped, to);
+        int64_t back = lo > p->lag ? (lo - p->lag) / p->unit * p->unit : 0;
+        if (from < back)
+            from = back;
+        if (from < to)
+            posix_fadvise(p->fd, from, to - from, POSIX_FADV_DONTNEED);
     }
-    return read_bounced(p->direct_fd, out, n, lo);
+    return 0;
 }
 
 /* n bytes of a rows segment's output into out, from the input unit
@@ -314,8 +286,7 @@ typedef struct {
 
 /* Bytes [x, x + n) of rows segment s's output into out, and with kin
  * segment k (NULL: none) the kin's [kx, ke) into kout, from one read of
- * the rows both need: a bounce buffer's worth of rows at a time (at the
- * buffer's offset that lets O_DIRECT reads land in place), read as
+ * the rows both need: a span buffer's worth of rows at a time, read as
  * `read_piece` reads them. */
 static int fill_rows(plan *p, const segment *s, uint8_t *out, int64_t x, int64_t n, const segment *k, uint8_t *kout,
                      int64_t kx, int64_t ke)
@@ -331,16 +302,15 @@ static int fill_rows(plan *p, const segment *s, uint8_t *out, int64_t x, int64_t
         r1 = (ke + row - 1) / row > r1 ? (ke + row - 1) / row : r1;
     }
     const int64_t group = top - base + row; /* the input bytes one row of each target lies in */
-    const int64_t most = (BOUNCE - ALIGN - group) / stride + 1; /* rows read at a time */
-    uint8_t *buf = bounce_take();
+    const int64_t most = (SPAN - group) / stride + 1; /* rows read at a time */
+    uint8_t *buf = span_take();
     if (!buf)
         return -1;
     int failed = 0;
     for (int64_t ra = r0, rb; ra < r1 && !failed; ra = rb) {
         rb = r1 - ra < most ? r1 : ra + most;
-        int64_t at = base + ra * stride;
-        uint8_t *in = buf + at % ALIGN;
-        if (read_piece(p, in, (rb - 1 - ra) * stride + group, at)) {
+        const uint8_t *in = buf;
+        if (read_piece(p, buf, (rb - 1 - ra) * stride + group, base + ra * stride)) {
             failed = 1;
             break;
         }
@@ -359,7 +329,7 @@ static int fill_rows(plan *p, const segment *s, uint8_t *out, int64_t x, int64_t
             }
         }
     }
-    bounce_give(buf);
+    span_give(buf);
     return failed ? -1 : 0;
 }
 
@@ -555,7 +525,7 @@ PyObject *accel_read_gate(PyObject *self, PyObject *args)
  * blob bytes of every row its output has addressable; where it names a kin
  * (`kin`: the view offset of the kin's output byte 0, -1 for none), that is
  * a whole segment of the same kind, rows and output size whose rows lie
- * within a bounce buffer with its own, and `kin` becomes its index.  Rows
+ * within a span buffer with its own, and `kin` becomes its index.  Rows
  * end to end with no kin are made one run (rows of one unit). */
 static int rows_sound(segment *segs, Py_ssize_t count, segment *s)
 {
@@ -567,8 +537,7 @@ static int rows_sound(segment *segs, Py_ssize_t count, segment *s)
         s->kin = -1;
     }
     rows = s->lo / s->row + s->size / s->row + 2;
-    if (s->row > BOUNCE - ALIGN || s->lo > INT64_MAX - BOUNCE - s->size
-        || rows > (INT64_MAX - s->origin - BOUNCE) / s->stride)
+    if (s->row > SPAN || s->lo > INT64_MAX - SPAN - s->size || rows > (INT64_MAX - s->origin - SPAN) / s->stride)
         return 0;
     if (s->kin < 0) {
         s->kin = -1;
@@ -580,8 +549,7 @@ static int rows_sound(segment *segs, Py_ssize_t count, segment *s)
     segment *k = &segs[lo];
     int64_t apart = k->origin > s->origin ? k->origin - s->origin : s->origin - k->origin;
     if (k->at != s->kin || k->lo != 0 || k->kind != s->kind || k->row != s->row || k->stride != s->stride
-        || k->size != s->lo + s->size || apart > BOUNCE - ALIGN - s->row
-        || rows > (INT64_MAX - k->origin - BOUNCE) / s->stride)
+        || k->size != s->lo + s->size || apart > SPAN - s->row || rows > (INT64_MAX - k->origin - SPAN) / s->stride)
         return 0;
     s->kin = lo;
     return 1;
@@ -626,13 +594,13 @@ static segment *segments_of(Py_buffer *raw, Py_ssize_t *count)
 PyObject *accel_read_plan(PyObject *self, PyObject *args)
 {
     unsigned long long fh, dev, ino, gen;
-    int fd, direct_fd, watch_fd;
-    long long size, mtime, ctime, view_size, window, direct_min;
+    int fd, watch_fd;
+    long long lag, unit, size, mtime, ctime, view_size, window;
     int stores;
     Py_buffer raw, held;
     (void)self;
-    if (!PyArg_ParseTuple(args, "Kii(KKLLL)iKy*y*LLLp", &fh, &fd, &direct_fd, &dev, &ino, &size, &mtime, &ctime,
-                          &watch_fd, &gen, &raw, &held, &view_size, &window, &direct_min, &stores))
+    if (!PyArg_ParseTuple(args, "KiLL(KKLLL)iKy*y*LLp", &fh, &fd, &lag, &unit, &dev, &ino, &size, &mtime, &ctime,
+                          &watch_fd, &gen, &raw, &held, &view_size, &window, &stores))
         return NULL;
     plan *p = calloc(1, sizeof *p);
     Py_ssize_t count = 0;
@@ -648,7 +616,7 @@ PyObject *accel_read_plan(PyObject *self, PyObject *args)
         free(p);
         return p && !segs ? NULL : PyErr_NoMemory();
     }
-    int bad = fd < 0 || view_size < 0 || window < 0 || direct_min < 0
+    int bad = fd < 0 || view_size < 0 || window < 0 || (lag != -1 && (lag < 0 || unit <= 0))
               || (count && segs[count - 1].at + segs[count - 1].size > view_size);
     for (Py_ssize_t i = 0; i < count && !bad; i++)
         bad = segs[i].kind == HELD_BYTES && segs[i].lo + segs[i].size > held_size;
@@ -657,15 +625,16 @@ PyObject *accel_read_plan(PyObject *self, PyObject *args)
         free(segs);
         free(p);
         PyErr_SetString(PyExc_ValueError,
-                        "read_plan: no descriptor, or segments past the view's end or the held bytes");
+                        "read_plan: no descriptor, no way to drop behind, or segments past the view's end or the "
+                        "held bytes");
         return NULL;
     }
-    *p = (plan){.fh = fh, .fd = fd, .direct_fd = direct_fd < 0 ? -1 : direct_fd, .watch_fd = watch_fd, .dev = dev,
+    *p = (plan){.fh = fh, .fd = fd, .lag = lag, .unit = lag < 0 ? 1 : unit, .watch_fd = watch_fd, .dev = dev,
                 .ino = ino, .size = size, .mtime = mtime, .ctime = ctime, .generation = gen, .view_size = view_size,
-                .window = window, .direct_min = direct_min, .stores = stores, .count = count, .segs = segs, .held = kept,
-                .held_size = held_size};
+                .window = window, .stores = stores, .count = count, .segs = segs, .held = kept, .held_size = held_size};
     atomic_init(&p->refs, 1);
     atomic_init(&p->dead, 0);
+    atomic_init(&p->dropped, 0);
     pthread_mutex_lock(&table_lock);
     plan *old = plan_unlink(fh);
     p->next = slots[fh % SLOTS];

@@ -6,17 +6,16 @@ when it was opened.
 Everything compatfs reads out of a store (blobs, manifests, params layers)
 comes through here.  `BlobFile` reads exactly the bytes asked for or raises.
 Bytes that go on to be cached elsewhere (a view's blob ranges, which the
-kernel keeps as the mount's own file) are read with O_DIRECT from a file the
-page cache does not mostly hold already (`read_once_into`): a model read
-through the mount is then cached once, not twice.  The lookups' names other
-layers import from here (`status`, `identity`, `Denied`, ...) are
-`lookup`'s.
+kernel keeps as the mount's own file) are read through the page cache, with
+the kernel's read-ahead, and from a file the page cache did not mostly hold
+already its pages are given back behind the reads (`read_once_into`): a
+model read through the mount is then cached once, not twice.  The lookups'
+names other layers import from here (`status`, `identity`, `Denied`, ...)
+are `lookup`'s.
 """
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import os
 import threading
 from pathlib import Path
@@ -28,7 +27,6 @@ from ..errors import GGUFError
 from .libc import cached_pages, pages, written_by_others
 from .lookup import (
     KEEP_OUT_ENV,
-    OPEN_FLAGS,
     TRANSIENT_ERRNOS,
     Denied,
     Stamp,
@@ -38,7 +36,6 @@ from .lookup import (
     is_folder,
     keep_out,
     open_regular,
-    proc_path,
     require,
     resolved,
     status,
@@ -46,13 +43,11 @@ from .lookup import (
     transient,
     unchanged,
 )
-from .scratch import scratch
 from .watch import Followed, contents
 
 __all__ = [
-    "ALIGN",
-    "DIRECT_MIN",
-    "blocks_for",
+    "DROP_LAG",
+    "DROP_UNIT",
     "KEEP_OUT_ENV",
     "TRANSIENT_ERRNOS",
     "BlobFile",
@@ -70,8 +65,6 @@ __all__ = [
     "unchanged",
 ]
 
-_DIRECT_FLAGS = OPEN_FLAGS | os.O_DIRECT
-
 
 class Closable(Protocol):
     def close(self) -> None: ...
@@ -79,9 +72,12 @@ class Closable(Protocol):
 
 C = TypeVar("C", bound=Closable)
 
-ALIGN = 4096  # O_DIRECT offsets, sizes and buffers: whole 4 KiB blocks
-DIRECT_MIN = 64 << 10  # shorter reads go through the page cache
-_BOUNCE = (1 << 20) + 2 * ALIGN  # the aligned buffer an O_DIRECT read goes through
+# A cold file's pages are given back once reads are this far past them (the kernel keeps up to 64 reads
+# of 1 MiB of a mount's file in flight at once, which may come in any order)...
+DROP_LAG = 64 << 20
+# ... in whole blocks of this many bytes, from where the last drop ended (the page cache holds a file's
+# bytes in folios of up to 2 MiB here, and gives one back only where all of it is asked for).
+DROP_UNIT = 8 << 20
 EXPLAINED_WITHIN = 0.05  # seconds a followed file's moved change time waits for the event that tells why
 
 
@@ -105,7 +101,7 @@ class BlobFile:
     metadata alone (mode, owner, ACL, links, xattrs) leaves it intact, any
     write of its bytes does not, whatever was done to its times or links.
     It owns what was made for it (`owned`: the reads it computes ahead),
-    closed with it by `close`, as its descriptors are."""
+    closed with it by `close`, as its descriptor is."""
 
     def __init__(
         self, path: str | os.PathLike, expect: Stamp | None = None, caller: Caller | None = None, follow: bool = False
@@ -114,8 +110,9 @@ class BlobFile:
         self.fd, st = open_regular(path, caller)
         self.stamp = identity(st)
         self._seen = (self.stamp, st.st_nlink)  # the identity and link count it was last found intact with
-        self._direct: int | None = None  # the O_DIRECT descriptor: None not opened yet, -1 none to be had
-        self._refused = False  # its reads failed: kept open until `close`, no longer read
+        self._behind: bool | None = None  # whether reads drop behind (`drops_behind`): None not decided yet
+        self._dropped = 0  # where the last read gave its pages back up to (`passed`)
+        self._dropping = threading.Lock()
         self._followed: Followed | None = None
         self._owned: dict[Hashable, Closable] = {}
         self._owned_lock = threading.Lock()
@@ -161,7 +158,7 @@ class BlobFile:
         return cast(C, made)  # (made by `make` for this key)
 
     def close(self) -> None:
-        """Close what it owns (`owned`), its descriptors, and stop following it."""
+        """Close what it owns (`owned`), its descriptor, and stop following it."""
         with self._owned_lock:
             owned, self._owned = list(self._owned.values()), {}
         for made in owned:
@@ -169,9 +166,6 @@ class BlobFile:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-        if self._direct is not None and self._direct >= 0:
-            os.close(self._direct)
-        self._direct = -1
         followed, self._followed = self._followed, None
         watch = contents() if followed is not None else None
         if watch is not None and followed is not None:
@@ -186,7 +180,7 @@ class BlobFile:
         except OSError as e:
             raise failure(self.path, "open", e) from None
         again.path, again.stamp, again._seen = self.path, self.stamp, self._seen
-        again._direct, again._refused, again._followed = None, False, self._followed
+        again._behind, again._dropped, again._dropping, again._followed = None, 0, threading.Lock(), self._followed
         again._owned, again._owned_lock = {}, threading.Lock()
         watch = contents() if self._followed is not None else None
         if watch is not None and self._followed is not None:
@@ -275,157 +269,63 @@ class BlobFile:
 
     def read_once_into(self, out: memoryview, offset: int) -> None:
         """As `read_into`, for bytes read to be cached elsewhere and not read
-        again from this file: read with O_DIRECT (neither cached a second
-        time nor copied out of freshly filled pages) where this file
-        `reads_directly`; otherwise, and for reads under `DIRECT_MIN`,
-        through the page cache.  Where `out` lies as the file does (its
-        address and `offset` alike modulo `ALIGN`: a reply buffer of a view
-        served as the blob is), the whole blocks are read straight into it;
-        the rest through an aligned buffer, copied out with the GIL released."""
-        size = len(out)
-        fd = self._direct_fd() if size >= DIRECT_MIN else -1
-        if fd < 0:
-            return self.read_into(out, offset)
-        done = 0
-        try:
-            address = ctypes.addressof(ctypes.c_char.from_buffer(out))
-            lo, hi = -(-offset // ALIGN) * ALIGN, (offset + size) // ALIGN * ALIGN
-            if (address - offset) % ALIGN == 0 and hi - lo >= DIRECT_MIN:
-                self._bounced(fd, out[: lo - offset], offset)
-                done = lo - offset
-                self._read_direct(fd, out[done : hi - offset], lo, hi - lo, offset + size)
-                done = hi - offset
-            self._bounced(fd, out[done:], offset + done)
-        except OSError as e:
-            if e.errno != errno.EINVAL:
-                raise failure(self.path, "read", e) from None
-            self._refused = True  # the filesystem refuses these reads: the page cache from now on
-            self.read_into(out[done:], offset + done)
+        again from this file: where this file `drops_behind`, the reads have
+        then `passed` those bytes."""
+        self.read_into(out, offset)
+        self.passed(offset, offset + len(out))
 
-    def read_once_in_blocks(self, buf: memoryview, offset: int, size: int) -> memoryview:
-        """`size` bytes at `offset`, read as `read_once_into` reads them,
-        into `buf` (page-aligned, at least `blocks_for(offset, size)` bytes)
-        at `offset % ALIGN`, as they lie in the blob: with O_DIRECT, the
-        whole blocks they lie in are read straight into `buf` in one go (no
-        separate reads of the blocks cut at either end); returns the part of
-        `buf` that holds them."""
-        skip = offset % ALIGN
-        if len(buf) < blocks_for(offset, size) or ctypes.addressof(ctypes.c_char.from_buffer(buf)) % ALIGN:
-            raise ValueError(f"a buffer of {len(buf)} bytes, not page-aligned or short of {size} bytes at {offset}")
-        fd = self._direct_fd() if size >= DIRECT_MIN else -1
-        if fd < 0:
-            self.read_into(buf[skip : skip + size], offset)
-            return buf[skip : skip + size]
-        try:
-            self._read_direct(fd, buf[: blocks_for(offset, size)], offset - skip, skip + size, offset + size)
-        except OSError as e:
-            if e.errno != errno.EINVAL:
-                raise failure(self.path, "read", e) from None
-            self._refused = True  # the filesystem refuses these reads: the page cache from now on
-            self.read_into(buf[skip : skip + size], offset)
-        return buf[skip : skip + size]
-
-    def _read_direct(self, fd: int, out: memoryview, offset: int, need: int, end: int) -> None:
-        """Bytes at block-aligned `offset` straight into `out` (page-aligned,
-        whole blocks) through the O_DIRECT descriptor `fd`, until at least
-        `need` are in (the file may end inside its last block); the read
-        wanted bytes up to `end` (the error says so where the file ends first)."""
-        done = 0
-        while done < need:
-            got = os.preadv(fd, [out[done:]], offset + done)
-            if got <= 0:
-                raise self._ended(offset + done, end)
-            done += got
-
-    def _bounced(self, fd: int, out: memoryview, offset: int) -> None:
-        """Bytes at `offset` into `out` through the O_DIRECT descriptor `fd`,
-        read a whole aligned buffer at a time and copied out of it."""
-        size = len(out)
-        if not size:
+    def passed(self, offset: int, end: int) -> None:
+        """Bytes [offset, end) were read to be cached elsewhere: where this
+        file `drops_behind`, its pages are given back to the kernel in whole
+        `DROP_UNIT` blocks up to `DROP_LAG` bytes before `end`, from where
+        the last read gave them back up to, or from `DROP_LAG` bytes before
+        `offset` where that lies further on (reads that went on elsewhere in
+        the file give pages back where they go on)."""
+        if not self.drops_behind or end <= DROP_LAG:
             return
-        done = 0
-        with scratch(_BOUNCE) as bounce:
-            buf, source = bounce.data, bounce.ctypes.data
-            target = ctypes.addressof(ctypes.c_char.from_buffer(out))
-            while done < size:
-                at = offset + done
-                start = at - at % ALIGN
-                skip = at - start
-                want = min(len(buf), -(-(skip + size - done) // ALIGN) * ALIGN)
-                got = min(os.preadv(fd, [buf[:want]], start) - skip, size - done)
-                if got <= 0:
-                    raise self._ended(at, offset + size)
-                ctypes.memmove(target + done, source + skip, got)  # (ctypes lets go of the GIL meanwhile)
-                done += got
+        to = (end - DROP_LAG) // DROP_UNIT * DROP_UNIT
+        back = max(0, offset - DROP_LAG) // DROP_UNIT * DROP_UNIT
+        with self._dropping:
+            start, self._dropped = max(self._dropped, back), to
+        if start < to and self.fd >= 0:
+            os.posix_fadvise(self.fd, start, to - start, os.POSIX_FADV_DONTNEED)
 
-    def settled(self) -> tuple[int, int, Stamp, int] | None:
+    def settled(self) -> tuple[int, bool, Stamp, int] | None:
         """What reading its bytes as `read_once_into` does takes, where
-        nothing reported of the file is left to judge: its descriptor, the
-        O_DIRECT one (-1: none; `reads_directly` decided here where no read
-        has decided it yet, as the first would), the identity its status
-        must keep (change time included), and the inotify descriptor whose
-        events are news of it (-1: not followed).  None once a change of it
-        was reported, or for a file closed."""
+        nothing reported of the file is left to judge: its descriptor,
+        whether it `drops_behind` (decided here where no read has decided it
+        yet, as the first would), the identity its status must keep (change
+        time included), and the inotify descriptor whose events are news of
+        it (-1: not followed).  None once a change of it was reported, or for
+        a file closed."""
         if self.fd < 0:
             return None
         followed = self._followed
         if followed is None:
-            return self.fd, self._direct_fd(), self._seen[0], -1
+            return self.fd, self.drops_behind, self._seen[0], -1
         watch = contents()
         if watch is None or followed.written or followed.touched or followed.lost:
             return None
-        return self.fd, self._direct_fd(), (*self.stamp[:4], followed.ctime), watch.fd
+        return self.fd, self.drops_behind, (*self.stamp[:4], followed.ctime), watch.fd
 
     @property
-    def reads_directly(self) -> bool:
-        """Whether `read_once_into` reads this file with O_DIRECT: decided on
-        first use, when the page cache held fewer than half of its pages (a
-        file mostly cached, as one a model server has just used, is read
-        from there), the kernel could tell (`cached_pages`) and the
-        filesystem gave an O_DIRECT descriptor.  Decided once: reads through
-        the page cache fill it a large folio at a time, so what it holds
-        after one would speak of that read, not of the file's use."""
-        return self._direct_fd() >= 0
-
-    def _direct_fd(self) -> int:
-        """The O_DIRECT descriptor `reads_directly` decides on, opened from
-        the open descriptor (the same file, wherever its path leads now); -1
-        where there is none."""
-        if self._direct is None:
-            with _DIRECT_OPENING:
-                if self._direct is None:
-                    cached = cached_pages(self.fd, 0, self.stamp[2])
-                    cold = cached is not None and 2 * cached < pages(0, self.stamp[2])
-                    self._direct = self._reopen_direct() if cold else -1
-        return -1 if self._refused else self._direct
-
-    def _reopen_direct(self) -> int:
-        """An O_DIRECT descriptor of the file the open descriptor holds, or -1
-        where its filesystem refuses one (or the file reopened is not this
-        one, holding the same bytes: `intact`)."""
-        try:
-            direct = os.open(proc_path(self.fd), _DIRECT_FLAGS)
-        except OSError:
-            return -1
-        try:
-            same = self.intact(os.fstat(direct))
-        except OSError:
-            same = False
-        if not same:
-            os.close(direct)
-            return -1
-        return direct
+    def drops_behind(self) -> bool:
+        """Whether reads of bytes to be cached elsewhere give this file's
+        pages back behind them (`passed`): decided on first use, when the
+        page cache held fewer than half of its pages and the kernel could
+        tell (`cached_pages`; a file mostly cached, as one a model server has
+        just used, is left as it is).  Decided once: what the page cache
+        holds after a read of it would speak of that read, not of the
+        file's use."""
+        if self._behind is None:
+            with self._dropping:
+                if self._behind is None:
+                    cached = cached_pages(self.fd, 0, self.stamp[2]) if self.fd >= 0 else None
+                    self._behind = cached is not None and 2 * cached < pages(0, self.stamp[2])
+        return self._behind
 
     def read(self, offset: int, size: int) -> bytearray:
         """Exactly `size` bytes at `offset`."""
         buf = bytearray(size)
         self.read_into(memoryview(buf), offset)
         return buf
-
-
-_DIRECT_OPENING = threading.Lock()
-
-
-def blocks_for(offset: int, size: int) -> int:
-    """Bytes of the whole `ALIGN` blocks that bytes [offset, offset + size) lie in."""
-    return -(-(offset % ALIGN + size) // ALIGN) * ALIGN

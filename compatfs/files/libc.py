@@ -1,5 +1,5 @@
 """What compatfs asks of the C library itself: `malloc`/`free` for the read
-replies libfuse frees (page-aligned, so O_DIRECT reads can fill them),
+replies libfuse frees (page-aligned),
 memory mapped on its own (`map_memory`: given back to the system whole when
 unmapped, never kept in malloc's heaps), the allocator's thresholds (the daemon and its
 indexing workers tune them differently; a glibc call, elsewhere it does

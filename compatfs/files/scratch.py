@@ -3,7 +3,7 @@ given back after it and reused by the next:
 a read that mapped fresh pages for its buffers would fault each of them in
 again (and on a VM whose host takes freed memory back, each fault is dear:
 a fresh 2 MiB buffer per 1 MiB read cost the daemon more CPU than the copies
-themselves).  Buffers are page-aligned (O_DIRECT reads need that), sized in
+themselves).  Buffers are page-aligned (whole pages mapped), sized in
 powers of two up to 1 MiB and in whole MiB above; at most `KEEP` wait for a
 reader, who takes the smallest large enough (or, finding none, a new one).
 """

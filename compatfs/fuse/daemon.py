@@ -36,9 +36,9 @@ class MountError(Exception):
 
 def raise_open_files_limit() -> str:
     """Raise this process's soft limit on open descriptors (RLIMIT_NOFILE) to
-    its hard limit: every open file holds its blob's descriptor (and a second
-    one where it is read with O_DIRECT), so the usual soft limit of 1024 runs
-    out at a few hundred open files.  Returns the line to log."""
+    its hard limit: every open file holds its blob's descriptor, so the usual
+    soft limit of 1024 runs out before a thousand open files.  Returns the
+    line to log."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = hard
     if hard == resource.RLIM_INFINITY:  # the kernel's ceiling for one process

@@ -9,23 +9,24 @@ at most `HELD_MOST` bytes), blob ranges and zeros, rows of the blob
 (`_rows`): rounds of one row each (a split of an interleaved stack) and
 the op tensors a compiled kernel makes row by row from the blob
 (`Op.compiled_blocks`: a type-4 MXFP4 stack, whole or a half), the blob's
-descriptors and the identity the blob (through both) must keep.  Where
-rows have a kin (the other half of the stack) the gate makes the kin's
-same rows from the same read, as pages of the file that `pagecache` hands
-the kernel (`stores`).  The gate then answers a read itself where
-every byte of it, and `WINDOW` bytes past it, is one of those (a larger
-header, other op tensors and the ranges just before them go to Python,
-which computes ahead), reading the blob as `BlobFile.read_once_into` reads
-it (a compiled kernel's blocks into an aligned buffer, the kernel's output
-into the reply), and checks the blob
-before and after as `OpenFiles.reading` does: the same status, and for a
-followed blob no inotify event queued or taken in since the plan was made
+descriptor, the identity the blob must keep and whether reads give its
+pages back behind them.  Where rows have a kin (the other half of the
+stack) the gate makes the kin's same rows from the same read, as pages of
+the file that `pagecache` hands the kernel (`stores`).  The gate then
+answers a read itself where every byte of it, and `WINDOW` bytes past it,
+is one of those (a larger header, other op tensors and the ranges just
+before them go to Python, which computes ahead), reading the blob as
+`BlobFile.read_once_into` reads it (a compiled kernel's blocks into a
+buffer, the kernel's output into the reply, pages given back behind the
+reads where it `drops_behind`), and checks the blob before and after as
+`OpenFiles.reading` does: the same status, and for a followed blob no
+inotify event queued or taken in since the plan was made
 (`Contents.on_events` counts each batch before it is read).  Anything
 else, a check that fails or a read that fails or comes short, goes to the
 Python read, which judges the file and serves the read or fails it, as
 without the gate; the plan is then dropped, and made again after a read
 Python serves finds the file intact.  A release forgets the plan before
-the descriptors are closed (the kernel sends it once no read of the file is
+the descriptor is closed (the kernel sends it once no read of the file is
 under way).  The gate only saves time: a plan that cannot be made is not.
 """
 
@@ -40,7 +41,7 @@ from collections.abc import Callable
 
 import mfusepy as fuse
 
-from ..files.blobfile import DIRECT_MIN
+from ..files.blobfile import DROP_LAG, DROP_UNIT
 from ..files.watch import contents
 from ..translate import accel
 from ..view.ahead import WINDOW
@@ -57,7 +58,7 @@ _NOT_ROWS = (0, 0, 0, -1)  # origin, row, stride and kin of a segment that is no
 _KERNELS = {("mxfp4", 17): _MXFP4}  # compiled kernels (name, block bytes) the gate runs, as its kind
 MAX_RUNS = 1 << 16  # runs of one segment's rounds a plan takes as blob ranges, at most
 # A row, or a row of each of two kin and the bytes between them, the gate reads at once: at most this
-# (what one of its aligned buffers holds).
+# (what one of its span buffers holds).
 SPAN_MOST = 1 << 20
 # A header up to this size is copied into each open file's plan: a projector's, a model's without a big
 # vocabulary (whose header is Python's to serve); so many opens make the daemon hold 16 KiB each at most.
@@ -117,11 +118,12 @@ def plan(fh: int, opened: OpenFile, stores: bool) -> None:
     settled = opened.file.settled()
     if settled is None:
         return
-    fd, direct, identity, watch = settled
+    fd, drops, identity, watch = settled
     segments, held = _packed(opened.view)
+    lag = DROP_LAG if drops else -1
     try:
         native.read_plan(
-            fh, fd, direct, identity, watch, generation, segments, held, opened.view.size, WINDOW, DIRECT_MIN, stores
+            fh, fd, lag, DROP_UNIT, identity, watch, generation, segments, held, opened.view.size, WINDOW, stores
         )
     except (MemoryError, ValueError) as e:
         log.debug("reads of %s answered in Python (no plan: %s)", opened.path, e)

@@ -1,9 +1,7 @@
 """The read path: a read is answered with one page-aligned malloc'ed buffer
 that libfuse frees (`read_buf`), filled by `view.assemble` through the blob the
-open file holds: blob ranges are read into C memory (with preadv; where the
-blob is read with O_DIRECT, its whole blocks straight into the buffer when
-they lie in it as in the blob, as a view served as the blob's bytes has
-them, the rest through an aligned buffer; their bytes never become Python
+open file holds: blob ranges are read into C memory (with preadv, as
+`BlobFile.read_once_into` reads them; their bytes never become Python
 objects), ranges of elementwise ops are computed straight
 into it, header bytes and op tensors' chunks copied in; the same ranges of
 the kin of the op tensors read (`segments.kin_of`) are made from the same
@@ -61,7 +59,7 @@ def reply(
     # One memory buffer, which libfuse frees, filled here (a blob cut
     # short under a read is EIO, never a short reply, which the kernel
     # would take for the end of the file).
-    mem = malloc_aligned(max(n, 1), PAGE)  # a blob's whole blocks are read straight into it (O_DIRECT)
+    mem = malloc_aligned(max(n, 1), PAGE)
     if not mem:
         raise fuse.FuseOSError(errno.ENOMEM)
     try:

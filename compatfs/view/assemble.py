@@ -23,7 +23,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from . import ahead
-from ..files.blobfile import ALIGN, BlobFile, blocks_for
+from ..files.blobfile import BlobFile
 from ..errors import GGUFError
 from ..format.header import TensorInfo
 from ..translate import accel
@@ -189,7 +189,7 @@ def _reader(blob: BlobFile):
 def _with_kin(seg: InRounds | Computed, blob: BlobFile | None, out: memoryview, kin_into: KinInto) -> None:
     """The segment's bytes into `out`, and the same bytes of each of its kin
     into the buffer `kin_into` gives for them, their input span read once
-    (with `read_once_in_blocks`: the blob's bytes are not read again): for
+    (with `read_once_into`: the blob's bytes are not read again): for
     an op in rounds the span all their runs lie in, for a ranged op the
     span its range reads widened by the op's `reach` (`Op.span_group`)."""
     blob = _opened(blob)
@@ -208,9 +208,10 @@ def _with_kin(seg: InRounds | Computed, blob: BlobFile | None, out: memoryview, 
         assert isinstance(seg, InRounds)
         spans = [_rounds_span(s) for s in (seg, *(k for k, _ in pairs)) if isinstance(s, InRounds)]
         first, end = min(a for a, _ in spans), max(b for _, b in spans)
-        held = take(blocks_for(first, end - first))
+        held = take(end - first)
         try:
-            data = np.frombuffer(blob.read_once_in_blocks(held.data, first, end - first), np.uint8)
+            data = held[: end - first]
+            blob.read_once_into(data.data, first)
             _rounds_held(seg, first, data, out)
             for k, buf in pairs:
                 assert isinstance(k, InRounds)
@@ -272,15 +273,12 @@ def _rounds_held(seg: InRounds, first: int, held: np.ndarray, out: memoryview) -
 class _Inputs:
     """A ranged op's input reader for one range of `budget` output bytes:
     (tensor, start, size) -> those bytes, through `blob` (with
-    `read_once_in_blocks` where the op reads them `once`), valid until the
-    reader is closed.  Each read lands in scratch memory where it lies as in
-    the blob (its offset modulo `ALIGN`), so that an O_DIRECT read of the
-    whole blocks it lies in goes straight into it, in one go.  A read that
-    starts where the one before of the same input ended (an op that reads
-    its input in pieces) reads ahead at once
-    as many bytes as the range has left to fill and an `ALIGN` more (a
-    piece may end in a block cut by the range's end; within the input),
-    which serve the reads that follow: one read of the blob instead of many."""
+    `read_once_into` where the op reads them `once`), valid until the
+    reader is closed, each read into scratch memory.  A read that starts
+    where the one before of the same input ended (an op that reads its
+    input in pieces) reads ahead at once as many bytes as the range has
+    left to fill (within the input), which serve the reads that follow:
+    one read of the blob instead of many."""
 
     def __init__(self, blob: BlobFile, once: bool, budget: int, reach: int = 0):
         self._blob, self._once = blob, once
@@ -306,12 +304,16 @@ class _Inputs:
         else:
             want = size
             if self._end is not None and self._end[0] is t and self._end[1] == start:
-                want = max(size, min(self._left + size + ALIGN, t.nbytes - start))
+                want = max(size, min(self._left + size, t.nbytes - start))
             before = min(self._reach, start)  # (a reach: bytes the kin's reads of the span take too)
             want = min(want + before + self._reach, t.nbytes - start + before)
-            buf = take(blocks_for(at - before, want))
+            buf = take(want)
             self._taken.append(buf)
-            whole = _in_blocks(self._blob, self._once, buf.data, at - before, want)
+            whole = buf.data[:want]
+            if self._once:
+                self._blob.read_once_into(whole, at - before)
+            else:
+                self._blob.read_into(whole, at - before)
             self._held = (at - before, whole)
             data = whole[before : before + size]
         self._end = (t, start + size)
@@ -349,20 +351,10 @@ def _rounds(seg: InRounds, blob: BlobFile | None, out: memoryview) -> None:
                 with scratch((min(batch, whole - k) - 1) * stride + unit) as spans:
                     for j in range(k, whole, batch):
                         m = min(batch, whole - j)
-                        blob.read_into(spans.data[: (m - 1) * stride + unit], offset + j * stride)
+                        blob.read_once_into(spans.data[: (m - 1) * stride + unit], offset + j * stride)
                         target = as_strided(dst[j * r.period + at - lo :], shape=(m, unit), strides=(r.period, 1))
                         target[...] = as_strided(spans, shape=(m, unit), strides=(stride, 1))
             k = whole
-
-
-def _in_blocks(blob: BlobFile, once: bool, buf: memoryview, offset: int, size: int) -> memoryview:
-    """`size` blob bytes at `offset` into page-aligned `buf` where they lie
-    as in the blob, read once (`read_once_in_blocks`) or through the page cache."""
-    if once:
-        return blob.read_once_in_blocks(buf, offset, size)
-    skip = offset % ALIGN
-    blob.read_into(buf[skip : skip + size], offset)
-    return buf[skip : skip + size]
 
 
 def _scattered(blob: BlobFile, out: memoryview, offset: int, unit: int, stride: int, count: int, period: int) -> None:
@@ -370,7 +362,8 @@ def _scattered(blob: BlobFile, out: memoryview, offset: int, unit: int, stride: 
     `out` `period` apart, by the compiled `gather_read`: one pass over the
     blob's span through its descriptor (the page cache), each run read
     straight into its place (the bytes between runs into a buffer thrown
-    away); GGUFError naming the blob when it cannot be read or ends first."""
+    away), the reads having then `passed` the span; GGUFError naming the
+    blob when it cannot be read or ends first."""
     assert accel.native is not None
     span = (count - 1) * stride + unit
     try:
@@ -379,6 +372,7 @@ def _scattered(blob: BlobFile, out: memoryview, offset: int, unit: int, stride: 
         raise GGUFError(f"{blob.path}: cannot read: {e.strerror}") from e
     if got != span:
         raise GGUFError(f"{blob.path}: ends at {offset + got}, before {offset + span} (truncated?)")
+    blob.passed(offset, offset + span)
 
 
 def _cached(seg: Cached, blob: BlobFile | None, out: memoryview) -> None:
