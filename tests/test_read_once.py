@@ -108,7 +108,7 @@ def test_a_cold_file_read_once_is_given_back_behind_the_reads(data, small_drops)
         assert cached(path) <= pages(0, LAG + UNIT)
 
 
-def test_a_read_gives_back_no_more_than_the_lag_before_it(data, small_drops):
+def test_a_read_gives_back_the_blocks_that_end_in_it_moved_the_lag_back(data, small_drops):
     path, raw = data
     with cold(path) as f:
         fd, out = f.fd, bytearray(MiB)
@@ -116,15 +116,17 @@ def test_a_read_gives_back_no_more_than_the_lag_before_it(data, small_drops):
             g.read(30 * MiB)  # pages another reader brought in
         if cached_pages(fd, 0, 30 * MiB) < pages(0, 30 * MiB):
             pytest.skip("the page cache did not keep the file just read")
-        f.read_once_into(memoryview(out), 39 * MiB)
+        f.read_once_into(memoryview(out), 39 * MiB)  # the block [30, 32) MiB ends in [31, 32) MiB
         assert out == raw[39 * MiB : 40 * MiB]
         assert cached_pages(fd, 0, 30 * MiB) == pages(0, 30 * MiB)
-        f.read_once_into(memoryview(out), 20 * MiB)  # a read that jumps back gives back nothing yet
+        assert cached_pages(fd, 30 * MiB, UNIT) == 0
+        f.read_once_into(memoryview(out), 20 * MiB + 5)  # no block ends in [12, 13) MiB
         assert cached_pages(fd, 0, 30 * MiB) == pages(0, 30 * MiB)
-        f.read_once_into(memoryview(out), 21 * MiB)  # the next, the blocks within the lag before the jump
-        assert out == raw[21 * MiB : 22 * MiB]
+        f.read_once_into(memoryview(out), 21 * MiB + 5)  # [12, 14) MiB ends in [13, 14) MiB
+        assert out == raw[21 * MiB + 5 : 22 * MiB + 5]
         assert cached_pages(fd, 12 * MiB, UNIT) == 0
         assert cached_pages(fd, 0, 12 * MiB) == pages(0, 12 * MiB)
+        assert cached_pages(fd, 14 * MiB, 16 * MiB) == pages(0, 16 * MiB)
 
 
 def test_a_mostly_cached_file_is_left_as_it_is(data, small_drops):
@@ -179,9 +181,8 @@ def test_a_model_read_through_the_mount_is_not_cached_twice(tmp_path, mount_stor
     assert served.read_bytes() == blob_file.read_bytes()
     # The daemon parsed the header (through the page cache) before; of the
     # tensor's 160 MiB, the blob's page cache keeps the lag behind the last
-    # reads (those answered in C and those in Python drop each on their own)
-    # and the blocks they end in.
-    assert cached(blob) - before <= pages(0, DROP_LAG + 3 * DROP_UNIT), m.log_text()
+    # reads and the block it ends in.
+    assert cached(blob) - before <= pages(0, DROP_LAG + 2 * DROP_UNIT), m.log_text()
 
 
 def test_an_op_that_reads_its_inputs_once_gives_them_back(tmp_path, small_drops):

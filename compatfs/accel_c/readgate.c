@@ -27,11 +27,10 @@
  *   op tensor of another kind, or in a header not held, goes to Python,
  *   which computes ahead);
  * - every blob byte read as BlobFile.read_once_into reads it: pread, in
- *   full, then where the plan drops behind (`lag` not -1) as
- *   BlobFile.passed gives pages back (POSIX_FADV_DONTNEED): in whole
- *   blocks of `unit` bytes, up to `lag` bytes before the read's end, from
- *   where the plan's last read gave them back up to, or from `lag` bytes
- *   before the read's start where that lies further on;
+ *   full, then where the plan drops behind (`lag` not -1) the blob's pages
+ *   given back as BlobFile.passed gives them back (POSIX_FADV_DONTNEED):
+ *   the whole blocks of `unit` bytes that end in the read's bytes moved
+ *   `lag` back;
  * - the same checks pass again once the bytes are in.
  * A read of rows whose segment has a kin (the other half of an interleaved
  * stack) and a plan that makes stores also makes the kin's same rows from
@@ -102,8 +101,7 @@ typedef struct plan {
     _Atomic int refs; /* the table's, and each read's using it */
     _Atomic int dead;
     int fd, watch_fd;
-    int64_t lag, unit;       /* how reads drop behind (lag -1: they do not) */
-    _Atomic int64_t dropped; /* where the last read gave the blob's pages back up to */
+    int64_t lag, unit; /* how reads drop behind (lag -1: they do not) */
     uint64_t dev, ino;
     int64_t size, mtime, ctime;
     uint64_t generation;
@@ -239,10 +237,7 @@ static int read_piece(plan *p, uint8_t *out, int64_t n, int64_t lo)
     if (read_full(p->fd, out, n, lo))
         return -1;
     if (p->lag >= 0 && lo + n > p->lag) {
-        int64_t to = (lo + n - p->lag) / p->unit * p->unit, from = atomic_exchange(&p->dropped, to);
-        int64_t back = lo > p->lag ? (lo - p->lag) / p->unit * p->unit : 0;
-        if (from < back)
-            from = back;
+        int64_t from = lo > p->lag ? (lo - p->lag) / p->unit * p->unit : 0, to = (lo + n - p->lag) / p->unit * p->unit;
         if (from < to)
             posix_fadvise(p->fd, from, to - from, POSIX_FADV_DONTNEED);
     }
@@ -634,7 +629,6 @@ PyObject *accel_read_plan(PyObject *self, PyObject *args)
                 .window = window, .stores = stores, .count = count, .segs = segs, .held = kept, .held_size = held_size};
     atomic_init(&p->refs, 1);
     atomic_init(&p->dead, 0);
-    atomic_init(&p->dropped, 0);
     pthread_mutex_lock(&table_lock);
     plan *old = plan_unlink(fh);
     p->next = slots[fh % SLOTS];

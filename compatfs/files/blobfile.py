@@ -75,8 +75,8 @@ C = TypeVar("C", bound=Closable)
 # A cold file's pages are given back once reads are this far past them (the kernel keeps up to 64 reads
 # of 1 MiB of a mount's file in flight at once, which may come in any order)...
 DROP_LAG = 64 << 20
-# ... in whole blocks of this many bytes, from where the last drop ended (the page cache holds a file's
-# bytes in folios of up to 2 MiB here, and gives one back only where all of it is asked for).
+# ... in whole blocks of this many bytes (the page cache holds a file's bytes in folios of up to 2 MiB
+# here, and gives one back only where all of it is asked for).
 DROP_UNIT = 8 << 20
 EXPLAINED_WITHIN = 0.05  # seconds a followed file's moved change time waits for the event that tells why
 
@@ -111,8 +111,6 @@ class BlobFile:
         self.stamp = identity(st)
         self._seen = (self.stamp, st.st_nlink)  # the identity and link count it was last found intact with
         self._behind: bool | None = None  # whether reads drop behind (`drops_behind`): None not decided yet
-        self._dropped = 0  # where the last read gave its pages back up to (`passed`)
-        self._dropping = threading.Lock()
         self._followed: Followed | None = None
         self._owned: dict[Hashable, Closable] = {}
         self._owned_lock = threading.Lock()
@@ -180,7 +178,7 @@ class BlobFile:
         except OSError as e:
             raise failure(self.path, "open", e) from None
         again.path, again.stamp, again._seen = self.path, self.stamp, self._seen
-        again._behind, again._dropped, again._dropping, again._followed = None, 0, threading.Lock(), self._followed
+        again._behind, again._followed = None, self._followed
         again._owned, again._owned_lock = {}, threading.Lock()
         watch = contents() if self._followed is not None else None
         if watch is not None and self._followed is not None:
@@ -276,19 +274,16 @@ class BlobFile:
 
     def passed(self, offset: int, end: int) -> None:
         """Bytes [offset, end) were read to be cached elsewhere: where this
-        file `drops_behind`, its pages are given back to the kernel in whole
-        `DROP_UNIT` blocks up to `DROP_LAG` bytes before `end`, from where
-        the last read gave them back up to, or from `DROP_LAG` bytes before
-        `offset` where that lies further on (reads that went on elsewhere in
-        the file give pages back where they go on)."""
-        if not self.drops_behind or end <= DROP_LAG:
+        file `drops_behind`, its pages are given back to the kernel in the
+        whole `DROP_UNIT` blocks that end in [offset, end) moved `DROP_LAG`
+        bytes back (reads that cover a stretch of the file between them give
+        back each block once, `DROP_LAG` behind them)."""
+        if not self.drops_behind:
             return
-        to = (end - DROP_LAG) // DROP_UNIT * DROP_UNIT
-        back = max(0, offset - DROP_LAG) // DROP_UNIT * DROP_UNIT
-        with self._dropping:
-            start, self._dropped = max(self._dropped, back), to
-        if start < to and self.fd >= 0:
-            os.posix_fadvise(self.fd, start, to - start, os.POSIX_FADV_DONTNEED)
+        start = max(0, offset - DROP_LAG) // DROP_UNIT * DROP_UNIT
+        stop = max(0, end - DROP_LAG) // DROP_UNIT * DROP_UNIT
+        if start < stop and self.fd >= 0:
+            os.posix_fadvise(self.fd, start, stop - start, os.POSIX_FADV_DONTNEED)
 
     def settled(self) -> tuple[int, bool, Stamp, int] | None:
         """What reading its bytes as `read_once_into` does takes, where
@@ -318,7 +313,7 @@ class BlobFile:
         holds after a read of it would speak of that read, not of the
         file's use."""
         if self._behind is None:
-            with self._dropping:
+            with _DECIDING:
                 if self._behind is None:
                     cached = cached_pages(self.fd, 0, self.stamp[2]) if self.fd >= 0 else None
                     self._behind = cached is not None and 2 * cached < pages(0, self.stamp[2])
@@ -329,3 +324,6 @@ class BlobFile:
         buf = bytearray(size)
         self.read_into(memoryview(buf), offset)
         return buf
+
+
+_DECIDING = threading.Lock()  # (`BlobFile.drops_behind`)
