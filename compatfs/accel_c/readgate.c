@@ -42,23 +42,23 @@
  *
  * read_plan(fh, fd, lag, unit, identity, watch_fd, generation, segments,
  * held, view_size, window, stores): the plan of open file fh (replacing one
- * it had): the file's descriptor, which stays open until fh is released
- * (the kernel sends that release once no read of fh is under way, and none
- * comes after it), how reads drop behind (`lag` -1: they do not), the
- * identity (dev, ino, size, mtime_ns, ctime_ns) it must keep (a descriptor
- * closed, or its number taken by another file, fails the checks), watch_fd (-1: not
+ * it had): the file's descriptor, which stays open until fh is released (the
+ * kernel sends that release once no read of fh is under way, and none comes
+ * after it), how reads drop behind (`lag` -1: they do not), the identity
+ * (dev, ino, size, mtime_ns, ctime_ns) it must keep (a descriptor closed, or
+ * its number taken by another file, fails the checks), watch_fd (-1: not
  * followed), the generation of `read_generation` taken before the file was
  * last found intact, its segments: signed 64-bit octuples (at, size, lo,
- * kind, origin, row, stride, kin), in view order: kind 0 blob bytes [lo,
- * lo + size), 1 zeros, 3 bytes [lo, lo + size) of `held` (the rendered
- * header, copied into the plan), and the rows kinds: bytes [lo, lo + size)
- * of an output whose row r (`row` bytes) is made from the `row` blob bytes
- * at origin + r * stride, kind 4 copied, kind 2 MXFP4 blocks in the
+ * kind, origin, row, stride, kin), in view order: kind 0 blob bytes [lo, lo
+ * + size), 1 zeros, 3 bytes [lo, lo + size) of `held` (the rendered header,
+ * copied into the plan), and the rows kinds: bytes [lo, lo + size) of an
+ * output whose row r (`row` bytes) is made from the `row` blob bytes at
+ * origin + r * stride, kind 4 copied, kind 2 MXFP4 blocks in the
  * checkpoint's nibble order repacked into ggml's (as `mxfp4_repack` does),
  * with `kin` the view offset of the kin's output byte 0 (-1: none; see
- * `rows_sound`); origin, row and stride say nothing for the other kinds
- * (0, and kin -1), and whether reads make kin pages (`stores`).
- * read_forget(fh): the plan of fh gone (before its descriptors are closed).
+ * `rows_sound`); origin, row and stride say nothing for the other kinds (0,
+ * and kin -1), and whether reads make kin pages (`stores`).
+ * read_forget(fh): the plan of fh gone (before its descriptor is closed).
  * read_planned(fh): whether fh has a plan still alive.
  * read_events(): a batch of inotify events is about to be taken in.
  * read_generation(): how many batches so far.
@@ -199,7 +199,7 @@ static int same_file(plan *p, int fd)
            && (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec == p->ctime;
 }
 
-/* Whether the file is as the plan has it: its descriptor its identity,
+/* Whether the file is as the plan has it: its descriptor of its identity,
  * and (followed) no event queued or taken in since the plan was made. */
 static int plan_holds(plan *p)
 {
