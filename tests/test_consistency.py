@@ -164,8 +164,9 @@ def test_a_removed_store_folder_reads_as_gone(store, mount_store):
 
 
 def test_reads_during_re_pulls_are_one_view_each(store, mount_store, tmp_path):
-    """A model pulled again every 50 ms (a new blob written, the manifest
-    renamed over it, the blob before last removed) while 3 readers open and
+    """A model pulled again every 50 ms (a new blob written beside and
+    renamed into place, as a pull does, the manifest renamed over it, the
+    blob before last removed) while 3 readers open and
     read it whole, 10 s.  Measured on the landed code: reads with one view's
     size and another blob's bytes, short reads, and opens failing with an
     errno though the path always named a model.  Every read is now exactly
@@ -214,7 +215,9 @@ def test_reads_during_re_pulls_are_one_view_each(store, mount_store, tmp_path):
         while not stop.is_set():
             old, i = names[i], (i + 1) % len(names)
             new = names[i]
-            (store / "blobs" / new).write_bytes(contents[new])  # pulled anew
+            partial = store / "blobs" / f"{new}-partial"  # pulled anew, as a pull writes it: a file of its
+            partial.write_bytes(contents[new])  # own, renamed into place (the first one over a blob of that name)
+            os.replace(partial, store / "blobs" / new)
             tmp = manifest.with_name(".1b.tmp")
             tmp.write_text(layout.replace(current_digest(layout), new.replace("-", ":")))
             os.replace(tmp, manifest)
