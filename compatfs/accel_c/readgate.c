@@ -304,14 +304,13 @@ static int fill_rows(plan *p, const segment *s, uint8_t *out, int64_t x, int64_t
     int failed = 0;
     for (int64_t ra = r0, rb; ra < r1 && !failed; ra = rb) {
         rb = r1 - ra < most ? r1 : ra + most;
-        const uint8_t *in = buf;
         if (read_piece(p, buf, (rb - 1 - ra) * stride + group, base + ra * stride)) {
             failed = 1;
             break;
         }
         for (int j = 0; j < targets; j++) {
             int64_t a = t[j].lo > ra * row ? t[j].lo : ra * row, b = t[j].hi < rb * row ? t[j].hi : rb * row;
-            const uint8_t *from = in + (t[j].seg->origin - base);
+            const uint8_t *from = buf + (t[j].seg->origin - base);
             if (stride == row && a < b) { /* the rows lie end to end: one run */
                 int64_t c = a - ra * row;
                 put(s->kind, t[j].to + (a - t[j].lo), from + c - c % unit, c % unit, b - a);
